@@ -1,0 +1,94 @@
+"""Backend ABC, the unit of work a backend runs, and the registry (import paths, loaded lazily).
+
+A backend only executes plans and writes stamps (stamps.layout); it never imports events.
+"""
+from __future__ import annotations
+
+import abc
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from ..config import Settings
+from ..errors import ConfigError
+from ..plan.schedule import OpPlan, P2pPart
+from ..rendezvous import Store
+from ..stamps.layout import RingViews
+
+REDOPS = ("sum", "prod", "min", "max", "avg")
+DTYPES = ("int8", "uint8", "int32", "int64", "float16", "float32", "float64", "bfloat16")
+
+_REGISTRY = {
+    "null": "slicetrace.backend.null:NullBackend",
+    "cpu": "slicetrace.backend.cpu.backend:CpuBackend",
+    "cuda": "slicetrace.backend.cuda.backend:CudaBackend",   # cupy is imported only there
+}
+
+
+@dataclass
+class Work:
+    """One operation as the backend sees it. Buffers are flat, contiguous, backend-native arrays."""
+    tag: int                       # communicator op counter; written into every stamp (routes to the parent)
+    plan: OpPlan
+    dtype: str                     # one of DTYPES
+    redop: str                     # one of REDOPS (collectives that reduce)
+    sendbuf: Any = None            # collectives: input (may be the same memory as recvbuf: in place)
+    recvbuf: Any = None            # collectives: output
+    parts: Sequence[tuple[P2pPart, Any]] = ()   # send_recv: (part, buffer) in group order
+    stamp_steps: bool = False      # KernelStep on for this op (mask snapshot at enqueue)
+    stamp_channels: bool = False   # KernelCh boundaries on (KernelCh or KernelStep in the mask)
+    sample_rate: int = 1
+    stream: Any = None             # cuda: the caller's stream
+    extra: dict = field(default_factory=dict)
+
+
+class Backend(abc.ABC):
+    name: str = "?"
+
+    def __init__(self, settings: Settings, rank: int, world: int, store: Store, job: str):
+        self.settings, self.rank, self.world, self.store, self.job = settings, rank, world, store, job
+
+    @property
+    @abc.abstractmethod
+    def rings(self) -> RingViews:
+        """Stamp rings of this rank (one header + started + completed ring per channel)."""
+
+    @abc.abstractmethod
+    def as_buffer(self, x: Any, what: str) -> tuple[Any, str, int]:
+        """Validate a user array: (flat native view, dtype name, element count). UsageError if not accepted."""
+
+    @abc.abstractmethod
+    def empty_like(self, buf: Any, count: int) -> Any:
+        """A new flat buffer of `count` elements of buf's dtype."""
+
+    @abc.abstractmethod
+    def submit(self, work: Work) -> Any:
+        """Start the work; returns a completion token. The cpu backend runs it to the end before returning."""
+
+    @abc.abstractmethod
+    def done(self, token: Any) -> bool:
+        """Non-blocking: has the work finished?"""
+
+    @abc.abstractmethod
+    def wait(self, token: Any, timeout_s: float) -> None:
+        """Block until the work finished; PeerError/CommTimeoutError on failure."""
+
+    def clock_sync(self) -> tuple[int, int]:
+        """(offset_ns, uncertainty_ns) with host_ns = device_ns + offset_ns. The cpu clock is the host clock."""
+        return 0, 0
+
+    @abc.abstractmethod
+    def abort(self, reason: str) -> None:
+        """Make every wait on every rank fail with `reason` (used when a peer dies or a rank errors)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release shared memory / device memory. Idempotent."""
+
+
+def create(settings: Settings, rank: int, world: int, store: Store, job: str) -> Backend:
+    try:
+        module, cls = _REGISTRY[settings.backend].split(":")
+    except KeyError:
+        raise ConfigError(f"backend={settings.backend!r} is not one of {sorted(_REGISTRY)}") from None
+    return getattr(importlib.import_module(module), cls)(settings, rank, world, store, job)

@@ -1,0 +1,194 @@
+"""The only module that reads os.environ.
+
+`Settings.from_env()` builds one frozen Settings; explicit keyword arguments beat the environment.
+`VARIABLES` is the single table of every SLICETRACE_* variable (the README and `slicetrace config` print it).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Callable, Mapping
+
+from .errors import ConfigError
+
+BACKENDS = ("null", "cpu", "cuda")
+NCCL_STEPS = 8                       # FIFO slots per connection, as NCCL_STEPS
+MAXCHANNELS = 64
+POOL_NAMES = ("GROUP_API", "COLL_API", "P2P_API", "KERNEL_LAUNCH", "GROUP", "COLL", "P2P",
+              "KERNEL_CH", "KERNEL_STEP", "PROXY_CTRL")
+DEFAULT_POOL_SIZES = {"GROUP_API": 256, "COLL_API": 256, "P2P_API": 256, "KERNEL_LAUNCH": 256,
+                      "GROUP": 256, "COLL": 256, "P2P": 1024, "KERNEL_CH": 4096,
+                      "KERNEL_STEP": 1 << 20, "PROXY_CTRL": 16}
+
+
+def _bool(v: str) -> bool:
+    if v.strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    if v.strip().lower() in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("expected 0/1/true/false")
+
+
+def _int(v: str) -> int:
+    return int(v, 0)
+
+
+def _opt_str(v: str) -> str | None:
+    return v or None
+
+
+@dataclass(frozen=True)
+class Var:
+    name: str          # environment variable
+    attr: str          # Settings field
+    parse: Callable[[str], Any]
+    doc: str
+
+
+VARIABLES: tuple[Var, ...] = (
+    Var("SLICETRACE_BACKEND", "backend", str, "engine backend: cpu (default), cuda, or null (tests)"),
+    Var("SLICETRACE_NCHANNELS", "nchannels", _int, "channels per collective; 0 = backend default (cpu 1, cuda 16)"),
+    Var("SLICETRACE_BUFFSIZE", "buffsize", _int, "Simple-protocol FIFO bytes per connection (NCCL_BUFFSIZE), default 4194304"),
+    Var("SLICETRACE_P2P_CHUNKSIZE", "p2p_chunksize", _int, "send/recv chunk bytes (NCCL_P2P_NVL_CHUNKSIZE), default 524288"),
+    Var("SLICETRACE_NTHREADS", "nthreads", _int, "CUDA threads per block (NCCL_NTHREADS), default 512"),
+    Var("SLICETRACE_TIMEOUT", "timeout_s", float, "seconds any wait may take before it becomes an error, default 60"),
+    Var("SLICETRACE_STAMP_RING_SLOTS", "ring_slots", _int, "entries in each started/completed stamp ring per channel (power of two), default 16384"),
+    Var("SLICETRACE_KERNEL_STEP_SAMPLE_RATE", "sample_rate", _int, "keep slice 0 and every k-th slice of each work (1..255), default 1"),
+    Var("SLICETRACE_DRAIN_INTERVAL_US", "drain_interval_us", _int, "drain thread poll period in microseconds, default 500"),
+    Var("SLICETRACE_PROFILER_PLUGIN", "profiler_plugin", _opt_str, "plugins: 'example', 'module:attr', an entry point in group slicetrace.profilers, comma-separated for several, 'none' to disable"),
+    Var("SLICETRACE_PROFILE_EVENT_MASK", "profile_event_mask", _int, "event mask the example plugin asks for; default Coll|P2p|KernelCh|KernelStep = 65606"),
+    Var("SLICETRACE_PROFILE_DUMP_FILE", "profile_dump_file", _opt_str, "example plugin: trace path prefix, files are <prefix>_<commHash>_<rank>.json"),
+    Var("SLICETRACE_PLUGIN_MAX_FAILURES", "plugin_max_failures", _int, "plugin exceptions before that plugin is disabled, default 16"),
+    Var("SLICETRACE_CACHE_DIR", "cache_dir", str, "compiled-kernel cache folder, default ~/.cache/slicetrace"),
+    Var("SLICETRACE_ASSERT_WARM", "assert_warm", _bool, "1 = a kernel compile during timed work is an error"),
+    Var("SLICETRACE_CLOCK_RESYNC_S", "clock_resync_s", float, "cuda: seconds between GPU/host clock offset re-measurements, default 1.0"),
+    Var("SLICETRACE_DEBUG", "debug", str, "log level: WARN (default), INFO, DEBUG"),
+)
+POOL_VARIABLES = tuple(f"SLICETRACE_PROFILE_{n}_POOL_SIZE" for n in POOL_NAMES)
+DIST_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass(frozen=True)
+class Settings:
+    backend: str = "cpu"
+    nchannels: int = 0
+    buffsize: int = 1 << 22
+    p2p_chunksize: int = 1 << 19
+    nthreads: int = 512
+    timeout_s: float = 60.0
+    ring_slots: int = 16384
+    sample_rate: int = 1
+    drain_interval_us: int = 500
+    profiler_plugin: str | None = None
+    profile_event_mask: int | None = None
+    profile_dump_file: str | None = None
+    pool_sizes: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_POOL_SIZES))
+    plugin_max_failures: int = 16
+    cache_dir: str = os.path.join(os.path.expanduser("~"), ".cache", "slicetrace")
+    assert_warm: bool = False
+    clock_resync_s: float = 1.0
+    debug: str = "WARN"
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"backend={self.backend!r} is not one of {BACKENDS}")
+        if not 0 <= self.nchannels <= MAXCHANNELS:
+            raise ConfigError(f"nchannels={self.nchannels} must be in 0..{MAXCHANNELS} (0 = backend default)")
+        step = self.buffsize // NCCL_STEPS
+        if self.buffsize < NCCL_STEPS * 4096 or self.buffsize % (NCCL_STEPS * 512):
+            raise ConfigError(f"buffsize={self.buffsize} must be >= {NCCL_STEPS * 4096} and a multiple of "
+                              f"{NCCL_STEPS * 512} (8 FIFO steps of whole 512-byte grains)")
+        if not 4096 <= self.p2p_chunksize <= step or self.p2p_chunksize % 512:
+            raise ConfigError(f"p2p_chunksize={self.p2p_chunksize} must be a multiple of 512 in 4096..{step} "
+                              f"(buffsize/8)")
+        if self.nthreads not in (64, 128, 256, 512, 640):
+            raise ConfigError(f"nthreads={self.nthreads} is not one of (64, 128, 256, 512, 640)")
+        if not self.timeout_s > 0:
+            raise ConfigError(f"timeout_s={self.timeout_s} must be > 0")
+        if self.ring_slots < 64 or self.ring_slots & (self.ring_slots - 1):
+            raise ConfigError(f"ring_slots={self.ring_slots} must be a power of two >= 64")
+        if not 1 <= self.sample_rate <= 255:
+            raise ConfigError(f"sample_rate={self.sample_rate} must be in 1..255 (1 keeps every slice)")
+        if not 10 <= self.drain_interval_us <= 1_000_000:
+            raise ConfigError(f"drain_interval_us={self.drain_interval_us} must be in 10..1000000")
+        if self.profile_event_mask is not None and not 0 <= self.profile_event_mask < (1 << 32):
+            raise ConfigError(f"profile_event_mask={self.profile_event_mask} must be in 0..2**32-1")
+        for name, size in self.pool_sizes.items():
+            if name not in POOL_NAMES:
+                raise ConfigError(f"pool {name!r} is not one of {POOL_NAMES}")
+            if size < 1:
+                raise ConfigError(f"SLICETRACE_PROFILE_{name}_POOL_SIZE={size} must be >= 1")
+        if self.plugin_max_failures < 1:
+            raise ConfigError(f"plugin_max_failures={self.plugin_max_failures} must be >= 1")
+        if self.debug.upper() not in ("WARN", "INFO", "DEBUG"):
+            raise ConfigError(f"debug={self.debug!r} is not one of ('WARN', 'INFO', 'DEBUG')")
+
+    @property
+    def step_bytes(self) -> int:
+        return self.buffsize // NCCL_STEPS
+
+    def channels_for(self, backend: str) -> int:
+        return self.nchannels or (16 if backend == "cuda" else 1)
+
+    def with_(self, **kw: Any) -> "Settings":
+        return replace(self, **kw)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
+        env = os.environ if env is None else env
+        vals: dict[str, Any] = {}
+        for var in VARIABLES:
+            raw = env.get(var.name)
+            if raw is None:
+                continue
+            try:
+                vals[var.attr] = var.parse(raw)
+            except ValueError:
+                raise ConfigError(f"{var.name}={raw!r} cannot be parsed: {var.doc}") from None
+        pools = dict(DEFAULT_POOL_SIZES)
+        for name, var in zip(POOL_NAMES, POOL_VARIABLES):
+            if var in env:
+                try:
+                    pools[name] = int(env[var], 0)
+                except ValueError:
+                    raise ConfigError(f"{var}={env[var]!r} must be an integer >= 1") from None
+        vals["pool_sizes"] = pools
+        overrides = {k: v for k, v in overrides.items() if v is not None}
+        known = {f.name for f in fields(cls)}
+        bad = sorted(set(overrides) - known)
+        if bad:
+            raise ConfigError(f"unknown setting(s) {bad}; known: {sorted(known)}")
+        return cls(**{**vals, **overrides})
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """torchrun's variables, when present."""
+    rank: int | None
+    world_size: int | None
+    local_rank: int | None
+    master_addr: str | None
+    master_port: int | None
+
+
+def dist_env(env: Mapping[str, str] | None = None) -> DistEnv:
+    env = os.environ if env is None else env
+
+    def num(name: str) -> int | None:
+        if name not in env:
+            return None
+        try:
+            return int(env[name])
+        except ValueError:
+            raise ConfigError(f"{name}={env[name]!r} must be an integer") from None
+    return DistEnv(num("RANK"), num("WORLD_SIZE"), num("LOCAL_RANK"), env.get("MASTER_ADDR"), num("MASTER_PORT"))
+
+
+def describe(settings: Settings, env: Mapping[str, str] | None = None) -> list[tuple[str, str, str, str]]:
+    """(variable, effective value, raw env value or 'unset', doc) for `slicetrace config`."""
+    env = os.environ if env is None else env
+    rows = [(v.name, repr(getattr(settings, v.attr)), env.get(v.name, "unset"), v.doc) for v in VARIABLES]
+    for name, var in zip(POOL_NAMES, POOL_VARIABLES):
+        rows.append((var, str(settings.pool_sizes[name]), env.get(var, "unset"),
+                     f"example plugin pool size for {name} events"))
+    return rows

@@ -1,0 +1,42 @@
+"""One error hierarchy for slicetrace. Every error names the bad value and what is accepted."""
+from __future__ import annotations
+
+
+class SliceTraceError(Exception):
+    """Base of every error slicetrace raises on purpose."""
+
+
+class ConfigError(SliceTraceError, ValueError):
+    """A setting, argument or environment variable has a value we do not accept."""
+
+
+class UsageError(SliceTraceError, ValueError):
+    """An operation was called with arguments that cannot work (shape, dtype, rank, buffer kind)."""
+
+
+class MismatchError(SliceTraceError):
+    """Ranks disagree on an operation (kind, count, dtype, root, peer)."""
+
+
+class BackendError(SliceTraceError, RuntimeError):
+    """The backend failed (compile, launch, shared memory, device)."""
+
+
+class CompileError(BackendError):
+    """Kernel compilation failed; the message carries the log and the numbered source."""
+
+
+class PeerError(SliceTraceError, RuntimeError):
+    """A peer rank died, aborted or did not arrive in time."""
+
+
+class CommTimeoutError(PeerError, TimeoutError):
+    """A wait ran past its timeout."""
+
+
+class PluginError(SliceTraceError):
+    """A profiler plugin could not be loaded or initialised."""
+
+
+class TraceFormatError(SliceTraceError, ValueError):
+    """A trace file does not have the shape the analyzer expects."""

@@ -1,0 +1,269 @@
+"""Pure schedules: an operation -> channels -> primitive calls -> slices, with NCCL's Simple-protocol rules.
+
+Every backend runs these plans. The CUDA kernels compute the same schedule on the device from
+`ChannelProgram.params` and are checked against `expected_slices()` in the tests.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import NCCL_STEPS
+from ..errors import UsageError
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce")
+FUNCS = COLLECTIVES + ("send_recv",)
+MIN_CHANNEL_BYTES = 32 * 1024          # NCCL's MinTrafficPerChannel cell
+ALIGN_BYTES = 16
+
+
+@dataclass(frozen=True)
+class Proto:
+    """Simple-protocol geometry for one function."""
+    step_bytes: int        # buffsize / NCCL_STEPS
+    slice_steps: int       # FIFO steps per slice (StepPerSlice)
+    chunk_steps: int       # FIFO steps per chunk (SlicePerChunk * StepPerSlice)
+
+    @property
+    def slice_per_chunk(self) -> int:
+        return self.chunk_steps // self.slice_steps
+
+
+def proto_for(func: str, step_bytes: int) -> Proto:
+    if func in ("all_reduce", "all_gather", "reduce_scatter"):
+        return Proto(step_bytes, NCCL_STEPS // 4, NCCL_STEPS // 2)     # 2 / 4
+    return Proto(step_bytes, 1, 1)
+
+
+@dataclass(frozen=True)
+class Prim:
+    """One primitive call (NCCL prims: send, recvReduceSend, recvCopySend, ...).
+
+    recv_from/send_to are communicator ranks (None = that direction is unused). The data of slice i is
+    elements [src_off + s_off, +s_n) of `src` ('in' or 'out' buffer), combined with the received slice when
+    `reduce`, then written to `dst` ('out') at dst_off + s_off and/or sent.
+    """
+    name: str
+    recv_from: int | None
+    send_to: int | None
+    src: str | None        # 'in', 'out' or None (pure recv)
+    dst: str | None        # 'out' or None (pure send)
+    reduce: bool
+    src_off: int
+    dst_off: int
+    nelem: int
+    slices: tuple[tuple[int, int], ...]   # (offset within the prim, elements); may be 0 elements
+    final: bool = False    # this write produces the final value (avg divides here)
+
+
+@dataclass(frozen=True)
+class ChannelProgram:
+    channel: int
+    kind: str              # 'ring' or 'p2p'
+    prims: tuple[Prim, ...]
+    params: dict           # the few numbers the CUDA kernel needs to rebuild this program
+
+
+@dataclass(frozen=True)
+class OpPlan:
+    func: str
+    nranks: int
+    rank: int
+    count: int             # NCCL semantics: AR/BC/RD elements; AG send count; RS recv count
+    itemsize: int
+    root: int
+    proto: Proto
+    programs: tuple[ChannelProgram, ...]
+
+    @property
+    def n_channels(self) -> int:
+        return len({p.channel for p in self.programs})
+
+
+def _div_up(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _align_up(a: int, b: int) -> int:
+    return _div_up(a, b) * b
+
+
+def split_channels(count: int, itemsize: int, nchannels: int) -> list[tuple[int, int]]:
+    """Contiguous (lo, n) element ranges, at least 32 KiB each, 16-byte aligned; empty list for count 0."""
+    if count == 0:
+        return []
+    nbytes = count * itemsize
+    use = max(1, min(nchannels, nbytes // MIN_CHANNEL_BYTES))
+    align = max(1, ALIGN_BYTES // itemsize)
+    per = _align_up(_div_up(count, use), align)
+    out, lo = [], 0
+    while lo < count:
+        n = min(per, count - lo)
+        out.append((lo, n))
+        lo += n
+    return out
+
+
+def slice_layout(nelem: int, itemsize: int, proto: Proto) -> tuple[tuple[int, int], ...]:
+    """NCCL genericOp: sliceSize = max(ceil(n/(16*SPC))*16, stepSize*StepPerSlice/32) elements; always SPC slices."""
+    spc = proto.slice_per_chunk
+    step_elems = proto.step_bytes // itemsize
+    size = max(_div_up(nelem, 16 * spc) * 16, step_elems * proto.slice_steps // 32)
+    size = min(size, step_elems * proto.slice_steps)
+    out, off = [], 0
+    for _ in range(spc):
+        n = max(0, min(size, nelem - off))
+        out.append((off, n))
+        off += n
+    return tuple(out)
+
+
+def _prim(name, rf, st, src, dst, red, so, do, n, it, proto, final=False) -> Prim:
+    return Prim(name, rf, st, src, dst, red, so, do, n, slice_layout(n, it, proto), final)
+
+
+def _ring_allreduce(rank, n, lo, cnt, it, proto):
+    nxt, prv = (rank + 1) % n, (rank - 1) % n
+    chunk = proto.step_bytes * proto.chunk_steps // it
+    loop = n * chunk
+    prims = []
+    for eoff in range(0, cnt, loop):
+        rem = cnt - eoff
+        cc = chunk if rem >= loop else _align_up(_div_up(rem, n), max(1, ALIGN_BYTES // it))
+
+        def at(c):
+            o = eoff + c * cc
+            return lo + o, max(0, min(cc, cnt - o))
+        ur = lambda i: (rank + i) % n      # ring.userRanks[i]
+        o, m = at(ur(n - 1))
+        prims.append(_prim("send", None, nxt, "in", None, False, o, o, m, it, proto))
+        for j in range(2, n):
+            o, m = at(ur(n - j))
+            prims.append(_prim("recvReduceSend", prv, nxt, "in", None, True, o, o, m, it, proto))
+        o, m = at(ur(0))
+        prims.append(_prim("recvReduceCopySend", prv, nxt if n > 1 else None, "in", "out", True, o, o, m, it,
+                           proto, final=True))
+        for j in range(1, n - 1):
+            o, m = at(ur(n - j))
+            prims.append(_prim("recvCopySend", prv, nxt, None, "out", False, o, o, m, it, proto))
+        o, m = at(ur(1))
+        prims.append(_prim("recv", prv, None, None, "out", False, o, o, m, it, proto))
+    return prims, {"chunk_elems": chunk}
+
+
+def _ring_allgather(rank, n, lo, cnt, count, it, proto):
+    nxt, prv = (rank + 1) % n, (rank - 1) % n
+    chunk = proto.step_bytes * proto.chunk_steps // it
+    prims = []
+    for eoff in range(0, cnt, chunk):
+        m = min(chunk, cnt - eoff)
+        off = lo + eoff
+        prims.append(_prim("copySend", None, nxt, "in", "out", False, off, rank * count + off, m, it, proto))
+        for j in range(1, n - 1):
+            src_rank = (rank - j) % n
+            d = src_rank * count + off
+            prims.append(_prim("recvCopySend", prv, nxt, None, "out", False, d, d, m, it, proto))
+        d = ((rank + 1) % n) * count + off
+        prims.append(_prim("recv", prv, None, None, "out", False, d, d, m, it, proto))
+    return prims, {"chunk_elems": chunk}
+
+
+def _ring_reducescatter(rank, n, lo, cnt, count, it, proto):
+    nxt, prv = (rank + 1) % n, (rank - 1) % n
+    chunk = proto.step_bytes * proto.chunk_steps // it
+    prims = []
+    for eoff in range(0, cnt, chunk):
+        m = min(chunk, cnt - eoff)
+        off = lo + eoff
+        s = ((rank - 1) % n) * count + off
+        prims.append(_prim("send", None, nxt, "in", None, False, s, s, m, it, proto))
+        for j in range(2, n):
+            s = ((rank - j) % n) * count + off
+            prims.append(_prim("recvReduceSend", prv, nxt, "in", None, True, s, s, m, it, proto))
+        prims.append(_prim("recvReduceCopy", prv, None, "in", "out", True, rank * count + off, off, m, it, proto,
+                           final=True))
+    return prims, {"chunk_elems": chunk}
+
+
+def _chain(rank, n, root, lo, cnt, it, proto, reduce_: bool):
+    """Broadcast flows root -> root+1 -> ... ; reduce flows root+1 -> ... -> root."""
+    nxt, prv = (rank + 1) % n, (rank - 1) % n
+    chunk = proto.step_bytes * proto.chunk_steps // it
+    pos = (rank - root) % n               # 0 = root
+    prims = []
+    for eoff in range(0, cnt, chunk):
+        m = min(chunk, cnt - eoff)
+        o = lo + eoff
+        if not reduce_:
+            if pos == 0:
+                prims.append(_prim("copySend", None, nxt, "in", "out", False, o, o, m, it, proto))
+            elif pos == n - 1:
+                prims.append(_prim("recv", prv, None, None, "out", False, o, o, m, it, proto))
+            else:
+                prims.append(_prim("recvCopySend", prv, nxt, None, "out", False, o, o, m, it, proto))
+        else:
+            if pos == 1:
+                prims.append(_prim("send", None, nxt, "in", None, False, o, o, m, it, proto))
+            elif pos == 0:
+                prims.append(_prim("recvReduceCopy", prv, None, "in", "out", True, o, o, m, it, proto, final=True))
+            else:
+                prims.append(_prim("recvReduceSend", prv, nxt, "in", None, True, o, o, m, it, proto))
+    return prims, {"chunk_elems": chunk}
+
+
+def plan_collective(func: str, nranks: int, rank: int, count: int, itemsize: int, root: int,
+                    nchannels: int, step_bytes: int) -> OpPlan:
+    if func not in COLLECTIVES:
+        raise UsageError(f"func={func!r} is not one of {COLLECTIVES}")
+    if not 0 <= rank < nranks:
+        raise UsageError(f"rank={rank} must be in 0..{nranks - 1}")
+    if not 0 <= root < nranks:
+        raise UsageError(f"root={root} must be in 0..{nranks - 1}")
+    proto = proto_for(func, step_bytes)
+    programs = []
+    if nranks > 1:
+        for ch, (lo, cnt) in enumerate(split_channels(count, itemsize, nchannels)):
+            if func == "all_reduce":
+                prims, extra = _ring_allreduce(rank, nranks, lo, cnt, itemsize, proto)
+            elif func == "all_gather":
+                prims, extra = _ring_allgather(rank, nranks, lo, cnt, count, itemsize, proto)
+            elif func == "reduce_scatter":
+                prims, extra = _ring_reducescatter(rank, nranks, lo, cnt, count, itemsize, proto)
+            else:
+                prims, extra = _chain(rank, nranks, root, lo, cnt, itemsize, proto, func == "reduce")
+            programs.append(ChannelProgram(ch, "ring", tuple(prims), {"lo": lo, "count": cnt, **extra}))
+    return OpPlan(func, nranks, rank, count, itemsize, root, proto, tuple(programs))
+
+
+@dataclass(frozen=True)
+class P2pPart:
+    peer: int
+    is_send: bool
+    count: int             # elements
+    index: int             # position in the group (buffers are matched by it)
+
+
+def plan_p2p(parts: list[P2pPart], nranks: int, rank: int, itemsize: int, chunk_bytes: int,
+             step_bytes: int, nchannels: int = 1) -> OpPlan:
+    """A group of sends/recvs. Each part is its own program on its peer connection; they run concurrently.
+
+    Parts to self are copies done by the backend without a connection (NCCL's self copy) and get no program.
+    """
+    proto = Proto(step_bytes, 1, 1)
+    chunk = chunk_bytes // itemsize
+    programs = []
+    for part in parts:
+        if not 0 <= part.peer < nranks:
+            raise UsageError(f"peer={part.peer} must be in 0..{nranks - 1}")
+        if part.peer == rank:
+            continue
+        prims = []
+        for off in range(0, part.count, chunk):
+            m = min(chunk, part.count - off)
+            if part.is_send:
+                prims.append(Prim("send", None, part.peer, "in", None, False, off, off, m, ((0, m),)))
+            else:
+                prims.append(Prim("recv", part.peer, None, None, "out", False, off, off, m, ((0, m),)))
+        programs.append(ChannelProgram(part.index % max(1, nchannels), "p2p", tuple(prims),
+                                       {"part": part.index, "peer": part.peer, "is_send": part.is_send,
+                                        "count": part.count, "chunk_elems": chunk}))
+    return OpPlan("send_recv", nranks, rank, sum(p.count for p in parts), itemsize, 0, proto, tuple(programs))

@@ -1,0 +1,31 @@
+"""What a plan moves: expected slices per connection and bytes per direction (used by tests and the analyzer)."""
+from __future__ import annotations
+
+from .schedule import OpPlan
+
+BUSBW_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
+                "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
+                "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0, "send_recv": lambda n: 1.0}
+
+
+def expected_slices(plan: OpPlan) -> list[tuple[int, bool, int, int, int]]:
+    """(channel, is_send, peer, slice index within the program, bytes) for every non-empty slice."""
+    out = []
+    for prog in plan.programs:
+        k = 0
+        for prim in prog.prims:
+            for _, n in prim.slices:
+                if n > 0:
+                    if prim.recv_from is not None:
+                        out.append((prog.channel, False, prim.recv_from, k, n * plan.itemsize))
+                    if prim.send_to is not None:
+                        out.append((prog.channel, True, prim.send_to, k, n * plan.itemsize))
+                k += 1
+    return out
+
+
+def bytes_per_direction(plan: OpPlan) -> tuple[int, int]:
+    """(bytes sent, bytes received) by this rank."""
+    sent = sum(b for _, s, _, _, b in expected_slices(plan) if s)
+    recv = sum(b for _, s, _, _, b in expected_slices(plan) if not s)
+    return sent, recv

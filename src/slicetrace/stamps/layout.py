@@ -1,0 +1,123 @@
+"""Device <-> host contract: the stamp record, the ring memory layout and the publish protocol.
+
+Per channel there is one header and two rings of N entries each: *started* and *completed*.
+A writer (CPU worker thread or CUDA block) publishes one stamp like this:
+
+    seq = ++header.reserved            # reserve first (per-channel counter, starts at 1)
+    write the payload of started[seq % N] (kind, flags, op, step, size, peer, wait, ready)
+    fence                              # system scope on the GPU; program order on x86
+    started[seq % N].seq = seq         # publish last
+    ... the slice moves ...
+    write the payload of completed[seq % N] (same identity fields, done), fence, completed[...].seq = seq
+
+The reader accepts entry e only when its seq field equals e AND a read of `reserved` made *after*
+copying the payload is < e + N (nobody has reserved the seq that reuses the slot, so the payload is
+intact). Entries may become visible out of order; the reader never assumes e is visible before e+1.
+KernelCh boundaries use the same rings (kind=KIND_CHANNEL): the start entry is written before the
+channel's first slice and its completion after the last, so an in-order reader sees every KernelStep
+of a channel's work before that work's KernelCh stop.
+
+This module imports nothing from slicetrace but errors; both backends and the drain import it.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ConfigError
+
+KIND_STEP = 0        # one slice of a Simple-protocol primitive
+KIND_CHANNEL = 1     # KernelCh: a channel's whole share of one operation
+FLAG_SEND = 1        # the slice was sent (else received)
+
+# 48 bytes. Offsets are part of the contract: the CUDA kernels write the same layout (stamps.cuh).
+STAMP_DTYPE = np.dtype([
+    ("seq", "<u8"),      # published last; 0 = never written
+    ("wait", "<u8"),     # started ring: clock when the wait for credit (send) or data (recv) began
+    ("ready", "<u8"),    # started ring: wait satisfied, copy/reduce begins (KernelCh: start clock)
+    ("done", "<u8"),     # completed ring: slice posted to the peer (KernelCh: stop clock)
+    ("op", "<u4"),       # work tag: the communicator's operation counter (low 32 bits), routes to the parent
+    ("step", "<u4"),     # FIFO step number on the connection (low 32 bits)
+    ("size", "<u4"),     # bytes moved by the slice
+    ("peer", "<u2"),     # communicator rank of the peer
+    ("kind", "u1"),      # KIND_STEP or KIND_CHANNEL
+    ("flags", "u1"),     # FLAG_SEND
+])
+assert STAMP_DTYPE.itemsize == 48
+
+# One 64-byte header per channel, so channels never share a cache line.
+HEADER_DTYPE = np.dtype([
+    ("reserved", "<u8"),     # last reserved seq (0 = none yet)
+    ("sampled_out", "<u8"),  # slices skipped by sampling (counted by the writer)
+    ("pad", "<u8", (6,)),
+])
+assert HEADER_DTYPE.itemsize == 64
+
+# Paired record handed by the drain to the event host: one per KernelStep or KernelCh.
+PAIRED_DTYPE = np.dtype([
+    ("op", "<u4"), ("channel", "<u2"), ("kind", "u1"), ("flags", "u1"),
+    ("peer", "<u2"), ("step", "<u4"), ("size", "<u4"),
+    ("wait", "<u8"), ("ready", "<u8"), ("done", "<u8"),          # raw device clocks (ns)
+    ("wait_ns", "<i8"), ("ready_ns", "<i8"), ("done_ns", "<i8"),  # host timeline (CLOCK_MONOTONIC ns)
+])
+
+
+def check_slots(n: int) -> int:
+    if n < 64 or n & (n - 1):
+        raise ConfigError(f"ring_slots={n} must be a power of two >= 64")
+    return n
+
+
+def ring_bytes(nchannels: int, slots: int) -> int:
+    """Bytes of one communicator's stamp memory: headers, then started rings, then completed rings."""
+    check_slots(slots)
+    return nchannels * HEADER_DTYPE.itemsize + 2 * nchannels * slots * STAMP_DTYPE.itemsize
+
+
+class RingViews:
+    """numpy views over stamp memory laid out by ring_bytes(); the memory is owned by the backend."""
+
+    def __init__(self, buf, nchannels: int, slots: int):
+        check_slots(slots)
+        need = ring_bytes(nchannels, slots)
+        mv = memoryview(buf).cast("B")
+        if len(mv) < need:
+            raise ConfigError(f"stamp buffer has {len(mv)} bytes, needs {need} for {nchannels} channels x {slots} slots")
+        self.nchannels, self.slots = nchannels, slots
+        h = nchannels * HEADER_DTYPE.itemsize
+        r = nchannels * slots * STAMP_DTYPE.itemsize
+        self.header = np.frombuffer(mv[:h], dtype=HEADER_DTYPE)
+        self.started = np.frombuffer(mv[h:h + r], dtype=STAMP_DTYPE).reshape(nchannels, slots)
+        self.completed = np.frombuffer(mv[h + r:h + 2 * r], dtype=STAMP_DTYPE).reshape(nchannels, slots)
+
+    def reset(self) -> None:
+        self.header[:] = 0
+        self.started[:] = 0
+        self.completed[:] = 0
+
+
+class RingWriter:
+    """Reference writer for one channel (CPU backend, null backend, tests). One thread per channel."""
+
+    __slots__ = ("_hdr", "_st", "_co", "_mask", "_ch")
+
+    def __init__(self, views: RingViews, channel: int):
+        self._hdr = views.header[channel:channel + 1]
+        self._st = views.started[channel]
+        self._co = views.completed[channel]
+        self._mask = views.slots - 1
+        self._ch = channel
+
+    def start(self, kind: int, flags: int, op: int, step: int, size: int, peer: int, wait: int, ready: int) -> int:
+        seq = int(self._hdr["reserved"][0]) + 1
+        self._hdr["reserved"] = seq                       # reserve before writing the payload
+        self._st[seq & self._mask] = (0, wait, ready, 0, op & 0xFFFFFFFF, step & 0xFFFFFFFF, size, peer, kind, flags)
+        self._st["seq"][seq & self._mask] = seq           # publish last
+        return seq
+
+    def complete(self, seq: int, kind: int, flags: int, op: int, step: int, size: int, peer: int, done: int) -> None:
+        i = seq & self._mask
+        self._co[i] = (0, 0, 0, done, op & 0xFFFFFFFF, step & 0xFFFFFFFF, size, peer, kind, flags)
+        self._co["seq"][i] = seq
+
+    def sampled_out(self, n: int = 1) -> None:
+        self._hdr["sampled_out"] += n
