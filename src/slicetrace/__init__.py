@@ -1,0 +1,22 @@
+"""slicetrace: per-slice timing inside collective communication (NCCL PR #2316's KernelStep events, in Python)."""
+from typing import Any
+
+from .config import Settings
+from .errors import (BackendError, CommTimeoutError, CompileError, ConfigError, MismatchError, PeerError,
+                     PluginError, SliceTraceError, TraceFormatError, UsageError)
+
+__version__ = "0.1.0"
+__all__ = ["Communicator", "Settings", "init", "launch", "SliceTraceError", "ConfigError", "UsageError",
+           "MismatchError", "BackendError", "CompileError", "PeerError", "CommTimeoutError", "PluginError",
+           "TraceFormatError", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy, so importing a low layer (slicetrace.plan, a backend) does not import the whole runtime.
+    if name == "Communicator":
+        from .api import Communicator
+        return Communicator
+    if name in ("init", "launch"):
+        from . import launch as _launch
+        return getattr(_launch, name)
+    raise AttributeError(f"module 'slicetrace' has no attribute {name!r}")

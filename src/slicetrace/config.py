@@ -94,13 +94,11 @@ class Settings:
             raise ConfigError(f"backend={self.backend!r} is not one of {BACKENDS}")
         if not 0 <= self.nchannels <= MAXCHANNELS:
             raise ConfigError(f"nchannels={self.nchannels} must be in 0..{MAXCHANNELS} (0 = backend default)")
-        step = self.buffsize // NCCL_STEPS
         if self.buffsize < NCCL_STEPS * 4096 or self.buffsize % (NCCL_STEPS * 512):
             raise ConfigError(f"buffsize={self.buffsize} must be >= {NCCL_STEPS * 4096} and a multiple of "
                               f"{NCCL_STEPS * 512} (8 FIFO steps of whole 512-byte grains)")
-        if not 4096 <= self.p2p_chunksize <= step or self.p2p_chunksize % 512:
-            raise ConfigError(f"p2p_chunksize={self.p2p_chunksize} must be a multiple of 512 in 4096..{step} "
-                              f"(buffsize/8)")
+        if self.p2p_chunksize < 4096 or self.p2p_chunksize % 512:
+            raise ConfigError(f"p2p_chunksize={self.p2p_chunksize} must be a multiple of 512, >= 4096")
         if self.nthreads not in (64, 128, 256, 512, 640):
             raise ConfigError(f"nthreads={self.nthreads} is not one of (64, 128, 256, 512, 640)")
         if not self.timeout_s > 0:
@@ -126,6 +124,10 @@ class Settings:
     @property
     def step_bytes(self) -> int:
         return self.buffsize // NCCL_STEPS
+
+    @property
+    def p2p_chunk_bytes(self) -> int:
+        return min(self.p2p_chunksize, self.step_bytes)     # a chunk must fit one FIFO step
 
     def channels_for(self, backend: str) -> int:
         return self.nchannels or (16 if backend == "cuda" else 1)

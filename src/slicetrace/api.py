@@ -1,0 +1,239 @@
+"""The Communicator: validate -> plan -> session.run. One per rank process (see slicetrace.init / launch)."""
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, Iterator
+
+from .backend.base import REDOPS, Work
+from .config import Settings
+from .errors import UsageError
+from .events.abi import DATATYPE_NAMES, FUNC_NAMES
+from .events.host import OpInfo, TaskInfo
+from .plan.schedule import P2pPart, plan_collective, plan_p2p
+from .rendezvous import Store
+from .session import Session
+
+
+def _ptr(buf: Any) -> int:
+    for get in (lambda b: b.ctypes.data, lambda b: b.data.ptr, lambda b: b.data_ptr()):
+        try:
+            return int(get(buf))
+        except Exception:
+            continue
+    return 0
+
+
+class Communicator:
+    """NCCL-like collectives over `world_size` ranks. Buffers: numpy (cpu) or CUDA arrays via DLPack (cuda)."""
+
+    def __init__(self, settings: Settings, rank: int, world_size: int, store: Store, job: str, name: str = ""):
+        if world_size < 1:
+            raise UsageError(f"world_size={world_size} must be >= 1")
+        if not 0 <= rank < world_size:
+            raise UsageError(f"rank={rank} must be in 0..{world_size - 1} (world_size={world_size})")
+        self.settings, self.rank, self.world_size = settings, rank, world_size
+        self.backend_name = settings.backend
+        self._session = Session(settings, rank, world_size, store, job, name)
+        self.comm_hash = self._session.comm_hash
+        self.nchannels = settings.channels_for(settings.backend)
+        self._tag = 0
+        self._seq: dict[str, int] = {}
+        self._group: list[tuple[P2pPart, Any, str, int]] | None = None
+        self._group_depth = 0
+        self._closed = False
+
+    # ---- helpers ----
+    def _check_open(self) -> None:
+        if self._closed:
+            raise UsageError("communicator is closed")
+
+    def _buf(self, x: Any, what: str):
+        return self._session.backend.as_buffer(x, what)
+
+    def _redop(self, op: str) -> str:
+        if op not in REDOPS:
+            raise UsageError(f"op={op!r} is not one of {REDOPS}")
+        return op
+
+    def _root(self, root: int) -> int:
+        if not isinstance(root, int) or not 0 <= root < self.world_size:
+            raise UsageError(f"root={root!r} must be an int in 0..{self.world_size - 1}")
+        return root
+
+    def _out(self, out: Any, like: Any, dtype: str, count: int, what: str = "out"):
+        if out is None:
+            return None, self._session.backend.empty_like(like, count)
+        flat, dt, n = self._buf(out, what)
+        if dt != dtype:
+            raise UsageError(f"{what} dtype {dt} differs from the input dtype {dtype}")
+        if n != count:
+            raise UsageError(f"{what} has {n} elements, this operation needs {count}")
+        return out, flat
+
+    def _info(self, func: str, tasks: list, user_tag: int, mask: int) -> OpInfo | None:
+        if not mask:
+            return None
+        self._seq[func] = self._seq.get(func, -1) + 1
+        return OpInfo(tag=self._tag, func=func, tasks=tasks, seq_number=self._seq[func], user_tag=user_tag,
+                      mask=mask, ts_ns=time.monotonic_ns(),
+                      n_warps=self.settings.nthreads // 32 if self.backend_name == "cuda" else 1,
+                      stream=None, group_depth=max(1, self._group_depth))
+
+    def _collective(self, func: str, x: Any, out: Any, out_count_of, op: str = "sum", root: int = 0,
+                    user_tag: int = 0, stream: Any = None) -> Any:
+        self._check_open()
+        if self._group is not None:
+            raise UsageError(f"{func} inside comm.group(): only send/recv may be grouped")
+        send, dtype, n = self._buf(x, "x")
+        redop = self._redop(op)
+        root = self._root(root)
+        count, out_n = out_count_of(n)
+        user_out, recv = self._out(out, send, dtype, out_n)
+        self._tag += 1
+        plan = plan_collective(func, self.world_size, self.rank, count, send.itemsize if hasattr(send, "itemsize")
+                               else 1, root, self.nchannels, self.settings.step_bytes)
+        mask = self._session.op_mask()
+        task = TaskInfo(func=FUNC_NAMES[func], peer=-1, is_send=False, count=count,
+                        datatype=DATATYPE_NAMES.get(dtype, dtype), root=root, send_buff=_ptr(send),
+                        recv_buff=_ptr(recv), n_programs=len(plan.programs))
+        info = self._info(func, [task], user_tag, mask)
+        work = Work(self._tag, plan, dtype, redop, sendbuf=send, recvbuf=recv, stream=stream)
+        self._session.run(work, info)
+        if user_out is not None:
+            return user_out
+        return recv.reshape(getattr(x, "shape", (-1,))) if out_n == n else recv
+
+    # ---- collectives (counts follow NCCL) ----
+    def all_reduce(self, x: Any, out: Any = None, op: str = "sum", *, user_tag: int = 0, stream: Any = None):
+        return self._collective("all_reduce", x, out, lambda n: (n, n), op, 0, user_tag, stream)
+
+    def broadcast(self, x: Any, out: Any = None, root: int = 0, *, user_tag: int = 0, stream: Any = None):
+        return self._collective("broadcast", x, out, lambda n: (n, n), "sum", root, user_tag, stream)
+
+    def reduce(self, x: Any, out: Any = None, root: int = 0, op: str = "sum", *, user_tag: int = 0,
+               stream: Any = None):
+        return self._collective("reduce", x, out, lambda n: (n, n), op, root, user_tag, stream)
+
+    def all_gather(self, x: Any, out: Any = None, *, user_tag: int = 0, stream: Any = None):
+        return self._collective("all_gather", x, out, lambda n: (n, n * self.world_size), "sum", 0, user_tag,
+                                stream)
+
+    def reduce_scatter(self, x: Any, out: Any = None, op: str = "sum", *, user_tag: int = 0, stream: Any = None):
+        def counts(n: int):
+            if n % self.world_size:
+                raise UsageError(f"reduce_scatter input has {n} elements, not a multiple of "
+                                 f"world_size={self.world_size}")
+            return n // self.world_size, n // self.world_size
+        return self._collective("reduce_scatter", x, out, counts, op, 0, user_tag, stream)
+
+    # ---- point to point ----
+    @contextlib.contextmanager
+    def group(self) -> Iterator[None]:
+        """Batch send/recv calls; they run concurrently when the outermost group ends (ncclGroupStart/End)."""
+        self._check_open()
+        self._group_depth += 1
+        if self._group is None:
+            self._group = []
+        ok = False
+        try:
+            yield
+            ok = True
+        finally:
+            self._group_depth -= 1
+            if self._group_depth == 0:
+                parts, self._group = self._group, None
+                if ok and parts:
+                    self._run_p2p(parts)
+
+    def _p2p(self, x: Any, peer: int, is_send: bool, user_tag: int) -> None:
+        self._check_open()
+        if not isinstance(peer, int) or not 0 <= peer < self.world_size:
+            raise UsageError(f"peer={peer!r} must be an int in 0..{self.world_size - 1}")
+        flat, dtype, n = self._buf(x, "x" if is_send else "out")
+        entry = (P2pPart(peer, is_send, n, 0), flat, dtype, user_tag)
+        if self._group is not None:
+            self._group.append(entry)
+        else:
+            self._run_p2p([entry])
+
+    def send(self, x: Any, peer: int, *, user_tag: int = 0) -> None:
+        self._p2p(x, peer, True, user_tag)
+
+    def recv(self, out: Any, peer: int, *, user_tag: int = 0) -> Any:
+        self._p2p(out, peer, False, user_tag)
+        return out
+
+    def _run_p2p(self, entries: list) -> None:
+        dtypes = {e[2] for e in entries}
+        if len(dtypes) > 1:
+            raise UsageError(f"a send/recv group mixes dtypes {sorted(dtypes)}; use one dtype per group")
+        dtype = dtypes.pop()
+        parts = [(P2pPart(p.peer, p.is_send, p.count, i), buf) for i, (p, buf, _, _) in enumerate(entries)]
+        self._tag += 1
+        itemsize = parts[0][1].itemsize
+        plan = plan_p2p([p for p, _ in parts], self.world_size, self.rank, itemsize,
+                        self.settings.p2p_chunk_bytes, self.settings.step_bytes, self.nchannels)
+        mask = self._session.op_mask()
+        tasks = [TaskInfo(func="Send" if p.is_send else "Recv", peer=p.peer, is_send=p.is_send, count=p.count,
+                          datatype=DATATYPE_NAMES.get(dtype, dtype), root=0,
+                          send_buff=_ptr(b) if p.is_send else 0, recv_buff=0 if p.is_send else _ptr(b),
+                          n_programs=0 if p.peer == self.rank else 1) for p, b in parts]
+        info = self._info("send_recv", tasks, entries[0][3], mask)
+        work = Work(self._tag, plan, dtype, "sum", parts=parts)
+        self._session.run(work, info)
+
+    def all_to_all(self, x: Any, out: Any = None, *, user_tag: int = 0) -> Any:
+        """x holds world_size blocks of k elements; block j goes to rank j; out block j comes from rank j."""
+        flat, dtype, n = self._buf(x, "x")
+        if n % self.world_size:
+            raise UsageError(f"all_to_all input has {n} elements, not a multiple of world_size={self.world_size}")
+        user_out, recv = self._out(out, flat, dtype, n)
+        k = n // self.world_size
+        with self.group():
+            for j in range(self.world_size):
+                self.send(flat[j * k:(j + 1) * k], j, user_tag=user_tag)
+                self.recv(recv[j * k:(j + 1) * k], j, user_tag=user_tag)
+        return user_out if user_out is not None else recv
+
+    def barrier(self) -> None:
+        """Every rank arrives before any leaves (through the rendezvous store; includes this rank's pending ops)."""
+        self._check_open()
+        self._session.barrier()
+
+    # ---- profiling controls ----
+    @contextlib.contextmanager
+    def profiling(self, enabled: bool) -> Iterator[None]:
+        """Turn event collection off (or back on) for the ops inside the block (as exampleProfilerStart/Stop)."""
+        prev = self._session.paused
+        self._session.paused = not enabled
+        try:
+            yield
+        finally:
+            self._session.paused = prev
+
+    @property
+    def profiler_enabled(self) -> bool:
+        return self._session.host is not None
+
+    def drop_counters(self) -> dict[str, int]:
+        return self._session.counters()
+
+    def flush_profiler(self, timeout_s: float | None = None) -> None:
+        """Wait until every stamp of every finished op reached the plugins."""
+        self._session.flush(timeout_s)
+
+    def synchronize(self) -> None:
+        """cuda: wait for this communicator's last op (cpu ops are already complete)."""
+        self._session.synchronize()
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._session.close()
+
+    def __enter__(self) -> "Communicator":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

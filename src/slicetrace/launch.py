@@ -1,0 +1,165 @@
+"""init() for one rank process (torchrun conventions) and launch() to spawn local ranks."""
+from __future__ import annotations
+
+import glob
+import multiprocessing as mp
+import multiprocessing.connection as mpc
+import os
+import time
+import traceback
+import uuid
+from typing import Any, Callable
+
+from .api import Communicator
+from .config import Settings, dist_env
+from .errors import ConfigError, PeerError, SliceTraceError, UsageError
+from .rendezvous import DictStore, Store, TorchStore
+
+
+def _torch_store(addr: str | None, port: int | None, rank: int, world: int, timeout_s: float) -> Store:
+    try:
+        import datetime
+
+        import torch.distributed as dist
+    except ImportError:
+        raise ConfigError("RANK/WORLD_SIZE are set (torchrun) but torch is not installed: rendezvous needs "
+                          "torch.distributed's TCPStore, or call slicetrace.launch() instead") from None
+    if dist.is_available() and dist.is_initialized():
+        from torch.distributed.distributed_c10d import _get_default_store
+        return TorchStore(_get_default_store())
+    if addr is None or port is None:
+        raise ConfigError("torchrun rendezvous needs MASTER_ADDR and MASTER_PORT")
+    return TorchStore(dist.TCPStore(addr, port, world, rank == 0, timeout=datetime.timedelta(seconds=timeout_s)))
+
+
+def init(backend: str | None = None, rank: int | None = None, world_size: int | None = None, *,
+         store: Store | None = None, job: str | None = None, name: str = "", **settings: Any) -> Communicator:
+    """Make this rank's Communicator. Explicit arguments beat SLICETRACE_* variables; without rank/world_size,
+    torchrun's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT are used; without those, a world of one."""
+    s = Settings.from_env(backend=backend, **settings)
+    env = dist_env()
+    rank = env.rank if rank is None else rank
+    world_size = env.world_size if world_size is None else world_size
+    if rank is None or world_size is None:
+        if rank not in (None, 0) or world_size not in (None, 1):
+            raise UsageError(f"rank={rank!r} and world_size={world_size!r}: give both, or neither for one rank")
+        rank, world_size = 0, 1
+    if store is None:
+        store = DictStore({}) if world_size == 1 else _torch_store(env.master_addr, env.master_port, rank,
+                                                                  world_size, s.timeout_s)
+    if job is None:
+        if rank == 0:
+            job = uuid.uuid4().hex[:10]
+            store.set("slicetrace/job", job.encode())
+        else:
+            job = store.get("slicetrace/job", s.timeout_s, what="job id from rank 0").decode()
+    return Communicator(s, rank, world_size, store, job, name)
+
+
+def _child(fn: Callable, rank: int, world: int, store_map: Any, job: str, settings: dict, args: tuple,
+           conn) -> None:
+    comm = None
+    try:
+        comm = init(rank=rank, world_size=world, store=DictStore(store_map), job=job, **settings)
+        result = fn(comm, *args)
+        comm.close()
+        comm = None
+        conn.send(("ok", result))
+    except BaseException as e:  # noqa: BLE001 - reported to the parent with its traceback
+        try:
+            if comm is not None:
+                comm._session.backend.abort(f"rank {rank} failed: {type(e).__name__}: {e}")
+        except Exception:
+            pass
+        conn.send(("err", f"{type(e).__name__}: {e}", traceback.format_exc()))
+    finally:
+        if comm is not None:
+            try:
+                comm.close()
+            except Exception:
+                pass
+
+
+def launch(fn: Callable, nranks: int, *args: Any, timeout_s: float | None = None, **settings: Any) -> list[Any]:
+    """Run fn(comm, *args) in `nranks` spawned processes; return the results in rank order.
+
+    A failing or dead rank makes every other rank fail within settings.timeout_s; survivors are killed after
+    that, shared memory of the job is removed, and the first error is raised here.
+    """
+    if not isinstance(nranks, int) or nranks < 1:
+        raise UsageError(f"nranks={nranks!r} must be an int >= 1")
+    s = Settings.from_env(**settings)
+    limit = timeout_s if timeout_s is not None else None
+    ctx = mp.get_context("spawn")
+    job = uuid.uuid4().hex[:10]
+    with ctx.Manager() as mgr:
+        store_map = mgr.dict()
+        pipes, procs = [], []
+        for r in range(nranks):
+            a, b = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_child, args=(fn, r, nranks, store_map, job, settings, args, b),
+                            name=f"slicetrace-rank{r}")
+            p.start()
+            b.close()
+            pipes.append(a)
+            procs.append(p)
+        results: dict[int, Any] = {}
+        errors: dict[int, str] = {}
+        pending = {p.sentinel: r for r, p in enumerate(procs)}
+        readers = {pipes[r]: r for r in range(nranks)}
+        start = time.monotonic()
+        first_fail = None
+        try:
+            while pending or readers:
+                wait_s = 0.5
+                ready = mpc.wait(list(readers) + list(pending), timeout=wait_s)
+                for obj in ready:
+                    if obj in readers:
+                        r = readers.pop(obj)
+                        try:
+                            status, *val = obj.recv()
+                            if status == "ok":
+                                results[r] = val[0]
+                            else:
+                                errors[r] = f"{val[0]}\n{val[1]}"
+                        except EOFError:
+                            pass
+                    else:
+                        r = pending.pop(obj)
+                        code = procs[r].exitcode
+                        if code != 0 and r not in errors and r not in results:
+                            errors[r] = f"rank {r} died with exit code {code}"
+                if errors and first_fail is None:
+                    first_fail = time.monotonic()
+                now = time.monotonic()
+                if first_fail is not None and now - first_fail > s.timeout_s + 5:
+                    break            # peers had their timeout to notice; kill the rest
+                if limit is not None and now - start > limit:
+                    for r in range(nranks):
+                        if r not in results and r not in errors:
+                            errors[r] = f"rank {r} still running after timeout_s={limit}"
+                    break
+                if not pending and readers:
+                    # processes are gone; anything unread now will never come
+                    for c, r in list(readers.items()):
+                        if not c.poll(0):
+                            readers.pop(c)
+                            errors.setdefault(r, f"rank {r} exited without a result")
+        finally:
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+                p.join(10)
+            for f in glob.glob(f"/dev/shm/*{job}*"):
+                try:
+                    os.unlink(f)
+                except OSError:
+                    pass
+    if errors:
+        r = min(errors, key=lambda k: (0 if "died" in errors[k] else 1, k))
+        others = {k: v.splitlines()[0] for k, v in errors.items() if k != r}
+        raise PeerError(f"rank {r} failed: {errors[r]}" + (f"\nother ranks: {others}" if others else ""))
+    missing = [r for r in range(nranks) if r not in results]
+    if missing:
+        raise SliceTraceError(f"ranks {missing} returned no result")
+    return [results[r] for r in range(nranks)]

@@ -1,0 +1,123 @@
+"""Wiring for one communicator on one rank: backend + drain thread + event host + plugins.
+
+The only module that knows all stages. Profiling off (no plugin) means no drain thread and no stamping.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from typing import Any
+
+from .backend.base import Backend, Work, create
+from .config import Settings
+from .errors import SliceTraceError
+from .events.abi import CommInfo, EventType
+from .events.host import EventHost, OpInfo
+from .events.plugin import load_plugins
+from .rendezvous import Store
+from .stamps.drain import Drain
+
+log = logging.getLogger("slicetrace")
+_STAMP_STEPS = int(EventType.KERNEL_STEP)
+_STAMP_CH = int(EventType.KERNEL_CH | EventType.KERNEL_STEP)
+
+
+def comm_hash(job: str) -> int:
+    return int.from_bytes(hashlib.blake2b(job.encode(), digest_size=8).digest(), "little") & ((1 << 63) - 1)
+
+
+class Session:
+    def __init__(self, settings: Settings, rank: int, world: int, store: Store, job: str, name: str = ""):
+        self.settings, self.rank, self.world, self.job = settings, rank, world, job
+        logging.basicConfig(level=getattr(logging, settings.debug.upper(), logging.WARNING))
+        self.store = store
+        self.backend: Backend = create(settings, rank, world, store, job)
+        self._last: Any = None
+        self._barriers = 0
+        self.comm_hash = comm_hash(job)
+        self.host: EventHost | None = None
+        self.drain: Drain | None = None
+        self.paused = False
+        self._closed = False
+        self._resync_at = 0.0
+        try:
+            plugins = load_plugins(settings.profiler_plugin, settings)
+            if plugins:
+                info = CommInfo(self.comm_hash, name or f"slicetrace-{job}", 1, world, rank, settings.backend)
+                self.host = EventHost(plugins, info, settings.plugin_max_failures)
+                self.drain = Drain(self.backend.rings, self.host, settings.drain_interval_us)
+                self._resync()
+                self.drain.start()
+        except BaseException:
+            self.backend.close()
+            raise
+
+    @property
+    def profiling(self) -> bool:
+        return self.host is not None and not self.paused
+
+    def op_mask(self) -> int:
+        return self.host.op_mask() if self.profiling else 0
+
+    def _resync(self) -> None:
+        off, unc = self.backend.clock_sync()
+        self.drain.offset_ns = off
+        self.clock_uncertainty_ns = unc
+        self._resync_at = time.monotonic() + self.settings.clock_resync_s
+
+    def run(self, work: Work, info: OpInfo | None) -> Any:
+        """Submit one work. With profiling, the op's events are opened first and closed by the drain."""
+        mask = info.mask if info is not None else 0
+        work.stamp_steps = bool(mask & _STAMP_STEPS)
+        work.stamp_channels = bool(mask & _STAMP_CH)
+        work.sample_rate = self.settings.sample_rate
+        if info is None:
+            self._last = self.backend.submit(work)
+            return self._last
+        if self.backend.name == "cuda" and time.monotonic() > self._resync_at:
+            self._resync()
+        self.host.begin_op(info)
+        try:
+            token = self.backend.submit(work)
+        except BaseException:
+            self.drain.op_submitted(work.tag, lambda: True)
+            raise
+        self.drain.op_submitted(work.tag, lambda: self.backend.done(token))
+        self._last = token
+        return token
+
+    def synchronize(self) -> None:
+        if self._last is not None:
+            self.backend.wait(self._last, self.settings.timeout_s)
+
+    def barrier(self) -> None:
+        self.synchronize()
+        self._barriers += 1
+        self.store.barrier(f"st/{self.job}/barrier/{self._barriers}", self.rank, self.world, self.settings.timeout_s)
+
+    def wait(self, token: Any) -> None:
+        self.backend.wait(token, self.settings.timeout_s)
+
+    def counters(self) -> dict[str, int]:
+        return self.host.counters() if self.host is not None else {}
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        if self.drain is not None and not self.drain.flush(timeout_s or self.settings.timeout_s):
+            raise SliceTraceError(f"profiler drain did not catch up within {timeout_s or self.settings.timeout_s}s")
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self.drain is not None:
+                self.drain.flush(min(self.settings.timeout_s, 10.0))
+                self.drain.stop()
+                if self.drain.error is not None:
+                    log.error("slicetrace drain thread failed: %r", self.drain.error)
+            if self.host is not None:
+                self.host.close()
+        finally:
+            self.backend.close()
+

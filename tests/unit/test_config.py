@@ -1,0 +1,47 @@
+import pytest
+
+from slicetrace.config import VARIABLES, Settings, describe, dist_env
+from slicetrace.errors import ConfigError
+
+
+def test_defaults_mirror_nccl():
+    s = Settings()
+    assert s.buffsize == 4 << 20 and s.step_bytes == 512 << 10 and s.backend == "cpu"
+
+
+def test_env_is_parsed_and_arguments_win():
+    env = {"SLICETRACE_BACKEND": "null", "SLICETRACE_BUFFSIZE": "0x100000", "SLICETRACE_PROFILE_COLL_POOL_SIZE": "7"}
+    s = Settings.from_env(env)
+    assert (s.backend, s.buffsize, s.pool_sizes["COLL"]) == ("null", 1 << 20, 7)
+    assert Settings.from_env(env, backend="cpu").backend == "cpu"
+
+
+@pytest.mark.parametrize("kw,msg", [
+    ({"backend": "tpu"}, r"^backend='tpu' is not one of \('null', 'cpu', 'cuda'\)$"),
+    ({"ring_slots": 100}, r"^ring_slots=100 must be a power of two >= 64$"),
+    ({"sample_rate": 0}, r"^sample_rate=0 must be in 1\.\.255"),
+    ({"nchannels": 65}, r"^nchannels=65 must be in 0\.\.64"),
+    ({"buffsize": 1000}, r"^buffsize=1000 must be"),
+])
+def test_bad_values_name_parameter_value_and_accepted(kw, msg):
+    with pytest.raises(ConfigError, match=msg):
+        Settings(**kw)
+
+
+def test_unparsable_env_names_the_variable():
+    with pytest.raises(ConfigError, match=r"SLICETRACE_TIMEOUT='soon' cannot be parsed"):
+        Settings.from_env({"SLICETRACE_TIMEOUT": "soon"})
+
+
+def test_unknown_override_is_refused():
+    with pytest.raises(ConfigError, match="unknown setting"):
+        Settings.from_env({}, colour="red")
+
+
+def test_dist_env_and_describe():
+    d = dist_env({"RANK": "3", "WORLD_SIZE": "8", "MASTER_ADDR": "h", "MASTER_PORT": "29500"})
+    assert (d.rank, d.world_size, d.local_rank, d.master_port) == (3, 8, None, 29500)
+    with pytest.raises(ConfigError, match="RANK='x' must be an integer"):
+        dist_env({"RANK": "x"})
+    rows = describe(Settings(), {})
+    assert {r[0] for r in rows} >= {v.name for v in VARIABLES}

@@ -1,0 +1,98 @@
+"""Imports point only down the layers of docs/internals.md (DESIGN section 6)."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "slicetrace"
+BASE = {"errors"}
+LOW = BASE | {"config", "rendezvous"}
+CONTRACTS = {"stamps.layout", "events.abi"}
+BACKEND = LOW | {"stamps.layout", "plan", "backend.base"}
+ALLOWED: dict[str, set[str]] = {
+    "errors": set(),
+    "backend": set(), "events": set(), "stamps": set(),     # package __init__ files
+    "config": BASE,
+    "rendezvous": BASE,
+    "stamps.layout": BASE,
+    "events.abi": BASE,
+    "plan": BASE | {"config"},
+    "backend.base": BACKEND,
+    "backend.null": BACKEND,
+    "backend.cpu": BACKEND,
+    "backend.cuda": BACKEND,
+    "stamps.drain": BASE | {"stamps.layout"},
+    "events.plugin": BASE | {"config", "events.abi"},
+    "events.host": BASE | {"config", "events.abi", "events.plugin", "stamps.layout"},
+    "events.synthetic": BASE | {"config", "events.abi", "events.plugin", "events.host", "stamps.layout", "plan"},
+    "sinks": BASE | {"config", "events.abi", "events.plugin"},
+    "analyze": BASE | {"events.abi", "plan"},
+    "session": LOW | CONTRACTS | {"plan", "backend.base", "stamps.drain", "events.plugin", "events.host"},
+    "api": LOW | CONTRACTS | {"plan", "backend.base", "events.host", "session"},
+    "launch": LOW | {"api"},
+    "cli": None,                 # the top: may import anything
+    "__init__": LOW | {"api", "launch"},
+}
+
+
+def _group(mod: str) -> str:
+    best = ""
+    for g in ALLOWED:
+        if (mod == g or mod.startswith(g + ".")) and len(g) > len(best):
+            best = g
+    if not best:
+        raise AssertionError(f"module slicetrace.{mod} is in no layer of tests/unit/test_layers.py")
+    return best
+
+
+def _imports(path: Path, mod: str) -> set[str]:
+    pkg = mod.split(".")[:-1] if path.name != "__init__.py" else mod.split(".")
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg[:len(pkg) - node.level + 1]
+                full = ".".join(base + ([node.module] if node.module else []))
+                names = [full] if node.module else [".".join(base + [a.name]) for a in node.names]
+            elif node.module and node.module.startswith("slicetrace"):
+                names = [node.module[len("slicetrace."):]] if node.module != "slicetrace" else \
+                    [a.name for a in node.names]
+            else:
+                continue
+            out.update(n for n in names if n)
+        elif isinstance(node, ast.Import):
+            out.update(a.name[len("slicetrace."):] for a in node.names if a.name.startswith("slicetrace."))
+    return out
+
+
+def _modules():
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC).with_suffix("")
+        parts = list(rel.parts)
+        mod = ".".join(parts[:-1]) if parts[-1] == "__init__" and len(parts) > 1 else ".".join(parts)
+        yield path, mod
+
+
+@pytest.mark.parametrize("path,mod", list(_modules()), ids=lambda v: str(v) if isinstance(v, str) else "")
+def test_imports_point_down(path: Path, mod: str) -> None:
+    group = _group(mod)
+    allowed = ALLOWED[group]
+    if allowed is None:
+        return
+    bad = sorted(i for i in _imports(path, mod) if _group(i) != group and _group(i) not in allowed)
+    assert not bad, f"slicetrace.{mod} (layer {group!r}) imports {bad}; allowed: {sorted(allowed)}"
+
+
+def test_the_walker_sees_a_violation(tmp_path: Path) -> None:
+    f = tmp_path / "x.py"
+    f.write_text("from ..backend.cpu import worker\nfrom .layout import STAMP_DTYPE\n")
+    assert _imports(f, "stamps.drain") == {"backend.cpu", "stamps.layout"}
+    assert _group("backend.cpu.worker") not in ALLOWED["stamps.drain"]
+
+
+def test_only_config_reads_the_environment() -> None:
+    readers = [str(p.relative_to(SRC)) for p, _ in _modules()
+               if "os.environ" in p.read_text() or "getenv(" in p.read_text()]
+    assert readers == ["config.py"], readers
