@@ -140,6 +140,7 @@ class Descriptor:
     type: EventType
     parent: Any = None        # parent handle returned by the same plugin, or None
     rank: int = 0
+    ts_ns: int = 0            # host timeline (CLOCK_MONOTONIC ns) of the event's start
 
 
 @dataclass
@@ -242,6 +243,7 @@ class StateArgs:
     appended_proxy_ops: int = 0       # proxyCtrl
     data: Any = None                  # netPlugin
     p_timer: int = 0                  # kernelCh / kernelPhase / kernelStep stop clock
+    ts_ns: int = 0                    # host timeline of the state change
 
 
 @dataclass(frozen=True)
