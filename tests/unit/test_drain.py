@@ -1,0 +1,171 @@
+"""The drain's sequence protocol: pairing, order, and exact loss accounting (DESIGN section 3)."""
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+from hypothesis import given, settings, strategies as st
+
+from slicetrace.stamps.drain import Drain
+from slicetrace.stamps.layout import (FLAG_SEND, KIND_CHANNEL, KIND_STEP, STAMP_DTYPE, RingViews, RingWriter,
+                                      ring_bytes)
+
+
+class Recorder:
+    """A consumer that keeps what the drain hands over."""
+
+    def __init__(self):
+        self.step_calls, self.channels, self.ended, self.drops = [], [], [], Counter()
+
+    def channel(self, tag, recs):
+        self.channels.append((tag, recs.copy()))
+
+    def steps(self, tag, recs):
+        self.step_calls.append((tag, recs.copy()))
+
+    def end_op(self, tag, ts):
+        self.ended.append(tag)
+
+    def drop(self, reason, n=1):
+        self.drops[reason] += n
+
+
+def rings(nch=2, slots=64):
+    return RingViews(bytearray(ring_bytes(nch, slots)), nch, slots)
+
+
+def write_op(w: RingWriter, tag: int, nslices: int, t0: int = 1000, peer: int = 1):
+    """A KernelCh start, nslices send steps, then the KernelCh stop, as a backend writes them."""
+    ch_seq = w.start(KIND_CHANNEL, 0, tag, 0, 0, 0, 0, t0)
+    for i in range(nslices):
+        s = w.start(KIND_STEP, FLAG_SEND, tag, i * 2, 4096, peer, t0 + 10 * i, t0 + 10 * i + 3)
+        w.complete(s, KIND_STEP, FLAG_SEND, tag, i * 2, 4096, peer, t0 + 10 * i + 7)
+    w.complete(ch_seq, KIND_CHANNEL, 0, tag, 0, 0, 0, t0 + 10 * nslices)
+
+
+def test_pairs_arrive_in_order_grouped_by_op_then_end_op():
+    v = rings()
+    sink = Recorder()
+    d = Drain(v, sink)
+    w = RingWriter(v, 0)
+    for tag in (1, 2):
+        d.op_submitted(tag, lambda: True)
+        write_op(w, tag, 5, t0=tag * 1000)
+    d.poll_once()
+    assert [t for t, _ in sink.step_calls] == [1, 2]
+    assert [len(r) for _, r in sink.step_calls] == [5, 5]
+    r = sink.step_calls[0][1]
+    assert list(r["step"]) == [0, 2, 4, 6, 8] and (r["ready"] - r["wait"] == 3).all() and (r["done"] > r["ready"]).all()
+    assert [t for t, _ in sink.channels] == [1, 2]
+    ch = sink.channels[0][1][0]
+    assert (ch["ready"], ch["done"]) == (1000, 1050)
+    assert sink.ended == [1, 2] and not sink.drops
+
+
+def test_clock_offset_maps_device_clock_to_host_timeline():
+    v = rings()
+    sink = Recorder()
+    d = Drain(v, sink)
+    d.offset_ns = 5_000
+    d.op_submitted(7, lambda: True)
+    write_op(RingWriter(v, 1), 7, 1)
+    d.poll_once()
+    rec = sink.step_calls[0][1][0]
+    assert rec["channel"] == 1 and rec["ready_ns"] == rec["ready"] + 5000
+
+
+def test_entry_visible_out_of_order_waits_for_its_predecessor():
+    v = rings()
+    sink = Recorder()
+    d = Drain(v, sink)
+    w = RingWriter(v, 0)
+    d.op_submitted(1, lambda: False)
+    s1 = w.start(KIND_STEP, 0, 1, 0, 8, 1, 1, 2)
+    s2 = w.start(KIND_STEP, 0, 1, 1, 8, 1, 3, 4)
+    w.complete(s2, KIND_STEP, 0, 1, 1, 8, 1, 5)        # seq 2 complete, seq 1 still in flight
+    d.poll_once()
+    assert sink.step_calls == [] and d.cursor[0] == 0
+    w.complete(s1, KIND_STEP, 0, 1, 0, 8, 1, 6)
+    d.poll_once()
+    assert [list(r["step"]) for _, r in sink.step_calls] == [[0, 1]]
+
+
+def test_overrun_counts_exactly_what_was_lapped():
+    v = rings(1, 64)
+    sink = Recorder()
+    d = Drain(v, sink)
+    d.op_submitted(1, lambda: True)
+    w = RingWriter(v, 0)
+    for i in range(200):
+        s = w.start(KIND_STEP, FLAG_SEND, 1, i, 8, 1, i, i)
+        w.complete(s, KIND_STEP, FLAG_SEND, 1, i, 8, 1, i)
+    d.poll_once()
+    got = sum(len(r) for _, r in sink.step_calls)
+    assert sink.drops["overrun"] == 200 - 64 and got == 64
+    assert list(sink.step_calls[-1][1]["step"])[-1] == 199
+
+
+def test_slot_being_reused_is_not_trusted():
+    v = rings(1, 64)
+    sink = Recorder()
+    d = Drain(v, sink)
+    d.op_submitted(1, lambda: False)
+    w = RingWriter(v, 0)
+    s = w.start(KIND_STEP, 0, 1, 0, 8, 1, 1, 2)
+    w.complete(s, KIND_STEP, 0, 1, 0, 8, 1, 3)
+    v.header["reserved"][0] = 65          # a writer reserved seq 65 (same slot) but has not written it yet
+    d._drain_channel(0, None)
+    assert sink.step_calls == [] and sink.drops["overrun"] >= 1
+
+
+def test_started_without_completion_is_unpaired_once_the_op_ended():
+    v = rings()
+    sink = Recorder()
+    d = Drain(v, sink)
+    w = RingWriter(v, 0)
+    d.op_submitted(3, lambda: True)
+    w.start(KIND_STEP, 0, 3, 0, 8, 1, 1, 2)             # never completed (writer died)
+    s = w.start(KIND_STEP, 0, 3, 1, 8, 1, 3, 4)
+    w.complete(s, KIND_STEP, 0, 3, 1, 8, 1, 5)
+    d.poll_once()
+    assert sink.drops["unpaired"] == 1 and sum(len(r) for _, r in sink.step_calls) == 1
+    assert sink.ended == [3]
+
+
+def test_stamps_of_unknown_ops_are_counted_as_no_parent_and_sampling_is_counted():
+    v = rings()
+    sink = Recorder()
+    d = Drain(v, sink)
+    w = RingWriter(v, 0)
+    write_op(w, 99, 2)                                   # nobody submitted op 99
+    w.sampled_out(5)
+    d.poll_once()
+    assert sink.drops["no_parent"] == 3 and sink.drops["sampled_out"] == 5
+
+
+@settings(max_examples=60, deadline=None)
+@given(slots=st.sampled_from([64, 128]), plan=st.lists(st.integers(0, 40), min_size=1, max_size=12),
+       polls=st.lists(st.booleans(), min_size=12, max_size=12))
+def test_every_record_is_delivered_once_or_counted_lost(slots, plan, polls):
+    v = rings(1, slots)
+    sink = Recorder()
+    d = Drain(v, sink)
+    w = RingWriter(v, 0)
+    written = 0
+    for tag, (n, poll) in enumerate(zip(plan, polls), start=1):
+        d.op_submitted(tag, lambda: True)
+        write_op(w, tag, n)
+        written += n + 1
+        if poll:
+            d.poll_once()
+    d.poll_once()
+    got = sum(len(r) for _, r in sink.step_calls) + sum(len(r) for _, r in sink.channels)
+    assert got + sink.drops["overrun"] == written
+    steps = [(t, int(s)) for t, r in sink.step_calls for s in r["step"]]
+    assert len(steps) == len(set(steps))                     # never twice
+    assert [t for t, _ in steps] == sorted(t for t, _ in steps)
+    assert d.idle()
+
+
+def test_dtype_is_the_documented_48_bytes():
+    assert STAMP_DTYPE.itemsize == 48 and [STAMP_DTYPE.fields[f][1] for f in ("seq", "op", "kind")] == [0, 32, 46]
