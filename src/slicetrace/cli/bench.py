@@ -1,0 +1,183 @@
+"""`slicetrace bench`: nccl-tests' sweep, columns and busbw factors, with the reference library side by side."""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from .sweep import busbw_factor, counts, make_input, np_dtype, reference, wrong
+
+HEADER = ("#{:>11} {:>12} {:>9} {:>6} {:>5} {:>10} {:>8} {:>8} {:>7}".format(
+    "size", "count", "type", "redop", "root", "time(us)", "algbw", "busbw", "#wrong"))
+UNITS = ("#{:>11} {:>12} {:>9} {:>6} {:>5} {:>10} {:>8} {:>8} {:>7}".format(
+    "(B)", "(elements)", "", "", "", "", "(GB/s)", "(GB/s)", ""))
+
+
+def _arrays(comm):
+    if comm.backend_name == "cuda":
+        import cupy
+        cupy.cuda.Device(comm.rank % cupy.cuda.runtime.getDeviceCount()).use()
+        return cupy, lambda a: cupy.asarray(a), lambda a: cupy.asnumpy(a), cupy.cuda.Stream.null.synchronize
+    return np, lambda a: a, lambda a: a, lambda: None
+
+
+def _call(comm, op: str, x, out, redop: str, root: int) -> None:
+    if op == "all_reduce":
+        comm.all_reduce(x, out, op=redop)
+    elif op == "broadcast":
+        comm.broadcast(x, out, root=root)
+    elif op == "reduce":
+        comm.reduce(x, out, root=root, op=redop)
+    elif op == "all_gather":
+        comm.all_gather(x, out)
+    elif op == "reduce_scatter":
+        comm.reduce_scatter(x, out, op=redop)
+    elif op == "all_to_all":
+        comm.all_to_all(x, out)
+    elif op == "send_recv":
+        with comm.group():
+            comm.send(x, (comm.rank + 1) % comm.world_size)
+            comm.recv(out, (comm.rank - 1) % comm.world_size)
+
+
+def _time(fn, iters: int, sync, flush=None) -> float:
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    sync()
+    if flush is not None:
+        flush()
+    return (time.perf_counter() - t0) / iters
+
+
+def _gather_max(comm, key: str, vals: list[float]) -> list[float]:
+    """Max over ranks, through the rendezvous store, so the timing exchange is no collective of ours."""
+    store = comm._session.store
+    store.set(f"bench/{key}/{comm.rank}", json.dumps(vals).encode())
+    if comm.rank != 0:
+        return vals
+    allv = [json.loads(store.get(f"bench/{key}/{r}", comm.settings.timeout_s)) for r in range(comm.world_size)]
+    return [max(v[i] for v in allv) for i in range(len(vals))]
+
+
+def bench_rank(comm, o: dict) -> list[dict]:
+    xp, to_dev, to_host, sync = _arrays(comm)
+    n = comm.world_size
+    dtype = np_dtype(o["dtype"])
+    ref = None
+    if o["compare"]:
+        from .reference import TorchReference
+        ref = TorchReference(o["compare"], comm.rank, n, comm._session.job,
+                             device=comm.rank if o["compare"] == "nccl" else None)
+    rows: list[dict] = []
+    progress = None
+    total = len(o["ops"]) * len(o["sizes"])
+    if comm.rank == 0:
+        print(f"# slicetrace bench: backend {comm.backend_name}, {n} ranks, {comm.nchannels} channel(s), "
+              f"profiling {'on' if comm.profiler_enabled else 'off'}"
+              + (f", compare {o['compare']}" if ref else ""), flush=True)
+        print(HEADER + ("  {:>8} {:>8} {:>6}".format("ref_us", "ref_bus", "ratio") if ref else "")
+              + ("  {:>9}".format("overhead") if o["overhead"] else ""), flush=True)
+        print(UNITS, flush=True)
+        if sys.stderr.isatty():
+            from rich.progress import Progress
+            progress = Progress(transient=True)
+            progress.start()
+            task = progress.add_task("sweep", total=total)
+    try:
+        for op in o["ops"]:
+            for i, nbytes in enumerate(o["sizes"]):
+                row = _one(comm, op, nbytes, dtype, o, xp, to_dev, to_host, sync, ref, f"{op}/{i}")
+                if row is not None and comm.rank == 0:
+                    rows.append(row)
+                    print(format_row(row, ref is not None, o["overhead"]), flush=True)
+                if progress is not None:
+                    progress.advance(task)
+    finally:
+        if progress is not None:
+            progress.stop()
+        if ref is not None:
+            ref.close()
+    return rows
+
+
+def _one(comm, op, nbytes, dtype, o, xp, to_dev, to_host, sync, ref, key):
+    n, rank = comm.world_size, comm.rank
+    cin, cout = counts(op, nbytes, dtype.itemsize, n)
+    redop = o["redop"] if op in ("all_reduce", "reduce", "reduce_scatter") else "sum"
+    root = o["root"]
+    host_in = make_input(o["seed"], rank, cin, dtype, op, redop)
+    x, out = to_dev(host_in), xp.empty(cout, dtype=dtype)
+    if o["inplace"] and op == "all_reduce":
+        out = x
+    fn = (lambda: _call(comm, op, x, out, redop, root))
+    n_wrong = 0
+    if o["check"]:
+        if out is not x:
+            out[...] = np.array(-77, dtype=dtype) if dtype.kind != "u" else 77
+        fn()
+        sync()
+        inputs = [make_input(o["seed"], r, cin, dtype, op, redop) for r in range(n)]
+        n_wrong = wrong(to_host(out), reference(op, inputs, rank, root, redop), dtype)
+        if o["inplace"] and op == "all_reduce":
+            x[...] = to_dev(host_in)
+    for _ in range(o["warmup"]):
+        fn()
+    sync()
+    comm.barrier()
+    flush = comm.flush_profiler if comm.profiler_enabled else None
+    t = _time(fn, o["iters"], sync, flush)
+    vals = [t, float(n_wrong)]
+    if ref is not None:
+        rfn = (lambda: ref.run(op, x, out, redop, root))
+        for _ in range(o["warmup"]):
+            rfn()
+        ref.sync()
+        comm.barrier()
+        vals.append(_time(rfn, o["iters"], ref.sync))
+    if o["overhead"]:
+        on, off = [], []
+        for _ in range(o["rounds"]):
+            comm.barrier()
+            with comm.profiling(False):
+                off.append(_time(fn, o["iters"], sync))
+            comm.barrier()
+            on.append(_time(fn, o["iters"], sync, flush))
+        vals += [statistics.median(on), statistics.median(off)]
+    vals = _gather_max(comm, key, vals)
+    if rank != 0:
+        return None
+    t = vals[0]
+    f = busbw_factor(op, n)
+    size = cout * dtype.itemsize if op in ("all_gather",) else cin * dtype.itemsize
+    algbw = size / t / 1e9 if t > 0 else 0.0
+    row = {"op": op, "size": size, "count": cout if op == "all_gather" else cin, "type": str(dtype),
+           "redop": redop, "root": root if op in ("broadcast", "reduce") else -1, "time_us": t * 1e6,
+           "algbw": algbw, "busbw": algbw * f, "wrong": int(vals[1]) if o["check"] else -1, "ranks": n}
+    k = 2
+    if ref is not None:
+        rt = vals[k]
+        k += 1
+        row["ref_time_us"] = rt * 1e6
+        row["ref_busbw"] = size / rt / 1e9 * f if rt > 0 else 0.0
+        row["ratio"] = row["busbw"] / row["ref_busbw"] if row["ref_busbw"] else float("nan")
+    if o["overhead"]:
+        on, off = vals[k], vals[k + 1]
+        row["profiled_us"], row["unprofiled_us"] = on * 1e6, off * 1e6
+        row["overhead_pct"] = (on - off) / off * 100 if off > 0 else float("nan")
+    return row
+
+
+def format_row(r: dict, ref: bool, overhead: bool) -> str:
+    s = "{:>12} {:>12} {:>9} {:>6} {:>5} {:>10.1f} {:>8.3f} {:>8.3f} {:>7}".format(
+        r["size"], r["count"], r["type"], r["redop"], r["root"], r["time_us"], r["algbw"], r["busbw"],
+        r["wrong"] if r["wrong"] >= 0 else "N/A")
+    if ref:
+        s += "  {:>8.1f} {:>8.3f} {:>6.2f}".format(r["ref_time_us"], r["ref_busbw"], r["ratio"])
+    if overhead:
+        s += "  {:>8.2f}%".format(r["overhead_pct"])
+    return s

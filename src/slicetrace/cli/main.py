@@ -1,0 +1,113 @@
+"""`slicetrace` command line: bench (nccl-tests flags) and config."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from ..config import Settings, describe
+from ..errors import SliceTraceError
+from .sweep import DTYPE_ALIASES, OPS, parse_size, sizes
+
+
+def _bench_parser(sub) -> None:
+    p = sub.add_parser("bench", help="nccl-tests-style sweep on the cpu (default) or cuda backend")
+    p.add_argument("-b", "--minbytes", default="4K", help="smallest size (default 4K)")
+    p.add_argument("-e", "--maxbytes", default="64M", help="largest size (default 64M)")
+    p.add_argument("-f", "--stepfactor", type=int, default=2, help="size multiplier (default 2)")
+    p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations per size (default 20)")
+    p.add_argument("-w", "--warmup_iters", type=int, default=5, help="warmup iterations (default 5)")
+    p.add_argument("-c", "--check", type=int, default=1, help="1 = check results against numpy (default 1)")
+    p.add_argument("-d", "--datatype", default="float", help=f"one of {sorted(DTYPE_ALIASES)}")
+    p.add_argument("-o", "--redop", dest="redop", default="sum", help="reduction: sum prod min max avg")
+    p.add_argument("-r", "--root", type=int, default=0, help="root for broadcast/reduce")
+    p.add_argument("--op", dest="ops", default="all_reduce",
+                   help=f"comma list of {OPS} or 'all'")
+    p.add_argument("--ranks", type=int, default=None, help="ranks to spawn (cpu default 2; cuda: GPUs)")
+    p.add_argument("--backend", default=None, help="cpu (default) or cuda")
+    p.add_argument("--channels", type=int, default=None, help="channels per collective")
+    p.add_argument("--inplace", action="store_true", help="in-place all_reduce (out = input)")
+    p.add_argument("--trace", metavar="DIR", help="write per-rank Chrome traces via the example plugin")
+    p.add_argument("--profile", nargs="?", const=65606, type=lambda v: int(v, 0), metavar="MASK",
+                   help="profile with the example plugin; event mask (default 65606 = Coll|P2p|KernelCh|KernelStep)")
+    p.add_argument("--overhead", action="store_true", help="alternate profiled/unprofiled runs, print overhead %%")
+    p.add_argument("--rounds", type=int, default=5, help="alternations for --overhead (default 5)")
+    p.add_argument("--compare", choices=("gloo", "nccl"), help="run the reference library side by side")
+    p.add_argument("--json", metavar="FILE", help="write results as JSON")
+    p.add_argument("--seed", type=int, default=1234)
+
+
+def run_bench(a: argparse.Namespace) -> int:
+    from ..launch import launch
+    from .bench import bench_rank
+    dtype = DTYPE_ALIASES.get(a.datatype)
+    if dtype is None:
+        raise SliceTraceError(f"-d {a.datatype!r} is not one of {sorted(DTYPE_ALIASES)}")
+    ops = list(OPS) if a.ops == "all" else [x.strip() for x in a.ops.split(",")]
+    bad = [x for x in ops if x not in OPS]
+    if bad:
+        raise SliceTraceError(f"--op {bad}: each must be one of {OPS} or 'all'")
+    for name, v in (("-n", a.iters), ("-w", a.warmup_iters), ("--rounds", a.rounds)):
+        if v < (1 if name != "-w" else 0):
+            raise SliceTraceError(f"{name} {v} must be >= {1 if name != '-w' else 0}")
+    overrides = {}
+    if a.backend:
+        overrides["backend"] = a.backend
+    if a.channels is not None:
+        overrides["nchannels"] = a.channels
+    if a.trace or a.profile is not None or a.overhead:
+        overrides["profiler_plugin"] = Settings.from_env().profiler_plugin or "example"
+        if a.profile is not None:
+            overrides["profile_event_mask"] = a.profile
+    if a.trace:
+        os.makedirs(a.trace, exist_ok=True)
+        overrides["profile_dump_file"] = os.path.join(a.trace, "trace")
+    s = Settings.from_env(**overrides)
+    nranks = a.ranks
+    if nranks is None:
+        nranks = 2
+        if s.backend == "cuda":
+            import cupy
+            nranks = cupy.cuda.runtime.getDeviceCount()
+    opts = {"sizes": sizes(parse_size(a.minbytes, "-b"), parse_size(a.maxbytes, "-e"), a.stepfactor),
+            "ops": ops, "dtype": dtype, "redop": a.redop, "root": a.root, "iters": a.iters,
+            "warmup": a.warmup_iters, "check": bool(a.check), "compare": a.compare, "overhead": a.overhead,
+            "rounds": a.rounds, "seed": a.seed, "inplace": a.inplace}
+    results = launch(bench_rank, nranks, opts, **overrides)
+    rows = results[0]
+    bad_rows = [r for r in rows if r["wrong"] > 0]
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"settings": {k: str(v) for k, v in overrides.items()}, "ranks": nranks, "rows": rows}, f,
+                      indent=1)
+    if a.trace:
+        print(f"# traces: {a.trace}/trace_<commHash>_<rank>.json (open in https://ui.perfetto.dev)")
+    if bad_rows:
+        print(f"# {len(bad_rows)} size(s) had wrong results", file=sys.stderr)
+        return 1
+    return 0
+
+
+def run_config(a: argparse.Namespace) -> int:
+    s = Settings.from_env()
+    for var, eff, raw, doc in describe(s):
+        print(f"{var:40} {eff:24} env={raw:10} {doc}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="slicetrace", description=__doc__)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    _bench_parser(sub)
+    sub.add_parser("config", help="every SLICETRACE_* variable: effective value, raw value, meaning")
+    a = parser.parse_args(argv)
+    try:
+        return {"bench": run_bench, "config": run_config}[a.cmd](a)
+    except SliceTraceError as e:
+        print(f"slicetrace: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

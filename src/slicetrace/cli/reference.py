@@ -1,0 +1,75 @@
+"""The reference library run side by side in the same rank processes: Gloo (cpu) or NCCL (cuda), via torch."""
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+from ..errors import UsageError
+
+_REDUCE = {"sum": "SUM", "prod": "PRODUCT", "min": "MIN", "max": "MAX", "avg": "AVG"}
+
+
+class TorchReference:
+    def __init__(self, kind: str, rank: int, world: int, job: str, device: Any = None):
+        try:
+            import torch
+            import torch.distributed as dist
+        except ImportError:
+            raise UsageError(f"--compare {kind} needs torch installed (pip install torch)") from None
+        self.torch, self.dist, self.kind, self.rank, self.world = torch, dist, kind, rank, world
+        path = os.path.join(tempfile.gettempdir(), f"slicetrace_{kind}_{job}")
+        self.device = device
+        if kind == "nccl":
+            torch.cuda.set_device(device)
+        dist.init_process_group(kind, init_method=f"file://{path}", rank=rank, world_size=world)
+        self.group = dist.group.WORLD
+
+    def tensor(self, arr: Any) -> Any:
+        if self.kind == "nccl":
+            return self.torch.from_dlpack(arr)
+        return self.torch.from_numpy(arr)
+
+    def run(self, op: str, x: Any, out: Any, redop: str, root: int) -> None:
+        d, t = self.dist, self.tensor
+        rop = getattr(d.ReduceOp, _REDUCE[redop])
+        if op == "all_reduce":
+            tx = t(out)
+            tx.copy_(t(x))
+            d.all_reduce(tx, op=rop)
+        elif op == "broadcast":
+            tx = t(out)
+            tx.copy_(t(x))
+            d.broadcast(tx, src=root)
+        elif op == "reduce":
+            tx = t(out)
+            tx.copy_(t(x))
+            d.reduce(tx, dst=root, op=rop)
+        elif op == "all_gather":
+            d.all_gather_into_tensor(t(out), t(x))
+        elif op == "reduce_scatter":
+            if self.kind == "gloo":          # gloo has no reduce_scatter_tensor: all_reduce + slice (documented)
+                tx = t(x).clone()
+                d.all_reduce(tx, op=rop)
+                k = tx.numel() // self.world
+                t(out).copy_(tx[self.rank * k:(self.rank + 1) * k])
+            else:
+                d.reduce_scatter_tensor(t(out), t(x), op=rop)
+        elif op == "all_to_all":
+            d.all_to_all_single(t(out), t(x))
+        elif op == "send_recv":
+            reqs = [d.isend(t(x), (self.rank + 1) % self.world), d.irecv(t(out), (self.rank - 1) % self.world)]
+            for r in reqs:
+                r.wait()
+        else:
+            raise UsageError(f"op={op!r} has no {self.kind} reference")
+
+    def sync(self) -> None:
+        if self.kind == "nccl":
+            self.torch.cuda.synchronize()
+
+    def close(self) -> None:
+        try:
+            self.dist.destroy_process_group()
+        except Exception:
+            pass

@@ -1,0 +1,121 @@
+"""nccl-tests vocabulary: sizes, dtypes, per-op counts, references for the check, busbw factors."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from ..errors import UsageError
+from ..plan.traffic import BUSBW_FACTOR
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "send_recv")
+DTYPE_ALIASES = {"int8": "int8", "char": "int8", "uint8": "uint8", "int32": "int32", "int": "int32",
+                 "int64": "int64", "half": "float16", "float16": "float16", "float": "float32",
+                 "float32": "float32", "double": "float64", "float64": "float64", "bfloat16": "bfloat16"}
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "G": 1 << 30, "GB": 1 << 30}
+
+
+def parse_size(text: str, what: str) -> int:
+    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?B?)\s*", str(text).upper())
+    if not m:
+        raise UsageError(f"{what}={text!r} is not a size (e.g. 8, 4K, 64M, 1G)")
+    return int(m.group(1)) * _UNITS[m.group(2)]
+
+
+def sizes(minbytes: int, maxbytes: int, factor: int) -> list[int]:
+    if minbytes < 0 or maxbytes < minbytes:
+        raise UsageError(f"-b {minbytes} / -e {maxbytes}: need 0 <= minbytes <= maxbytes")
+    if factor < 2:
+        raise UsageError(f"-f {factor} must be >= 2")
+    out, s = [], minbytes
+    while s <= maxbytes:
+        out.append(s)
+        s = s * factor if s else 1
+    return out
+
+
+def np_dtype(name: str):
+    if name == "bfloat16":
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise UsageError("-d bfloat16 needs the ml_dtypes package on cpu") from None
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def counts(op: str, nbytes: int, itemsize: int, n: int) -> tuple[int, int]:
+    """(input elements, output elements) per rank; nccl-tests' size is the larger buffer for AG/RS/A2A."""
+    c = nbytes // itemsize
+    if op in ("all_gather",):
+        c = c // n
+        return c, c * n
+    if op in ("reduce_scatter",):
+        c = (c // n) * n
+        return c, c // n
+    if op == "all_to_all":
+        c = (c // n) * n
+        return c, c
+    return c, c
+
+
+def busbw_factor(op: str, n: int) -> float:
+    return BUSBW_FACTOR[op](n)
+
+
+def make_input(seed: int, rank: int, count: int, dtype, op: str, redop: str) -> np.ndarray:
+    rng = np.random.default_rng([seed, rank, count])
+    if redop == "prod":
+        v = rng.choice(np.array([1, -1, 1, 2], dtype=np.int64), size=count)
+    elif np.dtype(dtype).kind == "u":
+        v = rng.integers(0, 8, size=count)
+    else:
+        v = rng.integers(-8, 9, size=count)
+    return v.astype(dtype)
+
+
+def _combine(xs: list[np.ndarray], redop: str) -> np.ndarray:
+    acc = np.stack([x.astype(np.float64) for x in xs])
+    if redop in ("sum", "avg"):
+        r = acc.sum(0)
+        if redop == "avg":
+            r = r / len(xs)
+            if xs[0].dtype.kind in "iu":
+                r = np.trunc(r)
+        return r
+    return {"prod": acc.prod(0), "min": acc.min(0), "max": acc.max(0)}[redop]
+
+
+def reference(op: str, inputs: list[np.ndarray], rank: int, root: int, redop: str) -> np.ndarray | None:
+    """Expected output of `rank` (float64), or None where the output is unspecified (reduce, non-root)."""
+    n = len(inputs)
+    if op == "all_reduce":
+        return _combine(inputs, redop)
+    if op == "reduce":
+        return _combine(inputs, redop) if rank == root else None
+    if op == "broadcast":
+        return inputs[root].astype(np.float64)
+    if op == "all_gather":
+        return np.concatenate(inputs).astype(np.float64)
+    if op == "reduce_scatter":
+        full = _combine(inputs, redop)
+        k = len(full) // n
+        return full[rank * k:(rank + 1) * k]
+    if op == "all_to_all":
+        k = len(inputs[0]) // n
+        return np.concatenate([x[rank * k:(rank + 1) * k] for x in inputs]).astype(np.float64)
+    if op == "send_recv":
+        return inputs[(rank - 1) % n].astype(np.float64)
+    raise UsageError(f"--op {op!r} is not one of {OPS}")
+
+
+def wrong(out: np.ndarray, ref: np.ndarray | None, dtype) -> int:
+    if ref is None:
+        return 0
+    got = np.asarray(out).astype(np.float64)
+    kind = np.dtype(dtype)
+    if kind.kind in "iu":
+        ref = ref.astype(kind).astype(np.float64)      # integer overflow wraps, as in NCCL
+        return int((got != ref).sum())
+    tol = {2: 2e-2, 4: 1e-5, 8: 1e-12}[kind.itemsize]
+    return int((~np.isclose(got, ref, rtol=tol, atol=tol)).sum())
