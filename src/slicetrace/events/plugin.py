@@ -1,0 +1,246 @@
+"""Profiler plugins: the Protocol, version adapters and loading.
+
+A plugin declares `version` 1..8 (8 = NCCL profiler v7 + KernelStep). The host always talks to a
+`LoadedPlugin`, which presents the native v8 interface and adapts it down for older plugins the way NCCL's
+profiler_v*.cc adapters do: bits the version does not know are stripped from its ActivationMask after `init`
+(and again whenever the host reads the mask), events of unknown types get a None handle without calling the
+plugin, unknown states are dropped, and descriptors are rewritten (v4-: Coll/P2p parent := parent_group;
+v3-: KernelCh without p_timer; v1: enum codes instead of strings).
+
+Plugins without `kernel_step_batch` get the per-event slow path (reference semantics of the batch call):
+
+    for each record: h = start_event(ctx, KernelStepDescr(...))
+                     record_event_state(h, KERNEL_STEP_STOP, StateArgs(p_timer=done_clk, ts_ns=done_ns))
+                     stop_event(h, done_ns)
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+from dataclasses import replace
+from importlib import metadata
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from ..errors import PluginError
+from .abi import (NATIVE_VERSION, VERSION_STATES, VERSION_TYPES, ActivationMask, CollDescr, CommInfo,
+                  Descriptor, EventType, KernelChDescr, KernelStepDescr, P2pDescr, State, StateArgs)
+
+log = logging.getLogger("slicetrace")
+
+ENTRY_POINT_GROUP = "slicetrace.profilers"
+# Imported lazily by string: events must not import sinks.
+BUILTINS: dict[str, str] = {"example": "slicetrace.sinks.chrome:ChromePlugin"}
+
+# v1 descriptors carry uint8 enums (NCCL's ncclFunc_t, ncclDataType_t, algorithm and protocol indices).
+V1_FUNC = {"Broadcast": 0, "Reduce": 1, "AllGather": 2, "ReduceScatter": 3, "AllReduce": 4, "SendRecv": 5,
+           "Send": 6, "Recv": 7, "AlltoAll": 8}
+V1_DATATYPE = {"ncclInt8": 0, "ncclUint8": 1, "ncclInt32": 2, "ncclUint32": 3, "ncclInt64": 4, "ncclUint64": 5,
+               "ncclFloat16": 6, "ncclFloat32": 7, "ncclFloat64": 8, "ncclBfloat16": 9}
+V1_ALGO = {"TREE": 0, "RING": 1, "COLLNET_DIRECT": 2, "COLLNET_CHAIN": 3, "NVLS": 4, "NVLS_TREE": 5, "PAT": 6}
+V1_PROTO = {"LL": 0, "LL128": 1, "SIMPLE": 2}
+V1_UNKNOWN = 255
+
+_KS = EventType.KERNEL_STEP
+_KS_STOP = State.KERNEL_STEP_STOP
+
+
+@runtime_checkable
+class Plugin(Protocol):
+    """What a profiler plugin implements (NCCL's ncclProfiler_t, in Python).
+
+    Optional: `kernel_step_batch(ctx, parent_handle, recs) -> int` (records kept; recs is a read-only
+    abi.KERNEL_STEP_DTYPE array shared by all plugins) and `report_counters(ctx, counters)`, called once right
+    before `finalize` with the host's drop and delivery counters so a trace can carry its loss accounting.
+    """
+    name: str
+    version: int
+
+    def init(self, comm: CommInfo, mask: ActivationMask) -> Any: ...
+    def start_event(self, ctx: Any, descr: Descriptor) -> Any: ...
+    def stop_event(self, handle: Any, ts_ns: int) -> None: ...
+    def record_event_state(self, handle: Any, state: State, args: StateArgs) -> None: ...
+    def finalize(self, ctx: Any) -> None: ...
+
+
+class LoadedPlugin:
+    """One plugin behind the native (v8) interface; adapts older versions. Not thread-safe (the host locks)."""
+
+    def __init__(self, plugin: Any, source: str = ""):
+        for attr in ("init", "start_event", "stop_event", "record_event_state", "finalize"):
+            if not callable(getattr(plugin, attr, None)):
+                raise PluginError(f"profiler plugin {source or plugin!r} has no callable {attr}(); a plugin "
+                                  f"implements init, start_event, stop_event, record_event_state, finalize")
+        version = getattr(plugin, "version", None)
+        if version not in VERSION_TYPES:
+            raise PluginError(f"profiler plugin {source or plugin!r} has version={version!r}; accepted: "
+                              f"{sorted(VERSION_TYPES)} ({NATIVE_VERSION} = v7 + KernelStep)")
+        self.plugin = plugin
+        self.source = source
+        self.name = str(getattr(plugin, "name", source or type(plugin).__name__))
+        self.version: int = version
+        self.known_types: int = int(VERSION_TYPES[version])
+        self.known_states: frozenset[State] = VERSION_STATES[version]
+        batch = getattr(plugin, "kernel_step_batch", None)
+        self.has_batch = bool(self.known_types & _KS) and callable(batch)
+        self._mask = ActivationMask(0)
+        self.ctx: Any = None
+        self.rank = 0
+        self.initialized = False
+
+    def __repr__(self) -> str:
+        return f"LoadedPlugin({self.name!r}, version={self.version})"
+
+    def init(self, comm: CommInfo, mask: int = 0) -> None:
+        """Call the plugin's init; raises whatever it raises (the host unloads the plugin then)."""
+        self._mask.value = int(mask)
+        self.rank = comm.rank
+        self.ctx = self.plugin.init(comm, self._mask)
+        self._mask.value &= self.known_types
+        self.initialized = True
+
+    @property
+    def activation_mask(self) -> ActivationMask:
+        return self._mask
+
+    @property
+    def mask(self) -> int:
+        """The plugin's live mask, with bits its version does not know stripped (again, if it set them)."""
+        m = self._mask.value
+        if m & ~self.known_types:
+            m &= self.known_types
+            self._mask.value = m
+        return m
+
+    def knows(self, etype: int) -> bool:
+        return bool(self.known_types & etype)
+
+    def start_event(self, descr: Descriptor) -> Any:
+        if not self.known_types & descr.type:
+            return None
+        if self.version < NATIVE_VERSION:
+            descr = self._adapt(descr)
+        return self.plugin.start_event(self.ctx, descr)
+
+    def _adapt(self, d: Descriptor) -> Descriptor:
+        v = self.version
+        if isinstance(d, (CollDescr, P2pDescr)):
+            kw: dict[str, Any] = {}
+            if v < 7:
+                kw["user_tag"] = 0
+                if isinstance(d, CollDescr):
+                    kw.update(kernel_variant="", is_sym_coll=False)
+            if v <= 4:
+                kw["parent"] = d.parent_group         # NCCL's v4 adapter: legacy Group parenting
+            d = replace(d, **kw) if kw else d
+            if v == 1:
+                d = _to_v1(d)
+        elif isinstance(d, KernelChDescr) and v <= 3:
+            d = replace(d, p_timer=0)
+        return d
+
+    def stop_event(self, handle: Any, ts_ns: int) -> None:
+        self.plugin.stop_event(handle, ts_ns)
+
+    def record_event_state(self, handle: Any, state: State, args: StateArgs) -> None:
+        if state in self.known_states:
+            self.plugin.record_event_state(handle, state, args)
+
+    def kernel_step_batch(self, parent: Any, recs: np.ndarray) -> int:
+        """Deliver KernelStep records under `parent`; returns how many the plugin kept."""
+        if not self.known_types & _KS:
+            return 0
+        if self.has_batch:
+            return int(self.plugin.kernel_step_batch(self.ctx, parent, recs))
+        start, state, stop = self.plugin.start_event, self.plugin.record_event_state, self.plugin.stop_event
+        ctx, rank, kept = self.ctx, self.rank, 0
+        for ch, snd, peer, step, size, wc, rc, dc, wn, rn, dn in recs.tolist():
+            h = start(ctx, KernelStepDescr(_KS, parent, rank, wn, ch, bool(snd), peer, step, size, wc, rc, dc))
+            if h is None:
+                continue
+            kept += 1
+            state(h, _KS_STOP, StateArgs(p_timer=dc, ts_ns=dn))
+            stop(h, dn)
+        return kept
+
+    def report_counters(self, counters: dict[str, int]) -> None:
+        fn = getattr(self.plugin, "report_counters", None)
+        if callable(fn):
+            fn(self.ctx, counters)
+
+    def finalize(self) -> None:
+        if self.initialized:
+            self.initialized = False
+            self.plugin.finalize(self.ctx)
+
+
+def _to_v1(d: Descriptor) -> Descriptor:
+    if isinstance(d, CollDescr):
+        return replace(d, func=V1_FUNC.get(d.func, V1_UNKNOWN), datatype=V1_DATATYPE.get(d.datatype, V1_UNKNOWN),
+                       algo=V1_ALGO.get(d.algo, V1_UNKNOWN), proto=V1_PROTO.get(d.proto, V1_UNKNOWN))
+    if isinstance(d, P2pDescr):
+        return replace(d, func=V1_FUNC.get(d.func, V1_UNKNOWN), datatype=V1_DATATYPE.get(d.datatype, V1_UNKNOWN))
+    return d
+
+
+# ---- loading ----
+
+def _entry_points() -> dict[str, Any]:
+    try:
+        return {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    except Exception:                     # a broken distribution must not stop communication
+        log.debug("reading entry points of %s failed", ENTRY_POINT_GROUP, exc_info=True)
+        return {}
+
+
+def _import(path: str, item: str) -> Any:
+    mod, _, attr = path.partition(":")
+    try:
+        obj: Any = importlib.import_module(mod)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as e:
+        raise PluginError(f"profiler plugin {item!r}: cannot import {path!r} ({e})") from e
+    return obj
+
+
+def resolve(item: str) -> Any:
+    """One plugin spec -> the object it names (a built-in name, `module:attr`, or an entry point name)."""
+    if item in BUILTINS:
+        return _import(BUILTINS[item], item)
+    if ":" in item:
+        return _import(item, item)
+    eps = _entry_points()
+    if item in eps:
+        try:
+            return eps[item].load()
+        except Exception as e:
+            raise PluginError(f"profiler plugin {item!r}: entry point {eps[item].value!r} failed to load ({e})") from e
+    known = sorted(set(BUILTINS) | set(eps))
+    raise PluginError(f"profiler_plugin={item!r} is not a built-in or entry point name ({known}) nor a "
+                      f"'module:attr' path; use 'none' to disable profiling")
+
+
+def load_plugins(spec: str | None, settings: Any) -> list[LoadedPlugin]:
+    """Load every plugin of a comma-separated spec ('none', '' or None = no plugins).
+
+    A resolved class, or an object without `init` (a factory), is called with `(settings)`; an object with
+    `init` is the plugin itself.
+    """
+    if spec is None or spec.strip().lower() in ("", "none"):
+        return []
+    out = []
+    for item in (s.strip() for s in spec.split(",")):
+        if not item:
+            continue
+        if item.lower() == "none":
+            raise PluginError(f"profiler_plugin={spec!r}: 'none' cannot be combined with other plugins")
+        obj = resolve(item)
+        if isinstance(obj, type) or not hasattr(obj, "init"):
+            if not callable(obj):
+                raise PluginError(f"profiler plugin {item!r} resolved to {obj!r}, which is neither a plugin "
+                                  f"(has init) nor a factory called with settings")
+            obj = obj(settings)
+        out.append(LoadedPlugin(obj, item))
+    return out

@@ -1,0 +1,320 @@
+"""The example plugin: events -> one Chrome-trace JSON file per rank (Perfetto opens it).
+
+File: `<profile_dump_file>_<commHash>_<rank>.json`, commHash in decimal (as NCCL's example plugin prints it);
+no dump file = events are counted and discarded. Record names, categories and args follow NCCL's example
+plugin (print_event.cc); KernelStep is ours (PR #2316).
+
+Timeline: ts = host CLOCK_MONOTONIC ns / 1000 (µs, 3 decimals = exact ns). Every rank on a host shares that
+clock, so per-rank files merge into one trace; pid = rank ("rank N"). Coll/P2p/KernelCh/API events are async
+b/e pairs (same cat + id; ids are rank << 32 | n, unique across merged files). KernelSteps are "X" slices from
+wait to done on one thread per (channel, direction, peer), tid = 1e6 + channel*131072 + is_send*65536 + peer,
+named e.g. "ch 3 send->1"; slices of one connection are sequential, so they render without overlap.
+
+Pools (sizes from settings.pool_sizes): a pool bounds the events of one type *in flight*; a slot is retired
+when its event stops, so only events beyond the pool size still in flight are dropped (and counted). Completed
+records are buffered (KernelSteps as numpy column chunks) and appended to the file whenever a buffer reaches
+its pool size, so memory stays bounded on long runs. The last record, "slicetrace_counters", carries the host's
+drop/delivery counters (handed over by `report_counters` before `finalize`) and this plugin's own drops.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from ..config import DEFAULT_POOL_SIZES, Settings
+from ..events.abi import KERNEL_STEP_DTYPE, ActivationMask, CollDescr, CommInfo, EventType, State, StateArgs
+
+T = EventType
+DEFAULT_MASK = int(T.COLL | T.P2P | T.KERNEL_CH | T.KERNEL_STEP)      # 65606
+POOL_OF = {T.GROUP_API: "GROUP_API", T.COLL_API: "COLL_API", T.P2P_API: "P2P_API",
+           T.KERNEL_LAUNCH: "KERNEL_LAUNCH", T.GROUP: "GROUP", T.COLL: "COLL", T.P2P: "P2P",
+           T.KERNEL_CH: "KERNEL_CH", T.KERNEL_STEP: "KERNEL_STEP", T.PROXY_CTRL: "PROXY_CTRL"}
+_FIRST_CHUNK = 4096
+_FORMAT_ROWS = 16384
+_STEP_LINE = ('{"name":"KernelStep","cat":"GPU","ph":"X","pid":%d,"tid":%d,"ts":%d.%03d,"dur":%d.%03d,'
+              '"args":{"Channel":%d,"IsSend":%d,"Peer":%d,"Step":%d,"Size":%d,"WaitGpuClk":%d,"StartGpuClk":%d,'
+              '"StopGpuClk":%d,"SeqNum":%d,"ParentId":%d}},\n')
+
+
+def _us(ns: int) -> str:
+    q, r = divmod(int(ns), 1000)
+    return f"{q}.{r:03d}" if q >= 0 else f"{ns / 1000:.3f}"
+
+
+def step_tid(channel: int, is_send: int, peer: int) -> int:
+    return 1_000_000 + channel * 131072 + (1 if is_send else 0) * 65536 + (peer & 0xFFFF)
+
+
+class _Ev:
+    __slots__ = ("ctx", "type", "pool", "id", "descr", "gpu_stop", "stopped")
+
+    def __init__(self, ctx: "_Ctx", descr: Any, pool: str | None):
+        self.ctx, self.type, self.pool, self.descr = ctx, descr.type, pool, descr
+        self.id = ctx.next_id
+        ctx.next_id += 1
+        self.gpu_stop = 0
+        self.stopped = False
+
+
+class _Ctx:
+    def __init__(self, plugin: "ChromePlugin", comm: CommInfo, mask: ActivationMask):
+        self.comm, self.mask, self.rank = comm, mask, comm.rank
+        self.sizes = dict(plugin.pool_sizes)
+        self.path = (f"{plugin.dump}_{comm.comm_hash}_{comm.rank}.json" if plugin.dump else None)
+        self.file: Any = None
+        self.next_id = comm.rank << 32
+        self.inflight = dict.fromkeys(POOL_OF.values(), 0)
+        self.dropped = dict.fromkeys(POOL_OF.values(), 0)
+        self.written = dict.fromkeys(POOL_OF.values(), 0)
+        self.lines: dict[str, list[str]] = {p: [] for p in POOL_OF.values()}
+        self.steps = np.empty(min(_FIRST_CHUNK, self.sizes["KERNEL_STEP"]), KERNEL_STEP_DTYPE)
+        self.parent_id = np.empty(len(self.steps), np.int64)
+        self.seq = np.empty(len(self.steps), np.int64)
+        self.fill = 0
+        self.slow: list[tuple] = []             # per-event path rows, converted to a chunk in batches
+        self.slow_parent: list[tuple[int, int]] = []
+        self.tids: set[tuple[int, int, int]] = set()
+        self.proxy: deque[str] = deque(maxlen=self.sizes["PROXY_CTRL"])
+        self.host_counters: dict[str, int] = {}
+        self.passthrough = _Ev(self, _Passthrough, None)
+        self.done = False
+
+    # ---- output ----
+    def write(self, text: str) -> None:
+        if self.path is None:
+            return
+        if self.file is None:
+            d = os.path.dirname(self.path)
+            if d:
+                os.makedirs(d, exist_ok=True)
+            self.file = open(self.path, "w", encoding="utf-8")
+            self.file.write("[\n")
+        self.file.write(text)
+
+    def flush_lines(self, pool: str) -> None:
+        buf = self.lines[pool]
+        self.written[pool] += len(buf) // 2
+        self.write("".join(buf))
+        buf.clear()
+
+    def flush_steps(self) -> None:
+        n, self.fill = self.fill, 0
+        if n == 0:
+            return
+        self.written["KERNEL_STEP"] += n
+        if self.path is None:
+            return
+        s = self.steps[:n]
+        ch, snd, peer = s["channel"].astype(np.int64), s["is_send"].astype(np.int64), s["peer"].astype(np.int64)
+        for key in set(zip(ch.tolist(), snd.tolist(), peer.tolist())):
+            self.tids.add(key)
+        wait, done = s["wait_ns"], s["done_ns"]
+        dur = np.maximum(done - wait, 0)
+        cols = np.column_stack([
+            np.full(n, self.rank, np.int64), 1_000_000 + ch * 131072 + snd * 65536 + (peer & 0xFFFF),
+            wait // 1000, wait % 1000, dur // 1000, dur % 1000, ch, snd, peer,
+            s["step"].astype(np.int64), s["size"].astype(np.int64), s["wait_clk"].astype(np.int64),
+            s["ready_clk"].astype(np.int64), s["done_clk"].astype(np.int64), self.seq[:n], self.parent_id[:n]])
+        for a in range(0, n, _FORMAT_ROWS):
+            part = cols[a:a + _FORMAT_ROWS]
+            self.write((_STEP_LINE * len(part)) % tuple(part.ravel().tolist()))
+
+    def add_slow(self, row: tuple, parent: Any) -> None:
+        self.slow.append(row)
+        self.slow_parent.append(_parent_ids(parent))
+        if len(self.slow) >= _FIRST_CHUNK:
+            self.flush_slow()
+
+    def flush_slow(self) -> None:
+        if self.slow:
+            par = np.array(self.slow_parent, np.int64).reshape(-1, 2)
+            recs = np.array(self.slow, KERNEL_STEP_DTYPE)
+            self.slow.clear()
+            self.slow_parent.clear()
+            self.add_steps(recs, par[:, 0], par[:, 1])
+
+    def add_steps(self, recs: np.ndarray, pid: Any, seq: Any) -> None:
+        n, pos, cap = len(recs), 0, self.sizes["KERNEL_STEP"]
+        while pos < n:
+            if self.fill == len(self.steps) and len(self.steps) < cap:
+                self._grow(min(cap, 2 * len(self.steps)))
+            take = min(len(self.steps) - self.fill, n - pos)
+            a, b = self.fill, self.fill + take
+            self.steps[a:b] = recs[pos:pos + take]
+            self.parent_id[a:b] = pid if np.ndim(pid) == 0 else pid[pos:pos + take]
+            self.seq[a:b] = seq if np.ndim(seq) == 0 else seq[pos:pos + take]
+            self.fill, pos = b, pos + take
+            if self.fill == cap:
+                self.flush_steps()
+
+    def _grow(self, size: int) -> None:
+        for name in ("steps", "parent_id", "seq"):
+            old = getattr(self, name)
+            new = np.empty(size, old.dtype)
+            new[:self.fill] = old[:self.fill]
+            setattr(self, name, new)
+
+
+class _PassthroughDescr:
+    type = 0
+
+
+_Passthrough = _PassthroughDescr()
+
+
+def _parent_ids(parent: Any) -> tuple[int, int]:
+    if isinstance(parent, _Ev) and parent.pool is not None:
+        seq = parent.descr.seq_number if isinstance(parent.descr, CollDescr) else -1
+        return parent.id, seq
+    return -1, -1
+
+
+def _pair(ev: _Ev, name: str, cat: str, ts0: int, ts1: int, args: dict) -> list[str]:
+    rank, nm = ev.ctx.rank, json.dumps(name)
+    head = f'{{"name":{nm},"cat":"{cat}","id":{ev.id},"pid":{rank},"tid":1,'
+    return [f'{head}"ph":"b","ts":{_us(ts0)},"args":{json.dumps(args, default=str)}}},\n',
+            f'{head}"ph":"e","ts":{_us(ts1)}}},\n']
+
+
+def _records(ev: _Ev, ts1: int) -> list[str]:
+    d, t, ctx = ev.descr, ev.type, ev.ctx
+    pid, _ = _parent_ids(d.parent)
+    if t == T.COLL:
+        return _pair(ev, d.func, "COLL", d.ts_ns, ts1, {
+            "SeqNum": d.seq_number, "CommHash": ctx.comm.comm_hash, "Rank": ctx.rank, "Count": d.count,
+            "Datatype": d.datatype, "Algorithm": d.algo, "Protocol": d.proto, "nChannels": d.n_channels,
+            "ParentId": pid})
+    if t == T.P2P:
+        return _pair(ev, d.func, "P2P", d.ts_ns, ts1, {
+            "CommHash": ctx.comm.comm_hash, "Rank": ctx.rank, "Peer": d.peer, "Count": d.count,
+            "Datatype": d.datatype, "nChannels": d.n_channels, "ParentId": pid})
+    if t == T.KERNEL_CH:
+        return _pair(ev, "KernelCh", "GPU", d.ts_ns, ts1, {
+            "Channel": d.channel_id, "StartGpuClk": d.p_timer, "StopGpuClk": ev.gpu_stop, "ParentId": pid})
+    if t == T.GROUP_API:
+        return _pair(ev, "Group API", "GROUP_API", d.ts_ns, ts1, {"groupApiId": ev.id, "groupDepth": d.group_depth})
+    if t == T.COLL_API:
+        return _pair(ev, d.func, "COLL_API", d.ts_ns, ts1, {
+            "count": d.count, "datatype": d.datatype, "root": d.root, "GraphCaptured": d.graph_captured,
+            "Stream": d.stream})
+    if t == T.P2P_API:
+        return _pair(ev, d.func, "P2P_API", d.ts_ns, ts1, {
+            "count": d.count, "datatype": d.datatype, "GraphCaptured": d.graph_captured, "Stream": d.stream})
+    if t == T.KERNEL_LAUNCH:
+        return _pair(ev, "KernelLaunch", "KERNEL_LAUNCH", d.ts_ns, ts1, {"groupId": pid, "Stream": d.stream})
+    if t == T.GROUP:
+        return _pair(ev, "Group", "GROUP", d.ts_ns, ts1, {"groupId": ev.id})
+    return []
+
+
+class ChromePlugin:
+    """NCCL's example profiler plugin, native version 8 (v7 + KernelStep) with the KernelStep batch path."""
+    name = "example"
+    version = 8
+
+    def __init__(self, settings: Settings | None = None):
+        settings = settings if settings is not None else Settings()
+        m = settings.profile_event_mask
+        self.mask_value = DEFAULT_MASK if m is None else int(m)
+        self.dump = settings.profile_dump_file
+        self.pool_sizes = {**DEFAULT_POOL_SIZES, **dict(settings.pool_sizes)}
+
+    def init(self, comm: CommInfo, mask: ActivationMask) -> _Ctx:
+        mask.value = self.mask_value
+        return _Ctx(self, comm, mask)
+
+    def start_event(self, ctx: _Ctx, descr: Any) -> _Ev | None:
+        t = descr.type
+        pool = POOL_OF.get(t)
+        if pool is None or (not ctx.mask.value & t and t != T.PROXY_CTRL):
+            return ctx.passthrough      # a parent we do not record: children must still find a handle
+        if t == T.PROXY_CTRL:
+            return _Ev(ctx, descr, pool)          # ring of the last states, overwritten (no pool check)
+        if ctx.inflight[pool] >= ctx.sizes[pool]:
+            ctx.dropped[pool] += 1
+            return None
+        ctx.inflight[pool] += 1
+        return _Ev(ctx, descr, pool)
+
+    def record_event_state(self, handle: _Ev, state: State, args: StateArgs) -> None:
+        if state in (State.KERNEL_CH_STOP, State.KERNEL_STEP_STOP):
+            handle.gpu_stop = args.p_timer
+        elif handle.type == T.PROXY_CTRL:
+            name = State(state).name.replace("PROXY_CTRL_", "").title()
+            handle.ctx.proxy.append(f'{{"name":"{name}","cat":"PROXY","ph":"i","s":"t","pid":{handle.ctx.rank},'
+                                    f'"tid":2,"ts":{_us(args.ts_ns)}}},\n')
+
+    def stop_event(self, handle: _Ev, ts_ns: int) -> None:
+        if handle.pool is None or handle.stopped or handle.type == T.PROXY_CTRL:
+            return
+        handle.stopped = True
+        ctx, pool = handle.ctx, handle.pool
+        ctx.inflight[pool] -= 1                   # retire the slot: the pool window advances
+        if ctx.done:
+            return
+        if handle.type == T.KERNEL_STEP:
+            d = handle.descr
+            ctx.add_slow((d.channel_id, d.is_send, d.peer, d.step, d.size, d.wait, d.ready, handle.gpu_stop,
+                          d.ts_ns, d.ts_ns + d.ready - d.wait, ts_ns), d.parent)
+            return
+        if ctx.path is None:
+            ctx.written[pool] += 1
+            return
+        buf = ctx.lines[pool]
+        buf.extend(_records(handle, ts_ns))
+        if len(buf) >= 2 * ctx.sizes[pool]:
+            ctx.flush_lines(pool)
+
+    def kernel_step_batch(self, ctx: _Ctx, parent: Any, recs: np.ndarray) -> int:
+        if not ctx.done:
+            ctx.add_steps(recs, *_parent_ids(parent))
+        return len(recs)
+
+    def report_counters(self, ctx: _Ctx, counters: dict[str, int]) -> None:
+        ctx.host_counters = dict(counters)
+
+    def counters(self, ctx: _Ctx) -> dict[str, int]:
+        """This plugin's own accounting: drops, unfinished (still in flight) and written events per pool."""
+        out = {f"plugin_dropped_{p}": n for p, n in ctx.dropped.items()}
+        out.update({f"plugin_unfinished_{p}": n for p, n in ctx.inflight.items()})
+        out.update({f"plugin_written_{p}": n + (len(ctx.lines[p]) // 2)
+                    + (ctx.fill + len(ctx.slow) if p == "KERNEL_STEP" else 0)
+                    for p, n in ctx.written.items()})
+        return out
+
+    def finalize(self, ctx: _Ctx) -> None:
+        if ctx.done:
+            return
+        ctx.flush_slow()
+        ctx.flush_steps()
+        for pool in ctx.lines:
+            ctx.flush_lines(pool)
+        ctx.done = True
+        if ctx.path is None:
+            return
+        ctx.write("".join(ctx.proxy))
+        ctx.write(_metadata(ctx))
+        args = {**ctx.host_counters, **self.counters(ctx)}
+        ctx.write(json.dumps({"name": "slicetrace_counters", "ph": "M", "pid": ctx.rank, "tid": 0, "args": args},
+                             separators=(",", ":")) + "\n]\n")
+        ctx.file.close()
+
+
+def _metadata(ctx: _Ctx) -> str:
+    r = ctx.rank
+
+    def meta(name: str, tid: int, value: Any) -> str:
+        return json.dumps({"name": name, "ph": "M", "pid": r, "tid": tid, "args": {"name": value}},
+                          separators=(",", ":")) + ",\n"
+    out = [meta("process_name", 0, f"rank {r}"),
+           json.dumps({"name": "process_sort_index", "ph": "M", "pid": r, "tid": 0, "args": {"sort_index": r}},
+                      separators=(",", ":")) + ",\n",
+           meta("thread_name", 1, "ops"), meta("thread_name", 2, "proxy")]
+    for ch, snd, peer in sorted(ctx.tids):
+        label = f"ch {ch} send->{peer}" if snd else f"ch {ch} recv<-{peer}"
+        out.append(meta("thread_name", step_tid(ch, snd, peer), label))
+    return "".join(out)
