@@ -1,0 +1,65 @@
+"""Independent numpy references for the collectives (float64 math, then cast like the library)."""
+from __future__ import annotations
+
+import numpy as np
+
+DTYPES = ["int8", "uint8", "int32", "int64", "float16", "float32", "float64", "bfloat16"]
+REDOPS = ["sum", "prod", "min", "max", "avg"]
+
+
+def npdtype(name: str):
+    if name == "bfloat16":
+        import ml_dtypes
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def data(seed: int, rank: int, count: int, dtype: str, redop: str) -> np.ndarray:
+    rng = np.random.default_rng([seed, rank, count, len(dtype), len(redop)])
+    dt = npdtype(dtype)
+    if redop == "prod":
+        v = rng.choice([1, 1, -1, 2], size=count) if dt.kind != "u" else rng.choice([1, 1, 2], size=count)
+    else:
+        v = rng.integers(0 if dt.kind == "u" else -9, 10, size=count)
+    return v.astype(dt)
+
+
+def combine(xs, redop: str, dt) -> np.ndarray:
+    a = np.stack([x.astype(np.float64) for x in xs])
+    r = {"sum": a.sum(0), "avg": a.sum(0), "prod": a.prod(0), "min": a.min(0), "max": a.max(0)}[redop]
+    if redop == "avg":
+        r = r / len(xs)
+        if np.dtype(dt).kind in "iu":
+            r = np.trunc(r)
+    return r
+
+
+def expected(op: str, xs: list[np.ndarray], rank: int, root: int, redop: str, dt) -> np.ndarray | None:
+    n = len(xs)
+    if op == "all_reduce":
+        return combine(xs, redop, dt)
+    if op == "reduce":
+        return combine(xs, redop, dt) if rank == root else None
+    if op == "broadcast":
+        return xs[root].astype(np.float64)
+    if op == "all_gather":
+        return np.concatenate(xs).astype(np.float64)
+    if op == "reduce_scatter":
+        full = combine(xs, redop, dt)
+        k = len(full) // n
+        return full[rank * k:(rank + 1) * k]
+    if op == "all_to_all":
+        k = len(xs[0]) // n
+        return np.concatenate([x[rank * k:(rank + 1) * k] for x in xs]).astype(np.float64)
+    raise ValueError(op)
+
+
+def mismatches(got: np.ndarray, ref: np.ndarray | None, dt) -> int:
+    if ref is None:
+        return 0
+    dt = np.dtype(dt)
+    g = got.astype(np.float64)
+    if dt.kind in "iu":
+        return int((g != ref.astype(dt).astype(np.float64)).sum())
+    tol = 2e-2 if dt.itemsize == 2 else 1e-6
+    return int((~np.isclose(g, ref, rtol=tol, atol=tol)).sum())
