@@ -1,0 +1,4 @@
+"""Trace analysis: reads trace files only (no runtime imports, no GPU)."""
+from .trace import KERNEL_STEP_TABLE, check_trace, counters, kernel_steps, load_trace, load_traces
+
+__all__ = ["KERNEL_STEP_TABLE", "check_trace", "counters", "kernel_steps", "load_trace", "load_traces"]

@@ -1,0 +1,168 @@
+"""Per-rank Chrome-trace files -> records, invariant checks and a KernelStep table (numpy only).
+
+`check_trace` returns the problems it finds (empty list = clean): the file parses as a JSON array of objects;
+every async "b" has one "e" with the same pid + cat + id (and name), not earlier; the arg names of the NCCL
+example plugin are present; every KernelStep lies inside its Coll/P2p (by ParentId, else any op of the same
+rank) and inside a KernelCh of the same op and channel. `kernel_steps` turns KernelStep records into a
+structured array for causality and traffic checks.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+from typing import Any, Iterable
+
+import numpy as np
+
+from ..errors import TraceFormatError
+
+REQUIRED_ARGS: dict[tuple[str, str | None], tuple[str, ...]] = {
+    ("COLL", None): ("SeqNum", "CommHash", "Rank", "Count", "Datatype", "Algorithm", "Protocol", "nChannels"),
+    ("P2P", None): ("CommHash", "Rank", "Peer", "Count", "Datatype", "nChannels"),
+    ("GPU", "KernelCh"): ("Channel", "StartGpuClk", "StopGpuClk"),
+    ("GPU", "KernelStep"): ("Channel", "IsSend", "Peer", "Step", "Size", "WaitGpuClk", "StartGpuClk", "StopGpuClk"),
+}
+KERNEL_STEP_TABLE = np.dtype([
+    ("rank", "<i4"), ("channel", "<i4"), ("is_send", "u1"), ("peer", "<i4"), ("step", "<i8"), ("size", "<i8"),
+    ("wait_ns", "<i8"), ("ready_ns", "<i8"), ("done_ns", "<i8"), ("seq_number", "<i8"), ("op", "<i8"),
+])
+_EPS_US = 1e-3      # ts are written with 3 decimals (exact ns); allow one ns of float noise
+
+
+def load_trace(path: str | os.PathLike) -> list[dict]:
+    """One trace file as a list of records; TraceFormatError if it is not a JSON array of objects."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise TraceFormatError(f"trace file {os.fspath(path)!r} cannot be read as JSON: {e}") from e
+    if isinstance(data, dict) and "traceEvents" in data:
+        data = data["traceEvents"]
+    if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+        raise TraceFormatError(f"trace file {os.fspath(path)!r} is not a JSON array of objects")
+    return [r for r in data if r]           # NCCL's example plugin ends with an empty object
+
+
+def load_traces(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[dict]:
+    """Many per-rank files (a list, a glob pattern, or a dump prefix: `<prefix>_*_*.json`) merged."""
+    if isinstance(paths, (str, os.PathLike)):
+        p = os.fspath(paths)
+        files = sorted(glob.glob(p)) if any(c in p for c in "*?[") else (
+            [p] if os.path.isfile(p) else sorted(glob.glob(f"{p}_*_*.json")))
+        if not files:
+            raise TraceFormatError(f"no trace files match {p!r} (a file, a glob, or a dump prefix)")
+    else:
+        files = [os.fspath(x) for x in paths]
+    out: list[dict] = []
+    for f in files:
+        out.extend(load_trace(f))
+    return out
+
+
+def counters(records: list[dict]) -> dict[int, dict[str, int]]:
+    """The "slicetrace_counters" metadata of each rank (pid)."""
+    return {r.get("pid", 0): dict(r.get("args", {})) for r in records if r.get("name") == "slicetrace_counters"}
+
+
+def _end_us(r: dict) -> float:
+    return float(r["ts"]) + float(r.get("dur", 0))
+
+
+def _pairs(records: list[dict], problems: list[str]) -> dict[tuple, tuple[dict, float]]:
+    """(pid, cat, id) -> (b record, e ts) for every matched async pair; mismatches go to problems."""
+    opened: dict[tuple, list[dict]] = {}
+    done: dict[tuple, tuple[dict, float]] = {}
+    ends: dict[tuple, list[dict]] = {}
+    for r in records:
+        ph = r.get("ph")
+        if ph in ("b", "e"):
+            key = (r.get("pid"), r.get("cat"), r.get("id"))
+            (opened if ph == "b" else ends).setdefault(key, []).append(r)
+    for key, bs in opened.items():
+        es = ends.pop(key, [])
+        if len(bs) != 1 or len(es) != 1:
+            problems.append(f"async id {key}: {len(bs)} 'b' and {len(es)} 'e' records (need exactly one each)")
+            continue
+        b, e = bs[0], es[0]
+        if b.get("name") != e.get("name"):
+            problems.append(f"async id {key}: 'b' name {b.get('name')!r} != 'e' name {e.get('name')!r}")
+        if float(e["ts"]) + _EPS_US < float(b["ts"]):
+            problems.append(f"async id {key} ({b.get('name')}): ends at {e['ts']} before it begins at {b['ts']}")
+        done[key] = (b, float(e["ts"]))
+    for key, es in ends.items():
+        problems.append(f"async id {key}: {len(es)} 'e' record(s) without a 'b'")
+    return done
+
+
+def check_trace(path_or_records: str | os.PathLike | list[dict]) -> list[str]:
+    """Problems found in one trace (a path or loaded records); [] means every invariant holds."""
+    if isinstance(path_or_records, (str, os.PathLike)):
+        try:
+            records = load_trace(path_or_records)
+        except TraceFormatError as e:
+            return [str(e)]
+    else:
+        records = [r for r in path_or_records if r]
+    problems: list[str] = []
+    for i, r in enumerate(records):
+        if "ph" not in r or "name" not in r:
+            problems.append(f"record {i} has no 'ph' or 'name': {r}")
+        elif r["ph"] in ("b", "e", "X", "i") and not isinstance(r.get("ts"), (int, float)):
+            problems.append(f"record {i} ({r['name']}) has no numeric 'ts'")
+    if problems:
+        return problems
+    pairs = _pairs(records, problems)
+    ops: dict[tuple, tuple[float, float]] = {}              # (pid, op id) -> interval
+    chans: dict[tuple, list[tuple[float, float]]] = {}      # (pid, op id, channel) -> KernelCh intervals
+    for (pid, cat, eid), (b, e_ts) in pairs.items():
+        args = b.get("args", {})
+        for (c, name), need in REQUIRED_ARGS.items():
+            if cat == c and (name is None or b.get("name") == name):
+                missing = [a for a in need if a not in args]
+                if missing:
+                    problems.append(f"{b['name']} ({cat}, id {eid}) lacks args {missing}")
+        if cat in ("COLL", "P2P"):
+            ops[(pid, eid)] = (float(b["ts"]), e_ts)
+        elif cat == "GPU" and b.get("name") == "KernelCh":
+            chans.setdefault((pid, args.get("ParentId"), args.get("Channel")), []).append((float(b["ts"]), e_ts))
+    by_rank: dict[Any, list[tuple[float, float]]] = {}
+    for (pid, _), iv in ops.items():
+        by_rank.setdefault(pid, []).append(iv)
+    for r in records:
+        if r.get("name") != "KernelStep" or r.get("ph") != "X":
+            continue
+        args = r.get("args", {})
+        missing = [a for a in REQUIRED_ARGS[("GPU", "KernelStep")] if a not in args]
+        if missing:
+            problems.append(f"KernelStep at ts {r['ts']} lacks args {missing}")
+            continue
+        t0, t1, pid, parent = float(r["ts"]), _end_us(r), r.get("pid"), args.get("ParentId")
+        where = f"KernelStep rank {pid} ch {args['Channel']} step {args['Step']} [{t0}, {t1}]"
+        if parent is not None and parent >= 0:
+            iv = ops.get((pid, parent))
+            if iv is None:
+                problems.append(f"{where}: parent op {parent} is not in the trace")
+            elif not (iv[0] - _EPS_US <= t0 and t1 <= iv[1] + _EPS_US):
+                problems.append(f"{where}: outside its op {parent} [{iv[0]}, {iv[1]}]")
+            kch = chans.get((pid, parent, args["Channel"]))
+            if kch is not None and not any(a - _EPS_US <= t0 and t1 <= b + _EPS_US for a, b in kch):
+                problems.append(f"{where}: outside every KernelCh of op {parent} channel {args['Channel']}")
+        elif not any(a - _EPS_US <= t0 and t1 <= b + _EPS_US for a, b in by_rank.get(pid, [])):
+            problems.append(f"{where}: inside no Coll/P2p of its rank")
+    return problems
+
+
+def kernel_steps(records: list[dict]) -> np.ndarray:
+    """KernelStep records -> KERNEL_STEP_TABLE rows (host-timeline ns; ready derived from the clock deltas)."""
+    rows = []
+    for r in records:
+        if r.get("name") != "KernelStep" or r.get("ph") != "X":
+            continue
+        a = r["args"]
+        wait_ns = round(float(r["ts"]) * 1000)
+        done_ns = wait_ns + round(float(r.get("dur", 0)) * 1000)
+        ready_ns = wait_ns + int(a["StartGpuClk"]) - int(a["WaitGpuClk"])
+        rows.append((r.get("pid", 0), a["Channel"], a["IsSend"], a["Peer"], a["Step"], a["Size"], wait_ns,
+                     ready_ns, done_ns, a.get("SeqNum", -1), a.get("ParentId", -1)))
+    return np.array(rows, KERNEL_STEP_TABLE)
