@@ -16,6 +16,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, Iterator
 
 import numpy as np
@@ -32,6 +33,7 @@ DROP_REASONS = ("overrun", "unpaired", "no_parent", "parent_dropped", "pool_full
                 "sampled_out", "plugin_error", "plugin_disabled", "masked_out", "declined", "missing_kernel_ch",
                 "plugin_init_failed")
 P2P_FUNCS = ("Send", "Recv")
+_B = SimpleNamespace(**{t.name: int(t) for t in T})   # bits as ints: IntFlag arithmetic runs Python code
 _OFF = object()          # event type not emitted to this plugin (not in its mask)
 _DELIVERED = {t: f"delivered_{t.name.lower()}" for t in T}
 
@@ -215,37 +217,37 @@ class EventHost:
     def _emit_begin(self, i: int, op: _Op) -> None:
         pm, info, rank, ts = op.pmasks[i], op.info, self.comm.rank, op.info.ts_ns
         ga = _OFF
-        if pm & T.GROUP_API:
+        if pm & _B.GROUP_API:
             ga = self._start(i, GroupApiDescr(T.GROUP_API, None, rank, ts, group_depth=info.group_depth), _OFF)
         apis: list[Any] = []
         for t in op.tasks:
             api = _OFF
-            if t.p2p and pm & T.P2P_API:
+            if t.p2p and pm & _B.P2P_API:
                 api = self._start(i, P2pApiDescr(T.P2P_API, None, rank, ts, func=t.info.func, count=t.info.count,
                                                  datatype=t.info.datatype, stream=info.stream,
                                                  user_tag=info.user_tag), ga)
-            elif not t.p2p and pm & T.COLL_API:
+            elif not t.p2p and pm & _B.COLL_API:
                 api = self._start(i, CollApiDescr(T.COLL_API, None, rank, ts, func=t.info.func, count=t.info.count,
                                                   datatype=t.info.datatype, root=t.info.root, stream=info.stream,
                                                   user_tag=info.user_tag), ga)
             apis.append(api)
             self._stop(i, api, ts)        # API events stop once enqueued (NCCL semantics)
-        if pm & T.KERNEL_LAUNCH:
+        if pm & _B.KERNEL_LAUNCH:
             kl = self._start(i, KernelLaunchDescr(T.KERNEL_LAUNCH, None, rank, ts, stream=info.stream), ga)
             self._stop(i, kl, ts)
         grp = _OFF
-        if pm & T.GROUP:
+        if pm & _B.GROUP:
             grp = self._start(i, GroupDescr(T.GROUP, None, rank, ts), _OFF)
         op.groups[i] = grp
         old_parenting = self._slots[i].lp.version <= 4
         for t, api in zip(op.tasks, apis):
             ti = t.info
-            if t.p2p and pm & T.P2P:
+            if t.p2p and pm & _B.P2P:
                 d: Any = P2pDescr(T.P2P, None, rank, ts, func=ti.func, buff=ti.send_buff or ti.recv_buff,
                                   datatype=ti.datatype, count=ti.count, peer=ti.peer, n_channels=ti.n_programs,
                                   parent_group=None if grp is _OFF else grp, user_tag=info.user_tag,
                                   comm_hash=self.comm.comm_hash)
-            elif not t.p2p and pm & T.COLL:
+            elif not t.p2p and pm & _B.COLL:
                 d = CollDescr(T.COLL, None, rank, ts, seq_number=info.seq_number, func=ti.func,
                               send_buff=ti.send_buff, recv_buff=ti.recv_buff, count=ti.count, root=ti.root,
                               datatype=ti.datatype, n_channels=ti.n_programs, n_warps=info.n_warps,
@@ -288,7 +290,7 @@ class EventHost:
                     self._counts["no_parent"] += len(sub)
                     continue
                 for i, pm in enumerate(op.pmasks):
-                    if not pm & T.KERNEL_CH:
+                    if not pm & _B.KERNEL_CH:
                         continue
                     parent = t.handles[i]
                     for ch, ready, done, ready_ns, done_ns in zip(
@@ -315,7 +317,7 @@ class EventHost:
             if op is None:
                 self._counts["no_parent"] += n_all
                 return
-            if not op.info.mask & T.KERNEL_STEP:
+            if not op.info.mask & _B.KERNEL_STEP:
                 self._counts["masked_out"] += n_all
                 return
             c = self._counts
@@ -326,7 +328,7 @@ class EventHost:
                     continue
                 ks = None
                 for i, pm in enumerate(op.pmasks):
-                    if not pm & T.KERNEL_STEP:
+                    if not pm & _B.KERNEL_STEP:
                         continue
                     s, parent = self._slots[i], t.handles[i]
                     if parent is None or parent is _OFF:
@@ -378,7 +380,7 @@ class EventHost:
             if self._closed:
                 return
             for i, s in enumerate(self._slots):
-                if not self._pmask(s) & T.PROXY_CTRL:
+                if not self._pmask(s) & _B.PROXY_CTRL:
                     continue
                 if self._proxy[i] is _OFF:
                     self._proxy[i] = self._start(i, ProxyCtrlDescr(T.PROXY_CTRL, None, self.comm.rank, ts), _OFF)

@@ -26,14 +26,21 @@ from typing import Any
 import numpy as np
 
 from ..config import DEFAULT_POOL_SIZES, Settings
-from ..events.abi import KERNEL_STEP_DTYPE, ActivationMask, CollDescr, CommInfo, EventType, State, StateArgs
+from ..events.abi import (KERNEL_STEP_DTYPE, ActivationMask, CollApiDescr, CollDescr, CommInfo, EventType,
+                          GroupApiDescr, GroupDescr, KernelChDescr, KernelLaunchDescr, KernelStepDescr, P2pApiDescr,
+                          P2pDescr, ProxyCtrlDescr, State, StateArgs)
 
 T = EventType
 DEFAULT_MASK = int(T.COLL | T.P2P | T.KERNEL_CH | T.KERNEL_STEP)      # 65606
-POOL_OF = {T.GROUP_API: "GROUP_API", T.COLL_API: "COLL_API", T.P2P_API: "P2P_API",
+POOL_OF: dict[Any, str] = {T.GROUP_API: "GROUP_API", T.COLL_API: "COLL_API", T.P2P_API: "P2P_API",
            T.KERNEL_LAUNCH: "KERNEL_LAUNCH", T.GROUP: "GROUP", T.COLL: "COLL", T.P2P: "P2P",
            T.KERNEL_CH: "KERNEL_CH", T.KERNEL_STEP: "KERNEL_STEP", T.PROXY_CTRL: "PROXY_CTRL"}
-_FIRST_CHUNK = 4096
+_BY_CLASS = {cls: (POOL_OF[t], int(t)) for cls, t in (
+    (GroupApiDescr, T.GROUP_API), (CollApiDescr, T.COLL_API), (P2pApiDescr, T.P2P_API),
+    (KernelLaunchDescr, T.KERNEL_LAUNCH), (GroupDescr, T.GROUP), (CollDescr, T.COLL), (P2pDescr, T.P2P),
+    (KernelChDescr, T.KERNEL_CH), (KernelStepDescr, T.KERNEL_STEP), (ProxyCtrlDescr, T.PROXY_CTRL))}
+_CHUNK = 65536                  # KernelStep rows per column chunk
+_SLOW_ROWS = 4096
 _FORMAT_ROWS = 16384
 _STEP_LINE = ('{"name":"KernelStep","cat":"GPU","ph":"X","pid":%d,"tid":%d,"ts":%d.%03d,"dur":%d.%03d,'
               '"args":{"Channel":%d,"IsSend":%d,"Peer":%d,"Step":%d,"Size":%d,"WaitGpuClk":%d,"StartGpuClk":%d,'
@@ -71,10 +78,11 @@ class _Ctx:
         self.dropped = dict.fromkeys(POOL_OF.values(), 0)
         self.written = dict.fromkeys(POOL_OF.values(), 0)
         self.lines: dict[str, list[str]] = {p: [] for p in POOL_OF.values()}
-        self.steps = np.empty(min(_FIRST_CHUNK, self.sizes["KERNEL_STEP"]), KERNEL_STEP_DTYPE)
-        self.parent_id = np.empty(len(self.steps), np.int64)
-        self.seq = np.empty(len(self.steps), np.int64)
-        self.fill = 0
+        self.chunk_rows = min(_CHUNK, self.sizes["KERNEL_STEP"])
+        self.full: list[_Chunk] = []            # filled chunks not yet written
+        self.free: list[_Chunk] = []            # written chunks, reused (no fresh pages in steady state)
+        self.cur: _Chunk | None = None
+        self.stored = 0                         # KernelSteps buffered (<= the KERNEL_STEP pool size)
         self.slow: list[tuple] = []             # per-event path rows, converted to a chunk in batches
         self.slow_parent: list[tuple[int, int]] = []
         self.tids: set[tuple[int, int, int]] = set()
@@ -102,23 +110,27 @@ class _Ctx:
         buf.clear()
 
     def flush_steps(self) -> None:
-        n, self.fill = self.fill, 0
-        if n == 0:
-            return
-        self.written["KERNEL_STEP"] += n
-        if self.path is None:
-            return
-        s = self.steps[:n]
+        chunks = self.full + ([self.cur] if self.cur is not None and self.cur.fill else [])
+        self.full, self.cur, self.stored = [], None, 0
+        for c in chunks:
+            self.written["KERNEL_STEP"] += c.fill
+            if self.path is not None:
+                self._write_steps(c.steps[:c.fill], c.pid[:c.fill], c.seq[:c.fill])
+            c.fill = 0
+        self.free.extend(chunks)
+
+    def _write_steps(self, s: np.ndarray, pid: np.ndarray, seq: np.ndarray) -> None:
+        n = len(s)
         ch, snd, peer = s["channel"].astype(np.int64), s["is_send"].astype(np.int64), s["peer"].astype(np.int64)
-        for key in set(zip(ch.tolist(), snd.tolist(), peer.tolist())):
-            self.tids.add(key)
+        tid = 1_000_000 + ch * 131072 + snd * 65536 + (peer & 0xFFFF)
+        for t in (np.unique(tid) - 1_000_000).tolist():
+            self.tids.add((t // 131072, (t >> 16) & 1, t & 0xFFFF))
         wait, done = s["wait_ns"], s["done_ns"]
         dur = np.maximum(done - wait, 0)
         cols = np.column_stack([
-            np.full(n, self.rank, np.int64), 1_000_000 + ch * 131072 + snd * 65536 + (peer & 0xFFFF),
-            wait // 1000, wait % 1000, dur // 1000, dur % 1000, ch, snd, peer,
+            np.full(n, self.rank, np.int64), tid, wait // 1000, wait % 1000, dur // 1000, dur % 1000, ch, snd, peer,
             s["step"].astype(np.int64), s["size"].astype(np.int64), s["wait_clk"].astype(np.int64),
-            s["ready_clk"].astype(np.int64), s["done_clk"].astype(np.int64), self.seq[:n], self.parent_id[:n]])
+            s["ready_clk"].astype(np.int64), s["done_clk"].astype(np.int64), seq, pid])
         for a in range(0, n, _FORMAT_ROWS):
             part = cols[a:a + _FORMAT_ROWS]
             self.write((_STEP_LINE * len(part)) % tuple(part.ravel().tolist()))
@@ -126,7 +138,7 @@ class _Ctx:
     def add_slow(self, row: tuple, parent: Any) -> None:
         self.slow.append(row)
         self.slow_parent.append(_parent_ids(parent))
-        if len(self.slow) >= _FIRST_CHUNK:
+        if len(self.slow) >= _SLOW_ROWS:
             self.flush_slow()
 
     def flush_slow(self) -> None:
@@ -139,24 +151,31 @@ class _Ctx:
 
     def add_steps(self, recs: np.ndarray, pid: Any, seq: Any) -> None:
         n, pos, cap = len(recs), 0, self.sizes["KERNEL_STEP"]
+        scalar = np.ndim(pid) == 0
         while pos < n:
-            if self.fill == len(self.steps) and len(self.steps) < cap:
-                self._grow(min(cap, 2 * len(self.steps)))
-            take = min(len(self.steps) - self.fill, n - pos)
-            a, b = self.fill, self.fill + take
-            self.steps[a:b] = recs[pos:pos + take]
-            self.parent_id[a:b] = pid if np.ndim(pid) == 0 else pid[pos:pos + take]
-            self.seq[a:b] = seq if np.ndim(seq) == 0 else seq[pos:pos + take]
-            self.fill, pos = b, pos + take
-            if self.fill == cap:
+            c = self.cur
+            if c is None or c.fill == len(c.steps):
+                if c is not None:
+                    self.full.append(c)
+                c = self.cur = self.free.pop() if self.free else _Chunk(self.chunk_rows)
+            take = min(len(c.steps) - c.fill, n - pos, cap - self.stored)
+            a, b = c.fill, c.fill + take
+            c.steps[a:b] = recs[pos:pos + take]
+            c.pid[a:b] = pid if scalar else pid[pos:pos + take]
+            c.seq[a:b] = seq if scalar else seq[pos:pos + take]
+            c.fill, pos, self.stored = b, pos + take, self.stored + take
+            if self.stored >= cap:              # the pool of completed records is full: write, don't drop
                 self.flush_steps()
 
-    def _grow(self, size: int) -> None:
-        for name in ("steps", "parent_id", "seq"):
-            old = getattr(self, name)
-            new = np.empty(size, old.dtype)
-            new[:self.fill] = old[:self.fill]
-            setattr(self, name, new)
+
+class _Chunk:
+    __slots__ = ("steps", "pid", "seq", "fill")
+
+    def __init__(self, rows: int):
+        self.steps = np.empty(rows, KERNEL_STEP_DTYPE)
+        self.pid = np.empty(rows, np.int64)
+        self.seq = np.empty(rows, np.int64)
+        self.fill = 0
 
 
 class _PassthroughDescr:
@@ -228,11 +247,10 @@ class ChromePlugin:
         return _Ctx(self, comm, mask)
 
     def start_event(self, ctx: _Ctx, descr: Any) -> _Ev | None:
-        t = descr.type
-        pool = POOL_OF.get(t)
-        if pool is None or (not ctx.mask.value & t and t != T.PROXY_CTRL):
+        pool, bit = _BY_CLASS.get(type(descr), (None, 0))    # by class: IntFlag arithmetic is slow
+        if pool is None or not ctx.mask.value & bit:
             return ctx.passthrough      # a parent we do not record: children must still find a handle
-        if t == T.PROXY_CTRL:
+        if pool == "PROXY_CTRL":
             return _Ev(ctx, descr, pool)          # ring of the last states, overwritten (no pool check)
         if ctx.inflight[pool] >= ctx.sizes[pool]:
             ctx.dropped[pool] += 1
@@ -241,22 +259,23 @@ class ChromePlugin:
         return _Ev(ctx, descr, pool)
 
     def record_event_state(self, handle: _Ev, state: State, args: StateArgs) -> None:
-        if state in (State.KERNEL_CH_STOP, State.KERNEL_STEP_STOP):
+        if state == 22 or state == 32:            # KernelChStop, KernelStepStop (ints: enum compare is slow)
             handle.gpu_stop = args.p_timer
-        elif handle.type == T.PROXY_CTRL:
+        elif handle.pool == "PROXY_CTRL":
             name = State(state).name.replace("PROXY_CTRL_", "").title()
             handle.ctx.proxy.append(f'{{"name":"{name}","cat":"PROXY","ph":"i","s":"t","pid":{handle.ctx.rank},'
                                     f'"tid":2,"ts":{_us(args.ts_ns)}}},\n')
 
     def stop_event(self, handle: _Ev, ts_ns: int) -> None:
-        if handle.pool is None or handle.stopped or handle.type == T.PROXY_CTRL:
+        pool = handle.pool
+        if pool is None or handle.stopped or pool == "PROXY_CTRL":
             return
         handle.stopped = True
-        ctx, pool = handle.ctx, handle.pool
+        ctx = handle.ctx
         ctx.inflight[pool] -= 1                   # retire the slot: the pool window advances
         if ctx.done:
             return
-        if handle.type == T.KERNEL_STEP:
+        if pool == "KERNEL_STEP":
             d = handle.descr
             ctx.add_slow((d.channel_id, d.is_send, d.peer, d.step, d.size, d.wait, d.ready, handle.gpu_stop,
                           d.ts_ns, d.ts_ns + d.ready - d.wait, ts_ns), d.parent)
@@ -282,7 +301,7 @@ class ChromePlugin:
         out = {f"plugin_dropped_{p}": n for p, n in ctx.dropped.items()}
         out.update({f"plugin_unfinished_{p}": n for p, n in ctx.inflight.items()})
         out.update({f"plugin_written_{p}": n + (len(ctx.lines[p]) // 2)
-                    + (ctx.fill + len(ctx.slow) if p == "KERNEL_STEP" else 0)
+                    + (ctx.stored + len(ctx.slow) if p == "KERNEL_STEP" else 0)
                     for p, n in ctx.written.items()})
         return out
 
