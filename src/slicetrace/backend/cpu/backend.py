@@ -1,0 +1,253 @@
+"""backend='cpu': one process per rank, Simple-protocol FIFOs in shared memory, numpy data path.
+
+`submit` runs a work to completion before it returns: channel 0 (and every point-to-point part,
+round-robin) in the caller's thread, channels 1.. in worker threads. See shm.py for the memory layout,
+transport.py for waits and failure detection, worker.py for the primitives.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from ...errors import BackendError, MismatchError, PeerError, UsageError
+from ...stamps.layout import RingViews, ring_bytes
+from ..base import DTYPES, Backend, Work
+from .shm import (ABORT_PEER, C_BUFFSIZE, C_CLOSED, C_HEARTBEAT, C_MAGIC, C_NCH, C_PID, C_SLOTS, C_START,
+                  C_WORLD, MAGIC, PAGE, REASON_MAX, REASON_OFF, Segment, layout, proc_start_time, segment_size,
+                  unlink_name)
+from .stamper import FastRingWriter
+from .transport import Conn, Guard, encode_sig
+from .worker import RingJob, run_p2p, run_ring
+
+HEARTBEAT_S = 0.1
+_GEN: dict[str, int] = {}        # backends made per job in this process: keeps store keys of re-inits apart
+
+
+def _addr(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+class CpuBackend(Backend):
+    name = "cpu"
+
+    def __init__(self, settings, rank: int, world: int, store, job: str):
+        super().__init__(settings, rank, world, store, job)
+        if not 0 <= rank < world:
+            raise UsageError(f"rank={rank} must be in 0..{world - 1}")
+        self.nch = nch = settings.channels_for("cpu")
+        self._closed = False
+        self._ntok = 0
+        self._coll_seq = 0
+        self._peer_segs: dict[int, Segment] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._stop = threading.Event()
+        gen = _GEN[job] = _GEN.get(job, 0) + 1
+        self._prefix = f"st/{job}/cpu{gen}"
+        size = segment_size(nch, world, settings.buffsize, settings.ring_slots)
+        self.seg = Segment(f"st_{job}_{gen}_{rank}_{secrets.token_hex(3)}", size, create=True)
+        try:
+            self._setup(size)
+        except BaseException:
+            self.close()
+            raise
+
+    # ---- setup ----
+    def _setup(self, size: int) -> None:
+        s, nch, rank, world = self.settings, self.nch, self.rank, self.world
+        conn0, stride, rings = layout(nch, world, s.buffsize, s.ring_slots)
+        ctl = self.seg.words(0, PAGE)
+        ctl[C_PID], ctl[C_START], ctl[C_HEARTBEAT] = os.getpid(), proc_start_time(os.getpid()), time.monotonic_ns()
+        ctl[C_NCH], ctl[C_BUFFSIZE], ctl[C_WORLD], ctl[C_SLOTS] = nch, s.buffsize, world, s.ring_slots
+        ctl[C_MAGIC] = MAGIC
+        self.ctl = ctl
+        self._rings = RingViews(self.seg.mm[rings:rings + ring_bytes(nch, s.ring_slots)], nch, s.ring_slots)
+        self.writers = [FastRingWriter(self._rings, c) for c in range(nch)]
+        self.guard = Guard(rank, ctl, self.seg.bytes_(REASON_OFF, REASON_MAX), s.timeout_s)
+        self._hb = threading.Thread(target=self._heartbeat, name=f"slicetrace-heartbeat-r{rank}", daemon=True)
+        self._hb.start()
+        self.store.set(f"{self._prefix}/seg/{rank}", self.seg.name.encode())
+        names = {}
+        for p in range(world):
+            if p != rank:
+                names[p] = self.store.get(f"{self._prefix}/seg/{p}", s.timeout_s,
+                                          what=f"rank {p}'s cpu backend segment (job {self.job!r})").decode()
+                self._attach(p, names[p])
+        self.guard.on_dead = lambda p: unlink_name(names[p])
+
+        def conn(seg: Segment, idx: int, peer: int, is_send: bool) -> Conn:
+            off = conn0 + idx * stride
+            return Conn(seg.words(off, PAGE), seg.bytes_(off + PAGE, s.buffsize), peer, is_send)
+        prv, nxt = (rank - 1) % world, (rank + 1) % world
+        self.ring_recv, self.ring_send, self.p2p_recv, self.p2p_send = [], [], {}, {}
+        if world > 1:
+            self.ring_recv = [conn(self.seg, c, prv, False) for c in range(nch)]
+            self.ring_send = [conn(self._peer_segs[nxt], c, nxt, True) for c in range(nch)]
+            for p in self._peer_segs:
+                self.p2p_recv[p] = conn(self.seg, nch + p, p, False)
+                self.p2p_send[p] = conn(self._peer_segs[p], nch + rank, p, True)
+        # everyone attached before anyone may unlink its segment
+        self.store.barrier(f"{self._prefix}/attached", rank, world, s.timeout_s)
+
+    def _attach(self, p: int, name: str) -> None:
+        try:
+            seg = Segment(name)
+        except FileNotFoundError:
+            raise PeerError(f"rank {p}'s segment {name!r} is gone (rank {p} closed or was cleaned up)") from None
+        self._peer_segs[p] = seg
+        pctl = seg.words(0, PAGE)
+        mine = (self.nch, self.settings.buffsize, self.world, self.settings.ring_slots)
+        theirs = (pctl[C_NCH], pctl[C_BUFFSIZE], pctl[C_WORLD], pctl[C_SLOTS])
+        if pctl[C_MAGIC] != MAGIC or theirs != mine:
+            raise MismatchError(f"rank {p} runs the cpu backend with (nchannels, buffsize, world, ring_slots)="
+                                f"{theirs}, rank {self.rank} with {mine}; every rank needs the same settings")
+        self.guard.peers[p] = (pctl, seg.bytes_(REASON_OFF, REASON_MAX), pctl[C_PID], pctl[C_START])
+
+    def _heartbeat(self) -> None:
+        ctl = self.ctl
+        while not self._stop.wait(HEARTBEAT_S):
+            try:
+                ctl[C_HEARTBEAT] = time.monotonic_ns()
+            except (ValueError, IndexError):    # view released by close
+                return
+
+    # ---- Backend API ----
+    @property
+    def rings(self) -> RingViews:
+        return self._rings
+
+    def as_buffer(self, x: Any, what: str) -> tuple[Any, str, int]:
+        if not isinstance(x, np.ndarray):
+            raise UsageError(f"{what} must be a numpy.ndarray for backend='cpu', got {type(x).__name__}")
+        name = x.dtype.name
+        if name not in DTYPES:
+            raise UsageError(f"{what} dtype {name} is not one of {DTYPES}")
+        if not x.flags.c_contiguous:
+            raise UsageError(f"{what} must be C-contiguous (got strides {x.strides}); pass np.ascontiguousarray(x)")
+        return x.reshape(-1), name, x.size
+
+    def empty_like(self, buf: Any, count: int) -> Any:
+        return np.empty(count, dtype=buf.dtype)
+
+    def submit(self, work: Work) -> Any:
+        if self._closed:
+            raise BackendError(f"rank {self.rank}: the cpu backend is closed; create a new communicator")
+        if self.guard.aborted():
+            raise self.guard.abort_error()
+        if work.plan.nranks != self.world or work.plan.rank != self.rank:
+            raise UsageError(f"plan for rank {work.plan.rank} of {work.plan.nranks} given to rank {self.rank} of "
+                             f"{self.world}")
+        try:
+            if work.plan.func == "send_recv":
+                run_p2p(work, self.p2p_send, self.p2p_recv, self.writers, self.guard)
+            else:
+                self._collective(work)
+        except (PeerError, MismatchError, UsageError):
+            raise
+        except BaseException as e:                      # anything else mid-op: the peers must not hang
+            self.guard.abort_all(ABORT_PEER, f"rank {self.rank} failed during op {work.tag}: "
+                                             f"{type(e).__name__}: {e}")
+            raise
+        self._ntok += 1
+        return self._ntok
+
+    def done(self, token: Any) -> bool:
+        return True
+
+    def wait(self, token: Any, timeout_s: float) -> None:
+        if self.guard.aborted():
+            raise self.guard.abort_error()
+
+    def abort(self, reason: str) -> None:
+        if not self._closed:
+            self.guard.abort_all(ABORT_PEER, reason)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        if getattr(self, "_hb", None) is not None:
+            self._hb.join(1.0)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        if getattr(self, "ctl", None) is not None:
+            self.ctl[C_CLOSED] = 1
+        self.seg.unlink()
+        for seg in self._peer_segs.values():
+            seg.close()
+        self.seg.close()
+
+    # ---- collectives ----
+    def _collective(self, work: Work) -> None:
+        plan = work.plan
+        n, count = plan.nranks, plan.count
+        need_in, need_out = {"all_gather": (count, count * n), "reduce_scatter": (count * n, count)}.get(
+            plan.func, (count, count))
+        for buf, need, what in ((work.sendbuf, need_in, "sendbuf"), (work.recvbuf, need_out, "recvbuf")):
+            if buf is None or buf.size != need:
+                got = None if buf is None else buf.size
+                raise UsageError(f"{plan.func}: {what} has {got} elements, the plan needs {need}")
+        if n == 1:
+            if _addr(work.sendbuf) != _addr(work.recvbuf) and count:
+                np.copyto(work.recvbuf, work.sendbuf[:count])
+            return
+        self._coll_seq += 1
+        sig = (self._coll_seq,) + encode_sig(plan.func, count, work.dtype, work.redop, plan.root, self.nch,
+                                             self.settings.step_bytes)
+        g = self.guard
+        g.publish_sig(sig)
+        delta = None
+        a, b = work.sendbuf, work.recvbuf
+        if _addr(a) < _addr(b) + b.nbytes and _addr(b) < _addr(a) + a.nbytes:
+            delta = _addr(a) - _addr(b)
+        progs = plan.programs
+        stamps = work.stamp_steps or work.stamp_channels
+
+        def job(prog) -> RingJob:
+            c = prog.channel
+            return RingJob(work, self.ring_recv[c], self.ring_send[c], self.writers[c] if stamps else None, g, delta)
+        if len(progs) == 1:
+            run_ring(progs[0], job(progs[0]))
+        elif progs:
+            self._parallel(progs, job)
+        g.check_sigs(sig, wait=True)          # every rank ran the same collective (or everyone raises)
+        g.sig = None
+
+    def _parallel(self, progs, job) -> None:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=max(1, self.nch - 1), thread_name_prefix="slicetrace-ch")
+        g = self.guard
+        spins, g.spins = g.spins, 20         # threads share the GIL: spinning would starve the others
+
+        def one(prog):
+            try:
+                run_ring(prog, job(prog))
+            except BaseException as e:
+                if not isinstance(e, (PeerError, MismatchError)):
+                    g.abort_all(ABORT_PEER, f"rank {self.rank} channel {prog.channel} failed: "
+                                            f"{type(e).__name__}: {e}")
+                raise
+        futs = [self._pool.submit(one, p) for p in progs[1:]]
+        err = None
+        try:
+            one(progs[0])
+        except BaseException as e:
+            err = e
+        for f in futs:
+            try:
+                f.result()
+            except BaseException as e:
+                err = err or e
+        g.spins = spins
+        if err is not None:
+            if isinstance(err, (PeerError, MismatchError)) and g.aborted():
+                raise g.abort_error() from err
+            raise err
+
+

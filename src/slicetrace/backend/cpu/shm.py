@@ -1,0 +1,144 @@
+"""Shared-memory segments of the cpu backend: one per rank, created by that rank, attached by its peers.
+
+Segment of rank r (all offsets 4 KiB aligned):
+
+    control block      4 KiB   pid, heartbeat, abort word + reason, op-signature table (read by peers)
+    connections        (nch + world) x (4 KiB header + buffsize FIFO); r is the *receiver* of all of them:
+                       index c < nch: ring channel c from rank r-1; index nch + s: point-to-point from rank s
+    stamp rings        stamps.layout.ring_bytes(nch, ring_slots)  (read by this rank's drain thread)
+
+Segments bypass Python's resource_tracker (spawned ranks share one tracker, and a segment registered by
+both its creator and an attacher makes the tracker print spurious errors). The creator unlinks on close;
+a launcher removes leftovers by the job string in the name (`st_<job>_...`).
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import time
+
+from ...errors import BackendError
+from ...stamps.layout import ring_bytes
+
+try:
+    import _posixshmem
+except ImportError:  # pragma: no cover - not a POSIX system
+    _posixshmem = None
+
+PAGE = 4096
+MAGIC = 0x53544350_55000001        # "STCPU" + layout version 1
+NSIG = 16                          # op-signature / message tables keep the last 16 entries
+
+# control block, u64 word indices
+C_MAGIC, C_PID, C_START, C_HEARTBEAT, C_ABORT, C_ABORT_FROM, C_CLOSED, C_REASON_LEN = range(8)
+C_NCH, C_BUFFSIZE, C_WORLD, C_SLOTS = 8, 9, 10, 11
+REASON_OFF, REASON_MAX = 256, 512          # bytes
+SIG_WORD = 1024 // 8                       # 16 entries x 4 words: seq, count, packed, cfg
+# connection header, u64 word indices (tail and head on separate cache lines)
+H_TAIL, H_HEAD, H_MSG = 0, 8, 16           # H_MSG: 16 entries x 4 words: seq+1, count, dtype code, spare
+
+ABORT_PEER, ABORT_MISMATCH, ABORT_TIMEOUT = 1, 2, 3
+
+
+def layout(nch: int, world: int, buffsize: int, slots: int) -> tuple[int, int, int]:
+    """(offset of connection 0, connection stride, offset of the stamp rings); total = rings + ring_bytes."""
+    stride = PAGE + buffsize
+    rings = PAGE + (nch + world) * stride
+    return PAGE, stride, rings
+
+
+def segment_size(nch: int, world: int, buffsize: int, slots: int) -> int:
+    _, _, rings = layout(nch, world, buffsize, slots)
+    return rings + -(-ring_bytes(nch, slots) // PAGE) * PAGE
+
+
+class Segment:
+    """One POSIX shared-memory object mapped into this process."""
+
+    def __init__(self, name: str, size: int = 0, create: bool = False):
+        if _posixshmem is None:  # pragma: no cover
+            raise BackendError("backend='cpu' needs POSIX shared memory (_posixshmem); this platform has none")
+        self.name, self.owner = name, create
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        fd = _posixshmem.shm_open("/" + name, flags, mode=0o600)
+        try:
+            if create:
+                os.ftruncate(fd, size)
+            self.size = os.fstat(fd).st_size
+            self.mm = mmap.mmap(fd, self.size)
+        except OSError:
+            if create:
+                _posixshmem.shm_unlink("/" + name)
+            raise
+        finally:
+            os.close(fd)
+        self._views: list[memoryview] = []
+        self.unlinked = False
+
+    def words(self, off: int, nbytes: int) -> memoryview:
+        """A u64 view (memoryview 'Q': the fastest scalar load/store Python has)."""
+        mv = memoryview(self.mm)[off:off + nbytes].cast("Q")
+        self._views.append(mv)
+        return mv
+
+    def bytes_(self, off: int, nbytes: int) -> memoryview:
+        mv = memoryview(self.mm)[off:off + nbytes]
+        self._views.append(mv)
+        return mv
+
+    def unlink(self) -> None:
+        if not self.unlinked:
+            self.unlinked = True
+            unlink_name(self.name)
+
+    def close(self) -> None:
+        for mv in self._views:
+            try:
+                mv.release()
+            except (ValueError, BufferError):
+                pass
+        self._views.clear()
+        try:
+            self.mm.close()
+        except BufferError:       # numpy views (rings held by the drain, slot views) still exist: GC frees it
+            pass
+
+
+def unlink_name(name: str) -> None:
+    try:
+        _posixshmem.shm_unlink("/" + name)
+    except FileNotFoundError:
+        pass
+
+
+# ---- process liveness (no reliance on the parent reaping the child) ----
+
+def proc_start_time(pid: int) -> int:
+    """Start time of pid in clock ticks (field 22 of /proc/<pid>/stat); 0 if unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return 0
+    return int(data.rsplit(b")", 1)[1].split()[19])
+
+
+def proc_dead(pid: int, start: int) -> str | None:
+    """A reason string if pid is gone, a zombie, or a different process now; None if alive (or unknown)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return "exited"
+    except OSError:
+        return None
+    fields = data.rsplit(b")", 1)[1].split()
+    if fields[0] in (b"Z", b"X", b"x"):
+        return "died (zombie)"
+    if start and int(fields[19]) != start:
+        return "exited (pid reused)"
+    return None
+
+
+def now_ns() -> int:
+    return time.monotonic_ns()

@@ -1,0 +1,194 @@
+"""Connections (FIFO + tail/head counters in shared memory) and the Guard every wait goes through.
+
+A wait spins briefly (the peer usually answers within microseconds when each rank has a core), then
+calls sched_yield (cheap when nothing else is runnable, gives the core away when ranks outnumber cores),
+then sleeps with a growing period. Every slow wait checks the abort word, its deadline, the peers'
+liveness and the signature of the collective in flight.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from ...errors import CommTimeoutError, MismatchError, PeerError
+from ..base import DTYPES, REDOPS
+from ...plan.schedule import COLLECTIVES
+from .shm import (ABORT_MISMATCH, ABORT_PEER, ABORT_TIMEOUT, C_ABORT, C_ABORT_FROM, C_CLOSED, C_HEARTBEAT,
+                  C_REASON_LEN, NSIG, REASON_MAX, REASON_OFF, SIG_WORD, proc_dead)
+
+SPINS = 400                 # ~20 us of polling before the first yield
+YIELD_S = 0.002             # then sched_yield for up to 2 ms
+SLEEP_MIN_S, SLEEP_MAX_S = 20e-6, 1e-3
+CHECK_EVERY_S = 0.05        # liveness / signature checks while waiting
+HEARTBEAT_STALE_S = 10.0    # a live pid whose heartbeat thread stalled this long is reported
+
+
+class Conn:
+    """One direction of one connection as seen from this rank. `ctl` lives in the receiver's segment."""
+
+    __slots__ = ("ctl", "fifo", "step", "peer", "is_send", "msg_seq", "_views")
+
+    def __init__(self, ctl: memoryview, fifo: memoryview, peer: int, is_send: bool):
+        self.ctl, self.fifo, self.peer, self.is_send = ctl, fifo, peer, is_send
+        self.step = 0           # persistent FIFO step (NCCL conn->step); both sides advance identically
+        self.msg_seq = 0        # p2p messages on this connection (for mismatch checks)
+        self._views: dict = {}
+
+    def view(self, dtype: np.dtype) -> np.ndarray:
+        v = self._views.get(dtype)
+        if v is None:
+            v = self._views[dtype] = np.frombuffer(self.fifo, dtype=dtype)
+        return v
+
+    def round_step(self, mult: int) -> None:
+        """NCCL rounds conn->step up to a multiple of the chunk steps when a primitive starts."""
+        self.step = -(-self.step // mult) * mult
+
+
+def encode_sig(func: str, count: int, dtype: str, redop: str, root: int, nch: int, step_bytes: int):
+    reduces = func in ("all_reduce", "reduce_scatter", "reduce")
+    packed = (COLLECTIVES.index(func) | DTYPES.index(dtype) << 8
+              | (REDOPS.index(redop) if reduces else 0xFF) << 16
+              | (root if func in ("broadcast", "reduce") else 0) << 24)
+    return count, packed, nch | step_bytes << 8
+
+
+def describe_sig(count: int, packed: int, cfg: int) -> str:
+    func, dt, red, root = COLLECTIVES[packed & 0xFF], DTYPES[packed >> 8 & 0xFF], packed >> 16 & 0xFF, packed >> 24
+    s = f"{func}(count={count}, dtype={dt}"
+    s += "" if red == 0xFF else f", op={REDOPS[red]}"
+    s += f", root={root})" if func in ("broadcast", "reduce") else ")"
+    return s + f" [nchannels={cfg & 0xFF}, step_bytes={cfg >> 8}]"
+
+
+class Guard:
+    """Abort word, deadlines, peer liveness and cross-rank op signatures for one rank's backend."""
+
+    def __init__(self, rank: int, ctl: memoryview, reason: memoryview, timeout_s: float):
+        self.rank, self.ctl, self.reason, self.timeout_s = rank, ctl, reason, timeout_s
+        self.peers: dict[int, tuple[memoryview, memoryview, int, int]] = {}   # rank -> (ctl, reason, pid, start)
+        self.on_dead = None          # callback(rank) when a peer is found dead (unlinks its segment)
+        self.sig: tuple[int, int, int, int] | None = None                    # collective in flight
+        self._suspect: dict[int, str] = {}   # peers seen dead/closed once: fail if still so at the next check
+        self.spins = SPINS
+
+    # ---- abort ----
+    def _post_abort(self, ctl: memoryview, reason_mv: memoryview, code: int, text: bytes) -> None:
+        if ctl[C_ABORT]:
+            return                    # first reason wins
+        reason_mv[:len(text)] = text
+        ctl[C_REASON_LEN] = len(text)
+        ctl[C_ABORT_FROM] = self.rank
+        ctl[C_ABORT] = code
+
+    def abort_all(self, code: int, reason: str) -> None:
+        text = reason.encode("utf-8", "replace")[:REASON_MAX]
+        self._post_abort(self.ctl, self.reason, code, text)
+        for pctl, preason, _, _ in self.peers.values():
+            try:
+                self._post_abort(pctl, preason, code, text)
+            except (ValueError, IndexError):   # peer view released during close
+                pass
+
+    def aborted(self) -> bool:
+        return bool(self.ctl[C_ABORT])
+
+    def abort_error(self) -> Exception:
+        code = self.ctl[C_ABORT]
+        text = bytes(self.reason[:self.ctl[C_REASON_LEN]]).decode("utf-8", "replace")
+        src = self.ctl[C_ABORT_FROM]
+        msg = text if src == self.rank else f"{text} (abort posted by rank {src})"
+        return {ABORT_MISMATCH: MismatchError, ABORT_TIMEOUT: CommTimeoutError}.get(code, PeerError)(msg)
+
+    def fail(self, code: int, reason: str) -> Exception:
+        self.abort_all(code, reason)
+        return self.abort_error()
+
+    # ---- checks made while waiting ----
+    def check(self, waiting_on: tuple[int, ...] = ()) -> None:
+        """Raise if the comm was aborted, a peer died, or a peer we wait on closed / stopped responding."""
+        if self.ctl[C_ABORT]:
+            raise self.abort_error()
+        now = time.monotonic_ns()
+        for p, (pctl, _, pid, start) in self.peers.items():
+            closed = pctl[C_CLOSED]
+            why = None if closed else proc_dead(pid, start)    # a closed peer finished its work: not dead
+            if why is None and p in waiting_on:
+                if closed:
+                    why = "closed its communicator"
+                elif now - pctl[C_HEARTBEAT] > HEARTBEAT_STALE_S * 1e9:
+                    why = f"stopped responding (no heartbeat for {(now - pctl[C_HEARTBEAT]) / 1e9:.1f}s)"
+            if why is None:
+                self._suspect.pop(p, None)
+            elif p not in self._suspect:
+                self._suspect[p] = why       # it may have posted our data just before it left: re-check first
+            else:
+                if self.on_dead is not None and not closed:
+                    self.on_dead(p)
+                raise self.fail(ABORT_PEER, f"rank {p} (pid {pid}) {why}; detected by rank {self.rank}")
+        if self.sig is not None:
+            self.check_sigs(self.sig)
+
+    def publish_sig(self, sig: tuple[int, int, int, int]) -> None:
+        seq, count, packed, cfg = sig
+        base = SIG_WORD + (seq % NSIG) * 4
+        self.ctl[base + 1], self.ctl[base + 2], self.ctl[base + 3] = count, packed, cfg
+        self.ctl[base] = seq      # published last
+        self.sig = sig
+
+    def check_sigs(self, sig: tuple[int, int, int, int], wait: bool = False) -> None:
+        seq, count, packed, cfg = sig
+        base = SIG_WORD + (seq % NSIG) * 4
+        for p, (pctl, _, _, _) in self.peers.items():
+            if wait and pctl[base] < seq:
+                self.wait_ge(pctl, base, seq, p, f"rank {p} to start collective #{seq}")
+            if pctl[base] == seq and (pctl[base + 1], pctl[base + 2], pctl[base + 3]) != (count, packed, cfg):
+                theirs = describe_sig(pctl[base + 1], pctl[base + 2], pctl[base + 3])
+                raise self.fail(ABORT_MISMATCH, f"collective #{seq} differs across ranks: rank {self.rank} runs "
+                                f"{describe_sig(count, packed, cfg)}, rank {p} runs {theirs}")
+
+    # ---- waiting ----
+    def wait_ge(self, mv: memoryview, idx: int, target: int, peer: int, what: str) -> None:
+        """Return once mv[idx] >= target; PeerError / MismatchError / CommTimeoutError otherwise."""
+        for _ in range(self.spins):
+            if mv[idx] >= target:
+                return
+        b = Backoff(self, what, (peer,))
+        while mv[idx] < target:
+            b.pause()
+
+    def backoff(self, what: str, peers: tuple[int, ...]) -> "Backoff":
+        return Backoff(self, what, peers)
+
+
+class Backoff:
+    """Idle strategy for one wait (or one idle stretch of the p2p progress loop)."""
+
+    __slots__ = ("g", "what", "peers", "t0", "deadline", "check_at", "n", "sleep")
+
+    def __init__(self, guard: Guard, what: str, peers: tuple[int, ...]):
+        self.g, self.what, self.peers = guard, what, peers
+        self.t0 = time.monotonic()
+        self.deadline = self.t0 + guard.timeout_s
+        self.check_at = self.t0
+        self.n = 0
+        self.sleep = SLEEP_MIN_S
+
+    def pause(self) -> None:
+        g = self.g
+        if g.ctl[C_ABORT]:
+            raise g.abort_error()
+        self.n += 1
+        now = time.monotonic()
+        if now - self.t0 < YIELD_S:
+            os.sched_yield()
+        else:
+            time.sleep(self.sleep)
+            self.sleep = min(self.sleep * 1.5, SLEEP_MAX_S)
+        if now >= self.check_at:
+            self.check_at = now + CHECK_EVERY_S
+            g.check(self.peers)
+        if now > self.deadline:
+            raise g.fail(ABORT_TIMEOUT, f"rank {g.rank} waited {g.timeout_s}s (timeout_s) for {self.what}")

@@ -1,0 +1,307 @@
+"""Executes plan primitives with numpy: ring channel programs and concurrent point-to-point groups.
+
+Reference semantics of one slice of a primitive (plan.schedule.Prim), n = slice elements:
+
+    recv:  wait tail >= rstep + ss ; r = recv FIFO slot (rstep % 8)
+    send:  wait head + 8 >= sstep + ss ; s = next rank's FIFO slot (sstep % 8)
+    data:  send r'=src ; recvReduceSend s = r + src ; recvReduceCopySend dst = r + src, s = dst ; ...
+    post:  tail = sstep + ss (to the next rank), head = rstep + ss (credit back); steps += ss
+
+Empty slices wait and post like the others (both sides keep their step counters in lockstep).
+Stamp clocks: wait before waiting, ready after the wait, done before the tail is posted.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ...errors import MismatchError
+from ..base import DTYPES
+from .shm import ABORT_MISMATCH, H_HEAD, H_MSG, H_TAIL, NSIG
+from .stamper import FastRingWriter
+
+UFUNCS = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum, "avg": np.add}
+# primitive -> compute kind
+K_SEND, K_COPYSEND, K_RECV, K_RCS, K_RRS, K_RRCS, K_RRC = range(7)
+KINDS = {"send": K_SEND, "copySend": K_COPYSEND, "recv": K_RECV, "recvCopySend": K_RCS,
+         "recvReduceSend": K_RRS, "recvReduceCopySend": K_RRCS, "recvReduceCopy": K_RRC}
+NSTEPS = 8
+FLAG_SEND = 1
+
+
+def finish_avg(d: np.ndarray, nranks: int) -> None:
+    """avg = sum / nranks. Floats divide; integers truncate toward zero (NCCL's SumPostDiv)."""
+    if d.dtype.kind in "iu":
+        if d.dtype.kind == "u":
+            np.floor_divide(d, nranks, out=d)
+        else:
+            q = np.floor_divide(d, nranks)
+            q += (d < 0) & (q * nranks != d)
+            d[...] = q
+    else:
+        np.divide(d, d.dtype.type(nranks), out=d)
+
+
+class RingJob:
+    """Everything one ring channel program needs, bound once per work."""
+
+    def __init__(self, work, rconn, sconn, writer: FastRingWriter | None, guard, delta: int | None):
+        self.work, self.rconn, self.sconn, self.writer, self.guard = work, rconn, sconn, writer, guard
+        self.delta = delta       # byte address of sendbuf minus recvbuf when they overlap (in place), else None
+
+
+def run_ring(prog, job: RingJob) -> None:
+    work, plan = job.work, job.work.plan
+    rconn, sconn, guard, w = job.rconn, job.sconn, job.guard, job.writer
+    dt = work.recvbuf.dtype
+    ss, spc = plan.proto.slice_steps, plan.proto.chunk_steps
+    se = plan.proto.step_bytes // dt.itemsize
+    rconn.round_step(spc)
+    sconn.round_step(spc)
+    rview, sview, rctl, sctl = rconn.view(dt), sconn.view(dt), rconn.ctl, sconn.ctl
+    rstep, sstep = rconn.step, sconn.step
+    bufs = {"in": work.sendbuf, "out": work.recvbuf, None: None}
+    red = UFUNCS[work.redop]
+    avg = work.redop == "avg"
+    nranks, ch, rpeer, speer = plan.nranks, prog.channel, rconn.peer, sconn.peer
+    copyto, wait = np.copyto, guard.wait_ge
+    op = work.tag & 0xFFFFFFFF
+    stamp = w is not None and work.stamp_steps
+    rate = max(1, work.sample_rate)
+    clock = time.monotonic_ns
+    if w is not None and work.stamp_channels:
+        chseq = w.channel_start(op, 0, 0, clock())
+    tw = tr = ts = t0 = td = 0
+    k = 0
+    for prim in prog.prims:
+        kind = KINDS[prim.name]
+        hr, hs = prim.recv_from is not None, prim.send_to is not None
+        src, dst = bufs[prim.src], bufs[prim.dst]
+        so, do = prim.src_off, prim.dst_off
+        fin = avg and prim.final
+        same = job.delta is not None and kind == K_COPYSEND and so * dt.itemsize + job.delta == do * dt.itemsize
+        for off, n in prim.slices:
+            if stamp:
+                t0 = clock()
+            if hr:
+                t = rstep + ss
+                if rctl[H_TAIL] < t:
+                    wait(rctl, H_TAIL, t, rpeer, f"data from rank {rpeer} on channel {ch} (step {rstep})")
+                if n:
+                    i = (rstep & 7) * se
+                    r = rview[i:i + n]
+                if stamp:
+                    tr = clock()
+            if hs:
+                if stamp:
+                    tw = clock()
+                t = sstep + ss - NSTEPS
+                if sctl[H_HEAD] < t:
+                    wait(sctl, H_HEAD, t, speer, f"credit from rank {speer} on channel {ch} (step {sstep})")
+                if n:
+                    i = (sstep & 7) * se
+                    s = sview[i:i + n]
+                if stamp:
+                    ts = clock()
+            if n:
+                if kind == K_RRS:
+                    a = so + off
+                    red(r, src[a:a + n], out=s)
+                elif kind == K_RRCS or kind == K_RRC:
+                    a, b = so + off, do + off
+                    d = dst[b:b + n]
+                    red(src[a:a + n], r, out=d)
+                    if fin:
+                        finish_avg(d, nranks)
+                    if hs:
+                        copyto(s, d)
+                elif kind == K_SEND:
+                    a = so + off
+                    copyto(s, src[a:a + n])
+                elif kind == K_RCS:
+                    b = do + off
+                    copyto(s, r)
+                    copyto(dst[b:b + n], r)
+                elif kind == K_RECV:
+                    b = do + off
+                    copyto(dst[b:b + n], r)
+                else:   # K_COPYSEND
+                    a, b = so + off, do + off
+                    copyto(s, src[a:a + n])
+                    if not same:
+                        copyto(dst[b:b + n], src[a:a + n])
+            if stamp:
+                td = clock()
+            if hs:
+                sctl[H_TAIL] = sstep + ss            # publish the slice
+            if hr:
+                rctl[H_HEAD] = rstep + ss            # return the credit
+            if stamp and n:
+                nb = n * dt.itemsize
+                if k % rate == 0:
+                    if hr:
+                        w.step(0, op, rstep, nb, rpeer, t0, tr, td)
+                    if hs:
+                        w.step(FLAG_SEND, op, sstep, nb, speer, tw, ts, td)
+                else:
+                    w.sampled_out(hr + hs)
+            if hs:
+                sstep += ss
+            if hr:
+                rstep += ss
+            k += 1
+    rconn.step, sconn.step = rstep, sstep
+    if w is not None and work.stamp_channels:
+        w.channel_stop(chseq, op, 0, 0, clock())
+
+
+# ---------------------------------------------------------------- point to point
+
+class _Lane:
+    """One connection's queue of parts (group order); only the head part moves."""
+
+    __slots__ = ("conn", "queue", "prog", "buf", "i", "chseq", "twait", "k", "writer", "first")
+
+    def __init__(self, conn, queue):
+        self.conn, self.queue = conn, queue
+        self.prog = self.buf = self.writer = None
+        self.i = self.chseq = self.twait = self.k = 0
+        self.first = True
+
+
+def self_copies(parts, rank: int) -> None:
+    """Sends to self matched in order with receives from self: plain copies (NCCL's self copy)."""
+    sends = [b for p, b in parts if p.peer == rank and p.is_send]
+    recvs = [(p, b) for p, b in parts if p.peer == rank and not p.is_send]
+    if len(sends) != len(recvs):
+        raise MismatchError(f"rank {rank} has {len(sends)} send(s) to itself but {len(recvs)} recv(s) from itself "
+                            f"in one group; they must pair up")
+    for sb, (p, rb) in zip(sends, recvs):
+        if sb.size != rb.size:
+            raise MismatchError(f"send to self of {sb.size} elements is paired with a recv of {rb.size}")
+        if rb.size:
+            np.copyto(rb, sb)
+
+
+def run_p2p(work, send_conns, recv_conns, writers, guard) -> None:
+    """All parts progress round-robin in this thread: an all_to_all of any size cannot deadlock."""
+    plan, rank = work.plan, work.plan.rank
+    self_copies(work.parts, rank)
+    bufs = {p.index: b for p, b in work.parts}
+    order: dict[tuple[int, bool], list] = {}
+    for prog in plan.programs:
+        pr = prog.params
+        order.setdefault((pr["peer"], pr["is_send"]), []).append(prog)
+    lanes = [_Lane((send_conns if s else recv_conns)[peer], progs) for (peer, s), progs in order.items()]
+    dcode = DTYPES.index(work.dtype)
+    op = work.tag & 0xFFFFFFFF
+    stamp_ch = work.stamp_channels
+    stamp = work.stamp_steps
+    rate = max(1, work.sample_rate)
+    clock = time.monotonic_ns
+    active = []
+    for ln in lanes:
+        if _next_part(ln, bufs, writers, op, stamp_ch, dcode, guard, clock):
+            active.append(ln)
+    bo = None
+    idle = 0
+    while active:
+        moved = False
+        for ln in active:
+            conn = ln.conn
+            ctl = conn.ctl
+            while True:
+                step = conn.step
+                if conn.is_send:
+                    if ctl[H_HEAD] + NSTEPS < step + 1:
+                        break
+                elif ctl[H_TAIL] < step + 1:
+                    break
+                tr = clock() if stamp else 0
+                prim = ln.prog.prims[ln.i]
+                n = prim.nelem
+                v = conn.view(ln.buf.dtype)
+                o = prim.src_off
+                if conn.is_send:
+                    np.copyto(v[:n], ln.buf[o:o + n])
+                else:
+                    if ln.first:
+                        _check_msg(ln, dcode, guard)
+                    np.copyto(ln.buf[o:o + n], v[:n])
+                td = clock() if stamp else 0
+                conn.step = step + 1
+                ctl[H_TAIL if conn.is_send else H_HEAD] = step + 1
+                if stamp and n:
+                    if ln.k % rate == 0:
+                        ln.writer.step(FLAG_SEND if conn.is_send else 0, op, step, n * ln.buf.itemsize,
+                                       conn.peer, ln.twait, tr, td)
+                    else:
+                        ln.writer.sampled_out(1)
+                    ln.twait = td
+                ln.k += 1
+                ln.i += 1
+                moved = True
+                if ln.i == len(ln.prog.prims):
+                    _end_part(ln, op, stamp_ch, clock)
+                    if not _next_part(ln, bufs, writers, op, stamp_ch, dcode, guard, clock):
+                        break
+        if moved:
+            active = [ln for ln in active if ln.prog is not None]
+            bo, idle = None, 0
+        else:
+            idle += 1
+            if idle > guard.spins // 8:
+                if bo is None:
+                    bo = guard.backoff(f"point-to-point progress with rank(s) {[ln.conn.peer for ln in active]}",
+                                       tuple(ln.conn.peer for ln in active))
+                bo.pause()
+
+
+def _next_part(ln: _Lane, bufs, writers, op, stamp_ch, dcode, guard, clock) -> bool:
+    """Make the next queued part current (KernelCh start, message header); False when the lane is done."""
+    while ln.queue:
+        prog = ln.queue.pop(0)
+        pr = prog.params
+        conn = ln.conn
+        m = conn.msg_seq
+        conn.msg_seq = m + 1
+        base = H_MSG + (m % NSIG) * 4
+        if conn.is_send:             # describe the message before any of its data is posted
+            conn.ctl[base + 1], conn.ctl[base + 2] = pr["count"], dcode
+            conn.ctl[base] = m + 1
+        elif pr["count"] == 0 and conn.ctl[base] == m + 1 and conn.ctl[base + 1] != 0:
+            _mismatch(guard, conn, m, 0, dcode)
+        ln.prog, ln.buf, ln.i, ln.k, ln.first = prog, bufs[pr["part"]], 0, 0, True
+        ln.writer = writers[prog.channel]
+        t = clock()
+        ln.twait = t
+        if stamp_ch:
+            ln.chseq = ln.writer.channel_start(op, conn.peer, 1 if conn.is_send else 0, t)
+        if prog.prims:
+            return True
+        _end_part(ln, op, stamp_ch, clock)
+    ln.prog = None
+    return False
+
+
+def _end_part(ln: _Lane, op, stamp_ch, clock) -> None:
+    if stamp_ch:
+        ln.writer.channel_stop(ln.chseq, op, ln.conn.peer, 1 if ln.conn.is_send else 0, clock())
+
+
+def _check_msg(ln: _Lane, dcode: int, guard) -> None:
+    ln.first = False
+    conn = ln.conn
+    m = conn.msg_seq - 1
+    base = H_MSG + (m % NSIG) * 4
+    if conn.ctl[base] != m + 1 or conn.ctl[base + 1] != ln.prog.params["count"] or conn.ctl[base + 2] != dcode:
+        _mismatch(guard, conn, m, ln.prog.params["count"], dcode)
+
+
+def _mismatch(guard, conn, m: int, count: int, dcode: int) -> None:
+    base = H_MSG + (m % NSIG) * 4
+    seq, pc, pd = conn.ctl[base], conn.ctl[base + 1], conn.ctl[base + 2]
+    theirs = (f"message #{seq - 1} of {pc} x {DTYPES[pd] if pd < len(DTYPES) else pd}" if seq else "no message")
+    raise guard.fail(ABORT_MISMATCH, f"point-to-point mismatch: rank {guard.rank} expects message #{m} of "
+                     f"{count} x {DTYPES[dcode]} from rank {conn.peer}, rank {conn.peer} sends {theirs}")
