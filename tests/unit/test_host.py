@@ -1,0 +1,291 @@
+"""events.host: parent emission, parent handles, completion, routing, drop counters, isolation, fan-out."""
+from __future__ import annotations
+
+import logging
+import threading
+
+import numpy as np
+import pytest
+
+from slicetrace.events import abi
+from slicetrace.events.abi import EventType as T
+from slicetrace.events.abi import State
+from slicetrace.events.host import EventHost, OpInfo, TaskInfo, to_kernel_steps
+from slicetrace.events.plugin import LoadedPlugin
+from slicetrace.stamps.layout import FLAG_SEND, KIND_CHANNEL, KIND_STEP, PAIRED_DTYPE
+from tests.unit.test_plugin import RecPlugin
+
+COMM = abi.CommInfo(77, "t", 1, 4, 1)
+KS = int(T.KERNEL_STEP)
+CH = int(T.KERNEL_CH)
+
+
+def host_of(*plugins, max_failures=16):
+    return EventHost([LoadedPlugin(p) for p in plugins], COMM, max_failures)
+
+
+def recs(tag, n, channel=0, kind=KIND_STEP, send=0, peer=2, t0=1000):
+    r = np.zeros(n, PAIRED_DTYPE)
+    r["op"], r["channel"], r["kind"], r["flags"], r["peer"] = tag, channel, kind, FLAG_SEND * send, peer
+    r["step"], r["size"] = np.arange(n) * 2, 4096
+    base = t0 + 100 * np.arange(n)
+    r["wait_ns"], r["ready_ns"], r["done_ns"] = base, base + 10, base + 50
+    r["wait"], r["ready"], r["done"] = base - 7, base + 3, base + 43
+    return r
+
+
+def chrec(tag, channel=0, start=900, stop=5000, send=0, peer=0):
+    r = recs(tag, 1, channel, KIND_CHANNEL, send, peer)
+    r["ready_ns"], r["done_ns"], r["ready"], r["done"] = start, stop, start - 7, stop - 7
+    return r
+
+
+def coll_op(tag=1, n_programs=1, mask=None, ts=500):
+    return OpInfo(tag, "all_reduce", [TaskInfo("AllReduce", -1, False, 100, "ncclFloat32", 0, 1, 2, n_programs)],
+                  seq_number=3, mask=mask, ts_ns=ts)
+
+
+def p2p_op(tag=1, mask=None):
+    return OpInfo(tag, "send_recv", [TaskInfo("Send", 2, True, 10, "ncclInt8", n_programs=1),
+                                     TaskInfo("Recv", 0, False, 10, "ncclInt8", n_programs=1)], mask=mask, ts_ns=500)
+
+
+def test_kernel_step_mask_emits_every_parent_with_handles_passed_down():
+    p = RecPlugin(mask=KS)
+    h = host_of(p)
+    assert h.op_mask() == abi.effective_mask(KS)
+    h.begin_op(coll_op())
+    h.steps(1, recs(1, 4))
+    h.channel(1, chrec(1))
+    types = [d.type for d in p.starts()]
+    assert types == [T.GROUP_API, T.COLL_API, T.GROUP, T.COLL]       # no KernelCh: not asked for
+    by_type = {d.type: d for d in p.starts()}
+    assert by_type[T.GROUP_API].parent is None
+    assert by_type[T.COLL_API].parent == ("h", 1, T.GROUP_API)
+    coll = by_type[T.COLL]
+    assert coll.parent == ("h", 2, T.COLL_API) and coll.parent_group == ("h", 3, T.GROUP)
+    assert (coll.func, coll.seq_number, coll.count, coll.n_channels, coll.comm_hash, coll.ts_ns) == \
+        ("AllReduce", 3, 100, 1, 77, 500)
+    (_, parent, got), = p.of("batch")
+    assert parent == ("h", 4, T.COLL) and len(got) == 4 and got.dtype == abi.KERNEL_STEP_DTYPE
+
+
+def test_coll_completes_at_its_last_kernel_ch_not_at_end_op():
+    p = RecPlugin(mask=CH | KS)
+    h = host_of(p)
+    h.begin_op(coll_op(n_programs=2))
+    h.channel(1, chrec(1, 0, 900, 4000))
+    coll = next(c[1] for c in p.of("start") if c[1].type == T.COLL)
+    stops = lambda: [c for c in p.of("stop") if c[1][2] == T.COLL]   # noqa: E731
+    assert stops() == []
+    h.channel(1, chrec(1, 1, 950, 6000))
+    assert [c[2] for c in stops()] == [6000]
+    h.end_op(1, 9999)
+    assert [c[2] for c in stops()] == [6000]
+    kch = [c[1] for c in p.of("start") if c[1].type == T.KERNEL_CH]
+    assert [(d.channel_id, d.p_timer, d.ts_ns, d.parent[2]) for d in kch] == [(0, 893, 900, T.COLL),
+                                                                            (1, 943, 950, T.COLL)]
+    states = [(c[2], c[3].p_timer, c[3].ts_ns) for c in p.of("state")]
+    assert states == [(State.KERNEL_CH_STOP, 3993, 4000), (State.KERNEL_CH_STOP, 5993, 6000)]
+    assert coll is not None and h.counters()["missing_kernel_ch"] == 0
+
+
+def test_end_op_completes_open_tasks_and_counts_missing_kernel_ch():
+    p = RecPlugin(mask=KS)
+    h = host_of(p)
+    h.begin_op(coll_op(n_programs=3))
+    h.channel(1, chrec(1, 0, 900, 4000))
+    h.end_op(1, 7000)
+    assert [c[2] for c in p.of("stop") if c[1][2] == T.COLL] == [7000]
+    assert h.counters()["missing_kernel_ch"] == 2
+    h.steps(1, recs(1, 5))
+    assert h.counters()["no_parent"] == 5
+
+
+def test_p2p_records_route_by_peer_and_direction():
+    p = RecPlugin(mask=KS)
+    h = host_of(p)
+    h.begin_op(p2p_op())
+    mixed = np.concatenate([recs(1, 3, send=1, peer=2), recs(1, 2, send=0, peer=0), recs(1, 4, send=1, peer=3)])
+    h.steps(1, mixed)
+    p2p = {d.func: d for d in p.starts(T.P2P)}
+    assert p2p["Send"].peer == 2 and p2p["Recv"].peer == 0
+    batches = {c[1]: c[2] for c in p.of("batch")}
+    send_h = next(k for k in batches if len(batches[k]) == 3)
+    assert set(batches[send_h]["is_send"]) == {1} and len(batches) == 2
+    assert h.counters()["no_parent"] == 4           # peer 3 matches no task
+    h.channel(1, chrec(1, send=1, peer=2, stop=8000))
+    assert [c[2] for c in p.of("stop") if c[1][2] == T.P2P] == [8000]   # only the send part completed
+
+
+def test_unknown_tags_and_masked_out_records_are_counted():
+    p = RecPlugin(mask=CH | KS)
+    h = host_of(p)
+    h.steps(42, recs(42, 3))
+    h.channel(42, chrec(42))
+    h.begin_op(coll_op(mask=int(abi.effective_mask(CH))))    # op snapshot without KernelStep
+    h.steps(1, recs(1, 6))
+    c = h.counters()
+    assert c["no_parent"] == 4 and c["masked_out"] == 6 and p.of("batch") == []
+
+
+def test_children_of_a_dropped_parent_are_dropped_and_counted():
+    p = RecPlugin(mask=CH | KS, none_for=int(T.COLL))
+    h = host_of(p)
+    h.begin_op(coll_op())
+    h.steps(1, recs(1, 7))
+    h.channel(1, chrec(1))
+    c = h.counters()
+    assert c["parent_dropped"] == 7 + 1 and c["declined"] == 1
+    assert p.of("batch") == [] and p.starts(T.KERNEL_CH) == []
+
+
+def test_pool_full_is_the_difference_between_records_and_kept():
+    p = RecPlugin(mask=KS, keep=3)
+    h = host_of(p)
+    h.begin_op(coll_op())
+    h.steps(1, recs(1, 10))
+    c = h.counters()
+    assert c["pool_full"] == 7 and c["delivered_kernel_step"] == 3
+
+
+def test_drain_reasons_are_counted_by_name():
+    h = host_of(RecPlugin(mask=KS))
+    for reason, n in (("overrun", 5), ("unpaired", 2), ("sampled_out", 9), ("consumer_behind", 1), ("overrun", 1)):
+        h.drop(reason, n)
+    c = h.counters()
+    assert (c["overrun"], c["unpaired"], c["sampled_out"], c["consumer_behind"]) == (6, 2, 9, 1)
+
+
+def test_a_raising_plugin_is_isolated_logged_once_and_disabled(caplog):
+    bad, good = RecPlugin(mask=KS, raise_in="kernel_step_batch", name="bad"), RecPlugin(mask=KS, name="good")
+    h = host_of(bad, good, max_failures=3)
+    with caplog.at_level(logging.WARNING, logger="slicetrace"):
+        for tag in range(1, 6):
+            h.begin_op(coll_op(tag))
+            h.steps(tag, recs(tag, 4))
+            h.channel(tag, chrec(tag))
+    c = h.counters()
+    assert c["plugin_error"] == 3 * 4 and h.disabled() == ["bad"]
+    assert c["delivered_kernel_step"] == 5 * 4 and len(good.of("batch")) == 5
+    assert len([r for r in caplog.records if "raised in kernel_step_batch" in r.getMessage()]) == 1
+    assert any("disabled after 3 exceptions" in r.getMessage() for r in caplog.records)
+    assert h.op_mask() == abi.effective_mask(KS)           # only the good plugin's mask remains
+    h.close()
+    assert bad.of("finalize") and good.of("finalize")
+
+
+def test_disabled_plugin_records_are_counted():
+    bad = RecPlugin(mask=KS, raise_in="stop_event")
+    h = host_of(bad, max_failures=2)
+    h.begin_op(coll_op(1))                  # CollApi + GroupApi stops raise -> disabled
+    h.steps(1, recs(1, 5))
+    c = h.counters()
+    assert h.disabled() == [bad.name] and c["plugin_disabled"] == 5 and c["plugin_error"] == 2
+
+
+def test_init_failure_unloads_the_plugin():
+    bad, good = RecPlugin(raise_in="init"), RecPlugin(mask=KS)
+    h = host_of(bad, good)
+    assert [lp.plugin for lp in h.plugins] == [good] and h.counters()["plugin_init_failed"] == 1
+
+
+def test_fan_out_honours_each_plugins_mask():
+    a, b = RecPlugin(mask=int(T.COLL), name="a"), RecPlugin(mask=KS | CH, name="b")
+    h = host_of(a, b)
+    assert h.op_mask() == abi.effective_mask(KS | CH)
+    h.begin_op(coll_op())
+    h.steps(1, recs(1, 4))
+    h.channel(1, chrec(1))
+    assert a.of("batch") == [] and a.starts(T.KERNEL_CH) == [] and len(a.starts(T.COLL)) == 1
+    assert len(b.of("batch")) == 1 and len(b.starts(T.KERNEL_CH)) == 1
+    assert h.counters()["delivered_coll"] == 2
+
+
+def test_each_op_snapshots_the_mask_at_begin_op():
+    p = RecPlugin(mask=KS)
+    h = host_of(p)
+    h.begin_op(coll_op(1))
+    p.mask_obj.value = int(T.COLL)          # plugin turns KernelStep off mid-op
+    h.steps(1, recs(1, 2))
+    h.begin_op(coll_op(2))
+    h.steps(2, recs(2, 2))
+    assert len(p.of("batch")) == 1 and h.counters()["masked_out"] == 2
+
+
+@pytest.mark.parametrize("version", [4, 7])
+def test_old_versions_through_the_host(version):
+    p = RecPlugin(version=version, mask=int(abi.ALL_TYPES))
+    h = host_of(p)
+    h.begin_op(coll_op())
+    h.steps(1, recs(1, 3))
+    h.channel(1, chrec(1))
+    types = {d.type for d in p.starts()}
+    assert T.KERNEL_STEP not in types and p.of("batch") == []
+    if version == 4:
+        assert types == {T.GROUP, T.COLL, T.KERNEL_CH}
+        assert p.starts(T.COLL)[0].parent == ("h", 1, T.GROUP)
+    else:
+        assert T.COLL_API in types and p.starts(T.COLL)[0].parent[2] == T.COLL_API
+
+
+def test_slow_path_through_the_host():
+    p = RecPlugin(mask=KS, batch=False)
+    h = host_of(p)
+    h.begin_op(coll_op())
+    h.steps(1, recs(1, 3))
+    assert len(p.starts(T.KERNEL_STEP)) == 3 and h.counters()["delivered_kernel_step"] == 3
+
+
+def test_to_kernel_steps_converts_every_field_and_is_read_only():
+    r = recs(1, 3, channel=5, send=1, peer=3)
+    k = to_kernel_steps(r)
+    assert list(k["channel"]) == [5] * 3 and list(k["is_send"]) == [1] * 3 and list(k["peer"]) == [3] * 3
+    for a, b in (("step", "step"), ("size", "size"), ("wait_clk", "wait"), ("ready_clk", "ready"),
+                 ("done_clk", "done"), ("wait_ns", "wait_ns"), ("ready_ns", "ready_ns"), ("done_ns", "done_ns")):
+        assert (k[a] == r[b]).all(), a
+    with pytest.raises(ValueError):
+        k["step"][0] = 1
+
+
+def test_proxy_ctrl_states_and_close_is_idempotent():
+    p = RecPlugin(mask=int(T.PROXY_CTRL))
+    h = host_of(p)
+    h.proxy_ctrl(State.PROXY_CTRL_ACTIVE, 10)
+    h.proxy_ctrl(State.PROXY_CTRL_SLEEP, 20)
+    assert len(p.starts(T.PROXY_CTRL)) == 1
+    assert [(c[2], c[3].ts_ns) for c in p.of("state")] == [(State.PROXY_CTRL_ACTIVE, 10), (State.PROXY_CTRL_SLEEP, 20)]
+    h.drop("overrun", 4)
+    h.close()
+    h.close()
+    assert len(p.of("finalize")) == 1 and p.of("counters")[0][1]["overrun"] == 4
+
+
+def test_close_completes_open_ops():
+    p = RecPlugin(mask=KS)
+    h = host_of(p)
+    h.begin_op(coll_op())
+    h.close(ts_ns=12345)
+    assert [c[2] for c in p.of("stop") if c[1][2] == T.COLL] == [12345]
+
+
+def test_user_thread_and_drain_thread_concurrently():
+    p = RecPlugin(mask=KS | CH)
+    h = host_of(p)
+    n_ops, started = 300, threading.Semaphore(0)
+
+    def drain():
+        for tag in range(1, n_ops + 1):
+            started.acquire()
+            h.steps(tag, recs(tag, 8))
+            h.channel(tag, chrec(tag))
+            h.end_op(tag, 10_000)
+    t = threading.Thread(target=drain)
+    t.start()
+    for tag in range(1, n_ops + 1):
+        h.begin_op(coll_op(tag))
+        started.release()
+    t.join(30)
+    c = h.counters()
+    assert not t.is_alive() and c["delivered_kernel_step"] == 8 * n_ops and c["delivered_coll"] == n_ops
+    assert c["no_parent"] == 0 and c["missing_kernel_ch"] == 0
