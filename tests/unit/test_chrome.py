@@ -1,0 +1,231 @@
+"""sinks.chrome: the example plugin's trace file, pool recycling (PR #2316 Copilot bug, NCCL #1910), flushing."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from slicetrace.analyze import check_trace
+from slicetrace.config import Settings
+from slicetrace.events import abi
+from slicetrace.events.abi import EventType as T
+from slicetrace.events.host import EventHost
+from slicetrace.events.plugin import LoadedPlugin
+from slicetrace.events.synthetic import SyntheticSource, deliver, drive
+from slicetrace.sinks.chrome import DEFAULT_MASK, ChromePlugin
+from tests.unit.test_host import chrec, coll_op, recs
+
+COMM = abi.CommInfo(4242, "t", 1, 4, 1)
+COLL_ARGS = {"SeqNum", "CommHash", "Rank", "Count", "Datatype", "Algorithm", "Protocol", "nChannels"}
+P2P_ARGS = {"CommHash", "Rank", "Peer", "Count", "Datatype", "nChannels"}
+KCH_ARGS = {"Channel", "StartGpuClk", "StopGpuClk"}
+KS_ARGS = {"Channel", "IsSend", "Peer", "Step", "Size", "WaitGpuClk", "StartGpuClk", "StopGpuClk"}
+
+
+class PerEvent:
+    """The chrome plugin without kernel_step_batch: the host uses start/state/stop per KernelStep."""
+    name, version = "per-event", 8
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.init, self.start_event, self.stop_event = inner.init, inner.start_event, inner.stop_event
+        self.record_event_state, self.finalize = inner.record_event_state, inner.finalize
+        self.report_counters = inner.report_counters
+
+
+def make(tmp_path, slow=False, **kw):
+    s = Settings(profile_dump_file=str(tmp_path / "sub" / "trace"), **kw)
+    p = ChromePlugin(s)
+    host = EventHost([LoadedPlugin(PerEvent(p) if slow else p)], COMM)
+    return p, host, str(tmp_path / "sub" / f"trace_{COMM.comm_hash}_{COMM.rank}.json")
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def test_mask_defaults_to_coll_p2p_kernelch_kernelstep():
+    m = abi.ActivationMask()
+    ChromePlugin(Settings()).init(COMM, m)
+    assert m.value == DEFAULT_MASK == 65606
+    ChromePlugin(Settings(profile_event_mask=6)).init(COMM, m)
+    assert m.value == 6
+
+
+@pytest.fixture
+def synthetic_trace(tmp_path):
+    p, host, path = make(tmp_path)
+    src = SyntheticSource(nranks=4, rank=1, nchannels=2, loops=2, funcs=("all_reduce", "send_recv"), seed=3)
+    ops = [src.next_op() for _ in range(6)]
+    for op in ops:
+        op.info.mask = host.op_mask()
+        host.begin_op(op.info)
+        deliver(host, op, batch=7)
+    host.drop("overrun", 3)
+    host.close()
+    return path, load(path), ops
+
+
+def test_trace_file_is_json_with_nccl_names_and_args(synthetic_trace):
+    path, data, ops = synthetic_trace
+    assert os.path.basename(path) == "trace_4242_1.json"
+    by = lambda cat: [r for r in data if r.get("cat") == cat and r["ph"] == "b"]   # noqa: E731
+    assert [r["name"] for r in by("COLL")] == ["AllReduce"] * 3
+    assert {r["name"] for r in by("P2P")} == {"Send", "Recv"}
+    assert all(COLL_ARGS <= set(r["args"]) for r in by("COLL"))
+    assert all(P2P_ARGS <= set(r["args"]) for r in by("P2P"))
+    kch = [r for r in by("GPU") if r["name"] == "KernelCh"]
+    assert len(kch) == 3 * 2 + 3 * 4 and all(KCH_ARGS <= set(r["args"]) for r in kch)
+    steps = [r for r in data if r.get("name") == "KernelStep"]
+    assert len(steps) == sum(len(op.steps) for op in ops)
+    assert all(r["ph"] == "X" and r["cat"] == "GPU" and KS_ARGS <= set(r["args"]) for r in steps)
+    assert by("COLL")[0]["args"]["Datatype"] == "ncclFloat32" and by("COLL")[0]["args"]["CommHash"] == 4242
+    assert check_trace(path) == []
+
+
+def test_every_b_has_its_e_and_every_kernel_step_is_inside_its_op(synthetic_trace):
+    _, data, _ = synthetic_trace
+    b = {(r["cat"], r["id"]): r for r in data if r.get("ph") == "b"}
+    e = {(r["cat"], r["id"]): r for r in data if r.get("ph") == "e"}
+    assert b.keys() == e.keys() and len(b) == sum(r.get("ph") == "b" for r in data)
+    assert all(e[k]["ts"] >= b[k]["ts"] and e[k]["name"] == b[k]["name"] for k in b)
+    ops = {b[k]["id"]: (b[k]["ts"], e[k]["ts"]) for k in b if k[0] in ("COLL", "P2P")}
+    steps = [r for r in data if r.get("name") == "KernelStep"]
+    for r in steps:
+        lo, hi = ops[r["args"]["ParentId"]]
+        assert lo <= r["ts"] and r["ts"] + r["dur"] <= hi
+
+
+def test_timestamps_are_host_ns_over_1000_exactly(synthetic_trace):
+    _, data, ops = synthetic_trace
+    steps = [r for r in data if r.get("name") == "KernelStep"]
+    want = sorted(int(x) for op in ops for x in op.steps["wait_ns"])
+    assert sorted(round(r["ts"] * 1000) for r in steps) == want
+    assert all(r["dur"] >= 0 for r in steps)
+
+
+def test_metadata_tracks_and_final_counters(synthetic_trace):
+    _, data, _ = synthetic_trace
+    meta = [r for r in data if r.get("ph") == "M"]
+    assert {"name": "process_name", "ph": "M", "pid": 1, "tid": 0, "args": {"name": "rank 1"}} in meta
+    names = {r["tid"]: r["args"]["name"] for r in meta if r["name"] == "thread_name"}
+    assert {"ch 0 send->2", "ch 0 recv<-0", "ch 1 send->2", "ch 1 recv<-0"} <= set(names.values())
+    steps = [r for r in data if r.get("name") == "KernelStep"]
+    for r in steps:               # every KernelStep sits on the track named for its channel and direction
+        a = r["args"]
+        assert names[r["tid"]] == (f"ch {a['Channel']} send->{a['Peer']}" if a["IsSend"]
+                                   else f"ch {a['Channel']} recv<-{a['Peer']}")
+    tracks: dict = {}
+    for r in steps:
+        tracks.setdefault(r["tid"], []).append((r["ts"], r["ts"] + r["dur"]))
+    for iv in tracks.values():    # slices of one track never overlap, so Perfetto nests nothing wrongly
+        iv.sort()
+        assert all(a[1] <= b[0] for a, b in zip(iv, iv[1:]))
+    last = data[-1]
+    assert last["name"] == "slicetrace_counters" and last["args"]["overrun"] == 3
+    assert last["args"]["delivered_kernel_step"] == len(steps) and last["args"]["plugin_dropped_KERNEL_STEP"] == 0
+
+
+def test_per_event_kernel_steps_far_beyond_the_pool_size_are_all_kept(tmp_path):
+    # PR #2316's Copilot finding: a pool base that never advances drops everything after pool-size events.
+    _, host, path = make(tmp_path, slow=True, pool_sizes={"KERNEL_STEP": 8})
+    host.begin_op(coll_op())
+    host.steps(1, recs(1, 800))                  # 100x the pool, each started and stopped in order
+    host.channel(1, chrec(1, stop=10**6))
+    host.close()
+    data = load(path)
+    assert len([r for r in data if r.get("name") == "KernelStep"]) == 800
+    assert data[-1]["args"]["plugin_dropped_KERNEL_STEP"] == 0 and data[-1]["args"]["pool_full"] == 0
+
+
+def test_only_kernel_steps_in_flight_beyond_the_pool_are_dropped_and_counted(tmp_path):
+    p = ChromePlugin(Settings(profile_dump_file=str(tmp_path / "t"), pool_sizes={"KERNEL_STEP": 8}))
+    ctx = p.init(COMM, abi.ActivationMask())
+    parent = p.start_event(ctx, abi.CollDescr(T.COLL, ts_ns=1))
+    ks = lambda i: abi.KernelStepDescr(T.KERNEL_STEP, parent, 1, 100 + i, 0, True, 2, i, 64, 90 + i, 95 + i, 99 + i)  # noqa: E731
+    handles = [p.start_event(ctx, ks(i)) for i in range(13)]
+    assert sum(h is None for h in handles) == 5 and handles[8:] == [None] * 5
+    for h in handles[:8]:
+        p.stop_event(h, 200)
+    again = [p.start_event(ctx, ks(i)) for i in range(8)]        # retired slots are reused
+    assert None not in again
+    for h in again:
+        p.stop_event(h, 300)
+    p.stop_event(parent, 400)
+    p.finalize(ctx)
+    data = load(str(tmp_path / f"t_4242_1.json"))
+    assert len([r for r in data if r.get("name") == "KernelStep"]) == 16
+    assert data[-1]["args"]["plugin_dropped_KERNEL_STEP"] == 5
+
+
+def test_coll_pool_recycles_over_many_ops_and_drops_only_in_flight(tmp_path):
+    # NCCL #1910 shape: parents whose slots are never returned starve every later op.
+    small = {"COLL": 2, "COLL_API": 2, "GROUP_API": 2, "GROUP": 2}
+    _, host, path = make(tmp_path, pool_sizes=small)
+    for tag in range(1, 201):                     # 100x the pool size, completed in order
+        host.begin_op(coll_op(tag, ts=tag * 10_000))
+        host.steps(tag, recs(tag, 2, t0=tag * 10_000 + 1000))
+        host.channel(tag, chrec(tag, start=tag * 10_000 + 900, stop=tag * 10_000 + 5000))
+    for tag in range(201, 204):                   # three in flight at once: the third has no slot
+        host.begin_op(coll_op(tag, ts=tag * 10_000))
+    host.steps(203, recs(203, 4, t0=203 * 10_000 + 1000))
+    host.close(ts_ns=10**8)
+    data = load(path)
+    assert len([r for r in data if r.get("cat") == "COLL" and r["ph"] == "b"]) == 202
+    c = data[-1]["args"]
+    assert c["plugin_dropped_COLL"] == 1 and c["declined"] == 1 and c["parent_dropped"] == 4
+    assert check_trace(path) == []
+
+
+def test_completed_records_are_flushed_incrementally(tmp_path):
+    _, host, path = make(tmp_path, pool_sizes={"KERNEL_STEP": 64, "COLL": 2})
+    src = SyntheticSource(nranks=4, nchannels=2, loops=4, seed=1)
+    fed = drive(host, src, 10)
+    size_before = os.path.getsize(path)
+    assert size_before > 100 * (fed - 64)         # all but the last (unflushed) pool were written already
+    host.close()
+    data = load(path)
+    assert len([r for r in data if r.get("name") == "KernelStep"]) == fed
+    assert len([r for r in data if r.get("cat") == "COLL" and r["ph"] == "e"]) == 10
+    assert check_trace(path) == []
+
+
+def test_api_events_are_written_only_when_in_the_mask(tmp_path):
+    _, host, path = make(tmp_path)
+    drive(host, SyntheticSource(seed=2), 2)
+    host.close()
+    assert {r.get("cat") for r in load(path)} >= {"COLL", "GPU"}
+    assert not {r.get("cat") for r in load(path)} & {"COLL_API", "GROUP_API", "GROUP"}
+    mask = int(T.COLL_API | T.GROUP_API | T.KERNEL_LAUNCH | T.KERNEL_STEP | T.COLL)
+    _, host, path = make(tmp_path / "b", profile_event_mask=mask)
+    drive(host, SyntheticSource(seed=2), 2)
+    host.close()
+    cats = {r.get("cat") for r in load(path)}
+    assert {"COLL_API", "GROUP_API", "KERNEL_LAUNCH", "COLL"} <= cats and check_trace(path) == []
+
+
+def test_no_dump_file_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    p = ChromePlugin(Settings())
+    host = EventHost([LoadedPlugin(p)], COMM)
+    drive(host, SyntheticSource(seed=1), 2)
+    host.close()
+    assert os.listdir(tmp_path) == []
+
+
+def test_kernel_step_args_carry_the_device_clocks(tmp_path):
+    _, host, path = make(tmp_path)
+    host.begin_op(coll_op())
+    r = recs(1, 3, channel=2, send=1, peer=3)
+    host.steps(1, r)
+    host.channel(1, chrec(1, channel=2, stop=9000))
+    host.close()
+    steps = sorted((x for x in load(path) if x.get("name") == "KernelStep"), key=lambda x: x["args"]["Step"])
+    got = [(a["WaitGpuClk"], a["StartGpuClk"], a["StopGpuClk"], a["Step"], a["Size"], a["SeqNum"])
+           for a in (x["args"] for x in steps)]
+    assert got == [(int(w), int(rd), int(d), int(s), 4096, 3)
+                   for w, rd, d, s in zip(r["wait"], r["ready"], r["done"], r["step"])]
+    assert np.allclose([x["dur"] for x in steps], 0.05)
