@@ -14,6 +14,7 @@ from typing import Iterator
 
 import numpy as np
 
+from ..errors import UsageError
 from ..stamps.layout import FLAG_SEND, KIND_CHANNEL, KIND_STEP, PAIRED_DTYPE
 from .host import EventHost, OpInfo, TaskInfo
 
@@ -41,10 +42,10 @@ class SyntheticSource:
                  funcs: tuple[str, ...] = ("all_reduce",), seed: int = 0, t0_ns: int = 1_000_000_000,
                  clock_offset_ns: int = 0, gbps: float = 100.0, mean_wait_ns: float = 2000.0):
         if nranks < 2 or not 0 <= rank < nranks:
-            raise ValueError(f"nranks={nranks}, rank={rank}: need nranks >= 2 and 0 <= rank < nranks")
+            raise UsageError(f"nranks={nranks}, rank={rank}: need nranks >= 2 and 0 <= rank < nranks")
         bad = [f for f in funcs if f not in FUNCS]
         if bad or not funcs:
-            raise ValueError(f"funcs={funcs!r}: each must be one of {FUNCS}")
+            raise UsageError(f"funcs={funcs!r}: each must be one of {FUNCS}")
         self.nranks, self.rank, self.nchannels, self.loops = nranks, rank, nchannels, loops
         self.slices_per_chunk, self.slice_bytes, self.slice_steps = slices_per_chunk, slice_bytes, slice_steps
         self.funcs, self.offset, self.gbps, self.mean_wait = funcs, clock_offset_ns, gbps, mean_wait_ns
