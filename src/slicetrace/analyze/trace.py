@@ -126,6 +126,7 @@ def check_trace(path_or_records: str | os.PathLike | list[dict]) -> list[str]:
             ops[(pid, eid)] = (float(b["ts"]), e_ts)
         elif cat == "GPU" and b.get("name") == "KernelCh":
             chans.setdefault((pid, args.get("ParentId"), args.get("Channel")), []).append((float(b["ts"]), e_ts))
+    ops_with_kch = {(pid, op) for pid, op, _ in chans}
     by_rank: dict[Any, list[tuple[float, float]]] = {}
     for (pid, _), iv in ops.items():
         by_rank.setdefault(pid, []).append(iv)
@@ -146,7 +147,9 @@ def check_trace(path_or_records: str | os.PathLike | list[dict]) -> list[str]:
             elif not (iv[0] - _EPS_US <= t0 and t1 <= iv[1] + _EPS_US):
                 problems.append(f"{where}: outside its op {parent} [{iv[0]}, {iv[1]}]")
             kch = chans.get((pid, parent, args["Channel"]))
-            if kch is not None and not any(a - _EPS_US <= t0 and t1 <= b + _EPS_US for a, b in kch):
+            if kch is None and (pid, parent) in ops_with_kch:
+                problems.append(f"{where}: its op {parent} has no KernelCh on channel {args['Channel']}")
+            elif kch is not None and not any(a - _EPS_US <= t0 and t1 <= b + _EPS_US for a, b in kch):
                 problems.append(f"{where}: outside every KernelCh of op {parent} channel {args['Channel']}")
         elif not any(a - _EPS_US <= t0 and t1 <= b + _EPS_US for a, b in by_rank.get(pid, [])):
             problems.append(f"{where}: inside no Coll/P2p of its rank")

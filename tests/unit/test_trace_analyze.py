@@ -1,0 +1,153 @@
+"""analyze.trace: loading, the invariant checker (each rule must catch its violation), the KernelStep table."""
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+
+from slicetrace.analyze import check_trace, counters, kernel_steps, load_trace, load_traces
+from slicetrace.config import Settings
+from slicetrace.errors import TraceFormatError
+from slicetrace.events import abi
+from slicetrace.events.host import EventHost
+from slicetrace.events.plugin import LoadedPlugin
+from slicetrace.events.synthetic import SyntheticSource, deliver
+from slicetrace.sinks.chrome import ChromePlugin
+
+
+def write_ranks(tmp_path, nranks=2, n_ops=3):
+    """One trace per rank from the synthetic source; returns (prefix, {rank: ops})."""
+    prefix = str(tmp_path / "tr")
+    out = {}
+    for rank in range(nranks):
+        host = EventHost([LoadedPlugin(ChromePlugin(Settings(profile_dump_file=prefix)))],
+                         abi.CommInfo(99, "a", 1, nranks, rank))
+        src = SyntheticSource(nranks=nranks, rank=rank, nchannels=2, loops=1, funcs=("all_reduce", "send_recv"),
+                              seed=rank)
+        ops = []
+        for op in src.ops(n_ops):
+            op.info.mask = host.op_mask()
+            host.begin_op(op.info)
+            deliver(host, op)
+            ops.append(op)
+        host.close()
+        out[rank] = ops
+    return prefix, out
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory):
+    prefix, ops = write_ranks(tmp_path_factory.mktemp("an"))
+    return prefix, ops, load_trace(f"{prefix}_99_0.json")
+
+
+def test_good_traces_have_no_problems(traces):
+    prefix, _, recs = traces
+    assert check_trace(f"{prefix}_99_0.json") == [] and check_trace(f"{prefix}_99_1.json") == []
+    assert check_trace(recs) == []
+
+
+def test_load_traces_merges_ranks_by_prefix_glob_or_list(traces):
+    prefix, _, _ = traces
+    merged = load_traces(prefix)
+    assert {r.get("pid") for r in merged} == {0, 1}
+    assert len(load_traces(f"{prefix}_*_1.json")) == len(load_trace(f"{prefix}_99_1.json"))
+    assert len(load_traces([f"{prefix}_99_0.json", f"{prefix}_99_1.json"])) == len(merged)
+    assert check_trace(merged) == []
+    assert set(counters(merged)) == {0, 1} and counters(merged)[0]["overrun"] == 0
+    with pytest.raises(TraceFormatError, match=r"no trace files match '.*nothing'"):
+        load_traces(prefix + "nothing")
+
+
+def test_bad_json_and_shapes_are_reported(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('[{"name": "x", "ph": "b"},')
+    (problem,) = check_trace(bad)
+    assert "cannot be read as JSON" in problem and str(bad) in problem
+    bad.write_text('{"a": 1}')
+    with pytest.raises(TraceFormatError, match="is not a JSON array of objects"):
+        load_trace(bad)
+    bad.write_text('[{"name": "KernelStep", "ph": "X"}, {}]')       # NCCL's trailing {} is fine, a missing ts is not
+    assert check_trace(bad) == ["record 0 (KernelStep) has no numeric 'ts'"]
+
+
+def _mutate(recs, pred, fn):
+    out = copy.deepcopy(recs)
+    hit = next(r for r in out if pred(r))
+    fn(hit, out)
+    return out
+
+
+def is_step(r):
+    return r.get("name") == "KernelStep"
+
+
+def is_coll_b(r):
+    return r.get("cat") == "COLL" and r["ph"] == "b"
+
+
+@pytest.mark.parametrize("pred, fn, expect", [
+    (is_coll_b, lambda r, out: out.remove(r), "'e' record(s) without a 'b'"),
+    (lambda r: r.get("cat") == "COLL" and r["ph"] == "e", lambda r, out: out.remove(r), "1 'b' and 0 'e'"),
+    (lambda r: r.get("cat") == "COLL" and r["ph"] == "e", lambda r, out: r.update(cat="P2P"), "'b' and 0 'e'"),
+    (lambda r: r.get("cat") == "GPU" and r["ph"] == "e", lambda r, out: r.update(ts=0.0), "before it begins"),
+    (lambda r: r.get("cat") == "GPU" and r["ph"] == "e", lambda r, out: r.update(name="X"), "'b' name 'KernelCh'"),
+    (is_coll_b, lambda r, out: r["args"].pop("Protocol"), "lacks args ['Protocol']"),
+    (lambda r: r.get("name") == "KernelCh" and r["ph"] == "b", lambda r, out: r["args"].pop("StopGpuClk"),
+     "lacks args ['StopGpuClk']"),
+    (is_step, lambda r, out: r["args"].pop("Size"), "KernelStep at ts"),
+    (is_step, lambda r, out: r.update(ts=r["ts"] - 1e6), "outside its op"),
+    (is_step, lambda r, out: r["args"].update(ParentId=123456789), "parent op 123456789 is not in the trace"),
+    (is_step, lambda r, out: r["args"].update(Channel=7), "has no KernelCh on channel 7"),
+])
+def test_each_invariant_catches_its_violation(traces, pred, fn, expect):
+    _, _, recs = traces
+    problems = check_trace(_mutate(recs, pred, fn))
+    assert any(expect in p for p in problems), problems
+
+
+def test_kernel_step_outside_every_kernel_ch_of_its_op(traces):
+    _, _, recs = traces
+    out = copy.deepcopy(recs)
+    kch = next(r for r in out if r.get("name") == "KernelCh" and r["ph"] == "b")
+    kch["ts"] += 10**7                          # the channel starts after every slice of its op
+    assert any("outside every KernelCh" in p for p in check_trace(out))
+
+
+def test_without_parent_ids_steps_must_lie_in_some_op_of_their_rank(traces):
+    _, _, recs = traces
+    out = copy.deepcopy(recs)
+    for r in out:
+        if is_step(r):
+            r["args"].pop("ParentId")
+    assert check_trace(out) == []
+    next(r for r in out if is_step(r))["ts"] = 1.0
+    assert any("inside no Coll/P2p of its rank" in p for p in check_trace(out))
+
+
+def test_kernel_steps_table_matches_the_source(traces):
+    prefix, ops, _ = traces
+    table = kernel_steps(load_traces(prefix))
+    assert table.dtype.names[:3] == ("rank", "channel", "is_send")
+    for rank in (0, 1):
+        want = np.concatenate([op.steps for op in ops[rank]])
+        got = table[table["rank"] == rank]
+        order = np.lexsort((got["wait_ns"],))
+        worder = np.lexsort((want["wait_ns"],))
+        got, want = got[order], want[worder]
+        for g, w in (("wait_ns", "wait_ns"), ("ready_ns", "ready_ns"), ("done_ns", "done_ns"), ("step", "step"),
+                     ("peer", "peer"), ("size", "size"), ("channel", "channel")):
+            assert (got[g] == want[w].astype(np.int64)).all(), g
+        assert (got["is_send"] == (want["flags"] & 1)).all()
+        assert set(got["seq_number"][got["seq_number"] >= 0]) == {0, 1}
+    assert kernel_steps([]).shape == (0,)
+
+
+def test_written_file_is_one_json_array(traces):
+    prefix, _, _ = traces
+    with open(f"{prefix}_99_1.json") as f:
+        text = f.read()
+    assert text.startswith("[\n") and text.rstrip().endswith("]")
+    assert isinstance(json.loads(text), list)
