@@ -66,7 +66,7 @@ class CpuBackend(Backend):
         ctl[C_NCH], ctl[C_BUFFSIZE], ctl[C_WORLD], ctl[C_SLOTS] = nch, s.buffsize, world, s.ring_slots
         ctl[C_MAGIC] = MAGIC
         self.ctl = ctl
-        self._rings = RingViews(self.seg.mm[rings:rings + ring_bytes(nch, s.ring_slots)], nch, s.ring_slots)
+        self._rings = RingViews(self.seg.bytes_(rings, ring_bytes(nch, s.ring_slots)), nch, s.ring_slots)
         self.writers = [FastRingWriter(self._rings, c) for c in range(nch)]
         self.guard = Guard(rank, ctl, self.seg.bytes_(REASON_OFF, REASON_MAX), s.timeout_s)
         self._hb = threading.Thread(target=self._heartbeat, name=f"slicetrace-heartbeat-r{rank}", daemon=True)

@@ -18,7 +18,7 @@ from ...plan.schedule import COLLECTIVES
 from .shm import (ABORT_MISMATCH, ABORT_PEER, ABORT_TIMEOUT, C_ABORT, C_ABORT_FROM, C_CLOSED, C_HEARTBEAT,
                   C_REASON_LEN, NSIG, REASON_MAX, REASON_OFF, SIG_WORD, proc_dead)
 
-SPINS = 400                 # ~20 us of polling before the first yield
+SPINS = 400
 YIELD_S = 0.002             # then sched_yield for up to 2 ms
 SLEEP_MIN_S, SLEEP_MAX_S = 20e-6, 1e-3
 CHECK_EVERY_S = 0.05        # liveness / signature checks while waiting
