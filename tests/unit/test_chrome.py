@@ -156,7 +156,7 @@ def test_only_kernel_steps_in_flight_beyond_the_pool_are_dropped_and_counted(tmp
         p.stop_event(h, 300)
     p.stop_event(parent, 400)
     p.finalize(ctx)
-    data = load(str(tmp_path / f"t_4242_1.json"))
+    data = load(str(tmp_path / "t_4242_1.json"))
     assert len([r for r in data if r.get("name") == "KernelStep"]) == 16
     assert data[-1]["args"]["plugin_dropped_KERNEL_STEP"] == 5
 
