@@ -200,6 +200,7 @@ def run_p2p(work, send_conns, recv_conns, writers, guard) -> None:
     stamp = work.stamp_steps
     rate = max(1, work.sample_rate)
     clock = time.monotonic_ns
+    se = plan.proto.step_bytes // np.dtype(work.parts[0][1].dtype).itemsize if work.parts else 1
     active = []
     for ln in lanes:
         if _next_part(ln, bufs, writers, op, stamp_ch, dcode, guard, clock):
@@ -221,14 +222,14 @@ def run_p2p(work, send_conns, recv_conns, writers, guard) -> None:
                 tr = clock() if stamp else 0
                 prim = ln.prog.prims[ln.i]
                 n = prim.nelem
-                v = conn.view(ln.buf.dtype)
-                o = prim.src_off
+                o, i = prim.src_off, (step & 7) * se
+                v = conn.view(ln.buf.dtype)[i:i + n]
                 if conn.is_send:
-                    np.copyto(v[:n], ln.buf[o:o + n])
+                    np.copyto(v, ln.buf[o:o + n])
                 else:
                     if ln.first:
                         _check_msg(ln, dcode, guard)
-                    np.copyto(ln.buf[o:o + n], v[:n])
+                    np.copyto(ln.buf[o:o + n], v)
                 td = clock() if stamp else 0
                 conn.step = step + 1
                 ctl[H_TAIL if conn.is_send else H_HEAD] = step + 1

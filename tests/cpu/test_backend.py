@@ -1,0 +1,283 @@
+"""cpu backend driven directly (plan + Work, no session): results against numpy, in place, p2p groups, stamps.
+
+Rank-side functions build their inputs from (seed, rank), so every rank can compute the expected output
+itself and only small verdicts travel back to the test.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from tests.helpers.procs import RankPool
+
+DTYPES = ["int8", "uint8", "int32", "int64", "float16", "float32", "float64", "bfloat16"]
+REDOPS = ["sum", "prod", "min", "max", "avg"]
+FUNCS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce"]
+SMALL = dict(buffsize=64 * 1024, p2p_chunksize=4096)          # 8 KiB FIFO steps: many slices, cheap data
+
+
+# ---------------------------------------------------------------- rank side
+
+def backend(ctx, key: str, **kw):
+    """One backend per (pool process, key), closed when the pool closes."""
+    from slicetrace.backend.base import create
+    from slicetrace.config import Settings
+    st_ = ctx["state"]
+    bes = st_.setdefault("backends", {})
+    if key not in bes:
+        kw.setdefault("timeout_s", 30.0)
+        bes[key] = create(Settings(backend="cpu", **kw), ctx["rank"], ctx["world"], ctx["store"],
+                          f"{ctx['job']}{key}")
+        st_["close"] = lambda: [b.close() for b in bes.values()]
+    return bes[key]
+
+
+def np_dtype(name: str):
+    if name == "bfloat16":
+        import ml_dtypes
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def make_input(seed: int, rank: int, n: int, dtype: str, redop: str) -> np.ndarray:
+    rng = np.random.default_rng([seed, rank])
+    lo, hi = (1, 3) if redop == "prod" else ((0, 4) if dtype == "uint8" else (-4, 5))
+    return rng.integers(lo, hi, n).astype(np_dtype(dtype))
+
+
+def reduce_ref(xs: list, redop: str, nranks: int) -> np.ndarray:
+    f = {"sum": np.add, "avg": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}[redop]
+    acc = xs[0].copy()
+    for x in xs[1:]:
+        f(acc, x, out=acc)
+    if redop == "avg":
+        if acc.dtype.kind in "iu":       # NCCL SumPostDiv: truncation toward zero
+            acc = (np.sign(acc.astype(np.int64)) * (np.abs(acc.astype(np.int64)) // nranks)).astype(acc.dtype)
+        else:
+            acc = np.divide(acc, acc.dtype.type(nranks)).astype(acc.dtype)
+    return acc
+
+
+def run_case(ctx, key: str, kw: dict, case: dict, stamps: bool = False):
+    from slicetrace.backend.base import Work
+    from slicetrace.plan.schedule import plan_collective
+    be = backend(ctx, key, **kw)
+    r, n = ctx["rank"], ctx["world"]
+    func, count, dtype, redop, root = case["func"], case["count"], case["dtype"], case["redop"], case["root"]
+    nin = count * n if func == "reduce_scatter" else count
+    nout = count * n if func == "all_gather" else count
+    xs = [make_input(case["seed"], q, nin, dtype, redop) for q in range(n)]
+    x = xs[r].copy()
+    if case.get("inplace"):
+        if func == "all_gather":
+            y = np.zeros(nout, x.dtype)
+            y[r * count:(r + 1) * count] = x
+            x = y[r * count:(r + 1) * count]
+        elif func == "reduce_scatter":
+            y = x[r * count:(r + 1) * count]
+        else:
+            y = x
+    else:
+        y = np.full(nout, 7, x.dtype)
+    plan = plan_collective(func, n, r, count, x.dtype.itemsize, root, be.nch, be.settings.step_bytes)
+    work = Work(case.get("tag", 1), plan, dtype, redop, x, y, stamp_steps=stamps, stamp_channels=stamps,
+                sample_rate=case.get("rate", 1))
+    before = be.rings.header["reserved"].copy()
+    be.submit(work)
+    if func == "all_reduce":
+        exp = reduce_ref(xs, redop, n)
+    elif func == "reduce_scatter":
+        exp = reduce_ref(xs, redop, n)[r * count:(r + 1) * count]
+    elif func == "all_gather":
+        exp = np.concatenate(xs)
+    elif func == "broadcast":
+        exp = xs[root]
+    else:
+        exp = reduce_ref(xs, redop, n) if r == root else y
+    ok = np.array_equal(y.astype(np.float64), exp.astype(np.float64))
+    detail = "" if ok else f"rank {r}: got {y[:8]}... expected {exp[:8]}..."
+    out = {"ok": ok, "detail": detail}
+    if stamps:
+        out["stamps"] = read_stamps(be.rings, before)
+        out["expected"] = expected(plan)
+        out["sampled_out"] = int(be.rings.header["sampled_out"].sum())
+    return out
+
+
+def read_stamps(views, before) -> list:
+    """Every entry written since `before`: (kind, channel, flags, peer, step, size, op, wait, ready, done)."""
+    recs = []
+    for ch in range(views.nchannels):
+        for seq in range(int(before[ch]) + 1, int(views.header["reserved"][ch]) + 1):
+            s = views.started[ch][seq % views.slots]
+            c = views.completed[ch][seq % views.slots]
+            assert s["seq"] == seq and c["seq"] == seq, f"seq {seq} of channel {ch} not published"
+            ident = [(int(e["kind"]), int(e["flags"]), int(e["peer"]), int(e["step"]), int(e["size"]), int(e["op"]))
+                     for e in (s, c)]
+            assert ident[0] == ident[1], f"started/completed disagree: {ident}"
+            k, f, p, stp, sz, op = ident[0]
+            recs.append((k, ch, f, p, stp, sz, op, int(s["wait"]), int(s["ready"]), int(c["done"])))
+    return recs
+
+
+def expected(plan) -> dict:
+    from slicetrace.plan.traffic import expected_slices
+    return {"slices": expected_slices(plan), "programs": [(p.channel, p.kind) for p in plan.programs]}
+
+
+# ---------------------------------------------------------------- test side
+
+@pytest.fixture(scope="module")
+def pools():
+    made: dict[int, RankPool] = {}
+
+    def get(n: int) -> RankPool:
+        if n not in made:
+            made[n] = RankPool(n, timeout=120)
+        return made[n]
+    yield get
+    for p in made.values():
+        p.close()
+
+
+def check(pool: RankPool, key: str, kw: dict, cases: list, stamps: bool = False):
+    outs = []
+    for case in cases:
+        res = pool.run(run_case, key, kw, case, stamps)
+        bad = [r["detail"] for r in res if not r["ok"]]
+        assert not bad, f"{case}: {bad[0]}"
+        outs.append(res)
+    return outs
+
+
+def cases_for(n: int, counts, dtypes=("float32",), redops=("sum",), inplace=(False,)):
+    return [dict(func=f, count=c, dtype=d, redop=o, root=(c + 1) % n, seed=c, inplace=ip)
+            for f in FUNCS for c in counts for d in dtypes for o in redops for ip in inplace
+            if o == "sum" or f in ("all_reduce", "reduce_scatter", "reduce")]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+def test_collectives_small_fifo(pools, n):
+    """Every function, counts 0 / 1 / prime / several FIFO laps, out of place and in place, 2 channels."""
+    counts = [0, 1, 17, 20011] if n < 5 else [0, 1, 20011]
+    check(pools(n), "small", dict(SMALL, nchannels=2), cases_for(n, counts, inplace=(False, True)))
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_collectives_default_geometry(pools, n):
+    """NCCL's default 4 MiB FIFO: a count past one ring loop (n x 2 MiB chunks) and a prime."""
+    check(pools(n), "default", {}, cases_for(n, [1_100_003, 4099]))
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_dtypes_and_redops(pools, n):
+    cases = [dict(func=f, count=c, dtype=d, redop=o, root=n - 1, seed=7, inplace=False)
+             for f in ("all_reduce", "reduce_scatter", "reduce") for d in DTYPES for o in REDOPS
+             for c in ((1031,) if f == "all_reduce" else (257,))]
+    check(pools(n), "small", dict(SMALL, nchannels=2), cases)
+
+
+def test_avg_integer_truncates_toward_zero():
+    xs = [np.array([-7, 7, -1], np.int32), np.array([0, 0, 0], np.int32)]
+    assert reduce_ref(xs, "avg", 2).tolist() == [-3, 3, 0]
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(func=st.sampled_from(FUNCS), count=st.integers(0, 40000), root=st.integers(0, 3),
+       inplace=st.booleans(), redop=st.sampled_from(REDOPS))
+def test_random_counts_and_roots(pools, func, count, root, inplace, redop):
+    redop = redop if func in ("all_reduce", "reduce_scatter", "reduce") else "sum"
+    case = dict(func=func, count=count, dtype="float64", redop=redop, root=root, seed=count, inplace=inplace)
+    check(pools(4), "small", dict(SMALL, nchannels=3), [case])
+
+
+# ---------------------------------------------------------------- point to point
+
+def run_alltoall(ctx, key: str, kw: dict, k: int, extra: bool):
+    """all_to_all as one group (self copy included), each message larger than the FIFO; `extra` adds a
+    second send to the next rank and a zero-count pair, so a connection carries several parts in order."""
+    from slicetrace.backend.base import Work
+    from slicetrace.plan.schedule import P2pPart, plan_p2p
+    be = backend(ctx, key, **kw)
+    r, n = ctx["rank"], ctx["world"]
+    x = (np.arange(n * k, dtype=np.int64) + 1000_000 * r)
+    y = np.zeros(n * k, np.int64)
+    parts = []
+    for j in range(n):
+        parts.append((P2pPart(j, True, k, len(parts)), x[j * k:(j + 1) * k]))
+        parts.append((P2pPart(j, False, k, len(parts)), y[j * k:(j + 1) * k]))
+    if extra and n > 1:
+        x2, y2 = np.full(k + 5, r, np.int64), np.zeros(k + 5, np.int64)
+        nxt, prv = (r + 1) % n, (r - 1) % n
+        parts += [(P2pPart(nxt, True, k + 5, len(parts)), x2), (P2pPart(prv, False, k + 5, len(parts) + 1), y2),
+                  (P2pPart(nxt, True, 0, len(parts) + 2), x2[:0]), (P2pPart(prv, False, 0, len(parts) + 3), y2[:0])]
+    plan = plan_p2p([p for p, _ in parts], n, r, 8, be.settings.p2p_chunksize, be.settings.step_bytes, be.nch)
+    before = be.rings.header["reserved"].copy()
+    be.submit(Work(5, plan, "int64", "sum", parts=parts, stamp_steps=True, stamp_channels=True))
+    exp = np.concatenate([np.arange(r * k, (r + 1) * k, dtype=np.int64) + 1000_000 * j for j in range(n)])
+    ok = np.array_equal(y, exp) and (not extra or n == 1 or bool((y2 == (r - 1) % n).all()))
+    return {"ok": ok, "stamps": read_stamps(be.rings, before), "expected": expected(plan)}
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_alltoall_larger_than_fifo_no_deadlock(pools, n):
+    kw = dict(SMALL, nchannels=2)
+    res = pools(n).run(run_alltoall, "small", kw, 30_000, True)     # 240 KB per message vs a 64 KiB FIFO
+    assert all(r["ok"] for r in res)
+    check_stamps(res, p2p=True)
+
+
+def check_stamps(res: list, p2p: bool) -> None:
+    """Counts/sizes/directions as plan.traffic.expected_slices, KernelCh per program, causality on a shared clock."""
+    sends, recvs = {}, {}
+    for rank, out in enumerate(res):
+        steps = [s for s in out["stamps"] if s[0] == 0]
+        chans = [s for s in out["stamps"] if s[0] == 1]
+        assert len(chans) == len(out["expected"]["programs"])
+        assert sorted(ch for _, ch, *_ in chans) == sorted(ch for ch, _ in out["expected"]["programs"])
+        got = sorted((ch, bool(f & 1), p, sz) for _, ch, f, p, _, sz, *_ in steps)
+        assert got == sorted((ch, s, p, b) for ch, s, p, _, b in out["expected"]["slices"])
+        for _, ch, f, p, step, sz, op, w, rd, d in steps:
+            assert w <= rd <= d
+            key = (rank, p, step) if f & 1 else (p, rank, step)
+            if not p2p:
+                key += (ch,)
+            (sends if f & 1 else recvs)[key] = (rd, d, sz)
+    assert sends.keys() == recvs.keys()
+    for key, (_, done, size) in sends.items():
+        ready, _, rsize = recvs[key]
+        assert ready >= done, f"recv ready before send done on {key}"
+        assert size == rsize
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_stamps_match_plan_and_causality(pools, n):
+    for func in FUNCS:
+        case = dict(func=func, count=5003, dtype="float32", redop="sum", root=1, seed=3, tag=0x1_0000_0007)
+        res = pools(n).run(run_case, "small", dict(SMALL, nchannels=2), case, True)
+        assert all(r["ok"] for r in res)
+        assert all(s[6] == 7 for r in res for s in r["stamps"])            # op = tag & 0xffffffff
+        check_stamps(res, p2p=False)
+
+
+def test_sampling_counts_skipped(pools):
+    case = dict(func="all_reduce", count=40_000, dtype="float32", redop="sum", root=0, seed=1, rate=3)
+    key, kw = "sampled", dict(SMALL)
+    res = pools(2).run(run_case, key, kw, case, True)
+    for out in res:
+        steps = [s for s in out["stamps"] if s[0] == 0]
+        assert len(steps) + out["sampled_out"] == len(out["expected"]["slices"])
+        assert 0 < len(steps) < len(out["expected"]["slices"])
+
+
+def run_nostamp(ctx):
+    be = backend(ctx, "small", **dict(SMALL, nchannels=2))
+    before = be.rings.header["reserved"].copy()
+    run_case(ctx, "small", dict(SMALL, nchannels=2),
+             dict(func="all_reduce", count=999, dtype="int32", redop="sum", root=0, seed=2), False)
+    return bool((be.rings.header["reserved"] == before).all())
+
+
+def test_no_stamps_when_off(pools):
+    assert all(pools(3).run(run_nostamp))
