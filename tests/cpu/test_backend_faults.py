@@ -1,0 +1,173 @@
+"""cpu backend failures: abort, a peer killed mid-operation, a rank that never arrives, timeouts, and
+operations that differ across ranks. Every failure must reach every rank as an error, never a hang."""
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from tests.cpu.test_backend import SMALL, backend, make_input
+from tests.helpers.procs import RankError, RankPool
+
+
+def submit_case(ctx, key: str, kw: dict, case: dict, then_ok: bool = False):
+    """Submit one collective or send/recv; return (error type, message, seconds) instead of raising."""
+    from slicetrace.backend.base import Work
+    from slicetrace.plan.schedule import P2pPart, plan_collective, plan_p2p
+    be = backend(ctx, key, **kw)
+    r, n = ctx["rank"], ctx["world"]
+    c = case[r] if isinstance(case, list) else case
+    t0 = time.monotonic()
+    try:
+        for i in range(2 if then_ok else 1):          # then_ok: a follow-up all_reduce must fail too
+            c = dict(func="all_reduce", count=1, dtype=c["dtype"]) if i else c
+            f = c["func"]
+            x = make_input(1, r, c["count"] * (n if f == "reduce_scatter" else 1), c["dtype"], "sum")
+            y = np.empty(c["count"] * (n if f == "all_gather" else 1), x.dtype)
+            if c["func"] == "send_recv":
+                part = P2pPart(c["peer"], c["is_send"], c["count"], 0)
+                plan = plan_p2p([part], n, r, x.itemsize, be.settings.p2p_chunksize, be.settings.step_bytes, be.nch)
+                be.submit(Work(1, plan, c["dtype"], "sum", parts=[(part, x)]))
+            else:
+                plan = plan_collective(c["func"], n, r, c["count"], x.itemsize, c.get("root", 0), be.nch,
+                                       be.settings.step_bytes)
+                be.submit(Work(1, plan, c["dtype"], c.get("redop", "sum"), x, y))
+        return ("ok", "", time.monotonic() - t0)
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        return (type(e).__name__, str(e), time.monotonic() - t0)
+    finally:
+        ctx["state"]["backends"].pop(key).close()
+
+
+def idle_then(ctx, key: str, kw: dict, action: str, delay: float):
+    be = backend(ctx, key, **kw)
+    time.sleep(delay)
+    if action == "abort":
+        be.abort("boom from the test")
+    ctx["state"]["backends"].pop(key).close()
+    return "done"
+
+
+def shm_left(ctx, key: str) -> list:
+    return glob.glob(f"/dev/shm/st_{ctx['job']}{key}_*")
+
+
+@pytest.fixture(scope="module")
+def pool3():
+    p = RankPool(3, timeout=60)
+    yield p
+    p.close()
+
+
+@pytest.fixture(scope="module")
+def pool2():
+    p = RankPool(2, timeout=60)
+    yield p
+    p.close()
+
+
+def _results(pool: RankPool, fns: list) -> list:
+    """Different functions on different ranks, run concurrently."""
+    for r, (fn, args) in enumerate(fns):
+        pool.conns[r].send((fn, args))
+    out = []
+    for r in range(len(fns)):
+        assert pool.conns[r].poll(pool.timeout), f"rank {r} hung"
+        status, val = pool.conns[r].recv()
+        assert status == "ok", val
+        out.append(val)
+    return out
+
+
+def test_abort_reaches_every_rank(pool3):
+    kw = dict(SMALL, timeout_s=20)
+    case = dict(func="all_reduce", count=5000, dtype="float32")
+    res = _results(pool3, [(idle_then, ("abort", kw, "abort", 0.3)), (submit_case, ("abort", kw, case)),
+                           (submit_case, ("abort", kw, case))])
+    for kind, msg, secs in res[1:]:
+        assert kind == "PeerError" and "boom from the test" in msg and secs < 5, (kind, msg, secs)
+    assert pool3.run(shm_left, "abort") == [[], [], []]
+
+
+def test_timeout_when_a_rank_never_submits(pool2):
+    kw = dict(SMALL, timeout_s=1.0)
+    res = _results(pool2, [(submit_case, ("tmo", kw, dict(func="all_reduce", count=100, dtype="int32"))),
+                           (idle_then, ("tmo", kw, "idle", 2.0))])
+    kind, msg, secs = res[0]
+    assert kind == "CommTimeoutError" and "timeout_s" in msg and 0.9 < secs < 3, res[0]
+
+
+def test_rank_missing_at_init_times_out(pool2):
+    def only_rank0():
+        return pool2.run(submit_case, "init", dict(SMALL, timeout_s=1.0), dict(func="all_reduce", count=1,
+                                                                             dtype="int32"), ranks=[0])
+    with pytest.raises(RankError, match=r"CommTimeoutError: rendezvous: \"rank 1's cpu backend segment"):
+        only_rank0()
+    assert pool2.run(shm_left, "init") == [[], []]
+
+
+MISMATCHES = {
+    "count": [dict(func="all_reduce", count=1000, dtype="float32"), dict(func="all_reduce", count=2000, dtype="float32")],
+    "func": [dict(func="all_reduce", count=1000, dtype="float32"), dict(func="broadcast", count=1000, dtype="float32")],
+    "dtype": [dict(func="all_reduce", count=1000, dtype="float32"), dict(func="all_reduce", count=1000, dtype="int32")],
+    "root": [dict(func="broadcast", count=1000, dtype="int8", root=0), dict(func="broadcast", count=1000, dtype="int8", root=1)],
+    "redop": [dict(func="reduce", count=64, dtype="int64", redop="sum"), dict(func="reduce", count=64, dtype="int64", redop="max")],
+    "zero": [dict(func="all_gather", count=0, dtype="uint8"), dict(func="all_gather", count=3000, dtype="uint8")],
+}
+
+
+@pytest.mark.parametrize("what", sorted(MISMATCHES))
+def test_mismatch_raises_on_every_rank(pool3, what):
+    a, b = MISMATCHES[what]
+    res = pool3.run(submit_case, f"mm{what}", dict(SMALL, timeout_s=10), [a, a, b])
+    for kind, msg, secs in res:
+        assert kind == "MismatchError" and "differs across ranks" in msg and secs < 5, (kind, msg)
+    assert "rank 2 runs" in res[0][1] or "rank 2 runs" in res[1][1] or "rank 2 (" in res[0][1]
+
+
+def test_p2p_count_mismatch(pool2):
+    """The receiver detects it on the first data; a sender whose data fit in the FIFO learns it at its next wait."""
+    cases = [dict(func="send_recv", peer=1, is_send=True, count=1000, dtype="int64"),
+             dict(func="send_recv", peer=0, is_send=False, count=1500, dtype="int64")]
+    res = pool2.run(submit_case, "p2pmm", dict(SMALL, timeout_s=10), cases, True)
+    for kind, msg, _ in res:
+        assert kind == "MismatchError" and "point-to-point mismatch" in msg, (kind, msg)
+
+
+def killed_mid_op(ctx, key: str, kw: dict, victim: int):
+    be = backend(ctx, key, **kw)
+    from slicetrace.backend.base import Work
+    from slicetrace.plan.schedule import plan_collective
+    if ctx["rank"] == victim:
+        threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+    x = np.ones(200_000, np.float32)
+    plan = plan_collective("all_reduce", ctx["world"], ctx["rank"], x.size, 4, 0, be.nch, be.settings.step_bytes)
+    t_fail = None
+    try:
+        while True:
+            be.submit(Work(1, plan, "float32", "sum", x, np.empty_like(x)))
+            t_fail = time.monotonic()
+    except Exception as e:  # noqa: BLE001
+        res = (type(e).__name__, str(e), time.monotonic() - (t_fail or 0))
+    ctx["state"]["backends"].pop(key).close()
+    return res + (shm_left(ctx, key),)
+
+
+def test_peer_killed_mid_op():
+    pool = RankPool(4, timeout=60)
+    try:
+        res = pool.results_or_errors(killed_mid_op, "kill", dict(SMALL, timeout_s=10), 2)
+        left = glob.glob(f"/dev/shm/st_{pool.job}kill_*")     # survivors closed; the victim's was unlinked
+    finally:
+        pool.close()
+    assert isinstance(res[2], RankError) and res[2].name == "EOFError"
+    for r in (0, 1, 3):
+        kind, msg, secs, _ = res[r]
+        assert kind in ("PeerError", "CommTimeoutError") and "rank 2" in msg, res[r]
+        assert secs < 3, f"rank {r} noticed the death after {secs:.1f}s"
+    assert left == []
