@@ -1,0 +1,60 @@
+"""backend='null': no processes, but the stamps of every plan as the cpu backend writes them."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from slicetrace.backend.base import Work, create
+from slicetrace.config import Settings
+from slicetrace.plan.schedule import P2pPart, plan_collective, plan_p2p
+from slicetrace.plan.traffic import expected_slices
+from slicetrace.rendezvous import DictStore
+from tests.cpu.test_backend import FUNCS, read_stamps
+
+
+def make(world: int = 3, rank: int = 1, **kw):
+    return create(Settings(backend="null", buffsize=64 * 1024, p2p_chunksize=4096, **kw), rank, world,
+                  DictStore({}), "nulltest")
+
+
+@pytest.mark.parametrize("func", FUNCS)
+def test_stamps_follow_the_plan(func):
+    be = make(nchannels=2)
+    plan = plan_collective(func, 3, 1, 30011, 4, 2, 2, be.settings.step_bytes)
+    x = np.ones(30011 * (3 if func == "reduce_scatter" else 1), np.float32)
+    y = np.empty(30011 * (3 if func == "all_gather" else 1), np.float32)
+    for tag in (1, 2):                                   # steps persist across ops
+        before = be.rings.header["reserved"].copy()
+        be.submit(Work(tag, plan, "float32", "sum", x, y, stamp_steps=True, stamp_channels=True))
+        recs = read_stamps(be.rings, before)
+        steps = [r for r in recs if r[0] == 0]
+        assert sum(r[0] == 1 for r in recs) == len(plan.programs)
+        assert sorted((ch, bool(f), p, sz) for _, ch, f, p, _, sz, *_ in steps) == \
+            sorted((ch, s, p, b) for ch, s, p, _, b in expected_slices(plan))
+        assert all(w <= rd <= d for *_, w, rd, d in steps)
+        assert all(op == tag for *_, op, _, _, _ in recs)
+    be.close()
+
+
+def test_world1_copies_and_p2p_self():
+    be = make(world=1, rank=0)
+    x = np.arange(10, dtype=np.int32)
+    y = np.zeros(10, np.int32)
+    be.submit(Work(1, plan_collective("all_reduce", 1, 0, 10, 4, 0, 1, be.settings.step_bytes), "int32", "sum", x, y))
+    assert (y == x).all()
+    z = np.zeros(10, np.int32)
+    parts = [(P2pPart(0, True, 10, 0), x), (P2pPart(0, False, 10, 1), z)]
+    plan = plan_p2p([p for p, _ in parts], 1, 0, 4, 4096, be.settings.step_bytes)
+    be.submit(Work(2, plan, "int32", "sum", parts=parts))
+    assert (z == x).all()
+
+
+def test_sampling_and_off():
+    be = make()
+    plan = plan_collective("all_reduce", 3, 1, 50000, 4, 0, 1, be.settings.step_bytes)
+    x = np.ones(50000, np.float32)
+    be.submit(Work(1, plan, "float32", "sum", x, x.copy()))
+    assert int(be.rings.header["reserved"].sum()) == 0
+    be.submit(Work(2, plan, "float32", "sum", x, x.copy(), stamp_steps=True, sample_rate=4))
+    n = int(be.rings.header["reserved"].sum())
+    assert 0 < n and n + int(be.rings.header["sampled_out"].sum()) == len(expected_slices(plan))
