@@ -17,6 +17,6 @@ def __getattr__(name: str) -> Any:
         from .api import Communicator
         return Communicator
     if name in ("init", "launch"):
-        from . import launch as _launch
-        return getattr(_launch, name)
+        from .launcher import init, launch
+        return init if name == "init" else launch
     raise AttributeError(f"module 'slicetrace' has no attribute {name!r}")

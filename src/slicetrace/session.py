@@ -78,12 +78,16 @@ class Session:
         if self.backend.name == "cuda" and time.monotonic() > self._resync_at:
             self._resync()
         self.host.begin_op(info)
+        self.drain.expect(work.tag)                 # stamps may appear as soon as the work starts
         try:
             token = self.backend.submit(work)
         except BaseException:
             self.drain.op_submitted(work.tag, lambda: True)
             raise
-        self.drain.op_submitted(work.tag, lambda: self.backend.done(token))
+        if self.backend.done(token):                # synchronous backend: the exact end of this op's seqs
+            self.drain.op_submitted(work.tag, lambda: True, self.backend.rings.header["reserved"].copy())
+        else:
+            self.drain.op_submitted(work.tag, lambda: self.backend.done(token))
         self._last = token
         return token
 

@@ -36,11 +36,11 @@ def rings(nch=2, slots=64):
 
 def write_op(w: RingWriter, tag: int, nslices: int, t0: int = 1000, peer: int = 1):
     """A KernelCh start, nslices send steps, then the KernelCh stop, as a backend writes them."""
-    ch_seq = w.start(KIND_CHANNEL, 0, tag, 0, 0, 0, 0, t0)
+    w.channel(False, 0, tag, 0, t0)
     for i in range(nslices):
         s = w.start(KIND_STEP, FLAG_SEND, tag, i * 2, 4096, peer, t0 + 10 * i, t0 + 10 * i + 3)
         w.complete(s, KIND_STEP, FLAG_SEND, tag, i * 2, 4096, peer, t0 + 10 * i + 7)
-    w.complete(ch_seq, KIND_CHANNEL, 0, tag, 0, 0, 0, t0 + 10 * nslices)
+    w.channel(True, 0, tag, 0, t0 + 10 * nslices)
 
 
 def test_pairs_arrive_in_order_grouped_by_op_then_end_op():
@@ -114,7 +114,7 @@ def test_slot_being_reused_is_not_trusted():
     s = w.start(KIND_STEP, 0, 1, 0, 8, 1, 1, 2)
     w.complete(s, KIND_STEP, 0, 1, 0, 8, 1, 3)
     v.header["reserved"][0] = 65          # a writer reserved seq 65 (same slot) but has not written it yet
-    d._drain_channel(0, None)
+    d._drain_channel(0, np.array([], np.uint32), False)
     assert sink.step_calls == [] and sink.drops["overrun"] >= 1
 
 
@@ -155,12 +155,12 @@ def test_every_record_is_delivered_once_or_counted_lost(slots, plan, polls):
     for tag, (n, poll) in enumerate(zip(plan, polls), start=1):
         d.op_submitted(tag, lambda: True)
         write_op(w, tag, n)
-        written += n + 1
+        written += n + 2
         if poll:
             d.poll_once()
     d.poll_once()
-    got = sum(len(r) for _, r in sink.step_calls) + sum(len(r) for _, r in sink.channels)
-    assert got + sink.drops["overrun"] == written
+    got = sum(len(r) for _, r in sink.step_calls) + 2 * sum(len(r) for _, r in sink.channels)
+    assert got + sink.drops["overrun"] + sink.drops["unpaired"] == written
     steps = [(t, int(s)) for t, r in sink.step_calls for s in r["step"]]
     assert len(steps) == len(set(steps))                     # never twice
     assert [t for t, _ in steps] == sorted(t for t, _ in steps)
@@ -169,3 +169,71 @@ def test_every_record_is_delivered_once_or_counted_lost(slots, plan, polls):
 
 def test_dtype_is_the_documented_48_bytes():
     assert STAMP_DTYPE.itemsize == 48 and [STAMP_DTYPE.fields[f][1] for f in ("seq", "op", "kind")] == [0, 32, 46]
+
+
+def test_steps_stream_out_while_the_channel_program_is_still_running():
+    v = rings(1, 64)
+    sink = Recorder()
+    d = Drain(v, sink)
+    d.expect(1)
+    w = RingWriter(v, 0)
+    w.channel(False, 0, 1, 0, 100)
+    for i in range(300):                       # far more than the ring holds: no overrun if drained as we go
+        s = w.start(KIND_STEP, FLAG_SEND, 1, i, 8, 1, 100 + i, 101 + i)
+        w.complete(s, KIND_STEP, FLAG_SEND, 1, i, 8, 1, 102 + i)
+        if i % 20 == 19:
+            d.poll_once()
+    assert sum(len(r) for _, r in sink.step_calls) == 300 and not sink.drops and sink.channels == []
+    w.channel(True, 0, 1, 0, 999)
+    d.op_submitted(1, lambda: True)
+    d.poll_once()
+    assert len(sink.channels) == 1 and (sink.channels[0][1]["ready"][0], sink.channels[0][1]["done"][0]) == (100, 999)
+    assert sink.ended == [1]
+
+
+def test_kernel_ch_waits_for_steps_that_became_visible_late():
+    v = rings(1, 64)
+    sink = Recorder()
+    d = Drain(v, sink)
+    d.expect(1)
+    w = RingWriter(v, 0)
+    w.channel(False, 0, 1, 0, 100)
+    s = w.start(KIND_STEP, 0, 1, 0, 8, 1, 1, 2)
+    w.channel(True, 0, 1, 0, 200)                        # the channel stop is visible before the step's completion
+    d.poll_once()
+    assert sink.channels == []
+    w.complete(s, KIND_STEP, 0, 1, 0, 8, 1, 3)
+    d.poll_once()
+    assert len(sink.step_calls) == 1 and len(sink.channels) == 1
+
+
+def test_next_op_in_flight_is_not_mistaken_for_lost_when_the_previous_op_ends():
+    v = rings(1, 64)
+    sink = Recorder()
+    d = Drain(v, sink)
+    w = RingWriter(v, 0)
+    d.expect(1)
+    write_op(w, 1, 3)
+    d.expect(2)
+    s = w.start(KIND_STEP, 0, 2, 0, 8, 1, 1, 2)         # op 2 has begun; op 1's done is only noticed now
+    d.op_submitted(1, lambda: True)
+    d.op_submitted(2, lambda: False)
+    d.poll_once()
+    assert sink.ended == [1] or sink.ended == []
+    w.complete(s, KIND_STEP, 0, 2, 0, 8, 1, 3)
+    d.op_submitted(2, lambda: True)
+    d.poll_once()
+    assert sink.ended == [1, 2] and not sink.drops
+    assert [t for t, _ in sink.step_calls] == [1, 2]
+
+
+def test_stop_settles_everything_and_counts_what_never_completed():
+    v = rings(1, 64)
+    sink = Recorder()
+    d = Drain(v, sink)
+    d.expect(4)
+    w = RingWriter(v, 0)
+    w.channel(False, 0, 4, 0, 1)                         # the program never stopped
+    w.start(KIND_STEP, 0, 4, 0, 8, 1, 1, 2)              # nor did this slice
+    d.stop()
+    assert sink.drops["unpaired"] == 2 and sink.ended == [4]

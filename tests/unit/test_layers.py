@@ -31,9 +31,9 @@ ALLOWED: dict[str, set[str]] = {
     "analyze": BASE | {"events.abi", "plan"},
     "session": LOW | CONTRACTS | {"plan", "backend.base", "stamps.drain", "events.plugin", "events.host"},
     "api": LOW | CONTRACTS | {"plan", "backend.base", "events.host", "session"},
-    "launch": LOW | {"api"},
+    "launcher": LOW | {"api"},
     "cli": None,                 # the top: may import anything
-    "__init__": LOW | {"api", "launch"},
+    "__init__": LOW | {"api", "launcher"},
 }
 
 

@@ -39,7 +39,7 @@ def _bench_parser(sub) -> None:
 
 
 def run_bench(a: argparse.Namespace) -> int:
-    from ..launch import launch
+    from ..launcher import launch
     from .bench import bench_rank
     dtype = DTYPE_ALIASES.get(a.datatype)
     if dtype is None:

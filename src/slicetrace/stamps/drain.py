@@ -1,21 +1,22 @@
 """Drain thread: stamp rings -> paired KernelStep/KernelCh record batches, with every loss counted.
 
 Reads each channel in seq order (one cursor per channel, the same rule the writers use to reserve), so host
-and device can never disagree on which op a stamp belongs to: every stamp carries its op tag. Imports only
-stamps.layout; the consumer is anything with channel/steps/end_op/drop (the event host).
+and device can never disagree on which op a stamp belongs to: every stamp carries its op tag.
+KernelCh start and stop are separate records (stamps.layout); the drain keeps open starts aside and delivers
+one paired KernelCh record at the stop, which in seq order comes after every KernelStep of its program.
+Imports only stamps.layout; the consumer is anything with channel/steps/end_op/drop (the event host).
 """
 from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from typing import Callable, Protocol
 
 import numpy as np
 
-from .layout import KIND_CHANNEL, KIND_STEP, PAIRED_DTYPE, RingViews
+from .layout import FLAG_CH_STOP, KIND_CHANNEL, KIND_STEP, PAIRED_DTYPE, RingViews
 
-LOST_LAG = 4096        # a start this far behind the newest reservation without its completion is lost
+LOST_LAG = 4096        # an entry this far behind the newest reservation, still incomplete, is lost
 
 
 class Consumer(Protocol):
@@ -23,6 +24,13 @@ class Consumer(Protocol):
     def steps(self, tag: int, recs: np.ndarray) -> None: ...
     def end_op(self, tag: int, ts_ns: int) -> None: ...
     def drop(self, reason: str, n: int = 1) -> None: ...
+
+
+class _Op:
+    __slots__ = ("tag", "done_fn", "snapshot", "done")
+
+    def __init__(self, tag: int):
+        self.tag, self.done_fn, self.snapshot, self.done = tag, None, None, False
 
 
 class Drain:
@@ -35,9 +43,8 @@ class Drain:
         self.offset_ns = 0                                      # host_ns = device_ns + offset_ns
         self.interval = interval_us / 1e6
         self._clock = clock
-        self._tags: dict[int, int] = {}                         # op low 32 bits -> full tag
-        self._pending: deque = deque()                          # (tag, done_fn) in submit order
-        self._ending: deque = deque()                           # (tag, reserved snapshot)
+        self._ops: dict[int, _Op] = {}                          # op low 32 bits -> op, in submit order
+        self._open: dict[tuple[int, int, int, int], np.void] = {}  # (ch, op, peer, send) -> KernelCh start
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = False
@@ -46,10 +53,17 @@ class Drain:
         self.delivered = 0
 
     # ---- called by the session (user thread) ----
-    def op_submitted(self, tag: int, done_fn: Callable[[], bool]) -> None:
+    def expect(self, tag: int) -> None:
+        """Before submit: stamps of `tag` may appear from now on."""
         with self._lock:
-            self._tags[tag & 0xFFFFFFFF] = tag
-            self._pending.append((tag, done_fn))
+            self._ops[tag & 0xFFFFFFFF] = _Op(tag)
+
+    def op_submitted(self, tag: int, done_fn: Callable[[], bool], snapshot: np.ndarray | None = None) -> None:
+        """After submit: done_fn() tells when the op finished; snapshot = header.reserved at completion if known."""
+        with self._lock:
+            op = self._ops.get(tag & 0xFFFFFFFF) or _Op(tag)
+            op.done_fn, op.snapshot = done_fn, snapshot
+            self._ops[tag & 0xFFFFFFFF] = op
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="slicetrace-drain", daemon=True)
@@ -57,7 +71,7 @@ class Drain:
 
     def idle(self) -> bool:
         with self._lock:
-            return not self._pending and not self._ending
+            return not self._ops
 
     def flush(self, timeout_s: float) -> bool:
         """Drain until every submitted op has ended; False if that took longer than timeout_s."""
@@ -73,12 +87,13 @@ class Drain:
         return True
 
     def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop the thread, then settle everything: what is still incomplete now is lost and counted."""
         self._stop = True
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
             self._thread = None
-        self.poll_once()
+        self.poll_once(force=True)
 
     # ---- drain thread ----
     def _run(self) -> None:
@@ -92,32 +107,39 @@ class Drain:
                 self._wake.wait(self.interval)
                 self._wake.clear()
 
-    def poll_once(self) -> int:
+    def poll_once(self, force: bool = False) -> int:
         with self._lock:
-            while self._pending and self._pending[0][1]():
-                tag, _ = self._pending.popleft()
-                self._ending.append((tag, self.views.header["reserved"].copy()))
-            ending = list(self._ending)
-        n = 0
-        final = ending[-1][1] if ending else None
-        for ch in range(self.nch):
-            n += self._drain_channel(ch, None if final is None else int(final[ch]))
+            ops = list(self._ops.values())
+        for op in ops:
+            if not op.done and op.done_fn is not None and op.done_fn():
+                if op.snapshot is None:
+                    op.snapshot = self.views.header["reserved"].copy()
+                op.done = True
+        done_lows = np.array([o.tag & 0xFFFFFFFF for o in ops if o.done], dtype=np.uint32)
+        n = sum(self._drain_channel(ch, done_lows, force) for ch in range(self.nch))
+        if force and self._open:
+            self.consumer.drop("unpaired", len(self._open))
+            self._open.clear()
         sampled = self.views.header["sampled_out"].copy()
         d = int((sampled - self._sampled).sum())
         if d:
             self._sampled = sampled
             self.consumer.drop("sampled_out", d)
         now = self._clock()
-        while ending and bool(np.all(self.cursor >= ending[0][1])):
-            tag, _ = ending.pop(0)
+        open_ch = {k[1] for k in self._open}
+        for op in ops:          # in submit order: an op ends only after the ones before it
+            low = op.tag & 0xFFFFFFFF
+            if not (op.done or force):
+                break
+            if not force and (low in open_ch or not bool(np.all(self.cursor >= op.snapshot))):
+                break
             with self._lock:
-                self._ending.popleft()
-                self._tags.pop(tag & 0xFFFFFFFF, None)
-            self.consumer.end_op(tag, now)
+                self._ops.pop(low, None)
+            self.consumer.end_op(op.tag, now)
             n += 1
         return n
 
-    def _drain_channel(self, ch: int, finished_upto: int | None) -> int:
+    def _drain_channel(self, ch: int, done_lows: np.ndarray, force: bool) -> int:
         N = self.slots
         hdr = self.views.header
         cur = int(self.cursor[ch])
@@ -125,51 +147,62 @@ class Drain:
         if top <= cur:
             return 0
         if top - cur > N:                           # lapped: the oldest entries are gone
-            lost = top - cur - N
-            self.consumer.drop("overrun", lost)
-            cur += lost
+            self.consumer.drop("overrun", top - cur - N)
+            cur = top - N
         seqs = np.arange(cur + 1, top + 1, dtype=np.uint64)
         idx = (seqs & np.uint64(N - 1)).astype(np.intp)
         st = self.views.started[ch][idx]            # fancy indexing copies
         co = self.views.completed[ch][idx]
         top2 = int(hdr["reserved"][ch])             # read after the copy: is any slot being reused?
         intact = seqs + np.uint64(N) > np.uint64(top2)
-        ok = (st["seq"] == seqs) & (co["seq"] == seqs) & intact
-        lapped = ~intact
-        # consume in order up to the first entry that is neither complete nor lost
-        stuck = ~(ok | lapped)
-        if stuck.any():
-            k = int(np.argmax(stuck))
-            # lost for good: its op has ended (everything is visible by then) or far behind the writer
-            limit = k
-            while limit < len(seqs) and stuck[limit] and (
-                    (finished_upto is not None and int(seqs[limit]) <= finished_upto)
-                    or top2 - int(seqs[limit]) > LOST_LAG):
-                limit += 1
-            unpaired = int(stuck[k:limit].sum())
-            if unpaired:
-                self.consumer.drop("unpaired", unpaired)
-            # everything before `limit` is decided; stop at the next undecided entry
-            rest = stuck[limit:]
-            end = limit + (int(np.argmax(rest)) if rest.any() else len(rest))
-        else:
-            end = len(seqs)
+        st_vis = (st["seq"] == seqs) & intact
+        ok = st_vis & (co["seq"] == seqs)
+        lost = (st_vis & ~ok & np.isin(st["op"], done_lows)) | (np.uint64(top2) - seqs > LOST_LAG)
+        decided = ok | ~intact | lost | force
+        end = int(np.argmin(decided)) if not decided.all() else len(seqs)
         if end == 0:
+            self.cursor[ch] = cur
             return 0
-        take = ok[:end]
-        n_lapped = int(lapped[:end].sum())
-        if n_lapped:
-            self.consumer.drop("overrun", n_lapped)
-        st, co = st[:end][take], co[:end][take]
-        same = ((st["op"] == co["op"]) & (st["step"] == co["step"]) & (st["kind"] == co["kind"])
-                & (st["flags"] == co["flags"]))
+        ok, intact = ok[:end], intact[:end]
+        lapped = int((~intact).sum())
+        if lapped:
+            self.consumer.drop("overrun", lapped)
+        unpaired = int((intact & ~ok).sum())
+        if unpaired:
+            self.consumer.drop("unpaired", unpaired)
+        s, c = st[:end][ok], co[:end][ok]
+        same = ((s["op"] == c["op"]) & (s["step"] == c["step"]) & (s["kind"] == c["kind"])
+                & (s["flags"] == c["flags"]))
         if not same.all():
             self.consumer.drop("unpaired", int((~same).sum()))
-            st, co = st[same], co[same]
+            s, c = s[same], c[same]
         self.cursor[ch] = seqs[end - 1]
-        if len(st):
-            self._deliver(ch, st, co)
+        if len(s):
+            is_ch = s["kind"] == KIND_CHANNEL
+            if is_ch.any():
+                s, c = self._pair_channels(ch, s, c, is_ch)
+            if len(s):
+                self._deliver(ch, s, c)
         return end
+
+    def _pair_channels(self, ch: int, s: np.ndarray, c: np.ndarray, is_ch: np.ndarray):
+        """Turn KernelCh start/stop records into one record (ready = start, done = stop) at the stop."""
+        keep = ~is_ch
+        for i in np.flatnonzero(is_ch):
+            r = s[i]
+            key = (ch, int(r["op"]), int(r["peer"]), int(r["flags"]) & 1)
+            if not int(r["flags"]) & FLAG_CH_STOP:
+                self._open[key] = r.copy()
+                continue
+            start = self._open.pop(key, None)
+            if start is None:
+                self.consumer.drop("unpaired", 1)
+                continue
+            s[i]["wait"] = s[i]["ready"] = start["ready"]
+            s[i]["flags"] = int(r["flags"]) & ~FLAG_CH_STOP
+            c[i]["flags"] = s[i]["flags"]
+            keep[i] = True
+        return s[keep], c[keep]
 
     def _deliver(self, ch: int, st: np.ndarray, co: np.ndarray) -> None:
         out = np.empty(len(st), dtype=PAIRED_DTYPE)
@@ -180,20 +213,19 @@ class Drain:
         off = np.int64(self.offset_ns)
         for f in ("wait", "ready", "done"):
             out[f + "_ns"] = out[f].astype(np.int64) + off
-        # runs of equal op (and kind) keep per-channel seq order
-        key = out["op"].astype(np.int64) * 2 + out["kind"]
+        key = out["op"].astype(np.int64) * 2 + out["kind"]    # runs of one op and kind, seq order kept
         cuts = np.flatnonzero(np.diff(key)) + 1
-        for run in np.split(out, cuts):
+        for run in (np.split(out, cuts) if len(cuts) else [out]):
             low = int(run["op"][0])
             with self._lock:
-                tag = self._tags.get(low)
-            if tag is None:
+                op = self._ops.get(low)
+            if op is None:
                 self.consumer.drop("no_parent", len(run))
                 continue
             self.delivered += len(run)
             if run["kind"][0] == KIND_CHANNEL:
-                self.consumer.channel(tag, run)
+                self.consumer.channel(op.tag, run)
             elif run["kind"][0] == KIND_STEP:
-                self.consumer.steps(tag, run)
+                self.consumer.steps(op.tag, run)
             else:
                 self.consumer.drop("unpaired", len(run))

@@ -13,9 +13,12 @@ A writer (CPU worker thread or CUDA block) publishes one stamp like this:
 The reader accepts entry e only when its seq field equals e AND a read of `reserved` made *after*
 copying the payload is < e + N (nobody has reserved the seq that reuses the slot, so the payload is
 intact). Entries may become visible out of order; the reader never assumes e is visible before e+1.
-KernelCh boundaries use the same rings (kind=KIND_CHANNEL): the start entry is written before the
-channel's first slice and its completion after the last, so an in-order reader sees every KernelStep
-of a channel's work before that work's KernelCh stop.
+KernelCh boundaries use the same rings (kind=KIND_CHANNEL) as two separate, immediately completed records:
+a *start* record before the program's first slice and a *stop* record (flags |= FLAG_CH_STOP) after its
+last, each with its own seq, started and completed entries written at once (ready = done = the clock). A
+record must never stay open across many later seqs: its completed slot would be reused. Since the stop's
+seq is reserved after every slice of the program, an in-order reader sees all of a program's KernelSteps
+before its KernelCh stop.
 
 This module imports nothing from slicetrace but errors; both backends and the drain import it.
 """
@@ -27,7 +30,8 @@ from ..errors import ConfigError
 
 KIND_STEP = 0        # one slice of a Simple-protocol primitive
 KIND_CHANNEL = 1     # KernelCh: a channel's whole share of one operation
-FLAG_SEND = 1        # the slice was sent (else received)
+FLAG_SEND = 1        # the slice was sent (else received); for KernelCh: the p2p program sends
+FLAG_CH_STOP = 2     # KernelCh record that closes the program (else it opens it)
 
 # 48 bytes. Offsets are part of the contract: the CUDA kernels write the same layout (stamps.cuh).
 STAMP_DTYPE = np.dtype([
@@ -118,6 +122,13 @@ class RingWriter:
         i = seq & self._mask
         self._co[i] = (0, 0, 0, done, op & 0xFFFFFFFF, step & 0xFFFFFFFF, size, peer, kind, flags)
         self._co["seq"][i] = seq
+
+    def channel(self, stop: bool, flags: int, op: int, peer: int, clock: int) -> int:
+        """A KernelCh start or stop record: reserved, written and completed at once."""
+        f = flags | (FLAG_CH_STOP if stop else 0)
+        seq = self.start(KIND_CHANNEL, f, op, 0, 0, peer, clock, clock)
+        self.complete(seq, KIND_CHANNEL, f, op, 0, 0, peer, clock)
+        return seq
 
     def sampled_out(self, n: int = 1) -> None:
         self._hdr["sampled_out"] += n
