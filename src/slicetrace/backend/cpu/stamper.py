@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import struct
 
-from ...stamps.layout import HEADER_DTYPE, KIND_CHANNEL, KIND_STEP, STAMP_DTYPE, RingViews
+from ...stamps.layout import FLAG_CH_STOP, HEADER_DTYPE, KIND_CHANNEL, KIND_STEP, STAMP_DTYPE, RingViews
 
 _PAYLOAD = struct.Struct("<QQQIIIHBB")      # wait ready done op step size peer kind flags (bytes 8..47)
 assert _PAYLOAD.size + 8 == STAMP_DTYPE.itemsize
@@ -59,12 +59,17 @@ class FastRingWriter:
         self.coq[i * _E] = seq
 
     def channel_start(self, op: int, peer: int, flags: int, t: int) -> int:
+        """KernelCh start record, completed at once (stamps.layout: never leave an entry open)."""
         seq = self.reserve()
         self.start(seq, KIND_CHANNEL, flags, op, 0, 0, peer, t, t)
+        self.complete(seq, KIND_CHANNEL, flags, op, 0, 0, peer, t)
         return seq
 
     def channel_stop(self, seq: int, op: int, peer: int, flags: int, t: int) -> None:
-        self.complete(seq, KIND_CHANNEL, flags, op, 0, 0, peer, t)
+        """KernelCh stop: its own seq, after every slice of the program (`seq` of the start is unused)."""
+        stop = self.reserve()
+        self.start(stop, KIND_CHANNEL, flags | FLAG_CH_STOP, op, 0, 0, peer, t, t)
+        self.complete(stop, KIND_CHANNEL, flags | FLAG_CH_STOP, op, 0, 0, peer, t)
 
     def sampled_out(self, n: int = 1) -> None:
         self.hdr[self.ri + 1] += n
