@@ -80,16 +80,16 @@ def _child(fn: Callable, rank: int, world: int, store_map: Any, job: str, settin
                 pass
 
 
-def launch(fn: Callable, nranks: int, *args: Any, timeout_s: float | None = None, **settings: Any) -> list[Any]:
+def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None = None, **settings: Any) -> list[Any]:
     """Run fn(comm, *args) in `nranks` spawned processes; return the results in rank order.
 
     A failing or dead rank makes every other rank fail within settings.timeout_s; survivors are killed after
-    that, shared memory of the job is removed, and the first error is raised here.
+    that (or after join_timeout_s in all), shared memory of the job is removed, and the first error is raised.
     """
     if not isinstance(nranks, int) or nranks < 1:
         raise UsageError(f"nranks={nranks!r} must be an int >= 1")
     s = Settings.from_env(**settings)
-    limit = timeout_s if timeout_s is not None else None
+    limit = join_timeout_s
     ctx = mp.get_context("spawn")
     job = uuid.uuid4().hex[:10]
     with ctx.Manager() as mgr:
@@ -137,7 +137,7 @@ def launch(fn: Callable, nranks: int, *args: Any, timeout_s: float | None = None
                 if limit is not None and now - start > limit:
                     for r in range(nranks):
                         if r not in results and r not in errors:
-                            errors[r] = f"rank {r} still running after timeout_s={limit}"
+                            errors[r] = f"rank {r} still running after join_timeout_s={limit}"
                     break
                 if not pending and readers:
                     # processes are gone; anything unread now will never come

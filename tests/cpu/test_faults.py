@@ -1,0 +1,116 @@
+"""Dead, missing and disagreeing ranks become clear errors on every rank, in time, with nothing left behind."""
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import slicetrace
+from slicetrace.errors import PeerError
+from tests.helpers.procs import RankPool, RankError
+
+TIMEOUT = 6.0
+
+
+def _shm():
+    return set(glob.glob("/dev/shm/st_*"))
+
+
+def _die_mid_op(comm):
+    x = np.ones(8 << 20, dtype=np.float32)
+    if comm.rank == 1:
+        threading.Timer(0.05, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+    for _ in range(1000):
+        comm.all_reduce(x, x)
+    return "finished"
+
+
+def test_killed_rank_fails_every_other_rank_in_time():
+    before = _shm()
+    t0 = time.monotonic()
+    with pytest.raises(PeerError) as e:
+        slicetrace.launch(_die_mid_op, 3, timeout_s=TIMEOUT)
+    took = time.monotonic() - t0
+    assert "rank 1" in str(e.value) and ("died" in str(e.value) or "exit code" in str(e.value))
+    # the survivors' own errors are reported too: they noticed the death, they did not finish
+    assert "finished" not in str(e.value)
+    assert took < 2 * TIMEOUT + 20, took
+    assert _shm() <= before
+
+
+def _arrive_except_2(ctx):
+    if ctx["rank"] == 2:
+        return "stayed away"
+    t0 = time.monotonic()
+    try:
+        slicetrace.init(rank=ctx["rank"], world_size=3, store=ctx["store"], job=ctx["job"] + "x",
+                        timeout_s=3.0)
+    except slicetrace.SliceTraceError as e:
+        return (type(e).__name__, str(e), time.monotonic() - t0)
+    return "no error"
+
+
+def test_rank_that_never_arrives_is_an_error_within_the_timeout():
+    pool = RankPool(3, timeout=60)
+    try:
+        res = pool.run(_arrive_except_2)
+    finally:
+        pool.close()
+    assert res[2] == "stayed away"
+    for name, msg, took in res[:2]:
+        assert name in ("CommTimeoutError", "PeerError"), (name, msg)
+        assert "rank 2" in msg or "2" in msg
+        assert took < 3.0 + 5
+
+
+def _mismatch(comm, what):
+    if what == "count":
+        x = np.ones(1000 + 500 * comm.rank, dtype=np.float32)
+    elif what == "dtype":
+        x = np.ones(1000, dtype=np.float32 if comm.rank == 0 else np.int32)
+    elif what == "op":
+        x = np.ones(1000, dtype=np.float32)
+        if comm.rank == 0:
+            comm.broadcast(x, root=0)
+            return "done"
+    else:
+        x = np.ones(1000, dtype=np.float32)
+        comm.reduce(x, root=comm.rank)           # roots differ
+        return "done"
+    comm.all_reduce(x)
+    return "done"
+
+
+@pytest.mark.parametrize("what", ["count", "dtype", "op", "root"])
+def test_mismatched_operations_are_detected_and_reported(what):
+    with pytest.raises(PeerError, match="Mismatch"):
+        slicetrace.launch(_mismatch, 2, what, timeout_s=TIMEOUT)
+
+
+def _bad_input(comm):
+    errors = []
+    for call in (lambda: comm.all_reduce(np.ones(4), op="mean"),
+                 lambda: comm.broadcast(np.ones(4), root=7),
+                 lambda: comm.all_reduce([1, 2, 3]),
+                 lambda: comm.all_reduce(np.ones(4, dtype=np.complex64)),
+                 lambda: comm.all_reduce(np.ones(4, dtype=np.float32), np.ones(5, dtype=np.float32)),
+                 lambda: comm.reduce_scatter(np.ones(5, dtype=np.float32)),
+                 lambda: comm.send(np.ones(4), peer=-1)):
+        try:
+            call()
+            errors.append(None)
+        except slicetrace.UsageError as e:
+            errors.append(str(e))
+    return errors
+
+
+def test_bad_input_gets_a_clear_error_naming_the_parameter():
+    msgs = slicetrace.launch(_bad_input, 2, timeout_s=TIMEOUT)[0]
+    assert None not in msgs, msgs
+    for key, msg in zip(["op='mean'", "root=7", "x", "complex64", "5 elements", "reduce_scatter", "peer=-1"], msgs):
+        assert key in msg, (key, msg)

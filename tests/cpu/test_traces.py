@@ -1,0 +1,108 @@
+"""Trace invariants on real multi-process runs: traffic, nesting, causality, loss accounting."""
+from __future__ import annotations
+
+import glob
+from collections import Counter
+
+import numpy as np
+import pytest
+
+import slicetrace
+from slicetrace.analyze.trace import check_trace, kernel_steps, load_traces
+from slicetrace.plan.schedule import P2pPart, plan_collective, plan_p2p
+from slicetrace.plan.traffic import expected_slices
+
+FUNCS = {"AllReduce": "all_reduce", "AllGather": "all_gather", "ReduceScatter": "reduce_scatter",
+         "Broadcast": "broadcast", "Reduce": "reduce"}
+KW = dict(buffsize=1 << 16, nchannels=2, timeout_s=30.0, profiler_plugin="example")
+
+
+def _ops(comm, count):
+    n, r = comm.world_size, comm.rank
+    x = np.full(count, r + 1, dtype=np.float32)
+    comm.all_reduce(x)
+    comm.all_gather(x)
+    comm.reduce_scatter(np.ones(count * n, dtype=np.float32))
+    comm.broadcast(x, root=0)
+    comm.reduce(x, root=0)
+    comm.all_reduce(x[: count // 3])
+    with comm.group():
+        comm.send(x, (r + 1) % n)
+        comm.recv(np.empty_like(x), (r - 1) % n)
+    comm.flush_profiler()
+    return comm.drop_counters()
+
+
+def _run(tmp_path, world, count, **kw):
+    prefix = str(tmp_path / f"w{world}")
+    counters = slicetrace.launch(_ops, world, count, profile_dump_file=prefix, **{**KW, **kw})
+    files = sorted(glob.glob(prefix + "_*.json"))
+    return counters, files
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_trace_invariants_hold_on_real_runs(tmp_path, world):
+    count = 70_001
+    counters, files = _run(tmp_path, world, count)
+    assert len(files) == world
+    for f in files:
+        assert check_trace(f) == [], f
+    for c in counters:
+        lost = {k: v for k, v in c.items() if not k.startswith("delivered") and v}
+        assert lost == {}, lost
+    recs = load_traces(files)
+    ks = kernel_steps(recs)
+    parents = {(r["pid"], r["id"]): r for r in recs if r.get("ph") == "b" and r.get("cat") in ("COLL", "P2P")}
+    assert len(ks) > 0 and set(np.unique(ks["rank"])) == set(range(world))
+
+    # bytes per direction (and every slice size) equal the plan's traffic, per rank and op
+    for (rank, op_id), coll in parents.items():
+        mine = ks[(ks["rank"] == rank) & (ks["op"] == op_id)]
+        a = coll["args"]
+        if coll["cat"] == "COLL":
+            plan = plan_collective(FUNCS[coll["name"]], world, rank, a["Count"], 4, 0, 2, (1 << 16) // 8)
+        else:
+            part = P2pPart(a["Peer"], coll["name"] == "Send", a["Count"], 0)
+            plan = plan_p2p([part], world, rank, 4, (1 << 16) // 8, (1 << 16) // 8)
+        want = Counter((c, s, p, b) for c, s, p, _, b in expected_slices(plan))
+        if coll["cat"] == "P2P":
+            want = Counter((0, s, p, b) for c, s, p, b in want.elements())
+            got = Counter((0, bool(r["is_send"]), int(r["peer"]), int(r["size"])) for r in mine)
+        else:
+            got = Counter((int(r["channel"]), bool(r["is_send"]), int(r["peer"]), int(r["size"])) for r in mine)
+        assert got == want, (rank, coll["name"], a)
+
+    # causality, exact on the shared clock: a receive is ready no earlier than the matching send is done
+    colls = {k for k, v in parents.items() if v["cat"] == "COLL"}
+    ring = np.array([(int(r["rank"]), int(r["op"])) in colls for r in ks])
+    sends = {(int(r["rank"]), int(r["peer"]), int(r["channel"]), int(r["step"])): int(r["done_ns"])
+             for r in ks[ring & (ks["is_send"] == 1)]}
+    recvs = ks[ring & (ks["is_send"] == 0)]
+    assert len(sends) == len(recvs) > 0
+    late = [r for r in recvs if int(r["ready_ns"]) < sends[(int(r["peer"]), int(r["rank"]), int(r["channel"]),
+                                                            int(r["step"]))]]
+    assert late == []
+
+
+def test_a_tiny_ring_overruns_with_exact_counts_and_a_valid_trace(tmp_path):
+    count = 200_003
+    counters, files = _run(tmp_path, 2, count, ring_slots=64, drain_interval_us=1_000_000)
+    recs = load_traces(files)
+    ks = kernel_steps(recs)
+    for rank, c in enumerate(counters):
+        assert c["overrun"] > 0
+        delivered = int((ks["rank"] == rank).sum())
+        assert delivered == c["delivered_kernel_step"]
+        # every stamp the rank wrote is either delivered or counted lost (KernelCh records are two entries)
+        written = 0
+        for func, n in (("all_reduce", count), ("all_gather", count), ("reduce_scatter", count),
+                        ("broadcast", count), ("reduce", count), ("all_reduce", count // 3)):
+            plan = plan_collective(func, 2, rank, n, 4, 0, 2, (1 << 16) // 8)
+            written += len(expected_slices(plan)) + 2 * len(plan.programs)
+        plan = plan_p2p([P2pPart(1 - rank, True, count, 0), P2pPart(1 - rank, False, count, 1)], 2, rank, 4,
+                        (1 << 16) // 8, (1 << 16) // 8, 2)
+        written += len(expected_slices(plan)) + 2 * len(plan.programs)
+        accounted = (delivered + 2 * c["delivered_kernel_ch"] + c["overrun"] + c["unpaired"] + c["no_parent"])
+        assert accounted == written, (rank, c)
+    for f in files:
+        assert check_trace(f) == []
