@@ -1,0 +1,345 @@
+"""CudaBackend: one process per GPU, one kernel launch per operation on the caller's stream.
+
+`submit` is asynchronous like NCCL: it enqueues the launch and returns a token (a CUDA event);
+`wait` polls it against a deadline and turns a stuck or aborted launch into CommTimeoutError/PeerError,
+raising the abort words first so the kernel exits and the GPU is free again.
+"""
+from __future__ import annotations
+
+import ctypes
+import time
+from typing import Any
+
+import numpy as np
+
+from ...config import Settings
+from ...errors import BackendError, CommTimeoutError, PeerError, UsageError
+from ...rendezvous import Store
+from ...stamps.layout import RingViews
+from ..base import DTYPES, Backend, Work
+from . import buffers, clock
+from .compile import Kernels, arch_of
+from .ipc import CommMemory
+from .layout import (ARGS_DTYPE, CTYPES, FUNC_IDS, ITEMSIZE, MAX_THREADS, MAXB, MAXG, MAXP, REDOP_IDS)
+
+
+def _cupy():
+    try:
+        import cupy
+    except ImportError as e:
+        raise BackendError(f"backend='cuda' needs CuPy (pip install cupy-cuda13x): {e}") from None
+    return cupy
+
+
+def auto_channels(nbytes: int, world: int, max_channels: int) -> int:
+    """NCCL's rule: fewer channels while each would carry less than 32 KiB (64 B x 512 threads)."""
+    return max(1, min(max_channels, nbytes // (512 * 64)))
+
+
+def threads_for(nbytes: int, nblocks: int, nthreads: int) -> int:
+    """NCCL: halve the threads while the op is small for them, then add the post warp."""
+    nt = min(nthreads, MAX_THREADS - 32)
+    while nbytes < nblocks * nt * 64 and nt > 64:
+        nt //= 2
+    return nt + 32
+
+
+_GEN: dict[str, int] = {}        # backends made per job in this process: keeps store keys of re-inits apart
+
+
+class Token:
+    __slots__ = ("event", "tag")
+
+    def __init__(self, event: Any, tag: int):
+        self.event, self.tag = event, tag
+
+
+class CudaBackend(Backend):
+    name = "cuda"
+
+    def __init__(self, settings: Settings, rank: int, world: int, store: Store, job: str):
+        super().__init__(settings, rank, world, store, job)
+        cupy = _cupy()
+        from cupy.cuda import runtime
+        self._rt = runtime
+        ndev = runtime.getDeviceCount()
+        if ndev < 1:
+            raise BackendError("backend='cuda' found no CUDA device")
+        cur = runtime.getDevice()
+        self.device = cur if cur != 0 else rank % ndev    # a device the caller chose is kept
+        cupy.cuda.Device(self.device).use()
+        self.max_channels = settings.nchannels or (64 if world <= 4 else 32)
+        gen = _GEN[job] = _GEN.get(job, 0) + 1
+        self._prefix = f"st/{job}/cuda{gen}"
+        self.mem = CommMemory(rank, world, self.max_channels, settings.buffsize, self.max_channels,
+                              settings.ring_slots, store, self._prefix, settings.timeout_s)
+        self.kernels = Kernels(settings.cache_dir, arch_of(self.device))
+        self._side = runtime.streamCreateWithFlags(1)     # non-blocking: clock probe and abort DMA
+        self._cache: dict[tuple, tuple[Any, np.ndarray, Any, int, int]] = {}
+        self._broken: str | None = None
+        self._closed = False
+        self._last: Token | None = None
+        self._clock: tuple[int, int] = (0, 1 << 62)
+        self._probe_busy = False
+
+    # ---- buffers ----
+    @property
+    def rings(self) -> RingViews:
+        return self.mem.rings
+
+    def as_buffer(self, x: Any, what: str) -> tuple[Any, str, int]:
+        return buffers.as_buffer(x, what, self.device)
+
+    def empty_like(self, buf: Any, count: int) -> Any:
+        return buffers.empty_like(buf, count)
+
+    def channels_for(self, nbytes: int) -> int:
+        """Channel count this backend would pick for an op of nbytes (settings.nchannels wins)."""
+        return self.settings.nchannels or auto_channels(nbytes, self.world, self.max_channels)
+
+    # ---- kernels ----
+    def _fn(self, dtype: str, steps: bool) -> int:
+        return self.kernels.function("slicetrace.cu", "st_kernel",
+                                     {"ST_T": CTYPES[dtype], "ST_STEPS": "1" if steps else "0"},
+                                     self.settings.assert_warm)
+
+    def prepare(self, dtypes: tuple[str, ...] = DTYPES, steps: tuple[bool, ...] = (False, True)) -> None:
+        """Compile (or load from the cache) every kernel variant these dtypes need, in parallel."""
+        jobs = [("slicetrace.cu", {"ST_T": CTYPES[d], "ST_STEPS": "1" if s else "0"}) for d in dtypes for s in steps]
+        self.kernels.prepare(jobs + [("clock.cu", {})])
+        for d in dtypes:
+            for s in steps:
+                self._fn(d, s)
+
+    # ---- submit ----
+    def _stream(self, s: Any) -> int:
+        if s is None:
+            return _cupy().cuda.get_current_stream().ptr
+        if isinstance(s, int):
+            return s
+        for attr in ("ptr", "cuda_stream"):
+            if hasattr(s, attr):
+                return int(getattr(s, attr))
+        raise UsageError(f"stream={s!r} is not a CuPy stream, a torch stream or a cudaStream_t int")
+
+    def submit(self, work: Work) -> Token:
+        if self._closed:
+            raise UsageError("the cuda backend is closed")
+        if self._broken is not None:
+            raise PeerError(f"rank {self.rank}: communicator aborted earlier: {self._broken}")
+        if work.dtype not in CTYPES:
+            raise UsageError(f"dtype={work.dtype!r} is not one of {DTYPES}")
+        stream = self._stream(work.stream)
+        plan = work.plan
+        if plan.func == "send_recv":
+            self._self_copies(work, stream)
+        elif not plan.programs:
+            self._local(work, stream)
+        if plan.programs:
+            rec, params, fn, nb, nt = self._record(work)
+            u32 = rec.view(np.uint32)
+            u32[22] = work.tag & 0xFFFFFFFF                              # op_tag
+            u32[23] = 1 if work.stamp_channels else 0                    # stamp_ch
+            u32[21] = max(1, int(work.sample_rate))                      # sample_rate
+            from cupy.cuda import driver
+            driver.launchKernel(fn if not work.stamp_steps else self._fn(work.dtype, True), nb, 1, 1, nt, 1, 1,
+                                0, stream, ctypes.addressof(params), 0)
+        ev = _cupy().cuda.Event(block=False, disable_timing=True, interprocess=False)
+        self._rt.eventRecord(ev.ptr, stream)
+        self._last = Token(ev, work.tag)
+        return self._last
+
+    def _record(self, work: Work) -> tuple[Any, np.ndarray, Any, int, int]:
+        plan = work.plan
+        if plan.func == "send_recv":
+            bufs = tuple(buffers.pointer(b) for _, b in work.parts)
+            key = (id(plan), work.dtype, bufs)
+        else:
+            key = (id(plan), work.dtype, work.redop, self._ptr(work.sendbuf), self._ptr(work.recvbuf))
+        hit = self._cache.get(key)
+        if hit is not None and hit[0] is plan:
+            return hit[1:]
+        rec = np.zeros(1, dtype=ARGS_DTYPE)
+        nb, nt = (self._p2p_args if plan.func == "send_recv" else self._coll_args)(work, rec[0])
+        params = (ctypes.c_void_p * 1)(rec.ctypes.data)
+        if len(self._cache) > 256:
+            self._cache.clear()
+        val = (plan, rec, params, self._fn(work.dtype, False), nb, nt)
+        self._cache[key] = val
+        return val[1:]
+
+    @staticmethod
+    def _ptr(b: Any) -> int:
+        return 0 if b is None else buffers.pointer(b)
+
+    def _common(self, work: Work, a: Any, nblocks: int) -> None:
+        plan = work.plan
+        if plan.itemsize != ITEMSIZE[work.dtype]:
+            raise UsageError(f"plan itemsize {plan.itemsize} does not match dtype {work.dtype}")
+        if nblocks > MAXB:
+            raise UsageError(f"the plan has {nblocks} channels; the cuda backend runs at most {MAXB}")
+        a["comm"] = self.mem.comm_ptr
+        a["func"], a["nranks"], a["rank"], a["root"] = FUNC_IDS[plan.func], plan.nranks, plan.rank, plan.root
+        a["redop"] = REDOP_IDS.get(work.redop, 0)
+        a["nblocks"] = nblocks
+        a["step_bytes"] = plan.proto.step_bytes
+        a["slice_steps"], a["chunk_steps"] = plan.proto.slice_steps, plan.proto.chunk_steps
+        if plan.proto.step_bytes * 8 != self.settings.buffsize:
+            raise UsageError(f"plan step_bytes={plan.proto.step_bytes} does not match buffsize="
+                             f"{self.settings.buffsize} / 8 of this backend's FIFOs")
+
+    def _coll_args(self, work: Work, a: Any) -> tuple[int, int]:
+        plan = work.plan
+        progs = plan.programs
+        per = progs[0].params["count"] if len(progs) > 1 else plan.count
+        for i, p in enumerate(progs):
+            if p.channel != i or p.params["lo"] != i * per or p.channel >= self.max_channels:
+                raise UsageError(f"program {i} of the {plan.func} plan is not the contiguous channel split the "
+                                 f"cuda kernel rebuilds (channel {p.channel}, lo {p.params['lo']})")
+        if work.redop not in REDOP_IDS:
+            raise UsageError(f"redop={work.redop!r} is not one of {tuple(REDOP_IDS)}")
+        self._common(work, a, len(progs))
+        a["sendbuf"], a["recvbuf"] = self._ptr(work.sendbuf), self._ptr(work.recvbuf)
+        a["count"], a["per_ch"], a["chunk_elems"] = plan.count, per, progs[0].params["chunk_elems"]
+        return len(progs), threads_for(plan.count * plan.itemsize, len(progs), self.settings.nthreads)
+
+    def _p2p_args(self, work: Work, a: Any) -> tuple[int, int]:
+        plan = work.plan
+        bufs = {p.index: b for p, b in work.parts}
+        ordinal: dict[tuple[int, bool], int] = {}
+        conn: dict[int, int] = {}
+        for p, _ in sorted(work.parts, key=lambda pb: pb[0].index):
+            if p.peer != self.rank:
+                k = ordinal.get((p.peer, p.is_send), 0)
+                ordinal[(p.peer, p.is_send)] = k + 1
+                conn[p.index] = k
+        progs = sorted(plan.programs, key=lambda q: (q.channel, q.params["part"]))
+        if len(progs) > MAXP:
+            raise UsageError(f"a send/recv group of {len(progs)} parts; the cuda backend runs at most {MAXP}")
+        chans = sorted({q.channel for q in progs})
+        self._common(work, a, len(chans))
+        for i, q in enumerate(progs):
+            k = conn[q.params["part"]]
+            if k >= self.max_channels or q.channel >= self.max_channels:
+                raise UsageError(f"send/recv group: {k + 1} parts to one peer or channel {q.channel}; at most "
+                                 f"{self.max_channels} (nchannels)")
+            d = a["parts"][i]
+            d["ptr"] = buffers.pointer(bufs[q.params["part"]])
+            d["count"], d["peer"], d["conn"] = q.params["count"], q.params["peer"], k
+            d["is_send"], d["channel"] = int(q.params["is_send"]), q.channel
+        for b, ch in enumerate(chans):
+            idx = [i for i, q in enumerate(progs) if q.channel == ch]
+            if len(idx) > MAXG:
+                raise UsageError(f"channel {ch} has {len(idx)} send/recv programs; at most {MAXG} per channel "
+                                 f"(use more channels)")
+            a["blk_first"][b], a["blk_n"][b] = idx[0], len(idx)
+        a["nparts"] = len(progs)
+        a["chunk_elems"] = progs[0].params["chunk_elems"] if progs else 1
+        return len(chans), MAX_THREADS
+
+    def _self_copies(self, work: Work, stream: int) -> None:
+        sends = [b for p, b in work.parts if p.peer == self.rank and p.is_send]
+        recvs = [b for p, b in work.parts if p.peer == self.rank and not p.is_send]
+        if len(sends) != len(recvs):
+            raise UsageError(f"{len(sends)} sends to self but {len(recvs)} recvs from self in one group")
+        for s, r in zip(sends, recvs):
+            if buffers.nbytes(s) != buffers.nbytes(r):
+                raise UsageError(f"send to self of {buffers.nbytes(s)} bytes meets a recv of {buffers.nbytes(r)}")
+            if buffers.nbytes(s):
+                self._rt.memcpyAsync(buffers.pointer(r), buffers.pointer(s), buffers.nbytes(s), 3, stream)
+
+    def _local(self, work: Work, stream: int) -> None:
+        """Single-rank collectives (no programs): the result is the input."""
+        plan = work.plan
+        n = plan.count * plan.itemsize
+        if plan.nranks == 1 and n and work.sendbuf is not None and work.recvbuf is not None:
+            src, dst = self._ptr(work.sendbuf), self._ptr(work.recvbuf)
+            if src != dst:
+                self._rt.memcpyAsync(dst, src, n, 3, stream)
+
+    # ---- completion ----
+    def done(self, token: Token) -> bool:
+        return bool(token.event.done)
+
+    def wait(self, token: Token, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        next_store = time.monotonic() + 0.25
+        pause = 0.0
+        while not token.event.done:
+            now = time.monotonic()
+            if self.mem.words[1]:
+                break                                        # the kernel saw an abort word and exits
+            if now > deadline:
+                self._fail(CommTimeoutError(f"rank {self.rank}: op {token.tag} did not finish within "
+                                            f"timeout_s={timeout_s}; aborted"), token)
+            if now > next_store:
+                next_store = now + 0.25
+                why = self.store.try_get(f"{self._prefix}/abort")
+                if why is not None:
+                    self._fail(PeerError(f"rank {self.rank}: a peer aborted: {why.decode(errors='replace')}"), token)
+            time.sleep(pause)
+            pause = min(pause * 2 + 1e-5, 1e-3)
+        if self.mem.words[1]:
+            why = self.store.try_get(f"{self._prefix}/abort")
+            self._fail(PeerError(f"rank {self.rank}: op {token.tag} was aborted"
+                                 + (f": {why.decode(errors='replace')}" if why else " (abort word raised)")), token)
+
+    def _fail(self, err: Exception, token: Token) -> None:
+        self.abort(str(err))
+        end = time.monotonic() + 10.0
+        while not token.event.done and time.monotonic() < end:
+            time.sleep(1e-3)                                 # the kernel polls the abort words and exits
+        raise err
+
+    def abort(self, reason: str) -> None:
+        if self._broken is None:
+            self._broken = reason
+        if self.mem.words is None:
+            return
+        self.mem.words[0] = 1
+        try:
+            self.mem.raise_peer_aborts(self._side)
+        except Exception:
+            pass
+        try:
+            if self.store.try_get(f"{self._prefix}/abort") is None:
+                self.store.set(f"{self._prefix}/abort", f"rank {self.rank}: {reason}".encode())
+        except Exception:
+            pass
+
+    # ---- clocks ----
+    def clock_sync(self) -> tuple[int, int]:
+        if self._probe_busy and self._rt.streamQuery(self._side) != 0:
+            return self._clock[0], self._clock[1] * 2
+        fn = self.kernels.function("clock.cu", "st_clock", {}, self.settings.assert_warm)
+        r = clock.measure(fn, self.mem.probe, self.mem.probe_ptr, self._side)
+        self._probe_busy = r is None
+        if r is not None:
+            self._clock = r
+        return self._clock
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._last is not None and self._broken is None:
+            try:
+                self.wait(self._last, min(self.settings.timeout_s, 30.0))
+            except Exception:
+                pass
+        if self._broken is not None:
+            self.abort(self._broken)
+        try:
+            self._rt.streamSynchronize(self._side)
+        except Exception:
+            pass
+        try:
+            self.store.barrier(f"{self._prefix}/close", self.rank, self.world, 5.0 if self._broken else 30.0)
+        except Exception:
+            pass
+        self._cache.clear()
+        self.mem.close()
+        try:
+            self._rt.streamDestroy(self._side)
+        except Exception:
+            pass

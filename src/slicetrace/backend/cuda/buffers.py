@@ -1,0 +1,105 @@
+"""User arrays -> flat device views without copies: CuPy arrays, torch CUDA tensors and anything with
+__dlpack__ on a CUDA device. bfloat16 works through torch even where CuPy has no bfloat16 dtype: the
+buffer is then a RawBuf (pointer, count, dtype name) that keeps the tensor alive."""
+from __future__ import annotations
+
+from typing import Any
+
+from ...backend.base import DTYPES
+from ...errors import UsageError
+from .layout import ITEMSIZE
+
+_KDLCUDA = (2, 13)          # DLPack device types kDLCUDA, kDLCUDAManaged
+
+
+class RawBuf:
+    """A flat device buffer known only by pointer (bfloat16 without CuPy support)."""
+
+    def __init__(self, ptr: int, count: int, dtype: str, owner: Any = None):
+        self.ptr, self.count, self.dtype_name, self.owner = int(ptr), int(count), dtype, owner
+        self.itemsize = ITEMSIZE[dtype]
+        self.size = self.count
+
+    @property
+    def nbytes(self) -> int:
+        return self.count * self.itemsize
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, s: slice) -> "RawBuf":
+        if not isinstance(s, slice) or s.step not in (None, 1):
+            raise UsageError(f"RawBuf supports contiguous slices only, got {s!r}")
+        lo, hi, _ = s.indices(self.count)
+        return RawBuf(self.ptr + lo * self.itemsize, max(0, hi - lo), self.dtype_name, self.owner)
+
+    def reshape(self, *shape: Any) -> Any:
+        o = self.owner
+        if o is not None and hasattr(o, "reshape") and getattr(o, "numel", lambda: -1)() == self.count:
+            return o.reshape(*shape)
+        return self
+
+
+def pointer(buf: Any) -> int:
+    return buf.ptr if isinstance(buf, RawBuf) else int(buf.data.ptr)
+
+
+def nbytes(buf: Any) -> int:
+    return int(buf.nbytes)
+
+
+def _torch_buffer(x: Any, what: str, device: int) -> tuple[Any, str, int]:
+    import cupy
+    if not x.is_cuda:
+        raise UsageError(f"{what} is a torch tensor on {x.device}; the cuda backend takes CUDA tensors")
+    if x.device.index != device:
+        raise UsageError(f"{what} is on cuda:{x.device.index}, this rank uses cuda:{device}")
+    if not x.is_contiguous():
+        raise UsageError(f"{what} is not contiguous; pass x.contiguous()")
+    name = str(x.dtype).replace("torch.", "")
+    if name not in DTYPES:
+        raise UsageError(f"{what} has dtype {name}; accepted: {DTYPES}")
+    if name == "bfloat16" and not hasattr(cupy, "bfloat16"):
+        return RawBuf(x.data_ptr(), x.numel(), name, owner=x), name, x.numel()
+    arr = cupy.from_dlpack(x)
+    return arr.ravel(), name, arr.size
+
+
+def as_buffer(x: Any, what: str, device: int) -> tuple[Any, str, int]:
+    import cupy
+    if isinstance(x, RawBuf):
+        return x, x.dtype_name, x.count
+    if type(x).__module__.startswith("torch"):
+        return _torch_buffer(x, what, device)
+    if isinstance(x, cupy.ndarray):
+        arr = x
+    elif hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
+        dev_type = int(x.__dlpack_device__()[0])
+        if dev_type not in _KDLCUDA:
+            raise UsageError(f"{what} lives in host memory (DLPack device type {dev_type}); the cuda backend "
+                             f"takes CuPy arrays or torch CUDA tensors")
+        arr = cupy.from_dlpack(x)
+    else:
+        raise UsageError(f"{what} is a {type(x).__module__}.{type(x).__name__}, a host array; the cuda backend "
+                         f"takes CuPy arrays or torch CUDA tensors (DLPack)")
+    if arr.device.id != device:
+        raise UsageError(f"{what} is on cuda:{arr.device.id}, this rank uses cuda:{device}")
+    if not arr.flags.c_contiguous:
+        raise UsageError(f"{what} is not contiguous; pass cupy.ascontiguousarray(x)")
+    name = arr.dtype.name
+    if name not in DTYPES:
+        raise UsageError(f"{what} has dtype {name}; accepted: {DTYPES}")
+    return arr.ravel(), name, int(arr.size)
+
+
+def empty_like(buf: Any, count: int) -> Any:
+    import cupy
+    if isinstance(buf, RawBuf):
+        o = buf.owner
+        if o is not None and type(o).__module__.startswith("torch"):
+            import torch
+            t = torch.empty(count, dtype=o.dtype, device=o.device)
+            return RawBuf(t.data_ptr(), count, buf.dtype_name, owner=t)
+        a = cupy.empty(count, dtype=cupy.uint16)
+        return RawBuf(a.data.ptr, count, buf.dtype_name, owner=a)
+    return cupy.empty(count, dtype=buf.dtype)

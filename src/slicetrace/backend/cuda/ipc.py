@@ -1,0 +1,131 @@
+"""Device memory of one communicator: FIFOs, tails, heads (one cudaMalloc, shared through CUDA IPC),
+step counters and stamp counters (device, persistent across launches), and mapped host memory for
+the stamp rings, the abort flag and the clock probe.
+
+Handles travel through the rendezvous store; every rank opens every peer's allocation (the ring is
+rank order, p2p may reach any peer, so nothing assumes 2 ranks).
+"""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from ...errors import BackendError
+from ...rendezvous import Store
+from ...stamps.layout import RingViews, ring_bytes
+from .layout import COMM_DTYPE, MAXRANKS, ipc_layout
+
+_MAPPED = 3          # cudaHostAllocPortable | cudaHostAllocMapped
+
+
+def host_array(ptr: int, nbytes: int) -> np.ndarray:
+    """A uint8 numpy view over pinned host memory (no copy)."""
+    return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(ptr))
+
+
+class CommMemory:
+    def __init__(self, rank: int, world: int, nconn: int, buffsize: int, nring: int, slots: int,
+                 store: Store, prefix: str, timeout_s: float):
+        from cupy.cuda import runtime
+        if world > MAXRANKS:
+            raise BackendError(f"world={world} is more than the cuda backend's {MAXRANKS} ranks")
+        self.rank, self.world, self.nconn, self.buffsize = rank, world, nconn, buffsize
+        self._rt = runtime
+        self._opened: list[int] = []
+        self._dev: list[int] = []
+        self._host: list[int] = []
+        self.fifo_off, total = ipc_layout(world, nconn, buffsize)
+        self.base = self._malloc(total)                  # its own allocation: an IPC handle names all of it
+        runtime.memset(self.base, 0, total)
+        nk = nconn * max(1, world - 1)
+        self.send_step = self._malloc(nk * 8)
+        self.recv_step = self._malloc(nk * 8)
+        self.stamp_state = self._malloc(nring * 16)
+        for p, n in ((self.send_step, nk * 8), (self.recv_step, nk * 8), (self.stamp_state, nring * 16)):
+            runtime.memset(p, 0, n)
+        # mapped host memory: stamp rings; control words (abort, status, one, clock probe)
+        self.nring, self.slots = nring, slots
+        nb = ring_bytes(nring, slots)
+        self.ring_ptr = self._host_alloc(nb)
+        self.ring_mem = host_array(self.ring_ptr, nb)
+        self.ring_mem[:] = 0
+        self.rings = RingViews(self.ring_mem, nring, slots)
+        self.ctrl_ptr = self._host_alloc(4096)
+        self.ctrl = host_array(self.ctrl_ptr, 4096)
+        self.ctrl[:] = 0
+        self.words = self.ctrl[:64].view(np.uint32)      # [0] abort, [1] status, [2] constant 1
+        self.words[2] = 1
+        self.probe = self.ctrl[256:512].view(np.uint64)  # clock probe: go, ack, timer, running
+        self.probe_ptr = self.ctrl_ptr + 256
+        # exchange IPC handles, then open every peer's allocation
+        store.set(f"{prefix}/ipc/{rank}", bytes(runtime.ipcGetMemHandle(self.base)))
+        self.peer_base = [0] * world
+        self.peer_base[rank] = self.base
+        for p in range(world):
+            if p != rank:
+                h = store.get(f"{prefix}/ipc/{p}", timeout_s, what=f"rank {p}'s CUDA IPC handle")
+                try:
+                    self.peer_base[p] = runtime.ipcOpenMemHandle(h)
+                except Exception as e:
+                    raise BackendError(f"rank {rank} could not open rank {p}'s CUDA IPC memory: {e}") from e
+                self._opened.append(self.peer_base[p])
+        store.barrier(f"{prefix}/ipc-open", rank, world, timeout_s)
+        self.comm_ptr = self._write_comm()
+
+    def _malloc(self, n: int) -> int:
+        p = self._rt.malloc(max(n, 256))
+        self._dev.append(p)
+        return p
+
+    def _host_alloc(self, n: int) -> int:
+        p = self._rt.hostAlloc(n, _MAPPED)
+        self._host.append(p)
+        return p
+
+    def _write_comm(self) -> int:
+        c = np.zeros(1, dtype=COMM_DTYPE)
+        c["peer_base"][0, :self.world] = self.peer_base
+        c["send_step"], c["recv_step"] = self.send_step, self.recv_step
+        h = self.rings
+        c["stamp_hdr"] = h.header.ctypes.data
+        c["started"] = h.started.ctypes.data
+        c["completed"] = h.completed.ctypes.data
+        c["stamp_state"] = self.stamp_state
+        c["abort_host"] = self.ctrl_ptr
+        c["status_host"] = self.ctrl_ptr + 4
+        c["fifo_off"], c["buffsize"] = self.fifo_off, self.buffsize
+        c["world"], c["rank"], c["nconn"], c["slots"] = self.world, self.rank, self.nconn, self.slots
+        ptr = self._malloc(COMM_DTYPE.itemsize)
+        self._rt.memcpy(ptr, c.ctypes.data, COMM_DTYPE.itemsize, 1)       # cudaMemcpyHostToDevice
+        return ptr
+
+    def raise_peer_aborts(self, stream: int) -> None:
+        """Write 1 into every peer's abort word (DMA on a side stream: works while kernels spin)."""
+        for p, base in enumerate(self.peer_base):
+            if p != self.rank and base:
+                self._rt.memcpyAsync(base, self.ctrl_ptr + 8, 4, 1, stream)
+        self._rt.memcpyAsync(self.base, self.ctrl_ptr + 8, 4, 1, stream)
+
+    def close(self) -> None:
+        rt = self._rt
+        for p in self._opened:
+            try:
+                rt.ipcCloseMemHandle(p)
+            except Exception:
+                pass
+        self._opened = []
+        for p in self._dev:
+            try:
+                rt.free(p)
+            except Exception:
+                pass
+        self._dev = []
+        self.rings = None
+        self.ring_mem = self.ctrl = self.words = self.probe = None
+        for p in self._host:
+            try:
+                rt.freeHost(p)
+            except Exception:
+                pass
+        self._host = []

@@ -1,0 +1,47 @@
+"""tests/cuda: skipped, with the reason printed, where CuPy or a CUDA GPU is missing (CI has neither).
+
+Multi-rank tests run 2 ranks by default; ranks share GPUs round-robin when there are fewer GPUs than
+ranks (CUDA IPC works within one device too), so 3- and 4-rank rings run on a 2-GPU machine.
+"""
+from __future__ import annotations
+
+import pytest
+
+
+def _reason() -> str | None:
+    try:
+        import cupy
+    except Exception as e:               # noqa: BLE001 - any import failure means no GPU tests
+        return f"CuPy is not importable ({type(e).__name__}: {e})"
+    try:
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:               # noqa: BLE001
+        return f"no CUDA device ({type(e).__name__}: {e})"
+    return None if n > 0 else "no CUDA device"
+
+
+REASON = _reason()
+
+
+def pytest_report_header(config):
+    return f"slicetrace cuda tests: {'SKIPPED: ' + REASON if REASON else 'enabled'}"
+
+
+@pytest.fixture(scope="session")
+def gpu():
+    if REASON:
+        print(f"\nskipping CUDA test: {REASON}")
+        pytest.skip(REASON)
+
+
+@pytest.fixture(scope="module")
+def pool2(gpu, tmp_path_factory):
+    from tests.cuda import ranks
+    from tests.helpers.procs import RankPool
+    pool = RankPool(2, timeout=300)
+    cache = str(tmp_path_factory.getbasetemp() / "kcache")
+    try:
+        pool.run(ranks.setup, {"cache_dir": cache, "timeout_s": 60.0})
+        yield pool
+    finally:
+        pool.close()

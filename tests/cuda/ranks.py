@@ -1,0 +1,180 @@
+"""Functions run inside rank processes (spawned; they must be importable). ctx: rank, world, store, job, state."""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+from slicetrace.backend.base import Work
+from slicetrace.config import Settings
+from slicetrace.plan.schedule import P2pPart, plan_collective, plan_p2p
+
+NP = {"int8": np.int8, "uint8": np.uint8, "int32": np.int32, "int64": np.int64, "float16": np.float16,
+      "float32": np.float32, "float64": np.float64, "bfloat16": np.float32}
+INTS = ("int8", "uint8", "int32", "int64")
+
+
+def setup(ctx: dict, kw: dict) -> int:
+    import cupy
+    from slicetrace.backend.cuda.backend import CudaBackend
+    old = ctx["state"].pop("be", None)
+    if old is not None:
+        old.close()
+    s = Settings(backend="cuda", **kw)
+    be = CudaBackend(s, ctx["rank"], ctx["world"], ctx["store"], ctx["job"])
+    ctx["state"]["be"] = be
+    ctx["state"]["close"] = be.close
+    ctx["state"]["tag"] = 0
+    be.prepare(kw.get("dtypes", ("float32",)))
+    return be.device
+
+
+def prepare(ctx: dict, dtypes: tuple) -> None:
+    ctx["state"]["be"].prepare(dtypes)
+
+
+def inputs(seed: int, rank: int, n: int, dtype: str, op: str) -> np.ndarray:
+    """Deterministic random input of a rank (every rank can rebuild every other rank's input)."""
+    rng = np.random.default_rng([seed, rank])
+    if dtype in INTS:
+        lo, hi = (0, 4) if dtype == "uint8" else (-3, 4)
+        if op in ("sum", "avg") and dtype in ("int32", "int64"):
+            lo, hi = -1000, 1000
+        return rng.integers(lo, hi, n).astype(NP[dtype])
+    x = rng.standard_normal(n)
+    if op == "prod":
+        x = 0.5 + rng.random(n)
+    return x.astype(NP[dtype])
+
+
+def to_device(x: np.ndarray, dtype: str) -> Any:
+    import cupy
+    if dtype != "bfloat16":
+        return cupy.asarray(x)
+    import torch
+    t = torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16)
+    return t.cuda()
+
+
+def to_host(buf: Any, dtype: str) -> np.ndarray:
+    import cupy
+    from slicetrace.backend.cuda.buffers import RawBuf
+    if isinstance(buf, RawBuf):
+        return buf.owner.float().cpu().numpy()[: buf.count]
+    if type(buf).__module__.startswith("torch"):
+        return buf.float().cpu().numpy()
+    return cupy.asnumpy(buf)
+
+
+def poisoned(be: Any, like: Any, n: int) -> Any:
+    import cupy
+    from slicetrace.backend.cuda.buffers import RawBuf, pointer
+    out = be.empty_like(like, n)
+    if n:
+        nbytes = n * (like.itemsize if isinstance(like, RawBuf) else like.dtype.itemsize)
+        cupy.cuda.runtime.memset(pointer(out), 0x7B, nbytes)
+    return out
+
+
+def run_coll(ctx: dict, func: str, dtype: str, op: str, count: int, root: int, seed: int,
+             nchannels: int = 0, steps: bool = False) -> dict:
+    """Run one collective; return this rank's output (host) for the test to check."""
+    be = ctx["state"]["be"]
+    r, w = ctx["rank"], ctx["world"]
+    n_in = count * w if func == "reduce_scatter" else count
+    n_out = count * w if func == "all_gather" else count
+    x = to_device(inputs(seed, r, n_in, dtype, op), dtype)
+    send, _, _ = be.as_buffer(x, "x")
+    recv = poisoned(be, send, n_out)
+    it = np.dtype(NP[dtype]).itemsize if dtype != "bfloat16" else 2
+    nch = nchannels or be.channels_for(count * it)
+    plan = plan_collective(func, w, r, count, it, root, nch, be.settings.step_bytes)
+    ctx["state"]["tag"] += 1
+    work = Work(ctx["state"]["tag"], plan, dtype, op, sendbuf=send, recvbuf=recv,
+                stamp_steps=steps, stamp_channels=steps)
+    tok = be.submit(work)
+    be.wait(tok, be.settings.timeout_s)
+    return {"out": to_host(recv, dtype), "tag": work.tag}
+
+
+def run_p2p(ctx: dict, dtype: str, count: int, seed: int, pattern: str, nchannels: int = 4,
+            steps: bool = False) -> dict:
+    """pattern 'ring': send to r+1, recv from r-1; 'a2a': a block to and from every rank (self included)."""
+    be = ctx["state"]["be"]
+    r, w = ctx["rank"], ctx["world"]
+    it = np.dtype(NP[dtype]).itemsize if dtype != "bfloat16" else 2
+    peers = [(r + 1) % w] if pattern == "ring" else list(range(w))
+    src_of = [(r - 1) % w] if pattern == "ring" else list(range(w))
+    parts, outs = [], []
+    for j, (to, frm) in enumerate(zip(peers, src_of)):
+        x = to_device(inputs(seed + to, r, count, dtype, "sum"), dtype)
+        sb, _, _ = be.as_buffer(x, "x")
+        rb = poisoned(be, sb, count)
+        parts.append((P2pPart(to, True, count, 2 * j), sb))
+        parts.append((P2pPart(frm, False, count, 2 * j + 1), rb))
+        outs.append((frm, rb))
+    plan = plan_p2p([p for p, _ in parts], w, r, it, be.settings.p2p_chunksize, be.settings.step_bytes, nchannels)
+    ctx["state"]["tag"] += 1
+    work = Work(ctx["state"]["tag"], plan, dtype, "sum", parts=parts, stamp_steps=steps, stamp_channels=steps)
+    be.wait(be.submit(work), be.settings.timeout_s)
+    return {"outs": [(frm, to_host(b, dtype)) for frm, b in outs], "tag": work.tag}
+
+
+def stamps(ctx: dict, tag: int) -> dict:
+    """Published entries of op `tag` per channel in seq order, and the clock offset."""
+    be = ctx["state"]["be"]
+    v = be.rings
+    off, unc = be.clock_sync()
+    out = {}
+    for ch in range(v.nchannels):
+        top = int(v.header["reserved"][ch])
+        if not top:
+            continue
+        seqs = np.arange(max(1, top - v.slots + 1), top + 1, dtype=np.uint64)
+        idx = (seqs & np.uint64(v.slots - 1)).astype(np.intp)
+        st, co = v.started[ch][idx].copy(), v.completed[ch][idx].copy()
+        ok = (st["seq"] == seqs) & (co["seq"] == seqs) & (st["op"] == (tag & 0xFFFFFFFF))
+        if ok.any():
+            out[ch] = (st[ok], co[ok])
+    return {"stamps": out, "offset": off, "unc": unc, "sampled": int(v.header["sampled_out"].sum()),
+            "reserved": v.header["reserved"].copy()}
+
+
+def plan_expected(ctx: dict, func: str, dtype_size: int, count: int, nchannels: int) -> list:
+    from slicetrace.plan.traffic import expected_slices
+    be = ctx["state"]["be"]
+    plan = plan_collective(func, ctx["world"], ctx["rank"], count, dtype_size, 0, nchannels, be.settings.step_bytes)
+    return expected_slices(plan)
+
+
+def start_many(ctx: dict, count: int, nops: int, die: bool) -> float:
+    """Enqueue nops all_reduces; with die, leave the process while they run (a peer dying mid-collective)."""
+    import cupy
+    be = ctx["state"]["be"]
+    x = cupy.ones(count, dtype=cupy.float32)
+    y = cupy.empty_like(x)
+    plan = plan_collective("all_reduce", ctx["world"], ctx["rank"], count, 4, 0, be.channels_for(count * 4),
+                           be.settings.step_bytes)
+    for i in range(nops):
+        ctx["state"]["tag"] += 1
+        ctx["state"]["last"] = be.submit(Work(ctx["state"]["tag"], plan, "float32", "sum", sendbuf=x, recvbuf=y))
+    if die:
+        os._exit(3)
+    return time.monotonic()
+
+
+def wait_last(ctx: dict, timeout_s: float) -> dict:
+    import cupy
+    be = ctx["state"]["be"]
+    t0 = time.monotonic()
+    err = None
+    try:
+        be.wait(ctx["state"]["last"], timeout_s)
+    except Exception as e:               # noqa: BLE001 - reported to the test
+        err = f"{type(e).__name__}: {e}"
+    t1 = time.monotonic()
+    z = cupy.arange(1000, dtype=cupy.float32).sum()     # the GPU must be free again
+    cupy.cuda.runtime.deviceSynchronize()
+    return {"err": err, "elapsed": t1 - t0, "free_s": time.monotonic() - t1, "z": float(z)}

@@ -1,0 +1,28 @@
+"""A rank dying mid-collective: the survivor raises within its timeout and its GPU is usable again."""
+from __future__ import annotations
+
+import pytest
+
+from tests.cuda import ranks
+from tests.helpers.procs import RankPool
+
+
+@pytest.mark.cuda
+def test_peer_killed_mid_collective(gpu, tmp_path):
+    pool = RankPool(2, timeout=120)
+    try:
+        pool.run(ranks.setup, {"cache_dir": str(tmp_path / "k"), "timeout_s": 5.0})
+        pool.run(ranks.start_many, 1 << 26, 1, False)           # both ranks healthy first
+        pool.run(ranks.wait_last, 5.0)
+        pool.conns[1].send((ranks.start_many, (1 << 26, 2, True)))   # rank 1 leaves with kernels in flight
+        pool.run(ranks.start_many, 1 << 26, 30, False, ranks=[0])
+        res = pool.run(ranks.wait_last, 5.0, ranks=[0])[0]
+        pool.procs[1].join(30)
+        code = pool.procs[1].exitcode
+    finally:
+        pool.close()
+    assert code == 3, f"rank 1 exit code {code}"
+    print(f"\nsurvivor: {res}")
+    assert res["err"] is not None and ("PeerError" in res["err"] or "CommTimeoutError" in res["err"])
+    assert res["elapsed"] < 5.0 + 12.0
+    assert res["free_s"] < 5.0 and res["z"] == 499500.0

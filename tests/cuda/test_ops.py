@@ -1,0 +1,148 @@
+"""Every op x dtype x reduction against a float64/numpy reference; random inputs, poisoned outputs."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.cuda import ranks
+from tests.cuda.ranks import INTS, inputs
+
+DTYPES = ("int8", "uint8", "int32", "int64", "float16", "float32", "float64", "bfloat16")
+REDOPS = ("sum", "prod", "min", "max", "avg")
+SIZES = (0, 1, 7, 1021, 65539)
+TOL = {"float16": 2e-3, "bfloat16": 1e-2, "float32": 1e-5, "float64": 1e-12}
+
+
+def host_inputs(seed, world, n, dtype, op):
+    xs = [inputs(seed, r, n, dtype, op) for r in range(world)]
+    if dtype == "bfloat16":                       # the device holds bf16-rounded values
+        import torch
+        xs = [torch.from_numpy(x).to(torch.bfloat16).float().numpy() for x in xs]
+    return xs
+
+
+def reduce_ref(xs, dtype, op):
+    if dtype in INTS:
+        t = xs[0].dtype
+        with np.errstate(over="ignore"):
+            if op in ("sum", "avg"):
+                s = np.zeros_like(xs[0])
+                for x in xs:
+                    s = (s + x).astype(t)
+                if op == "avg":
+                    s = np.fix(s.astype(np.float64) / len(xs)).astype(t)
+                return s
+            if op == "prod":
+                s = np.ones_like(xs[0])
+                for x in xs:
+                    s = (s * x).astype(t)
+                return s
+        return (np.minimum if op == "min" else np.maximum).reduce(xs)
+    a = np.stack([x.astype(np.float64) for x in xs])
+    return {"sum": a.sum(0), "prod": a.prod(0), "min": a.min(0), "max": a.max(0), "avg": a.mean(0)}[op]
+
+
+def check(out, ref, dtype, what):
+    assert out.shape == ref.shape, f"{what}: shape {out.shape} != {ref.shape}"
+    if dtype in INTS:
+        bad = np.flatnonzero(out != ref)
+        assert bad.size == 0, f"{what}: {bad.size} wrong, first at {bad[0]}: {out[bad[0]]} != {ref[bad[0]]}"
+        return
+    o = out.astype(np.float64)
+    assert not np.isnan(o).any(), f"{what}: NaN in output (unwritten or poisoned elements)"
+    if ref.size:
+        err = np.linalg.norm(o - ref) / max(np.linalg.norm(ref), 1e-30)
+        assert err < TOL[dtype], f"{what}: relative error {err:.3g} >= {TOL[dtype]}"
+
+
+def run_and_check(pool, func, dtype, op, count, root=0, seed=1, nchannels=0):
+    world = pool.world
+    res = pool.run(ranks.run_coll, func, dtype, op, count, root, seed, nchannels)
+    n_in = count * world if func == "reduce_scatter" else count
+    xs = host_inputs(seed, world, n_in, dtype, op)
+    what = f"{func} {dtype} {op} count={count}"
+    for r, out in enumerate(res):
+        out = out["out"]
+        if func == "all_reduce":
+            check(out, reduce_ref(xs, dtype, op), dtype, f"{what} rank {r}")
+        elif func == "reduce" and r == root:
+            check(out, reduce_ref(xs, dtype, op), dtype, f"{what} root {r}")
+        elif func == "reduce_scatter":
+            check(out, reduce_ref([x[r * count:(r + 1) * count] for x in xs], dtype, op), dtype, f"{what} rank {r}")
+        elif func == "broadcast":
+            check(out, xs[root].astype(np.float64) if dtype not in INTS else xs[root], dtype, f"{what} rank {r}")
+        elif func == "all_gather":
+            ref = np.concatenate(xs)
+            check(out, ref.astype(np.float64) if dtype not in INTS else ref, dtype, f"{what} rank {r}")
+
+
+@pytest.mark.cuda
+def test_compile_all(pool2):
+    pool2.run(ranks.prepare, DTYPES)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("func", ("all_reduce", "reduce_scatter", "reduce"))
+def test_reducing(pool2, func, dtype):
+    for op in REDOPS:
+        for count in SIZES:
+            run_and_check(pool2, func, dtype, op, count, root=count % 2)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("func", ("all_gather", "broadcast"))
+def test_copying(pool2, func, dtype):
+    for count in SIZES:
+        run_and_check(pool2, func, dtype, "sum", count, root=(count + 1) % 2)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("func", ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce"))
+def test_large_prime_many_channels(pool2, func):
+    for nch in (1, 5, 16):
+        run_and_check(pool2, func, "float32", "sum", 1_000_003, root=1, nchannels=nch)
+
+
+@pytest.mark.cuda
+def test_all_reduce_1gib(pool2):
+    run_and_check(pool2, "all_reduce", "float32", "sum", 1 << 28, seed=7)
+    run_and_check(pool2, "all_reduce", "float32", "avg", (1 << 28) - 5, seed=8)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", ("int8", "float16", "float32", "bfloat16", "float64"))
+@pytest.mark.parametrize("pattern", ("ring", "a2a"))
+def test_send_recv(pool2, pattern, dtype):
+    for count in (0, 1, 1021, 300_007):
+        res = pool2.run(ranks.run_p2p, dtype, count, 3, pattern)
+        w = pool2.world
+        for r, out in enumerate(res):
+            for frm, got in out["outs"]:
+                ref = host_inputs(3 + r, w, count, dtype, "sum")[frm]
+                check(got, ref.astype(np.float64) if dtype not in INTS else ref, dtype,
+                      f"send_recv {pattern} {dtype} count={count} rank {r} from {frm}")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("world", (3, 4))
+def test_more_ranks_than_two(gpu, world, tmp_path):
+    """Rings of 3 and 4 ranks (GPUs shared round-robin): nothing assumes 2 ranks."""
+    from tests.helpers.procs import RankPool
+    pool = RankPool(world, timeout=300)
+    try:
+        pool.run(ranks.setup, {"cache_dir": str(tmp_path / "k"), "timeout_s": 60.0, "nchannels": 4,
+                               "dtypes": ("float32", "int32")})
+        for func in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce"):
+            for count in (1, 1021, 200_003):
+                run_and_check(pool, func, "float32", "sum", count, root=count % world, nchannels=3)
+        run_and_check(pool, "all_reduce", "int32", "max", 5000)
+        for pattern in ("ring", "a2a"):
+            res = pool.run(ranks.run_p2p, "float32", 40_009, 5, pattern)
+            for r, out in enumerate(res):
+                for frm, got in out["outs"]:
+                    check(got, host_inputs(5 + r, world, 40_009, "float32", "sum")[frm].astype(np.float64),
+                          "float32", f"send_recv {pattern} world {world} rank {r} from {frm}")
+    finally:
+        pool.close()

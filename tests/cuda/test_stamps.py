@@ -1,0 +1,101 @@
+"""KernelStep stamps of GPU runs: geometry equals plan.traffic.expected_slices, clocks nest inside their
+KernelCh window, and a receive never becomes ready before the matching send was done (across GPUs)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from slicetrace.stamps.layout import FLAG_SEND, KIND_CHANNEL, KIND_STEP
+from tests.cuda import ranks
+
+
+def by_channel(res):
+    return res["stamps"]
+
+
+def check_geometry(res, expected, what):
+    got = []
+    for ch, (st, co) in sorted(res["stamps"].items()):
+        steps = st["kind"] == KIND_STEP
+        for e in st[steps]:
+            got.append((ch, bool(e["flags"] & FLAG_SEND), int(e["peer"]), int(e["size"])))
+    want = [(c, s, p, b) for c, s, p, _, b in expected]
+    assert len(got) == len(want), f"{what}: {len(got)} KernelSteps, expected {len(want)}"
+    assert got == want, f"{what}: slice geometry differs from expected_slices"
+
+
+def check_nesting(res, what):
+    for ch, (st, co) in res["stamps"].items():
+        chan = st["kind"] == KIND_CHANNEL
+        assert chan.sum() == 1, f"{what}: channel {ch} has {chan.sum()} KernelCh records"
+        t0, t1 = int(st["ready"][chan][0]), int(co["done"][chan][0])
+        steps = st["kind"] == KIND_STEP
+        w, r, d = st["wait"][steps].astype(np.int64), st["ready"][steps].astype(np.int64), co["done"][steps].astype(np.int64)
+        assert (w <= r).all() and (r <= d).all(), f"{what}: wait <= ready <= done broken on channel {ch}"
+        assert (w >= t0).all() and (d <= t1).all(), f"{what}: a KernelStep leaves its KernelCh window on {ch}"
+        assert (st["seq"][steps] > st["seq"][chan][0]).all()
+
+
+def causality(res0, res1, src, dst):
+    """Sends of rank src to dst vs receives at dst from src, matched by (channel, step)."""
+    sends, recvs = {}, {}
+    for ch, (st, co) in res0["stamps"].items():
+        m = (st["kind"] == KIND_STEP) & ((st["flags"] & FLAG_SEND) > 0) & (st["peer"] == dst)
+        for e, c in zip(st[m], co[m]):
+            sends[(ch, int(e["step"]))] = int(c["done"]) + res0["offset"]
+    for ch, (st, co) in res1["stamps"].items():
+        m = (st["kind"] == KIND_STEP) & ((st["flags"] & FLAG_SEND) == 0) & (st["peer"] == src)
+        for e in st[m]:
+            recvs[(ch, int(e["step"]))] = int(e["ready"]) + res1["offset"]
+    common = sends.keys() & recvs.keys()
+    slack = res0["unc"] + res1["unc"]
+    bad = [k for k in common if recvs[k] + slack < sends[k]]
+    return len(common), len(bad), max((sends[k] - recvs[k] for k in common), default=0)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("func,count,nch", [("all_reduce", 3_000_017, 4), ("all_reduce", 1021, 1),
+                                            ("all_gather", 1_500_001, 3), ("reduce_scatter", 700_001, 2),
+                                            ("broadcast", 2_000_003, 2), ("reduce", 900_001, 5)])
+def test_stamps_match_plan(pool2, func, count, nch):
+    res = pool2.run(ranks.run_coll, func, "float32", "sum", count, 0, 11, nch, True)
+    st = pool2.run(ranks.stamps, res[0]["tag"])
+    for r in range(pool2.world):
+        exp = pool2.run(ranks.plan_expected, func, 4, count, nch, ranks=[r])[0]
+        check_geometry(st[r], exp, f"{func} rank {r}")
+        check_nesting(st[r], f"{func} rank {r}")
+    n, bad, worst = causality(st[0], st[1], 0, 1)
+    n2, bad2, worst2 = causality(st[1], st[0], 1, 0)
+    print(f"\n{func}: causality pairs {n + n2}, violations {bad + bad2}, worst send.done-recv.ready "
+          f"{max(worst, worst2)} ns, clock uncertainty {st[0]['unc']}+{st[1]['unc']} ns")
+    assert n + n2 > 0 and bad + bad2 == 0
+
+
+@pytest.mark.cuda
+def test_p2p_stamps(pool2):
+    res = pool2.run(ranks.run_p2p, "float32", 1_000_003, 2, "a2a", 2, True)
+    st = pool2.run(ranks.stamps, res[0]["tag"])
+    for r in range(2):
+        nsteps = sum(int((s["kind"] == KIND_STEP).sum()) for s, _ in st[r]["stamps"].values())
+        nch = sum(int((s["kind"] == KIND_CHANNEL).sum()) for s, _ in st[r]["stamps"].values())
+        assert nch == 2 and nsteps == 2 * -(-1_000_003 * 4 // (1 << 19)), (nch, nsteps)
+        check_nesting_p2p = [(int(c["done"].max()) >= int(s["ready"].min())) for s, c in st[r]["stamps"].values()]
+        assert all(check_nesting_p2p)
+    n, bad, _ = causality(st[0], st[1], 0, 1)
+    assert n > 0 and bad == 0
+
+
+@pytest.mark.cuda
+def test_sampling_counts_skipped(gpu, tmp_path):
+    from tests.helpers.procs import RankPool
+    pool = RankPool(2, timeout=300)
+    try:
+        pool.run(ranks.setup, {"cache_dir": str(tmp_path / "k"), "sample_rate": 3})
+        res = pool.run(ranks.run_coll, "all_reduce", "float32", "sum", 2_000_000, 0, 4, 2, True)
+        st = pool.run(ranks.stamps, res[0]["tag"])
+        exp = pool.run(ranks.plan_expected, "all_reduce", 4, 2_000_000, 2, ranks=[0])[0]
+        kept = [e for e in exp if e[3] % 3 == 0]
+        got = sum(int((s["kind"] == KIND_STEP).sum()) for s, _ in st[0]["stamps"].values())
+        assert got == len(kept) and st[0]["sampled"] == len(exp) - len(kept)
+    finally:
+        pool.close()
