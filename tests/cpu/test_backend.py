@@ -281,3 +281,16 @@ def run_nostamp(ctx):
 
 def test_no_stamps_when_off(pools):
     assert all(pools(3).run(run_nostamp))
+
+
+def test_step_rounding_between_protocols(pools):
+    """broadcast/reduce move 1 step per slice, the ring functions 2 per slice and round conn->step up to 4:
+    the receiver must return the credit of the skipped steps, or the FIFO shrinks until the ring deadlocks."""
+    cases = []
+    for i in range(3):
+        cases += [dict(func="broadcast", count=1 + i, dtype="int32", redop="sum", root=0, seed=i),
+                  dict(func="broadcast", count=1 + i, dtype="int32", redop="sum", root=1, seed=i),
+                  dict(func="all_reduce", count=50_001, dtype="float32", redop="sum", root=0, seed=i),
+                  dict(func="reduce", count=3000, dtype="int32", redop="sum", root=1, seed=i),
+                  dict(func="all_gather", count=20_011, dtype="int8", redop="sum", root=0, seed=i)]
+    check(pools(2), "rounding", dict(SMALL, nchannels=2, timeout_s=10), cases)

@@ -60,6 +60,8 @@ def run_ring(prog, job: RingJob) -> None:
     rconn.round_step(spc)
     sconn.round_step(spc)
     rview, sview, rctl, sctl = rconn.view(dt), sconn.view(dt), rconn.ctl, sconn.ctl
+    if rctl[H_HEAD] < rconn.step:
+        rctl[H_HEAD] = rconn.step        # credit for the steps the rounding skipped (NCCL's PostRecv does too)
     rstep, sstep = rconn.step, sconn.step
     bufs = {"in": work.sendbuf, "out": work.recvbuf, None: None}
     red = UFUNCS[work.redop]
