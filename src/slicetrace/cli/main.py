@@ -1,4 +1,4 @@
-"""`slicetrace` command line: bench (nccl-tests flags) and config."""
+"""`slicetrace` command line: bench (nccl-tests flags), report (trace analysis) and config."""
 from __future__ import annotations
 
 import argparse
@@ -96,14 +96,30 @@ def run_config(a: argparse.Namespace) -> int:
     return 0
 
 
+def run_report(a: argparse.Namespace) -> int:
+    from ..analyze.report import build, render
+    from ..analyze.trace import counters, kernel_steps, load_traces
+    recs = load_traces(a.traces[0] if len(a.traces) == 1 else a.traces)
+    rep = build(kernel_steps(recs), counters(recs), top=a.top)
+    render(rep)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rep.to_dict(), f, indent=1)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="slicetrace", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     _bench_parser(sub)
     sub.add_parser("config", help="every SLICETRACE_* variable: effective value, raw value, meaning")
+    rp = sub.add_parser("report", help="per-link bandwidth, waits and stragglers from trace files")
+    rp.add_argument("traces", nargs="+", help="trace files, a glob, or the dump prefix")
+    rp.add_argument("--top", type=int, default=10, help="slowest slices to list")
+    rp.add_argument("--json", metavar="FILE", help="write the report as JSON")
     a = parser.parse_args(argv)
     try:
-        return {"bench": run_bench, "config": run_config}[a.cmd](a)
+        return {"bench": run_bench, "config": run_config, "report": run_report}[a.cmd](a)
     except SliceTraceError as e:
         print(f"slicetrace: error: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,87 @@
+"""Trace files -> answers: which link is slow, who waited on whom, where each rank's time went.
+
+Works on the KernelStep table of analyze.trace (any number of ranks' files merged). Per slice:
+wait = ready - wait (credit for a send, data for a receive), transfer = done - ready.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import TraceFormatError
+
+
+@dataclass
+class Report:
+    links: list[dict]        # one per (src, dst): bytes, slices, transfer/wait time, bandwidth
+    ranks: list[dict]        # one per rank: time waiting for data, for credit, moving data
+    waited_on: list[dict]    # receive wait at `rank` attributed to the sender `peer`, largest first
+    slowest: list[dict]      # the slowest slices by transfer bandwidth
+    counters: dict
+
+    def to_dict(self) -> dict:
+        return {"links": self.links, "ranks": self.ranks, "waited_on": self.waited_on, "slowest": self.slowest,
+                "counters": self.counters}
+
+
+def build(ks: np.ndarray, counters: dict | None = None, top: int = 10) -> Report:
+    if ks.dtype.names is None or "ready_ns" not in ks.dtype.names:
+        raise TraceFormatError("expected the KernelStep table of slicetrace.analyze.trace.kernel_steps()")
+    wait = (ks["ready_ns"] - ks["wait_ns"]).astype(np.float64)
+    xfer = (ks["done_ns"] - ks["ready_ns"]).astype(np.float64)
+    send = ks["is_send"] == 1
+    links = []
+    for src, dst in sorted({(int(r), int(p)) for r, p in zip(ks["rank"][send], ks["peer"][send])}):
+        m = send & (ks["rank"] == src) & (ks["peer"] == dst)
+        rm = ~send & (ks["rank"] == dst) & (ks["peer"] == src)
+        b = int(ks["size"][m].sum())
+        t = float(xfer[m].sum())
+        links.append({"src": src, "dst": dst, "bytes": b, "slices": int(m.sum()),
+                      "send_transfer_us": t / 1e3, "send_credit_wait_us": float(wait[m].sum()) / 1e3,
+                      "recv_data_wait_us": float(wait[rm].sum()) / 1e3,
+                      "gbps": b / t if t > 0 else float("nan")})
+    ranks = []
+    for r in sorted(set(int(x) for x in ks["rank"])):
+        m = ks["rank"] == r
+        ranks.append({"rank": r, "recv_wait_us": float(wait[m & ~send].sum()) / 1e3,
+                      "send_wait_us": float(wait[m & send].sum()) / 1e3,
+                      "transfer_us": float(xfer[m].sum()) / 1e3, "slices": int(m.sum())})
+    waited = {}
+    for r, p, w in zip(ks["rank"][~send], ks["peer"][~send], wait[~send]):
+        waited[(int(r), int(p))] = waited.get((int(r), int(p)), 0.0) + float(w)
+    waited_on = [{"rank": r, "peer": p, "wait_us": w / 1e3}
+                 for (r, p), w in sorted(waited.items(), key=lambda kv: -kv[1])]
+    bw = np.where(xfer > 0, ks["size"] / np.maximum(xfer, 1), np.inf)
+    order = np.argsort(bw)[:top]
+    slowest = [{"rank": int(ks["rank"][i]), "peer": int(ks["peer"][i]), "channel": int(ks["channel"][i]),
+                "is_send": bool(ks["is_send"][i]), "step": int(ks["step"][i]), "bytes": int(ks["size"][i]),
+                "transfer_us": float(xfer[i]) / 1e3, "gbps": float(bw[i])} for i in order if np.isfinite(bw[i])]
+    return Report(links, ranks, waited_on, slowest, counters or {})
+
+
+def render(rep: Report, console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    con = console or Console()
+    t = Table(title="links (sender side transfer; receiver side wait)")
+    for c in ("src->dst", "bytes", "slices", "GB/s", "transfer us", "credit wait us", "data wait us"):
+        t.add_column(c, justify="right")
+    for ln in rep.links:
+        t.add_row(f"{ln['src']}->{ln['dst']}", f"{ln['bytes']:,}", str(ln["slices"]), f"{ln['gbps']:.2f}",
+                  f"{ln['send_transfer_us']:.1f}", f"{ln['send_credit_wait_us']:.1f}", f"{ln['recv_data_wait_us']:.1f}")
+    con.print(t)
+    t = Table(title="ranks")
+    for c in ("rank", "waiting for data us", "waiting for credit us", "moving data us", "slices"):
+        t.add_column(c, justify="right")
+    for r in rep.ranks:
+        t.add_row(str(r["rank"]), f"{r['recv_wait_us']:.1f}", f"{r['send_wait_us']:.1f}", f"{r['transfer_us']:.1f}",
+                  str(r["slices"]))
+    con.print(t)
+    if rep.waited_on:
+        w = rep.waited_on[0]
+        con.print(f"most waited on: rank {w['rank']} waited {w['wait_us']:.1f} us for data from rank {w['peer']}")
+    if rep.counters:
+        lost = {f"rank {r}": {k: v for k, v in c.items() if v and not k.startswith(("delivered", "plugin_written"))}
+                for r, c in rep.counters.items()}
+        con.print(f"loss counters: {lost}")
