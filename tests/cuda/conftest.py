@@ -34,14 +34,19 @@ def gpu():
         pytest.skip(REASON)
 
 
+@pytest.fixture(scope="session")
+def kcache(tmp_path_factory):
+    """One kernel cache for the whole run (ranks compile each variant once)."""
+    return str(tmp_path_factory.getbasetemp() / "kcache")
+
+
 @pytest.fixture(scope="module")
-def pool2(gpu, tmp_path_factory):
+def pool2(gpu, kcache):
     from tests.cuda import ranks
     from tests.helpers.procs import RankPool
     pool = RankPool(2, timeout=300)
-    cache = str(tmp_path_factory.getbasetemp() / "kcache")
     try:
-        pool.run(ranks.setup, {"cache_dir": cache, "timeout_s": 60.0})
+        pool.run(ranks.setup, {"cache_dir": kcache, "timeout_s": 20.0})
         yield pool
     finally:
         pool.close()

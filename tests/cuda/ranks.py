@@ -22,12 +22,14 @@ def setup(ctx: dict, kw: dict) -> int:
     old = ctx["state"].pop("be", None)
     if old is not None:
         old.close()
+    kw = dict(kw)
+    dtypes = kw.pop("dtypes", ("float32",))
     s = Settings(backend="cuda", **kw)
     be = CudaBackend(s, ctx["rank"], ctx["world"], ctx["store"], ctx["job"])
     ctx["state"]["be"] = be
     ctx["state"]["close"] = be.close
     ctx["state"]["tag"] = 0
-    be.prepare(kw.get("dtypes", ("float32",)))
+    be.prepare(dtypes)
     return be.device
 
 

@@ -8,10 +8,10 @@ from tests.helpers.procs import RankPool
 
 
 @pytest.mark.cuda
-def test_peer_killed_mid_collective(gpu, tmp_path):
+def test_peer_killed_mid_collective(gpu, kcache):
     pool = RankPool(2, timeout=120)
     try:
-        pool.run(ranks.setup, {"cache_dir": str(tmp_path / "k"), "timeout_s": 5.0})
+        pool.run(ranks.setup, {"cache_dir": kcache, "timeout_s": 5.0})
         pool.run(ranks.start_many, 1 << 26, 1, False)           # both ranks healthy first
         pool.run(ranks.wait_last, 5.0)
         pool.conns[1].send((ranks.start_many, (1 << 26, 2, True)))   # rank 1 leaves with kernels in flight

@@ -127,12 +127,12 @@ def test_send_recv(pool2, pattern, dtype):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("world", (3, 4))
-def test_more_ranks_than_two(gpu, world, tmp_path):
+def test_more_ranks_than_two(gpu, kcache, world):
     """Rings of 3 and 4 ranks (GPUs shared round-robin): nothing assumes 2 ranks."""
     from tests.helpers.procs import RankPool
     pool = RankPool(world, timeout=300)
     try:
-        pool.run(ranks.setup, {"cache_dir": str(tmp_path / "k"), "timeout_s": 60.0, "nchannels": 4,
+        pool.run(ranks.setup, {"cache_dir": kcache, "timeout_s": 20.0, "nchannels": 4,
                                "dtypes": ("float32", "int32")})
         for func in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce"):
             for count in (1, 1021, 200_003):

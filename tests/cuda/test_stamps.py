@@ -86,11 +86,11 @@ def test_p2p_stamps(pool2):
 
 
 @pytest.mark.cuda
-def test_sampling_counts_skipped(gpu, tmp_path):
+def test_sampling_counts_skipped(gpu, kcache):
     from tests.helpers.procs import RankPool
     pool = RankPool(2, timeout=300)
     try:
-        pool.run(ranks.setup, {"cache_dir": str(tmp_path / "k"), "sample_rate": 3})
+        pool.run(ranks.setup, {"cache_dir": kcache, "sample_rate": 3})
         res = pool.run(ranks.run_coll, "all_reduce", "float32", "sum", 2_000_000, 0, 4, 2, True)
         st = pool.run(ranks.stamps, res[0]["tag"])
         exp = pool.run(ranks.plan_expected, "all_reduce", 4, 2_000_000, 2, ranks=[0])[0]

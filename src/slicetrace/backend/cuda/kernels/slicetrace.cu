@@ -67,7 +67,7 @@ __device__ void st_main(const Args& a) {
       const u64* ss = (const u64*)cm->stamp_state + 2 * ch;
       bs.reserved = ss[0]; bs.sampled = ss[1]; bs.lock = 0; bs.multi = G > 1;
     }
-    __syncthreads();
+    bar_sync(0, nthr);
   }
   // warp groups: the whole block for a ring; for p2p one group per program of this channel
   const int nw = nthr / 32, wpg = G <= 7 ? nw / G : 1;
@@ -107,7 +107,7 @@ __device__ void st_main(const Args& a) {
     }
   }
   if (stamps) {
-    __syncthreads();
+    bar_sync(0, nthr);                   // every group's stamps are written before the counters go back
     if (threadIdx.x == 0) {
       u64* ss = (u64*)cm->stamp_state + 2 * ch;
       ss[0] = bs.reserved; ss[1] = bs.sampled;
