@@ -28,7 +28,7 @@ def test_stamps_follow_the_plan(func):
         be.submit(Work(tag, plan, "float32", "sum", x, y, stamp_steps=True, stamp_channels=True))
         recs = read_stamps(be.rings, before)
         steps = [r for r in recs if r[0] == 0]
-        assert sum(r[0] == 1 for r in recs) == len(plan.programs)
+        assert sum(r[0] == 1 for r in recs) == 2 * len(plan.programs)     # KernelCh start + stop
         assert sorted((ch, bool(f), p, sz) for _, ch, f, p, _, sz, *_ in steps) == \
             sorted((ch, s, p, b) for ch, s, p, _, b in expected_slices(plan))
         assert all(w <= rd <= d for *_, w, rd, d in steps)

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BackendError, PeerError, UsageError
-from ..stamps.layout import FLAG_SEND, KIND_CHANNEL, KIND_STEP, RingViews, RingWriter, ring_bytes
+from ..stamps.layout import FLAG_SEND, KIND_STEP, RingViews, RingWriter, ring_bytes
 from .base import DTYPES, Backend, Work
 
 WAIT_NS = 200            # synthetic credit/data wait per slice
@@ -81,10 +81,8 @@ class NullBackend(Backend):
             peer, flags = prog.params["peer"], FLAG_SEND if prog.params["is_send"] else 0
         else:
             peer, flags = 0, 0
-        chseq = 0
         if work.stamp_channels:
-            t = self._now()
-            chseq = w.start(KIND_CHANNEL, flags, op, 0, 0, peer, t, t)
+            w.channel(False, flags, op, peer, self._now())
         keys = set()
         k = 0
         for prim in prog.prims:
@@ -115,7 +113,7 @@ class NullBackend(Backend):
                     w.complete(seq, KIND_STEP, fl, op, step, nbytes, p, done)
                 k += 1
         if work.stamp_channels:
-            w.complete(chseq, KIND_CHANNEL, flags, op, 0, 0, peer, self._now())
+            w.channel(True, flags, op, peer, self._now())
 
     @staticmethod
     def _key(prog, peer: int, is_send: bool) -> tuple:
