@@ -7,7 +7,8 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 OUT=${OUT:-out}
 mkdir -p "$OUT"
-CACHE=${CACHE:-/tmp/slicetrace-kcache}
+CACHE=${CACHE:-$PWD/.kcache}          # carried prebuilt cubins are used when the toolchain matches
+export SLICETRACE_CACHE_DIR=$CACHE
 { nvidia-smi -L; nvidia-smi topo -m; python3 -c 'import cupy, torch; print("cupy", cupy.__version__, "torch", torch.__version__, "nccl", torch.cuda.nccl.version())'; } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 rc=0

@@ -36,8 +36,11 @@ def gpu():
 
 @pytest.fixture(scope="session")
 def kcache(tmp_path_factory):
-    """One kernel cache for the whole run (ranks compile each variant once)."""
-    return str(tmp_path_factory.getbasetemp() / "kcache")
+    """One kernel cache for the whole run (ranks compile each variant once); SLICETRACE_CACHE_DIR wins."""
+    from slicetrace.config import Settings
+    env_dir = Settings.from_env().cache_dir
+    default = Settings().cache_dir
+    return env_dir if env_dir != default else str(tmp_path_factory.getbasetemp() / "kcache")
 
 
 @pytest.fixture(scope="module")

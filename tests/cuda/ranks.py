@@ -51,13 +51,12 @@ def inputs(seed: int, rank: int, n: int, dtype: str, op: str) -> np.ndarray:
     return x.astype(NP[dtype])
 
 
-def to_device(x: np.ndarray, dtype: str) -> Any:
+def to_device(x: np.ndarray, dtype: str, device: int) -> Any:
     import cupy
     if dtype != "bfloat16":
         return cupy.asarray(x)
     import torch
-    t = torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16)
-    return t.cuda()
+    return torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16).to(f"cuda:{device}")
 
 
 def to_host(buf: Any, dtype: str) -> np.ndarray:
@@ -87,7 +86,7 @@ def run_coll(ctx: dict, func: str, dtype: str, op: str, count: int, root: int, s
     r, w = ctx["rank"], ctx["world"]
     n_in = count * w if func == "reduce_scatter" else count
     n_out = count * w if func == "all_gather" else count
-    x = to_device(inputs(seed, r, n_in, dtype, op), dtype)
+    x = to_device(inputs(seed, r, n_in, dtype, op), dtype, be.device)
     send, _, _ = be.as_buffer(x, "x")
     recv = poisoned(be, send, n_out)
     it = np.dtype(NP[dtype]).itemsize if dtype != "bfloat16" else 2
@@ -111,7 +110,7 @@ def run_p2p(ctx: dict, dtype: str, count: int, seed: int, pattern: str, nchannel
     src_of = [(r - 1) % w] if pattern == "ring" else list(range(w))
     parts, outs = [], []
     for j, (to, frm) in enumerate(zip(peers, src_of)):
-        x = to_device(inputs(seed + to, r, count, dtype, "sum"), dtype)
+        x = to_device(inputs(seed + to, r, count, dtype, "sum"), dtype, be.device)
         sb, _, _ = be.as_buffer(x, "x")
         rb = poisoned(be, sb, count)
         parts.append((P2pPart(to, True, count, 2 * j), sb))

@@ -28,7 +28,6 @@ struct Args {
   P2pDesc parts[ST_MAXP];
 };
 static_assert(sizeof(P2pDesc) == 32, "P2pDesc layout");
-static_assert(__builtin_offsetof(Args, blk_first) == 104, "Args layout");
 static_assert(sizeof(Args) == 2408, "Args layout");
 
 struct Comm {
