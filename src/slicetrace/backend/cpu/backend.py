@@ -69,6 +69,8 @@ class CpuBackend(Backend):
         self._rings = RingViews(self.seg.bytes_(rings, ring_bytes(nch, s.ring_slots)), nch, s.ring_slots)
         self.writers = [FastRingWriter(self._rings, c) for c in range(nch)]
         self.guard = Guard(rank, ctl, self.seg.bytes_(REASON_OFF, REASON_MAX), s.timeout_s)
+        if world > len(os.sched_getaffinity(0)):
+            self.guard.spins = 10        # ranks share cores: the peer we poll for needs our core, yield early
         self._hb = threading.Thread(target=self._heartbeat, name=f"slicetrace-heartbeat-r{rank}", daemon=True)
         self._hb.start()
         self.store.set(f"{self._prefix}/seg/{rank}", self.seg.name.encode())
