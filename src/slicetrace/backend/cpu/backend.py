@@ -82,21 +82,17 @@ class CpuBackend(Backend):
                 self._attach(p, names[p])
         self.guard.on_dead = lambda p: unlink_name(names[p])
 
-        # Counters live in the receiver's segment, the FIFO data in the sender's: the sender rewrites lines
-        # of its own memory (an invalidation) and the receiver pulls them (one transfer per byte), where a
-        # receiver-side FIFO costs the writer a read-for-ownership of lines the receiver holds as well.
-        def conn(rseg: Segment, ridx: int, sseg: Segment, sidx: int, peer: int, is_send: bool) -> Conn:
-            roff, soff = conn0 + ridx * stride, conn0 + sidx * stride
-            return Conn(rseg.words(roff, PAGE), sseg.bytes_(soff + PAGE, s.buffsize), peer, is_send)
+        def conn(seg: Segment, idx: int, peer: int, is_send: bool) -> Conn:
+            off = conn0 + idx * stride
+            return Conn(seg.words(off, PAGE), seg.bytes_(off + PAGE, s.buffsize), peer, is_send)
         prv, nxt = (rank - 1) % world, (rank + 1) % world
-        me, peer = self.seg, self._peer_segs
         self.ring_recv, self.ring_send, self.p2p_recv, self.p2p_send = [], [], {}, {}
         if world > 1:
-            self.ring_recv = [conn(me, c, peer[prv], c, prv, False) for c in range(nch)]
-            self.ring_send = [conn(peer[nxt], c, me, c, nxt, True) for c in range(nch)]
-            for p in peer:
-                self.p2p_recv[p] = conn(me, nch + p, peer[p], nch + rank, p, False)
-                self.p2p_send[p] = conn(peer[p], nch + rank, me, nch + p, p, True)
+            self.ring_recv = [conn(self.seg, c, prv, False) for c in range(nch)]
+            self.ring_send = [conn(self._peer_segs[nxt], c, nxt, True) for c in range(nch)]
+            for p in self._peer_segs:
+                self.p2p_recv[p] = conn(self.seg, nch + p, p, False)
+                self.p2p_send[p] = conn(self._peer_segs[p], nch + rank, p, True)
         # everyone attached before anyone may unlink its segment
         self.store.barrier(f"{self._prefix}/attached", rank, world, s.timeout_s)
 

@@ -3,10 +3,8 @@
 Segment of rank r (all offsets 4 KiB aligned):
 
     control block      4 KiB   pid, heartbeat, abort word + reason, op-signature table (read by peers)
-    connections        (nch + world) x (4 KiB header + buffsize FIFO). Header (tail, head, message table)
-                       of r's *incoming* connections: index c < nch ring channel c from rank r-1, index
-                       nch + s point-to-point from rank s. FIFO data of r's *outgoing* connections: index c
-                       ring channel c to rank r+1, index nch + d point-to-point to rank d.
+    connections        (nch + world) x (4 KiB header + buffsize FIFO); r is the *receiver* of all of them:
+                       index c < nch: ring channel c from rank r-1; index nch + s: point-to-point from rank s
     stamp rings        stamps.layout.ring_bytes(nch, ring_slots)  (read by this rank's drain thread)
 
 Segments bypass Python's resource_tracker (spawned ranks share one tracker, and a segment registered by
