@@ -84,7 +84,7 @@ def run_ring(prog, job: RingJob) -> None:
         fin = avg and prim.final
         same = job.delta is not None and kind == K_COPYSEND and so * dt.itemsize + job.delta == do * dt.itemsize
         for off, n in prim.slices:
-            if stamp:
+            if stamp and hr:
                 t0 = clock()
             if hr:
                 t = rstep + ss
@@ -97,15 +97,16 @@ def run_ring(prog, job: RingJob) -> None:
                     tr = clock()
             if hs:
                 if stamp:
-                    tw = clock()
+                    tw = tr if hr else clock()       # the send wait starts when the recv wait ended
+                    ts = tw                          # credit already there: no wait (send.ready is free)
                 t = sstep + ss - NSTEPS
                 if sctl[H_HEAD] < t:
                     wait(sctl, H_HEAD, t, speer, f"credit from rank {speer} on channel {ch} (step {sstep})")
+                    if stamp:
+                        ts = clock()
                 if n:
                     i = (sstep & 7) * se
                     s = sview[i:i + n]
-                if stamp:
-                    ts = clock()
             if n:
                 if kind == K_RRS:
                     a = so + off
