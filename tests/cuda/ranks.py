@@ -45,10 +45,9 @@ def inputs(seed: int, rank: int, n: int, dtype: str, op: str) -> np.ndarray:
         if op in ("sum", "avg") and dtype in ("int32", "int64"):
             lo, hi = -1000, 1000
         return rng.integers(lo, hi, n).astype(NP[dtype])
-    x = rng.standard_normal(n)
     if op == "prod":
-        x = 0.5 + rng.random(n)
-    return x.astype(NP[dtype])
+        return (0.5 + rng.random(n, dtype=np.float32)).astype(NP[dtype])
+    return rng.standard_normal(n, dtype=np.float32).astype(NP[dtype])
 
 
 def to_device(x: np.ndarray, dtype: str, device: int) -> Any:
@@ -80,7 +79,7 @@ def poisoned(be: Any, like: Any, n: int) -> Any:
 
 
 def run_coll(ctx: dict, func: str, dtype: str, op: str, count: int, root: int, seed: int,
-             nchannels: int = 0, steps: bool = False) -> dict:
+             nchannels: int = 0, steps: bool = False, wait_s: float = 0.0) -> dict:
     """Run one collective; return this rank's output (host) for the test to check."""
     be = ctx["state"]["be"]
     r, w = ctx["rank"], ctx["world"]
@@ -95,8 +94,9 @@ def run_coll(ctx: dict, func: str, dtype: str, op: str, count: int, root: int, s
     ctx["state"]["tag"] += 1
     work = Work(ctx["state"]["tag"], plan, dtype, op, sendbuf=send, recvbuf=recv,
                 stamp_steps=steps, stamp_channels=steps)
+    ctx["store"].barrier(f"coll/{work.tag}", r, w, 300.0)     # big inputs take long to make: start together
     tok = be.submit(work)
-    be.wait(tok, be.settings.timeout_s)
+    be.wait(tok, wait_s or be.settings.timeout_s)
     return {"out": to_host(recv, dtype), "tag": work.tag}
 
 

@@ -81,6 +81,8 @@ class CudaBackend(Backend):
         self._last: Token | None = None
         self._clock: tuple[int, int] = (0, 1 << 62)
         self._probe_busy = False
+        rate_fn = self.kernels.function("clock.cu", "st_rate", {}, settings.assert_warm)
+        self.cyc_q16 = clock.rate_q16(rate_fn, self.mem.probe, self.mem.probe_ptr, self._side)
 
     # ---- buffers ----
     @property
@@ -179,6 +181,7 @@ class CudaBackend(Backend):
         if nblocks > MAXB:
             raise UsageError(f"the plan has {nblocks} channels; the cuda backend runs at most {MAXB}")
         a["comm"] = self.mem.comm_ptr
+        a["cyc_q16"] = self.cyc_q16
         a["func"], a["nranks"], a["rank"], a["root"] = FUNC_IDS[plan.func], plan.nranks, plan.rank, plan.root
         a["redop"] = REDOP_IDS.get(work.redop, 0)
         a["nblocks"] = nblocks

@@ -152,5 +152,9 @@ class Kernels:
     def prepare(self, jobs: list[tuple[str, dict[str, str]]], workers: int = 8) -> None:
         """Compile many variants at once (threads: NVRTC runs outside the GIL where CuPy allows it)."""
         from concurrent.futures import ThreadPoolExecutor
+        if not jobs:
+            return
+        # the first compile alone: NVRTC loads its builtins library lazily and that load is not thread safe
+        get_cubin(jobs[0][0], jobs[0][1], self.arch, self.cache_dir)
         with ThreadPoolExecutor(max_workers=max(1, min(workers, len(jobs)))) as ex:
-            list(ex.map(lambda j: get_cubin(j[0], j[1], self.arch, self.cache_dir), jobs))
+            list(ex.map(lambda j: get_cubin(j[0], j[1], self.arch, self.cache_dir), jobs[1:]))

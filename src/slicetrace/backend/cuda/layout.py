@@ -25,7 +25,7 @@ ARGS_DTYPE = np.dtype([
     ("count", "<i8"), ("per_ch", "<i8"), ("chunk_elems", "<i8"),
     ("func", "<i4"), ("redop", "<i4"), ("nranks", "<i4"), ("rank", "<i4"), ("root", "<i4"), ("nblocks", "<i4"),
     ("step_bytes", "<i4"), ("slice_steps", "<i4"), ("chunk_steps", "<i4"), ("sample_rate", "<i4"),
-    ("op_tag", "<u4"), ("stamp_ch", "<i4"), ("nparts", "<i4"), ("pad", "<i4"),
+    ("op_tag", "<u4"), ("stamp_ch", "<i4"), ("nparts", "<i4"), ("cyc_q16", "<i4"),
     ("blk_first", "<u2", (MAXB,)), ("blk_n", "<u2", (MAXB,)),
     ("parts", PART_DTYPE, (MAXP,)),
 ])

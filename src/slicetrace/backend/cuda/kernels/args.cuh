@@ -22,7 +22,8 @@ struct Args {
   int step_bytes, slice_steps, chunk_steps, sample_rate;
   u32 op_tag;
   int stamp_ch;         // KernelCh boundaries on
-  int nparts, pad;
+  int nparts;
+  int cyc_q16;           // ns per SM clock cycle x 65536 (stamp clocks between %globaltimer reads)
   u16 blk_first[ST_MAXB];
   u16 blk_n[ST_MAXB];
   P2pDesc parts[ST_MAXP];

@@ -6,6 +6,16 @@
 #include "args.cuh"
 #include "reduce.cuh"
 
+#ifndef ST_STAMP_WRITES
+#define ST_STAMP_WRITES 1
+#endif
+// Reading %globaltimer is slow here (measured), so with ST_TIMER_MODE 1 the wait roles take clock64()
+// and the post thread reads %globaltimer once per slice: wait/ready = done - cycles x ns-per-cycle.
+#ifndef ST_TIMER_MODE
+#define ST_TIMER_MODE 1
+#endif
+__device__ __forceinline__ u64 role_clock() { return ST_TIMER_MODE ? (u64)clock64() : gtimer(); }
+
 struct GrpShared {
   u64 clk[2][2][2];   // [slice parity][recv, send][wait, ready]
   int ab[2][2];       // [slice parity][recv waiter, send waiter]: the wait was aborted
@@ -68,13 +78,15 @@ template <typename T, bool STEPS> struct Eng {
   const Args* a; const Comm* cm; BlockShared* bs; GrpShared* gs;
   Grp g; Conn c;
   u64 sstep, rstep;
-  int k;                 // slice index within the program (sampling, parity)
+  int k;                 // slice index within the program (sampling)
+  int kr;                // real (non-empty) slices so far: parity of the shared clock/abort slots
   bool aborted;
   // stamp state, used by the post thread only
   u64 *hdr, *st, *co; u64 mask;
   u64 pend_lo, pend_hi;  // step entries whose payload is written and seq not yet published
   u64 chseq; bool ch_pend;
   int ch_peer, ch_flags;
+  u64 pt, pc;            // last (%globaltimer, clock64) pair: the SM clock's rate over the current slice
 
   __device__ bool post() const { return g.tid == g.post; }
   __device__ bool stamping() const { return STEPS || a->stamp_ch; }
@@ -98,6 +110,7 @@ template <typename T, bool STEPS> struct Eng {
     unlock();
   }
   __device__ void entry(u64* ring, u64 q, u64 w, u64 r, u64 d, u64 i0, u64 i1) {
+    if (ST_STAMP_WRITES == 0) return;    // measurement variant: stamping logic without the ring stores
     u64* e = ring + (q & mask) * 6;
     st_volatile(e + 1, w); st_volatile(e + 2, r); st_volatile(e + 3, d);
     st_volatile(e + 4, i0); st_volatile(e + 5, i1);
@@ -118,7 +131,7 @@ template <typename T, bool STEPS> struct Eng {
     st = (u64*)cm->started + (u64)ch * cm->slots * 6;
     co = (u64*)cm->completed + (u64)ch * cm->slots * 6;
     mask = cm->slots - 1;
-    pend_lo = pend_hi = 0; ch_pend = false; aborted = false; k = 0;
+    pend_lo = pend_hi = 0; ch_pend = false; aborted = false; k = 0; kr = 0;
   }
   __device__ static u64 round_up(u64 s, int m) { return (s + m - 1) / m * m; }
 
@@ -126,6 +139,7 @@ template <typename T, bool STEPS> struct Eng {
     sstep = c.s_stepp ? round_up(*c.s_stepp, a->chunk_steps) : 0;
     rstep = c.r_stepp ? round_up(*c.r_stepp, a->chunk_steps) : 0;
     ch_peer = peer; ch_flags = flags;
+    if (STEPS && ST_TIMER_MODE && post()) { pc = clock64(); pt = gtimer(); }
     if (post() && a->stamp_ch) {
       const u64 t = gtimer();
       chseq = reserve(1);
@@ -149,11 +163,23 @@ template <typename T, bool STEPS> struct Eng {
     if (a->stamp_ch) st_volatile(co + (chseq & mask) * 6, chseq);
   }
 
+  // A role clock taken before the post thread's (cd cycles, td ns) pair, as %globaltimer ns.
+  __device__ u64 ns_at(u64 c, u64 cd, u64 td, u64 rq16) const {
+    if (!ST_TIMER_MODE) return c;
+    const u64 dc = cd > c ? cd - c : 0;
+    const u64 dn = (dc * rq16) >> 16;
+    return dn < td ? td - dn : 0;
+  }
+
   __device__ void post_real(bool rv, bool sd, i64 n, int ss, bool stamp, int par) {
-    u64 td = 0, q = 0;
+    u64 td = 0, cd = 0, q = 0, rq = 0;
     const int nd = (int)rv + (int)sd;
     if (STEPS) {
-      if (stamp) { td = gtimer(); q = reserve(nd); }   // done is read before the tail store
+      if (stamp) {                                     // done is read before the tail store
+        cd = clock64(); td = gtimer(); q = reserve(nd);
+        rq = cd - pc > 2000 && td > pt ? ((td - pt) << 16) / (cd - pc) : (u64)a->cyc_q16;
+        pt = td; pc = cd;
+      }
       else sampled_out(nd);
     }
     fence_sys();                                       // slice data (all workers, via the barrier) first
@@ -164,12 +190,12 @@ template <typename T, bool STEPS> struct Eng {
       if (stamp) {
         const u64 size = (u64)n * sizeof(T);
         if (rv) {
-          entry(st, q, gs->clk[par][0][0], gs->clk[par][0][1], 0, id0(a->op_tag, rstep), id1(size, c.r_peer, 0, 0));
+          entry(st, q, ns_at(gs->clk[par][0][0], cd, td, rq), ns_at(gs->clk[par][0][1], cd, td, rq), 0, id0(a->op_tag, rstep), id1(size, c.r_peer, 0, 0));
           entry(co, q, 0, 0, td, id0(a->op_tag, rstep), id1(size, c.r_peer, 0, 0));
           q++;
         }
         if (sd) {
-          entry(st, q, gs->clk[par][1][0], gs->clk[par][1][1], 0, id0(a->op_tag, sstep), id1(size, c.s_peer, 0, 1));
+          entry(st, q, ns_at(gs->clk[par][1][0], cd, td, rq), ns_at(gs->clk[par][1][1], cd, td, rq), 0, id0(a->op_tag, sstep), id1(size, c.s_peer, 0, 1));
           entry(co, q, 0, 0, td, id0(a->op_tag, sstep), id1(size, c.s_peer, 0, 1));
           q++;
         }
@@ -180,24 +206,24 @@ template <typename T, bool STEPS> struct Eng {
 
   // One slice of n elements. src/dst are user pointers at the slice (0 = unused).
   __device__ __noinline__ void slice(bool rv, bool sd, const T* src, T* dst, bool red, bool fin, i64 n, int ss) {
-    const int par = k & 1;
+    const int par = kr & 1;   // only real slices pass barriers, so only they may flip the slot
     const bool stamp = STEPS && (k % a->sample_rate) == 0;
     if (n > 0) {
       if (g.tid == 0) {
         int ab = 0;
         if (rv) {
-          const u64 tw = STEPS ? gtimer() : 0;
+          const u64 tw = STEPS ? role_clock() : 0;
           ab = spin_until(c.r_tail, 0, rstep + ss, cm);
-          if (STEPS) { gs->clk[par][0][0] = tw; gs->clk[par][0][1] = gtimer(); }
+          if (STEPS) { gs->clk[par][0][0] = tw; gs->clk[par][0][1] = role_clock(); }
         }
         gs->ab[par][0] = ab;
       }
       if (g.tid == 1) {
         int ab = 0;
         if (sd) {
-          const u64 tw = STEPS ? gtimer() : 0;
+          const u64 tw = STEPS ? role_clock() : 0;
           ab = spin_until(c.s_head, ST_NCCL_STEPS, sstep + ss, cm);
-          if (STEPS) { gs->clk[par][1][0] = tw; gs->clk[par][1][1] = gtimer(); }
+          if (STEPS) { gs->clk[par][1][0] = tw; gs->clk[par][1][1] = role_clock(); }
         }
         gs->ab[par][1] = ab;
       }
@@ -216,6 +242,7 @@ template <typename T, bool STEPS> struct Eng {
       bar_sync(g.bar_all, g.nthr);
       if (gs->ab[par][0] | gs->ab[par][1]) { aborted = true; return; }
       if (post()) post_real(rv, sd, n, ss, stamp, par);
+      kr++;
     } else if (post()) {                              // empty slice: no data, but steps stay in lockstep
       if (sd) st_relaxed_sys(c.s_tail, sstep + ss);
       if (rv) st_relaxed_sys(c.r_head, rstep + ss);
