@@ -93,7 +93,7 @@ def run_coll(ctx: dict, func: str, dtype: str, op: str, count: int, root: int, s
     plan = plan_collective(func, w, r, count, it, root, nch, be.settings.step_bytes)
     ctx["state"]["tag"] += 1
     work = Work(ctx["state"]["tag"], plan, dtype, op, sendbuf=send, recvbuf=recv,
-                stamp_steps=steps, stamp_channels=steps)
+                stamp_steps=steps, stamp_channels=steps, sample_rate=be.settings.sample_rate)
     ctx["store"].barrier(f"coll/{work.tag}", r, w, 300.0)     # big inputs take long to make: start together
     tok = be.submit(work)
     be.wait(tok, wait_s or be.settings.timeout_s)

@@ -135,20 +135,26 @@ template <typename T, bool STEPS> struct Eng {
   }
   __device__ static u64 round_up(u64 s, int m) { return (s + m - 1) / m * m; }
 
+  __device__ bool last_warp() const { return g.tid >= g.nthr - 32; }
   __device__ void begin(int peer, int flags) {
     sstep = c.s_stepp ? round_up(*c.s_stepp, a->chunk_steps) : 0;
     rstep = c.r_stepp ? round_up(*c.r_stepp, a->chunk_steps) : 0;
     ch_peer = peer; ch_flags = flags;
     if (STEPS && ST_TIMER_MODE && post()) { pc = clock64(); pt = gtimer(); }
-    if (post() && a->stamp_ch) {
-      const u64 t = gtimer();
-      chseq = reserve(1);
-      fence_sys();
-      entry(st, chseq, t, t, 0, id0(a->op_tag, 0), id1(0, peer, 1, flags));
+    if (a->stamp_ch && last_warp()) {
+      if (post()) {
+        const u64 t = gtimer();
+        chseq = reserve(1);
+        fence_sys();
+        entry(st, chseq, t, t, 0, id0(a->op_tag, 0), id1(0, peer, 1, flags));
+      }
+      chseq = __shfl_sync(0xffffffffu, chseq, 31);   // the whole last warp tracks the stamp state
       ch_pend = true;
     }
   }
   __device__ void end() {
+    if (!last_warp()) return;
+    __syncwarp();                      // payload stores of the warp's lanes come before the final fence
     if (!post()) return;
     if (!aborted) {
       if (c.s_stepp) *c.s_stepp = sstep;
@@ -171,37 +177,54 @@ template <typename T, bool STEPS> struct Eng {
     return dn < td ? td - dn : 0;
   }
 
+  // Called by the group's last warp after the barrier: lane 31 posts; with STEPS the 32 lanes then write
+  // the stamp words in parallel (one store each; a single thread's stores to host memory queue up).
   __device__ void post_real(bool rv, bool sd, i64 n, int ss, bool stamp, int par) {
+    const int lane = g.tid & 31;
     u64 td = 0, cd = 0, q = 0, rq = 0;
     const int nd = (int)rv + (int)sd;
-    if (STEPS) {
-      if (stamp) {                                     // done is read before the tail store
-        cd = clock64(); td = gtimer(); q = reserve(nd);
-        rq = cd - pc > 2000 && td > pt ? ((td - pt) << 16) / (cd - pc) : (u64)a->cyc_q16;
-        pt = td; pc = cd;
-      }
-      else sampled_out(nd);
-    }
-    fence_sys();                                       // slice data (all workers, via the barrier) first
-    if (sd) st_relaxed_sys(c.s_tail, sstep + ss);
-    if (rv) st_relaxed_sys(c.r_head, rstep + ss);
-    if (STEPS) {
-      publish();                                       // previous slice: its payload is behind that fence
-      if (stamp) {
-        const u64 size = (u64)n * sizeof(T);
-        if (rv) {
-          entry(st, q, ns_at(gs->clk[par][0][0], cd, td, rq), ns_at(gs->clk[par][0][1], cd, td, rq), 0, id0(a->op_tag, rstep), id1(size, c.r_peer, 0, 0));
-          entry(co, q, 0, 0, td, id0(a->op_tag, rstep), id1(size, c.r_peer, 0, 0));
-          q++;
+    if (lane == 31) {
+      if (STEPS) {
+        if (stamp) {                                   // done is read before the tail store
+          cd = clock64(); td = gtimer(); q = reserve(nd);
+          rq = cd - pc > 2000 && td > pt ? ((td - pt) << 16) / (cd - pc) : (u64)a->cyc_q16;
+          pt = td; pc = cd;
+        } else {
+          sampled_out(nd);
         }
-        if (sd) {
-          entry(st, q, ns_at(gs->clk[par][1][0], cd, td, rq), ns_at(gs->clk[par][1][1], cd, td, rq), 0, id0(a->op_tag, sstep), id1(size, c.s_peer, 0, 1));
-          entry(co, q, 0, 0, td, id0(a->op_tag, sstep), id1(size, c.s_peer, 0, 1));
-          q++;
-        }
-        pend_hi = q;
       }
+      fence_sys();                                     // slice data (all workers, via the barrier) first
+      if (sd) st_relaxed_sys(c.s_tail, sstep + ss);
+      if (rv) st_relaxed_sys(c.r_head, rstep + ss);
     }
+    if (!STEPS) return;
+    __syncwarp();
+    // publish the previous slice: its payload was written before this slice's barrier and fence
+    const int np = (int)(pend_hi - pend_lo);
+    if (lane < 2 * np) {
+      const u64 pq = pend_lo + (lane >> 1);
+      st_volatile(((lane & 1) ? co : st) + (pq & mask) * 6, pq);
+    }
+    if (ch_pend && lane == 30) st_volatile(st + (chseq & mask) * 6, chseq);
+    ch_pend = false;
+    pend_lo = pend_hi;
+    if (!stamp) return;
+    td = __shfl_sync(0xffffffffu, td, 31); cd = __shfl_sync(0xffffffffu, cd, 31);
+    q = __shfl_sync(0xffffffffu, q, 31); rq = __shfl_sync(0xffffffffu, rq, 31);
+    if (lane < 10 * nd) {
+      const int e = lane / 10, ring = (lane % 10) / 5, w = lane % 5 + 1;
+      const bool recv = rv && e == 0;
+      const int dir = recv ? 0 : 1;
+      const u64 step = recv ? rstep : sstep;
+      u64 v;
+      if (w == 1) v = ring ? 0 : ns_at(gs->clk[par][dir][0], cd, td, rq);
+      else if (w == 2) v = ring ? 0 : ns_at(gs->clk[par][dir][1], cd, td, rq);
+      else if (w == 3) v = ring ? td : 0;
+      else if (w == 4) v = id0(a->op_tag, step);
+      else v = id1((u64)n * sizeof(T), recv ? c.r_peer : c.s_peer, 0, recv ? 0 : 1);
+      if (ST_STAMP_WRITES) st_volatile((ring ? co : st) + ((q + e) & mask) * 6 + w, v);
+    }
+    pend_hi = q + nd;
   }
 
   // One slice of n elements. src/dst are user pointers at the slice (0 = unused).
@@ -241,7 +264,7 @@ template <typename T, bool STEPS> struct Eng {
       }
       bar_sync(g.bar_all, g.nthr);
       if (gs->ab[par][0] | gs->ab[par][1]) { aborted = true; return; }
-      if (post()) post_real(rv, sd, n, ss, stamp, par);
+      if (last_warp()) post_real(rv, sd, n, ss, stamp, par);
       kr++;
     } else if (post()) {                              // empty slice: no data, but steps stay in lockstep
       if (sd) st_relaxed_sys(c.s_tail, sstep + ss);
