@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -118,10 +119,15 @@ PARENT_RULES: dict[EventType, int] = {
 }
 
 
+_RULES = tuple((int(p), int(t)) for p, t in PARENT_RULES.items())
+
+
+@lru_cache(maxsize=1024)     # called per op and plugin; masks are few and IntFlag arithmetic is slow
 def effective_mask(mask: int) -> int:
     """The mask with every parent type whose descendants are requested."""
+    mask = int(mask)
     out = mask
-    for parent, trigger in PARENT_RULES.items():
+    for parent, trigger in _RULES:
         if mask & trigger:
             out |= parent
     return out

@@ -6,6 +6,7 @@ Every backend runs these plans. The CUDA kernels compute the same schedule on th
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from ..config import NCCL_STEPS
 from ..errors import UsageError
@@ -210,6 +211,7 @@ def _chain(rank, n, root, lo, cnt, it, proto, reduce_: bool):
     return prims, {"chunk_elems": chunk}
 
 
+@lru_cache(maxsize=4096)     # plans are immutable and ops repeat: planning is off the hot path after the first
 def plan_collective(func: str, nranks: int, rank: int, count: int, itemsize: int, root: int,
                     nchannels: int, step_bytes: int) -> OpPlan:
     if func not in COLLECTIVES:
@@ -242,8 +244,14 @@ class P2pPart:
     index: int             # position in the group (buffers are matched by it)
 
 
-def plan_p2p(parts: list[P2pPart], nranks: int, rank: int, itemsize: int, chunk_bytes: int,
+def plan_p2p(parts, nranks: int, rank: int, itemsize: int, chunk_bytes: int,
              step_bytes: int, nchannels: int = 1) -> OpPlan:
+    return _plan_p2p(tuple(parts), nranks, rank, itemsize, chunk_bytes, step_bytes, nchannels)
+
+
+@lru_cache(maxsize=4096)
+def _plan_p2p(parts: tuple[P2pPart, ...], nranks: int, rank: int, itemsize: int, chunk_bytes: int,
+              step_bytes: int, nchannels: int) -> OpPlan:
     """A group of sends/recvs. Each part is its own program on its peer connection; they run concurrently.
 
     Parts to self are copies done by the backend without a connection (NCCL's self copy) and get no program.

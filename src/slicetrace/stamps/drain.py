@@ -39,12 +39,15 @@ class Drain:
         self.views, self.consumer = views, consumer
         self.nch, self.slots = views.nchannels, views.slots
         self.cursor = np.zeros(self.nch, dtype=np.uint64)       # last consumed seq per channel
-        self._sampled = np.zeros(self.nch, dtype=np.uint64)
+        self._sampled = 0
+        self._hdr = views.header.view(np.uint64).reshape(self.nch, 8)          # [reserved, sampled_out, pad]
+        self._st = views.started.view(np.uint64).reshape(self.nch, self.slots, 6)
+        self._co = views.completed.view(np.uint64).reshape(self.nch, self.slots, 6)
         self.offset_ns = 0                                      # host_ns = device_ns + offset_ns
         self.interval = interval_us / 1e6
         self._clock = clock
         self._ops: dict[int, _Op] = {}                          # op low 32 bits -> op, in submit order
-        self._open: dict[tuple[int, int, int, int], np.void] = {}  # (ch, op, peer, send) -> KernelCh start
+        self._open: dict[tuple[int, int, int, int], int] = {}   # (ch, op, peer, send) -> KernelCh start clock
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = False
@@ -110,28 +113,30 @@ class Drain:
     def poll_once(self, force: bool = False) -> int:
         with self._lock:
             ops = list(self._ops.values())
+        reserved = self._hdr[:, 0]
         for op in ops:
             if not op.done and op.done_fn is not None and op.done_fn():
                 if op.snapshot is None:
-                    op.snapshot = self.views.header["reserved"].copy()
+                    op.snapshot = reserved.copy()
                 op.done = True
-        done_lows = np.array([o.tag & 0xFFFFFFFF for o in ops if o.done], dtype=np.uint32)
-        n = sum(self._drain_channel(ch, done_lows, force) for ch in range(self.nch))
+        done_lows = [o.tag & 0xFFFFFFFF for o in ops if o.done]
+        n = 0
+        for ch in np.flatnonzero(reserved > self.cursor).tolist():
+            n += self._drain_channel(ch, done_lows, force)
         if force and self._open:
             self.consumer.drop("unpaired", len(self._open))
             self._open.clear()
-        sampled = self.views.header["sampled_out"].copy()
-        d = int((sampled - self._sampled).sum())
-        if d:
+        sampled = int(self._hdr[:, 1].sum())
+        if sampled != self._sampled:
+            self.consumer.drop("sampled_out", sampled - self._sampled)
             self._sampled = sampled
-            self.consumer.drop("sampled_out", d)
         now = self._clock()
         open_ch = {k[1] for k in self._open}
         for op in ops:          # in submit order: an op ends only after the ones before it
             low = op.tag & 0xFFFFFFFF
             if not (op.done or force):
                 break
-            if not force and (low in open_ch or not bool(np.all(self.cursor >= op.snapshot))):
+            if not force and (low in open_ch or (self.cursor < op.snapshot).any()):
                 break
             with self._lock:
                 self._ops.pop(low, None)
@@ -139,11 +144,10 @@ class Drain:
             n += 1
         return n
 
-    def _drain_channel(self, ch: int, done_lows: np.ndarray, force: bool) -> int:
+    def _drain_channel(self, ch: int, done_lows: list[int], force: bool) -> int:
         N = self.slots
-        hdr = self.views.header
         cur = int(self.cursor[ch])
-        top = int(hdr["reserved"][ch])
+        top = int(self._hdr[ch, 0])
         if top <= cur:
             return 0
         if top - cur > N:                           # lapped: the oldest entries are gone
@@ -151,71 +155,68 @@ class Drain:
             cur = top - N
         seqs = np.arange(cur + 1, top + 1, dtype=np.uint64)
         idx = (seqs & np.uint64(N - 1)).astype(np.intp)
-        st = self.views.started[ch][idx]            # fancy indexing copies
-        co = self.views.completed[ch][idx]
-        top2 = int(hdr["reserved"][ch])             # read after the copy: is any slot being reused?
+        st = self._st[ch][idx]                      # (m, 6) u64 words; fancy indexing copies
+        co = self._co[ch][idx]
+        top2 = int(self._hdr[ch, 0])                # read after the copy: is any slot being reused?
         intact = seqs + np.uint64(N) > np.uint64(top2)
-        st_vis = (st["seq"] == seqs) & intact
-        ok = st_vis & (co["seq"] == seqs)
-        lost = (st_vis & ~ok & np.isin(st["op"], done_lows)) | (np.uint64(top2) - seqs > LOST_LAG)
-        decided = ok | ~intact | lost | force
-        end = int(np.argmin(decided)) if not decided.all() else len(seqs)
-        if end == 0:
-            self.cursor[ch] = cur
-            return 0
-        ok, intact = ok[:end], intact[:end]
-        lapped = int((~intact).sum())
-        if lapped:
-            self.consumer.drop("overrun", lapped)
-        unpaired = int((intact & ~ok).sum())
-        if unpaired:
-            self.consumer.drop("unpaired", unpaired)
-        s, c = st[:end][ok], co[:end][ok]
-        same = ((s["op"] == c["op"]) & (s["step"] == c["step"]) & (s["kind"] == c["kind"])
-                & (s["flags"] == c["flags"]))
+        st_vis = (st[:, 0] == seqs) & intact
+        ok = st_vis & (co[:, 0] == seqs)
+        if ok.all():
+            end = len(seqs)
+        else:
+            stuck_op = (st[:, 4] & 0xFFFFFFFF)
+            lost = (st_vis & ~ok & np.isin(stuck_op, np.array(done_lows, dtype=np.uint64))) | \
+                (np.uint64(top2) - seqs > LOST_LAG)
+            decided = ok | ~intact | lost | force
+            end = int(np.argmin(decided)) if not decided.all() else len(seqs)
+            if end == 0:
+                self.cursor[ch] = cur
+                return 0
+            ok, intact = ok[:end], intact[:end]
+            lapped = int((~intact).sum())
+            if lapped:
+                self.consumer.drop("overrun", lapped)
+            unpaired = int((intact & ~ok).sum())
+            if unpaired:
+                self.consumer.drop("unpaired", unpaired)
+            st, co = st[:end][ok], co[:end][ok]
+        same = (st[:, 4] == co[:, 4]) & (st[:, 5] == co[:, 5])   # identity words: op, step, size, peer, kind
         if not same.all():
             self.consumer.drop("unpaired", int((~same).sum()))
-            s, c = s[same], c[same]
+            st, co = st[same], co[same]
         self.cursor[ch] = seqs[end - 1]
-        if len(s):
-            is_ch = s["kind"] == KIND_CHANNEL
-            if is_ch.any():
-                s, c = self._pair_channels(ch, s, c, is_ch)
-            if len(s):
-                self._deliver(ch, s, c)
+        if len(st):
+            self._deliver(ch, st, co)
         return end
 
-    def _pair_channels(self, ch: int, s: np.ndarray, c: np.ndarray, is_ch: np.ndarray):
-        """Turn KernelCh start/stop records into one record (ready = start, done = stop) at the stop."""
-        keep = ~is_ch
-        for i in np.flatnonzero(is_ch):
-            r = s[i]
-            key = (ch, int(r["op"]), int(r["peer"]), int(r["flags"]) & 1)
-            if not int(r["flags"]) & FLAG_CH_STOP:
-                self._open[key] = r.copy()
-                continue
-            start = self._open.pop(key, None)
-            if start is None:
-                self.consumer.drop("unpaired", 1)
-                continue
-            s[i]["wait"] = s[i]["ready"] = start["ready"]
-            s[i]["flags"] = int(r["flags"]) & ~FLAG_CH_STOP
-            c[i]["flags"] = s[i]["flags"]
-            keep[i] = True
-        return s[keep], c[keep]
-
     def _deliver(self, ch: int, st: np.ndarray, co: np.ndarray) -> None:
+        w4, w5 = st[:, 4], st[:, 5]
+        kind = (w5 >> np.uint64(48)) & np.uint64(0xFF)
+        is_ch = kind == KIND_CHANNEL
         out = np.empty(len(st), dtype=PAIRED_DTYPE)
-        for f in ("op", "kind", "flags", "peer", "step", "size", "wait", "ready"):
-            out[f] = st[f]
+        out["op"] = w4 & np.uint64(0xFFFFFFFF)
+        out["step"] = w4 >> np.uint64(32)
+        out["size"] = w5 & np.uint64(0xFFFFFFFF)
+        out["peer"] = (w5 >> np.uint64(32)) & np.uint64(0xFFFF)
+        out["kind"] = kind
+        out["flags"] = w5 >> np.uint64(56)
         out["channel"] = ch
-        out["done"] = co["done"]
+        out["wait"], out["ready"], out["done"] = st[:, 1], st[:, 2], co[:, 3]
+        if is_ch.any():
+            out = self._pair_channels(ch, out, is_ch)
+            if not len(out):
+                return
         off = np.int64(self.offset_ns)
-        for f in ("wait", "ready", "done"):
-            out[f + "_ns"] = out[f].astype(np.int64) + off
-        key = out["op"].astype(np.int64) * 2 + out["kind"]    # runs of one op and kind, seq order kept
-        cuts = np.flatnonzero(np.diff(key)) + 1
-        for run in (np.split(out, cuts) if len(cuts) else [out]):
+        out["wait_ns"] = out["wait"].view(np.int64) + off
+        out["ready_ns"] = out["ready"].view(np.int64) + off
+        out["done_ns"] = out["done"].view(np.int64) + off
+        ops = out["op"]
+        if ops[0] == ops[-1] and not (out["kind"][0] != out["kind"]).any():
+            runs = [out]
+        else:                                        # runs of one op and kind, seq order kept
+            key = ops.astype(np.int64) * 2 + out["kind"]
+            runs = np.split(out, np.flatnonzero(key[1:] != key[:-1]) + 1)
+        for run in runs:
             low = int(run["op"][0])
             with self._lock:
                 op = self._ops.get(low)
@@ -225,7 +226,23 @@ class Drain:
             self.delivered += len(run)
             if run["kind"][0] == KIND_CHANNEL:
                 self.consumer.channel(op.tag, run)
-            elif run["kind"][0] == KIND_STEP:
-                self.consumer.steps(op.tag, run)
             else:
-                self.consumer.drop("unpaired", len(run))
+                self.consumer.steps(op.tag, run)
+
+    def _pair_channels(self, ch: int, out: np.ndarray, is_ch: np.ndarray) -> np.ndarray:
+        """KernelCh start/stop records -> one record (ready = start, done = stop) at the stop."""
+        keep = ~is_ch
+        for i in np.flatnonzero(is_ch).tolist():
+            flags = int(out["flags"][i])
+            key = (ch, int(out["op"][i]), int(out["peer"][i]), flags & 1)
+            if not flags & FLAG_CH_STOP:
+                self._open[key] = int(out["ready"][i])
+                continue
+            start = self._open.pop(key, None)
+            if start is None:
+                self.consumer.drop("unpaired", 1)
+                continue
+            out["wait"][i] = out["ready"][i] = start
+            out["flags"][i] = flags & ~FLAG_CH_STOP
+            keep[i] = True
+        return out[keep]
