@@ -140,14 +140,19 @@ def _one(comm, op, nbytes, dtype, o, xp, to_dev, to_host, sync, ref, key):
         comm.barrier()
         vals.append(_time(rfn, o["iters"], ref.sync))
     if o["overhead"]:
-        on, off = [], []
-        for _ in range(o["rounds"]):
-            comm.barrier()
-            with comm.profiling(False):
-                off.append(_time(fn, o["iters"], sync))
-            comm.barrier()
-            on.append(_time(fn, o["iters"], sync, flush))
-        vals += [statistics.median(on), statistics.median(off)]
+        # Adjacent blocks, order swapped every round, median of the per-round ratios: the machine's speed
+        # drifts by more than the effect being measured, and a ratio of neighbours cancels the drift.
+        ratios, on, off = [], [], []
+        for rnd in range(o["rounds"]):
+            pair = {}
+            for prof in ((True, False) if rnd % 2 else (False, True)):
+                comm.barrier()
+                with comm.profiling(prof):
+                    pair[prof] = _time(fn, o["iters"], sync, flush if prof else None)
+            on.append(pair[True])
+            off.append(pair[False])
+            ratios.append(pair[True] / pair[False])
+        vals += [statistics.median(on), statistics.median(off), statistics.median(ratios)]
     vals = _gather_max(comm, key, vals)
     if rank != 0:
         return None
@@ -166,9 +171,9 @@ def _one(comm, op, nbytes, dtype, o, xp, to_dev, to_host, sync, ref, key):
         row["ref_busbw"] = size / rt / 1e9 * f if rt > 0 else 0.0
         row["ratio"] = row["busbw"] / row["ref_busbw"] if row["ref_busbw"] else float("nan")
     if o["overhead"]:
-        on, off = vals[k], vals[k + 1]
+        on, off, ratio = vals[k], vals[k + 1], vals[k + 2]
         row["profiled_us"], row["unprofiled_us"] = on * 1e6, off * 1e6
-        row["overhead_pct"] = (on - off) / off * 100 if off > 0 else float("nan")
+        row["overhead_pct"] = (ratio - 1) * 100
     return row
 
 

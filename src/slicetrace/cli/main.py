@@ -32,7 +32,7 @@ def _bench_parser(sub) -> None:
     p.add_argument("--profile", nargs="?", const=65606, type=lambda v: int(v, 0), metavar="MASK",
                    help="profile with the example plugin; event mask (default 65606 = Coll|P2p|KernelCh|KernelStep)")
     p.add_argument("--overhead", action="store_true", help="alternate profiled/unprofiled runs, print overhead %%")
-    p.add_argument("--rounds", type=int, default=5, help="alternations for --overhead (default 5)")
+    p.add_argument("--rounds", type=int, default=10, help="alternations for --overhead (default 10)")
     p.add_argument("--compare", choices=("gloo", "nccl"), help="run the reference library side by side")
     p.add_argument("--json", metavar="FILE", help="write results as JSON")
     p.add_argument("--seed", type=int, default=1234)

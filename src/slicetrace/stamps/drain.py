@@ -17,6 +17,7 @@ import numpy as np
 from .layout import FLAG_CH_STOP, KIND_CHANNEL, KIND_STEP, PAIRED_DTYPE, RingViews
 
 LOST_LAG = 4096        # an entry this far behind the newest reservation, still incomplete, is lost
+MAX_INTERVAL_S = 0.016  # adaptive polling backs off to this: each poll has a fixed cost, batches amortise it
 
 
 class Consumer(Protocol):
@@ -48,7 +49,8 @@ class Drain:
         self._clock = clock
         self._ops: dict[int, _Op] = {}                          # op low 32 bits -> op, in submit order
         self._open: dict[tuple[int, int, int, int], int] = {}   # (ch, op, peer, send) -> KernelCh start clock
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()          # guards _ops (user thread vs drain thread)
+        self._poll_lock = threading.Lock()     # one poller at a time (drain thread, or a flushing caller)
         self._wake = threading.Event()
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -80,13 +82,12 @@ class Drain:
         """Drain until every submitted op has ended; False if that took longer than timeout_s."""
         deadline = time.monotonic() + timeout_s
         while not self.idle():
-            if self._thread is None or not self._thread.is_alive():
-                self.poll_once()
-            else:
-                self._wake.set()
-                time.sleep(self.interval / 4)
+            self.poll_once()              # the caller polls too (serialised by the poll lock): no sleep latency
+            if self.idle():
+                break
             if time.monotonic() > deadline:
                 return False
+            time.sleep(20e-6)
         return True
 
     def stop(self, timeout_s: float = 5.0) -> None:
@@ -100,17 +101,24 @@ class Drain:
 
     # ---- drain thread ----
     def _run(self) -> None:
+        # Poll rarely when little arrives (the engine shares the CPU with us), often when the rings fill.
+        iv, busy = self.interval, self.slots // 8
         while not self._stop:
             try:
                 n = self.poll_once()
             except BaseException as e:    # never kill the process from the drain thread; report at close
                 self.error = e
                 return
-            if n == 0:
-                self._wake.wait(self.interval)
+            iv = max(self.interval, iv / 4) if n > busy else min(MAX_INTERVAL_S, iv * 2)
+            if self._wake.wait(iv):
                 self._wake.clear()
+                iv = self.interval
 
     def poll_once(self, force: bool = False) -> int:
+        with self._poll_lock:
+            return self._poll(force)
+
+    def _poll(self, force: bool) -> int:
         with self._lock:
             ops = list(self._ops.values())
         reserved = self._hdr[:, 0]
