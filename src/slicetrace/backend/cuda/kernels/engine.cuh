@@ -224,6 +224,7 @@ template <typename T, bool STEPS> struct Eng {
       else v = id1((u64)n * sizeof(T), recv ? c.r_peer : c.s_peer, 0, recv ? 0 : 1);
       if (ST_STAMP_WRITES) st_volatile((ring ? co : st) + ((q + e) & mask) * 6 + w, v);
     }
+    pend_lo = q;
     pend_hi = q + nd;
   }
 
