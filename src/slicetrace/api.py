@@ -41,6 +41,7 @@ class Communicator:
         self._seq: dict[str, int] = {}
         self._group: list[tuple[P2pPart, Any, str, int]] | None = None
         self._group_depth = 0
+        self._stream: Any = None        # cuda: None = the current stream at each call
         self._closed = False
 
     # ---- helpers ----
@@ -91,8 +92,9 @@ class Communicator:
         count, out_n = out_count_of(n)
         user_out, recv = self._out(out, send, dtype, out_n)
         self._tag += 1
-        plan = plan_collective(func, self.world_size, self.rank, count, send.itemsize if hasattr(send, "itemsize")
-                               else 1, root, self.nchannels, self.settings.step_bytes)
+        itemsize = send.itemsize
+        plan = plan_collective(func, self.world_size, self.rank, count, itemsize, root,
+                               self._session.backend.channels_for(count * itemsize), self.settings.step_bytes)
         mask = self._session.op_mask()
         task = TaskInfo(func=FUNC_NAMES[func], peer=-1, is_send=False, count=count,
                         datatype=DATATYPE_NAMES.get(dtype, dtype), root=root, send_buff=_ptr(send),
@@ -172,15 +174,17 @@ class Communicator:
         parts = [(P2pPart(p.peer, p.is_send, p.count, i), buf) for i, (p, buf, _, _) in enumerate(entries)]
         self._tag += 1
         itemsize = parts[0][1].itemsize
+        total = sum(p.count for p, _ in parts) * itemsize
         plan = plan_p2p([p for p, _ in parts], self.world_size, self.rank, itemsize,
-                        self.settings.p2p_chunk_bytes, self.settings.step_bytes, self.nchannels)
+                        self.settings.p2p_chunk_bytes, self.settings.step_bytes,
+                        self._session.backend.channels_for(total))
         mask = self._session.op_mask()
         tasks = [TaskInfo(func="Send" if p.is_send else "Recv", peer=p.peer, is_send=p.is_send, count=p.count,
                           datatype=DATATYPE_NAMES.get(dtype, dtype), root=0,
                           send_buff=_ptr(b) if p.is_send else 0, recv_buff=0 if p.is_send else _ptr(b),
                           n_programs=0 if p.peer == self.rank else 1) for p, b in parts]
         info = self._info("send_recv", tasks, entries[0][3], mask)
-        work = Work(self._tag, plan, dtype, "sum", parts=parts)
+        work = Work(self._tag, plan, dtype, "sum", parts=parts, stream=self._stream)
         self._session.run(work, info)
 
     def all_to_all(self, x: Any, out: Any = None, *, user_tag: int = 0) -> Any:

@@ -73,6 +73,10 @@ class Backend(abc.ABC):
     def wait(self, token: Any, timeout_s: float) -> None:
         """Block until the work finished; PeerError/CommTimeoutError on failure."""
 
+    def channels_for(self, nbytes: int) -> int:
+        """Channels for an op of nbytes (settings.nchannels wins; backends may pick by size, as NCCL does)."""
+        return self.settings.channels_for(self.name)
+
     def clock_sync(self) -> tuple[int, int]:
         """(offset_ns, uncertainty_ns) with host_ns = device_ns + offset_ns. The cpu clock is the host clock."""
         return 0, 0

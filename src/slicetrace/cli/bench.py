@@ -21,7 +21,7 @@ def _arrays(comm):
     if comm.backend_name == "cuda":
         import cupy
         cupy.cuda.Device(comm.rank % cupy.cuda.runtime.getDeviceCount()).use()
-        return cupy, lambda a: cupy.asarray(a), lambda a: cupy.asnumpy(a), cupy.cuda.Stream.null.synchronize
+        return cupy, lambda a: cupy.asarray(a), lambda a: cupy.asnumpy(a), cupy.cuda.runtime.deviceSynchronize
     return np, lambda a: a, lambda a: a, lambda: None
 
 
@@ -77,7 +77,8 @@ def bench_rank(comm, o: dict) -> list[dict]:
     progress = None
     total = len(o["ops"]) * len(o["sizes"])
     if comm.rank == 0:
-        print(f"# slicetrace bench: backend {comm.backend_name}, {n} ranks, {comm.nchannels} channel(s), "
+        chans = comm.settings.nchannels or ("auto" if comm.backend_name == "cuda" else 1)
+        print(f"# slicetrace bench: backend {comm.backend_name}, {n} ranks, channels {chans}, "
               f"profiling {'on' if comm.profiler_enabled else 'off'}"
               + (f", compare {o['compare']}" if ref else ""), flush=True)
         print(HEADER + ("  {:>8} {:>8} {:>6}".format("ref_us", "ref_bus", "ratio") if ref else "")
@@ -90,6 +91,8 @@ def bench_rank(comm, o: dict) -> list[dict]:
             task = progress.add_task("sweep", total=total)
     try:
         for op in o["ops"]:
+            if comm.rank == 0 and len(o["ops"]) > 1:
+                print(f"# {op}", flush=True)
             for i, nbytes in enumerate(o["sizes"]):
                 row = _one(comm, op, nbytes, dtype, o, xp, to_dev, to_host, sync, ref, f"{op}/{i}")
                 if row is not None and comm.rank == 0:
