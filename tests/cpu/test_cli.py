@@ -1,0 +1,33 @@
+"""The main job end to end: `slicetrace bench` with check, traces and JSON, then `slicetrace report`."""
+import glob
+import json
+
+from slicetrace.analyze.trace import check_trace
+from slicetrace.cli.main import main
+
+
+def test_bench_checks_traces_and_reports(tmp_path, capfd):
+    out = tmp_path / "r.json"
+    rc = main(["bench", "-b", "4K", "-e", "256K", "-f", "8", "-n", "3", "-w", "1", "--op", "all_reduce,all_gather",
+               "--ranks", "3", "--trace", str(tmp_path / "tr"), "--json", str(out)])
+    assert rc == 0
+    rows = json.load(open(out))["rows"]
+    assert [r["op"] for r in rows] == ["all_reduce"] * 3 + ["all_gather"] * 3
+    assert all(r["wrong"] == 0 for r in rows)
+    for r in rows:
+        f = 4 / 3 if r["op"] == "all_reduce" else 2 / 3
+        assert abs(r["busbw"] - r["algbw"] * f) < 1e-9
+    files = glob.glob(str(tmp_path / "tr" / "trace_*.json"))
+    assert len(files) == 3 and all(check_trace(f) == [] for f in files)
+    text = capfd.readouterr().out
+    assert "#wrong" in text and "busbw" in text
+    assert main(["report", str(tmp_path / "tr" / "trace"), "--json", str(tmp_path / "rep.json")]) == 0
+    rep = json.load(open(tmp_path / "rep.json"))
+    assert {(ln["src"], ln["dst"]) for ln in rep["links"]} == {(0, 1), (1, 2), (2, 0)}
+
+
+def test_bad_flags_are_clear_errors(capsys):
+    assert main(["bench", "-d", "complex", "--ranks", "1"]) == 2
+    assert "-d 'complex' is not one of" in capsys.readouterr().err
+    assert main(["bench", "--op", "all_reduce,scan", "--ranks", "1"]) == 2
+    assert "--op ['scan']" in capsys.readouterr().err

@@ -1,0 +1,35 @@
+import numpy as np
+import pytest
+
+from slicetrace.cli.sweep import busbw_factor, counts, make_input, parse_size, reference, sizes, wrong
+from slicetrace.errors import UsageError
+
+
+def test_sizes_follow_nccl_tests_flags():
+    assert parse_size("4K", "-b") == 4096 and parse_size("64M", "-e") == 64 << 20 and parse_size("8", "-b") == 8
+    assert sizes(8, 64, 2) == [8, 16, 32, 64]
+    with pytest.raises(UsageError, match=r"-b='4Q' is not a size"):
+        parse_size("4Q", "-b")
+    with pytest.raises(UsageError, match=r"-f 1 must be >= 2"):
+        sizes(8, 64, 1)
+
+
+def test_busbw_factors_are_nccl_tests():
+    assert busbw_factor("all_reduce", 4) == 1.5 and busbw_factor("all_gather", 4) == 0.75
+    assert busbw_factor("reduce_scatter", 8) == 0.875 and busbw_factor("broadcast", 8) == 1.0
+
+
+def test_counts_per_op():
+    assert counts("all_gather", 4096, 4, 4) == (256, 1024)
+    assert counts("reduce_scatter", 4096, 4, 4) == (1024, 256)
+    assert counts("all_reduce", 4096, 4, 4) == (1024, 1024)
+
+
+def test_reference_and_wrong_count():
+    xs = [make_input(1, r, 8, np.int32, "all_reduce", "sum") for r in range(3)]
+    ref = reference("all_reduce", xs, 0, 0, "sum")
+    assert wrong(sum(x.astype(np.int64) for x in xs).astype(np.int32), ref, np.int32) == 0
+    bad = ref.astype(np.int32)
+    bad[3] += 1
+    assert wrong(bad, ref, np.int32) == 1
+    assert reference("reduce", xs, 1, 0, "sum") is None
