@@ -1,0 +1,80 @@
+"""Per-op cost of the profiled event path, in process: begin_op + stamping + drain + host + chrome plugin.
+
+A realistic 1-channel all_reduce: KernelCh start, `--slices` send/recv KernelStep pairs, KernelCh stop, written
+with the cpu backend's FastRingWriter; the drain polls once per `--batch` ops. Prints us per op per stage.
+
+    PYTHONPATH=src python scripts/bench_event_path.py [--ops 2000] [--batch 10] [--slices 10] [--trace DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+
+from slicetrace.backend.cpu.stamper import FastRingWriter
+from slicetrace.config import Settings
+from slicetrace.events.abi import CommInfo
+from slicetrace.events.host import EventHost, OpInfo, TaskInfo
+from slicetrace.events.plugin import load_plugins
+from slicetrace.stamps.drain import Drain
+from slicetrace.stamps.layout import FLAG_SEND, RingViews, ring_bytes
+
+
+def run(args, dump: str | None) -> dict[str, float]:
+    s = Settings(profile_dump_file=dump) if dump else Settings()
+    host = EventHost(load_plugins("example", s), CommInfo(1, "x", 1, 2, 0), 16)
+    v = RingViews(bytearray(ring_bytes(1, 16384)), 1, 16384)
+    d = Drain(v, host)
+    w = FastRingWriter(v, 0)
+    clock = time.monotonic_ns
+    t_begin = t_stamp = t_drain = 0.0
+    pc = time.perf_counter
+    tag = 0
+    for _ in range(args.ops // args.batch):
+        for _ in range(args.batch):
+            tag += 1
+            a = pc()
+            info = OpInfo(tag=tag, func="all_reduce", tasks=[TaskInfo(func="AllReduce", count=262144, n_programs=1)],
+                          seq_number=tag, mask=host.op_mask(), ts_ns=clock())
+            host.begin_op(info)
+            d.expect(tag)
+            b = pc()
+            chseq = w.channel_start(tag, 0, 0, clock())
+            for k in range(args.slices // 2):
+                t = clock()
+                w.step(0, tag, 2 * k, 65536, 1, t, t + 10, t + 50)
+                w.step(FLAG_SEND, tag, 2 * k, 65536, 1, t + 10, t + 10, t + 50)
+            w.channel_stop(chseq, tag, 0, 0, clock())
+            c = pc()
+            d.op_submitted(tag, lambda: True, v.header["reserved"].copy())
+            t_begin += b - a + pc() - c
+            t_stamp += c - b
+        a = pc()
+        d.poll_once()
+        t_drain += pc() - a
+    host.close()
+    n = args.ops
+    return {"begin_op": t_begin / n * 1e6, "stamping": t_stamp / n * 1e6, "drain+host+plugin": t_drain / n * 1e6,
+            "total": (t_begin + t_stamp + t_drain) / n * 1e6}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--ops", type=int, default=2000)
+    p.add_argument("--batch", type=int, default=10)
+    p.add_argument("--slices", type=int, default=10, help="KernelStep records per op")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--trace", action="store_true", help="write a trace file (else events are counted only)")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        run(args, None)                                     # warm up
+        res = [run(args, f"{tmp}/t{i}" if args.trace else None) for i in range(args.reps)]
+    print(f"us per op (median of {args.reps}; {args.batch} ops per poll, {args.slices} KernelSteps per op, "
+          f"trace={'on' if args.trace else 'off'})")
+    for k in res[0]:
+        print(f"  {k:>18}: {statistics.median(r[k] for r in res):7.2f}")
+
+
+if __name__ == "__main__":
+    main()
