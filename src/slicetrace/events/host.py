@@ -21,7 +21,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ..stamps.layout import FLAG_SEND
+from ..stamps.layout import FLAG_SEND, KIND_CHANNEL, PAIRED_DTYPE
 from .abi import (KERNEL_STEP_DTYPE, CollApiDescr, CollDescr, CommInfo, EventType, GroupApiDescr, GroupDescr,
                   KernelChDescr, KernelLaunchDescr, P2pApiDescr, P2pDescr, ProxyCtrlDescr, State, StateArgs,
                   effective_mask)
@@ -34,8 +34,19 @@ DROP_REASONS = ("overrun", "unpaired", "no_parent", "parent_dropped", "pool_full
                 "plugin_init_failed")
 P2P_FUNCS = ("Send", "Recv")
 _B = SimpleNamespace(**{t.name: int(t) for t in T})   # bits as ints: IntFlag arithmetic runs Python code
+_GA, _CA, _PA, _KL = _B.GROUP_API, _B.COLL_API, _B.P2P_API, _B.KERNEL_LAUNCH
+_KCH, _KS = _B.KERNEL_CH, _B.KERNEL_STEP
 _OFF = object()          # event type not emitted to this plugin (not in its mask)
 _DELIVERED = {t: f"delivered_{t.name.lower()}" for t in T}
+# By descriptor class: hashing an IntFlag member runs Python code.
+_DELIVERED_CLS = {c: _DELIVERED[t] for c, t in (
+    (GroupApiDescr, T.GROUP_API), (CollApiDescr, T.COLL_API), (P2pApiDescr, T.P2P_API),
+    (KernelLaunchDescr, T.KERNEL_LAUNCH), (GroupDescr, T.GROUP), (CollDescr, T.COLL), (P2pDescr, T.P2P),
+    (KernelChDescr, T.KERNEL_CH), (ProxyCtrlDescr, T.PROXY_CTRL))}
+_KCH_STOP = State.KERNEL_CH_STOP
+_NS = PAIRED_DTYPE.fields["wait"][1]         # the 6 trailing u64 clock words: same layout in both dtypes
+_KNS = KERNEL_STEP_DTYPE.fields["wait_clk"][1]
+assert PAIRED_DTYPE.itemsize - _NS == KERNEL_STEP_DTYPE.itemsize - _KNS == 48
 
 
 @dataclass(slots=True)
@@ -97,14 +108,17 @@ class _Op:
 
 
 def to_kernel_steps(recs: np.ndarray) -> np.ndarray:
-    """PAIRED_DTYPE KernelStep records -> abi.KERNEL_STEP_DTYPE (vectorised, one pass per field)."""
-    out = np.empty(len(recs), KERNEL_STEP_DTYPE)
-    out["channel"] = recs["channel"]
-    out["is_send"] = recs["flags"] & FLAG_SEND
-    for dst, src in (("peer", "peer"), ("step", "step"), ("size", "size"), ("wait_clk", "wait"),
-                     ("ready_clk", "ready"), ("done_clk", "done"), ("wait_ns", "wait_ns"),
-                     ("ready_ns", "ready_ns"), ("done_ns", "done_ns")):
-        out[dst] = recs[src]
+    """PAIRED_DTYPE KernelStep records -> abi.KERNEL_STEP_DTYPE (vectorised; the clocks as one byte copy)."""
+    n = len(recs)
+    out = np.empty(n, KERNEL_STEP_DTYPE)
+    if n:
+        src = np.ascontiguousarray(recs).view(np.uint8).reshape(n, PAIRED_DTYPE.itemsize)
+        out.view(np.uint8).reshape(n, KERNEL_STEP_DTYPE.itemsize)[:, _KNS:] = src[:, _NS:]
+        out["channel"] = recs["channel"]
+        out["is_send"] = recs["flags"] & FLAG_SEND
+        out["peer"] = recs["peer"]
+        out["step"] = recs["step"]
+        out["size"] = recs["size"]
     out.flags.writeable = False          # shared by every plugin of the fan-out
     return out
 
@@ -174,15 +188,31 @@ class EventHost:
         except Exception:
             self._fail(s, "start_event", 1)
             return None
+        c = self._counts
         if h is None:
-            self._counts["declined"] += 1
+            c["declined"] += 1
         else:
-            self._counts[_DELIVERED[descr.type]] = self._counts.get(_DELIVERED[descr.type], 0) + 1
+            key = _DELIVERED_CLS.get(type(descr)) or _DELIVERED[descr.type]
+            c[key] = c.get(key, 0) + 1
         return h
+
+    def _skip(self, i: int, key: str, parent: Any) -> Any:
+        """_start for a type outside the plugin's live mask when it declared `unrecorded_handle`: the plugin
+        promised start_event would return that handle without side effects, so the call and its descriptor
+        are skipped; the accounting is _start's."""
+        s = self._slots[i]
+        if parent is None:
+            self._counts["parent_dropped"] += 1
+            return None
+        if s.disabled:
+            self._counts["plugin_disabled"] += 1
+            return None
+        self._counts[key] = self._counts.get(key, 0) + 1
+        return s.lp.passthrough
 
     def _stop(self, i: int, h: Any, ts_ns: int) -> None:
         s = self._slots[i]
-        if h is None or h is _OFF or s.disabled:
+        if h is None or h is _OFF or s.disabled or h is s.lp.passthrough:   # stop of passthrough: a no-op
             return
         try:
             s.lp.stop_event(h, ts_ns)
@@ -205,49 +235,66 @@ class EventHost:
                 return
             if info.mask is None:
                 info.mask = self.op_mask()
-            op = _Op(info, [self._pmask(s) & info.mask for s in self._slots])
+            lives = [0 if s.disabled else s.lp.mask for s in self._slots]
+            pms = [effective_mask(m) & s.lp.known_types & info.mask if m else 0
+                   for s, m in zip(self._slots, lives)]
+            op = _Op(info, pms)
             old = self._ops.pop(info.tag, None)
             if old is not None:           # a tag reused before its end_op: close the old op first
                 self._finish(old, info.ts_ns)
-            for i in range(len(self._slots)):
-                if op.pmasks[i]:
-                    self._emit_begin(i, op)
+            for i, pm in enumerate(pms):
+                if pm:
+                    self._emit_begin(i, op, pm if self._slots[i].lp.passthrough is None else pm & lives[i])
             self._ops[info.tag] = op
 
-    def _emit_begin(self, i: int, op: _Op) -> None:
+    def _emit_begin(self, i: int, op: _Op, real: int) -> None:
+        """Starts of plugin i; types in pm but not in `real` take the plugin's passthrough handle (_skip)."""
         pm, info, rank, ts = op.pmasks[i], op.info, self.comm.rank, op.info.ts_ns
         ga = _OFF
-        if pm & _B.GROUP_API:
-            ga = self._start(i, GroupApiDescr(T.GROUP_API, None, rank, ts, group_depth=info.group_depth), _OFF)
+        if pm & _GA:
+            ga = (self._start(i, GroupApiDescr(T.GROUP_API, None, rank, ts, group_depth=info.group_depth), _OFF)
+                  if real & _GA else self._skip(i, "delivered_group_api", _OFF))
         apis: list[Any] = []
         for t in op.tasks:
             api = _OFF
-            if t.p2p and pm & _B.P2P_API:
-                api = self._start(i, P2pApiDescr(T.P2P_API, None, rank, ts, func=t.info.func, count=t.info.count,
-                                                 datatype=t.info.datatype, stream=info.stream,
-                                                 user_tag=info.user_tag), ga)
-            elif not t.p2p and pm & _B.COLL_API:
-                api = self._start(i, CollApiDescr(T.COLL_API, None, rank, ts, func=t.info.func, count=t.info.count,
-                                                  datatype=t.info.datatype, root=t.info.root, stream=info.stream,
+            ti = t.info
+            if t.p2p and pm & _PA:
+                api = (self._start(i, P2pApiDescr(T.P2P_API, None, rank, ts, func=ti.func, count=ti.count,
+                                                  datatype=ti.datatype, stream=info.stream,
                                                   user_tag=info.user_tag), ga)
+                       if real & _PA else self._skip(i, "delivered_p2p_api", ga))
+            elif not t.p2p and pm & _CA:
+                api = (self._start(i, CollApiDescr(T.COLL_API, None, rank, ts, func=ti.func, count=ti.count,
+                                                   datatype=ti.datatype, root=ti.root, stream=info.stream,
+                                                   user_tag=info.user_tag), ga)
+                       if real & _CA else self._skip(i, "delivered_coll_api", ga))
             apis.append(api)
             self._stop(i, api, ts)        # API events stop once enqueued (NCCL semantics)
-        if pm & _B.KERNEL_LAUNCH:
-            kl = self._start(i, KernelLaunchDescr(T.KERNEL_LAUNCH, None, rank, ts, stream=info.stream), ga)
+        if pm & _KL:
+            kl = (self._start(i, KernelLaunchDescr(T.KERNEL_LAUNCH, None, rank, ts, stream=info.stream), ga)
+                  if real & _KL else self._skip(i, "delivered_kernel_launch", ga))
             self._stop(i, kl, ts)
         grp = _OFF
         if pm & _B.GROUP:
-            grp = self._start(i, GroupDescr(T.GROUP, None, rank, ts), _OFF)
+            grp = (self._start(i, GroupDescr(T.GROUP, None, rank, ts), _OFF)
+                   if real & _B.GROUP else self._skip(i, "delivered_group", _OFF))
         op.groups[i] = grp
         old_parenting = self._slots[i].lp.version <= 4
         for t, api in zip(op.tasks, apis):
             ti = t.info
+            parent = grp if old_parenting else api
             if t.p2p and pm & _B.P2P:
+                if not real & _B.P2P:
+                    t.handles[i] = self._skip(i, "delivered_p2p", parent)
+                    continue
                 d: Any = P2pDescr(T.P2P, None, rank, ts, func=ti.func, buff=ti.send_buff or ti.recv_buff,
                                   datatype=ti.datatype, count=ti.count, peer=ti.peer, n_channels=ti.n_programs,
                                   parent_group=None if grp is _OFF else grp, user_tag=info.user_tag,
                                   comm_hash=self.comm.comm_hash)
             elif not t.p2p and pm & _B.COLL:
+                if not real & _B.COLL:
+                    t.handles[i] = self._skip(i, "delivered_coll", parent)
+                    continue
                 d = CollDescr(T.COLL, None, rank, ts, seq_number=info.seq_number, func=ti.func,
                               send_buff=ti.send_buff, recv_buff=ti.recv_buff, count=ti.count, root=ti.root,
                               datatype=ti.datatype, n_channels=ti.n_programs, n_warps=info.n_warps,
@@ -255,97 +302,123 @@ class EventHost:
                               comm_hash=self.comm.comm_hash)
             else:
                 continue
-            t.handles[i] = self._start(i, d, grp if old_parenting else api)
+            t.handles[i] = self._start(i, d, parent)
         if ga is not _OFF:
             self._stop(i, ga, ts)
 
-    def _route(self, op: _Op, recs: np.ndarray) -> Iterator[tuple[_Task, np.ndarray]]:
+    def _route(self, op: _Op, recs: np.ndarray) -> list[tuple[_Task, Any]]:
+        """(task, row selection or None = all rows) per task that has records."""
         tasks = op.tasks
         if len(tasks) == 1 and not tasks[0].p2p:
-            yield tasks[0], recs
-            return
+            return [(tasks[0], None)]
         key = recs["peer"].astype(np.int64) * 2 + (recs["flags"] & FLAG_SEND)
-        matched = 0
+        matched, out = 0, []
         for t in tasks:
             sel = key == t.key
             n = int(sel.sum())
             if n:
                 matched += n
-                yield t, (recs if n == len(recs) else recs[sel])
+                out.append((t, None if n == len(recs) else sel))
         if matched < len(recs):
             self._counts["no_parent"] += len(recs) - matched
+        return out
 
     def channel(self, tag: int, recs: np.ndarray) -> None:
         """KernelCh records (PAIRED_DTYPE, kind == KIND_CHANNEL) of op `tag`."""
-        if not len(recs):
+        if len(recs):
+            with self._lock:
+                self._channel(tag, recs)
+
+    def _channel(self, tag: int, recs: np.ndarray) -> None:
+        op = self._ops.get(tag)
+        if op is None:
+            self._counts["no_parent"] += len(recs)
             return
-        with self._lock:
-            op = self._ops.get(tag)
-            if op is None:
-                self._counts["no_parent"] += len(recs)
-                return
-            rank = self.comm.rank
-            for t, sub in self._route(op, recs):
-                if t.done:
-                    self._counts["no_parent"] += len(sub)
+        rank = self.comm.rank
+        for t, sel in self._route(op, recs):
+            rows = (recs if sel is None else recs[sel]).tolist()   # (op, channel, ..., ready, done, .., ready_ns, done_ns)
+            if t.done:
+                self._counts["no_parent"] += len(rows)
+                continue
+            for i, pm in enumerate(op.pmasks):
+                if not pm & _KCH:
                     continue
-                for i, pm in enumerate(op.pmasks):
-                    if not pm & _B.KERNEL_CH:
-                        continue
-                    parent = t.handles[i]
-                    for ch, ready, done, ready_ns, done_ns in zip(
-                            sub["channel"].tolist(), sub["ready"].tolist(), sub["done"].tolist(),
-                            sub["ready_ns"].tolist(), sub["done_ns"].tolist()):
-                        h = self._start(i, KernelChDescr(T.KERNEL_CH, None, rank, ready_ns, ch, ready), parent)
-                        self._state(i, h, State.KERNEL_CH_STOP, StateArgs(p_timer=done, ts_ns=done_ns))
-                        self._stop(i, h, done_ns)
-                t.last_done = max(t.last_done, int(sub["done_ns"].max()))
-                t.left -= len(sub)
-                if t.left <= 0 and t.info.n_programs > 0:
-                    self._complete(op, t, t.last_done)
-            if op.open == 0:
-                self._finish(op, max(t.last_done for t in op.tasks))
-                self._ops.pop(tag, None)
+                parent, pt = t.handles[i], self._slots[i].lp.passthrough
+                for r in rows:
+                    h = self._start(i, KernelChDescr(T.KERNEL_CH, None, rank, r[11], r[1], r[8]), parent)
+                    if h is not None and h is not pt:    # state and stop of passthrough are no-ops
+                        self._state(i, h, _KCH_STOP, StateArgs(p_timer=r[9], ts_ns=r[12]))
+                        self._stop(i, h, r[12])
+            t.last_done = max(t.last_done, max(r[12] for r in rows))
+            t.left -= len(rows)
+            if t.left <= 0 and t.info.n_programs > 0:
+                self._complete(op, t, t.last_done)
+        if op.open == 0:
+            self._finish(op, max(t.last_done for t in op.tasks))
+            self._ops.pop(tag, None)
 
     def steps(self, tag: int, recs: np.ndarray) -> None:
         """KernelStep records (PAIRED_DTYPE, kind == KIND_STEP) of op `tag`, one batch per call."""
-        n_all = len(recs)
-        if not n_all:
-            return
+        if len(recs):
+            with self._lock:
+                self._steps(tag, recs, None)
+
+    def batch(self, recs: np.ndarray, runs: list[tuple[int, int, int, int]]) -> None:
+        """One drain poll at once: runs of (tag, kind, start, stop) rows of `recs`, in seq order; the same
+        as channel()/steps() per run, with one lock and one KernelStep conversion for the whole poll."""
+        ks: list[Any] = [None]
         with self._lock:
-            op = self._ops.get(tag)
-            if op is None:
-                self._counts["no_parent"] += n_all
-                return
-            if not op.info.mask & _B.KERNEL_STEP:
-                self._counts["masked_out"] += n_all
-                return
-            c = self._counts
-            for t, sub in self._route(op, recs):
-                n = len(sub)
-                if t.done:
-                    c["no_parent"] += n
+            for tag, kind, a, b in runs:
+                if kind == KIND_CHANNEL:
+                    self._channel(tag, recs[a:b])
+                else:
+                    self._steps(tag, recs[a:b], (ks, recs, a, b))
+
+    def _steps(self, tag: int, recs: np.ndarray, whole: Any) -> None:
+        n_all = len(recs)
+        op = self._ops.get(tag)
+        c = self._counts
+        if op is None:
+            c["no_parent"] += n_all
+            return
+        if not op.info.mask & _KS:
+            c["masked_out"] += n_all
+            return
+        for t, sel in self._route(op, recs):
+            n = n_all if sel is None else int(sel.sum())
+            if t.done:
+                c["no_parent"] += n
+                continue
+            ks = None
+            for i, pm in enumerate(op.pmasks):
+                if not pm & _KS:
                     continue
-                ks = None
-                for i, pm in enumerate(op.pmasks):
-                    if not pm & _B.KERNEL_STEP:
-                        continue
-                    s, parent = self._slots[i], t.handles[i]
-                    if parent is None or parent is _OFF:
-                        c["parent_dropped"] += n
-                        continue
-                    if s.disabled:
-                        c["plugin_disabled"] += n
-                        continue
-                    if ks is None:
-                        ks = to_kernel_steps(sub)
-                    try:
-                        kept = min(max(int(s.lp.kernel_step_batch(parent, ks)), 0), n)
-                    except Exception:
-                        self._fail(s, "kernel_step_batch", n)
-                        continue
-                    c["delivered_kernel_step"] = c.get("delivered_kernel_step", 0) + kept
-                    c["pool_full"] += n - kept
+                s, parent = self._slots[i], t.handles[i]
+                if parent is None or parent is _OFF:
+                    c["parent_dropped"] += n
+                    continue
+                if s.disabled:
+                    c["plugin_disabled"] += n
+                    continue
+                if ks is None:
+                    ks = self._convert(recs, whole, sel)
+                try:
+                    kept = min(max(int(s.lp.kernel_step_batch(parent, ks)), 0), n)
+                except Exception:
+                    self._fail(s, "kernel_step_batch", n)
+                    continue
+                c["delivered_kernel_step"] = c.get("delivered_kernel_step", 0) + kept
+                c["pool_full"] += n - kept
+
+    @staticmethod
+    def _convert(recs: np.ndarray, whole: Any, sel: Any) -> np.ndarray:
+        if whole is None:
+            return to_kernel_steps(recs if sel is None else recs[sel])
+        box, all_recs, a, b = whole              # batch(): convert the whole poll once, hand out views
+        if box[0] is None:
+            box[0] = to_kernel_steps(all_recs)
+        ks = box[0][a:b]
+        return ks if sel is None else ks[sel]
 
     def _complete(self, op: _Op, t: _Task, ts_ns: int) -> None:
         t.done = True
@@ -364,10 +437,15 @@ class EventHost:
 
     def end_op(self, tag: int, ts_ns: int) -> None:
         """Every record of op `tag` was delivered or counted lost; completes whatever is still open."""
+        self.end_ops((tag,), ts_ns)
+
+    def end_ops(self, tags: Any, ts_ns: int) -> None:
+        """end_op for each tag, in order, under one lock."""
         with self._lock:
-            op = self._ops.pop(tag, None)
-            if op is not None:
-                self._finish(op, ts_ns)
+            for tag in tags:
+                op = self._ops.pop(tag, None)
+                if op is not None:
+                    self._finish(op, ts_ns)
 
     def drop(self, reason: str, n: int = 1) -> None:
         with self._lock:

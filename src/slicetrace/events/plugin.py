@@ -24,8 +24,9 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from ..errors import PluginError
-from .abi import (NATIVE_VERSION, VERSION_STATES, VERSION_TYPES, ActivationMask, CollDescr, CommInfo,
-                  Descriptor, EventType, KernelChDescr, KernelStepDescr, P2pDescr, State, StateArgs)
+from .abi import (NATIVE_VERSION, VERSION_STATES, VERSION_TYPES, ActivationMask, CollApiDescr, CollDescr, CommInfo,
+                  Descriptor, EventType, GroupApiDescr, GroupDescr, KernelChDescr, KernelLaunchDescr,
+                  KernelStepDescr, P2pApiDescr, P2pDescr, ProxyCtrlDescr, State, StateArgs)
 
 log = logging.getLogger("slicetrace")
 
@@ -44,6 +45,12 @@ V1_UNKNOWN = 255
 
 _KS = EventType.KERNEL_STEP
 _KS_STOP = State.KERNEL_STEP_STOP
+_T = EventType
+# Type bit by descriptor class: `int & IntFlag` runs IntFlag.__rand__ (Python code) on every event.
+_BIT_OF = {c: int(t) for c, t in (
+    (GroupApiDescr, _T.GROUP_API), (CollApiDescr, _T.COLL_API), (P2pApiDescr, _T.P2P_API),
+    (KernelLaunchDescr, _T.KERNEL_LAUNCH), (GroupDescr, _T.GROUP), (CollDescr, _T.COLL), (P2pDescr, _T.P2P),
+    (KernelChDescr, _T.KERNEL_CH), (KernelStepDescr, _T.KERNEL_STEP), (ProxyCtrlDescr, _T.PROXY_CTRL))}
 
 
 @runtime_checkable
@@ -53,6 +60,9 @@ class Plugin(Protocol):
     Optional: `kernel_step_batch(ctx, parent_handle, recs) -> int` (records kept; recs is a read-only
     abi.KERNEL_STEP_DTYPE array shared by all plugins) and `report_counters(ctx, counters)`, called once right
     before `finalize` with the host's drop and delivery counters so a trace can carry its loss accounting.
+    Optional (native version only): `unrecorded_handle(ctx) -> handle`, a promise that start_event returns
+    that very handle, with no side effect, for every type outside the plugin's live mask, and that
+    stop_event/record_event_state on it do nothing; the host then skips those calls (auto-included parents).
     """
     name: str
     version: int
@@ -83,9 +93,11 @@ class LoadedPlugin:
         self.known_types: int = int(VERSION_TYPES[version])
         self.known_states: frozenset[State] = VERSION_STATES[version]
         batch = getattr(plugin, "kernel_step_batch", None)
-        self.has_batch = bool(self.known_types & _KS) and callable(batch)
+        self.knows_ks = bool(self.known_types & int(_KS))
+        self.has_batch = self.knows_ks and callable(batch)
         self._mask = ActivationMask(0)
         self.ctx: Any = None
+        self.passthrough: Any = None      # the plugin's unrecorded_handle(ctx), if it declares one
         self.rank = 0
         self.initialized = False
 
@@ -98,6 +110,9 @@ class LoadedPlugin:
         self.rank = comm.rank
         self.ctx = self.plugin.init(comm, self._mask)
         self._mask.value &= self.known_types
+        fn = getattr(self.plugin, "unrecorded_handle", None)
+        if callable(fn) and self.version == NATIVE_VERSION:
+            self.passthrough = fn(self.ctx)
         self.initialized = True
 
     @property
@@ -117,7 +132,8 @@ class LoadedPlugin:
         return bool(self.known_types & etype)
 
     def start_event(self, descr: Descriptor) -> Any:
-        if not self.known_types & descr.type:
+        bit = _BIT_OF.get(type(descr))
+        if not self.known_types & (int(descr.type) if bit is None else bit):
             return None
         if self.version < NATIVE_VERSION:
             descr = self._adapt(descr)
@@ -149,7 +165,7 @@ class LoadedPlugin:
 
     def kernel_step_batch(self, parent: Any, recs: np.ndarray) -> int:
         """Deliver KernelStep records under `parent`; returns how many the plugin kept."""
-        if not self.known_types & _KS:
+        if not self.knows_ks:
             return 0
         if self.has_batch:
             return int(self.plugin.kernel_step_batch(self.ctx, parent, recs))

@@ -83,6 +83,8 @@ class _Ctx:
         self.free: list[_Chunk] = []            # written chunks, reused (no fresh pages in steady state)
         self.cur: _Chunk | None = None
         self.stored = 0                         # KernelSteps buffered (<= the KERNEL_STEP pool size)
+        self.pend: list[tuple] = []             # (recs, pid, seq) batches not yet copied into chunks
+        self.pend_n = 0
         self.slow: list[tuple] = []             # per-event path rows, converted to a chunk in batches
         self.slow_parent: list[tuple[int, int]] = []
         self.tids: set[tuple[int, int, int]] = set()
@@ -110,6 +112,7 @@ class _Ctx:
         buf.clear()
 
     def flush_steps(self) -> None:
+        self.fold()
         chunks = self.full + ([self.cur] if self.cur is not None and self.cur.fill else [])
         self.full, self.cur, self.stored = [], None, 0
         for c in chunks:
@@ -147,9 +150,32 @@ class _Ctx:
             recs = np.array(self.slow, KERNEL_STEP_DTYPE)
             self.slow.clear()
             self.slow_parent.clear()
-            self.add_steps(recs, par[:, 0], par[:, 1])
+            self.fold()                         # keep arrival order
+            self.copy_steps(recs, par[:, 0], par[:, 1])
 
-    def add_steps(self, recs: np.ndarray, pid: Any, seq: Any) -> None:
+    def add_steps(self, recs: np.ndarray, pid: int, seq: int) -> None:
+        """Keep a reference to a read-only batch; batches are copied into chunks together (one copy per fold)."""
+        self.pend.append((recs, pid, seq))
+        self.pend_n += len(recs)
+        if self.pend_n >= self.chunk_rows or self.stored + self.pend_n >= self.sizes["KERNEL_STEP"] \
+                or len(self.pend) >= 256:
+            self.fold()
+
+    def fold(self) -> None:
+        if not self.pend:
+            return
+        pend, self.pend, self.pend_n = self.pend, [], 0
+        if len(pend) == 1:
+            recs, pid, seq = pend[0]
+        else:
+            # as bytes: concatenating structured arrays promotes their dtypes pairwise (slow, in Python)
+            recs = np.concatenate([np.ascontiguousarray(p[0]).view(np.uint8) for p in pend]).view(KERNEL_STEP_DTYPE)
+            lens = [len(p[0]) for p in pend]
+            pid = np.repeat(np.array([p[1] for p in pend], np.int64), lens)
+            seq = np.repeat(np.array([p[2] for p in pend], np.int64), lens)
+        self.copy_steps(recs, pid, seq)
+
+    def copy_steps(self, recs: np.ndarray, pid: Any, seq: Any) -> None:
         n, pos, cap = len(recs), 0, self.sizes["KERNEL_STEP"]
         scalar = np.ndim(pid) == 0
         while pos < n:
@@ -258,6 +284,10 @@ class ChromePlugin:
         ctx.inflight[pool] += 1
         return _Ev(ctx, descr, pool)
 
+    def unrecorded_handle(self, ctx: _Ctx) -> _Ev:
+        """What start_event returns, without side effects, for types outside the live mask (the host skips them)."""
+        return ctx.passthrough
+
     def record_event_state(self, handle: _Ev, state: State, args: StateArgs) -> None:
         if state == 22 or state == 32:            # KernelChStop, KernelStepStop (ints: enum compare is slow)
             handle.gpu_stop = args.p_timer
@@ -301,7 +331,7 @@ class ChromePlugin:
         out = {f"plugin_dropped_{p}": n for p, n in ctx.dropped.items()}
         out.update({f"plugin_unfinished_{p}": n for p, n in ctx.inflight.items()})
         out.update({f"plugin_written_{p}": n + (len(ctx.lines[p]) // 2)
-                    + (ctx.stored + len(ctx.slow) if p == "KERNEL_STEP" else 0)
+                    + (ctx.stored + ctx.pend_n + len(ctx.slow) if p == "KERNEL_STEP" else 0)
                     for p, n in ctx.written.items()})
         return out
 

@@ -140,16 +140,26 @@ class Drain:
             self._sampled = sampled
         now = self._clock()
         open_ch = {k[1] for k in self._open}
+        cursor = self.cursor.tolist()
+        ended = []
         for op in ops:          # in submit order: an op ends only after the ones before it
             low = op.tag & 0xFFFFFFFF
             if not (op.done or force):
                 break
-            if not force and (low in open_ch or (self.cursor < op.snapshot).any()):
+            if not force and (low in open_ch or any(c < s for c, s in zip(cursor, op.snapshot.tolist()))):
                 break
-            with self._lock:
-                self._ops.pop(low, None)
-            self.consumer.end_op(op.tag, now)
-            n += 1
+            ended.append(op.tag)
+        if ended:
+            end_ops = getattr(self.consumer, "end_ops", None)
+            if end_ops is not None:
+                end_ops(ended, now)
+            else:
+                for tag in ended:
+                    self.consumer.end_op(tag, now)
+            with self._lock:                # after end_op: flush() returning means the events reached plugins
+                for tag in ended:
+                    self._ops.pop(tag & 0xFFFFFFFF, None)
+            n += len(ended)
         return n
 
     def _drain_channel(self, ch: int, done_lows: list[int], force: bool) -> int:
@@ -219,38 +229,52 @@ class Drain:
         out["ready_ns"] = out["ready"].view(np.int64) + off
         out["done_ns"] = out["done"].view(np.int64) + off
         ops = out["op"]
-        if ops[0] == ops[-1] and not (out["kind"][0] != out["kind"]).any():
-            runs = [out]
+        kinds = out["kind"]
+        if ops[0] == ops[-1] and not (kinds[0] != kinds).any():
+            starts = [0]
         else:                                        # runs of one op and kind, seq order kept
-            key = ops.astype(np.int64) * 2 + out["kind"]
-            runs = np.split(out, np.flatnonzero(key[1:] != key[:-1]) + 1)
-        for run in runs:
-            low = int(run["op"][0])
-            with self._lock:
-                op = self._ops.get(low)
+            key = ops.astype(np.int64) * 2 + kinds
+            starts = [0] + (np.flatnonzero(key[1:] != key[:-1]) + 1).tolist()
+        bounds = starts[1:] + [len(out)]
+        lows, kl = ops[starts].tolist(), kinds[starts].tolist()
+        with self._lock:
+            tags = [self._ops.get(low) for low in lows]
+        batch = getattr(self.consumer, "batch", None)
+        runs = []
+        for op, kind, a, b in zip(tags, kl, starts, bounds):
             if op is None:
-                self.consumer.drop("no_parent", len(run))
+                self.consumer.drop("no_parent", b - a)
                 continue
-            self.delivered += len(run)
-            if run["kind"][0] == KIND_CHANNEL:
-                self.consumer.channel(op.tag, run)
+            self.delivered += b - a
+            if batch is not None:
+                runs.append((op.tag, kind, a, b))
+            elif kind == KIND_CHANNEL:
+                self.consumer.channel(op.tag, out[a:b])
             else:
-                self.consumer.steps(op.tag, run)
+                self.consumer.steps(op.tag, out[a:b])
+        if runs:
+            batch(out, runs)                         # one call per poll (events.host.EventHost.batch)
 
     def _pair_channels(self, ch: int, out: np.ndarray, is_ch: np.ndarray) -> np.ndarray:
         """KernelCh start/stop records -> one record (ready = start, done = stop) at the stop."""
         keep = ~is_ch
-        for i in np.flatnonzero(is_ch).tolist():
-            flags = int(out["flags"][i])
-            key = (ch, int(out["op"][i]), int(out["peer"][i]), flags & 1)
+        idx = np.flatnonzero(is_ch)
+        sel = out[idx]
+        stops, starts = [], []
+        for i, flags, op, peer, ready in zip(idx.tolist(), sel["flags"].tolist(), sel["op"].tolist(),
+                                             sel["peer"].tolist(), sel["ready"].tolist()):
+            key = (ch, op, peer, flags & 1)
             if not flags & FLAG_CH_STOP:
-                self._open[key] = int(out["ready"][i])
+                self._open[key] = ready
                 continue
             start = self._open.pop(key, None)
             if start is None:
                 self.consumer.drop("unpaired", 1)
                 continue
-            out["wait"][i] = out["ready"][i] = start
-            out["flags"][i] = flags & ~FLAG_CH_STOP
-            keep[i] = True
+            stops.append(i)
+            starts.append(start)
+        if stops:
+            out["wait"][stops] = out["ready"][stops] = starts
+            out["flags"][stops] &= np.uint8(~FLAG_CH_STOP & 0xFF)
+            keep[stops] = True
         return out[keep]
