@@ -6,6 +6,7 @@ import pytest
 
 from tests.cuda import ranks
 from tests.cuda.ranks import INTS, inputs
+from tests.helpers.procs import RankError
 
 DTYPES = ("int8", "uint8", "int32", "int64", "float16", "float32", "float64", "bfloat16")
 REDOPS = ("sum", "prod", "min", "max", "avg")
@@ -57,7 +58,9 @@ def check(out, ref, dtype, what):
 
 def run_and_check(pool, func, dtype, op, count, root=0, seed=1, nchannels=0, wait_s=0.0):
     world = pool.world
-    res = pool.run(ranks.run_coll, func, dtype, op, count, root, seed, nchannels, False, wait_s)
+    res = pool.results_or_errors(ranks.run_coll, func, dtype, op, count, root, seed, nchannels, False, wait_s)
+    errs = [r for r in res if isinstance(r, RankError)]
+    assert not errs, "\n".join(str(e) for e in errs)          # every rank's error, not only the first
     n_in = count * world if func == "reduce_scatter" else count
     xs = host_inputs(seed, world, n_in, dtype, op)
     what = f"{func} {dtype} {op} count={count}"
