@@ -166,23 +166,38 @@ class Communicator:
         self._p2p(out, peer, False, user_tag)
         return out
 
+    def _split(self, count: int, itemsize: int, nentries: int) -> int:
+        """Programs for one send/recv: large ones spread over several channels (NCCL's p2p channels per peer);
+        both sides compute the same split from the same count."""
+        nbytes = count * itemsize
+        return max(1, min(16, self._session.backend.channels_for(nbytes) // 4, nbytes >> 20, 64 // nentries))
+
     def _run_p2p(self, entries: list) -> None:
         dtypes = {e[2] for e in entries}
         if len(dtypes) > 1:
             raise UsageError(f"a send/recv group mixes dtypes {sorted(dtypes)}; use one dtype per group")
         dtype = dtypes.pop()
-        parts = [(P2pPart(p.peer, p.is_send, p.count, i), buf) for i, (p, buf, _, _) in enumerate(entries)]
+        itemsize = entries[0][1].itemsize
+        align = max(1, 16 // itemsize)
+        parts, tasks = [], []
+        for p, buf, _, _ in entries:
+            k = 1 if p.peer == self.rank else self._split(p.count, itemsize, len(entries))
+            per = -(-(-(-p.count // k)) // align) * align if k > 1 else p.count
+            n_prog = 0
+            for lo in range(0, max(p.count, 1), max(per, 1)):
+                n = min(per, p.count - lo) if k > 1 else p.count
+                parts.append((P2pPart(p.peer, p.is_send, n, len(parts)), buf[lo:lo + n] if k > 1 else buf))
+                n_prog += 1
+            tasks.append(TaskInfo(func="Send" if p.is_send else "Recv", peer=p.peer, is_send=p.is_send,
+                                  count=p.count, datatype=DATATYPE_NAMES.get(dtype, dtype), root=0,
+                                  send_buff=_ptr(buf) if p.is_send else 0, recv_buff=0 if p.is_send else _ptr(buf),
+                                  n_programs=0 if p.peer == self.rank else n_prog))
         self._tag += 1
-        itemsize = parts[0][1].itemsize
         total = sum(p.count for p, _ in parts) * itemsize
         plan = plan_p2p([p for p, _ in parts], self.world_size, self.rank, itemsize,
                         self.settings.p2p_chunk_bytes, self.settings.step_bytes,
                         self._session.backend.channels_for(total))
         mask = self._session.op_mask()
-        tasks = [TaskInfo(func="Send" if p.is_send else "Recv", peer=p.peer, is_send=p.is_send, count=p.count,
-                          datatype=DATATYPE_NAMES.get(dtype, dtype), root=0,
-                          send_buff=_ptr(b) if p.is_send else 0, recv_buff=0 if p.is_send else _ptr(b),
-                          n_programs=0 if p.peer == self.rank else 1) for p, b in parts]
         info = self._info("send_recv", tasks, entries[0][3], mask)
         work = Work(self._tag, plan, dtype, "sum", parts=parts, stream=self._stream)
         self._session.run(work, info)

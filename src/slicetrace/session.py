@@ -64,6 +64,8 @@ class Session:
         off, unc = self.backend.clock_sync()
         self.drain.offset_ns = off
         self.clock_uncertainty_ns = unc
+        self.host.note("clock_offset_ns", off)          # written into every trace with the loss counters
+        self.host.note("clock_uncertainty_ns", unc)
         self._resync_at = time.monotonic() + self.settings.clock_resync_s
 
     def run(self, work: Work, info: OpInfo | None) -> Any:

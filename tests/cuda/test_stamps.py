@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from slicetrace.stamps.layout import FLAG_SEND, KIND_CHANNEL, KIND_STEP
+from slicetrace.stamps.layout import FLAG_CH_STOP, FLAG_SEND, KIND_CHANNEL, KIND_STEP
 from tests.cuda import ranks
 
 
@@ -27,13 +27,14 @@ def check_geometry(res, expected, what):
 def check_nesting(res, what):
     for ch, (st, co) in res["stamps"].items():
         chan = st["kind"] == KIND_CHANNEL
-        assert chan.sum() == 1, f"{what}: channel {ch} has {chan.sum()} KernelCh records"
-        t0, t1 = int(st["ready"][chan][0]), int(co["done"][chan][0])
+        start, stop = chan & (st["flags"] & FLAG_CH_STOP == 0), chan & (st["flags"] & FLAG_CH_STOP != 0)
+        assert start.sum() == 1 and stop.sum() == 1, f"{what}: channel {ch} KernelCh records {chan.sum()}"
+        t0, t1 = int(st["ready"][start][0]), int(co["done"][stop][0])
         steps = st["kind"] == KIND_STEP
         w, r, d = st["wait"][steps].astype(np.int64), st["ready"][steps].astype(np.int64), co["done"][steps].astype(np.int64)
         assert (w <= r).all() and (r <= d).all(), f"{what}: wait <= ready <= done broken on channel {ch}"
         assert (w >= t0).all() and (d <= t1).all(), f"{what}: a KernelStep leaves its KernelCh window on {ch}"
-        assert (st["seq"][steps] > st["seq"][chan][0]).all()
+        assert (st["seq"][steps] > st["seq"][start][0]).all() and (st["seq"][steps] < st["seq"][stop][0]).all()
 
 
 def causality(res0, res1, src, dst, by_channel=True):
@@ -78,7 +79,7 @@ def test_p2p_stamps(pool2):
     for r in range(2):
         nsteps = sum(int((s["kind"] == KIND_STEP).sum()) for s, _ in st[r]["stamps"].values())
         nch = sum(int((s["kind"] == KIND_CHANNEL).sum()) for s, _ in st[r]["stamps"].values())
-        assert nch == 2 and nsteps == 2 * -(-1_000_003 * 4 // (1 << 19)), (nch, nsteps)
+        assert nch == 4 and nsteps == 2 * -(-1_000_003 * 4 // (1 << 19)), (nch, nsteps)
         check_nesting_p2p = [(int(c["done"].max()) >= int(s["ready"].min())) for s, c in st[r]["stamps"].values()]
         assert all(check_nesting_p2p)
     n, bad, _ = causality(st[0], st[1], 0, 1, by_channel=False)   # p2p stamp channels differ per side

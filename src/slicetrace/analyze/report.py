@@ -82,6 +82,6 @@ def render(rep: Report, console=None) -> None:
         w = rep.waited_on[0]
         con.print(f"most waited on: rank {w['rank']} waited {w['wait_us']:.1f} us for data from rank {w['peer']}")
     if rep.counters:
-        lost = {f"rank {r}": {k: v for k, v in c.items() if v and not k.startswith(("delivered", "plugin_written"))}
+        lost = {f"rank {r}": {k: v for k, v in c.items() if v and not k.startswith(("delivered", "plugin_written", "clock_"))}
                 for r, c in rep.counters.items()}
         con.print(f"loss counters: {lost}")

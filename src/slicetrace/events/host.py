@@ -468,6 +468,11 @@ class EventHost:
         with self._lock:
             return dict(self._counts)
 
+    def note(self, name: str, value: int) -> None:
+        """Record a fact for the plugins' loss accounting (e.g. clock_uncertainty_ns); reported at close."""
+        with self._lock:
+            self._counts[name] = int(value)
+
     def plugin_stats(self) -> list[dict[str, Any]]:
         with self._lock:
             return [{"name": s.lp.name, "version": s.lp.version, "failures": s.failures, "disabled": s.disabled}

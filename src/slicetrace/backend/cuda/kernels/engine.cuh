@@ -122,7 +122,7 @@ template <typename T, bool STEPS> struct Eng {
       st_volatile(co + (q & mask) * 6, q);
     }
     pend_lo = pend_hi;
-    if (ch_pend) { st_volatile(st + (chseq & mask) * 6, chseq); ch_pend = false; }
+    if (ch_pend) { st_volatile(st + (chseq & mask) * 6, chseq); st_volatile(co + (chseq & mask) * 6, chseq); ch_pend = false; }
   }
 
   __device__ void init(const Args* a_, const Comm* cm_, BlockShared* bs_, int gi, Grp g_, int ch) {
@@ -144,10 +144,12 @@ template <typename T, bool STEPS> struct Eng {
     if (STEPS && ST_TIMER_MODE && post()) { pc = clock64(); pt = gtimer(); }
     if (a->stamp_ch && last_warp()) {
       if (post()) {
+        // KernelCh start: a record of its own, completed at once (stamps/layout.py: an entry left open across
+        // many later seqs would have its completed slot reused). Published at the first slice's fence.
         const u64 t = gtimer();
         chseq = reserve(1);
-        fence_sys();
         entry(st, chseq, t, t, 0, id0(a->op_tag, 0), id1(0, peer, 1, flags));
+        entry(co, chseq, 0, 0, t, id0(a->op_tag, 0), id1(0, peer, 1, flags));
       }
       chseq = __shfl_sync(0xffffffffu, chseq, 31);   // the whole last warp tracks the stamp state
       ch_pend = true;
@@ -164,10 +166,16 @@ template <typename T, bool STEPS> struct Eng {
       st_volatile_u32((u32*)cm->status_host, 1u);
     }
     if (!stamping()) return;
-    if (a->stamp_ch) entry(co, chseq, 0, 0, gtimer(), id0(a->op_tag, 0), id1(0, ch_peer, 1, ch_flags));
+    u64 q = 0;
+    if (a->stamp_ch) {                  // KernelCh stop: its own seq, reserved after every slice of the program
+      const u64 t = gtimer();
+      q = reserve(1);
+      entry(st, q, t, t, 0, id0(a->op_tag, 0), id1(0, ch_peer, 1, ch_flags | 2));
+      entry(co, q, 0, 0, t, id0(a->op_tag, 0), id1(0, ch_peer, 1, ch_flags | 2));
+    }
     fence_sys();
     publish();
-    if (a->stamp_ch) st_volatile(co + (chseq & mask) * 6, chseq);
+    if (a->stamp_ch) { st_volatile(st + (q & mask) * 6, q); st_volatile(co + (q & mask) * 6, q); }
   }
 
   // A role clock taken before the post thread's (cd cycles, td ns) pair, as %globaltimer ns.
@@ -207,6 +215,7 @@ template <typename T, bool STEPS> struct Eng {
       st_volatile(((lane & 1) ? co : st) + (pq & mask) * 6, pq);
     }
     if (ch_pend && lane == 30) st_volatile(st + (chseq & mask) * 6, chseq);
+    if (ch_pend && lane == 29) st_volatile(co + (chseq & mask) * 6, chseq);
     ch_pend = false;
     pend_lo = pend_hi;
     if (!stamp) return;
