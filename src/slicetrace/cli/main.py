@@ -7,7 +7,7 @@ import os
 import sys
 
 from ..config import Settings, describe
-from ..errors import SliceTraceError
+from ..errors import BackendError, SliceTraceError
 from .sweep import DTYPE_ALIASES, OPS, parse_size, sizes
 
 
@@ -68,8 +68,11 @@ def run_bench(a: argparse.Namespace) -> int:
     if nranks is None:
         nranks = 2
         if s.backend == "cuda":
-            import cupy
-            nranks = cupy.cuda.runtime.getDeviceCount()
+            try:
+                import cupy
+                nranks = cupy.cuda.runtime.getDeviceCount()
+            except Exception as e:      # no CuPy, no driver, no device: say so plainly
+                raise BackendError(f"--backend cuda: no usable CUDA device ({type(e).__name__}: {e})") from None
     opts = {"sizes": sizes(parse_size(a.minbytes, "-b"), parse_size(a.maxbytes, "-e"), a.stepfactor),
             "ops": ops, "dtype": dtype, "redop": a.redop, "root": a.root, "iters": a.iters,
             "warmup": a.warmup_iters, "check": bool(a.check), "compare": a.compare, "overhead": a.overhead,
