@@ -29,6 +29,8 @@ def _device(comm):
 
 
 def traced(comm, nbytes):
+    import faulthandler
+    faulthandler.dump_traceback_later(60, exit=True)     # a hang shows every thread's stack
     cp = _device(comm)
     n = nbytes // 4
     x = cp.random.standard_normal(n, dtype=cp.float32)
@@ -52,6 +54,8 @@ def traced(comm, nbytes):
 
 
 def loop(comm, nbytes, seconds):
+    import faulthandler
+    faulthandler.dump_traceback_later(seconds + 45, exit=True)
     cp = _device(comm)
     x = cp.random.standard_normal(nbytes // 4, dtype=cp.float32)
     out = cp.empty_like(x)
@@ -78,6 +82,7 @@ def main() -> None:
     prefix = os.path.join(a.out, "trace")
     kw = dict(backend="cuda", profiler_plugin="example", timeout_s=120.0)
     res = slicetrace.launch(traced, a.ranks, a.size, profile_dump_file=prefix, **kw)
+    print("traced ops done", flush=True)
     files = sorted(glob.glob(prefix + "_*.json"))
     report = {"files": len(files), "problems": {f: check_trace(f)[:5] for f in files}}
     recs = load_traces(files)
@@ -112,6 +117,7 @@ def main() -> None:
                   clock_uncertainty_ns=unc, counters=[r[0] for r in res], nesting_problems=nest)
     for size in (1 << 20, 1 << 30):
         ops = slicetrace.launch(loop, a.ranks, size, a.seconds, **kw)
+        print(f"loop {size}: {ops}", flush=True)
         report[f"loop_{size}"] = ops
     with open(os.path.join(a.out, "trace_check.json"), "w") as f:
         json.dump(report, f, indent=1, default=str)
