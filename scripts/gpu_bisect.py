@@ -12,7 +12,7 @@ def seq(comm, names):
     ops = {"AR64M": lambda: comm.all_reduce(x, cp.empty_like(x)), "AR1001": lambda: comm.all_reduce(x[:1001]),
            "AR4K": lambda: comm.all_reduce(x[:1024]), "BC4M": lambda: comm.broadcast(small, root=0),
            "RD4M": lambda: comm.reduce(small, root=0), "BC1001": lambda: comm.broadcast(x[:1001], root=0),
-           "AG4M": lambda: comm.all_gather(small), "AR4M": lambda: comm.all_reduce(small)}
+           "AG4M": lambda: comm.all_gather(small), "RS4M": lambda: comm.reduce_scatter(small), "AR4M": lambda: comm.all_reduce(small)}
     log = []
     for name in names:
         try:
@@ -26,8 +26,9 @@ def seq(comm, names):
 
 
 if __name__ == "__main__":
-    for names in (["BC4M", "AR1001"], ["RD4M", "AR1001"], ["AR64M", "AR1001"], ["BC1001", "AR1001"],
-                  ["BC4M", "AR4M"], ["AG4M", "BC4M", "AR4K"]):
+    for names in (["RS4M", "AR1001"], ["BC4M", "RD4M", "AR1001"], ["AG4M", "RS4M", "AR1001"],
+                  ["RS4M", "BC4M", "RD4M", "AR1001"], ["AR64M", "AG4M", "RS4M", "BC4M", "RD4M", "AR1001"],
+                  ["RS4M", "BC4M", "AR1001"], ["RS4M", "RD4M", "AR1001"]):
         try:
             r = slicetrace.launch(seq, 2, names, backend="cuda", timeout_s=5.0, join_timeout_s=40)
             print(names, "->", r[0], flush=True)
