@@ -26,9 +26,8 @@ def seq(comm, names):
 
 
 if __name__ == "__main__":
-    for names in (["RS4M", "AR1001"], ["BC4M", "RD4M", "AR1001"], ["AG4M", "RS4M", "AR1001"],
-                  ["RS4M", "BC4M", "RD4M", "AR1001"], ["AR64M", "AG4M", "RS4M", "BC4M", "RD4M", "AR1001"],
-                  ["RS4M", "BC4M", "AR1001"], ["RS4M", "RD4M", "AR1001"]):
+    for names in (["BC4M", "RD4M", "AR1001"], ["AR64M", "AG4M", "RS4M", "BC4M", "RD4M", "AR1001", "AR64M"],
+                  ["BC1001", "RD4M", "AR4M", "BC4M", "RD4M", "AG4M"]):
         try:
             r = slicetrace.launch(seq, 2, names, backend="cuda", timeout_s=5.0, join_timeout_s=40)
             print(names, "->", r[0], flush=True)

@@ -140,6 +140,9 @@ template <typename T, bool STEPS> struct Eng {
   __device__ void begin(int peer, int flags) {
     sstep = c.s_stepp ? round_up(*c.s_stepp, a->chunk_steps) : 0;
     rstep = c.r_stepp ? round_up(*c.r_stepp, a->chunk_steps) : 0;
+    // NCCL's PostRecv: return credit for the steps the rounding skipped at once. Without it, two connections
+    // both left off a chunk boundary (broadcast then reduce, then all_reduce) wait on each other's credit.
+    if (post() && c.r_stepp && rstep != *c.r_stepp) st_relaxed_sys(c.r_head, rstep);
     ch_peer = peer; ch_flags = flags;
     if (STEPS && ST_TIMER_MODE && post()) { pc = clock64(); pt = gtimer(); }
     if (a->stamp_ch && last_warp()) {
