@@ -96,10 +96,12 @@ class Communicator:
         plan = plan_collective(func, self.world_size, self.rank, count, itemsize, root,
                                self._session.backend.channels_for(count * itemsize), self.settings.step_bytes)
         mask = self._session.op_mask()
-        task = TaskInfo(func=FUNC_NAMES[func], peer=-1, is_send=False, count=count,
-                        datatype=DATATYPE_NAMES.get(dtype, dtype), root=root, send_buff=_ptr(send),
-                        recv_buff=_ptr(recv), n_programs=len(plan.programs))
-        info = self._info(func, [task], user_tag, mask)
+        info = None
+        if mask:                    # events only when a plugin listens: nothing to build otherwise
+            task = TaskInfo(func=FUNC_NAMES[func], peer=-1, is_send=False, count=count,
+                            datatype=DATATYPE_NAMES.get(dtype, dtype), root=root, send_buff=_ptr(send),
+                            recv_buff=_ptr(recv), n_programs=len(plan.programs))
+            info = self._info(func, [task], user_tag, mask)
         work = Work(self._tag, plan, dtype, redop, sendbuf=send, recvbuf=recv, stream=stream)
         self._session.run(work, info)
         if user_out is not None:

@@ -29,6 +29,9 @@ HEARTBEAT_S = 0.1
 _GEN: dict[str, int] = {}        # backends made per job in this process: keeps store keys of re-inits apart
 
 
+_NAMES: dict = {}
+
+
 def _addr(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
 
@@ -126,7 +129,11 @@ class CpuBackend(Backend):
     def as_buffer(self, x: Any, what: str) -> tuple[Any, str, int]:
         if not isinstance(x, np.ndarray):
             raise UsageError(f"{what} must be a numpy.ndarray for backend='cpu', got {type(x).__name__}")
-        name = x.dtype.name
+        name = _NAMES.get(x.dtype)
+        if name is None:
+            name = x.dtype.name             # dtype.name is slow: cached per dtype
+            if name in DTYPES:
+                _NAMES[x.dtype] = name
         if name not in DTYPES:
             raise UsageError(f"{what} dtype {name} is not one of {DTYPES}")
         if not x.flags.c_contiguous:
@@ -206,8 +213,9 @@ class CpuBackend(Backend):
         g.publish_sig(sig)
         delta = None
         a, b = work.sendbuf, work.recvbuf
-        if _addr(a) < _addr(b) + b.nbytes and _addr(b) < _addr(a) + a.nbytes:
-            delta = _addr(a) - _addr(b)
+        pa, pb = _addr(a), _addr(b)
+        if pa < pb + b.nbytes and pb < pa + a.nbytes:
+            delta = pa - pb
         progs = plan.programs
         stamps = work.stamp_steps or work.stamp_channels
 
