@@ -15,16 +15,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
-from ..stamps.layout import FLAG_SEND, KIND_CHANNEL, PAIRED_DTYPE
-from .abi import (KERNEL_STEP_DTYPE, CollApiDescr, CollDescr, CommInfo, EventType, GroupApiDescr, GroupDescr,
+from ..stamps.layout import FLAG_SEND, KIND_CHANNEL
+from .abi import (CollApiDescr, CollDescr, CommInfo, EventType, GroupApiDescr, GroupDescr,
                   KernelChDescr, KernelLaunchDescr, P2pApiDescr, P2pDescr, ProxyCtrlDescr, State, StateArgs,
                   effective_mask)
+from .ops import OFF as _OFF
+from .ops import OpInfo, TaskInfo, _Op, _Slot, _Task, to_kernel_steps
+
+__all__ = ["EventHost", "OpInfo", "TaskInfo", "DROP_REASONS"]
 from .plugin import LoadedPlugin
 
 log = logging.getLogger("slicetrace")
@@ -32,11 +35,9 @@ T = EventType
 DROP_REASONS = ("overrun", "unpaired", "no_parent", "parent_dropped", "pool_full", "consumer_behind",
                 "sampled_out", "plugin_error", "plugin_disabled", "masked_out", "declined", "missing_kernel_ch",
                 "plugin_init_failed")
-P2P_FUNCS = ("Send", "Recv")
 _B = SimpleNamespace(**{t.name: int(t) for t in T})   # bits as ints: IntFlag arithmetic runs Python code
 _GA, _CA, _PA, _KL = _B.GROUP_API, _B.COLL_API, _B.P2P_API, _B.KERNEL_LAUNCH
 _KCH, _KS = _B.KERNEL_CH, _B.KERNEL_STEP
-_OFF = object()          # event type not emitted to this plugin (not in its mask)
 _DELIVERED = {t: f"delivered_{t.name.lower()}" for t in T}
 # By descriptor class: hashing an IntFlag member runs Python code.
 _DELIVERED_CLS = {c: _DELIVERED[t] for c, t in (
@@ -44,83 +45,6 @@ _DELIVERED_CLS = {c: _DELIVERED[t] for c, t in (
     (KernelLaunchDescr, T.KERNEL_LAUNCH), (GroupDescr, T.GROUP), (CollDescr, T.COLL), (P2pDescr, T.P2P),
     (KernelChDescr, T.KERNEL_CH), (ProxyCtrlDescr, T.PROXY_CTRL))}
 _KCH_STOP = State.KERNEL_CH_STOP
-_NS = PAIRED_DTYPE.fields["wait"][1]         # the 6 trailing u64 clock words: same layout in both dtypes
-_KNS = KERNEL_STEP_DTYPE.fields["wait_clk"][1]
-assert PAIRED_DTYPE.itemsize - _NS == KERNEL_STEP_DTYPE.itemsize - _KNS == 48
-
-
-@dataclass(slots=True)
-class TaskInfo:
-    """One Coll (the op's only task) or one p2p part (routed by (peer, is_send))."""
-    func: str = "AllReduce"
-    peer: int = -1
-    is_send: bool = False
-    count: int = 0
-    datatype: str = "ncclFloat32"
-    root: int = 0
-    send_buff: int = 0
-    recv_buff: int = 0
-    n_programs: int = 1      # KernelCh records that complete this task (0: completes at end_op)
-
-
-@dataclass(slots=True)
-class OpInfo:
-    tag: int
-    func: str
-    tasks: list[TaskInfo] = field(default_factory=list)
-    seq_number: int = 0
-    user_tag: int = 0
-    mask: int | None = None  # snapshot of host.op_mask(); None = take it in begin_op
-    ts_ns: int = 0
-    n_warps: int = 1
-    stream: Any = None
-    group_depth: int = 1
-
-
-class _Slot:
-    __slots__ = ("lp", "failures", "disabled")
-
-    def __init__(self, lp: LoadedPlugin):
-        self.lp, self.failures, self.disabled = lp, 0, False
-
-
-class _Task:
-    __slots__ = ("info", "p2p", "key", "handles", "left", "last_done", "done")
-
-    def __init__(self, info: TaskInfo, nslots: int):
-        self.info = info
-        self.p2p = info.func in P2P_FUNCS
-        self.key = info.peer * 2 + int(bool(info.is_send))
-        self.handles: list[Any] = [_OFF] * nslots
-        self.left = info.n_programs
-        self.last_done = 0
-        self.done = False
-
-
-class _Op:
-    __slots__ = ("info", "pmasks", "tasks", "groups", "open")
-
-    def __init__(self, info: OpInfo, pmasks: list[int]):
-        self.info, self.pmasks = info, pmasks
-        self.tasks = [_Task(t, len(pmasks)) for t in info.tasks]
-        self.groups: list[Any] = [_OFF] * len(pmasks)
-        self.open = len(self.tasks)
-
-
-def to_kernel_steps(recs: np.ndarray) -> np.ndarray:
-    """PAIRED_DTYPE KernelStep records -> abi.KERNEL_STEP_DTYPE (vectorised; the clocks as one byte copy)."""
-    n = len(recs)
-    out = np.empty(n, KERNEL_STEP_DTYPE)
-    if n:
-        src = np.ascontiguousarray(recs).view(np.uint8).reshape(n, PAIRED_DTYPE.itemsize)
-        out.view(np.uint8).reshape(n, KERNEL_STEP_DTYPE.itemsize)[:, _KNS:] = src[:, _NS:]
-        out["channel"] = recs["channel"]
-        out["is_send"] = recs["flags"] & FLAG_SEND
-        out["peer"] = recs["peer"]
-        out["step"] = recs["step"]
-        out["size"] = recs["size"]
-    out.flags.writeable = False          # shared by every plugin of the fan-out
-    return out
 
 
 class EventHost:

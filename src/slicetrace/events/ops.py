@@ -1,0 +1,92 @@
+"""What the event host tracks per op: the op and task descriptions the wiring hands over, per-plugin
+handles, completion counts, and the PAIRED -> KERNEL_STEP record conversion."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..stamps.layout import FLAG_SEND, PAIRED_DTYPE
+from .abi import KERNEL_STEP_DTYPE
+from .plugin import LoadedPlugin
+
+P2P_FUNCS = ("Send", "Recv")
+OFF = object()           # event type not emitted to this plugin (not in its mask)
+_NS = PAIRED_DTYPE.fields["wait"][1]         # the 6 trailing u64 clock words: same layout in both dtypes
+_KNS = KERNEL_STEP_DTYPE.fields["wait_clk"][1]
+assert PAIRED_DTYPE.itemsize - _NS == KERNEL_STEP_DTYPE.itemsize - _KNS == 48
+
+
+@dataclass(slots=True)
+class TaskInfo:
+    """One Coll (the op's only task) or one p2p part (routed by (peer, is_send))."""
+    func: str = "AllReduce"
+    peer: int = -1
+    is_send: bool = False
+    count: int = 0
+    datatype: str = "ncclFloat32"
+    root: int = 0
+    send_buff: int = 0
+    recv_buff: int = 0
+    n_programs: int = 1      # KernelCh records that complete this task (0: completes at end_op)
+
+
+@dataclass(slots=True)
+class OpInfo:
+    tag: int
+    func: str
+    tasks: list[TaskInfo] = field(default_factory=list)
+    seq_number: int = 0
+    user_tag: int = 0
+    mask: int | None = None  # snapshot of host.op_mask(); None = take it in begin_op
+    ts_ns: int = 0
+    n_warps: int = 1
+    stream: Any = None
+    group_depth: int = 1
+
+
+class _Slot:
+    __slots__ = ("lp", "failures", "disabled")
+
+    def __init__(self, lp: LoadedPlugin):
+        self.lp, self.failures, self.disabled = lp, 0, False
+
+
+class _Task:
+    __slots__ = ("info", "p2p", "key", "handles", "left", "last_done", "done")
+
+    def __init__(self, info: TaskInfo, nslots: int):
+        self.info = info
+        self.p2p = info.func in P2P_FUNCS
+        self.key = info.peer * 2 + int(bool(info.is_send))
+        self.handles: list[Any] = [OFF] * nslots
+        self.left = info.n_programs
+        self.last_done = 0
+        self.done = False
+
+
+class _Op:
+    __slots__ = ("info", "pmasks", "tasks", "groups", "open")
+
+    def __init__(self, info: OpInfo, pmasks: list[int]):
+        self.info, self.pmasks = info, pmasks
+        self.tasks = [_Task(t, len(pmasks)) for t in info.tasks]
+        self.groups: list[Any] = [OFF] * len(pmasks)
+        self.open = len(self.tasks)
+
+
+def to_kernel_steps(recs: np.ndarray) -> np.ndarray:
+    """PAIRED_DTYPE KernelStep records -> abi.KERNEL_STEP_DTYPE (vectorised; the clocks as one byte copy)."""
+    n = len(recs)
+    out = np.empty(n, KERNEL_STEP_DTYPE)
+    if n:
+        src = np.ascontiguousarray(recs).view(np.uint8).reshape(n, PAIRED_DTYPE.itemsize)
+        out.view(np.uint8).reshape(n, KERNEL_STEP_DTYPE.itemsize)[:, _KNS:] = src[:, _NS:]
+        out["channel"] = recs["channel"]
+        out["is_send"] = recs["flags"] & FLAG_SEND
+        out["peer"] = recs["peer"]
+        out["step"] = recs["step"]
+        out["size"] = recs["size"]
+    out.flags.writeable = False          # shared by every plugin of the fan-out
+    return out
