@@ -1,5 +1,4 @@
 """Which op transition stalls on the GPU? Each sequence in a fresh job, bounded waits."""
-import time
 
 import slicetrace
 
@@ -19,7 +18,7 @@ def seq(comm, names):
             ops[name]()
             comm.synchronize()
             log.append(name)
-        except Exception as e:
+        except Exception:
             log.append(f"{name} STALL")
             break
     return " ".join(log)

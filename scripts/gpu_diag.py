@@ -1,6 +1,5 @@
 """Where does the profiled CUDA path spend its time? Per size: unprofiled, profiled enqueue, sync, flush."""
 import faulthandler
-import sys
 import time
 
 import slicetrace

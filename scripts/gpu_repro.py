@@ -1,5 +1,4 @@
 """Run the mixed-op sequence one op at a time with a bounded wait; report which op stalls, stamps off and on."""
-import sys
 import time
 
 import slicetrace

@@ -11,8 +11,6 @@ import json
 import os
 import time
 
-import numpy as np
-
 import slicetrace
 from slicetrace.analyze.trace import check_trace, kernel_steps, load_traces
 from slicetrace.plan.schedule import plan_collective

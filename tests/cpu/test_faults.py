@@ -12,7 +12,7 @@ import pytest
 
 import slicetrace
 from slicetrace.errors import PeerError
-from tests.helpers.procs import RankPool, RankError
+from tests.helpers.procs import RankPool
 
 TIMEOUT = 6.0
 

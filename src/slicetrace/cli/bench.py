@@ -5,7 +5,6 @@ import json
 import statistics
 import sys
 import time
-from typing import Any
 
 import numpy as np
 
