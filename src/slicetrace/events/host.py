@@ -97,14 +97,20 @@ class EventHost:
             s.disabled = True
             log.warning("slicetrace: profiler plugin %r disabled after %d exceptions", s.lp.name, s.failures)
 
+    def _admit(self, s: _Slot, parent: Any) -> bool:
+        """A child of a dropped parent, or for a disabled plugin, is dropped and counted."""
+        if parent is None:
+            self._counts["parent_dropped"] += 1
+            return False
+        if s.disabled:
+            self._counts["plugin_disabled"] += 1
+            return False
+        return True
+
     def _start(self, i: int, descr: Any, parent: Any) -> Any:
         """Start one event for plugin i under `parent` (a handle, None = dropped parent, or _OFF = none)."""
         s = self._slots[i]
-        if parent is None:
-            self._counts["parent_dropped"] += 1
-            return None
-        if s.disabled:
-            self._counts["plugin_disabled"] += 1
+        if not self._admit(s, parent):
             return None
         descr.parent = None if parent is _OFF else parent
         try:
@@ -125,11 +131,7 @@ class EventHost:
         promised start_event would return that handle without side effects, so the call and its descriptor
         are skipped; the accounting is _start's."""
         s = self._slots[i]
-        if parent is None:
-            self._counts["parent_dropped"] += 1
-            return None
-        if s.disabled:
-            self._counts["plugin_disabled"] += 1
+        if not self._admit(s, parent):
             return None
         self._counts[key] = self._counts.get(key, 0) + 1
         return s.lp.passthrough
