@@ -134,3 +134,15 @@ def _ring_sendrecv(ctx, kw):
             comm.recv(out, (r - 1) % n)
         bad += int((out != data(3, (r - 1) % n, count, "int32", "sum")).sum())
     return bad
+
+
+def test_eight_ranks_on_the_cpu_backend():
+    """n = 8 (the largest GPU box) runs on the CPU engine too: every collective, a few counts."""
+    pool = RankPool(8, timeout=240)
+    try:
+        cases = [(op, "int32", "sum", count, 5, False, 3)
+                 for op in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all")
+                 for count in (0, 1, 20_011)]
+        assert pool.run(run_cases, SMALL, cases) == [[]] * 8
+    finally:
+        pool.close()

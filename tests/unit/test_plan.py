@@ -1,0 +1,115 @@
+"""Plans alone: NCCL's slice/chunk/channel geometry, ring shape, traffic, and a message-passing simulation that
+runs every rank's primitive list (n up to 8) and must compute the collective."""
+from __future__ import annotations
+
+from collections import defaultdict, deque
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from slicetrace.plan.schedule import (P2pPart, plan_collective, plan_p2p, proto_for, slice_layout,
+                                      split_channels)
+from slicetrace.plan.traffic import bytes_per_direction, expected_slices
+
+STEP = 1 << 16            # 512 KiB FIFO / 8: small, so modest counts span many chunks and loops
+
+
+def test_slice_layout_follows_nccl_generic_op():
+    p = proto_for("all_reduce", 512 << 10)
+    assert (p.slice_steps, p.chunk_steps, p.slice_per_chunk) == (2, 4, 2)
+    assert slice_layout(262144, 4, p) == ((0, 131072), (131072, 131072))      # a 1 MiB chunk: 2 slices
+    assert slice_layout(1000, 4, p) == ((0, 1000), (1000, 0))                 # min slice = step*2/32
+    assert slice_layout(0, 4, p) == ((0, 0), (0, 0))
+    b = proto_for("broadcast", 512 << 10)
+    assert (b.slice_steps, b.chunk_steps) == (1, 1) and len(slice_layout(5, 4, b)) == 1
+
+
+@given(count=st.integers(0, 3_000_000), itemsize=st.sampled_from([1, 2, 4, 8]), nch=st.integers(1, 64))
+@settings(max_examples=60, deadline=None)
+def test_channels_cover_the_buffer_contiguously_and_aligned(count, itemsize, nch):
+    parts = split_channels(count, itemsize, nch)
+    assert sum(n for _, n in parts) == count and len(parts) <= nch
+    lo = 0
+    for i, (a, n) in enumerate(parts):
+        assert a == lo and n > 0
+        assert (a * itemsize) % 16 == 0
+        lo += n
+    if len(parts) > 1:
+        assert all(n * itemsize >= 32 * 1024 for _, n in parts[:-1])
+
+
+def simulate(func, n, count, root=0, nch=3, seed=0):
+    """Run every rank's plan with unbounded FIFOs; return outputs (sum reduction)."""
+    rng = np.random.default_rng(seed)
+    cin = count * n if func == "reduce_scatter" else count
+    cout = count * n if func == "all_gather" else count
+    ins = [rng.integers(-5, 6, cin).astype(np.int64) for _ in range(n)]
+    outs = [np.full(cout, -999, np.int64) for _ in range(n)]
+    plans = [plan_collective(func, n, r, count, 8, root, nch, STEP) for r in range(n)]
+    queues = defaultdict(deque)
+    work = [deque((p.channel, prim, off, m) for p in plan.programs for prim in p.prims for off, m in prim.slices)
+            for plan in plans]
+    edges = set()
+    while any(work):
+        moved = False
+        for r in range(n):
+            while work[r]:
+                ch, prim, off, m = work[r][0]
+                if prim.recv_from is not None and not queues[(prim.recv_from, r, ch)]:
+                    break
+                work[r].popleft()
+                moved = True
+                bufs = {"in": ins[r], "out": outs[r]}
+                val = bufs[prim.src][prim.src_off + off:prim.src_off + off + m].copy() if prim.src else None
+                if prim.recv_from is not None:
+                    got = queues[(prim.recv_from, r, ch)].popleft()
+                    val = got + val if prim.reduce else got
+                if prim.dst:
+                    outs[r][prim.dst_off + off:prim.dst_off + off + m] = val
+                if prim.send_to is not None:
+                    queues[(r, prim.send_to, ch)].append(val)
+                    edges.add((r, prim.send_to))
+        assert moved, f"{func} n={n}: the plans deadlock"
+    assert not any(queues.values()), "a slice was sent and never received"
+    return ins, outs, edges
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 8])
+@pytest.mark.parametrize("func", ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce"])
+def test_every_rank_plan_together_computes_the_collective(func, n):
+    for count in (0, 1, 7, 12_345, 100_003):
+        root = count % n
+        ins, outs, edges = simulate(func, n, count, root)
+        total = np.sum(ins, axis=0)
+        for r in range(n):
+            if func == "all_reduce":
+                want = total
+            elif func == "all_gather":
+                want = np.concatenate(ins)
+            elif func == "reduce_scatter":
+                want = total[r * count:(r + 1) * count]
+            elif func == "broadcast":
+                want = ins[root]
+            else:
+                want = total if r == root else outs[r]
+            assert np.array_equal(outs[r], want), (func, n, count, r)
+        if count and func in ("all_reduce", "all_gather", "reduce_scatter"):
+            assert edges == {(r, (r + 1) % n) for r in range(n)}          # exactly the ring
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 8])
+def test_ring_all_reduce_moves_2_n_minus_1_over_n_of_the_buffer(n):
+    count = 1_000_000
+    sent = [bytes_per_direction(plan_collective("all_reduce", n, r, count, 4, 0, 4, STEP)) for r in range(n)]
+    assert sum(s for s, _ in sent) == sum(v for _, v in sent) == 2 * (n - 1) * count * 4
+    for s, v in sent:
+        assert abs(s - 2 * (n - 1) / n * count * 4) <= 2 * n * 16 * 4 * 4      # within chunk alignment
+
+
+def test_p2p_plan_chunks_and_self_parts():
+    parts = [P2pPart(1, True, 300_000, 0), P2pPart(0, False, 10, 1), P2pPart(2, False, 5, 2)]
+    plan = plan_p2p(parts, 3, 0, 4, 1 << 19, 1 << 19, 2)
+    assert [p.params["peer"] for p in plan.programs] == [1, 2]                # the self part is a copy
+    sends = [s for s in expected_slices(plan) if s[1]]
+    assert sum(b for *_, b in sends) == 300_000 * 4 and max(b for *_, b in sends) <= 1 << 19
