@@ -237,3 +237,76 @@ def test_stop_settles_everything_and_counts_what_never_completed():
     w.start(KIND_STEP, 0, 4, 0, 8, 1, 1, 2)              # nor did this slice
     d.stop()
     assert sink.drops["unpaired"] == 2 and sink.ended == [4]
+
+
+def test_many_channels_drain_in_one_pass_each_cut_at_its_own_gap():
+    v = rings(4, 64)
+    sink = Recorder()
+    d = Drain(v, sink)
+    ws = [RingWriter(v, c) for c in range(4)]
+    d.expect(1)
+    for c in (0, 2, 3):
+        write_op(ws[c], 1, 3 + c, t0=100 * c)
+    ws[1].channel(False, 0, 1, 0, 5)
+    held = ws[1].start(KIND_STEP, 0, 1, 0, 8, 1, 1, 2)      # channel 1 stuck at its first slice
+    later = ws[1].start(KIND_STEP, 0, 1, 1, 8, 1, 3, 4)
+    ws[1].complete(later, KIND_STEP, 0, 1, 1, 8, 1, 5)
+    d.poll_once()
+    steps = np.concatenate([r for _, r in sink.step_calls])
+    assert sorted(Counter(steps["channel"].tolist()).items()) == [(0, 3), (2, 5), (3, 6)]
+    for c in (0, 2, 3):
+        assert list(steps[steps["channel"] == c]["step"]) == [2 * i for i in range(3 + c)]
+    assert list(d.cursor) == [5, 1, 7, 8] and len(sink.channels) == 3
+    ws[1].complete(held, KIND_STEP, 0, 1, 0, 8, 1, 6)
+    ws[1].channel(True, 0, 1, 0, 9)
+    d.op_submitted(1, lambda: True)
+    d.poll_once()
+    last = sink.step_calls[-1][1]
+    assert list(last["channel"]) == [1, 1] and list(last["step"]) == [0, 1]
+    ch1 = [r for _, rs in sink.channels for r in rs if r["channel"] == 1]
+    assert len(ch1) == 1 and (ch1[0]["ready"], ch1[0]["done"]) == (5, 9)
+    assert sink.ended == [1] and not sink.drops
+
+
+def test_many_channels_overrun_and_unpaired_are_counted_per_channel():
+    v = rings(3, 64)
+    sink = Recorder()
+    d = Drain(v, sink)
+    d.op_submitted(1, lambda: True)
+    ws = [RingWriter(v, c) for c in range(3)]
+    for i in range(100):                                   # channel 0 laps its ring by 36
+        s = ws[0].start(KIND_STEP, 0, 1, i, 8, 1, i, i)
+        ws[0].complete(s, KIND_STEP, 0, 1, i, 8, 1, i)
+    ws[1].start(KIND_STEP, 0, 1, 0, 8, 1, 1, 2)           # never completed, op done: unpaired
+    s = ws[1].start(KIND_STEP, 0, 1, 1, 8, 1, 1, 2)
+    ws[1].complete(s, KIND_STEP, 0, 1, 1, 8, 1, 3)
+    write_op(ws[2], 1, 4)
+    d.poll_once()
+    steps = np.concatenate([r for _, r in sink.step_calls])
+    assert sink.drops["overrun"] == 36 and sink.drops["unpaired"] == 1
+    assert (steps["channel"] == 0).sum() == 64 and (steps["channel"] == 1).sum() == 1
+    assert (steps["channel"] == 2).sum() == 4 and sink.ended == [1]
+
+
+@settings(max_examples=40, deadline=None)
+@given(plan=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 30), st.booleans()), min_size=1, max_size=15))
+def test_many_channels_every_record_delivered_once_or_counted(plan):
+    v = rings(4, 64)
+    sink = Recorder()
+    d = Drain(v, sink)
+    ws = [RingWriter(v, c) for c in range(4)]
+    written = 0
+    for tag, (c, n, poll) in enumerate(plan, start=1):
+        d.op_submitted(tag, lambda: True)
+        write_op(ws[c], tag, n)
+        written += n + 2
+        if poll:
+            d.poll_once()
+    d.poll_once()
+    got = sum(len(r) for _, r in sink.step_calls) + 2 * sum(len(r) for _, r in sink.channels)
+    assert got + sink.drops["overrun"] + sink.drops["unpaired"] == written
+    for c in range(4):                                     # per channel: tags and steps in seq order
+        rows = [(t, int(s)) for t, r in sink.step_calls for s, ch in zip(r["step"], r["channel"]) if ch == c]
+        assert rows == sorted(rows) and len(rows) == len(set(rows))
+    assert d.idle()
+

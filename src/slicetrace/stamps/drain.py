@@ -128,9 +128,8 @@ class Drain:
                     op.snapshot = reserved.copy()
                 op.done = True
         done_lows = [o.tag & 0xFFFFFFFF for o in ops if o.done]
-        n = 0
-        for ch in np.flatnonzero(reserved > self.cursor).tolist():
-            n += self._drain_channel(ch, done_lows, force)
+        chs = np.flatnonzero(reserved > self.cursor)
+        n = self._drain_many(chs, done_lows, force) if len(chs) else 0
         if force and self._open:
             self.consumer.drop("unpaired", len(self._open))
             self._open.clear()
@@ -140,13 +139,15 @@ class Drain:
             self._sampled = sampled
         now = self._clock()
         open_ch = {k[1] for k in self._open}
-        cursor = self.cursor.tolist()
+        cursor = self.cursor.tolist() if self.nch <= 8 else None
         ended = []
         for op in ops:          # in submit order: an op ends only after the ones before it
             low = op.tag & 0xFFFFFFFF
             if not (op.done or force):
                 break
-            if not force and (low in open_ch or any(c < s for c, s in zip(cursor, op.snapshot.tolist()))):
+            if not force and (low in open_ch or (
+                    any(c < s for c, s in zip(cursor, op.snapshot.tolist())) if cursor is not None
+                    else bool((self.cursor < op.snapshot).any()))):
                 break
             ended.append(op.tag)
         if ended:
@@ -162,52 +163,89 @@ class Drain:
             n += len(ended)
         return n
 
-    def _drain_channel(self, ch: int, done_lows: list[int], force: bool) -> int:
+    def _drain_channel(self, ch: int, done_lows, force: bool) -> int:
+        return self._drain_many(np.array([ch]), done_lows, force)
+
+    def _drain_many(self, chs: np.ndarray, done_lows, force: bool) -> int:
+        """Every channel in `chs` at once: one gather, a per-channel in-order cut, one delivery."""
         N = self.slots
-        cur = int(self.cursor[ch])
-        top = int(self._hdr[ch, 0])
-        if top <= cur:
-            return 0
-        if top - cur > N:                           # lapped: the oldest entries are gone
-            self.consumer.drop("overrun", top - cur - N)
-            cur = top - N
-        seqs = np.arange(cur + 1, top + 1, dtype=np.uint64)
-        idx = (seqs & np.uint64(N - 1)).astype(np.intp)
-        st = self._st[ch][idx]                      # (m, 6) u64 words; fancy indexing copies
-        co = self._co[ch][idx]
-        top2 = int(self._hdr[ch, 0])                # read after the copy: is any slot being reused?
-        intact = seqs + np.uint64(N) > np.uint64(top2)
-        st_vis = (st[:, 0] == seqs) & intact
-        ok = st_vis & (co[:, 0] == seqs)
-        if ok.all():
-            end = len(seqs)
-        else:
-            stuck_op = (st[:, 4] & 0xFFFFFFFF)
-            lost = (st_vis & ~ok & np.isin(stuck_op, np.array(done_lows, dtype=np.uint64))) | \
-                (np.uint64(top2) - seqs > LOST_LAG)
-            decided = ok | ~intact | lost | force
-            end = int(np.argmin(decided)) if not decided.all() else len(seqs)
-            if end == 0:
-                self.cursor[ch] = cur
+        if len(chs) == 1:                            # the common cpu case: scalar bookkeeping is cheaper
+            c = int(chs[0])
+            c0, t0 = int(self.cursor[c]), int(self._hdr[c, 0])
+            if t0 - c0 > N:                          # lapped: the oldest entries are gone
+                self.consumer.drop("overrun", t0 - c0 - N)
+                c0 = t0 - N
+            if t0 <= c0:
                 return 0
-            ok, intact = ok[:end], intact[:end]
-            lapped = int((~intact).sum())
+            cur, cnt = np.array([c0]), np.array([t0 - c0])
+        else:
+            cur = self.cursor[chs].astype(np.int64)
+            top = self._hdr[chs, 0].astype(np.int64)
+            lap = top - cur - N
+            if (lap > 0).any():                      # lapped: the oldest entries are gone
+                self.consumer.drop("overrun", int(lap[lap > 0].sum()))
+                cur = np.maximum(cur, top - N)
+            cnt = top - cur
+            keep_ch = cnt > 0
+            if not keep_ch.all():
+                chs, cur, cnt = chs[keep_ch], cur[keep_ch], cnt[keep_ch]
+                if not len(chs):
+                    return 0
+        if len(chs) == 1:
+            c0, n0 = int(cur[0]), int(cnt[0])
+            seqs = np.arange(c0 + 1, c0 + n0 + 1, dtype=np.int64)
+            chan = None
+            idx = seqs & (N - 1)
+            st, co = self._st[int(chs[0])][idx], self._co[int(chs[0])][idx]
+            top2 = np.int64(self._hdr[int(chs[0]), 0])     # read after the copy: is any slot being reused?
+        else:
+            offs = np.cumsum(cnt) - cnt
+            seqs = np.arange(int(cnt.sum()), dtype=np.int64) + np.repeat(cur + 1 - offs, cnt)
+            chan = np.repeat(chs, cnt)
+            idx = seqs & (N - 1)
+            st, co = self._st[chan, idx], self._co[chan, idx]
+            top2 = np.repeat(self._hdr[chs, 0].astype(np.int64), cnt)   # read after the copy
+        useq = seqs.view(np.uint64)
+        intact = seqs + N > top2
+        st_vis = (st[:, 0] == useq) & intact
+        ok = st_vis & (co[:, 0] == useq)
+        if ok.all():
+            end = cnt
+        else:
+            lost = (st_vis & ~ok & np.isin(st[:, 4] & np.uint64(0xFFFFFFFF), np.array(done_lows, dtype=np.uint64))) \
+                | (top2 - seqs > LOST_LAG)
+            undecided = ~(ok | ~intact | lost | force)
+            if len(chs) == 1:
+                end = cnt if not undecided.any() else np.array([int(np.argmax(undecided))])
+                keep = np.arange(len(seqs)) < end[0]
+            else:                                    # each channel stops at its first undecided entry
+                offs = np.cumsum(cnt) - cnt
+                pos = np.arange(len(seqs)) - np.repeat(offs, cnt)
+                end = np.minimum(np.minimum.reduceat(np.where(undecided, pos, cnt.max()), offs), cnt)
+                keep = pos < np.repeat(end, cnt)
+            lapped = int((keep & ~intact).sum())
             if lapped:
                 self.consumer.drop("overrun", lapped)
-            unpaired = int((intact & ~ok).sum())
+            unpaired = int((keep & intact & ~ok).sum())
             if unpaired:
                 self.consumer.drop("unpaired", unpaired)
-            st, co = st[:end][ok], co[:end][ok]
+            sel = keep & ok
+            st, co = st[sel], co[sel]
+            if chan is not None:
+                chan = chan[sel]
         same = (st[:, 4] == co[:, 4]) & (st[:, 5] == co[:, 5])   # identity words: op, step, size, peer, kind
         if not same.all():
             self.consumer.drop("unpaired", int((~same).sum()))
             st, co = st[same], co[same]
-        self.cursor[ch] = seqs[end - 1]
+            if chan is not None:
+                chan = chan[same]
+        self.cursor[chs] = (cur + end).astype(np.uint64)
         if len(st):
-            self._deliver(ch, st, co)
-        return end
+            self._deliver(int(chs[0]) if chan is None else chan, st, co)
+        return int(end.sum())
 
-    def _deliver(self, ch: int, st: np.ndarray, co: np.ndarray) -> None:
+    def _deliver(self, chan, st: np.ndarray, co: np.ndarray) -> None:
+        """chan: the channel of every row (array), or one int when all rows come from one channel."""
         w4, w5 = st[:, 4], st[:, 5]
         kind = (w5 >> np.uint64(48)) & np.uint64(0xFF)
         is_ch = kind == KIND_CHANNEL
@@ -218,10 +256,10 @@ class Drain:
         out["peer"] = (w5 >> np.uint64(32)) & np.uint64(0xFFFF)
         out["kind"] = kind
         out["flags"] = w5 >> np.uint64(56)
-        out["channel"] = ch
+        out["channel"] = chan
         out["wait"], out["ready"], out["done"] = st[:, 1], st[:, 2], co[:, 3]
         if is_ch.any():
-            out = self._pair_channels(ch, out, is_ch)
+            out = self._pair_channels(out, is_ch)
             if not len(out):
                 return
         off = np.int64(self.offset_ns)
@@ -232,7 +270,7 @@ class Drain:
         kinds = out["kind"]
         if ops[0] == ops[-1] and not (kinds[0] != kinds).any():
             starts = [0]
-        else:                                        # runs of one op and kind, seq order kept
+        else:                                        # runs of one op and kind, seq order kept per channel
             key = ops.astype(np.int64) * 2 + kinds
             starts = [0] + (np.flatnonzero(key[1:] != key[:-1]) + 1).tolist()
         bounds = starts[1:] + [len(out)]
@@ -255,14 +293,14 @@ class Drain:
         if runs:
             batch(out, runs)                         # one call per poll (events.host.EventHost.batch)
 
-    def _pair_channels(self, ch: int, out: np.ndarray, is_ch: np.ndarray) -> np.ndarray:
+    def _pair_channels(self, out: np.ndarray, is_ch: np.ndarray) -> np.ndarray:
         """KernelCh start/stop records -> one record (ready = start, done = stop) at the stop."""
         keep = ~is_ch
         idx = np.flatnonzero(is_ch)
         sel = out[idx]
         stops, starts = [], []
-        for i, flags, op, peer, ready in zip(idx.tolist(), sel["flags"].tolist(), sel["op"].tolist(),
-                                             sel["peer"].tolist(), sel["ready"].tolist()):
+        for i, ch, flags, op, peer, ready in zip(idx.tolist(), sel["channel"].tolist(), sel["flags"].tolist(),
+                                                 sel["op"].tolist(), sel["peer"].tolist(), sel["ready"].tolist()):
             key = (ch, op, peer, flags & 1)
             if not flags & FLAG_CH_STOP:
                 self._open[key] = ready
