@@ -44,6 +44,7 @@ class Work:
 
 class Backend(abc.ABC):
     name: str = "?"
+    synchronous: bool = False   # True: submit() runs the work to the end (the session then drains inline)
 
     def __init__(self, settings: Settings, rank: int, world: int, store: Store, job: str):
         self.settings, self.rank, self.world, self.store, self.job = settings, rank, world, store, job

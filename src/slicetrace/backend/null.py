@@ -22,6 +22,7 @@ BYTES_PER_NS = 10.0      # synthetic copy speed (10 GB/s)
 
 class NullBackend(Backend):
     name = "null"
+    synchronous = True          # submit() returns when the work is done
 
     def __init__(self, settings, rank: int, world: int, store, job: str):
         super().__init__(settings, rank, world, store, job)

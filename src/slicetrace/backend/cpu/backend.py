@@ -38,6 +38,7 @@ def _addr(a: np.ndarray) -> int:
 
 class CpuBackend(Backend):
     name = "cpu"
+    synchronous = True          # submit() returns when the work is done
 
     def __init__(self, settings, rank: int, world: int, store, job: str):
         super().__init__(settings, rank, world, store, job)
