@@ -2,12 +2,12 @@
 from typing import Any
 
 from .config import Settings
-from .errors import (BackendError, CommTimeoutError, CompileError, ConfigError, MismatchError, PeerError,
-                     PluginError, SliceTraceError, TraceFormatError, UsageError)
+from .errors import (BackendError, CommTimeoutError, CompileError, ConfigError, LaunchError, MismatchError,
+                     PeerError, PluginError, SliceTraceError, TraceFormatError, UsageError)
 
 __version__ = "0.1.0"
 __all__ = ["Communicator", "Settings", "init", "launch", "SliceTraceError", "ConfigError", "UsageError",
-           "MismatchError", "BackendError", "CompileError", "PeerError", "CommTimeoutError", "PluginError",
+           "MismatchError", "LaunchError", "BackendError", "CompileError", "PeerError", "CommTimeoutError", "PluginError",
            "TraceFormatError", "__version__"]
 
 

@@ -34,6 +34,14 @@ class CommTimeoutError(PeerError, TimeoutError):
     """A wait ran past its timeout."""
 
 
+class LaunchError(PeerError):
+    """A rank started by slicetrace.launch() failed; `errors` maps rank -> that rank's error and traceback."""
+
+    def __init__(self, msg: str, errors: dict | None = None):
+        super().__init__(msg)
+        self.errors = errors or {}
+
+
 class PluginError(SliceTraceError):
     """A profiler plugin could not be loaded or initialised."""
 

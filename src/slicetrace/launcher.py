@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from .api import Communicator
 from .config import Settings, dist_env
-from .errors import ConfigError, PeerError, SliceTraceError, UsageError
+from .errors import ConfigError, LaunchError, SliceTraceError, UsageError
 from .rendezvous import DictStore, Store, TorchStore
 
 
@@ -158,7 +158,7 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
     if errors:
         r = min(errors, key=lambda k: (0 if "died" in errors[k] else 1, k))
         others = {k: v.splitlines()[0] for k, v in errors.items() if k != r}
-        raise PeerError(f"rank {r} failed: {errors[r]}" + (f"\nother ranks: {others}" if others else ""))
+        raise LaunchError(f"rank {r} failed: {errors[r]}" + (f"\nother ranks: {others}" if others else ""), errors)
     missing = [r for r in range(nranks) if r not in results]
     if missing:
         raise SliceTraceError(f"ranks {missing} returned no result")
