@@ -16,8 +16,10 @@ NCCL_STEPS = 8                       # FIFO slots per connection, as NCCL_STEPS
 MAXCHANNELS = 64
 POOL_NAMES = ("GROUP_API", "COLL_API", "P2P_API", "KERNEL_LAUNCH", "GROUP", "COLL", "P2P",
               "KERNEL_CH", "KERNEL_STEP", "PROXY_CTRL")
-DEFAULT_POOL_SIZES = {"GROUP_API": 256, "COLL_API": 256, "P2P_API": 256, "KERNEL_LAUNCH": 256,
-                      "GROUP": 256, "COLL": 256, "P2P": 1024, "KERNEL_CH": 4096,
+# Events *in flight* per type (slots retire on completion). Sized for a drain that lags a few thousand ops
+# behind an asynchronous GPU stream (seen: 256 Colls in flight on a 1 MiB all_reduce loop).
+DEFAULT_POOL_SIZES = {"GROUP_API": 4096, "COLL_API": 4096, "P2P_API": 4096, "KERNEL_LAUNCH": 4096,
+                      "GROUP": 4096, "COLL": 4096, "P2P": 16384, "KERNEL_CH": 65536,
                       "KERNEL_STEP": 1 << 20, "PROXY_CTRL": 16}
 
 
