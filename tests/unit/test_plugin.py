@@ -263,7 +263,7 @@ def test_entry_point_names_resolve(plugmod, monkeypatch):
 def test_unknown_name_names_the_value_and_what_is_accepted(monkeypatch):
     monkeypatch.setattr(plugin, "_entry_points", lambda: {"mine": None})
     with pytest.raises(PluginError, match=r"^profiler_plugin='nope' is not a built-in or entry point name "
-                                          r"\(\['example', 'mine'\]\) nor a 'module:attr' path"):
+                                          r"\(\['example', 'linkstats', 'mine'\]\) nor a 'module:attr' path"):
         load_plugins("example,nope", Settings())
 
 

@@ -32,7 +32,8 @@ log = logging.getLogger("slicetrace")
 
 ENTRY_POINT_GROUP = "slicetrace.profilers"
 # Imported lazily by string: events must not import sinks.
-BUILTINS: dict[str, str] = {"example": "slicetrace.sinks.chrome:ChromePlugin"}
+BUILTINS: dict[str, str] = {"example": "slicetrace.sinks.chrome:ChromePlugin",
+                             "linkstats": "slicetrace.sinks.linkstats:LinkStatsPlugin"}
 
 # v1 descriptors carry uint8 enums (NCCL's ncclFunc_t, ncclDataType_t, algorithm and protocol indices).
 V1_FUNC = {"Broadcast": 0, "Reduce": 1, "AllGather": 2, "ReduceScatter": 3, "AllReduce": 4, "SendRecv": 5,
