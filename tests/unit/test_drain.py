@@ -30,6 +30,16 @@ class Recorder:
         self.drops[reason] += n
 
 
+def setup(nch=1, slots=64, expect=None):
+    """Rings, a recording consumer, a drain over them and a writer on channel 0."""
+    v = rings(nch, slots)
+    sink = Recorder()
+    d = Drain(v, sink)
+    if expect is not None:
+        d.expect(expect)
+    return v, sink, d, RingWriter(v, 0)
+
+
 def rings(nch=2, slots=64):
     return RingViews(bytearray(ring_bytes(nch, slots)), nch, slots)
 
@@ -172,11 +182,7 @@ def test_dtype_is_the_documented_48_bytes():
 
 
 def test_steps_stream_out_while_the_channel_program_is_still_running():
-    v = rings(1, 64)
-    sink = Recorder()
-    d = Drain(v, sink)
-    d.expect(1)
-    w = RingWriter(v, 0)
+    v, sink, d, w = setup(expect=1)
     w.channel(False, 0, 1, 0, 100)
     for i in range(300):                       # far more than the ring holds: no overrun if drained as we go
         s = w.start(KIND_STEP, FLAG_SEND, 1, i, 8, 1, 100 + i, 101 + i)
@@ -192,11 +198,7 @@ def test_steps_stream_out_while_the_channel_program_is_still_running():
 
 
 def test_kernel_ch_waits_for_steps_that_became_visible_late():
-    v = rings(1, 64)
-    sink = Recorder()
-    d = Drain(v, sink)
-    d.expect(1)
-    w = RingWriter(v, 0)
+    v, sink, d, w = setup(expect=1)
     w.channel(False, 0, 1, 0, 100)
     s = w.start(KIND_STEP, 0, 1, 0, 8, 1, 1, 2)
     w.channel(True, 0, 1, 0, 200)                        # the channel stop is visible before the step's completion
