@@ -56,8 +56,10 @@ class TorchReference:
         elif op == "all_to_all":
             d.all_to_all_single(t(out), t(x))
         elif op == "send_recv":
-            reqs = [d.isend(t(x), (self.rank + 1) % self.world), d.irecv(t(out), (self.rank - 1) % self.world)]
-            for r in reqs:
+            # one batched group, as NCCL wants (unbatched isend/irecv make torch build extra communicators)
+            ops = [d.P2POp(d.isend, t(x), (self.rank + 1) % self.world),
+                   d.P2POp(d.irecv, t(out), (self.rank - 1) % self.world)]
+            for r in d.batch_isend_irecv(ops):
                 r.wait()
         else:
             raise UsageError(f"op={op!r} has no {self.kind} reference")
