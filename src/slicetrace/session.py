@@ -1,6 +1,7 @@
-"""Wiring for one communicator on one rank: backend + drain thread + event host + plugins.
+"""Wiring for one communicator on one rank: backend + drain + event host + plugins.
 
-The only module that knows all stages. Profiling off (no plugin) means no drain thread and no stamping.
+The only module that knows all stages. Profiling off (no plugin) means no drain and no stamping. The drain is a
+thread for asynchronous backends (cuda) and runs inline between ops for synchronous ones (cpu).
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def comm_hash(job: str) -> int:
 class Session:
     def __init__(self, settings: Settings, rank: int, world: int, store: Store, job: str, name: str = ""):
         self.settings, self.rank, self.world, self.job = settings, rank, world, job
-        logging.basicConfig(level=getattr(logging, settings.debug.upper(), logging.WARNING))
+        log.setLevel(getattr(logging, settings.debug.upper(), logging.WARNING))   # our logger only, not root
         self.store = store
         self.backend: Backend = create(settings, rank, world, store, job)
         self._last: Any = None
@@ -42,6 +43,7 @@ class Session:
         self._inline = False
         self._closed = False
         self._resync_at = 0.0
+        self.clock_uncertainty_ns = 0
         try:
             plugins = load_plugins(settings.profiler_plugin, settings)
             if plugins:

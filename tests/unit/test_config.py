@@ -45,3 +45,12 @@ def test_dist_env_and_describe():
         dist_env({"RANK": "x"})
     rows = describe(Settings(), {})
     assert {r[0] for r in rows} >= {v.name for v in VARIABLES}
+
+
+def test_config_command_prints_every_variable(capsys, monkeypatch):
+    from slicetrace.cli.main import main
+    monkeypatch.setenv("SLICETRACE_TIMEOUT", "12.5")
+    assert main(["config"]) == 0
+    out = capsys.readouterr().out
+    assert all(v.name in out for v in VARIABLES)
+    assert "SLICETRACE_TIMEOUT" in out and "12.5" in out and "env=12.5" in out
