@@ -151,6 +151,7 @@ template <typename T, bool STEPS> struct Eng {
         // many later seqs would have its completed slot reused). Published at the first slice's fence.
         const u64 t = gtimer();
         chseq = reserve(1);
+        fence_sys();                    // header.reserved before the payload: a lapping reader must see it
         entry(st, chseq, t, t, 0, id0(a->op_tag, 0), id1(0, peer, 1, flags));
         entry(co, chseq, 0, 0, t, id0(a->op_tag, 0), id1(0, peer, 1, flags));
       }
@@ -173,6 +174,7 @@ template <typename T, bool STEPS> struct Eng {
     if (a->stamp_ch) {                  // KernelCh stop: its own seq, reserved after every slice of the program
       const u64 t = gtimer();
       q = reserve(1);
+      fence_sys();                      // header.reserved before the payload (see begin)
       entry(st, q, t, t, 0, id0(a->op_tag, 0), id1(0, ch_peer, 1, ch_flags | 2));
       entry(co, q, 0, 0, t, id0(a->op_tag, 0), id1(0, ch_peer, 1, ch_flags | 2));
     }
