@@ -36,7 +36,6 @@ class Communicator:
         self.backend_name = settings.backend
         self._session = Session(settings, rank, world_size, store, job, name)
         self.comm_hash = self._session.comm_hash
-        self.nchannels = settings.channels_for(settings.backend)
         self._tag = 0
         self._seq: dict[str, int] = {}
         self._group: list[tuple[P2pPart, Any, str, int]] | None = None

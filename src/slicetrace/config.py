@@ -49,7 +49,7 @@ class Var:
 
 VARIABLES: tuple[Var, ...] = (
     Var("SLICETRACE_BACKEND", "backend", str, "engine backend: cpu (default), cuda, or null (tests)"),
-    Var("SLICETRACE_NCHANNELS", "nchannels", _int, "channels per collective; 0 = backend default (cpu 1, cuda 16)"),
+    Var("SLICETRACE_NCHANNELS", "nchannels", _int, "channels per collective; 0 = backend default (cpu 1; cuda picks by size as NCCL does, up to 64)"),
     Var("SLICETRACE_BUFFSIZE", "buffsize", _int, "Simple-protocol FIFO bytes per connection (NCCL_BUFFSIZE), default 4194304"),
     Var("SLICETRACE_P2P_CHUNKSIZE", "p2p_chunksize", _int, "send/recv chunk bytes (NCCL_P2P_NVL_CHUNKSIZE), default 524288"),
     Var("SLICETRACE_NTHREADS", "nthreads", _int, "CUDA threads per block (NCCL_NTHREADS), default 512"),
@@ -131,8 +131,10 @@ class Settings:
     def p2p_chunk_bytes(self) -> int:
         return min(self.p2p_chunksize, self.step_bytes)     # a chunk must fit one FIFO step
 
-    def channels_for(self, backend: str) -> int:
-        return self.nchannels or (16 if backend == "cuda" else 1)
+    @property
+    def channels(self) -> int:
+        """Channels for backends that do not choose by size (cpu, null); cuda picks per op, as NCCL does."""
+        return self.nchannels or 1
 
     def with_(self, **kw: Any) -> "Settings":
         return replace(self, **kw)

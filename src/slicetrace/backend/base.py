@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ..config import Settings
-from ..errors import ConfigError
+from ..errors import ConfigError, UsageError
 from ..plan.schedule import OpPlan, P2pPart
 from ..rendezvous import Store
 from ..stamps.layout import RingViews
@@ -76,7 +76,7 @@ class Backend(abc.ABC):
 
     def channels_for(self, nbytes: int) -> int:
         """Channels for an op of nbytes (settings.nchannels wins; backends may pick by size, as NCCL does)."""
-        return self.settings.channels_for(self.name)
+        return self.settings.channels
 
     def clock_sync(self) -> tuple[int, int]:
         """(offset_ns, uncertainty_ns) with host_ns = device_ns + offset_ns. The cpu clock is the host clock."""
@@ -89,6 +89,26 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Release shared memory / device memory. Idempotent."""
+
+
+_DTYPE_NAMES: dict = {}
+
+
+def numpy_buffer(x: Any, what: str, backend: str) -> tuple[Any, str, int]:
+    """as_buffer for host backends: a C-contiguous numpy array of a supported dtype -> (flat view, dtype, count)."""
+    import numpy as np
+    if not isinstance(x, np.ndarray):
+        raise UsageError(f"{what} must be a numpy.ndarray for backend={backend!r}, got {type(x).__name__}")
+    name = _DTYPE_NAMES.get(x.dtype)
+    if name is None:
+        name = x.dtype.name             # dtype.name is slow: cached per dtype
+        if name in DTYPES:
+            _DTYPE_NAMES[x.dtype] = name
+    if name not in DTYPES:
+        raise UsageError(f"{what} dtype {name} is not one of {DTYPES}")
+    if not x.flags.c_contiguous:
+        raise UsageError(f"{what} must be C-contiguous (got strides {x.strides}); pass np.ascontiguousarray(x)")
+    return x.reshape(-1), name, x.size
 
 
 def create(settings: Settings, rank: int, world: int, store: Store, job: str) -> Backend:

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BackendError, PeerError, UsageError
+from ..errors import BackendError, PeerError
 from ..stamps.layout import FLAG_SEND, KIND_STEP, RingViews, RingWriter, ring_bytes
-from .base import DTYPES, Backend, Work
+from .base import Backend, Work, numpy_buffer
 
 WAIT_NS = 200            # synthetic credit/data wait per slice
 BYTES_PER_NS = 10.0      # synthetic copy speed (10 GB/s)
@@ -26,7 +26,7 @@ class NullBackend(Backend):
 
     def __init__(self, settings, rank: int, world: int, store, job: str):
         super().__init__(settings, rank, world, store, job)
-        self.nch = settings.channels_for("null")
+        self.nch = settings.channels
         self._mem = bytearray(ring_bytes(self.nch, settings.ring_slots))
         self._rings = RingViews(self._mem, self.nch, settings.ring_slots)
         self._writers = [RingWriter(self._rings, c) for c in range(self.nch)]
@@ -41,13 +41,7 @@ class NullBackend(Backend):
         return self._rings
 
     def as_buffer(self, x: Any, what: str) -> tuple[Any, str, int]:
-        if not isinstance(x, np.ndarray):
-            raise UsageError(f"{what} must be a numpy.ndarray for backend='null', got {type(x).__name__}")
-        if x.dtype.name not in DTYPES:
-            raise UsageError(f"{what} dtype {x.dtype.name} is not one of {DTYPES}")
-        if not x.flags.c_contiguous:
-            raise UsageError(f"{what} must be C-contiguous (got strides {x.strides})")
-        return x.reshape(-1), x.dtype.name, x.size
+        return numpy_buffer(x, what, self.name)
 
     def empty_like(self, buf: Any, count: int) -> Any:
         return np.empty(count, dtype=buf.dtype)

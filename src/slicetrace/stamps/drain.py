@@ -14,7 +14,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from .layout import FLAG_CH_STOP, KIND_CHANNEL, KIND_STEP, PAIRED_DTYPE, RingViews
+from .layout import FLAG_CH_STOP, KIND_CHANNEL, PAIRED_DTYPE, RingViews
 
 LOST_LAG = 4096        # an entry this far behind the newest reservation, still incomplete, is lost
 MAX_INTERVAL_S = 0.016  # adaptive polling backs off to this: each poll has a fixed cost, batches amortise it
@@ -162,9 +162,6 @@ class Drain:
                     self._ops.pop(tag & 0xFFFFFFFF, None)
             n += len(ended)
         return n
-
-    def _drain_channel(self, ch: int, done_lows, force: bool) -> int:
-        return self._drain_many(np.array([ch]), done_lows, force)
 
     def _drain_many(self, chs: np.ndarray, done_lows, force: bool) -> int:
         """Every channel in `chs` at once: one gather, a per-channel in-order cut, one delivery."""

@@ -17,7 +17,7 @@ import numpy as np
 
 from ...errors import BackendError, MismatchError, PeerError, UsageError
 from ...stamps.layout import RingViews, ring_bytes
-from ..base import DTYPES, Backend, Work
+from ..base import Backend, Work, numpy_buffer
 from .shm import (ABORT_PEER, C_BUFFSIZE, C_CLOSED, C_HEARTBEAT, C_MAGIC, C_NCH, C_PID, C_SLOTS, C_START,
                   C_WORLD, MAGIC, PAGE, REASON_MAX, REASON_OFF, Segment, layout, proc_start_time, segment_size,
                   unlink_name)
@@ -27,9 +27,6 @@ from .worker import RingJob, run_p2p, run_ring
 
 HEARTBEAT_S = 0.1
 _GEN: dict[str, int] = {}        # backends made per job in this process: keeps store keys of re-inits apart
-
-
-_NAMES: dict = {}
 
 
 def _addr(a: np.ndarray) -> int:
@@ -44,7 +41,7 @@ class CpuBackend(Backend):
         super().__init__(settings, rank, world, store, job)
         if not 0 <= rank < world:
             raise UsageError(f"rank={rank} must be in 0..{world - 1}")
-        self.nch = nch = settings.channels_for("cpu")
+        self.nch = nch = settings.channels
         self._closed = False
         self._ntok = 0
         self._coll_seq = 0
@@ -128,18 +125,7 @@ class CpuBackend(Backend):
         return self._rings
 
     def as_buffer(self, x: Any, what: str) -> tuple[Any, str, int]:
-        if not isinstance(x, np.ndarray):
-            raise UsageError(f"{what} must be a numpy.ndarray for backend='cpu', got {type(x).__name__}")
-        name = _NAMES.get(x.dtype)
-        if name is None:
-            name = x.dtype.name             # dtype.name is slow: cached per dtype
-            if name in DTYPES:
-                _NAMES[x.dtype] = name
-        if name not in DTYPES:
-            raise UsageError(f"{what} dtype {name} is not one of {DTYPES}")
-        if not x.flags.c_contiguous:
-            raise UsageError(f"{what} must be C-contiguous (got strides {x.strides}); pass np.ascontiguousarray(x)")
-        return x.reshape(-1), name, x.size
+        return numpy_buffer(x, what, self.name)
 
     def empty_like(self, buf: Any, count: int) -> Any:
         return np.empty(count, dtype=buf.dtype)
