@@ -17,9 +17,11 @@ def test_init_under_torchrun(tmp_path):
         comm = slicetrace.init()
         x = np.full(1000, comm.rank + 1.0, dtype=np.float32)
         comm.all_reduce(x, x)
-        print(f"rank {comm.rank}/{comm.world_size} sum {x[0]:.1f}", flush=True)
+        # one file per rank: three processes printing to one pipe can interleave their lines
+        with open(f"{OUT}/rank{comm.rank}.txt", "w") as f:
+            f.write(f"rank {comm.rank}/{comm.world_size} sum {x[0]:.1f}")
         comm.close()
-    """))
+    """).replace("{OUT}", str(tmp_path)))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -28,5 +30,5 @@ def test_init_under_torchrun(tmp_path):
                           "--master_port", str(port), str(script)], capture_output=True, text=True, timeout=180,
                          env=env)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert sorted(line for line in out.stdout.splitlines() if line.startswith("rank")) == [
+    assert sorted((tmp_path / f"rank{r}.txt").read_text() for r in range(3)) == [
         "rank 0/3 sum 6.0", "rank 1/3 sum 6.0", "rank 2/3 sum 6.0"]

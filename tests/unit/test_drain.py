@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings, strategies as st
 
 from slicetrace.stamps.drain import Drain
-from slicetrace.stamps.layout import (FLAG_SEND, KIND_CHANNEL, KIND_STEP, STAMP_DTYPE, RingViews, RingWriter,
+from slicetrace.stamps.layout import (FLAG_SEND, KIND_STEP, STAMP_DTYPE, RingViews, RingWriter,
                                       ring_bytes)
 
 
@@ -54,10 +54,7 @@ def write_op(w: RingWriter, tag: int, nslices: int, t0: int = 1000, peer: int = 
 
 
 def test_pairs_arrive_in_order_grouped_by_op_then_end_op():
-    v = rings()
-    sink = Recorder()
-    d = Drain(v, sink)
-    w = RingWriter(v, 0)
+    v, sink, d, w = setup(2)
     for tag in (1, 2):
         d.op_submitted(tag, lambda: True)
         write_op(w, tag, 5, t0=tag * 1000)
@@ -73,9 +70,7 @@ def test_pairs_arrive_in_order_grouped_by_op_then_end_op():
 
 
 def test_clock_offset_maps_device_clock_to_host_timeline():
-    v = rings()
-    sink = Recorder()
-    d = Drain(v, sink)
+    v, sink, d, w = setup(2)
     d.offset_ns = 5_000
     d.op_submitted(7, lambda: True)
     write_op(RingWriter(v, 1), 7, 1)
@@ -85,10 +80,7 @@ def test_clock_offset_maps_device_clock_to_host_timeline():
 
 
 def test_entry_visible_out_of_order_waits_for_its_predecessor():
-    v = rings()
-    sink = Recorder()
-    d = Drain(v, sink)
-    w = RingWriter(v, 0)
+    v, sink, d, w = setup(2)
     d.op_submitted(1, lambda: False)
     s1 = w.start(KIND_STEP, 0, 1, 0, 8, 1, 1, 2)
     s2 = w.start(KIND_STEP, 0, 1, 1, 8, 1, 3, 4)
@@ -101,11 +93,8 @@ def test_entry_visible_out_of_order_waits_for_its_predecessor():
 
 
 def test_overrun_counts_exactly_what_was_lapped():
-    v = rings(1, 64)
-    sink = Recorder()
-    d = Drain(v, sink)
+    v, sink, d, w = setup(1, 64)
     d.op_submitted(1, lambda: True)
-    w = RingWriter(v, 0)
     for i in range(200):
         s = w.start(KIND_STEP, FLAG_SEND, 1, i, 8, 1, i, i)
         w.complete(s, KIND_STEP, FLAG_SEND, 1, i, 8, 1, i)
@@ -116,23 +105,17 @@ def test_overrun_counts_exactly_what_was_lapped():
 
 
 def test_slot_being_reused_is_not_trusted():
-    v = rings(1, 64)
-    sink = Recorder()
-    d = Drain(v, sink)
+    v, sink, d, w = setup(1, 64)
     d.op_submitted(1, lambda: False)
-    w = RingWriter(v, 0)
     s = w.start(KIND_STEP, 0, 1, 0, 8, 1, 1, 2)
     w.complete(s, KIND_STEP, 0, 1, 0, 8, 1, 3)
     v.header["reserved"][0] = 65          # a writer reserved seq 65 (same slot) but has not written it yet
-    d._drain_channel(0, np.array([], np.uint32), False)
+    d._drain_many(np.array([0]), [], False)
     assert sink.step_calls == [] and sink.drops["overrun"] >= 1
 
 
 def test_started_without_completion_is_unpaired_once_the_op_ended():
-    v = rings()
-    sink = Recorder()
-    d = Drain(v, sink)
-    w = RingWriter(v, 0)
+    v, sink, d, w = setup(2)
     d.op_submitted(3, lambda: True)
     w.start(KIND_STEP, 0, 3, 0, 8, 1, 1, 2)             # never completed (writer died)
     s = w.start(KIND_STEP, 0, 3, 1, 8, 1, 3, 4)
@@ -143,10 +126,7 @@ def test_started_without_completion_is_unpaired_once_the_op_ended():
 
 
 def test_stamps_of_unknown_ops_are_counted_as_no_parent_and_sampling_is_counted():
-    v = rings()
-    sink = Recorder()
-    d = Drain(v, sink)
-    w = RingWriter(v, 0)
+    v, sink, d, w = setup(2)
     write_op(w, 99, 2)                                   # nobody submitted op 99
     w.sampled_out(5)
     d.poll_once()
@@ -157,10 +137,7 @@ def test_stamps_of_unknown_ops_are_counted_as_no_parent_and_sampling_is_counted(
 @given(slots=st.sampled_from([64, 128]), plan=st.lists(st.integers(0, 40), min_size=1, max_size=12),
        polls=st.lists(st.booleans(), min_size=12, max_size=12))
 def test_every_record_is_delivered_once_or_counted_lost(slots, plan, polls):
-    v = rings(1, slots)
-    sink = Recorder()
-    d = Drain(v, sink)
-    w = RingWriter(v, 0)
+    v, sink, d, w = setup(1, slots)
     written = 0
     for tag, (n, poll) in enumerate(zip(plan, polls), start=1):
         d.op_submitted(tag, lambda: True)
@@ -210,10 +187,7 @@ def test_kernel_ch_waits_for_steps_that_became_visible_late():
 
 
 def test_next_op_in_flight_is_not_mistaken_for_lost_when_the_previous_op_ends():
-    v = rings(1, 64)
-    sink = Recorder()
-    d = Drain(v, sink)
-    w = RingWriter(v, 0)
+    v, sink, d, w = setup(1, 64)
     d.expect(1)
     write_op(w, 1, 3)
     d.expect(2)
@@ -230,11 +204,8 @@ def test_next_op_in_flight_is_not_mistaken_for_lost_when_the_previous_op_ends():
 
 
 def test_stop_settles_everything_and_counts_what_never_completed():
-    v = rings(1, 64)
-    sink = Recorder()
-    d = Drain(v, sink)
+    v, sink, d, w = setup(1, 64)
     d.expect(4)
-    w = RingWriter(v, 0)
     w.channel(False, 0, 4, 0, 1)                         # the program never stopped
     w.start(KIND_STEP, 0, 4, 0, 8, 1, 1, 2)              # nor did this slice
     d.stop()
@@ -242,9 +213,7 @@ def test_stop_settles_everything_and_counts_what_never_completed():
 
 
 def test_many_channels_drain_in_one_pass_each_cut_at_its_own_gap():
-    v = rings(4, 64)
-    sink = Recorder()
-    d = Drain(v, sink)
+    v, sink, d, w = setup(4, 64)
     ws = [RingWriter(v, c) for c in range(4)]
     d.expect(1)
     for c in (0, 2, 3):
@@ -271,9 +240,7 @@ def test_many_channels_drain_in_one_pass_each_cut_at_its_own_gap():
 
 
 def test_many_channels_overrun_and_unpaired_are_counted_per_channel():
-    v = rings(3, 64)
-    sink = Recorder()
-    d = Drain(v, sink)
+    v, sink, d, w = setup(3, 64)
     d.op_submitted(1, lambda: True)
     ws = [RingWriter(v, c) for c in range(3)]
     for i in range(100):                                   # channel 0 laps its ring by 36
@@ -293,9 +260,7 @@ def test_many_channels_overrun_and_unpaired_are_counted_per_channel():
 @settings(max_examples=40, deadline=None)
 @given(plan=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 30), st.booleans()), min_size=1, max_size=15))
 def test_many_channels_every_record_delivered_once_or_counted(plan):
-    v = rings(4, 64)
-    sink = Recorder()
-    d = Drain(v, sink)
+    v, sink, d, w = setup(4, 64)
     ws = [RingWriter(v, c) for c in range(4)]
     written = 0
     for tag, (c, n, poll) in enumerate(plan, start=1):
