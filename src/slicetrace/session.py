@@ -85,7 +85,7 @@ class Session:
         if info is None:
             self._last = self.backend.submit(work)
             return self._last
-        if self.backend.name == "cuda" and time.monotonic() > self._resync_at:
+        if time.monotonic() > self._resync_at:       # follow clock drift (a no-op for the host-clock backends)
             self._resync()
         self.host.begin_op(info)
         self.drain.expect(work.tag)                 # stamps may appear as soon as the work starts
@@ -95,21 +95,21 @@ class Session:
             self.drain.op_submitted(work.tag, lambda: True)
             raise
         if self.backend.done(token):                # synchronous backend: the exact end of this op's seqs
-            self.drain.op_submitted(work.tag, lambda: True, self.backend.rings.header["reserved"].copy())
+            reserved = self.backend.rings.header["reserved"].copy()
+            self.drain.op_submitted(work.tag, lambda: True, reserved)
             if self._inline:
-                self._inline_poll()
+                self._inline_poll(reserved)
         else:
             self.drain.op_submitted(work.tag, lambda: self.backend.done(token))
         self._last = token
         return token
 
-    def _inline_poll(self) -> None:
+    def _inline_poll(self, reserved) -> None:
         """Every 32 ops or 20 ms, or when a ring is a quarter full: batches amortise the poll's fixed cost."""
         self._since_poll += 1
         now = time.monotonic()
-        hdr = self.backend.rings.header["reserved"]
         if (self._since_poll >= 32 or now >= self._poll_at
-                or int((hdr - self.drain.cursor).max()) > self.drain.slots // 4):
+                or int((reserved - self.drain.cursor).max()) > self.drain.slots // 4):
             self._since_poll, self._poll_at = 0, now + 0.02
             self.drain.poll_once()
 
