@@ -10,7 +10,7 @@ from .config import Settings
 from .errors import UsageError
 from .events.abi import DATATYPE_NAMES, FUNC_NAMES
 from .events.host import OpInfo, TaskInfo
-from .plan.schedule import P2pPart, plan_collective, plan_p2p
+from .plan.schedule import P2pPart, align_up, div_up, plan_collective, plan_p2p
 from .rendezvous import Store
 from .session import Session
 
@@ -179,26 +179,28 @@ class Communicator:
             raise UsageError(f"a send/recv group mixes dtypes {sorted(dtypes)}; use one dtype per group")
         dtype = dtypes.pop()
         itemsize = entries[0][1].itemsize
-        align = max(1, 16 // itemsize)
+        mask = self._session.op_mask()
         parts, tasks = [], []
         for p, buf, _, _ in entries:
             k = 1 if p.peer == self.rank else self._split(p.count, itemsize, len(entries))
-            per = -(-(-(-p.count // k)) // align) * align if k > 1 else p.count
-            n_prog = 0
-            for lo in range(0, max(p.count, 1), max(per, 1)):
-                n = min(per, p.count - lo) if k > 1 else p.count
-                parts.append((P2pPart(p.peer, p.is_send, n, len(parts)), buf[lo:lo + n] if k > 1 else buf))
-                n_prog += 1
-            tasks.append(TaskInfo(func="Send" if p.is_send else "Recv", peer=p.peer, is_send=p.is_send,
-                                  count=p.count, datatype=DATATYPE_NAMES.get(dtype, dtype), root=0,
-                                  send_buff=_ptr(buf) if p.is_send else 0, recv_buff=0 if p.is_send else _ptr(buf),
-                                  n_programs=0 if p.peer == self.rank else n_prog))
+            if k == 1:
+                pieces = [(0, p.count)]
+            else:                               # 16-byte aligned pieces, the last one shorter
+                per = align_up(div_up(p.count, k), max(1, 16 // itemsize))
+                pieces = [(lo, min(per, p.count - lo)) for lo in range(0, p.count, per)]
+            for lo, n in pieces:
+                parts.append((P2pPart(p.peer, p.is_send, n, len(parts)), buf if k == 1 else buf[lo:lo + n]))
+            if mask:                            # events only when a plugin listens
+                tasks.append(TaskInfo(func="Send" if p.is_send else "Recv", peer=p.peer, is_send=p.is_send,
+                                      count=p.count, datatype=DATATYPE_NAMES.get(dtype, dtype), root=0,
+                                      send_buff=_ptr(buf) if p.is_send else 0,
+                                      recv_buff=0 if p.is_send else _ptr(buf),
+                                      n_programs=0 if p.peer == self.rank else len(pieces)))
         self._tag += 1
         total = sum(p.count for p, _ in parts) * itemsize
         plan = plan_p2p([p for p, _ in parts], self.world_size, self.rank, itemsize,
                         self.settings.p2p_chunk_bytes, self.settings.step_bytes,
                         self._session.backend.channels_for(total))
-        mask = self._session.op_mask()
         info = self._info("send_recv", tasks, entries[0][3], mask)
         work = Work(self._tag, plan, dtype, "sum", parts=parts, stream=self._stream)
         self._session.run(work, info)

@@ -146,3 +146,29 @@ def test_eight_ranks_on_the_cpu_backend():
         assert pool.run(run_cases, SMALL, cases) == [[]] * 8
     finally:
         pool.close()
+
+
+def _big_sendrecv(comm, count):
+    n, r = comm.world_size, comm.rank
+    x = data(9, r, count, "float32", "sum")
+    out = np.full(count, -1, dtype=np.float32)
+    with comm.group():
+        comm.send(x, (r + 1) % n)
+        comm.recv(out, (r - 1) % n)
+    comm.flush_profiler()
+    plan_parts = len(comm._session.backend.ring_send)          # channels the split could use
+    return int((out != data(9, (r - 1) % n, count, "float32", "sum")).sum()), comm.drop_counters(), plan_parts
+
+
+def test_large_send_recv_split_over_channels_arrives_whole():
+    """With many channels a large part is split into aligned pieces on separate programs (NCCL's p2p
+    channels per peer); every piece lands, and each P2p event completes on its pieces' KernelCh records."""
+    import slicetrace
+    count = 5 * (1 << 20) // 4 + 3                             # 5 MiB and an odd tail: 4 pieces
+    res = slicetrace.launch(_big_sendrecv, 2, count, nchannels=16, buffsize=1 << 16, profiler_plugin="example",
+                            timeout_s=60.0)
+    for wrong, counters, nch in res:
+        assert wrong == 0 and nch == 16
+        lost = {k: v for k, v in counters.items() if v and not k.startswith(("delivered", "clock_"))}
+        assert lost == {}, lost
+        assert counters["delivered_p2p"] == 2 and counters["delivered_kernel_ch"] == 8   # 4 pieces each way

@@ -80,12 +80,12 @@ class OpPlan:
         return len({p.channel for p in self.programs})
 
 
-def _div_up(a: int, b: int) -> int:
+def div_up(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _align_up(a: int, b: int) -> int:
-    return _div_up(a, b) * b
+def align_up(a: int, b: int) -> int:
+    return div_up(a, b) * b
 
 
 def split_channels(count: int, itemsize: int, nchannels: int) -> list[tuple[int, int]]:
@@ -95,7 +95,7 @@ def split_channels(count: int, itemsize: int, nchannels: int) -> list[tuple[int,
     nbytes = count * itemsize
     use = max(1, min(nchannels, nbytes // MIN_CHANNEL_BYTES))
     align = max(1, ALIGN_BYTES // itemsize)
-    per = _align_up(_div_up(count, use), align)
+    per = align_up(div_up(count, use), align)
     out, lo = [], 0
     while lo < count:
         n = min(per, count - lo)
@@ -108,7 +108,7 @@ def slice_layout(nelem: int, itemsize: int, proto: Proto) -> tuple[tuple[int, in
     """NCCL genericOp: sliceSize = max(ceil(n/(16*SPC))*16, stepSize*StepPerSlice/32) elements; always SPC slices."""
     spc = proto.slice_per_chunk
     step_elems = proto.step_bytes // itemsize
-    size = max(_div_up(nelem, 16 * spc) * 16, step_elems * proto.slice_steps // 32)
+    size = max(div_up(nelem, 16 * spc) * 16, step_elems * proto.slice_steps // 32)
     size = min(size, step_elems * proto.slice_steps)
     out, off = [], 0
     for _ in range(spc):
@@ -129,7 +129,7 @@ def _ring_allreduce(rank, n, lo, cnt, it, proto):
     prims = []
     for eoff in range(0, cnt, loop):
         rem = cnt - eoff
-        cc = chunk if rem >= loop else _align_up(_div_up(rem, n), max(1, ALIGN_BYTES // it))
+        cc = chunk if rem >= loop else align_up(div_up(rem, n), max(1, ALIGN_BYTES // it))
 
         def at(c):
             o = eoff + c * cc
