@@ -89,7 +89,6 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
     if not isinstance(nranks, int) or nranks < 1:
         raise UsageError(f"nranks={nranks!r} must be an int >= 1")
     s = Settings.from_env(**settings)
-    limit = join_timeout_s
     ctx = mp.get_context("spawn")
     job = uuid.uuid4().hex[:10]
     with ctx.Manager() as mgr:
@@ -111,8 +110,7 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
         first_fail = None
         try:
             while pending or readers:
-                wait_s = 0.5
-                ready = mpc.wait(list(readers) + list(pending), timeout=wait_s)
+                ready = mpc.wait(list(readers) + list(pending), timeout=0.5)
                 for obj in ready:
                     if obj in readers:
                         r = readers.pop(obj)
@@ -126,6 +124,7 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
                             pass
                     else:
                         r = pending.pop(obj)
+                        procs[r].join(1)     # the sentinel can fire before exitcode is set (seen: "None")
                         code = procs[r].exitcode
                         if code != 0 and r not in errors and r not in results:
                             errors[r] = f"rank {r} died with exit code {code}"
@@ -134,10 +133,10 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
                 now = time.monotonic()
                 if first_fail is not None and now - first_fail > s.timeout_s + 5:
                     break            # peers had their timeout to notice; kill the rest
-                if limit is not None and now - start > limit:
+                if join_timeout_s is not None and now - start > join_timeout_s:
                     for r in range(nranks):
                         if r not in results and r not in errors:
-                            errors[r] = f"rank {r} still running after join_timeout_s={limit}"
+                            errors[r] = f"rank {r} still running after join_timeout_s={join_timeout_s}"
                     break
                 if not pending and readers:
                     # processes are gone; anything unread now will never come
