@@ -3,7 +3,7 @@
 A realistic 1-channel all_reduce: KernelCh start, `--slices` send/recv KernelStep pairs, KernelCh stop, written
 with the cpu backend's FastRingWriter; the drain polls once per `--batch` ops. Prints us per op per stage.
 
-    PYTHONPATH=src python scripts/bench_event_path.py [--ops 2000] [--batch 10] [--slices 10] [--trace DIR]
+    PYTHONPATH=src python scripts/bench_event_path.py [--ops 2000] [--batch 10] [--slices 10] [--channels 1] [--trace]
 """
 from __future__ import annotations
 
@@ -24,9 +24,10 @@ from slicetrace.stamps.layout import FLAG_SEND, RingViews, ring_bytes
 def run(args, dump: str | None) -> dict[str, float]:
     s = Settings(profile_dump_file=dump) if dump else Settings()
     host = EventHost(load_plugins("example", s), CommInfo(1, "x", 1, 2, 0), 16)
-    v = RingViews(bytearray(ring_bytes(1, 16384)), 1, 16384)
+    nch = args.channels
+    v = RingViews(bytearray(ring_bytes(nch, 16384)), nch, 16384)
     d = Drain(v, host)
-    w = FastRingWriter(v, 0)
+    ws = [FastRingWriter(v, c) for c in range(nch)]
     clock = time.monotonic_ns
     t_begin = t_stamp = t_drain = 0.0
     pc = time.perf_counter
@@ -35,17 +36,18 @@ def run(args, dump: str | None) -> dict[str, float]:
         for _ in range(args.batch):
             tag += 1
             a = pc()
-            info = OpInfo(tag=tag, func="all_reduce", tasks=[TaskInfo(func="AllReduce", count=262144, n_programs=1)],
+            info = OpInfo(tag=tag, func="all_reduce", tasks=[TaskInfo(func="AllReduce", count=262144, n_programs=nch)],
                           seq_number=tag, mask=host.op_mask(), ts_ns=clock())
             host.begin_op(info)
             d.expect(tag)
             b = pc()
-            chseq = w.channel_start(tag, 0, 0, clock())
-            for k in range(args.slices // 2):
-                t = clock()
-                w.step(0, tag, 2 * k, 65536, 1, t, t + 10, t + 50)
-                w.step(FLAG_SEND, tag, 2 * k, 65536, 1, t + 10, t + 10, t + 50)
-            w.channel_stop(chseq, tag, 0, 0, clock())
+            for w in ws:
+                chseq = w.channel_start(tag, 0, 0, clock())
+                for k in range(args.slices // 2):
+                    t = clock()
+                    w.step(0, tag, 2 * k, 65536, 1, t, t + 10, t + 50)
+                    w.step(FLAG_SEND, tag, 2 * k, 65536, 1, t + 10, t + 10, t + 50)
+                w.channel_stop(chseq, tag, 0, 0, clock())
             c = pc()
             d.op_submitted(tag, lambda: True, v.header["reserved"].copy())
             t_begin += b - a + pc() - c
@@ -63,14 +65,15 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--ops", type=int, default=2000)
     p.add_argument("--batch", type=int, default=10)
-    p.add_argument("--slices", type=int, default=10, help="KernelStep records per op")
+    p.add_argument("--slices", type=int, default=10, help="KernelStep records per op and channel")
+    p.add_argument("--channels", type=int, default=1, help="channels per op (the cuda backend uses up to 64)")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--trace", action="store_true", help="write a trace file (else events are counted only)")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         run(args, None)                                     # warm up
         res = [run(args, f"{tmp}/t{i}" if args.trace else None) for i in range(args.reps)]
-    print(f"us per op (median of {args.reps}; {args.batch} ops per poll, {args.slices} KernelSteps per op, "
+    print(f"us per op (median of {args.reps}; {args.batch} ops per poll, {args.slices} KernelSteps per op and channel, {args.channels} channel(s), "
           f"trace={'on' if args.trace else 'off'})")
     for k in res[0]:
         print(f"  {k:>18}: {statistics.median(r[k] for r in res):7.2f}")

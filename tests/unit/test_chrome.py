@@ -99,6 +99,35 @@ def test_every_b_has_its_e_and_every_kernel_step_is_inside_its_op(synthetic_trac
         assert lo <= r["ts"] and r["ts"] + r["dur"] <= hi
 
 
+def _kernel_chs(data):
+    """KernelCh events as (parent's name and b ts, b ts, e ts, args without ids): comparable across files."""
+    b = {(r["cat"], r["id"]): r for r in data if r.get("ph") == "b"}
+    e = {(r["cat"], r["id"]): r for r in data if r.get("ph") == "e"}
+    ops = {r["id"]: (r["name"], r["ts"]) for (cat, _), r in b.items() if cat in ("COLL", "P2P")}
+    return sorted((ops[r["args"]["ParentId"]], r["ts"], e[k]["ts"],
+                   tuple(sorted((a, v) for a, v in r["args"].items() if a != "ParentId")))
+                  for k, r in b.items() if r["name"] == "KernelCh")
+
+
+@pytest.mark.parametrize("pool", [4096, 3])
+def test_kernel_ch_batch_writes_what_the_per_event_path_writes(tmp_path, pool):
+    """kernel_ch_batch (whole events, formatted in blocks) == start/state/stop per KernelCh record."""
+    out = []
+    for slow in (False, True):
+        _, host, path = make(tmp_path / str(slow), slow=slow, pool_sizes={"KERNEL_CH": pool})
+        src = SyntheticSource(nranks=4, rank=1, nchannels=3, loops=2, funcs=("all_reduce", "send_recv"), seed=5)
+        for _ in range(5):
+            op = src.next_op()
+            op.info.mask = host.op_mask()
+            host.begin_op(op.info)
+            deliver(host, op, batch=4)
+        host.close()
+        assert check_trace(path) == []
+        data = load(path)
+        out.append((_kernel_chs(data), data[-1]["args"]["delivered_kernel_ch"]))
+    assert out[0] == out[1] and len(out[0][0]) == out[0][1] > 20
+
+
 def test_timestamps_are_host_ns_over_1000_exactly(synthetic_trace):
     _, data, ops = synthetic_trace
     steps = [r for r in data if r.get("name") == "KernelStep"]

@@ -227,7 +227,9 @@ def test_many_channels_drain_in_one_pass_each_cut_at_its_own_gap():
     assert sorted(Counter(steps["channel"].tolist()).items()) == [(0, 3), (2, 5), (3, 6)]
     for c in (0, 2, 3):
         assert list(steps[steps["channel"] == c]["step"]) == [2 * i for i in range(3 + c)]
-    assert list(d.cursor) == [5, 1, 7, 8] and len(sink.channels) == 3
+    assert list(d.cursor) == [5, 1, 7, 8]
+    chans = np.concatenate([r for _, r in sink.channels])       # one run per op and kind, across channels
+    assert len(sink.channels) == 1 and sorted(chans["channel"].tolist()) == [0, 2, 3]
     ws[1].complete(held, KIND_STEP, 0, 1, 0, 8, 1, 6)
     ws[1].channel(True, 0, 1, 0, 9)
     d.op_submitted(1, lambda: True)
@@ -277,3 +279,37 @@ def test_many_channels_every_record_delivered_once_or_counted(plan):
         assert rows == sorted(rows) and len(rows) == len(set(rows))
     assert d.idle()
 
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=st.lists(st.tuples(st.sets(st.integers(0, 3), min_size=1), st.integers(0, 3)), min_size=1, max_size=8),
+       polls=st.sets(st.integers(0, 200)))
+def test_kernel_ch_start_and_stop_pair_across_channels_ops_and_polls(ops, polls):
+    """Starts of every channel, then steps, then stops; the drain polls at arbitrary points in between, so a
+    pair may sit in one poll or straddle two: each KernelCh arrives once with its own start and stop clocks."""
+    v, sink, d, _ = setup(4, 1024)
+    ws = [RingWriter(v, c) for c in range(4)]
+    writes, want = [], set()
+    for tag, (chans, n) in enumerate(ops, start=1):
+        d.expect(tag)
+        for c in sorted(chans):
+            writes.append(lambda c=c, tag=tag: ws[c].channel(False, 0, tag, 0, tag * 1000 + c))
+        for c in sorted(chans):
+            for i in range(n):
+                def step(c=c, tag=tag, i=i):
+                    s = ws[c].start(KIND_STEP, FLAG_SEND, tag, i, 64, 1, 1, 2)
+                    ws[c].complete(s, KIND_STEP, FLAG_SEND, tag, i, 64, 1, 3)
+                writes.append(step)
+        for c in sorted(chans):
+            writes.append(lambda c=c, tag=tag: ws[c].channel(True, 0, tag, 0, tag * 1000 + c + 500))
+            want.add((tag, c, tag * 1000 + c, tag * 1000 + c + 500))
+        writes.append(lambda tag=tag: d.op_submitted(tag, lambda: True))     # the op has returned
+    for k, write in enumerate(writes):
+        write()
+        if k in polls:
+            d.poll_once()
+    d.poll_once()
+    got = [(int(r["op"]), int(r["channel"]), int(r["ready"]), int(r["done"]))
+           for _, recs in sink.channels for r in recs]
+    assert sorted(got) == sorted(want) and not sink.drops["unpaired"] and not d._open
+    assert all(int(r["wait"]) == int(r["ready"]) and not r["flags"] & 2 for _, recs in sink.channels for r in recs)

@@ -279,6 +279,13 @@ KERNEL_STEP_DTYPE = np.dtype([
     ("wait_ns", "<i8"), ("ready_ns", "<i8"), ("done_ns", "<i8"),         # host timeline, CLOCK_MONOTONIC ns
 ])
 
+# KernelCh batch rows (plugins with `kernel_ch_batch`): one row per channel program, start and stop together.
+KERNEL_CH_DTYPE = np.dtype([
+    ("channel", "<u2"), ("is_send", "u1"), ("peer", "<i4"),
+    ("start_clk", "<u8"), ("stop_clk", "<u8"),                            # raw device clocks, ns (p_timer)
+    ("start_ns", "<i8"), ("stop_ns", "<i8"),                              # host timeline, CLOCK_MONOTONIC ns
+])
+
 # nccl-tests / Inspector bus-bandwidth factors.
 FUNC_NAMES = {"all_reduce": "AllReduce", "all_gather": "AllGather", "reduce_scatter": "ReduceScatter",
               "broadcast": "Broadcast", "reduce": "Reduce", "send": "Send", "recv": "Recv",

@@ -20,12 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from ..stamps.layout import FLAG_SEND, KIND_CHANNEL
+from ..stamps.layout import FLAG_SEND, KIND_CHANNEL, take_rows
 from .abi import (CollApiDescr, CollDescr, CommInfo, EventType, GroupApiDescr, GroupDescr,
                   KernelChDescr, KernelLaunchDescr, P2pApiDescr, P2pDescr, ProxyCtrlDescr, State, StateArgs,
                   effective_mask)
 from .ops import OFF as _OFF
-from .ops import OpInfo, TaskInfo, _Op, _Slot, _Task, to_kernel_steps
+from .ops import OpInfo, TaskInfo, _Op, _Slot, _Task, to_kernel_ch, to_kernel_steps
 
 __all__ = ["EventHost", "OpInfo", "TaskInfo", "DROP_REASONS"]
 from .plugin import LoadedPlugin
@@ -44,7 +44,7 @@ _DELIVERED_CLS = {c: _DELIVERED[t] for c, t in (
     (GroupApiDescr, T.GROUP_API), (CollApiDescr, T.COLL_API), (P2pApiDescr, T.P2P_API),
     (KernelLaunchDescr, T.KERNEL_LAUNCH), (GroupDescr, T.GROUP), (CollDescr, T.COLL), (P2pDescr, T.P2P),
     (KernelChDescr, T.KERNEL_CH), (ProxyCtrlDescr, T.PROXY_CTRL))}
-_KCH_STOP = State.KERNEL_CH_STOP
+_DKCH = _DELIVERED[T.KERNEL_CH]
 
 
 class EventHost:
@@ -257,26 +257,39 @@ class EventHost:
 
     def _channel(self, tag: int, recs: np.ndarray) -> None:
         op = self._ops.get(tag)
+        c = self._counts
         if op is None:
-            self._counts["no_parent"] += len(recs)
+            c["no_parent"] += len(recs)
             return
-        rank = self.comm.rank
         for t, sel in self._route(op, recs):
-            rows = (recs if sel is None else recs[sel]).tolist()   # (op, channel, ..., ready, done, .., ready_ns, done_ns)
+            rows = recs if sel is None else take_rows(recs, sel)
+            n = len(rows)
             if t.done:
-                self._counts["no_parent"] += len(rows)
+                c["no_parent"] += n
                 continue
+            kc = None
             for i, pm in enumerate(op.pmasks):
                 if not pm & _KCH:
                     continue
-                parent, pt = t.handles[i], self._slots[i].lp.passthrough
-                for r in rows:
-                    h = self._start(i, KernelChDescr(T.KERNEL_CH, None, rank, r[11], r[1], r[8]), parent)
-                    if h is not None and h is not pt:    # state and stop of passthrough are no-ops
-                        self._state(i, h, _KCH_STOP, StateArgs(p_timer=r[9], ts_ns=r[12]))
-                        self._stop(i, h, r[12])
-            t.last_done = max(t.last_done, max(r[12] for r in rows))
-            t.left -= len(rows)
+                s, parent = self._slots[i], t.handles[i]
+                if parent is None:
+                    c["parent_dropped"] += n
+                elif s.disabled:
+                    c["plugin_disabled"] += n
+                elif s.lp.passthrough is not None and not s.lp.mask & _KCH:
+                    c[_DKCH] = c.get(_DKCH, 0) + n    # a parent-only type: start would return the passthrough
+                else:
+                    if kc is None:
+                        kc = to_kernel_ch(rows)
+                    try:
+                        kept = min(max(int(s.lp.kernel_ch_batch(None if parent is _OFF else parent, kc)), 0), n)
+                    except Exception:
+                        self._fail(s, "kernel_ch_batch", n)
+                        continue
+                    c[_DKCH] = c.get(_DKCH, 0) + kept
+                    c["declined"] += n - kept
+            t.last_done = max(t.last_done, int(rows["done_ns"].max()))
+            t.left -= n
             if t.left <= 0 and t.info.n_programs > 0:
                 self._complete(op, t, t.last_done)
         if op.open == 0:
@@ -339,12 +352,12 @@ class EventHost:
     @staticmethod
     def _convert(recs: np.ndarray, whole: Any, sel: Any) -> np.ndarray:
         if whole is None:
-            return to_kernel_steps(recs if sel is None else recs[sel])
+            return to_kernel_steps(recs if sel is None else take_rows(recs, sel))
         box, all_recs, a, b = whole              # batch(): convert the whole poll once, hand out views
         if box[0] is None:
             box[0] = to_kernel_steps(all_recs)
         ks = box[0][a:b]
-        return ks if sel is None else ks[sel]
+        return ks if sel is None else take_rows(ks, sel)
 
     def _complete(self, op: _Op, t: _Task, ts_ns: int) -> None:
         t.done = True

@@ -1,5 +1,5 @@
 """What the event host tracks per op: the op and task descriptions the wiring hands over, per-plugin
-handles, completion counts, and the PAIRED -> KERNEL_STEP record conversion."""
+handles, completion counts, and the PAIRED -> KERNEL_STEP / KERNEL_CH record conversions."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..stamps.layout import FLAG_SEND, PAIRED_DTYPE
-from .abi import KERNEL_STEP_DTYPE
+from .abi import KERNEL_CH_DTYPE, KERNEL_STEP_DTYPE
 from .plugin import LoadedPlugin
 
 P2P_FUNCS = ("Send", "Recv")
@@ -88,5 +88,17 @@ def to_kernel_steps(recs: np.ndarray) -> np.ndarray:
         out["peer"] = recs["peer"]
         out["step"] = recs["step"]
         out["size"] = recs["size"]
+    out.flags.writeable = False          # shared by every plugin of the fan-out
+    return out
+
+
+def to_kernel_ch(recs: np.ndarray) -> np.ndarray:
+    """PAIRED_DTYPE KernelCh records (ready = start, done = stop) -> abi.KERNEL_CH_DTYPE."""
+    out = np.empty(len(recs), KERNEL_CH_DTYPE)
+    out["channel"] = recs["channel"]
+    out["is_send"] = recs["flags"] & FLAG_SEND
+    out["peer"] = recs["peer"]
+    out["start_clk"], out["stop_clk"] = recs["ready"], recs["done"]
+    out["start_ns"], out["stop_ns"] = recs["ready_ns"], recs["done_ns"]
     out.flags.writeable = False          # shared by every plugin of the fan-out
     return out

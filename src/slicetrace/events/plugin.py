@@ -7,11 +7,12 @@ profiler_v*.cc adapters do: bits the version does not know are stripped from its
 plugin, unknown states are dropped, and descriptors are rewritten (v4-: Coll/P2p parent := parent_group;
 v3-: KernelCh without p_timer; v1: enum codes instead of strings).
 
-Plugins without `kernel_step_batch` get the per-event slow path (reference semantics of the batch call):
+Plugins without `kernel_step_batch` (`kernel_ch_batch`) get the per-event slow path (reference semantics of the
+batch call):
 
-    for each record: h = start_event(ctx, KernelStepDescr(...))
+    for each record: h = start_event(ctx, KernelStepDescr(...))        # KernelChDescr(ts=start_ns, p_timer=start_clk)
                      record_event_state(h, KERNEL_STEP_STOP, StateArgs(p_timer=done_clk, ts_ns=done_ns))
-                     stop_event(h, done_ns)
+                     stop_event(h, done_ns)                            # KERNEL_CH_STOP, stop_clk, stop_ns
 """
 from __future__ import annotations
 
@@ -46,6 +47,8 @@ V1_UNKNOWN = 255
 
 _KS = EventType.KERNEL_STEP
 _KS_STOP = State.KERNEL_STEP_STOP
+_KCH = EventType.KERNEL_CH
+_KCH_STOP = State.KERNEL_CH_STOP
 _T = EventType
 # Type bit by descriptor class: `int & IntFlag` runs IntFlag.__rand__ (Python code) on every event.
 _BIT_OF = {c: int(t) for c, t in (
@@ -59,7 +62,8 @@ class Plugin(Protocol):
     """What a profiler plugin implements (NCCL's ncclProfiler_t, in Python).
 
     Optional: `kernel_step_batch(ctx, parent_handle, recs) -> int` (records kept; recs is a read-only
-    abi.KERNEL_STEP_DTYPE array shared by all plugins) and `report_counters(ctx, counters)`, called once right
+    abi.KERNEL_STEP_DTYPE array shared by all plugins), `kernel_ch_batch(ctx, parent_handle, recs) -> int`
+    (native version only; whole KernelCh events, abi.KERNEL_CH_DTYPE, start and stop in one row) and `report_counters(ctx, counters)`, called once right
     before `finalize` with the host's drop and delivery counters so a trace can carry its loss accounting.
     Optional (native version only): `unrecorded_handle(ctx) -> handle`, a promise that start_event returns
     that very handle, with no side effect, for every type outside the plugin's live mask, and that
@@ -96,6 +100,7 @@ class LoadedPlugin:
         batch = getattr(plugin, "kernel_step_batch", None)
         self.knows_ks = bool(self.known_types & int(_KS))
         self.has_batch = self.knows_ks and callable(batch)
+        self.has_ch_batch = version == NATIVE_VERSION and callable(getattr(plugin, "kernel_ch_batch", None))
         self._mask = ActivationMask(0)
         self.ctx: Any = None
         self.passthrough: Any = None      # the plugin's unrecorded_handle(ctx), if it declares one
@@ -179,6 +184,21 @@ class LoadedPlugin:
             kept += 1
             state(h, _KS_STOP, StateArgs(p_timer=dc, ts_ns=dn))
             stop(h, dn)
+        return kept
+
+    def kernel_ch_batch(self, parent: Any, recs: np.ndarray) -> int:
+        """Deliver whole KernelCh events (abi.KERNEL_CH_DTYPE) under `parent`; returns how many were kept."""
+        if self.has_ch_batch:
+            return int(self.plugin.kernel_ch_batch(self.ctx, parent, recs))
+        start, state, stop = self.start_event, self.record_event_state, self.plugin.stop_event
+        rank, kept = self.rank, 0
+        for ch, _snd, _peer, c0, c1, t0, t1 in recs.tolist():
+            h = start(KernelChDescr(_KCH, parent, rank, t0, ch, c0))
+            if h is None:
+                continue
+            kept += 1
+            state(h, _KCH_STOP, StateArgs(p_timer=c1, ts_ns=t1))
+            stop(h, t1)
         return kept
 
     def report_counters(self, counters: dict[str, int]) -> None:

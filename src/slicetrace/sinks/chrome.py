@@ -26,12 +26,13 @@ from typing import Any
 import numpy as np
 
 from ..config import DEFAULT_POOL_SIZES, Settings
-from ..events.abi import (KERNEL_STEP_DTYPE, ActivationMask, CollApiDescr, CollDescr, CommInfo, EventType,
+from ..events.abi import (KERNEL_CH_DTYPE, KERNEL_STEP_DTYPE, ActivationMask, CollApiDescr, CollDescr, CommInfo, EventType,
                           GroupApiDescr, GroupDescr, KernelChDescr, KernelLaunchDescr, KernelStepDescr, P2pApiDescr,
                           P2pDescr, ProxyCtrlDescr, State, StateArgs)
 
 T = EventType
 DEFAULT_MASK = int(T.COLL | T.P2P | T.KERNEL_CH | T.KERNEL_STEP)      # 65606
+_KCH = int(T.KERNEL_CH)
 POOL_OF: dict[Any, str] = {T.GROUP_API: "GROUP_API", T.COLL_API: "COLL_API", T.P2P_API: "P2P_API",
            T.KERNEL_LAUNCH: "KERNEL_LAUNCH", T.GROUP: "GROUP", T.COLL: "COLL", T.P2P: "P2P",
            T.KERNEL_CH: "KERNEL_CH", T.KERNEL_STEP: "KERNEL_STEP", T.PROXY_CTRL: "PROXY_CTRL"}
@@ -42,6 +43,9 @@ _BY_CLASS = {cls: (POOL_OF[t], int(t)) for cls, t in (
 _CHUNK = 65536                  # KernelStep rows per column chunk
 _SLOW_ROWS = 4096
 _FORMAT_ROWS = 16384
+_CH_LINES = ('{"name":"KernelCh","cat":"GPU","id":%d,"pid":%d,"tid":1,"ph":"b","ts":%d.%03d,'
+             '"args":{"Channel":%d,"StartGpuClk":%d,"StopGpuClk":%d,"ParentId":%d}},\n'
+             '{"name":"KernelCh","cat":"GPU","id":%d,"pid":%d,"tid":1,"ph":"e","ts":%d.%03d},\n')
 _STEP_LINE = ('{"name":"KernelStep","cat":"GPU","ph":"X","pid":%d,"tid":%d,"ts":%d.%03d,"dur":%d.%03d,'
               '"args":{"Channel":%d,"IsSend":%d,"Peer":%d,"Step":%d,"Size":%d,"WaitGpuClk":%d,"StartGpuClk":%d,'
               '"StopGpuClk":%d,"SeqNum":%d,"ParentId":%d}},\n')
@@ -87,6 +91,8 @@ class _Ctx:
         self.pend_n = 0
         self.slow: list[tuple] = []             # per-event path rows, converted to a chunk in batches
         self.slow_parent: list[tuple[int, int]] = []
+        self.chans: list[tuple[np.ndarray, int, int]] = []    # kernel_ch_batch: (rows, first id, parent id)
+        self.chans_n = 0
         self.tids: set[tuple[int, int, int]] = set()
         self.proxy: deque[str] = deque(maxlen=self.sizes["PROXY_CTRL"])
         self.host_counters: dict[str, int] = {}
@@ -121,6 +127,35 @@ class _Ctx:
                 self._write_steps(c.steps[:c.fill], c.pid[:c.fill], c.seq[:c.fill])
             c.fill = 0
         self.free.extend(chunks)
+
+    def add_chans(self, recs: np.ndarray, pid: int) -> None:
+        self.chans.append((recs, self.next_id, pid))
+        self.next_id += len(recs)
+        self.chans_n += len(recs)
+        if self.chans_n >= self.sizes["KERNEL_CH"]:
+            self.flush_chans()
+
+    def flush_chans(self) -> None:
+        """Batched KernelCh events -> b/e line pairs, formatted a block at a time like KernelSteps."""
+        if not self.chans:
+            return
+        chans, self.chans, n = self.chans, [], self.chans_n
+        self.chans_n = 0
+        self.written["KERNEL_CH"] += n
+        if self.path is None:
+            return
+        recs = np.concatenate([np.ascontiguousarray(c[0]).view(np.uint8) for c in chans]).view(KERNEL_CH_DTYPE)
+        lens = [len(c[0]) for c in chans]
+        ids = np.concatenate([np.arange(c[1], c[1] + len(c[0]), dtype=np.int64) for c in chans])
+        pid = np.repeat(np.array([c[2] for c in chans], np.int64), lens)
+        t0, t1 = recs["start_ns"], recs["stop_ns"]
+        rank = np.full(n, self.rank, np.int64)
+        cols = np.column_stack([ids, rank, t0 // 1000, t0 % 1000, recs["channel"].astype(np.int64),
+                                recs["start_clk"].astype(np.int64), recs["stop_clk"].astype(np.int64), pid,
+                                ids, rank, t1 // 1000, t1 % 1000])
+        for a in range(0, n, _FORMAT_ROWS):
+            part = cols[a:a + _FORMAT_ROWS]
+            self.write((_CH_LINES * len(part)) % tuple(part.ravel().tolist()))
 
     def _write_steps(self, s: np.ndarray, pid: np.ndarray, seq: np.ndarray) -> None:
         n = len(s)
@@ -323,6 +358,12 @@ class ChromePlugin:
             ctx.add_steps(recs, *_parent_ids(parent))
         return len(recs)
 
+    def kernel_ch_batch(self, ctx: _Ctx, parent: Any, recs: np.ndarray) -> int:
+        """Whole KernelCh events: never in flight, so the pool only bounds the buffer (written when full)."""
+        if not ctx.done and ctx.mask.value & _KCH:
+            ctx.add_chans(recs, _parent_ids(parent)[0])
+        return len(recs)
+
     def report_counters(self, ctx: _Ctx, counters: dict[str, int]) -> None:
         ctx.host_counters = dict(counters)
 
@@ -332,6 +373,7 @@ class ChromePlugin:
         out.update({f"plugin_unfinished_{p}": n for p, n in ctx.inflight.items()})
         out.update({f"plugin_written_{p}": n + (len(ctx.lines[p]) // 2)
                     + (ctx.stored + ctx.pend_n + len(ctx.slow) if p == "KERNEL_STEP" else 0)
+                    + (ctx.chans_n if p == "KERNEL_CH" else 0)
                     for p, n in ctx.written.items()})
         return out
 
@@ -340,6 +382,7 @@ class ChromePlugin:
             return
         ctx.flush_slow()
         ctx.flush_steps()
+        ctx.flush_chans()
         for pool in ctx.lines:
             ctx.flush_lines(pool)
         ctx.done = True

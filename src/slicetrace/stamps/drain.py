@@ -14,7 +14,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from .layout import FLAG_CH_STOP, KIND_CHANNEL, PAIRED_DTYPE, RingViews
+from .layout import FLAG_CH_STOP, KIND_CHANNEL, PAIRED_DTYPE, RingViews, take_rows
 
 LOST_LAG = 4096        # an entry this far behind the newest reservation, still incomplete, is lost
 MAX_INTERVAL_S = 0.016  # adaptive polling backs off to this: each poll has a fixed cost, batches amortise it
@@ -267,8 +267,13 @@ class Drain:
         kinds = out["kind"]
         if ops[0] == ops[-1] and not (kinds[0] != kinds).any():
             starts = [0]
-        else:                                        # runs of one op and kind, seq order kept per channel
+        else:
+            # One run per op and kind across channels (steps before KernelCh, which may complete the op); the
+            # stable sort keeps each channel's seq order. Channel-major runs would cost a call per channel.
             key = ops.astype(np.int64) * 2 + kinds
+            o = np.argsort(key, kind="stable")
+            out, key = take_rows(out, o), key[o]
+            ops, kinds = out["op"], out["kind"]
             starts = [0] + (np.flatnonzero(key[1:] != key[:-1]) + 1).tolist()
         bounds = starts[1:] + [len(out)]
         lows, kl = ops[starts].tolist(), kinds[starts].tolist()
@@ -291,25 +296,44 @@ class Drain:
             batch(out, runs)                         # one call per poll (events.host.EventHost.batch)
 
     def _pair_channels(self, out: np.ndarray, is_ch: np.ndarray) -> np.ndarray:
-        """KernelCh start/stop records -> one record (ready = start, done = stop) at the stop."""
-        keep = ~is_ch
+        """KernelCh start/stop records -> one record (ready = start, done = stop) at the stop.
+
+        Vectorised: sorted by (channel, op, peer, direction, arrival), a stop right after its start pairs in
+        place; only records whose partner is in another poll go through `_open` (a few per poll)."""
         idx = np.flatnonzero(is_ch)
-        sel = out[idx]
-        stops, starts = [], []
-        for i, ch, flags, op, peer, ready in zip(idx.tolist(), sel["channel"].tolist(), sel["flags"].tolist(),
-                                                 sel["op"].tolist(), sel["peer"].tolist(), sel["ready"].tolist()):
-            key = (ch, op, peer, flags & 1)
-            if not flags & FLAG_CH_STOP:
-                self._open[key] = ready
-                continue
-            start = self._open.pop(key, None)
-            if start is None:
-                self.consumer.drop("unpaired", 1)
-                continue
-            stops.append(i)
-            starts.append(start)
-        if stops:
-            out["wait"][stops] = out["ready"][stops] = starts
-            out["flags"][stops] &= np.uint8(~FLAG_CH_STOP & 0xFF)
-            keep[stops] = True
-        return out[keep]
+        sel = take_rows(out, idx)
+        m = len(sel)
+        stp = (sel["flags"] & FLAG_CH_STOP) != 0
+        cols = (sel["channel"], sel["op"], sel["peer"], sel["flags"] & 1)
+        order = np.lexsort((np.arange(m),) + cols[::-1])
+        stp = stp[order]
+        cols = tuple(c[order] for c in cols)
+        same = np.zeros(m + 1, bool)               # same[j]: row j has the key of row j - 1
+        same[1:m] = np.logical_and.reduce([c[1:] == c[:-1] for c in cols])
+        ok = np.zeros(m, bool)
+        ok[1:] = stp[1:] & ~stp[:-1] & same[1:m]   # a stop right after its own start
+        used = np.zeros(m, bool)
+        used[:-1] = ok[1:]
+        ready = sel["ready"][order]
+        start = np.zeros(m, np.uint64)
+        start[1:] = ready[:-1]
+        loose = np.flatnonzero(~ok & ~used)
+        if len(loose):
+            keys = np.column_stack(cols)[loose].tolist()
+            for j, key, is_stop, nxt in zip(loose.tolist(), keys, stp[loose].tolist(), same[loose + 1].tolist()):
+                key = tuple(key)
+                if not is_stop:
+                    if not nxt:                    # else a later start of the same key supersedes it
+                        self._open[key] = int(ready[j])
+                    continue
+                st = self._open.pop(key, None)
+                if st is None:
+                    self.consumer.drop("unpaired", 1)
+                    continue
+                ok[j], start[j] = True, st
+        rows = idx[order[ok]]
+        out["wait"][rows] = out["ready"][rows] = start[ok]
+        out["flags"][rows] &= np.uint8(~FLAG_CH_STOP & 0xFF)
+        keep = ~is_ch
+        keep[rows] = True
+        return take_rows(out, keep)

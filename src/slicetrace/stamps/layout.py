@@ -65,6 +65,15 @@ PAIRED_DTYPE = np.dtype([
 ])
 
 
+def take_rows(a: np.ndarray, sel: np.ndarray) -> np.ndarray:
+    """a[sel] for a 1-D structured array (sel: indices or a bool mask), as one gather of byte rows: numpy's
+    own fancy indexing copies structured items one by one (~30x slower for these records)."""
+    if sel.dtype == np.bool_:
+        sel = np.flatnonzero(sel)
+    rows = np.ascontiguousarray(a).view(np.uint8).reshape(len(a), a.dtype.itemsize)
+    return np.take(rows, sel, axis=0).view(a.dtype).reshape(-1)
+
+
 def check_slots(n: int) -> int:
     if n < 64 or n & (n - 1):
         raise ConfigError(f"ring_slots={n} must be a power of two >= 64")
