@@ -68,16 +68,22 @@ class Rank:
             out.append(cp.cuda.get_elapsed_time(a, b) * 1e3 / iters)
         return statistics.median(out)
 
-    def work(self, func: str, nbytes: int, bufs, nch: int = 0, steps: bool = False):
+    def work(self, func: str, nbytes: int, bufs, nch: int = 0, steps: bool = False, split: int = 1,
+             chunk: int = 0):
         from slicetrace.backend.base import Work
         from slicetrace.plan.schedule import P2pPart, plan_collective, plan_p2p
         w, r = self.world, self.rank
         x, y = bufs
-        if func == "send_recv":
+        if func == "send_recv":          # each direction split into `split` 16-byte aligned pieces (api._split)
             n = nbytes // 4
-            parts = [(P2pPart((r + 1) % w, True, n, 0), x[:n]), (P2pPart((r - 1) % w, False, n, 1), y[:n])]
-            plan = plan_p2p([p for p, _ in parts], w, r, 4, self.be.settings.p2p_chunksize,
-                            self.be.settings.step_bytes, nch or 2)
+            per = ((n + split - 1) // split + 3) // 4 * 4 if split > 1 else n
+            parts = []
+            for peer, is_send, buf in (((r + 1) % w, True, x), ((r - 1) % w, False, y)):
+                for lo in range(0, n, per):
+                    m = min(per, n - lo)
+                    parts.append((P2pPart(peer, is_send, m, len(parts)), buf[lo:lo + m]))
+            plan = plan_p2p([p for p, _ in parts], w, r, 4, chunk or self.be.settings.p2p_chunk_bytes,
+                            self.be.settings.step_bytes, nch or self.be.channels_for(nbytes))
             return Work(0, plan, "float32", "sum", parts=parts, stamp_steps=steps, stamp_channels=steps)
         total = nbytes // 4
         count = total // w if func in ("all_gather", "reduce_scatter") else total
@@ -121,7 +127,7 @@ class Rank:
         """Per-op time of `iters` ops replayed from a CUDA graph (slicetrace, NCCL); nan when capture fails."""
         cp, torch = self.cp, self.torch
         res = []
-        for kind in ("st", "nccl"):
+        for kind in ("st", "nccl") if func_fn_nccl is not None else ("st",):
             try:
                 if kind == "st":
                     s = cp.cuda.Stream(non_blocking=True)
@@ -158,7 +164,7 @@ class Rank:
                 if self.rank == 0:
                     print(f"graph capture ({kind}) failed: {type(e).__name__}: {e}", flush=True)
                 res.append(float("nan"))
-        return res[0], res[1]
+        return res[0], res[1] if len(res) > 1 else float("nan")
 
 
 def iters_for(nbytes: int) -> int:
@@ -205,6 +211,20 @@ def rank_main(rank: int, world: int, port: int, a: argparse.Namespace, q) -> Non
                 off.append(R.timed(R.st_fn(w_off), iters_for(nbytes), a.reps))
                 on.append(R.timed(R.st_fn(w_on), iters_for(nbytes), a.reps))
             over.append({"bytes": nbytes, "off_us": statistics.median(off), "on_us": statistics.median(on)})
+        gch = []
+        for nbytes in [s for s in sizes(4096, 256 << 10, 2)] if a.graph_channels else []:
+            for nch in a.graph_channels:
+                work = R.work("all_reduce", nbytes, (x, y), nch=nch)
+                g_st, _ = R.graph_us(work, None, 50)
+                gch.append({"bytes": nbytes, "nch": nch, "st_us": g_st})
+        p2p = []
+        for nbytes in a.p2p_sizes:
+            nc = R.timed(R.nccl_fn("send_recv", nbytes, tx, ty), iters_for(nbytes), a.reps)
+            for split in a.p2p_split:
+                for chunk in a.p2p_chunks:
+                    work = R.work("send_recv", nbytes, (x, y), split=split, chunk=chunk)
+                    t = R.timed(R.st_fn(work), iters_for(nbytes), a.reps)
+                    p2p.append({"bytes": nbytes, "split": split, "chunk": chunk, "st_us": t, "nccl_us": nc})
         sweep = []
         for nbytes in a.sweep:
             for nch in a.sweep_channels:
@@ -214,7 +234,7 @@ def rank_main(rank: int, world: int, port: int, a: argparse.Namespace, q) -> Non
         # correctness spot check of the last all_reduce shape
         R.be.close()
         R.dist.destroy_process_group()
-        q.put((rank, {"rows": rows, "graph": graph, "overhead": over, "sweep": sweep}))
+        q.put((rank, {"rows": rows, "graph": graph, "overhead": over, "sweep": sweep, "graph_ch": gch, "p2p": p2p}))
     except BaseException as e:                 # noqa: BLE001 - shipped to the parent
         import traceback
         q.put((rank, {"error": f"{type(e).__name__}: {e}\n{traceback.format_exc()}"}))
@@ -243,6 +263,16 @@ def report(res: dict, world: int) -> str:
         for o in res["overhead"]:
             lines.append(f"overhead       {fmt_size(o['bytes']):>8}{o['off_us']:>11.1f}{o['on_us']:>10.1f}"
                          f"{100 * (o['on_us'] - o['off_us']) / o['off_us']:>+10.2f}%")
+    if res.get("graph_ch"):
+        lines.append("# all_reduce graph-replay latency by channel count (us per op)")
+        for g in res["graph_ch"]:
+            lines.append(f"graph_ch       {fmt_size(g['bytes']):>8} nch={g['nch']:<4}{g['st_us']:>11.1f}")
+    if res.get("p2p"):
+        lines.append("# send_recv by split (pieces per direction) and chunk bytes (0 = default), vs NCCL")
+        for g in res["p2p"]:
+            bw, nbw = g["bytes"] / g["st_us"] / 1e3, g["bytes"] / g["nccl_us"] / 1e3
+            lines.append(f"p2p            {fmt_size(g['bytes']):>8} split={g['split']:<3} chunk={g['chunk']:<8}"
+                         f"{g['st_us']:>11.1f}{bw:>10.1f}{g['nccl_us']:>11.1f}{nbw:>11.1f}{bw / nbw:>7.2f}")
     if res["sweep"]:
         lines.append("# all_reduce channel sweep")
         for s in res["sweep"]:
@@ -262,6 +292,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--overhead", type=lambda s: [parse_size(v) for v in s.split(",") if v], default=[])
     p.add_argument("--sweep", type=lambda s: [parse_size(v) for v in s.split(",") if v], default=[])
     p.add_argument("--sweep-channels", type=lambda s: [int(v) for v in s.split(",")], default=[8, 16, 32, 48, 64])
+    p.add_argument("--graph-channels", type=lambda s: [int(v) for v in s.split(",") if v], default=[],
+                   help="all_reduce graph latency, 4 KiB..256 KiB, at each of these channel counts")
+    p.add_argument("--p2p-sizes", type=lambda s: [parse_size(v) for v in s.split(",") if v], default=[])
+    p.add_argument("--p2p-split", type=lambda s: [int(v) for v in s.split(",")], default=[1, 8, 16, 32])
+    p.add_argument("--p2p-chunks", type=lambda s: [parse_size(v) for v in s.split(",")], default=[0])
     p.add_argument("--cache-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "slicetrace"))
     p.add_argument("--out", default="")
     p.add_argument("--verbose", action="store_true")

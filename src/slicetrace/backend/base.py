@@ -34,7 +34,8 @@ class Work:
     redop: str                     # one of REDOPS (collectives that reduce)
     sendbuf: Any = None            # collectives: input (may be the same memory as recvbuf: in place)
     recvbuf: Any = None            # collectives: output
-    parts: Sequence[tuple[P2pPart, Any]] = ()   # send_recv: (part, buffer) in group order
+    parts: Sequence[tuple[P2pPart, Any]] = ()   # send_recv: (part, buffer) in group order; the part's data
+                                                # is buffer[part.offset:part.offset + part.count]
     stamp_steps: bool = False      # KernelStep on for this op (mask snapshot at enqueue)
     stamp_channels: bool = False   # KernelCh boundaries on (KernelCh or KernelStep in the mask)
     sample_rate: int = 1
@@ -117,3 +118,8 @@ def create(settings: Settings, rank: int, world: int, store: Store, job: str) ->
     except KeyError:
         raise ConfigError(f"backend={settings.backend!r} is not one of {sorted(_REGISTRY)}") from None
     return getattr(importlib.import_module(module), cls)(settings, rank, world, store, job)
+
+
+def part_views(parts: Sequence[tuple[P2pPart, Any]]) -> list[tuple[P2pPart, Any]]:
+    """(part, the part's own elements) for host-array backends: pieces of one split buffer become views."""
+    return [(p, b if p.offset == 0 and b.size == p.count else b[p.offset:p.offset + p.count]) for p, b in parts]

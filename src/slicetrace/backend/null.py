@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import BackendError, PeerError
 from ..stamps.layout import FLAG_SEND, KIND_STEP, RingViews, RingWriter, ring_bytes
-from .base import Backend, Work, numpy_buffer
+from .base import Backend, Work, numpy_buffer, part_views
 
 WAIT_NS = 200            # synthetic credit/data wait per slice
 BYTES_PER_NS = 10.0      # synthetic copy speed (10 GB/s)
@@ -57,8 +57,9 @@ class NullBackend(Backend):
             raise PeerError(self._aborted)
         plan = work.plan
         if plan.func == "send_recv":
-            sends = [b for p, b in work.parts if p.peer == self.rank and p.is_send]
-            recvs = [b for p, b in work.parts if p.peer == self.rank and not p.is_send]
+            parts = part_views(work.parts)
+            sends = [b for p, b in parts if p.peer == self.rank and p.is_send]
+            recvs = [b for p, b in parts if p.peer == self.rank and not p.is_send]
             for s, r in zip(sends, recvs):
                 np.copyto(r[:s.size], s[:r.size])
         elif plan.nranks == 1 and plan.count and work.sendbuf is not work.recvbuf:

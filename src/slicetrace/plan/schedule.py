@@ -242,6 +242,7 @@ class P2pPart:
     is_send: bool
     count: int             # elements
     index: int             # position in the group (buffers are matched by it)
+    offset: int = 0        # first element in its buffer (a large send/recv split over channels: one buffer)
 
 
 def plan_p2p(parts, nranks: int, rank: int, itemsize: int, chunk_bytes: int,

@@ -17,7 +17,7 @@ import numpy as np
 
 from ...errors import BackendError, MismatchError, PeerError, UsageError
 from ...stamps.layout import RingViews, ring_bytes
-from ..base import Backend, Work, numpy_buffer
+from ..base import Backend, Work, numpy_buffer, part_views
 from .shm import (ABORT_PEER, C_BUFFSIZE, C_CLOSED, C_HEARTBEAT, C_MAGIC, C_NCH, C_PID, C_SLOTS, C_START,
                   C_WORLD, MAGIC, PAGE, REASON_MAX, REASON_OFF, Segment, layout, proc_start_time, segment_size,
                   unlink_name)
@@ -140,6 +140,7 @@ class CpuBackend(Backend):
                              f"{self.world}")
         try:
             if work.plan.func == "send_recv":
+                work.parts = part_views(work.parts)
                 run_p2p(work, self.p2p_send, self.p2p_recv, self.writers, self.guard)
             else:
                 self._collective(work)

@@ -154,8 +154,11 @@ class CudaBackend(Backend):
     def _record(self, work: Work) -> tuple[Any, np.ndarray, Any, int, int]:
         plan = work.plan
         if plan.func == "send_recv":
-            bufs = tuple(buffers.pointer(b) for _, b in work.parts)
-            key = (id(plan), work.dtype, bufs)
+            ptrs: dict[int, int] = {}         # pieces of a split buffer share it: one pointer lookup each
+            for _, b in work.parts:
+                if id(b) not in ptrs:
+                    ptrs[id(b)] = buffers.pointer(b)
+            key = (id(plan), work.dtype, tuple(ptrs[id(b)] for _, b in work.parts))
         else:
             key = (id(plan), work.dtype, work.redop, self._ptr(work.sendbuf), self._ptr(work.recvbuf))
         hit = self._cache.get(key)
@@ -209,6 +212,7 @@ class CudaBackend(Backend):
     def _p2p_args(self, work: Work, a: Any) -> tuple[int, int]:
         plan = work.plan
         bufs = {p.index: b for p, b in work.parts}
+        offs = {p.index: p.offset for p, _ in work.parts}
         ordinal: dict[tuple[int, bool], int] = {}
         conn: dict[int, int] = {}
         for p, _ in sorted(work.parts, key=lambda pb: pb[0].index):
@@ -227,7 +231,7 @@ class CudaBackend(Backend):
                 raise UsageError(f"send/recv group: {k + 1} parts to one peer or channel {q.channel}; at most "
                                  f"{self.max_channels} (nchannels)")
             d = a["parts"][i]
-            d["ptr"] = buffers.pointer(bufs[q.params["part"]])
+            d["ptr"] = buffers.pointer(bufs[q.params["part"]]) + offs[q.params["part"]] * plan.itemsize
             d["count"], d["peer"], d["conn"] = q.params["count"], q.params["peer"], k
             d["is_send"], d["channel"] = int(q.params["is_send"]), q.channel
         for b, ch in enumerate(chans):
@@ -241,15 +245,17 @@ class CudaBackend(Backend):
         return len(chans), MAX_THREADS
 
     def _self_copies(self, work: Work, stream: int) -> None:
-        sends = [b for p, b in work.parts if p.peer == self.rank and p.is_send]
-        recvs = [b for p, b in work.parts if p.peer == self.rank and not p.is_send]
+        item = work.plan.itemsize
+        ends = [(p, buffers.pointer(b) + p.offset * item) for p, b in work.parts if p.peer == self.rank]
+        sends = [(p.count, a) for p, a in ends if p.is_send]
+        recvs = [(p.count, a) for p, a in ends if not p.is_send]
         if len(sends) != len(recvs):
             raise UsageError(f"{len(sends)} sends to self but {len(recvs)} recvs from self in one group")
-        for s, r in zip(sends, recvs):
-            if buffers.nbytes(s) != buffers.nbytes(r):
-                raise UsageError(f"send to self of {buffers.nbytes(s)} bytes meets a recv of {buffers.nbytes(r)}")
-            if buffers.nbytes(s):
-                self._rt.memcpyAsync(buffers.pointer(r), buffers.pointer(s), buffers.nbytes(s), 3, stream)
+        for (ns, s), (nr, r) in zip(sends, recvs):
+            if ns != nr:
+                raise UsageError(f"send to self of {ns * item} bytes meets a recv of {nr * item}")
+            if ns:
+                self._rt.memcpyAsync(r, s, ns * item, 3, stream)
 
     def _local(self, work: Work, stream: int) -> None:
         """Single-rank collectives (no programs): the result is the input."""

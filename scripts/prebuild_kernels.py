@@ -1,0 +1,31 @@
+#!/usr/bin/env python3
+"""Compile every CUDA kernel variant with NVRTC for an architecture, without a GPU, into a cache folder.
+
+A compile check on a machine with no GPU, and a warm cache to carry to the GPU machine (used there when its
+NVRTC/CuPy toolchain matches this one; otherwise it compiles as usual).
+
+    PYTHONPATH=src python scripts/prebuild_kernels.py [--arch sm_90] [--cache-dir .kcache]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+from slicetrace.backend.base import DTYPES
+from slicetrace.backend.cuda.backend import CTYPES
+from slicetrace.backend.cuda.compile import Kernels, toolchain
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--arch", default="sm_90")
+    p.add_argument("--cache-dir", default=".kcache")
+    a = p.parse_args()
+    jobs = [("slicetrace.cu", {"ST_T": CTYPES[d], "ST_STEPS": s}) for d in DTYPES if d in CTYPES for s in "01"]
+    t = time.perf_counter()
+    Kernels(a.cache_dir, a.arch).prepare(jobs + [("clock.cu", {})])
+    print(f"{len(jobs) + 1} kernels for {a.arch} ({toolchain()}) in {time.perf_counter() - t:.1f} s -> {a.cache_dir}")
+
+
+if __name__ == "__main__":
+    main()
