@@ -175,7 +175,7 @@ def rank_main(rank: int, world: int, port: int, a: argparse.Namespace, q) -> Non
     try:
         R = Rank(rank, world, port, a.cache_dir, 0)
         cp, torch = R.cp, R.torch
-        maxb = a.max_bytes
+        maxb = max([a.max_bytes, *a.overhead, *a.sweep, *a.p2p_sizes])   # every section's largest op fits
         x = cp.random.random(maxb // 4, dtype=cp.float32)
         y = cp.empty(maxb // 4, dtype=cp.float32)
         tx = torch.rand(maxb // 4, device="cuda")
@@ -183,7 +183,7 @@ def rank_main(rank: int, world: int, port: int, a: argparse.Namespace, q) -> Non
         from slicetrace.plan.traffic import BUSBW_FACTOR
         rows = []
         for func in a.ops:
-            for nbytes in sizes(a.min_bytes, maxb, a.factor):
+            for nbytes in sizes(a.min_bytes, a.max_bytes, a.factor):
                 if func in ("all_gather", "reduce_scatter") and nbytes < 4 * world:
                     continue
                 work = R.work(func, nbytes, (x, y))
@@ -205,12 +205,20 @@ def rank_main(rank: int, world: int, port: int, a: argparse.Namespace, q) -> Non
             graph.append({"bytes": nbytes, "st_us": g_st, "nccl_us": g_nc})
         over = []
         for nbytes in a.overhead:
+            if rank == 0 and a.verbose:
+                print(f"overhead {nbytes}", flush=True)
             w_off, w_on = R.work("all_reduce", nbytes, (x, y)), R.work("all_reduce", nbytes, (x, y), steps=True)
-            off, on = [], []
+            w_ch = R.work("all_reduce", nbytes, (x, y))
+            w_ch.stamp_channels = True
+            off, on, ch = [], [], []
             for _ in range(3):
                 off.append(R.timed(R.st_fn(w_off), iters_for(nbytes), a.reps))
+                ch.append(R.timed(R.st_fn(w_ch), iters_for(nbytes), a.reps))
                 on.append(R.timed(R.st_fn(w_on), iters_for(nbytes), a.reps))
-            over.append({"bytes": nbytes, "off_us": statistics.median(off), "on_us": statistics.median(on)})
+            g_off, _ = R.graph_us(w_off, None, 50) if a.graph else (float("nan"), 0)
+            g_on, _ = R.graph_us(w_on, None, 50) if a.graph else (float("nan"), 0)
+            over.append({"bytes": nbytes, "off_us": statistics.median(off), "on_us": statistics.median(on),
+                         "ch_us": statistics.median(ch), "graph_off_us": g_off, "graph_on_us": g_on})
         gch = []
         for nbytes in [s for s in sizes(4096, 256 << 10, 2)] if a.graph_channels else []:
             for nch in a.graph_channels:
@@ -259,10 +267,14 @@ def report(res: dict, world: int) -> str:
             lines.append(f"graph          {fmt_size(g['bytes']):>8}{g['st_us']:>11.1f}{'':>10}{g['nccl_us']:>11.1f}"
                          f"{'':>11}{g['nccl_us'] / g['st_us'] if g['st_us'] == g['st_us'] else float('nan'):>7.2f}")
     if res["overhead"]:
-        lines.append("# KernelStep overhead, all_reduce: stamps off vs KernelCh+KernelStep on")
+        lines.append("# KernelStep overhead, all_reduce, us per op: stamps off, KernelCh only, KernelCh+KernelStep "
+                     "(eager back-to-back), then the same off/on from CUDA-graph replay")
         for o in res["overhead"]:
-            lines.append(f"overhead       {fmt_size(o['bytes']):>8}{o['off_us']:>11.1f}{o['on_us']:>10.1f}"
-                         f"{100 * (o['on_us'] - o['off_us']) / o['off_us']:>+10.2f}%")
+            pct = lambda on, off: 100 * (on - off) / off          # noqa: E731
+            lines.append(f"overhead       {fmt_size(o['bytes']):>8}{o['off_us']:>11.1f}{o['ch_us']:>10.1f}"
+                         f"{o['on_us']:>10.1f}{pct(o['on_us'], o['off_us']):>+9.2f}%   graph "
+                         f"{o['graph_off_us']:.1f} -> {o['graph_on_us']:.1f} "
+                         f"({pct(o['graph_on_us'], o['graph_off_us']):+.2f}%)")
     if res.get("graph_ch"):
         lines.append("# all_reduce graph-replay latency by channel count (us per op)")
         for g in res["graph_ch"]:
