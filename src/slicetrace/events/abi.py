@@ -277,14 +277,14 @@ KERNEL_STEP_DTYPE = np.dtype([
     ("channel", "<u2"), ("is_send", "u1"), ("peer", "<i4"), ("step", "<u8"), ("size", "<u8"),
     ("wait_clk", "<u8"), ("ready_clk", "<u8"), ("done_clk", "<u8"),      # raw device clocks, ns
     ("wait_ns", "<i8"), ("ready_ns", "<i8"), ("done_ns", "<i8"),         # host timeline, CLOCK_MONOTONIC ns
-])
+], align=True)    # 72 bytes; aligned fields copy several times faster than packed ones
 
 # KernelCh batch rows (plugins with `kernel_ch_batch`): one row per channel program, start and stop together.
 KERNEL_CH_DTYPE = np.dtype([
     ("channel", "<u2"), ("is_send", "u1"), ("peer", "<i4"),
     ("start_clk", "<u8"), ("stop_clk", "<u8"),                            # raw device clocks, ns (p_timer)
     ("start_ns", "<i8"), ("stop_ns", "<i8"),                              # host timeline, CLOCK_MONOTONIC ns
-])
+], align=True)
 
 # nccl-tests / Inspector bus-bandwidth factors.
 FUNC_NAMES = {"all_reduce": "AllReduce", "all_gather": "AllGather", "reduce_scatter": "ReduceScatter",

@@ -221,7 +221,7 @@ class _Ctx:
                 c = self.cur = self.free.pop() if self.free else _Chunk(self.chunk_rows)
             take = min(len(c.steps) - c.fill, n - pos, cap - self.stored)
             a, b = c.fill, c.fill + take
-            c.steps[a:b] = recs[pos:pos + take]
+            c.rows[a:b] = _byte_rows(recs[pos:pos + take])    # structured item copies run ~15x slower
             c.pid[a:b] = pid if scalar else pid[pos:pos + take]
             c.seq[a:b] = seq if scalar else seq[pos:pos + take]
             c.fill, pos, self.stored = b, pos + take, self.stored + take
@@ -229,11 +229,16 @@ class _Ctx:
                 self.flush_steps()
 
 
+def _byte_rows(recs: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(recs).view(np.uint8).reshape(len(recs), recs.dtype.itemsize)
+
+
 class _Chunk:
-    __slots__ = ("steps", "pid", "seq", "fill")
+    __slots__ = ("steps", "rows", "pid", "seq", "fill")
 
     def __init__(self, rows: int):
         self.steps = np.empty(rows, KERNEL_STEP_DTYPE)
+        self.rows = _byte_rows(self.steps)
         self.pid = np.empty(rows, np.int64)
         self.seq = np.empty(rows, np.int64)
         self.fill = 0
