@@ -38,6 +38,7 @@ DROP_REASONS = ("overrun", "unpaired", "no_parent", "parent_dropped", "pool_full
 _B = SimpleNamespace(**{t.name: int(t) for t in T})   # bits as ints: IntFlag arithmetic runs Python code
 _GA, _CA, _PA, _KL = _B.GROUP_API, _B.COLL_API, _B.P2P_API, _B.KERNEL_LAUNCH
 _KCH, _KS = _B.KERNEL_CH, _B.KERNEL_STEP
+_PARENTS = _GA | _CA | _PA | _KL | _B.GROUP      # the types above Coll/P2p
 _DELIVERED = {t: f"delivered_{t.name.lower()}" for t in T}
 # By descriptor class: hashing an IntFlag member runs Python code.
 _DELIVERED_CLS = {c: _DELIVERED[t] for c, t in (
@@ -55,6 +56,7 @@ class EventHost:
         self._counts: dict[str, int] = dict.fromkeys(DROP_REASONS, 0)
         self._ops: dict[int, _Op] = {}
         self._proxy: list[Any] = []
+        self._skip_counts: dict[tuple, list[tuple[str, int]]] = {}
         self._closed = False
         self._slots: list[_Slot] = []
         for lp in plugins:
@@ -176,6 +178,10 @@ class EventHost:
     def _emit_begin(self, i: int, op: _Op, real: int) -> None:
         """Starts of plugin i; types in pm but not in `real` take the plugin's passthrough handle (_skip)."""
         pm, info, rank, ts = op.pmasks[i], op.info, self.comm.rank, op.info.ts_ns
+        pt = self._slots[i].lp.passthrough
+        if pt is not None and not real & _PARENTS:
+            self._emit_fast(i, op, pm, real, pt)
+            return
         ga = _OFF
         if pm & _GA:
             ga = (self._start(i, GroupApiDescr(T.GROUP_API, None, rank, ts, group_depth=info.group_depth), _OFF)
@@ -232,6 +238,52 @@ class EventHost:
         if ga is not _OFF:
             self._stop(i, ga, ts)
 
+    def _emit_fast(self, i: int, op: _Op, pm: int, real: int, pt: Any) -> None:
+        """_emit_begin when every API/Group/KernelLaunch parent is skipped (the example plugin's default): the
+        same counts and handles, with the skips counted in bulk."""
+        c, info = self._counts, op.info
+        key = (pm, real, tuple(t.p2p for t in op.tasks))
+        adds = self._skip_counts.get(key)
+        if adds is None:
+            n_p2p = sum(key[2])
+            n_coll = len(key[2]) - n_p2p
+            adds = self._skip_counts[key] = [(k, n) for k, n in (
+                ("delivered_group_api", 1 if pm & _GA else 0), ("delivered_coll_api", n_coll if pm & _CA else 0),
+                ("delivered_p2p_api", n_p2p if pm & _PA else 0), ("delivered_kernel_launch", 1 if pm & _KL else 0),
+                ("delivered_group", 1 if pm & _B.GROUP else 0),
+                ("delivered_coll", n_coll if pm & _B.COLL and not real & _B.COLL else 0),
+                ("delivered_p2p", n_p2p if pm & _B.P2P and not real & _B.P2P else 0)) if n]
+        for k, n in adds:
+            c[k] = c.get(k, 0) + n
+        grp = pt if pm & _B.GROUP else _OFF
+        op.groups[i] = grp
+        rank, ts, comm_hash = self.comm.rank, info.ts_ns, self.comm.comm_hash
+        parent_group = None if grp is _OFF else grp
+        for t in op.tasks:
+            ti = t.info
+            if t.p2p:
+                if not pm & _B.P2P:
+                    continue
+                parent = pt if pm & _PA else _OFF
+                if not real & _B.P2P:
+                    t.handles[i] = pt                                     # what _skip hands out
+                    continue
+                d: Any = P2pDescr(T.P2P, None, rank, ts, func=ti.func, buff=ti.send_buff or ti.recv_buff,
+                                  datatype=ti.datatype, count=ti.count, peer=ti.peer, n_channels=ti.n_programs,
+                                  parent_group=parent_group, user_tag=info.user_tag, comm_hash=comm_hash)
+            else:
+                if not pm & _B.COLL:
+                    continue
+                parent = pt if pm & _CA else _OFF
+                if not real & _B.COLL:
+                    t.handles[i] = pt
+                    continue
+                d = CollDescr(T.COLL, None, rank, ts, seq_number=info.seq_number, func=ti.func,
+                              send_buff=ti.send_buff, recv_buff=ti.recv_buff, count=ti.count, root=ti.root,
+                              datatype=ti.datatype, n_channels=ti.n_programs, n_warps=info.n_warps,
+                              parent_group=parent_group, user_tag=info.user_tag, comm_hash=comm_hash)
+            t.handles[i] = self._start(i, d, parent)
+
     def _route(self, op: _Op, recs: np.ndarray) -> list[tuple[_Task, Any]]:
         """(task, row selection or None = all rows) per task that has records."""
         tasks = op.tasks
@@ -253,9 +305,9 @@ class EventHost:
         """KernelCh records (PAIRED_DTYPE, kind == KIND_CHANNEL) of op `tag`."""
         if len(recs):
             with self._lock:
-                self._channel(tag, recs)
+                self._channel(tag, recs, None)
 
-    def _channel(self, tag: int, recs: np.ndarray) -> None:
+    def _channel(self, tag: int, recs: np.ndarray, whole: Any) -> None:
         op = self._ops.get(tag)
         c = self._counts
         if op is None:
@@ -280,7 +332,7 @@ class EventHost:
                     c[_DKCH] = c.get(_DKCH, 0) + n    # a parent-only type: start would return the passthrough
                 else:
                     if kc is None:
-                        kc = to_kernel_ch(rows)
+                        kc = self._convert(to_kernel_ch, recs, whole, sel)
                     try:
                         kept = min(max(int(s.lp.kernel_ch_batch(None if parent is _OFF else parent, kc)), 0), n)
                     except Exception:
@@ -288,7 +340,9 @@ class EventHost:
                         continue
                     c[_DKCH] = c.get(_DKCH, 0) + kept
                     c["declined"] += n - kept
-            t.last_done = max(t.last_done, int(rows["done_ns"].max()))
+            last = int(rows["done_ns"][0]) if n == 1 else int(rows["done_ns"].max())
+            if last > t.last_done:
+                t.last_done = last
             t.left -= n
             if t.left <= 0 and t.info.n_programs > 0:
                 self._complete(op, t, t.last_done)
@@ -306,10 +360,11 @@ class EventHost:
         """One drain poll at once: runs of (tag, kind, start, stop) rows of `recs`, in seq order; the same
         as channel()/steps() per run, with one lock and one KernelStep conversion for the whole poll."""
         ks: list[Any] = [None]
+        kc: list[Any] = [None]
         with self._lock:
             for tag, kind, a, b in runs:
                 if kind == KIND_CHANNEL:
-                    self._channel(tag, recs[a:b])
+                    self._channel(tag, recs[a:b], (kc, recs, a, b))
                 else:
                     self._steps(tag, recs[a:b], (ks, recs, a, b))
 
@@ -340,7 +395,7 @@ class EventHost:
                     c["plugin_disabled"] += n
                     continue
                 if ks is None:
-                    ks = self._convert(recs, whole, sel)
+                    ks = self._convert(to_kernel_steps, recs, whole, sel)
                 try:
                     kept = min(max(int(s.lp.kernel_step_batch(parent, ks)), 0), n)
                 except Exception:
@@ -350,12 +405,12 @@ class EventHost:
                 c["pool_full"] += n - kept
 
     @staticmethod
-    def _convert(recs: np.ndarray, whole: Any, sel: Any) -> np.ndarray:
+    def _convert(fn: Any, recs: np.ndarray, whole: Any, sel: Any) -> np.ndarray:
         if whole is None:
-            return to_kernel_steps(recs if sel is None else take_rows(recs, sel))
+            return fn(recs if sel is None else take_rows(recs, sel))
         box, all_recs, a, b = whole              # batch(): convert the whole poll once, hand out views
         if box[0] is None:
-            box[0] = to_kernel_steps(all_recs)
+            box[0] = fn(all_recs)
         ks = box[0][a:b]
         return ks if sel is None else take_rows(ks, sel)
 
