@@ -176,16 +176,17 @@ class Communicator:
         return max(1, min(32, self._session.backend.channels_for(nbytes) // 2, nbytes >> 19, 64 // max(1, npeer)))
 
     def _p2p_layout(self, itemsize: int, shape: tuple) -> tuple:
-        """(pieces as (part, entry index), plan, programs per entry) for a group's (peer, is_send, count)s.
+        """(pieces as (part, entry index), plan, programs per entry) for a group's (peer, is_send, count,
+        offset)s.
         Cached per shape: pieces carry offsets, never views, so no user buffer is kept alive by the cache."""
-        npeer = sum(peer != self.rank for peer, _, _ in shape)
+        npeer = sum(peer != self.rank for peer, _, _, _ in shape)
         pieces, nprog = [], []
-        for ei, (peer, is_send, count) in enumerate(shape):
+        for ei, (peer, is_send, count, base) in enumerate(shape):
             k = 1 if peer == self.rank else self._split(count, itemsize, npeer)
             per = count if k == 1 else align_up(div_up(count, k), max(1, 16 // itemsize))  # 16-byte aligned
             los = range(0, count, per) if count else (0,)
             for lo in los:
-                pieces.append((P2pPart(peer, is_send, min(per, count - lo), len(pieces), lo), ei))
+                pieces.append((P2pPart(peer, is_send, min(per, count - lo), len(pieces), base + lo), ei))
             nprog.append(0 if peer == self.rank else len(los))
         total = sum(p.count for p, _ in pieces) * itemsize
         plan = plan_p2p([p for p, _ in pieces], self.world_size, self.rank, itemsize,
@@ -199,7 +200,7 @@ class Communicator:
             raise UsageError(f"a send/recv group mixes dtypes {sorted(dtypes)}; use one dtype per group")
         dtype = dtypes.pop()
         itemsize = entries[0][1].itemsize
-        key = (itemsize, tuple((p.peer, p.is_send, p.count) for p, _, _, _ in entries))
+        key = (itemsize, tuple((p.peer, p.is_send, p.count, p.offset) for p, _, _, _ in entries))
         hit = self._p2p_plans.get(key)
         if hit is None:
             if len(self._p2p_plans) >= 64:
@@ -213,8 +214,9 @@ class Communicator:
             for (p, buf, _, _), n in zip(entries, nprog):
                 tasks.append(TaskInfo(func="Send" if p.is_send else "Recv", peer=p.peer, is_send=p.is_send,
                                       count=p.count, datatype=DATATYPE_NAMES.get(dtype, dtype), root=0,
-                                      send_buff=_ptr(buf) if p.is_send else 0,
-                                      recv_buff=0 if p.is_send else _ptr(buf), n_programs=n))
+                                      send_buff=_ptr(buf) + p.offset * itemsize if p.is_send else 0,
+                                      recv_buff=0 if p.is_send else _ptr(buf) + p.offset * itemsize,
+                                      n_programs=n))
         self._tag += 1
         info = self._info("send_recv", tasks, entries[0][3], mask)
         work = Work(self._tag, plan, dtype, "sum", parts=parts, stream=self._stream)
@@ -227,10 +229,15 @@ class Communicator:
             raise UsageError(f"all_to_all input has {n} elements, not a multiple of world_size={self.world_size}")
         user_out, recv = self._out(out, flat, dtype, n)
         k = n // self.world_size
-        with self.group():
-            for j in range(self.world_size):
-                self.send(flat[j * k:(j + 1) * k], j, user_tag=user_tag)
-                self.recv(recv[j * k:(j + 1) * k], j, user_tag=user_tag)
+        self._check_open()
+        entries = []            # block j as an offset into x / out: no per-block views (a CuPy slice costs µs)
+        for j in range(self.world_size):
+            entries.append((P2pPart(j, True, k, 0, j * k), flat, dtype, user_tag))
+            entries.append((P2pPart(j, False, k, 0, j * k), recv, dtype, user_tag))
+        if self._group is not None:
+            self._group.extend(entries)
+        else:
+            self._run_p2p(entries)
         return user_out if user_out is not None else recv
 
     def barrier(self) -> None:
