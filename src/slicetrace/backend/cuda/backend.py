@@ -75,6 +75,9 @@ class CudaBackend(Backend):
                               settings.ring_slots, store, self._prefix, settings.timeout_s)
         self.kernels = Kernels(settings.cache_dir, arch_of(self.device))
         self._side = runtime.streamCreateWithFlags(1)     # non-blocking: clock probe and abort DMA
+        self._copy = runtime.streamCreateWithFlags(1)     # self copies of a group, beside its kernel
+        self._fork = runtime.eventCreateWithFlags(2)      # cudaEventDisableTiming
+        self._join = runtime.eventCreateWithFlags(2)
         self._cache: dict[tuple, tuple[Any, np.ndarray, Any, int, int]] = {}
         self._broken: str | None = None
         self._closed = False
@@ -133,8 +136,9 @@ class CudaBackend(Backend):
             raise UsageError(f"dtype={work.dtype!r} is not one of {DTYPES}")
         stream = self._stream(work.stream)
         plan = work.plan
+        joined = False
         if plan.func == "send_recv":
-            self._self_copies(work, stream)
+            joined = self._self_copies(work, stream, bool(plan.programs))
         elif not plan.programs:
             self._local(work, stream)
         if plan.programs:
@@ -146,6 +150,8 @@ class CudaBackend(Backend):
             from cupy.cuda import driver
             driver.launchKernel(fn if not work.stamp_steps else self._fn(work.dtype, True), nb, 1, 1, nt, 1, 1,
                                 0, stream, ctypes.addressof(params), 0)
+        if joined:
+            self._rt.streamWaitEvent(stream, self._join, 0)
         ev = _cupy().cuda.Event(block=False, disable_timing=True, interprocess=False)
         self._rt.eventRecord(ev.ptr, stream)
         self._last = Token(ev, work.tag)
@@ -244,18 +250,32 @@ class CudaBackend(Backend):
         a["chunk_elems"] = progs[0].params["chunk_elems"] if progs else 1
         return len(chans), MAX_THREADS
 
-    def _self_copies(self, work: Work, stream: int) -> None:
+    def _self_copies(self, work: Work, stream: int, beside: bool) -> bool:
+        """Sends to self matched with recvs from self, as device copies. Beside a kernel and from 1 MiB, on a
+        side stream forked from and joined back into `stream` (an all_to_all's own block then overlaps its
+        transfers, as NCCL's in-kernel self copy does); True when the caller must join after its launch."""
         item = work.plan.itemsize
         ends = [(p, buffers.pointer(b) + p.offset * item) for p, b in work.parts if p.peer == self.rank]
         sends = [(p.count, a) for p, a in ends if p.is_send]
         recvs = [(p.count, a) for p, a in ends if not p.is_send]
         if len(sends) != len(recvs):
             raise UsageError(f"{len(sends)} sends to self but {len(recvs)} recvs from self in one group")
-        for (ns, s), (nr, r) in zip(sends, recvs):
+        for (ns, _), (nr, _) in zip(sends, recvs):
             if ns != nr:
                 raise UsageError(f"send to self of {ns * item} bytes meets a recv of {nr * item}")
-            if ns:
-                self._rt.memcpyAsync(r, s, ns * item, 3, stream)
+        total = sum(n for n, _ in sends) * item
+        if not total:
+            return False
+        fork = beside and total >= 1 << 20
+        if fork:
+            self._rt.eventRecord(self._fork, stream)
+            self._rt.streamWaitEvent(self._copy, self._fork, 0)
+        for (n, s), (_, r) in zip(sends, recvs):
+            if n:
+                self._rt.memcpyAsync(r, s, n * item, 3, self._copy if fork else stream)
+        if fork:
+            self._rt.eventRecord(self._join, self._copy)
+        return fork
 
     def _local(self, work: Work, stream: int) -> None:
         """Single-rank collectives (no programs): the result is the input."""
@@ -348,7 +368,9 @@ class CudaBackend(Backend):
             pass
         self._cache.clear()
         self.mem.close()
-        try:
-            self._rt.streamDestroy(self._side)
-        except Exception:
-            pass
+        for destroy, h in ((self._rt.streamDestroy, self._side), (self._rt.streamDestroy, self._copy),
+                           (self._rt.eventDestroy, self._fork), (self._rt.eventDestroy, self._join)):
+            try:
+                destroy(h)
+            except Exception:
+                pass

@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""Where the host time of a profiled CUDA run goes: cProfile of rank 0 over the op loop and the flush (Python
+3.12+ profiles every thread, so the drain thread's polls are in it), all_reduce, example plugin, KernelStep on.
+
+    NCCL_NVLS_ENABLE=0 PYTHONPATH=src python3 scripts/gpu_host_profile.py [--sizes 64K,1M,16M] [--ops 200]
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import time
+
+import slicetrace
+
+
+def parse_size(s: str) -> int:
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(float(s[:-1]) * mult[s[-1].upper()]) if s[-1].upper() in mult else int(s)
+
+
+def body(comm, sizes: list[int], nops: int, top: int) -> str:
+    import cupy as cp
+    cp.cuda.Device(comm.rank % cp.cuda.runtime.getDeviceCount()).use()
+    out = io.StringIO()
+    for nbytes in sizes:
+        x = cp.ones(nbytes // 4, dtype=cp.float32)
+        y = cp.empty_like(x)
+        for prof in (False, True):
+            with comm.profiling(prof):
+                for _ in range(10):
+                    comm.all_reduce(x, y)
+                comm.synchronize()
+                comm.flush_profiler()
+                comm.barrier()
+                main_prof = cProfile.Profile()
+                t0 = time.perf_counter()
+                if prof:
+                    main_prof.enable()
+                for _ in range(nops):
+                    comm.all_reduce(x, y)
+                t1 = time.perf_counter()
+                comm.synchronize()
+                t2 = time.perf_counter()
+                comm.flush_profiler()
+                t3 = time.perf_counter()
+                main_prof.disable()
+            out.write(f"## {nbytes} B profiled={prof}: enqueue {(t1 - t0) / nops * 1e6:.1f} us/op, sync "
+                      f"{(t2 - t1) * 1e3:.2f} ms, flush {(t3 - t2) * 1e3:.2f} ms, total "
+                      f"{(t3 - t0) / nops * 1e6:.1f} us/op\n")
+            if prof and comm.rank == 0:
+                s = io.StringIO()
+                pstats.Stats(main_prof, stream=s).sort_stats("tottime").print_stats(top)
+                out.write("\n".join(s.getvalue().splitlines()[4:6 + top + 2]) + "\n")
+    return out.getvalue()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", default="64K,1M,16M")
+    p.add_argument("--ops", type=int, default=200)
+    p.add_argument("--top", type=int, default=14)
+    a = p.parse_args()
+    sizes = [parse_size(s) for s in a.sizes.split(",")]
+    res = slicetrace.launch(body, 2, sizes, a.ops, a.top, backend="cuda", profiler_plugin="example")
+    print(res[0])
+
+
+if __name__ == "__main__":
+    main()
