@@ -122,11 +122,14 @@ class Drain:
         with self._lock:
             ops = list(self._ops.values())
         reserved = self._hdr[:, 0]
-        for op in ops:
-            if not op.done and op.done_fn is not None and op.done_fn():
-                if op.snapshot is None:
-                    op.snapshot = reserved.copy()
-                op.done = True
+        for op in ops:          # in submit order: stop at the first op still running (one query, not one per
+            if op.done:         # op in flight; a later op found done on another stream is seen next poll)
+                continue
+            if op.done_fn is None or not op.done_fn():
+                break
+            if op.snapshot is None:
+                op.snapshot = reserved.copy()
+            op.done = True
         done_lows = [o.tag & 0xFFFFFFFF for o in ops if o.done]
         chs = np.flatnonzero(reserved > self.cursor)
         n = self._drain_many(chs, done_lows, force) if len(chs) else 0
