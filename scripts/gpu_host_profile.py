@@ -24,6 +24,25 @@ def body(comm, sizes: list[int], nops: int, top: int) -> str:
     import cupy as cp
     cp.cuda.Device(comm.rank % cp.cuda.runtime.getDeviceCount()).use()
     out = io.StringIO()
+    acc: dict[str, list[float]] = {}
+    sess = comm._session
+    pc = time.perf_counter
+
+    def timed(obj, name: str, label: str) -> None:     # wall time per call of obj.name, any thread
+        orig = getattr(obj, name)
+
+        def wrap(*a, **k):
+            t = pc()
+            try:
+                return orig(*a, **k)
+            finally:
+                v = acc.setdefault(label, [0.0, 0])
+                v[0] += pc() - t
+                v[1] += 1
+        setattr(obj, name, wrap)
+    for obj, name in ((sess.host, "begin_op"), (sess.backend, "submit"), (sess.drain, "op_submitted"),
+                      (sess.drain, "expect"), (sess, "_resync"), (sess.drain, "poll_once"), (sess.host, "batch")):
+        timed(obj, name, name)
     for nbytes in sizes:
         x = cp.ones(nbytes // 4, dtype=cp.float32)
         y = cp.empty_like(x)
@@ -35,8 +54,9 @@ def body(comm, sizes: list[int], nops: int, top: int) -> str:
                 comm.flush_profiler()
                 comm.barrier()
                 main_prof = cProfile.Profile()
+                acc.clear()
                 t0 = time.perf_counter()
-                if prof:
+                if prof and top:
                     main_prof.enable()
                 for _ in range(nops):
                     comm.all_reduce(x, y)
@@ -49,7 +69,9 @@ def body(comm, sizes: list[int], nops: int, top: int) -> str:
             out.write(f"## {nbytes} B profiled={prof}: enqueue {(t1 - t0) / nops * 1e6:.1f} us/op, sync "
                       f"{(t2 - t1) * 1e3:.2f} ms, flush {(t3 - t2) * 1e3:.2f} ms, total "
                       f"{(t3 - t0) / nops * 1e6:.1f} us/op\n")
-            if prof and comm.rank == 0:
+            out.write("   per op: " + ", ".join(f"{k} {v[0] / nops * 1e6:.1f} us ({v[1]} calls)"
+                                           for k, v in sorted(acc.items())) + "\n")
+            if prof and top and comm.rank == 0:
                 s = io.StringIO()
                 pstats.Stats(main_prof, stream=s).sort_stats("tottime").print_stats(top)
                 out.write("\n".join(s.getvalue().splitlines()[4:6 + top + 2]) + "\n")
@@ -60,7 +82,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="64K,1M,16M")
     p.add_argument("--ops", type=int, default=200)
-    p.add_argument("--top", type=int, default=14)
+    p.add_argument("--top", type=int, default=0, help="cProfile rows to print (0: no cProfile, timers only)")
     a = p.parse_args()
     sizes = [parse_size(s) for s in a.sizes.split(",")]
     res = slicetrace.launch(body, 2, sizes, a.ops, a.top, backend="cuda", profiler_plugin="example")
