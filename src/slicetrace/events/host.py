@@ -15,40 +15,29 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
 from ..stamps.layout import FLAG_SEND, KIND_CHANNEL, take_rows
-from .abi import (CollApiDescr, CollDescr, CommInfo, EventType, GroupApiDescr, GroupDescr,
-                  KernelChDescr, KernelLaunchDescr, P2pApiDescr, P2pDescr, ProxyCtrlDescr, State, StateArgs,
-                  effective_mask)
+from .abi import CommInfo, EventType, ProxyCtrlDescr, State, StateArgs, effective_mask
+from .emit import _B, _DELIVERED, Emitter
 from .ops import OFF as _OFF
 from .ops import OpInfo, TaskInfo, _Op, _Slot, _Task, to_kernel_ch, to_kernel_steps
+from .plugin import LoadedPlugin
 
 __all__ = ["EventHost", "OpInfo", "TaskInfo", "DROP_REASONS"]
-from .plugin import LoadedPlugin
 
 log = logging.getLogger("slicetrace")
 T = EventType
 DROP_REASONS = ("overrun", "unpaired", "no_parent", "parent_dropped", "pool_full", "consumer_behind",
                 "sampled_out", "plugin_error", "plugin_disabled", "masked_out", "declined", "missing_kernel_ch",
                 "plugin_init_failed")
-_B = SimpleNamespace(**{t.name: int(t) for t in T})   # bits as ints: IntFlag arithmetic runs Python code
-_GA, _CA, _PA, _KL = _B.GROUP_API, _B.COLL_API, _B.P2P_API, _B.KERNEL_LAUNCH
 _KCH, _KS = _B.KERNEL_CH, _B.KERNEL_STEP
-_PARENTS = _GA | _CA | _PA | _KL | _B.GROUP      # the types above Coll/P2p
-_DELIVERED = {t: f"delivered_{t.name.lower()}" for t in T}
-# By descriptor class: hashing an IntFlag member runs Python code.
-_DELIVERED_CLS = {c: _DELIVERED[t] for c, t in (
-    (GroupApiDescr, T.GROUP_API), (CollApiDescr, T.COLL_API), (P2pApiDescr, T.P2P_API),
-    (KernelLaunchDescr, T.KERNEL_LAUNCH), (GroupDescr, T.GROUP), (CollDescr, T.COLL), (P2pDescr, T.P2P),
-    (KernelChDescr, T.KERNEL_CH), (ProxyCtrlDescr, T.PROXY_CTRL))}
 _DKCH = _DELIVERED[T.KERNEL_CH]
 
 
-class EventHost:
+class EventHost(Emitter):
     def __init__(self, plugins: list[LoadedPlugin], comm: CommInfo, max_failures: int = 16):
         self.comm = comm
         self.max_failures = max(1, int(max_failures))
@@ -88,74 +77,6 @@ class EventHost:
             m |= self._pmask(s)
         return m
 
-    # ---- guarded plugin calls ----
-    def _fail(self, s: _Slot, what: str, n: int) -> None:
-        s.failures += 1
-        self._counts["plugin_error"] += n
-        if s.failures == 1:
-            log.exception("slicetrace: profiler plugin %r raised in %s (logged once; %d failures disable it)",
-                          s.lp.name, what, self.max_failures)
-        if s.failures >= self.max_failures and not s.disabled:
-            s.disabled = True
-            log.warning("slicetrace: profiler plugin %r disabled after %d exceptions", s.lp.name, s.failures)
-
-    def _admit(self, s: _Slot, parent: Any) -> bool:
-        """A child of a dropped parent, or for a disabled plugin, is dropped and counted."""
-        if parent is None:
-            self._counts["parent_dropped"] += 1
-            return False
-        if s.disabled:
-            self._counts["plugin_disabled"] += 1
-            return False
-        return True
-
-    def _start(self, i: int, descr: Any, parent: Any) -> Any:
-        """Start one event for plugin i under `parent` (a handle, None = dropped parent, or _OFF = none)."""
-        s = self._slots[i]
-        if not self._admit(s, parent):
-            return None
-        descr.parent = None if parent is _OFF else parent
-        try:
-            h = s.lp.start_event(descr)
-        except Exception:
-            self._fail(s, "start_event", 1)
-            return None
-        c = self._counts
-        if h is None:
-            c["declined"] += 1
-        else:
-            key = _DELIVERED_CLS.get(type(descr)) or _DELIVERED[descr.type]
-            c[key] = c.get(key, 0) + 1
-        return h
-
-    def _skip(self, i: int, key: str, parent: Any) -> Any:
-        """_start for a type outside the plugin's live mask when it declared `unrecorded_handle`: the plugin
-        promised start_event would return that handle without side effects, so the call and its descriptor
-        are skipped; the accounting is _start's."""
-        s = self._slots[i]
-        if not self._admit(s, parent):
-            return None
-        self._counts[key] = self._counts.get(key, 0) + 1
-        return s.lp.passthrough
-
-    def _stop(self, i: int, h: Any, ts_ns: int) -> None:
-        s = self._slots[i]
-        if h is None or h is _OFF or s.disabled or h is s.lp.passthrough:   # stop of passthrough: a no-op
-            return
-        try:
-            s.lp.stop_event(h, ts_ns)
-        except Exception:
-            self._fail(s, "stop_event", 1)
-
-    def _state(self, i: int, h: Any, state: State, args: StateArgs) -> None:
-        s = self._slots[i]
-        if h is None or h is _OFF or s.disabled:
-            return
-        try:
-            s.lp.record_event_state(h, state, args)
-        except Exception:
-            self._fail(s, "record_event_state", 1)
-
     # ---- ops ----
     def begin_op(self, info: OpInfo) -> None:
         with self._lock:
@@ -174,115 +95,6 @@ class EventHost:
                 if pm:
                     self._emit_begin(i, op, pm if self._slots[i].lp.passthrough is None else pm & lives[i])
             self._ops[info.tag] = op
-
-    def _emit_begin(self, i: int, op: _Op, real: int) -> None:
-        """Starts of plugin i; types in pm but not in `real` take the plugin's passthrough handle (_skip)."""
-        pm, info, rank, ts = op.pmasks[i], op.info, self.comm.rank, op.info.ts_ns
-        pt = self._slots[i].lp.passthrough
-        if pt is not None and not real & _PARENTS:
-            self._emit_fast(i, op, pm, real, pt)
-            return
-        ga = _OFF
-        if pm & _GA:
-            ga = (self._start(i, GroupApiDescr(T.GROUP_API, None, rank, ts, group_depth=info.group_depth), _OFF)
-                  if real & _GA else self._skip(i, "delivered_group_api", _OFF))
-        apis: list[Any] = []
-        for t in op.tasks:
-            api = _OFF
-            ti = t.info
-            if t.p2p and pm & _PA:
-                api = (self._start(i, P2pApiDescr(T.P2P_API, None, rank, ts, func=ti.func, count=ti.count,
-                                                  datatype=ti.datatype, stream=info.stream,
-                                                  user_tag=info.user_tag), ga)
-                       if real & _PA else self._skip(i, "delivered_p2p_api", ga))
-            elif not t.p2p and pm & _CA:
-                api = (self._start(i, CollApiDescr(T.COLL_API, None, rank, ts, func=ti.func, count=ti.count,
-                                                   datatype=ti.datatype, root=ti.root, stream=info.stream,
-                                                   user_tag=info.user_tag), ga)
-                       if real & _CA else self._skip(i, "delivered_coll_api", ga))
-            apis.append(api)
-            self._stop(i, api, ts)        # API events stop once enqueued (NCCL semantics)
-        if pm & _KL:
-            kl = (self._start(i, KernelLaunchDescr(T.KERNEL_LAUNCH, None, rank, ts, stream=info.stream), ga)
-                  if real & _KL else self._skip(i, "delivered_kernel_launch", ga))
-            self._stop(i, kl, ts)
-        grp = _OFF
-        if pm & _B.GROUP:
-            grp = (self._start(i, GroupDescr(T.GROUP, None, rank, ts), _OFF)
-                   if real & _B.GROUP else self._skip(i, "delivered_group", _OFF))
-        op.groups[i] = grp
-        old_parenting = self._slots[i].lp.version <= 4
-        for t, api in zip(op.tasks, apis):
-            ti = t.info
-            parent = grp if old_parenting else api
-            if t.p2p and pm & _B.P2P:
-                if not real & _B.P2P:
-                    t.handles[i] = self._skip(i, "delivered_p2p", parent)
-                    continue
-                d: Any = P2pDescr(T.P2P, None, rank, ts, func=ti.func, buff=ti.send_buff or ti.recv_buff,
-                                  datatype=ti.datatype, count=ti.count, peer=ti.peer, n_channels=ti.n_programs,
-                                  parent_group=None if grp is _OFF else grp, user_tag=info.user_tag,
-                                  comm_hash=self.comm.comm_hash)
-            elif not t.p2p and pm & _B.COLL:
-                if not real & _B.COLL:
-                    t.handles[i] = self._skip(i, "delivered_coll", parent)
-                    continue
-                d = CollDescr(T.COLL, None, rank, ts, seq_number=info.seq_number, func=ti.func,
-                              send_buff=ti.send_buff, recv_buff=ti.recv_buff, count=ti.count, root=ti.root,
-                              datatype=ti.datatype, n_channels=ti.n_programs, n_warps=info.n_warps,
-                              parent_group=None if grp is _OFF else grp, user_tag=info.user_tag,
-                              comm_hash=self.comm.comm_hash)
-            else:
-                continue
-            t.handles[i] = self._start(i, d, parent)
-        if ga is not _OFF:
-            self._stop(i, ga, ts)
-
-    def _emit_fast(self, i: int, op: _Op, pm: int, real: int, pt: Any) -> None:
-        """_emit_begin when every API/Group/KernelLaunch parent is skipped (the example plugin's default): the
-        same counts and handles, with the skips counted in bulk."""
-        c, info = self._counts, op.info
-        key = (pm, real, tuple(t.p2p for t in op.tasks))
-        adds = self._skip_counts.get(key)
-        if adds is None:
-            n_p2p = sum(key[2])
-            n_coll = len(key[2]) - n_p2p
-            adds = self._skip_counts[key] = [(k, n) for k, n in (
-                ("delivered_group_api", 1 if pm & _GA else 0), ("delivered_coll_api", n_coll if pm & _CA else 0),
-                ("delivered_p2p_api", n_p2p if pm & _PA else 0), ("delivered_kernel_launch", 1 if pm & _KL else 0),
-                ("delivered_group", 1 if pm & _B.GROUP else 0),
-                ("delivered_coll", n_coll if pm & _B.COLL and not real & _B.COLL else 0),
-                ("delivered_p2p", n_p2p if pm & _B.P2P and not real & _B.P2P else 0)) if n]
-        for k, n in adds:
-            c[k] = c.get(k, 0) + n
-        grp = pt if pm & _B.GROUP else _OFF
-        op.groups[i] = grp
-        rank, ts, comm_hash = self.comm.rank, info.ts_ns, self.comm.comm_hash
-        parent_group = None if grp is _OFF else grp
-        for t in op.tasks:
-            ti = t.info
-            if t.p2p:
-                if not pm & _B.P2P:
-                    continue
-                parent = pt if pm & _PA else _OFF
-                if not real & _B.P2P:
-                    t.handles[i] = pt                                     # what _skip hands out
-                    continue
-                d: Any = P2pDescr(T.P2P, None, rank, ts, func=ti.func, buff=ti.send_buff or ti.recv_buff,
-                                  datatype=ti.datatype, count=ti.count, peer=ti.peer, n_channels=ti.n_programs,
-                                  parent_group=parent_group, user_tag=info.user_tag, comm_hash=comm_hash)
-            else:
-                if not pm & _B.COLL:
-                    continue
-                parent = pt if pm & _CA else _OFF
-                if not real & _B.COLL:
-                    t.handles[i] = pt
-                    continue
-                d = CollDescr(T.COLL, None, rank, ts, seq_number=info.seq_number, func=ti.func,
-                              send_buff=ti.send_buff, recv_buff=ti.recv_buff, count=ti.count, root=ti.root,
-                              datatype=ti.datatype, n_channels=ti.n_programs, n_warps=info.n_warps,
-                              parent_group=parent_group, user_tag=info.user_tag, comm_hash=comm_hash)
-            t.handles[i] = self._start(i, d, parent)
 
     def _route(self, op: _Op, recs: np.ndarray) -> list[tuple[_Task, Any]]:
         """(task, row selection or None = all rows) per task that has records."""
