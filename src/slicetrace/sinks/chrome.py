@@ -29,6 +29,7 @@ from ..config import DEFAULT_POOL_SIZES, Settings
 from ..events.abi import (KERNEL_CH_DTYPE, KERNEL_STEP_DTYPE, ActivationMask, CollApiDescr, CollDescr, CommInfo, EventType,
                           GroupApiDescr, GroupDescr, KernelChDescr, KernelLaunchDescr, KernelStepDescr, P2pApiDescr,
                           P2pDescr, ProxyCtrlDescr, State, StateArgs)
+from .chrome_text import CH_LINES, STEP_LINE, metadata, pair, us
 
 T = EventType
 DEFAULT_MASK = int(T.COLL | T.P2P | T.KERNEL_CH | T.KERNEL_STEP)      # 65606
@@ -43,23 +44,6 @@ _BY_CLASS = {cls: (POOL_OF[t], int(t)) for cls, t in (
 _CHUNK = 65536                  # KernelStep rows per column chunk
 _SLOW_ROWS = 4096
 _FORMAT_ROWS = 16384
-_CH_LINES = ('{"name":"KernelCh","cat":"GPU","id":%d,"pid":%d,"tid":1,"ph":"b","ts":%d.%03d,'
-             '"args":{"Channel":%d,"StartGpuClk":%d,"StopGpuClk":%d,"ParentId":%d}},\n'
-             '{"name":"KernelCh","cat":"GPU","id":%d,"pid":%d,"tid":1,"ph":"e","ts":%d.%03d},\n')
-_STEP_LINE = ('{"name":"KernelStep","cat":"GPU","ph":"X","pid":%d,"tid":%d,"ts":%d.%03d,"dur":%d.%03d,'
-              '"args":{"Channel":%d,"IsSend":%d,"Peer":%d,"Step":%d,"Size":%d,"WaitGpuClk":%d,"StartGpuClk":%d,'
-              '"StopGpuClk":%d,"SeqNum":%d,"ParentId":%d}},\n')
-
-
-def _us(ns: int) -> str:
-    q, r = divmod(int(ns), 1000)
-    return f"{q}.{r:03d}" if q >= 0 else f"{ns / 1000:.3f}"
-
-
-def step_tid(channel: int, is_send: int, peer: int) -> int:
-    return 1_000_000 + channel * 131072 + (1 if is_send else 0) * 65536 + (peer & 0xFFFF)
-
-
 class _Ev:
     __slots__ = ("ctx", "type", "pool", "id", "descr", "gpu_stop", "stopped")
 
@@ -155,7 +139,7 @@ class _Ctx:
                                 ids, rank, t1 // 1000, t1 % 1000])
         for a in range(0, n, _FORMAT_ROWS):
             part = cols[a:a + _FORMAT_ROWS]
-            self.write((_CH_LINES * len(part)) % tuple(part.ravel().tolist()))
+            self.write((CH_LINES * len(part)) % tuple(part.ravel().tolist()))
 
     def _write_steps(self, s: np.ndarray, pid: np.ndarray, seq: np.ndarray) -> None:
         n = len(s)
@@ -171,7 +155,7 @@ class _Ctx:
             s["ready_clk"].astype(np.int64), s["done_clk"].astype(np.int64), seq, pid])
         for a in range(0, n, _FORMAT_ROWS):
             part = cols[a:a + _FORMAT_ROWS]
-            self.write((_STEP_LINE * len(part)) % tuple(part.ravel().tolist()))
+            self.write((STEP_LINE * len(part)) % tuple(part.ravel().tolist()))
 
     def add_slow(self, row: tuple, parent: Any) -> None:
         self.slow.append(row)
@@ -258,41 +242,38 @@ def _parent_ids(parent: Any) -> tuple[int, int]:
     return -1, -1
 
 
-def _pair(ev: _Ev, name: str, cat: str, ts0: int, ts1: int, args: dict) -> list[str]:
-    rank, nm = ev.ctx.rank, json.dumps(name)
-    head = f'{{"name":{nm},"cat":"{cat}","id":{ev.id},"pid":{rank},"tid":1,'
-    return [f'{head}"ph":"b","ts":{_us(ts0)},"args":{json.dumps(args, default=str)}}},\n',
-            f'{head}"ph":"e","ts":{_us(ts1)}}},\n']
-
-
 def _records(ev: _Ev, ts1: int) -> list[str]:
     d, t, ctx = ev.descr, ev.type, ev.ctx
     pid, _ = _parent_ids(d.parent)
+
+    def p(name: str, cat: str, args: dict) -> list[str]:
+        return pair(ev.id, ctx.rank, name, cat, d.ts_ns, ts1, args)
+
     if t == T.COLL:
-        return _pair(ev, d.func, "COLL", d.ts_ns, ts1, {
+        return p(d.func, "COLL", {
             "SeqNum": d.seq_number, "CommHash": ctx.comm.comm_hash, "Rank": ctx.rank, "Count": d.count,
             "Datatype": d.datatype, "Algorithm": d.algo, "Protocol": d.proto, "nChannels": d.n_channels,
             "ParentId": pid})
     if t == T.P2P:
-        return _pair(ev, d.func, "P2P", d.ts_ns, ts1, {
+        return p(d.func, "P2P", {
             "CommHash": ctx.comm.comm_hash, "Rank": ctx.rank, "Peer": d.peer, "Count": d.count,
             "Datatype": d.datatype, "nChannels": d.n_channels, "ParentId": pid})
     if t == T.KERNEL_CH:
-        return _pair(ev, "KernelCh", "GPU", d.ts_ns, ts1, {
+        return p("KernelCh", "GPU", {
             "Channel": d.channel_id, "StartGpuClk": d.p_timer, "StopGpuClk": ev.gpu_stop, "ParentId": pid})
     if t == T.GROUP_API:
-        return _pair(ev, "Group API", "GROUP_API", d.ts_ns, ts1, {"groupApiId": ev.id, "groupDepth": d.group_depth})
+        return p("Group API", "GROUP_API", {"groupApiId": ev.id, "groupDepth": d.group_depth})
     if t == T.COLL_API:
-        return _pair(ev, d.func, "COLL_API", d.ts_ns, ts1, {
+        return p(d.func, "COLL_API", {
             "count": d.count, "datatype": d.datatype, "root": d.root, "GraphCaptured": d.graph_captured,
             "Stream": d.stream})
     if t == T.P2P_API:
-        return _pair(ev, d.func, "P2P_API", d.ts_ns, ts1, {
+        return p(d.func, "P2P_API", {
             "count": d.count, "datatype": d.datatype, "GraphCaptured": d.graph_captured, "Stream": d.stream})
     if t == T.KERNEL_LAUNCH:
-        return _pair(ev, "KernelLaunch", "KERNEL_LAUNCH", d.ts_ns, ts1, {"groupId": pid, "Stream": d.stream})
+        return p("KernelLaunch", "KERNEL_LAUNCH", {"groupId": pid, "Stream": d.stream})
     if t == T.GROUP:
-        return _pair(ev, "Group", "GROUP", d.ts_ns, ts1, {"groupId": ev.id})
+        return p("Group", "GROUP", {"groupId": ev.id})
     return []
 
 
@@ -334,7 +315,7 @@ class ChromePlugin:
         elif handle.pool == "PROXY_CTRL":
             name = State(state).name.replace("PROXY_CTRL_", "").title()
             handle.ctx.proxy.append(f'{{"name":"{name}","cat":"PROXY","ph":"i","s":"t","pid":{handle.ctx.rank},'
-                                    f'"tid":2,"ts":{_us(args.ts_ns)}}},\n')
+                                    f'"tid":2,"ts":{us(args.ts_ns)}}},\n')
 
     def stop_event(self, handle: _Ev, ts_ns: int) -> None:
         pool = handle.pool
@@ -394,24 +375,8 @@ class ChromePlugin:
         if ctx.path is None:
             return
         ctx.write("".join(ctx.proxy))
-        ctx.write(_metadata(ctx))
+        ctx.write(metadata(ctx.rank, ctx.tids))
         args = {**ctx.host_counters, **self.counters(ctx)}
         ctx.write(json.dumps({"name": "slicetrace_counters", "ph": "M", "pid": ctx.rank, "tid": 0, "args": args},
                              separators=(",", ":")) + "\n]\n")
         ctx.file.close()
-
-
-def _metadata(ctx: _Ctx) -> str:
-    r = ctx.rank
-
-    def meta(name: str, tid: int, value: Any) -> str:
-        return json.dumps({"name": name, "ph": "M", "pid": r, "tid": tid, "args": {"name": value}},
-                          separators=(",", ":")) + ",\n"
-    out = [meta("process_name", 0, f"rank {r}"),
-           json.dumps({"name": "process_sort_index", "ph": "M", "pid": r, "tid": 0, "args": {"sort_index": r}},
-                      separators=(",", ":")) + ",\n",
-           meta("thread_name", 1, "ops"), meta("thread_name", 2, "proxy")]
-    for ch, snd, peer in sorted(ctx.tids):
-        label = f"ch {ch} send->{peer}" if snd else f"ch {ch} recv<-{peer}"
-        out.append(meta("thread_name", step_tid(ch, snd, peer), label))
-    return "".join(out)
