@@ -175,31 +175,18 @@ class LoadedPlugin:
             return 0
         if self.has_batch:
             return int(self.plugin.kernel_step_batch(self.ctx, parent, recs))
-        start, state, stop = self.plugin.start_event, self.plugin.record_event_state, self.plugin.stop_event
-        ctx, rank, kept = self.ctx, self.rank, 0
-        for ch, snd, peer, step, size, wc, rc, dc, wn, rn, dn in recs.tolist():
-            h = start(ctx, KernelStepDescr(_KS, parent, rank, wn, ch, bool(snd), peer, step, size, wc, rc, dc))
-            if h is None:
-                continue
-            kept += 1
-            state(h, _KS_STOP, StateArgs(p_timer=dc, ts_ns=dn))
-            stop(h, dn)
-        return kept
+        ctx, rank, p = self.ctx, self.rank, self.plugin
+        return _one_by_one(lambda d: p.start_event(ctx, d), p.record_event_state, p.stop_event, _KS_STOP, (
+            (KernelStepDescr(_KS, parent, rank, wn, ch, bool(snd), peer, step, size, wc, rc, dc), dc, dn)
+            for ch, snd, peer, step, size, wc, rc, dc, wn, rn, dn in recs.tolist()))
 
     def kernel_ch_batch(self, parent: Any, recs: np.ndarray) -> int:
         """Deliver whole KernelCh events (abi.KERNEL_CH_DTYPE) under `parent`; returns how many were kept."""
         if self.has_ch_batch:
             return int(self.plugin.kernel_ch_batch(self.ctx, parent, recs))
-        start, state, stop = self.start_event, self.record_event_state, self.plugin.stop_event
-        rank, kept = self.rank, 0
-        for ch, _snd, _peer, c0, c1, t0, t1 in recs.tolist():
-            h = start(KernelChDescr(_KCH, parent, rank, t0, ch, c0))
-            if h is None:
-                continue
-            kept += 1
-            state(h, _KCH_STOP, StateArgs(p_timer=c1, ts_ns=t1))
-            stop(h, t1)
-        return kept
+        rank = self.rank
+        return _one_by_one(self.start_event, self.record_event_state, self.plugin.stop_event, _KCH_STOP, (
+            (KernelChDescr(_KCH, parent, rank, t0, ch, c0), c1, t1) for ch, _, _, c0, c1, t0, t1 in recs.tolist()))
 
     def report_counters(self, counters: dict[str, int]) -> None:
         fn = getattr(self.plugin, "report_counters", None)
@@ -210,6 +197,20 @@ class LoadedPlugin:
         if self.initialized:
             self.initialized = False
             self.plugin.finalize(self.ctx)
+
+
+def _one_by_one(start: Any, state: Any, stop: Any, stop_state: State, events: Any) -> int:
+    """The reference semantics of a batch call: per (descriptor, stop clock, stop ns), start_event, the *Stop
+    state, stop_event; returns how many the plugin started."""
+    kept = 0
+    for descr, p_timer, ts in events:
+        h = start(descr)
+        if h is None:
+            continue
+        kept += 1
+        state(h, stop_state, StateArgs(p_timer=p_timer, ts_ns=ts))
+        stop(h, ts)
+    return kept
 
 
 def _to_v1(d: Descriptor) -> Descriptor:
