@@ -72,14 +72,17 @@ class Communicator:
             raise UsageError(f"{what} has {n} elements, this operation needs {count}")
         return out, flat
 
-    def _info(self, func: str, tasks: list, user_tag: int, mask: int) -> OpInfo | None:
+    def _info(self, func: str, tasks: list, user_tag: int, mask: int, seq: int) -> OpInfo | None:
         if not mask:
             return None
-        self._seq[func] = self._seq.get(func, -1) + 1
-        return OpInfo(tag=self._tag, func=func, tasks=tasks, seq_number=self._seq[func], user_tag=user_tag,
-                      mask=mask, ts_ns=time.monotonic_ns(),
-                      n_warps=self.settings.nthreads // 32 if self.backend_name == "cuda" else 1,
+        return OpInfo(tag=self._tag, func=func, tasks=tasks, seq_number=seq, user_tag=user_tag,
+                      mask=mask, ts_ns=time.monotonic_ns(), n_warps=self._session.backend.n_warps,
                       stream=None, group_depth=max(1, self._group_depth))
+
+    def _next_seq(self, func: str) -> int:
+        """Per-function op counter of this communicator; every op counts, profiled or not (NCCL's seqNumber)."""
+        seq = self._seq[func] = self._seq.get(func, -1) + 1
+        return seq
 
     def _collective(self, func: str, x: Any, out: Any, out_count_of, op: str = "sum", root: int = 0,
                     user_tag: int = 0, stream: Any = None) -> Any:
@@ -96,12 +99,13 @@ class Communicator:
         plan = plan_collective(func, self.world_size, self.rank, count, itemsize, root,
                                self._session.backend.channels_for(count * itemsize), self.settings.step_bytes)
         mask = self._session.op_mask()
+        seq = self._next_seq(func)
         info = None
         if mask:                    # events only when a plugin listens: nothing to build otherwise
             task = TaskInfo(func=FUNC_NAMES[func], peer=-1, is_send=False, count=count,
                             datatype=DATATYPE_NAMES.get(dtype, dtype), root=root, send_buff=_ptr(send),
                             recv_buff=_ptr(recv), n_programs=len(plan.programs))
-            info = self._info(func, [task], user_tag, mask)
+            info = self._info(func, [task], user_tag, mask, seq)
         work = Work(self._tag, plan, dtype, redop, sendbuf=send, recvbuf=recv, stream=stream)
         self._session.run(work, info)
         if user_out is not None:
@@ -218,7 +222,7 @@ class Communicator:
                                       recv_buff=0 if p.is_send else _ptr(buf) + p.offset * itemsize,
                                       n_programs=n))
         self._tag += 1
-        info = self._info("send_recv", tasks, entries[0][3], mask)
+        info = self._info("send_recv", tasks, entries[0][3], mask, self._next_seq("send_recv"))
         work = Work(self._tag, plan, dtype, "sum", parts=parts, stream=self._stream)
         self._session.run(work, info)
 

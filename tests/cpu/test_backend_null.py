@@ -6,6 +6,7 @@ import pytest
 
 from slicetrace.backend.base import Work, create
 from slicetrace.config import Settings
+from slicetrace.events.abi import CollDescr
 from slicetrace.plan.schedule import P2pPart, plan_collective, plan_p2p
 from slicetrace.plan.traffic import expected_slices
 from slicetrace.rendezvous import DictStore
@@ -58,3 +59,46 @@ def test_sampling_and_off():
     be.submit(Work(2, plan, "float32", "sum", x, x.copy(), stamp_steps=True, sample_rate=4))
     n = int(be.rings.header["reserved"].sum())
     assert 0 < n and n + int(be.rings.header["sampled_out"].sum()) == len(expected_slices(plan))
+
+
+class SeqRecorder:
+    """A plugin that records the SeqNum of every Coll it is shown."""
+    name, version = "seqrec", 8
+    seen: list[int] = []
+
+    def __init__(self, settings=None):
+        pass
+
+    def init(self, comm, mask):
+        mask.value = 2          # Coll
+        return None
+
+    def start_event(self, ctx, descr):
+        if isinstance(descr, CollDescr):            # parents (API, Group) come too, without a SeqNum
+            SeqRecorder.seen.append(descr.seq_number)
+        return object()
+
+    def stop_event(self, handle, ts_ns):
+        pass
+
+    def record_event_state(self, handle, state, args):
+        pass
+
+    def finalize(self, ctx):
+        pass
+
+
+def test_coll_seq_number_counts_unprofiled_ops_too():
+    """NCCL's seqNumber counts every collective of a communicator; pausing the profiler must not shift it."""
+    import slicetrace
+    SeqRecorder.seen = []
+    comm = slicetrace.init(backend="null", profiler_plugin="tests.cpu.test_backend_null:SeqRecorder")
+    x = np.ones(8, np.float32)
+    comm.all_reduce(x)
+    with comm.profiling(False):
+        comm.all_reduce(x)
+        comm.all_reduce(x)
+    comm.all_reduce(x)
+    comm.all_gather(x)
+    comm.close()
+    assert SeqRecorder.seen == [0, 3, 0]

@@ -258,3 +258,27 @@ def test_kernel_step_args_carry_the_device_clocks(tmp_path):
     assert got == [(int(w), int(rd), int(d), int(s), 4096, 3)
                    for w, rd, d, s in zip(r["wait"], r["ready"], r["done"], r["step"])]
     assert np.allclose([x["dur"] for x in steps], 0.05)
+
+
+@pytest.mark.parametrize("mask", [DEFAULT_MASK, int(T.COLL | T.KERNEL_STEP), int(T.P2P | T.KERNEL_CH),
+                                  int(T.GROUP | T.COLL | T.P2P)])
+def test_begin_fast_path_matches_the_generic_one(tmp_path, monkeypatch, mask):
+    """The bulk-skip begin path (no API/Group/KernelLaunch recorded) gives the same trace and counters as the
+    generic one, which it replaces only when every skipped type would take the passthrough handle."""
+    import slicetrace.events.emit as emit
+    out = []
+    for generic in (False, True):
+        if generic:
+            monkeypatch.setattr(emit, "_PARENTS", -1)     # no live mask passes: always the generic path
+        _, host, path = make(tmp_path / str(generic), profile_event_mask=mask)
+        src = SyntheticSource(nranks=4, rank=1, nchannels=2, loops=2, funcs=("all_reduce", "send_recv"), seed=11)
+        for _ in range(6):
+            op = src.next_op()
+            op.info.mask = host.op_mask()
+            host.begin_op(op.info)
+            deliver(host, op, batch=5)
+        counters = host.counters()
+        host.close()
+        with open(path) as f:
+            out.append((f.read(), counters))
+    assert out[0] == out[1]

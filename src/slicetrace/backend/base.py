@@ -46,6 +46,7 @@ class Work:
 class Backend(abc.ABC):
     name: str = "?"
     synchronous: bool = False   # True: submit() runs the work to the end (the session then drains inline)
+    n_warps: int = 1            # warps per channel program, as profiler descriptors report it (Coll nWarps)
 
     def __init__(self, settings: Settings, rank: int, world: int, store: Store, job: str):
         self.settings, self.rank, self.world, self.store, self.job = settings, rank, world, store, job

@@ -69,6 +69,7 @@ class CudaBackend(Backend):
         self.device = cur if cur != 0 else rank % ndev    # a device the caller chose is kept
         cupy.cuda.Device(self.device).use()
         self.max_channels = settings.nchannels or (64 if world <= 4 else 32)
+        self.n_warps = settings.nthreads // 32
         gen = _GEN[job] = _GEN.get(job, 0) + 1
         self._prefix = f"st/{job}/cuda{gen}"
         self.mem = CommMemory(rank, world, self.max_channels, settings.buffsize, self.max_channels,
