@@ -55,15 +55,22 @@ def test_mask_defaults_to_coll_p2p_kernelch_kernelstep():
     assert m.value == 6
 
 
-@pytest.fixture
-def synthetic_trace(tmp_path):
-    p, host, path = make(tmp_path)
-    src = SyntheticSource(nranks=4, rank=1, nchannels=2, loops=2, funcs=("all_reduce", "send_recv"), seed=3)
-    ops = [src.next_op() for _ in range(6)]
+def run_synthetic(host, nops: int, nchannels: int, seed: int, batch: int) -> list:
+    """Synthetic all_reduce and send_recv ops, begun and delivered in batches through `host`."""
+    src = SyntheticSource(nranks=4, rank=1, nchannels=nchannels, loops=2, funcs=("all_reduce", "send_recv"),
+                          seed=seed)
+    ops = [src.next_op() for _ in range(nops)]
     for op in ops:
         op.info.mask = host.op_mask()
         host.begin_op(op.info)
-        deliver(host, op, batch=7)
+        deliver(host, op, batch=batch)
+    return ops
+
+
+@pytest.fixture
+def synthetic_trace(tmp_path):
+    p, host, path = make(tmp_path)
+    ops = run_synthetic(host, 6, 2, 3, 7)
     host.drop("overrun", 3)
     host.close()
     return path, load(path), ops
@@ -115,12 +122,7 @@ def test_kernel_ch_batch_writes_what_the_per_event_path_writes(tmp_path, pool):
     out = []
     for slow in (False, True):
         _, host, path = make(tmp_path / str(slow), slow=slow, pool_sizes={"KERNEL_CH": pool})
-        src = SyntheticSource(nranks=4, rank=1, nchannels=3, loops=2, funcs=("all_reduce", "send_recv"), seed=5)
-        for _ in range(5):
-            op = src.next_op()
-            op.info.mask = host.op_mask()
-            host.begin_op(op.info)
-            deliver(host, op, batch=4)
+        run_synthetic(host, 5, 3, 5, 4)
         host.close()
         assert check_trace(path) == []
         data = load(path)
@@ -271,12 +273,7 @@ def test_begin_fast_path_matches_the_generic_one(tmp_path, monkeypatch, mask):
         if generic:
             monkeypatch.setattr(emit, "_PARENTS", -1)     # no live mask passes: always the generic path
         _, host, path = make(tmp_path / str(generic), profile_event_mask=mask)
-        src = SyntheticSource(nranks=4, rank=1, nchannels=2, loops=2, funcs=("all_reduce", "send_recv"), seed=11)
-        for _ in range(6):
-            op = src.next_op()
-            op.info.mask = host.op_mask()
-            host.begin_op(op.info)
-            deliver(host, op, batch=5)
+        run_synthetic(host, 6, 2, 11, 5)
         counters = host.counters()
         host.close()
         with open(path) as f:
