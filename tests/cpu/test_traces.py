@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 import glob
+import time
 from collections import Counter
 
 import numpy as np
 import pytest
 
 import slicetrace
-from slicetrace.analyze.trace import check_trace, kernel_steps, load_traces
+from slicetrace.analyze.report import stragglers
+from slicetrace.analyze.trace import check_trace, kernel_chs, kernel_steps, load_traces
 from slicetrace.plan.schedule import P2pPart, plan_collective, plan_p2p
 from slicetrace.plan.traffic import expected_slices
 
@@ -106,3 +108,21 @@ def test_a_tiny_ring_overruns_with_exact_counts_and_a_valid_trace(tmp_path):
         assert accounted == written, (rank, c)
     for f in files:
         assert check_trace(f) == []
+
+
+def _late(comm, late_rank, delay_s, nops):
+    x = np.ones(20_000, np.float32)
+    for _ in range(nops):
+        if comm.rank == late_rank:
+            time.sleep(delay_s)              # a straggler: every collective starts late on this rank
+        comm.all_reduce(x)
+    comm.flush_profiler()
+
+
+def test_report_names_the_rank_that_arrives_late(tmp_path):
+    prefix = str(tmp_path / "late")
+    slicetrace.launch(_late, 3, 2, 0.02, 4, profile_dump_file=prefix, **KW)
+    recs = load_traces(sorted(glob.glob(prefix + "_*.json")))
+    ranks, ops = stragglers(kernel_chs(recs))
+    assert [(r["rank"], r["times_last"]) for r in ranks] == [(2, 4)]
+    assert len(ops) == 4 and all(o["rank"] == 2 and o["ranks"] == 3 and o["late_us"] > 10_000 for o in ops)

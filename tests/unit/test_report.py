@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from slicetrace.analyze.report import build
+from slicetrace.analyze.report import build, stragglers
 from slicetrace.analyze.trace import KERNEL_STEP_TABLE
 from slicetrace.errors import TraceFormatError
 
@@ -30,3 +30,29 @@ def test_slow_link_and_waited_on_peer_are_found():
 def test_wrong_input_is_refused():
     with pytest.raises(TraceFormatError):
         build(np.zeros(3))
+
+
+def _chs(rows):
+    from slicetrace.analyze.trace import KERNEL_CH_TABLE
+    return np.array(rows, dtype=KERNEL_CH_TABLE)
+
+
+def test_stragglers_name_the_rank_that_starts_collectives_last():
+    # three ranks, two channels each; rank 2 starts AllReduce #0 and #1 late, rank 0 starts AllGather #0 late
+    rows = []
+    for seq, late_rank, late in ((0, 2, 50_000), (1, 2, 20_000)):
+        for r in range(3):
+            for ch in range(2):
+                t = seq * 1_000_000 + (late if r == late_rank else 100 * r) + 10 * ch
+                rows.append((r, ch, seq, "AllReduce", t, t + 5_000))
+    for r in range(3):
+        rows.append((r, 0, 0, "AllGather", 5_000_000 + (30_000 if r == 0 else 0), 5_100_000))
+    rows.append((1, 0, 7, "Broadcast", 9_000_000, 9_100_000))          # one rank only: no skew to measure
+    ranks, ops = stragglers(_chs(rows))
+    assert [(r["rank"], r["times_last"]) for r in ranks] == [(2, 2), (0, 1)]
+    assert ranks[0]["late_us"] == pytest.approx(70.0) and ranks[0]["worst_us"] == pytest.approx(50.0)
+    assert [(o["func"], o["seq"], o["rank"]) for o in ops] == [("AllReduce", 0, 2), ("AllGather", 0, 0),
+                                                                 ("AllReduce", 1, 2)]
+    rep = build(_rows([(0, 0, 1, 1, 0, 8, 0, 1, 2)]), chs=_chs(rows))
+    assert rep.stragglers == ranks and rep.to_dict()["late_ops"] == ops
+    assert stragglers(_chs([])) == ([], [])

@@ -1,11 +1,12 @@
 """Trace files -> answers: which link is slow, who waited on whom, where each rank's time went.
 
 Works on the KernelStep table of analyze.trace (any number of ranks' files merged). Per slice:
-wait = ready - wait (credit for a send, data for a receive), transfer = done - ready.
+wait = ready - wait (credit for a send, data for a receive), transfer = done - ready. With the KernelCh table too,
+stragglers: per collective (function, SeqNum), the rank whose channel programs started last, and how late.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -19,13 +20,44 @@ class Report:
     waited_on: list[dict]    # receive wait at `rank` attributed to the sender `peer`, largest first
     slowest: list[dict]      # the slowest slices by transfer bandwidth
     counters: dict
+    stragglers: list[dict] = field(default_factory=list)   # per rank: collectives it started last, lateness
+    late_ops: list[dict] = field(default_factory=list)     # the collectives with the largest start skew
 
     def to_dict(self) -> dict:
         return {"links": self.links, "ranks": self.ranks, "waited_on": self.waited_on, "slowest": self.slowest,
-                "counters": self.counters}
+                "counters": self.counters, "stragglers": self.stragglers, "late_ops": self.late_ops}
 
 
-def build(ks: np.ndarray, counters: dict | None = None, top: int = 10) -> Report:
+def stragglers(chs: np.ndarray, top: int = 10) -> tuple[list[dict], list[dict]]:
+    """From KernelCh rows: per collective seen on >= 2 ranks, each rank's start = its first channel program's
+    start; the last rank is the straggler, late by (its start - the earliest). Returns (per rank: times last,
+    total and worst lateness, largest first; the `top` collectives with the largest skew)."""
+    if len(chs) == 0:
+        return [], []
+    first: dict[tuple[str, int], dict[int, int]] = {}
+    for rank, func, seq, t in zip(chs["rank"].tolist(), chs["func"].tolist(), chs["seq_number"].tolist(),
+                                  chs["start_ns"].tolist()):
+        starts = first.setdefault((func, seq), {})
+        if rank not in starts or t < starts[rank]:
+            starts[rank] = t
+    per_rank: dict[int, dict] = {}
+    ops = []
+    for (func, seq), starts in first.items():
+        if len(starts) < 2:
+            continue
+        last = max(starts, key=lambda r: (starts[r], r))
+        late = (starts[last] - min(starts.values())) / 1e3
+        ops.append({"func": func, "seq": seq, "rank": last, "late_us": late, "ranks": len(starts)})
+        pr = per_rank.setdefault(last, {"rank": last, "times_last": 0, "late_us": 0.0, "worst_us": 0.0})
+        pr["times_last"] += 1
+        pr["late_us"] += late
+        pr["worst_us"] = max(pr["worst_us"], late)
+    ranks = sorted(per_rank.values(), key=lambda d: (-d["late_us"], d["rank"]))
+    ops.sort(key=lambda d: -d["late_us"])
+    return ranks, ops[:top]
+
+
+def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.ndarray | None = None) -> Report:
     if ks.dtype.names is None or "ready_ns" not in ks.dtype.names:
         raise TraceFormatError("expected the KernelStep table of slicetrace.analyze.trace.kernel_steps()")
     wait = (ks["ready_ns"] - ks["wait_ns"]).astype(np.float64)
@@ -57,7 +89,8 @@ def build(ks: np.ndarray, counters: dict | None = None, top: int = 10) -> Report
     slowest = [{"rank": int(ks["rank"][i]), "peer": int(ks["peer"][i]), "channel": int(ks["channel"][i]),
                 "is_send": bool(ks["is_send"][i]), "step": int(ks["step"][i]), "bytes": int(ks["size"][i]),
                 "transfer_us": float(xfer[i]) / 1e3, "gbps": float(bw[i])} for i in order if np.isfinite(bw[i])]
-    return Report(links, ranks, waited_on, slowest, counters or {})
+    late_ranks, late_ops = stragglers(chs, top) if chs is not None else ([], [])
+    return Report(links, ranks, waited_on, slowest, counters or {}, late_ranks, late_ops)
 
 
 def render(rep: Report, console=None) -> None:
@@ -78,6 +111,16 @@ def render(rep: Report, console=None) -> None:
         t.add_row(str(r["rank"]), f"{r['recv_wait_us']:.1f}", f"{r['send_wait_us']:.1f}", f"{r['transfer_us']:.1f}",
                   str(r["slices"]))
     con.print(t)
+    if rep.stragglers:
+        t = Table(title="stragglers (rank whose channel programs started last, per collective)")
+        for c in ("rank", "collectives started last", "total late us", "worst us"):
+            t.add_column(c, justify="right")
+        for r in rep.stragglers:
+            t.add_row(str(r["rank"]), str(r["times_last"]), f"{r['late_us']:.1f}", f"{r['worst_us']:.1f}")
+        con.print(t)
+        w = rep.late_ops[0]
+        con.print(f"largest skew: {w['func']} #{w['seq']}, rank {w['rank']} started {w['late_us']:.1f} us after the "
+                  f"first of {w['ranks']} ranks")
     if rep.waited_on:
         w = rep.waited_on[0]
         con.print(f"most waited on: rank {w['rank']} waited {w['wait_us']:.1f} us for data from rank {w['peer']}")

@@ -27,6 +27,10 @@ KERNEL_STEP_TABLE = np.dtype([
     ("rank", "<i4"), ("channel", "<i4"), ("is_send", "u1"), ("peer", "<i4"), ("step", "<i8"), ("size", "<i8"),
     ("wait_ns", "<i8"), ("ready_ns", "<i8"), ("done_ns", "<i8"), ("seq_number", "<i8"), ("op", "<i8"),
 ])
+KERNEL_CH_TABLE = np.dtype([
+    ("rank", "<i4"), ("channel", "<i4"), ("seq_number", "<i8"), ("func", "U24"), ("start_ns", "<i8"),
+    ("stop_ns", "<i8"),
+])
 _EPS_US = 1e-3      # ts are written with 3 decimals (exact ns); allow one ns of float noise
 
 
@@ -169,3 +173,23 @@ def kernel_steps(records: list[dict]) -> np.ndarray:
         rows.append((r.get("pid", 0), a["Channel"], a["IsSend"], a["Peer"], a["Step"], a["Size"], wait_ns,
                      ready_ns, done_ns, a.get("SeqNum", -1), a.get("ParentId", -1)))
     return np.array(rows, KERNEL_STEP_TABLE)
+
+
+def kernel_chs(records: list[dict]) -> np.ndarray:
+    """KernelCh events of collectives -> KERNEL_CH_TABLE rows: the channel program's start and stop on the host
+    timeline, with its Coll's function and SeqNum (which match across ranks). KernelCh of p2p ops are left out."""
+    problems: list[str] = []
+    pairs = _pairs(records, problems)
+    colls = {(pid, eid): (b.get("name", ""), b.get("args", {}).get("SeqNum", -1))
+             for (pid, cat, eid), (b, _) in pairs.items() if cat == "COLL"}
+    rows = []
+    for (pid, cat, _), (b, e_ts) in pairs.items():
+        if cat != "GPU" or b.get("name") != "KernelCh":
+            continue
+        a = b.get("args", {})
+        parent = colls.get((pid, a.get("ParentId")))
+        if parent is None or parent[1] < 0:
+            continue
+        rows.append((pid or 0, a.get("Channel", 0), parent[1], parent[0], round(float(b["ts"]) * 1000),
+                     round(e_ts * 1000)))
+    return np.array(rows, KERNEL_CH_TABLE)

@@ -101,9 +101,9 @@ def run_config(a: argparse.Namespace) -> int:
 
 def run_report(a: argparse.Namespace) -> int:
     from ..analyze.report import build, render
-    from ..analyze.trace import counters, kernel_steps, load_traces
+    from ..analyze.trace import counters, kernel_chs, kernel_steps, load_traces
     recs = load_traces(a.traces[0] if len(a.traces) == 1 else a.traces)
-    rep = build(kernel_steps(recs), counters(recs), top=a.top)
+    rep = build(kernel_steps(recs), counters(recs), top=a.top, chs=kernel_chs(recs))
     render(rep)
     if a.json:
         with open(a.json, "w") as f:
