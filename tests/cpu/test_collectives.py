@@ -160,6 +160,30 @@ def _big_sendrecv(comm, count):
     return int((out != data(9, (r - 1) % n, count, "float32", "sum")).sum()), comm.drop_counters(), plan_parts
 
 
+def _big_all_to_all(comm, block):
+    n, r = comm.world_size, comm.rank
+    x = np.concatenate([data(11, r * n + j, block, "int32", "sum") for j in range(n)])
+    out = comm.all_to_all(x)
+    want = np.concatenate([data(11, j * n + r, block, "int32", "sum") for j in range(n)])
+    comm.flush_profiler()
+    return int((out != want).sum()), comm.drop_counters()
+
+
+def test_large_all_to_all_split_into_offset_pieces_arrives_whole():
+    """all_to_all hands its blocks over as offsets into one buffer; large ones are split again into pieces, each
+    an (offset, count) of that buffer on its own channel, and the copy to self is one of them."""
+    import slicetrace
+    block = 3 * (1 << 20) // 4 + 5                # 3 MiB per peer and an odd tail
+    res = slicetrace.launch(_big_all_to_all, 3, block, nchannels=16, buffsize=1 << 16, profiler_plugin="example",
+                            timeout_s=60.0)
+    for wrong, counters in res:
+        assert wrong == 0
+        lost = {k: v for k, v in counters.items() if v and not k.startswith(("delivered", "clock_"))}
+        assert lost == {}, lost
+        assert counters["delivered_p2p"] == 6          # one P2p event per send and recv entry
+        assert counters["delivered_kernel_ch"] == 24   # 2 peers x 2 directions x 6 pieces (3 MiB / 512 KiB)
+
+
 def test_large_send_recv_split_over_channels_arrives_whole():
     """With many channels a large part is split into aligned pieces on separate programs (NCCL's p2p
     channels per peer); every piece lands, and each P2p event completes on its pieces' KernelCh records."""
