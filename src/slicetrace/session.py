@@ -24,6 +24,10 @@ _STAMP_STEPS = int(EventType.KERNEL_STEP)
 _STAMP_CH = int(EventType.KERNEL_CH | EventType.KERNEL_STEP)
 
 
+def _done() -> bool:
+    return True
+
+
 def comm_hash(job: str) -> int:
     return int.from_bytes(hashlib.blake2b(job.encode(), digest_size=8).digest(), "little") & ((1 << 63) - 1)
 
@@ -54,6 +58,7 @@ class Session:
                 # A synchronous backend (cpu) has no idle time to hide a thread in: on 2 cores and under the
                 # GIL a drain thread only contends with the data path. Drain inline between ops instead.
                 self._inline = bool(getattr(self.backend, "synchronous", False))
+                self._reserved = self.backend.rings.header["reserved"]     # a view: copied after each op
                 self._since_poll, self._poll_at = 0, 0.0
                 if not self._inline:
                     self.drain.start()
@@ -95,8 +100,8 @@ class Session:
             self.drain.op_submitted(work.tag, lambda: True)
             raise
         if self.backend.done(token):                # synchronous backend: the exact end of this op's seqs
-            reserved = self.backend.rings.header["reserved"].copy()
-            self.drain.op_submitted(work.tag, lambda: True, reserved)
+            reserved = self._reserved.copy()
+            self.drain.op_submitted(work.tag, _done, reserved)
             if self._inline:
                 self._inline_poll(reserved)
         else:
@@ -108,8 +113,10 @@ class Session:
         """Every 32 ops or 20 ms, or when a ring is a quarter full: batches amortise the poll's fixed cost."""
         self._since_poll += 1
         now = time.monotonic()
-        if (self._since_poll >= 32 or now >= self._poll_at
-                or int((reserved - self.drain.cursor).max()) > self.drain.slots // 4):
+        cur = self.drain.cursor
+        fill = (int(reserved[0]) - int(cur[0]) if len(cur) == 1      # one channel (the cpu default): no array op
+                else int((reserved - cur).max()))
+        if self._since_poll >= 32 or now >= self._poll_at or fill > self.drain.slots // 4:
             self._since_poll, self._poll_at = 0, now + 0.02
             self.drain.poll_once()
 
