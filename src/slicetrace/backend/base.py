@@ -93,6 +93,17 @@ class Backend(abc.ABC):
         """Release shared memory / device memory. Idempotent."""
 
 
+class HostBackend(Backend):
+    """A backend whose buffers are host numpy arrays (cpu, null)."""
+
+    def as_buffer(self, x: Any, what: str) -> tuple[Any, str, int]:
+        return numpy_buffer(x, what, self.name)
+
+    def empty_like(self, buf: Any, count: int) -> Any:
+        import numpy as np
+        return np.empty(count, dtype=buf.dtype)
+
+
 _DTYPE_NAMES: dict = {}
 
 

@@ -14,13 +14,13 @@ import numpy as np
 
 from ..errors import BackendError, PeerError
 from ..stamps.layout import FLAG_SEND, KIND_STEP, RingViews, RingWriter, ring_bytes
-from .base import Backend, Work, numpy_buffer, part_views
+from .base import HostBackend, Work, part_views
 
 WAIT_NS = 200            # synthetic credit/data wait per slice
 BYTES_PER_NS = 10.0      # synthetic copy speed (10 GB/s)
 
 
-class NullBackend(Backend):
+class NullBackend(HostBackend):
     name = "null"
     synchronous = True          # submit() returns when the work is done
 
@@ -39,12 +39,6 @@ class NullBackend(Backend):
     @property
     def rings(self) -> RingViews:
         return self._rings
-
-    def as_buffer(self, x: Any, what: str) -> tuple[Any, str, int]:
-        return numpy_buffer(x, what, self.name)
-
-    def empty_like(self, buf: Any, count: int) -> Any:
-        return np.empty(count, dtype=buf.dtype)
 
     def _now(self) -> int:
         self._clock = max(self._clock + 1, time.monotonic_ns())

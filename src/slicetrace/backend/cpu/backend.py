@@ -17,7 +17,7 @@ import numpy as np
 
 from ...errors import BackendError, MismatchError, PeerError, UsageError
 from ...stamps.layout import RingViews, ring_bytes
-from ..base import Backend, Work, numpy_buffer, part_views
+from ..base import HostBackend, Work, part_views
 from .shm import (ABORT_PEER, C_BUFFSIZE, C_CLOSED, C_HEARTBEAT, C_MAGIC, C_NCH, C_PID, C_SLOTS, C_START,
                   C_WORLD, MAGIC, PAGE, REASON_MAX, REASON_OFF, Segment, layout, proc_start_time, segment_size,
                   unlink_name)
@@ -33,7 +33,7 @@ def _addr(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
 
 
-class CpuBackend(Backend):
+class CpuBackend(HostBackend):
     name = "cpu"
     synchronous = True          # submit() returns when the work is done
 
@@ -123,12 +123,6 @@ class CpuBackend(Backend):
     @property
     def rings(self) -> RingViews:
         return self._rings
-
-    def as_buffer(self, x: Any, what: str) -> tuple[Any, str, int]:
-        return numpy_buffer(x, what, self.name)
-
-    def empty_like(self, buf: Any, count: int) -> Any:
-        return np.empty(count, dtype=buf.dtype)
 
     def submit(self, work: Work) -> Any:
         if self._closed:
