@@ -44,6 +44,8 @@ _BY_CLASS = {cls: (POOL_OF[t], int(t)) for cls, t in (
 _CHUNK = 65536                  # KernelStep rows per column chunk
 _SLOW_ROWS = 4096
 _FORMAT_ROWS = 16384
+
+
 class _Ev:
     __slots__ = ("ctx", "type", "pool", "id", "descr", "gpu_stop", "stopped")
 
@@ -128,8 +130,7 @@ class _Ctx:
         self.written["KERNEL_CH"] += n
         if self.path is None:
             return
-        recs = np.concatenate([np.ascontiguousarray(c[0]).view(np.uint8) for c in chans]).view(KERNEL_CH_DTYPE)
-        lens = [len(c[0]) for c in chans]
+        recs, lens = _concat([c[0] for c in chans], KERNEL_CH_DTYPE)
         ids = np.concatenate([np.arange(c[1], c[1] + len(c[0]), dtype=np.int64) for c in chans])
         pid = np.repeat(np.array([c[2] for c in chans], np.int64), lens)
         t0, t1 = recs["start_ns"], recs["stop_ns"]
@@ -137,9 +138,7 @@ class _Ctx:
         cols = np.column_stack([ids, rank, t0 // 1000, t0 % 1000, recs["channel"].astype(np.int64),
                                 recs["start_clk"].astype(np.int64), recs["stop_clk"].astype(np.int64), pid,
                                 ids, rank, t1 // 1000, t1 % 1000])
-        for a in range(0, n, _FORMAT_ROWS):
-            part = cols[a:a + _FORMAT_ROWS]
-            self.write((CH_LINES * len(part)) % tuple(part.ravel().tolist()))
+        self._write_rows(CH_LINES, cols)
 
     def _write_steps(self, s: np.ndarray, pid: np.ndarray, seq: np.ndarray) -> None:
         n = len(s)
@@ -153,9 +152,13 @@ class _Ctx:
             np.full(n, self.rank, np.int64), tid, wait // 1000, wait % 1000, dur // 1000, dur % 1000, ch, snd, peer,
             s["step"].astype(np.int64), s["size"].astype(np.int64), s["wait_clk"].astype(np.int64),
             s["ready_clk"].astype(np.int64), s["done_clk"].astype(np.int64), seq, pid])
-        for a in range(0, n, _FORMAT_ROWS):
+        self._write_rows(STEP_LINE, cols)
+
+    def _write_rows(self, line: str, cols: np.ndarray) -> None:
+        """One `line` per row of int64 `cols`, formatted a block at a time (one % per 16,384 rows)."""
+        for a in range(0, len(cols), _FORMAT_ROWS):
             part = cols[a:a + _FORMAT_ROWS]
-            self.write((STEP_LINE * len(part)) % tuple(part.ravel().tolist()))
+            self.write((line * len(part)) % tuple(part.ravel().tolist()))
 
     def add_slow(self, row: tuple, parent: Any) -> None:
         self.slow.append(row)
@@ -187,9 +190,7 @@ class _Ctx:
         if len(pend) == 1:
             recs, pid, seq = pend[0]
         else:
-            # as bytes: concatenating structured arrays promotes their dtypes pairwise (slow, in Python)
-            recs = np.concatenate([np.ascontiguousarray(p[0]).view(np.uint8) for p in pend]).view(KERNEL_STEP_DTYPE)
-            lens = [len(p[0]) for p in pend]
+            recs, lens = _concat([p[0] for p in pend], KERNEL_STEP_DTYPE)
             pid = np.repeat(np.array([p[1] for p in pend], np.int64), lens)
             seq = np.repeat(np.array([p[2] for p in pend], np.int64), lens)
         self.copy_steps(recs, pid, seq)
@@ -211,6 +212,13 @@ class _Ctx:
             c.fill, pos, self.stored = b, pos + take, self.stored + take
             if self.stored >= cap:              # the pool of completed records is full: write, don't drop
                 self.flush_steps()
+
+
+def _concat(batches: list[np.ndarray], dtype: np.dtype) -> tuple[np.ndarray, list[int]]:
+    """Record batches joined as bytes (concatenating structured arrays promotes their dtypes pairwise, slowly,
+    in Python), and each batch's length."""
+    recs = np.concatenate([np.ascontiguousarray(b).view(np.uint8) for b in batches]).view(dtype)
+    return recs, [len(b) for b in batches]
 
 
 def _byte_rows(recs: np.ndarray) -> np.ndarray:
