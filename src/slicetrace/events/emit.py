@@ -147,22 +147,13 @@ class Emitter:
                 if not real & _B.P2P:
                     t.handles[i] = self._skip(i, "delivered_p2p", parent)
                     continue
-                d: Any = P2pDescr(T.P2P, None, rank, ts, func=ti.func, buff=ti.send_buff or ti.recv_buff,
-                                  datatype=ti.datatype, count=ti.count, peer=ti.peer, n_channels=ti.n_programs,
-                                  parent_group=None if grp is _OFF else grp, user_tag=info.user_tag,
-                                  comm_hash=self.comm.comm_hash)
             elif not t.p2p and pm & _B.COLL:
                 if not real & _B.COLL:
                     t.handles[i] = self._skip(i, "delivered_coll", parent)
                     continue
-                d = CollDescr(T.COLL, None, rank, ts, seq_number=info.seq_number, func=ti.func,
-                              send_buff=ti.send_buff, recv_buff=ti.recv_buff, count=ti.count, root=ti.root,
-                              datatype=ti.datatype, n_channels=ti.n_programs, n_warps=info.n_warps,
-                              parent_group=None if grp is _OFF else grp, user_tag=info.user_tag,
-                              comm_hash=self.comm.comm_hash)
             else:
                 continue
-            t.handles[i] = self._start(i, d, parent)
+            t.handles[i] = self._start(i, self._task_descr(info, ti, t.p2p, grp), parent)
         if ga is not _OFF:
             self._stop(i, ga, ts)
 
@@ -185,10 +176,7 @@ class Emitter:
             c[k] = c.get(k, 0) + n
         grp = pt if pm & _B.GROUP else _OFF
         op.groups[i] = grp
-        rank, ts, comm_hash = self.comm.rank, info.ts_ns, self.comm.comm_hash
-        parent_group = None if grp is _OFF else grp
         for t in op.tasks:
-            ti = t.info
             if t.p2p:
                 if not pm & _B.P2P:
                     continue
@@ -196,9 +184,6 @@ class Emitter:
                 if not real & _B.P2P:
                     t.handles[i] = pt                                     # what _skip hands out
                     continue
-                d: Any = P2pDescr(T.P2P, None, rank, ts, func=ti.func, buff=ti.send_buff or ti.recv_buff,
-                                  datatype=ti.datatype, count=ti.count, peer=ti.peer, n_channels=ti.n_programs,
-                                  parent_group=parent_group, user_tag=info.user_tag, comm_hash=comm_hash)
             else:
                 if not pm & _B.COLL:
                     continue
@@ -206,8 +191,16 @@ class Emitter:
                 if not real & _B.COLL:
                     t.handles[i] = pt
                     continue
-                d = CollDescr(T.COLL, None, rank, ts, seq_number=info.seq_number, func=ti.func,
-                              send_buff=ti.send_buff, recv_buff=ti.recv_buff, count=ti.count, root=ti.root,
-                              datatype=ti.datatype, n_channels=ti.n_programs, n_warps=info.n_warps,
-                              parent_group=parent_group, user_tag=info.user_tag, comm_hash=comm_hash)
-            t.handles[i] = self._start(i, d, parent)
+            t.handles[i] = self._start(i, self._task_descr(info, t.info, t.p2p, grp), parent)
+
+    def _task_descr(self, info: Any, ti: Any, p2p: bool, grp: Any) -> Any:
+        """The Coll or P2p descriptor of one task (its parent is set by _start)."""
+        rank, ts, pg = self.comm.rank, info.ts_ns, None if grp is _OFF else grp
+        if p2p:
+            return P2pDescr(T.P2P, None, rank, ts, func=ti.func, buff=ti.send_buff or ti.recv_buff,
+                            datatype=ti.datatype, count=ti.count, peer=ti.peer, n_channels=ti.n_programs,
+                            parent_group=pg, user_tag=info.user_tag, comm_hash=self.comm.comm_hash)
+        return CollDescr(T.COLL, None, rank, ts, seq_number=info.seq_number, func=ti.func, send_buff=ti.send_buff,
+                         recv_buff=ti.recv_buff, count=ti.count, root=ti.root, datatype=ti.datatype,
+                         n_channels=ti.n_programs, n_warps=info.n_warps, parent_group=pg, user_tag=info.user_tag,
+                         comm_hash=self.comm.comm_hash)
