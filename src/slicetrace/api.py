@@ -159,11 +159,14 @@ class Communicator:
         if not isinstance(peer, int) or not 0 <= peer < self.world_size:
             raise UsageError(f"peer={peer!r} must be an int in 0..{self.world_size - 1}")
         flat, dtype, n = self._buf(x, "x" if is_send else "out")
-        entry = (P2pPart(peer, is_send, n, 0), flat, dtype, user_tag)
+        self._enqueue([(P2pPart(peer, is_send, n, 0), flat, dtype, user_tag)])
+
+    def _enqueue(self, entries: list) -> None:
+        """Send/recv entries join the open group, or run now as a group of their own."""
         if self._group is not None:
-            self._group.append(entry)
+            self._group.extend(entries)
         else:
-            self._run_p2p([entry])
+            self._run_p2p(entries)
 
     def send(self, x: Any, peer: int, *, user_tag: int = 0) -> None:
         self._p2p(x, peer, True, user_tag)
@@ -180,9 +183,8 @@ class Communicator:
         return max(1, min(32, self._session.backend.channels_for(nbytes) // 2, nbytes >> 19, 64 // max(1, npeer)))
 
     def _p2p_layout(self, itemsize: int, shape: tuple) -> tuple:
-        """(pieces as (part, entry index), plan, programs per entry) for a group's (peer, is_send, count,
-        offset)s.
-        Cached per shape: pieces carry offsets, never views, so no user buffer is kept alive by the cache."""
+        """(pieces as (part, entry index), plan, programs per entry) for a group's (peer, is_send, count, offset)
+        tuples. Cached per shape: pieces carry offsets, never views, so the cache keeps no user buffer alive."""
         npeer = sum(peer != self.rank for peer, _, _, _ in shape)
         pieces, nprog = [], []
         for ei, (peer, is_send, count, base) in enumerate(shape):
@@ -238,10 +240,7 @@ class Communicator:
         for j in range(self.world_size):
             entries.append((P2pPart(j, True, k, 0, j * k), flat, dtype, user_tag))
             entries.append((P2pPart(j, False, k, 0, j * k), recv, dtype, user_tag))
-        if self._group is not None:
-            self._group.extend(entries)
-        else:
-            self._run_p2p(entries)
+        self._enqueue(entries)
         return user_out if user_out is not None else recv
 
     def barrier(self) -> None:

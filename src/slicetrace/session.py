@@ -97,7 +97,7 @@ class Session:
         try:
             token = self.backend.submit(work)
         except BaseException:
-            self.drain.op_submitted(work.tag, lambda: True)
+            self.drain.op_submitted(work.tag, _done)
             raise
         if self.backend.done(token):                # synchronous backend: the exact end of this op's seqs
             reserved = self._reserved.copy()

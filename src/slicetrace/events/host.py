@@ -126,8 +126,8 @@ class EventHost(Emitter):
             c["no_parent"] += len(recs)
             return
         for t, sel in self._route(op, recs):
-            rows = recs if sel is None else take_rows(recs, sel)
-            n = len(rows)
+            done = recs["done_ns"] if sel is None else recs["done_ns"][sel]
+            n = len(done)
             if t.done:
                 c["no_parent"] += n
                 continue
@@ -152,7 +152,7 @@ class EventHost(Emitter):
                         continue
                     c[_DKCH] = c.get(_DKCH, 0) + kept
                     c["declined"] += n - kept
-            last = int(rows["done_ns"][0]) if n == 1 else int(rows["done_ns"].max())
+            last = int(done[0]) if n == 1 else int(done.max())
             if last > t.last_done:
                 t.last_done = last
             t.left -= n
