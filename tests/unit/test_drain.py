@@ -53,6 +53,19 @@ def write_op(w: RingWriter, tag: int, nslices: int, t0: int = 1000, peer: int = 
     w.channel(True, 0, tag, 0, t0 + 10 * nslices)
 
 
+def write_ops(d: Drain, ops) -> int:
+    """Ops 1, 2, ... as (writer, slices, poll after it); a final poll; returns the records written."""
+    written = 0
+    for tag, (w, n, poll) in enumerate(ops, start=1):
+        d.op_submitted(tag, lambda: True)
+        write_op(w, tag, n)
+        written += n + 2
+        if poll:
+            d.poll_once()
+    d.poll_once()
+    return written
+
+
 def test_pairs_arrive_in_order_grouped_by_op_then_end_op():
     v, sink, d, w = setup(2)
     for tag in (1, 2):
@@ -138,14 +151,7 @@ def test_stamps_of_unknown_ops_are_counted_as_no_parent_and_sampling_is_counted(
        polls=st.lists(st.booleans(), min_size=12, max_size=12))
 def test_every_record_is_delivered_once_or_counted_lost(slots, plan, polls):
     v, sink, d, w = setup(1, slots)
-    written = 0
-    for tag, (n, poll) in enumerate(zip(plan, polls), start=1):
-        d.op_submitted(tag, lambda: True)
-        write_op(w, tag, n)
-        written += n + 2
-        if poll:
-            d.poll_once()
-    d.poll_once()
+    written = write_ops(d, [(w, n, poll) for n, poll in zip(plan, polls)])
     got = sum(len(r) for _, r in sink.step_calls) + 2 * sum(len(r) for _, r in sink.channels)
     assert got + sink.drops["overrun"] + sink.drops["unpaired"] == written
     steps = [(t, int(s)) for t, r in sink.step_calls for s in r["step"]]
@@ -264,14 +270,7 @@ def test_many_channels_overrun_and_unpaired_are_counted_per_channel():
 def test_many_channels_every_record_delivered_once_or_counted(plan):
     v, sink, d, w = setup(4, 64)
     ws = [RingWriter(v, c) for c in range(4)]
-    written = 0
-    for tag, (c, n, poll) in enumerate(plan, start=1):
-        d.op_submitted(tag, lambda: True)
-        write_op(ws[c], tag, n)
-        written += n + 2
-        if poll:
-            d.poll_once()
-    d.poll_once()
+    written = write_ops(d, [(ws[c], n, poll) for c, n, poll in plan])
     got = sum(len(r) for _, r in sink.step_calls) + 2 * sum(len(r) for _, r in sink.channels)
     assert got + sink.drops["overrun"] + sink.drops["unpaired"] == written
     for c in range(4):                                     # per channel: tags and steps in seq order
