@@ -19,12 +19,13 @@ import sys
 import time
 import uuid
 
+from slicetrace.cli import sweep
+
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "send_recv")
 
 
 def parse_size(s: str) -> int:
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(float(s[:-1]) * mult[s[-1].upper()]) if s[-1].upper() in mult else int(s)
+    return sweep.parse_size(s, "size")
 
 
 def sizes(lo: int, hi: int, f: int) -> list[int]:
@@ -141,7 +142,6 @@ class Rank:
                     work.stream = None
                     launch = lambda: g.launch(s)
                     sync = s.synchronize
-                    ev_stream = s
                 else:
                     tg = torch.cuda.CUDAGraph()
                     side = torch.cuda.Stream()
@@ -152,7 +152,7 @@ class Rank:
                     with torch.cuda.graph(tg):
                         for _ in range(iters):
                             func_fn_nccl()
-                    launch, sync, ev_stream = tg.replay, torch.cuda.synchronize, None
+                    launch, sync = tg.replay, torch.cuda.synchronize
                 launch(); sync()
                 times = []
                 for _ in range(5):

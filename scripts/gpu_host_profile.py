@@ -13,11 +13,11 @@ import pstats
 import time
 
 import slicetrace
+from slicetrace.cli import sweep
 
 
 def parse_size(s: str) -> int:
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(float(s[:-1]) * mult[s[-1].upper()]) if s[-1].upper() in mult else int(s)
+    return sweep.parse_size(s, "size")
 
 
 def body(comm, sizes: list[int], nops: int, top: int) -> str:
