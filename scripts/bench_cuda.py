@@ -28,6 +28,15 @@ def parse_size(s: str) -> int:
     return sweep.parse_size(s, "size")
 
 
+def parse_variants(s: str) -> list[tuple[str, dict[str, str]]]:
+    """'name:K=V,K=V;name2:K=V' -> [(name, {K: V})]: extra -D defines, measured beside the default build."""
+    out = []
+    for item in filter(None, s.split(";")):
+        name, _, defs = item.partition(":")
+        out.append((name, dict(d.split("=", 1) for d in defs.split(",") if d)))
+    return out
+
+
 def sizes(lo: int, hi: int, f: int) -> list[int]:
     out, s = [], lo
     while s <= hi:
@@ -204,9 +213,11 @@ def rank_main(rank: int, world: int, port: int, a: argparse.Namespace, q) -> Non
             g_st, g_nc = R.graph_us(work, R.nccl_fn("all_reduce", nbytes, tx, ty), 50)
             graph.append({"bytes": nbytes, "st_us": g_st, "nccl_us": g_nc})
         over = []
-        for nbytes in a.overhead:
+        for (variant, defs), nbytes in [(v, n) for v in [("", {})] + a.variants for n in a.overhead]:
             if rank == 0 and a.verbose:
-                print(f"overhead {nbytes}", flush=True)
+                print(f"overhead {variant} {nbytes}", flush=True)
+            R.be.extra_defines = defs
+            R.be.prepare(("float32",))
             w_off, w_on = R.work("all_reduce", nbytes, (x, y)), R.work("all_reduce", nbytes, (x, y), steps=True)
             w_ch = R.work("all_reduce", nbytes, (x, y))
             w_ch.stamp_channels = True
@@ -217,8 +228,9 @@ def rank_main(rank: int, world: int, port: int, a: argparse.Namespace, q) -> Non
                 on.append(R.timed(R.st_fn(w_on), iters_for(nbytes), a.reps))
             g_off, _ = R.graph_us(w_off, None, 50) if a.graph else (float("nan"), 0)
             g_on, _ = R.graph_us(w_on, None, 50) if a.graph else (float("nan"), 0)
-            over.append({"bytes": nbytes, "off_us": statistics.median(off), "on_us": statistics.median(on),
+            over.append({"variant": variant, "bytes": nbytes, "off_us": statistics.median(off), "on_us": statistics.median(on),
                          "ch_us": statistics.median(ch), "graph_off_us": g_off, "graph_on_us": g_on})
+        R.be.extra_defines = {}
         gch = []
         for nbytes in [s for s in sizes(4096, 256 << 10, 2)] if a.graph_channels else []:
             for nch in a.graph_channels:
@@ -271,7 +283,8 @@ def report(res: dict, world: int) -> str:
                      "(eager back-to-back), then the same off/on from CUDA-graph replay")
         for o in res["overhead"]:
             pct = lambda on, off: 100 * (on - off) / off          # noqa: E731
-            lines.append(f"overhead       {fmt_size(o['bytes']):>8}{o['off_us']:>11.1f}{o['ch_us']:>10.1f}"
+            label = f"overhead {o.get('variant', '')}"
+            lines.append(f"{label:<15}{fmt_size(o['bytes']):>8}{o['off_us']:>11.1f}{o['ch_us']:>10.1f}"
                          f"{o['on_us']:>10.1f}{pct(o['on_us'], o['off_us']):>+9.2f}%   graph "
                          f"{o['graph_off_us']:.1f} -> {o['graph_on_us']:.1f} "
                          f"({pct(o['graph_on_us'], o['graph_off_us']):+.2f}%)")
@@ -302,6 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--graph", action="store_true", help="all_reduce latency through CUDA graphs, 8 B..1 MiB")
     p.add_argument("--overhead", type=lambda s: [parse_size(v) for v in s.split(",") if v], default=[])
+    p.add_argument("--variants", type=parse_variants, default=[],
+                   help="kernel build variants for --overhead too, e.g. 'nostores:ST_STAMP_WRITES=0;fast:A=1,B=2'")
     p.add_argument("--sweep", type=lambda s: [parse_size(v) for v in s.split(",") if v], default=[])
     p.add_argument("--sweep-channels", type=lambda s: [int(v) for v in s.split(",")], default=[8, 16, 32, 48, 64])
     p.add_argument("--graph-channels", type=lambda s: [int(v) for v in s.split(",") if v], default=[],

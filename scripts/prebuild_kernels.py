@@ -20,8 +20,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--arch", default="sm_90")
     p.add_argument("--cache-dir", default=".kcache")
+    p.add_argument("--defines", default="", help="extra K=V,K=V for a measurement variant (bench_cuda --variants)")
     a = p.parse_args()
-    jobs = [("slicetrace.cu", {"ST_T": CTYPES[d], "ST_STEPS": s}) for d in DTYPES if d in CTYPES for s in "01"]
+    extra = dict(d.split("=", 1) for d in a.defines.split(",") if d)
+    jobs = [("slicetrace.cu", {"ST_T": CTYPES[d], "ST_STEPS": s, **extra}) for d in DTYPES if d in CTYPES for s in "01"]
     t = time.perf_counter()
     Kernels(a.cache_dir, a.arch).prepare(jobs + [("clock.cu", {})])
     print(f"{len(jobs) + 1} kernels for {a.arch} ({toolchain()}) in {time.perf_counter() - t:.1f} s -> {a.cache_dir}")
