@@ -104,8 +104,9 @@ class Session:
             self.drain.op_submitted(work.tag, _done, reserved)
             if self._inline:
                 self._inline_poll(reserved)
-        else:
-            self.drain.op_submitted(work.tag, lambda: self.backend.done(token))
+        else:                                       # a backend that reserves seqs at submit knows the end now
+            snap = self._reserved.copy() if getattr(self.backend, "reserves_stamps", False) else None
+            self.drain.op_submitted(work.tag, lambda: self.backend.done(token), snap)
         self._last = token
         return token
 

@@ -10,6 +10,7 @@ import numpy as np
 from slicetrace.backend.base import Work
 from slicetrace.config import Settings
 from slicetrace.plan.schedule import P2pPart, plan_collective, plan_p2p
+from slicetrace.stamps.layout import provisional_word
 
 NP = {"int8": np.int8, "uint8": np.uint8, "int32": np.int32, "int64": np.int64, "float16": np.float16,
       "float32": np.float32, "float64": np.float64, "bfloat16": np.float32}
@@ -95,9 +96,11 @@ def run_coll(ctx: dict, func: str, dtype: str, op: str, count: int, root: int, s
     work = Work(ctx["state"]["tag"], plan, dtype, op, sendbuf=send, recvbuf=recv,
                 stamp_steps=steps, stamp_channels=steps, sample_rate=be.settings.sample_rate)
     ctx["store"].barrier(f"coll/{work.tag}", r, w, 300.0)     # big inputs take long to make: start together
+    before = be.rings.header["reserved"].astype(np.int64)
     tok = be.submit(work)
     be.wait(tok, wait_s or be.settings.timeout_s)
-    return {"out": to_host(recv, dtype), "tag": work.tag}
+    nres = int((be.rings.header["reserved"].astype(np.int64) - before).sum())   # stamp seqs the host reserved
+    return {"out": to_host(recv, dtype), "tag": work.tag, "reserved": nres}
 
 
 def run_p2p(ctx: dict, dtype: str, count: int, seed: int, pattern: str, nchannels: int = 4,
@@ -119,8 +122,10 @@ def run_p2p(ctx: dict, dtype: str, count: int, seed: int, pattern: str, nchannel
     plan = plan_p2p([p for p, _ in parts], w, r, it, be.settings.p2p_chunksize, be.settings.step_bytes, nchannels)
     ctx["state"]["tag"] += 1
     work = Work(ctx["state"]["tag"], plan, dtype, "sum", parts=parts, stamp_steps=steps, stamp_channels=steps)
+    before = be.rings.header["reserved"].astype(np.int64)
     be.wait(be.submit(work), be.settings.timeout_s)
-    return {"outs": [(frm, to_host(b, dtype)) for frm, b in outs], "tag": work.tag}
+    nres = int((be.rings.header["reserved"].astype(np.int64) - before).sum())
+    return {"outs": [(frm, to_host(b, dtype)) for frm, b in outs], "tag": work.tag, "reserved": nres}
 
 
 def stamps(ctx: dict, tag: int) -> dict:
@@ -136,7 +141,10 @@ def stamps(ctx: dict, tag: int) -> dict:
         seqs = np.arange(max(1, top - v.slots + 1), top + 1, dtype=np.uint64)
         idx = (seqs & np.uint64(v.slots - 1)).astype(np.intp)
         st, co = v.started[ch][idx].copy(), v.completed[ch][idx].copy()
-        ok = (st["seq"] == seqs) & (co["seq"] == seqs) & (st["op"] == (tag & 0xFFFFFFFF))
+        # after the op completed its provisional seq words count as published (stamps.layout)
+        prov = np.uint64(provisional_word(0, tag)) | (seqs & np.uint64(0xFFFFFFFF))
+        pub = [(w == seqs) | (w == prov) for w in (st["seq"], co["seq"])]
+        ok = pub[0] & pub[1] & (st["op"] == (tag & 0xFFFFFFFF))
         if ok.any():
             out[ch] = (st[ok], co[ok])
     return {"stamps": out, "offset": off, "unc": unc, "sampled": int(v.header["sampled_out"].sum()),

@@ -13,6 +13,10 @@ def by_channel(res):
     return res["stamps"]
 
 
+def written(res):
+    return sum(len(s) for s, _ in res["stamps"].values())
+
+
 def check_geometry(res, expected, what):
     got = []
     for ch, (st, co) in sorted(res["stamps"].items()):
@@ -34,7 +38,9 @@ def check_nesting(res, what):
         w, r, d = st["wait"][steps].astype(np.int64), st["ready"][steps].astype(np.int64), co["done"][steps].astype(np.int64)
         assert (w <= r).all() and (r <= d).all(), f"{what}: wait <= ready <= done broken on channel {ch}"
         assert (w >= t0).all() and (d <= t1).all(), f"{what}: a KernelStep leaves its KernelCh window on {ch}"
-        assert (st["seq"][steps] > st["seq"][start][0]).all() and (st["seq"][steps] < st["seq"][stop][0]).all()
+        # start and stop are reserved together before the first slice (stamps.layout, GPU writer)
+        q0 = int(st["seq"][start][0]) & 0xFFFFFFFF
+        assert int(st["seq"][stop][0]) & 0xFFFFFFFF == q0 + 1 and ((st["seq"][steps] & 0xFFFFFFFF) > q0 + 1).all()
 
 
 def causality(res0, res1, src, dst, by_channel=True):
@@ -62,6 +68,7 @@ def test_stamps_match_plan(pool2, func, count, nch):
     res = pool2.run(ranks.run_coll, func, "float32", "sum", count, 0, 11, nch, True)
     st = pool2.run(ranks.stamps, res[0]["tag"])
     for r in range(pool2.world):
+        assert written(st[r]) == res[r]["reserved"], f"{func} rank {r}: every reserved stamp seq written once"
         exp = pool2.run(ranks.plan_expected, func, 4, count, nch, ranks=[r])[0]
         check_geometry(st[r], exp, f"{func} rank {r}")
         check_nesting(st[r], f"{func} rank {r}")
@@ -77,6 +84,7 @@ def test_p2p_stamps(pool2):
     res = pool2.run(ranks.run_p2p, "float32", 1_000_003, 2, "a2a", 2, True)
     st = pool2.run(ranks.stamps, res[0]["tag"])
     for r in range(2):
+        assert written(st[r]) == res[r]["reserved"]
         nsteps = sum(int((s["kind"] == KIND_STEP).sum()) for s, _ in st[r]["stamps"].values())
         nch = sum(int((s["kind"] == KIND_CHANNEL).sum()) for s, _ in st[r]["stamps"].values())
         assert nch == 4 and nsteps == 2 * -(-1_000_003 * 4 // (1 << 19)), (nch, nsteps)
@@ -98,5 +106,6 @@ def test_sampling_counts_skipped(gpu, kcache):
         kept = [e for e in exp if e[3] % 3 == 0]
         got = sum(int((s["kind"] == KIND_STEP).sum()) for s, _ in st[0]["stamps"].values())
         assert got == len(kept) and st[0]["sampled"] == len(exp) - len(kept)
+        assert written(st[0]) == res[0]["reserved"]
     finally:
         pool.close()

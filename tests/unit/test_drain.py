@@ -6,9 +6,9 @@ from collections import Counter
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from slicetrace.stamps.drain import Drain
-from slicetrace.stamps.layout import (FLAG_SEND, KIND_STEP, STAMP_DTYPE, RingViews, RingWriter,
-                                      ring_bytes)
+from slicetrace.stamps.drain import LOST_LAG, Drain
+from slicetrace.stamps.layout import (FLAG_CH_STOP, FLAG_SEND, KIND_CHANNEL, KIND_STEP, STAMP_DTYPE, RingViews,
+                                      RingWriter, provisional_word, ring_bytes)
 
 
 class Recorder:
@@ -312,3 +312,88 @@ def test_kernel_ch_start_and_stop_pair_across_channels_ops_and_polls(ops, polls)
            for _, recs in sink.channels for r in recs]
     assert sorted(got) == sorted(want) and not sink.drops["unpaired"] and not d._open
     assert all(int(r["wait"]) == int(r["ready"]) and not r["flags"] & 2 for _, recs in sink.channels for r in recs)
+
+
+def _entry(v, ch, seq, kind, flags, op, step, size, peer, wait, ready, done, word=None):
+    """Payload of seq in both rings, published with `word` (None: left unpublished)."""
+    i = seq & (v.slots - 1)
+    v.started[ch][i] = (0, wait, ready, 0, op, step, size, peer, kind, flags)
+    v.completed[ch][i] = (0, 0, 0, done, op, step, size, peer, kind, flags)
+    if word is not None:
+        v.started[ch]["seq"][i] = v.completed[ch]["seq"][i] = word
+
+
+def gpu_program(v, tag, nslices, ch=0, t0=100, stop=True):
+    """A channel program as the CUDA backend writes it: its seq range reserved by the host first (KernelCh
+    start and stop, then the slices), every entry written whole with a provisional seq word; stop=False: the
+    kernel is still running, so its entries are not visible yet. Returns (start seq, stop seq)."""
+    q = int(v.header["reserved"][ch]) + 1
+    v.header["reserved"][ch] = q + 1 + nslices
+    word = (lambda s: provisional_word(s, tag)) if stop else (lambda s: None)
+    _entry(v, ch, q, KIND_CHANNEL, 0, tag, 0, 0, 1, t0, t0, t0, word(q))
+    for i in range(nslices):
+        s = q + 2 + i
+        _entry(v, ch, s, KIND_STEP, FLAG_SEND, tag, 2 * i, 64, 1, t0 + 10 * i, t0 + 10 * i + 1, t0 + 10 * i + 5,
+               word(s))
+    if stop:
+        _entry(v, ch, q + 1, KIND_CHANNEL, FLAG_CH_STOP, tag, 0, 0, 1, t0 + 999, t0 + 999, t0 + 999, word(q + 1))
+    return q, q + 1
+
+
+def test_gpu_program_is_delivered_whole_once_its_op_completed():
+    v, sink, d, w = setup(1, 64)
+    done = {"v": False}
+    d.op_submitted(1, lambda: done["v"])
+    gpu_program(v, 1, 5)
+    d.poll_once()                   # provisional words of a running op are not trusted
+    assert sink.step_calls == [] and sink.channels == [] and d.cursor[0] == 0 and not sink.drops
+    done["v"] = True
+    d.poll_once()
+    assert [len(r) for _, r in sink.step_calls] == [5] and list(sink.step_calls[0][1]["step"]) == [0, 2, 4, 6, 8]
+    ch = sink.channels[0][1][0]
+    assert (ch["ready"], ch["done"]) == (100, 1099) and sink.ended == [1] and not sink.drops
+
+
+def test_provisional_word_of_another_op_or_an_older_lap_is_not_trusted():
+    v, sink, d, w = setup(1, 64)
+    d.op_submitted(1, lambda: True)
+    d.op_submitted(2, lambda: False)
+    gpu_program(v, 1, 2)
+    q = int(v.header["reserved"][0]) + 1
+    v.header["reserved"][0] = q
+    _entry(v, 0, q, KIND_STEP, 0, 2, 0, 8, 1, 1, 2, 3, provisional_word(q, 2))      # op 2 is still running
+    d.poll_once()
+    assert sum(len(r) for _, r in sink.step_calls) == 2 and d.cursor[0] == q - 1   # op 1 ends with op 2's seq
+    v.started[0]["seq"][q & 63] = v.completed[0]["seq"][q & 63] = provisional_word(q - 64, 2)   # a lap ago
+    d._ops[2].done_fn = lambda: True
+    d.poll_once()
+    assert d.cursor[0] == q - 1 and sum(len(r) for _, r in sink.step_calls) == 2
+    v.started[0]["seq"][q & 63] = v.completed[0]["seq"][q & 63] = provisional_word(q, 2)
+    d.poll_once()
+    assert sum(len(r) for _, r in sink.step_calls) == 3 and sink.ended == [1, 2] and not sink.drops
+
+
+def test_long_program_behind_an_early_stop_is_not_declared_lost_while_it_runs():
+    v, sink, d, w = setup(1, 8192)
+    done = {"v": False}
+    d.op_submitted(1, lambda: done["v"])
+    gpu_program(v, 1, LOST_LAG + 100, stop=False)        # more slices than LOST_LAG behind the unpublished stop
+    d.poll_once()
+    assert not sink.drops and sink.step_calls == []
+    v.header["reserved"][0] = 0
+    gpu_program(v, 1, LOST_LAG + 100)                 # the same program ends: everything becomes visible
+    done["v"] = True
+    d.poll_once()
+    assert sum(len(r) for _, r in sink.step_calls) == LOST_LAG + 100 and len(sink.channels) == 1
+    assert not sink.drops and sink.ended == [1]
+
+
+def test_entry_of_a_completed_op_with_an_exact_snapshot_that_never_came_is_lost_at_once():
+    v, sink, d, w = setup(1, 64)
+    gpu_program(v, 1, 4)
+    v.started[0]["seq"][4] = v.completed[0]["seq"][4] = 0          # the kernel never wrote its third entry
+    snap = v.header["reserved"].copy()
+    d.op_submitted(1, lambda: True, snap)
+    d.poll_once()
+    assert sink.drops["unpaired"] == 1 and sum(len(r) for _, r in sink.step_calls) == 3
+    assert len(sink.channels) == 1 and sink.ended == [1] and d.idle()

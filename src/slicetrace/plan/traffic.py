@@ -24,6 +24,24 @@ def expected_slices(plan: OpPlan) -> list[tuple[int, bool, int, int, int]]:
     return out
 
 
+def stamp_records(prog, sample_rate: int, steps: bool, channels: bool) -> tuple[int, int]:
+    """(records, sampled out) a program writes: a KernelCh start and stop, then one record per direction of
+    every non-empty slice whose index is a multiple of sample_rate (stamps.layout, the kernel's order)."""
+    recs, skipped = (2 if channels else 0), 0
+    if steps:
+        k = 0
+        for prim in prog.prims:
+            nd = (prim.recv_from is not None) + (prim.send_to is not None)
+            for _, n in prim.slices:
+                if n > 0:
+                    if k % sample_rate == 0:
+                        recs += nd
+                    else:
+                        skipped += nd
+                k += 1
+    return recs, skipped
+
+
 def bytes_per_direction(plan: OpPlan) -> tuple[int, int]:
     """(bytes sent, bytes received) by this rank."""
     sent = sum(b for _, s, _, _, b in expected_slices(plan) if s)

@@ -14,9 +14,10 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from .layout import FLAG_CH_STOP, KIND_CHANNEL, PAIRED_DTYPE, RingViews, take_rows
+from .layout import FLAG_CH_STOP, KIND_CHANNEL, PAIRED_DTYPE, SEQ_PROVISIONAL, RingViews, take_rows
 
-LOST_LAG = 4096        # an entry this far behind the newest reservation, still incomplete, is lost
+LOST_LAG = 4096        # an entry this far behind the newest reservation, still incomplete once no op runs, is lost
+_PROV, _LO32, _LO31 = np.uint64(SEQ_PROVISIONAL), np.uint64(0xFFFFFFFF), np.uint64(0x7FFFFFFF)
 MAX_INTERVAL_S = 0.016  # adaptive polling backs off to this: each poll has a fixed cost, batches amortise it
 
 
@@ -28,10 +29,10 @@ class Consumer(Protocol):
 
 
 class _Op:
-    __slots__ = ("tag", "done_fn", "snapshot", "done")
+    __slots__ = ("tag", "done_fn", "snapshot", "done", "exact")
 
     def __init__(self, tag: int):
-        self.tag, self.done_fn, self.snapshot, self.done = tag, None, None, False
+        self.tag, self.done_fn, self.snapshot, self.done, self.exact = tag, None, None, False, False
 
 
 class Drain:
@@ -64,10 +65,12 @@ class Drain:
             self._ops[tag & 0xFFFFFFFF] = _Op(tag)
 
     def op_submitted(self, tag: int, done_fn: Callable[[], bool], snapshot: np.ndarray | None = None) -> None:
-        """After submit: done_fn() tells when the op finished; snapshot = header.reserved at completion if known."""
+        """After submit: done_fn() tells when the op finished; snapshot = header.reserved once every seq of the
+        op is reserved and none of a later op is, when the backend knows it (then an entry at or below it that
+        is still not published once the op is done never will be)."""
         with self._lock:
             op = self._ops.get(tag & 0xFFFFFFFF) or _Op(tag)
-            op.done_fn, op.snapshot = done_fn, snapshot
+            op.done_fn, op.snapshot, op.exact = done_fn, snapshot, snapshot is not None
             self._ops[tag & 0xFFFFFFFF] = op
 
     def start(self) -> None:
@@ -130,9 +133,12 @@ class Drain:
             if op.snapshot is None:
                 op.snapshot = reserved.copy()
             op.done = True
-        done_lows = [o.tag & 0xFFFFFFFF for o in ops if o.done]
+        done = [o for o in ops if o.done]
+        done_lows = [o.tag & 0xFFFFFFFF for o in done]
+        running = len(done) < len(ops)
+        settled = done[-1].snapshot if done and done[-1].exact else None     # every seq up to it is final
         chs = np.flatnonzero(reserved > self.cursor)
-        n = self._drain_many(chs, done_lows, force) if len(chs) else 0
+        n = self._drain_many(chs, done_lows, force, running, settled) if len(chs) else 0
         if force and self._open:
             self.consumer.drop("unpaired", len(self._open))
             self._open.clear()
@@ -166,8 +172,14 @@ class Drain:
             n += len(ended)
         return n
 
-    def _drain_many(self, chs: np.ndarray, done_lows, force: bool) -> int:
-        """Every channel in `chs` at once: one gather, a per-channel in-order cut, one delivery."""
+    def _drain_many(self, chs: np.ndarray, done_lows, force: bool, running: bool = True,
+                    settled: np.ndarray | None = None) -> int:
+        """Every channel in `chs` at once: one gather, a per-channel in-order cut, one delivery.
+
+        done_lows: low 32 bits of the ops known complete before the rings were read (their provisional seq
+        words are trusted); running: some op has not completed, so an entry may still be published late;
+        settled: per channel, the last seq of a completed op with an exact snapshot (an entry up to it that is
+        still not published was lost)."""
         N = self.slots
         if len(chs) == 1:                            # the common cpu case: scalar bookkeeping is cheaper
             c = int(chs[0])
@@ -207,13 +219,20 @@ class Drain:
             top2 = np.repeat(self._hdr[chs, 0].astype(np.int64), cnt)   # read after the copy
         useq = seqs.view(np.uint64)
         intact = seqs + N > top2
-        st_vis = (st[:, 0] == useq) & intact
-        ok = st_vis & (co[:, 0] == useq)
+        sw, cw = st[:, 0], co[:, 0]
+        st_vis = (sw == useq) & intact
+        ok = st_vis & (cw == useq)
+        if done_lows and not ok.all() and ((sw | cw) >= _PROV).any():
+            done31 = np.array(done_lows, dtype=np.uint64) & _LO31
+            st_vis = _published(sw, useq, done31) & intact
+            ok = st_vis & _published(cw, useq, done31)
         if ok.all():
             end = cnt
         else:
             lost = (st_vis & ~ok & np.isin(st[:, 4] & np.uint64(0xFFFFFFFF), np.array(done_lows, dtype=np.uint64))) \
-                | (top2 - seqs > LOST_LAG)
+                | ((top2 - seqs > LOST_LAG) & (not running))
+            if settled is not None:
+                lost |= seqs <= settled[chs if chan is None else chan].astype(np.int64)
             undecided = ~(ok | ~intact | lost | force)
             if len(chs) == 1:
                 end = cnt if not undecided.any() else np.array([int(np.argmax(undecided))])
@@ -340,3 +359,9 @@ class Drain:
         keep = ~is_ch
         keep[rows] = True
         return take_rows(out, keep)
+
+
+def _published(word: np.ndarray, useq: np.ndarray, done31: np.ndarray) -> np.ndarray:
+    """Seq words that publish useq: plain, or provisional from an op that has completed (stamps.layout)."""
+    prov = ((word & _PROV) != 0) & ((word & _LO32) == (useq & _LO32)) & np.isin((word >> np.uint64(32)) & _LO31, done31)
+    return (word == useq) | prov

@@ -20,6 +20,18 @@ record must never stay open across many later seqs: its completed slot would be 
 seq is reserved after every slice of the program, an in-order reader sees all of a program's KernelSteps
 before its KernelCh stop.
 
+A GPU writer (backend/cuda) follows these rules instead, so that stamping costs no fence and leaves no store
+to host memory pending in front of the data path's fences:
+- the host reserves each channel program's range of seqs at submit (header.reserved moves before the
+  launch; the kernel never writes it) and passes the range in the launch arguments. A program's KernelCh
+  start and stop take the first two seqs of its range, its KernelSteps the rest, in slice order;
+- the kernel writes whole entries, seq word included, with no fence, as *provisional* seq words:
+  SEQ_PROVISIONAL | (op & 0x7FFFFFFF) << 32 | (seq & 0xFFFFFFFF). The reader trusts one only once op has
+  completed (completion makes all of the kernel's stores visible), so a record may be seen late but never
+  taken early; lapping is still caught by the header, which the host wrote before the launch.
+An in-order reader therefore takes a GPU program whole once its op has completed, and since every seq of
+the op is reserved at submit, an entry of a completed op that is still not valid was lost (counted).
+
 This module imports nothing from slicetrace but errors; both backends and the drain import it.
 """
 from __future__ import annotations
@@ -32,6 +44,7 @@ KIND_STEP = 0        # one slice of a Simple-protocol primitive
 KIND_CHANNEL = 1     # KernelCh: a channel's whole share of one operation
 FLAG_SEND = 1        # the slice was sent (else received); for KernelCh: the p2p program sends
 FLAG_CH_STOP = 2     # KernelCh record that closes the program (else it opens it)
+SEQ_PROVISIONAL = 1 << 63   # seq word published without a fence: valid once its op completed (see above)
 
 # 48 bytes. Offsets are part of the contract: the CUDA kernels write the same layout (stamps.cuh).
 STAMP_DTYPE = np.dtype([
@@ -72,6 +85,10 @@ def take_rows(a: np.ndarray, sel: np.ndarray) -> np.ndarray:
         sel = np.flatnonzero(sel)
     rows = np.ascontiguousarray(a).view(np.uint8).reshape(len(a), a.dtype.itemsize)
     return np.take(rows, sel, axis=0).view(a.dtype).reshape(-1)
+
+
+def provisional_word(seq: int, op: int) -> int:
+    return SEQ_PROVISIONAL | (op & 0x7FFFFFFF) << 32 | (seq & 0xFFFFFFFF)
 
 
 def check_slots(n: int) -> int:
@@ -138,6 +155,12 @@ class RingWriter:
         seq = self.start(KIND_CHANNEL, f, op, 0, 0, peer, clock, clock)
         self.complete(seq, KIND_CHANNEL, f, op, 0, 0, peer, clock)
         return seq
+
+    def provisional(self, seq: int, op: int) -> None:
+        """Republish seq the way a GPU program's last records are published (SEQ_PROVISIONAL)."""
+        word = provisional_word(seq, op)
+        self._st["seq"][seq & self._mask] = word
+        self._co["seq"][seq & self._mask] = word
 
     def sampled_out(self, n: int = 1) -> None:
         self._hdr["sampled_out"] += n

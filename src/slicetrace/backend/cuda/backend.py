@@ -15,6 +15,7 @@ import numpy as np
 from ...config import Settings
 from ...errors import BackendError, CommTimeoutError, PeerError, UsageError
 from ...rendezvous import Store
+from ...plan.traffic import stamp_records
 from ...stamps.layout import RingViews
 from ..base import DTYPES, Backend, Work
 from . import buffers, clock
@@ -56,6 +57,7 @@ class Token:
 
 class CudaBackend(Backend):
     name = "cuda"
+    reserves_stamps = True      # header.reserved after submit is exactly the end of the op's seqs
 
     def __init__(self, settings: Settings, rank: int, world: int, store: Store, job: str):
         super().__init__(settings, rank, world, store, job)
@@ -75,6 +77,11 @@ class CudaBackend(Backend):
         self.mem = CommMemory(rank, world, self.max_channels, settings.buffsize, self.max_channels,
                               settings.ring_slots, store, self._prefix, settings.timeout_s)
         self.kernels = Kernels(settings.cache_dir, arch_of(self.device))
+        self.extra_defines: dict[str, str] = {}          # measurement variants (scripts/bench_cuda.py --variants)
+        # stamp seqs are reserved here, per program at submit (stamps.layout, GPU writer rules)
+        self._seq = np.zeros(self.mem.rings.nchannels, dtype=np.int64)
+        self._hdr = self.mem.rings.header.view(np.uint64).reshape(-1, 8)
+        self._stamp_plans: dict[tuple, tuple] = {}
         self._side = runtime.streamCreateWithFlags(1)     # non-blocking: clock probe and abort DMA
         self._copy = runtime.streamCreateWithFlags(1)     # self copies of a group, beside its kernel
         self._fork = runtime.eventCreateWithFlags(2)      # cudaEventDisableTiming
@@ -105,13 +112,15 @@ class CudaBackend(Backend):
 
     # ---- kernels ----
     def _fn(self, dtype: str, steps: bool) -> int:
-        return self.kernels.function("slicetrace.cu", "st_kernel",
-                                     {"ST_T": CTYPES[dtype], "ST_STEPS": "1" if steps else "0"},
+        return self.kernels.function("slicetrace.cu", "st_kernel", self._defines(dtype, steps),
                                      self.settings.assert_warm)
+
+    def _defines(self, dtype: str, steps: bool) -> dict[str, str]:
+        return {"ST_T": CTYPES[dtype], "ST_STEPS": "1" if steps else "0", **self.extra_defines}
 
     def prepare(self, dtypes: tuple[str, ...] = DTYPES, steps: tuple[bool, ...] = (False, True)) -> None:
         """Compile (or load from the cache) every kernel variant these dtypes need, in parallel."""
-        jobs = [("slicetrace.cu", {"ST_T": CTYPES[d], "ST_STEPS": "1" if s else "0"}) for d in dtypes for s in steps]
+        jobs = [("slicetrace.cu", self._defines(d, s)) for d in dtypes for s in steps]
         self.kernels.prepare(jobs + [("clock.cu", {})])
         for d in dtypes:
             for s in steps:
@@ -148,6 +157,8 @@ class CudaBackend(Backend):
             u32[22] = work.tag & 0xFFFFFFFF                              # op_tag
             u32[23] = 1 if work.stamp_channels else 0                    # stamp_ch
             u32[21] = max(1, int(work.sample_rate))                      # sample_rate
+            if work.stamp_steps or work.stamp_channels:
+                self._reserve(work, rec)
             from cupy.cuda import driver
             driver.launchKernel(fn if not work.stamp_steps else self._fn(work.dtype, True), nb, 1, 1, nt, 1, 1,
                                 0, stream, ctypes.addressof(params), 0)
@@ -157,6 +168,36 @@ class CudaBackend(Backend):
         self._rt.eventRecord(ev.ptr, stream)
         self._last = Token(ev, work.tag)
         return self._last
+
+    def _reserve(self, work: Work, rec: np.ndarray) -> None:
+        """Give each program of work its range of stamp seqs in its channel's ring (the kernel writes exactly
+        stamp_records of them); header.reserved moves before the launch, so the drain's lap check holds."""
+        plan = work.plan
+        key = (id(plan), work.stamp_steps, work.stamp_channels, work.sample_rate)
+        sp = self._stamp_plans.get(key)
+        if sp is None or sp[0] is not plan:
+            progs = plan.programs if plan.func != "send_recv" else \
+                sorted(plan.programs, key=lambda q: (q.channel, q.params["part"]))     # kernel order (_p2p_args)
+            counts = [stamp_records(q, max(1, int(work.sample_rate)), work.stamp_steps, work.stamp_channels)
+                      for q in progs]
+            chan = np.array([q.channel for q in progs], dtype=np.int64)
+            n = np.array([c for c, _ in counts], dtype=np.int64)
+            uch, inv = np.unique(chan, return_inverse=True)
+            tot = np.bincount(inv, weights=n, minlength=len(uch)).astype(np.int64)
+            before = np.cumsum(n) - n                            # records of earlier programs, same channel
+            before -= (np.cumsum(tot) - tot)[inv]
+            if len(self._stamp_plans) > 256:
+                self._stamp_plans.clear()
+            sp = (plan, uch, inv, tot, before + 1, n.astype(np.uint32), sum(s for _, s in counts))
+            self._stamp_plans[key] = sp
+        _, uch, inv, tot, first, n, skipped = sp
+        base = self._seq[uch]
+        rec["seq_base"][0, :len(n)] = ((base[inv] + first) & 0xFFFFFFFF).astype(np.uint32)
+        rec["seq_n"][0, :len(n)] = n
+        self._seq[uch] = base + tot
+        self._hdr[uch, 0] = self._seq[uch]
+        if skipped:
+            self._hdr[uch[0], 1] += np.uint64(skipped)
 
     def _record(self, work: Work) -> tuple[Any, np.ndarray, Any, int, int]:
         plan = work.plan

@@ -1,5 +1,5 @@
 """Device memory of one communicator: FIFOs, tails, heads (one cudaMalloc, shared through CUDA IPC),
-step counters and stamp counters (device, persistent across launches), and mapped host memory for
+step counters (device, persistent across launches), and mapped host memory for
 the stamp rings, the abort flag and the clock probe.
 
 Handles travel through the rendezvous store; every rank opens every peer's allocation (the ring is
@@ -41,8 +41,7 @@ class CommMemory:
         nk = nconn * max(1, world - 1)
         self.send_step = self._malloc(nk * 8)
         self.recv_step = self._malloc(nk * 8)
-        self.stamp_state = self._malloc(nring * 16)
-        for p, n in ((self.send_step, nk * 8), (self.recv_step, nk * 8), (self.stamp_state, nring * 16)):
+        for p, n in ((self.send_step, nk * 8), (self.recv_step, nk * 8)):
             runtime.memset(p, 0, n)
         # mapped host memory: stamp rings; control words (abort, status, one, clock probe)
         self.nring, self.slots = nring, slots
@@ -91,7 +90,6 @@ class CommMemory:
         c["stamp_hdr"] = h.header.ctypes.data
         c["started"] = h.started.ctypes.data
         c["completed"] = h.completed.ctypes.data
-        c["stamp_state"] = self.stamp_state
         c["abort_host"] = self.ctrl_ptr
         c["status_host"] = self.ctrl_ptr + 4
         c["fifo_off"], c["buffsize"] = self.fifo_off, self.buffsize

@@ -27,20 +27,21 @@ struct Args {
   u16 blk_first[ST_MAXB];
   u16 blk_n[ST_MAXB];
   P2pDesc parts[ST_MAXP];
+  u32 seq_base[ST_MAXP];  // stamp seqs reserved by the host per program (ring: block; p2p: part), low 32 bits
+  u32 seq_n[ST_MAXP];     // and how many: the kernel never writes past them
 };
 static_assert(sizeof(P2pDesc) == 32, "P2pDesc layout");
-static_assert(sizeof(Args) == 2408, "Args layout");
+static_assert(sizeof(Args) == 2920, "Args layout");
 
 struct Comm {
   u64 peer_base[ST_MAXRANKS];   // each rank's IPC allocation as mapped here (own = local)
   u64 send_step, recv_step;     // u64[nconn * (world-1)] device memory, persistent across launches
-  u64 stamp_hdr, started, completed;   // mapped host memory (stamps/layout.py)
-  u64 stamp_state;              // u64[2 * nring] device memory: reserved, sampled_out per channel
+  u64 stamp_hdr, started, completed;   // mapped host memory (stamps/layout.py); the host writes the header
   u64 abort_host, status_host;  // u32* mapped host memory
   u64 fifo_off, buffsize;
   int world, rank, nconn, slots;
 };
-static_assert(sizeof(Comm) == 8 * ST_MAXRANKS + 10 * 8 + 16, "Comm layout");
+static_assert(sizeof(Comm) == 8 * ST_MAXRANKS + 9 * 8 + 16, "Comm layout");
 
 // IPC allocation: [0] abort word | tails (128 B apart) | heads | FIFOs (buffsize each), slot k = c*(W-1)+peer slot
 #define ST_CTRL 128

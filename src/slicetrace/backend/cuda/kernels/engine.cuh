@@ -1,30 +1,33 @@
 // Simple-protocol primitives for one warp group: wait (tid 0 recv, tid 1 send), copy (worker warps),
 // post (the last thread; with >= 3 warps it sits in its own warp so its fence overlaps the next copy).
-// With STEPS the post thread also writes the KernelStep stamps (stamps/layout.py), publishing each
-// slice's seq numbers at the next slice's fence, so stamping adds stores but no fence per slice.
+// Stamps (stamps/layout.py, GPU writer rules) cost no fence and no store to host memory on the data path:
+// the host reserves each program's seq range at submit (Args.seq_base/seq_n), the last warp stages records
+// in shared memory and writes them out in bursts (at program end, or when the stage is full) with
+// provisional seq words that the drain trusts once the op's completion event has fired. A fence waits for
+// the PCIe writes in flight, so stores left pending in front of the data fences were most of the cost.
 #pragma once
 #include "args.cuh"
 #include "reduce.cuh"
 
-#ifndef ST_STAMP_WRITES
-#define ST_STAMP_WRITES 1
-#endif
 // ST_TIMER_MODE 0: every stamp clock is a %globaltimer read (16 ns a read on H200, measured). Mode 1 (an
 // option for GPUs where that read is slow): the wait roles take clock64() and the post thread reads
 // %globaltimer once per slice; wait/ready = done - cycles x the SM clock rate measured over that slice.
+// ST_HOST_STORES 0: a measurement variant with no stamp store to host memory at all (logic cost only).
+#ifndef ST_HOST_STORES
+#define ST_HOST_STORES 1
+#endif
 #ifndef ST_TIMER_MODE
 #define ST_TIMER_MODE 0
 #endif
 __device__ __forceinline__ u64 role_clock() { return ST_TIMER_MODE ? (u64)clock64() : gtimer(); }
 
+#ifndef ST_STAGE
+#define ST_STAGE 24          // stamp records a program stages in shared memory before writing them out
+#endif
 struct GrpShared {
   u64 clk[2][2][2];   // [slice parity][recv, send][wait, ready]
   int ab[2][2];       // [slice parity][recv waiter, send waiter]: the wait was aborted
-};
-struct BlockShared {
-  GrpShared g[ST_MAXG];
-  u64 reserved, sampled;   // this channel's stamp counters (mirrored into the ring header)
-  int lock, multi;
+  u64 stage[ST_STAGE][6];
 };
 
 struct Grp { int tid, nthr, nwork, bar_all, bar_work, post; };
@@ -76,67 +79,64 @@ __device__ __forceinline__ u64 id1(u64 size, int peer, int kind, int flags) {
 }
 
 template <typename T, bool STEPS> struct Eng {
-  const Args* a; const Comm* cm; BlockShared* bs; GrpShared* gs;
+  const Args* a; const Comm* cm; GrpShared* gs;
   Grp g; Conn c;
   u64 sstep, rstep;
   int k;                 // slice index within the program (sampling)
   int kr;                // real (non-empty) slices so far: parity of the shared clock/abort slots
   bool aborted;
-  // stamp state, used by the post thread only
-  u64 *hdr, *st, *co; u64 mask;
-  u64 pend_lo, pend_hi;  // step entries whose payload is written and seq not yet published
-  u64 chseq; bool ch_pend;
+  // stamp state, tracked by the whole last warp (warp-uniform)
+  u64 *st, *co; u64 mask;
+  u32 seq, seq_end;      // next seq of this program's reserved range [seq_base, seq_base + seq_n)
+  u32 chq;               // KernelCh start seq (the stop is chq + 1), when chon
+  bool chon;
+  int ns;                // records staged in gs->stage: (wait, ready, done, id0, id1, seq)
   int ch_peer, ch_flags;
   u64 pt, pc;            // last (%globaltimer, clock64) pair: the SM clock's rate over the current slice
 
   __device__ bool post() const { return g.tid == g.post; }
-  __device__ bool stamping() const { return STEPS || a->stamp_ch; }
+  __device__ bool last_warp() const { return g.tid >= g.nthr - 32; }
 
-  __device__ void lock() { if (bs->multi) { while (atomicCAS(&bs->lock, 0, 1) != 0) {} __threadfence_block(); } }
-  __device__ void unlock() { if (bs->multi) { fence_sys(); atomicExch(&bs->lock, 0); } }
-  __device__ u64 reserve(int n) {
-    volatile u64* r = &bs->reserved;
-    lock();
-    const u64 q = *r + 1;
-    *r = q + n - 1;
-    st_volatile(hdr, q + n - 1);         // header.reserved, before any payload of these seqs
-    unlock();
-    return q;
-  }
-  __device__ void sampled_out(int n) {
-    volatile u64* s = &bs->sampled;
-    lock();
-    *s = *s + n;
-    st_volatile(hdr + 1, *s);
-    unlock();
-  }
-  __device__ void entry(u64* ring, u64 q, u64 w, u64 r, u64 d, u64 i0, u64 i1) {
-    if (ST_STAMP_WRITES == 0) return;    // measurement variant: stamping logic without the ring stores
-    u64* e = ring + (q & mask) * 6;
-    st_volatile(e + 1, w); st_volatile(e + 2, r); st_volatile(e + 3, d);
-    st_volatile(e + 4, i0); st_volatile(e + 5, i1);
-  }
-  __device__ void publish() {
-    for (u64 q = pend_lo; q < pend_hi; q++) {
-      st_volatile(st + (q & mask) * 6, q);
-      st_volatile(co + (q & mask) * 6, q);
+  // Write the staged records into the rings: 16-byte stores, consecutive lanes on consecutive addresses,
+  // seq words provisional (layout.SEQ_PROVISIONAL). Whole last warp.
+  __device__ void flush() {
+    __syncwarp();
+    const u64 tag = (1ull << 63) | ((u64)(a->op_tag & 0x7FFFFFFFu) << 32);
+    for (int j = g.tid & 31; j < 6 * ns; j += 32) {
+      const u64* r = gs->stage[j / 6];
+      const int part = j % 6, ring = part / 3, cw = part % 3;
+      const u64 q = r[5];
+      u64 x, y;
+      if (cw == 0) { x = tag | (q & 0xFFFFFFFFull); y = ring ? 0 : r[0]; }      // seq, wait
+      else if (cw == 1) { x = ring ? 0 : r[1]; y = ring ? r[2] : 0; }           // ready, done
+      else { x = r[3]; y = r[4]; }                                               // identity words
+      if (ST_HOST_STORES) st_volatile_v2((ring ? co : st) + (q & mask) * 6 + 2 * cw, x, y);
     }
-    pend_lo = pend_hi;
-    if (ch_pend) { st_volatile(st + (chseq & mask) * 6, chseq); st_volatile(co + (chseq & mask) * 6, chseq); ch_pend = false; }
+    __syncwarp();
+    ns = 0;
+  }
+  // A KernelCh start or stop record at seq q: clock t at both ends, staged by lane 0.
+  __device__ void stage_ch(u32 q, u64 t, int stop) {
+    if (ns + 1 > ST_STAGE) flush();
+    if ((g.tid & 31) == 0) {
+      u64* r = gs->stage[ns];
+      r[0] = t; r[1] = t; r[2] = t;
+      r[3] = id0(a->op_tag, 0); r[4] = id1(0, ch_peer, 1, ch_flags | (stop ? 2 : 0)); r[5] = q;
+    }
+    ns += 1;
   }
 
-  __device__ void init(const Args* a_, const Comm* cm_, BlockShared* bs_, int gi, Grp g_, int ch) {
-    a = a_; cm = cm_; bs = bs_; gs = &bs_->g[gi]; g = g_;
+  __device__ void init(const Args* a_, const Comm* cm_, GrpShared* gs_, Grp g_, int ch, int prog) {
+    a = a_; cm = cm_; gs = gs_; g = g_;
     c.s_stepp = 0; c.r_stepp = 0; c.s_peer = c.r_peer = 0;
-    hdr = (u64*)cm->stamp_hdr + (u64)ch * 8;
     st = (u64*)cm->started + (u64)ch * cm->slots * 6;
     co = (u64*)cm->completed + (u64)ch * cm->slots * 6;
     mask = cm->slots - 1;
-    pend_lo = pend_hi = 0; ch_pend = false; aborted = false; k = 0; kr = 0;
+    seq = a->seq_base[prog]; seq_end = seq + a->seq_n[prog];
+    ns = 0; aborted = false; k = 0; kr = 0;
   }
   __device__ static u64 round_up(u64 s, int m) { return (s + m - 1) / m * m; }
 
-  __device__ bool last_warp() const { return g.tid >= g.nthr - 32; }
   __device__ void begin(int peer, int flags) {
     sstep = c.s_stepp ? round_up(*c.s_stepp, a->chunk_steps) : 0;
     rstep = c.r_stepp ? round_up(*c.r_stepp, a->chunk_steps) : 0;
@@ -145,23 +145,19 @@ template <typename T, bool STEPS> struct Eng {
     if (post() && c.r_stepp && rstep != *c.r_stepp) st_relaxed_sys(c.r_head, rstep);
     ch_peer = peer; ch_flags = flags;
     if (STEPS && ST_TIMER_MODE && post()) { pc = clock64(); pt = gtimer(); }
-    if (a->stamp_ch && last_warp()) {
-      if (post()) {
-        // KernelCh start: a record of its own, completed at once (stamps/layout.py: an entry left open across
-        // many later seqs would have its completed slot reused). Published at the first slice's fence.
-        const u64 t = gtimer();
-        chseq = reserve(1);
-        fence_sys();                    // header.reserved before the payload: a lapping reader must see it
-        entry(st, chseq, t, t, 0, id0(a->op_tag, 0), id1(0, peer, 1, flags));
-        entry(co, chseq, 0, 0, t, id0(a->op_tag, 0), id1(0, peer, 1, flags));
-      }
-      chseq = __shfl_sync(0xffffffffu, chseq, 31);   // the whole last warp tracks the stamp state
-      ch_pend = true;
+    chon = false;
+    if (a->stamp_ch && last_warp() && seq + 2 <= seq_end) {
+      // KernelCh start = seq_base, stop = seq_base + 1 (stamps.layout: reserved together before the slices)
+      const u64 t = __shfl_sync(0xffffffffu, gtimer(), 31);
+      chq = seq; chon = true;
+      seq += 2;
+      stage_ch(chq, t, 0);
     }
   }
   __device__ void end() {
     if (!last_warp()) return;
-    __syncwarp();                      // payload stores of the warp's lanes come before the final fence
+    if (chon) stage_ch(chq + 1, __shfl_sync(0xffffffffu, gtimer(), 31), 1);
+    if (ns) flush();                     // no fence: the op's completion makes these stores visible
     if (!post()) return;
     if (!aborted) {
       if (c.s_stepp) *c.s_stepp = sstep;
@@ -169,18 +165,6 @@ template <typename T, bool STEPS> struct Eng {
     } else {
       st_volatile_u32((u32*)cm->status_host, 1u);
     }
-    if (!stamping()) return;
-    u64 q = 0;
-    if (a->stamp_ch) {                  // KernelCh stop: its own seq, reserved after every slice of the program
-      const u64 t = gtimer();
-      q = reserve(1);
-      fence_sys();                      // header.reserved before the payload (see begin)
-      entry(st, q, t, t, 0, id0(a->op_tag, 0), id1(0, ch_peer, 1, ch_flags | 2));
-      entry(co, q, 0, 0, t, id0(a->op_tag, 0), id1(0, ch_peer, 1, ch_flags | 2));
-    }
-    fence_sys();
-    publish();
-    if (a->stamp_ch) { st_volatile(st + (q & mask) * 6, q); st_volatile(co + (q & mask) * 6, q); }
   }
 
   // A role clock taken before the post thread's (cd cycles, td ns) pair, as %globaltimer ns.
@@ -191,56 +175,44 @@ template <typename T, bool STEPS> struct Eng {
     return dn < td ? td - dn : 0;
   }
 
-  // Called by the group's last warp after the barrier: lane 31 posts; with STEPS the 32 lanes then write
-  // the stamp words in parallel (one store each; a single thread's stores to host memory queue up).
+  // Called by the group's last warp after the barrier: lane 31 posts; with STEPS the lanes then stage the
+  // slice's records in shared memory (written to the rings in bursts by flush(), so no stamp store to host
+  // memory is pending when the next slice's fence runs).
   __device__ void post_real(bool rv, bool sd, i64 n, int ss, bool stamp, int par) {
     const int lane = g.tid & 31;
-    u64 td = 0, cd = 0, q = 0, rq = 0;
+    u64 td = 0, cd = 0, rq = 0;
     const int nd = (int)rv + (int)sd;
     if (lane == 31) {
-      if (STEPS) {
-        if (stamp) {                                   // done is read before the tail store
-          cd = clock64(); td = gtimer(); q = reserve(nd);
+      if (STEPS && stamp) {                            // done is read before the tail store
+        td = gtimer();
+        if (ST_TIMER_MODE) {
+          cd = clock64();
           rq = cd - pc > 2000 && td > pt ? ((td - pt) << 16) / (cd - pc) : (u64)a->cyc_q16;
           pt = td; pc = cd;
-        } else {
-          sampled_out(nd);
         }
       }
       fence_sys();                                     // slice data (all workers, via the barrier) first
       if (sd) st_relaxed_sys(c.s_tail, sstep + ss);
       if (rv) st_relaxed_sys(c.r_head, rstep + ss);
     }
-    if (!STEPS) return;
-    __syncwarp();
-    // publish the previous slice: its payload was written before this slice's barrier and fence
-    const int np = (int)(pend_hi - pend_lo);
-    if (lane < 2 * np) {
-      const u64 pq = pend_lo + (lane >> 1);
-      st_volatile(((lane & 1) ? co : st) + (pq & mask) * 6, pq);
-    }
-    if (ch_pend && lane == 30) st_volatile(st + (chseq & mask) * 6, chseq);
-    if (ch_pend && lane == 29) st_volatile(co + (chseq & mask) * 6, chseq);
-    ch_pend = false;
-    pend_lo = pend_hi;
-    if (!stamp) return;
-    td = __shfl_sync(0xffffffffu, td, 31); cd = __shfl_sync(0xffffffffu, cd, 31);
-    q = __shfl_sync(0xffffffffu, q, 31); rq = __shfl_sync(0xffffffffu, rq, 31);
-    if (lane < 10 * nd) {
-      const int e = lane / 10, ring = (lane % 10) / 5, w = lane % 5 + 1;
+    if (!STEPS || !stamp || seq + nd > seq_end) return;
+    if (ns + nd > ST_STAGE) flush();
+    td = __shfl_sync(0xffffffffu, td, 31);
+    if (ST_TIMER_MODE) { cd = __shfl_sync(0xffffffffu, cd, 31); rq = __shfl_sync(0xffffffffu, rq, 31); }
+    if (lane < 6 * nd) {
+      const int e = lane / 6, w = lane % 6;
       const bool recv = rv && e == 0;
       const int dir = recv ? 0 : 1;
-      const u64 step = recv ? rstep : sstep;
       u64 v;
-      if (w == 1) v = ring ? 0 : ns_at(gs->clk[par][dir][0], cd, td, rq);
-      else if (w == 2) v = ring ? 0 : ns_at(gs->clk[par][dir][1], cd, td, rq);
-      else if (w == 3) v = ring ? td : 0;
-      else if (w == 4) v = id0(a->op_tag, step);
-      else v = id1((u64)n * sizeof(T), recv ? c.r_peer : c.s_peer, 0, recv ? 0 : 1);
-      if (ST_STAMP_WRITES) st_volatile((ring ? co : st) + ((q + e) & mask) * 6 + w, v);
+      if (w == 0) v = ns_at(gs->clk[par][dir][0], cd, td, rq);
+      else if (w == 1) v = ns_at(gs->clk[par][dir][1], cd, td, rq);
+      else if (w == 2) v = td;
+      else if (w == 3) v = id0(a->op_tag, recv ? rstep : sstep);
+      else if (w == 4) v = id1((u64)n * sizeof(T), recv ? c.r_peer : c.s_peer, 0, recv ? 0 : 1);
+      else v = seq + e;
+      gs->stage[ns + e][w] = v;
     }
-    pend_lo = q;
-    pend_hi = q + nd;
+    ns += nd; seq += nd;
   }
 
   // One slice of n elements. src/dst are user pointers at the slice (0 = unused).

@@ -54,21 +54,13 @@ __device__ void ring_program(Eng<T, STEPS>& e, const Args& a, i64 lo, i64 cnt) {
 
 template <typename T, bool STEPS>
 __device__ void st_main(const Args& a) {
-  __shared__ BlockShared bs;
-  const Comm* cm = (const Comm*)a.comm;
+  __shared__ GrpShared gsh[ST_MAXG];
   const int b = blockIdx.x, nthr = blockDim.x;
   const bool p2p = a.func == F_SEND_RECV;
   const int G = p2p ? a.blk_n[b] : 1;
   const int first = p2p ? a.blk_first[b] : 0;
   const int ch = p2p ? a.parts[first].channel : b;
-  const bool stamps = STEPS || a.stamp_ch;
-  if (stamps) {
-    if (threadIdx.x == 0) {
-      const u64* ss = (const u64*)cm->stamp_state + 2 * ch;
-      bs.reserved = ss[0]; bs.sampled = ss[1]; bs.lock = 0; bs.multi = G > 1;
-    }
-    bar_sync(0, nthr);
-  }
+  const Comm* cm = (const Comm*)a.comm;
   // warp groups: the whole block for a ring; for p2p one group per program of this channel
   const int nw = nthr / 32, wpg = G <= 7 ? nw / G : 1;
   const int gi = (threadIdx.x / 32) / wpg;
@@ -82,7 +74,7 @@ __device__ void st_main(const Args& a) {
     g.bar_work = has_post ? g.bar_all + 1 : g.bar_all;
     g.post = g.nthr - 1;
     Eng<T, STEPS> e;
-    e.init(&a, cm, &bs, gi, g, ch);
+    e.init(&a, cm, &gsh[gi], g, ch, p2p ? first + gi : b);
     if (!p2p) {
       const int n = a.nranks;
       conn_send(e.c, cm, b, (a.rank + 1) % n);
@@ -104,13 +96,6 @@ __device__ void st_main(const Args& a) {
         else e.prim(d.peer, -1, 0, ptr + off, false, false, m);
       }
       e.end();
-    }
-  }
-  if (stamps) {
-    bar_sync(0, nthr);                   // every group's stamps are written before the counters go back
-    if (threadIdx.x == 0) {
-      u64* ss = (u64*)cm->stamp_state + 2 * ch;
-      ss[0] = bs.reserved; ss[1] = bs.sampled;
     }
   }
 }
