@@ -45,6 +45,8 @@ def threads_for(nbytes: int, nblocks: int, nthreads: int) -> int:
     return nt + 32
 
 
+_SEQ_BASE = ARGS_DTYPE.fields["seq_base"][1] // 4   # u32 offsets of Args.seq_base and Args.seq_n
+_SEQ_N = ARGS_DTYPE.fields["seq_n"][1] // 4
 _GEN: dict[str, int] = {}        # backends made per job in this process: keeps store keys of re-inits apart
 
 
@@ -191,11 +193,18 @@ class CudaBackend(Backend):
             sp = (plan, uch, inv, tot, before + 1, n.astype(np.uint32), sum(s for _, s in counts))
             self._stamp_plans[key] = sp
         _, uch, inv, tot, first, n, skipped = sp
-        base = self._seq[uch]
-        rec["seq_base"][0, :len(n)] = ((base[inv] + first) & 0xFFFFFFFF).astype(np.uint32)
-        rec["seq_n"][0, :len(n)] = n
-        self._seq[uch] = base + tot
-        self._hdr[uch, 0] = self._seq[uch]
+        u32, m = rec.view(np.uint32), len(n)
+        if len(uch) == m and uch[-1] == m - 1:             # one program per channel 0..m-1 (rings): views only
+            seq = self._seq[:m]
+            u32[_SEQ_BASE:_SEQ_BASE + m] = seq + first
+            seq += tot
+            self._hdr[:m, 0] = seq
+        else:
+            base = self._seq[uch]
+            u32[_SEQ_BASE:_SEQ_BASE + m] = base[inv] + first
+            self._seq[uch] = base + tot
+            self._hdr[uch, 0] = self._seq[uch]
+        u32[_SEQ_N:_SEQ_N + m] = n
         if skipped:
             self._hdr[uch[0], 1] += np.uint64(skipped)
 
