@@ -57,7 +57,6 @@ VARIABLES: tuple[Var, ...] = (
     Var("SLICETRACE_STAMP_RING_SLOTS", "ring_slots", _int, "entries in each started/completed stamp ring per channel (power of two), default 16384"),
     Var("SLICETRACE_KERNEL_STEP_SAMPLE_RATE", "sample_rate", _int, "keep slice 0 and every k-th slice of each work (1..255), default 1"),
     Var("SLICETRACE_DRAIN_INTERVAL_US", "drain_interval_us", _int, "drain thread poll period in microseconds (adaptive, backs off to 16 ms; cuda: the cpu backend drains between ops), default 500"),
-    Var("SLICETRACE_GIL_SWITCH_US", "gil_switch_us", _int, "with a drain thread (cuda), Python's thread switch interval in microseconds while profiling, so a busy drain never holds the caller off the GIL for long (0 = leave it), default 200"),
     Var("SLICETRACE_PROFILER_PLUGIN", "profiler_plugin", _opt_str, "plugins: 'example', 'linkstats', 'module:attr', an entry point in group slicetrace.profilers, comma-separated for several, 'none' to disable"),
     Var("SLICETRACE_PROFILE_EVENT_MASK", "profile_event_mask", _int, "event mask the example plugin asks for; default Coll|P2p|KernelCh|KernelStep = 65606"),
     Var("SLICETRACE_PROFILE_DUMP_FILE", "profile_dump_file", _opt_str, "example plugin: trace path prefix, files are <prefix>_<commHash>_<rank>.json"),
@@ -82,7 +81,6 @@ class Settings:
     ring_slots: int = 16384
     sample_rate: int = 1
     drain_interval_us: int = 500
-    gil_switch_us: int = 200
     profiler_plugin: str | None = None
     profile_event_mask: int | None = None
     profile_dump_file: str | None = None
@@ -113,8 +111,6 @@ class Settings:
             raise ConfigError(f"sample_rate={self.sample_rate} must be in 1..255 (1 keeps every slice)")
         if not 10 <= self.drain_interval_us <= 1_000_000:
             raise ConfigError(f"drain_interval_us={self.drain_interval_us} must be in 10..1000000")
-        if not 0 <= self.gil_switch_us <= 100_000:
-            raise ConfigError(f"gil_switch_us={self.gil_switch_us} must be in 0..100000 (0 = leave Python's)")
         if self.profile_event_mask is not None and not 0 <= self.profile_event_mask < (1 << 32):
             raise ConfigError(f"profile_event_mask={self.profile_event_mask} must be in 0..2**32-1")
         for name, size in self.pool_sizes.items():

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import sys
 import time
 from typing import Any
 
@@ -49,7 +48,6 @@ class Session:
         self._closed = False
         self._resync_at = 0.0
         self.clock_uncertainty_ns = 0
-        self._switch: _GilSwitch | None = None
         try:
             plugins = load_plugins(settings.profiler_plugin, settings)
             if plugins:
@@ -63,7 +61,6 @@ class Session:
                 self._reserved = self.backend.rings.header["reserved"]     # a view: copied after each op
                 self._since_poll, self._poll_at = 0, 0.0
                 if not self._inline:
-                    self._switch = _GilSwitch(settings.gil_switch_us)
                     self.drain.start()
         except BaseException:
             self.backend.close()
@@ -156,37 +153,5 @@ class Session:
             if self.host is not None:
                 self.host.close()
         finally:
-            if self._switch is not None:
-                self._switch.restore()
             self.backend.close()
 
-
-
-class _GilSwitch:
-    """Python's thread switch interval shortened while a drain thread runs: a thread that waits for the GIL
-    gets it only after the holder ran a whole interval (5 ms by default), so a drain poll would hold the
-    enqueuing thread off for that long and the device would run dry. Counted across sessions; the old value
-    comes back when the last one closes, unless someone else changed it meanwhile."""
-
-    _users = 0
-    _old = _set = 0.0
-
-    def __init__(self, us: int):
-        self.on = bool(us)
-        if not self.on:
-            return
-        cls = type(self)
-        if cls._users == 0:
-            cls._old = sys.getswitchinterval()
-            cls._set = min(cls._old, us / 1e6)
-            sys.setswitchinterval(cls._set)
-        cls._users += 1
-
-    def restore(self) -> None:
-        if not self.on:
-            return
-        self.on = False
-        cls = type(self)
-        cls._users -= 1
-        if cls._users == 0 and abs(sys.getswitchinterval() - cls._set) < 1e-9:
-            sys.setswitchinterval(cls._old)
