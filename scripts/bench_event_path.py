@@ -2,8 +2,10 @@
 
 A realistic 1-channel all_reduce: KernelCh start, `--slices` send/recv KernelStep pairs, KernelCh stop, written
 with the cpu backend's FastRingWriter; the drain polls once per `--batch` ops. Prints us per op per stage.
+--gpu writes the records the way the cuda backend does instead (ranges reserved per op, whole entries with
+provisional seq words, numpy-vectorised so that "stamping" stands for the kernel's share).
 
-    PYTHONPATH=src python scripts/bench_event_path.py [--ops 2000] [--batch 10] [--slices 10] [--channels 1] [--trace]
+    PYTHONPATH=src python scripts/bench_event_path.py [--ops 2000] [--batch 10] [--slices 10] [--channels 1] [--gpu] [--trace]
 """
 from __future__ import annotations
 
@@ -12,13 +14,49 @@ import statistics
 import tempfile
 import time
 
+import numpy as np
+
 from slicetrace.backend.cpu.stamper import FastRingWriter
 from slicetrace.config import Settings
 from slicetrace.events.abi import CommInfo
 from slicetrace.events.host import EventHost, OpInfo, TaskInfo
 from slicetrace.events.plugin import load_plugins
 from slicetrace.stamps.drain import Drain
-from slicetrace.stamps.layout import FLAG_SEND, RingViews, ring_bytes
+from slicetrace.stamps.layout import (FLAG_CH_STOP, FLAG_SEND, KIND_CHANNEL, RingViews, provisional_word,
+                                      ring_bytes)
+
+
+class GpuLikeWriter:
+    """Every channel's records of one op at once, as the cuda kernel leaves them in the rings."""
+
+    def __init__(self, v: RingViews, slices: int):
+        self.v, self.n = v, slices + 2
+        self.st = v.started.view("<u8").reshape(v.nchannels, v.slots, 6)
+        self.co = v.completed.view("<u8").reshape(v.nchannels, v.slots, 6)
+        self.hdr = v.header.view("<u8").reshape(v.nchannels, 8)
+        k = np.arange(self.n)
+        self.kind = np.where(k < 2, KIND_CHANNEL, 0).astype(np.uint64)
+        self.flags = np.where(k == 1, FLAG_CH_STOP, np.where(k % 2 == 1, FLAG_SEND, 0)).astype(np.uint64)
+        self.step = np.where(k < 2, 0, (k - 2) // 2 * 2).astype(np.uint64)
+        self.size = np.where(k < 2, 0, 65536).astype(np.uint64)
+
+    def op(self, tag: int, t0: int) -> None:
+        nch, n, S = self.v.nchannels, self.n, self.v.slots
+        base = self.hdr[:, 0].astype(np.int64) + 1
+        seq = base[:, None] + np.arange(n)[None, :]
+        idx = seq & (S - 1)
+        t = np.uint64(t0) + np.arange(n, dtype=np.uint64) * np.uint64(50)
+        i0 = np.uint64(tag) | (self.step << np.uint64(32))
+        i1 = self.size | (np.uint64(1) << np.uint64(32)) | (self.kind << np.uint64(48)) | (self.flags << np.uint64(56))
+        word = (np.uint64(provisional_word(0, tag)) | (seq.astype(np.uint64) & np.uint64(0xFFFFFFFF)))
+        ch = np.arange(nch)[:, None]
+        for ring, cols in ((self.st, (t, t + np.uint64(10), 0)), (self.co, (0, 0, t + np.uint64(40)))):
+            ring[ch, idx, 0] = word
+            for j, c in enumerate(cols, start=1):
+                ring[ch, idx, j] = c
+            ring[ch, idx, 4] = i0
+            ring[ch, idx, 5] = i1
+        self.hdr[:, 0] = base + n - 1
 
 
 def run(args, dump: str | None) -> dict[str, float]:
@@ -28,6 +66,7 @@ def run(args, dump: str | None) -> dict[str, float]:
     v = RingViews(bytearray(ring_bytes(nch, 16384)), nch, 16384)
     d = Drain(v, host)
     ws = [FastRingWriter(v, c) for c in range(nch)]
+    gw = GpuLikeWriter(v, args.slices) if args.gpu else None
     clock = time.monotonic_ns
     t_begin = t_stamp = t_drain = 0.0
     pc = time.perf_counter
@@ -41,13 +80,15 @@ def run(args, dump: str | None) -> dict[str, float]:
             host.begin_op(info)
             d.expect(tag)
             b = pc()
-            for w in ws:
+            for w in ws if gw is None else ():
                 chseq = w.channel_start(tag, 0, 0, clock())
                 for k in range(args.slices // 2):
                     t = clock()
                     w.step(0, tag, 2 * k, 65536, 1, t, t + 10, t + 50)
                     w.step(FLAG_SEND, tag, 2 * k, 65536, 1, t + 10, t + 10, t + 50)
                 w.channel_stop(chseq, tag, 0, 0, clock())
+            if gw is not None:
+                gw.op(tag, clock())
             c = pc()
             d.op_submitted(tag, lambda: True, v.header["reserved"].copy())
             t_begin += b - a + pc() - c
@@ -68,6 +109,7 @@ def main() -> None:
     p.add_argument("--slices", type=int, default=10, help="KernelStep records per op and channel")
     p.add_argument("--channels", type=int, default=1, help="channels per op (the cuda backend uses up to 64)")
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--gpu", action="store_true", help="records as the cuda backend writes them")
     p.add_argument("--trace", action="store_true", help="write a trace file (else events are counted only)")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
