@@ -2,20 +2,19 @@
 the reservation is host code, checked against plan.traffic.stamp_records."""
 from __future__ import annotations
 
-import types
-
 import numpy as np
 import pytest
 
 from slicetrace.backend.base import Work
-from slicetrace.backend.cuda.backend import CudaBackend
 from slicetrace.backend.cuda.layout import ARGS_DTYPE
+from slicetrace.backend.cuda.seqs import SeqRanges
 from slicetrace.plan.schedule import P2pPart, plan_collective, plan_p2p
 from slicetrace.plan.traffic import expected_slices, stamp_records
+from slicetrace.stamps.layout import RingViews, ring_bytes
 
 
-def fake(nch=8):
-    return types.SimpleNamespace(_seq=np.zeros(nch, np.int64), _hdr=np.zeros((nch, 8), np.uint64), _stamp_plans={})
+def rings(nch=8):
+    return RingViews(bytearray(ring_bytes(nch, 64)), nch, 64)
 
 
 def ranges(rec, progs):
@@ -25,36 +24,37 @@ def ranges(rec, progs):
 
 @pytest.mark.parametrize("rate", [1, 3])
 def test_ring_ranges_follow_each_other_and_match_the_plan(rate):
-    be, rec = fake(), np.zeros(1, ARGS_DTYPE)
+    v, rec = rings(), np.zeros(1, ARGS_DTYPE)
+    sr = SeqRanges(v)
     plan = plan_collective("all_reduce", 3, 1, 1_000_003, 4, 0, 4, 1 << 19)
     work = Work(1, plan, "float32", "sum", stamp_steps=True, stamp_channels=True, sample_rate=rate)
     seen = []
     for _ in range(3):
-        CudaBackend._reserve(be, work, rec)
+        sr.reserve(work, rec)
         seen.append(ranges(rec, plan.programs))
     want = [stamp_records(p, rate, True, True)[0] for p in plan.programs]
     for ch in range(4):
         rs = [r[ch] for r in seen]
         assert rs[0][1] == 1 and all(b - a == want[ch] for _, a, b in rs)
         assert all(rs[i][2] == rs[i + 1][1] for i in range(2))            # back to back, never overlapping
-        assert be._hdr[ch, 0] == rs[-1][2] - 1                             # header.reserved = last seq
+        assert v.header["reserved"][ch] == rs[-1][2] - 1                  # header.reserved = last seq
     skipped = sum(1 for e in expected_slices(plan) if e[3] % rate) * 3
-    assert int(be._hdr[:, 1].sum()) == skipped
+    assert int(v.header["sampled_out"].sum()) == skipped
 
 
 def test_p2p_programs_sharing_a_channel_get_disjoint_ranges_in_kernel_order():
-    be, rec = fake(), np.zeros(1, ARGS_DTYPE)
+    v, rec = rings(), np.zeros(1, ARGS_DTYPE)
     parts = [P2pPart(1, True, 300_000, 0), P2pPart(1, False, 300_000, 1), P2pPart(1, True, 100_000, 2),
              P2pPart(1, False, 5_000, 3)]
     plan = plan_p2p(parts, 2, 0, 4, 1 << 19, 1 << 19, 2)
     work = Work(5, plan, "float32", "sum", parts=[(p, None) for p in parts], stamp_steps=True, stamp_channels=True)
-    CudaBackend._reserve(be, work, rec)
+    SeqRanges(v).reserve(work, rec)
     progs = sorted(plan.programs, key=lambda q: (q.channel, q.params["part"]))
     got = ranges(rec, progs)
     for ch in {p.channel for p in progs}:
         rs = sorted((a, b) for c, a, b in got if c == ch)
         assert rs[0][0] == 1 and all(rs[i][1] == rs[i + 1][0] for i in range(len(rs) - 1))
-        assert be._hdr[ch, 0] == rs[-1][1] - 1
+        assert v.header["reserved"][ch] == rs[-1][1] - 1
     assert [b - a for _, a, b in got] == [stamp_records(p, 1, True, True)[0] for p in progs]
 
 

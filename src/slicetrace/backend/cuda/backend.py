@@ -15,12 +15,12 @@ import numpy as np
 from ...config import Settings
 from ...errors import BackendError, CommTimeoutError, PeerError, UsageError
 from ...rendezvous import Store
-from ...plan.traffic import stamp_records
 from ...stamps.layout import RingViews
 from ..base import DTYPES, Backend, Work
 from . import buffers, clock
 from .compile import Kernels, arch_of
 from .ipc import CommMemory
+from .seqs import SeqRanges
 from .layout import (ARGS_DTYPE, CTYPES, FUNC_IDS, ITEMSIZE, MAX_THREADS, MAXB, MAXG, MAXP, REDOP_IDS)
 
 
@@ -45,8 +45,6 @@ def threads_for(nbytes: int, nblocks: int, nthreads: int) -> int:
     return nt + 32
 
 
-_SEQ_BASE = ARGS_DTYPE.fields["seq_base"][1] // 4   # u32 offsets of Args.seq_base and Args.seq_n
-_SEQ_N = ARGS_DTYPE.fields["seq_n"][1] // 4
 _GEN: dict[str, int] = {}        # backends made per job in this process: keeps store keys of re-inits apart
 
 
@@ -80,10 +78,7 @@ class CudaBackend(Backend):
                               settings.ring_slots, store, self._prefix, settings.timeout_s)
         self.kernels = Kernels(settings.cache_dir, arch_of(self.device))
         self.extra_defines: dict[str, str] = {}          # measurement variants (scripts/bench_cuda.py --variants)
-        # stamp seqs are reserved here, per program at submit (stamps.layout, GPU writer rules)
-        self._seq = np.zeros(self.mem.rings.nchannels, dtype=np.int64)
-        self._hdr = self.mem.rings.header.view(np.uint64).reshape(-1, 8)
-        self._stamp_plans: dict[tuple, tuple] = {}
+        self.seqs = SeqRanges(self.mem.rings)             # stamp seqs, reserved per program at submit
         self._side = runtime.streamCreateWithFlags(1)     # non-blocking: clock probe and abort DMA
         self._copy = runtime.streamCreateWithFlags(1)     # self copies of a group, beside its kernel
         self._fork = runtime.eventCreateWithFlags(2)      # cudaEventDisableTiming
@@ -160,7 +155,7 @@ class CudaBackend(Backend):
             u32[23] = 1 if work.stamp_channels else 0                    # stamp_ch
             u32[21] = max(1, int(work.sample_rate))                      # sample_rate
             if work.stamp_steps or work.stamp_channels:
-                self._reserve(work, rec)
+                self.seqs.reserve(work, rec)
             from cupy.cuda import driver
             driver.launchKernel(fn if not work.stamp_steps else self._fn(work.dtype, True), nb, 1, 1, nt, 1, 1,
                                 0, stream, ctypes.addressof(params), 0)
@@ -170,43 +165,6 @@ class CudaBackend(Backend):
         self._rt.eventRecord(ev.ptr, stream)
         self._last = Token(ev, work.tag)
         return self._last
-
-    def _reserve(self, work: Work, rec: np.ndarray) -> None:
-        """Give each program of work its range of stamp seqs in its channel's ring (the kernel writes exactly
-        stamp_records of them); header.reserved moves before the launch, so the drain's lap check holds."""
-        plan = work.plan
-        key = (id(plan), work.stamp_steps, work.stamp_channels, work.sample_rate)
-        sp = self._stamp_plans.get(key)
-        if sp is None or sp[0] is not plan:
-            progs = plan.programs if plan.func != "send_recv" else \
-                sorted(plan.programs, key=lambda q: (q.channel, q.params["part"]))     # kernel order (_p2p_args)
-            counts = [stamp_records(q, max(1, int(work.sample_rate)), work.stamp_steps, work.stamp_channels)
-                      for q in progs]
-            chan = np.array([q.channel for q in progs], dtype=np.int64)
-            n = np.array([c for c, _ in counts], dtype=np.int64)
-            uch, inv = np.unique(chan, return_inverse=True)
-            tot = np.bincount(inv, weights=n, minlength=len(uch)).astype(np.int64)
-            before = np.cumsum(n) - n                            # records of earlier programs, same channel
-            before -= (np.cumsum(tot) - tot)[inv]
-            if len(self._stamp_plans) > 256:
-                self._stamp_plans.clear()
-            sp = (plan, uch, inv, tot, before + 1, n.astype(np.uint32), sum(s for _, s in counts))
-            self._stamp_plans[key] = sp
-        _, uch, inv, tot, first, n, skipped = sp
-        u32, m = rec.view(np.uint32), len(n)
-        if len(uch) == m and uch[-1] == m - 1:             # one program per channel 0..m-1 (rings): views only
-            seq = self._seq[:m]
-            u32[_SEQ_BASE:_SEQ_BASE + m] = seq + first
-            seq += tot
-            self._hdr[:m, 0] = seq
-        else:
-            base = self._seq[uch]
-            u32[_SEQ_BASE:_SEQ_BASE + m] = base[inv] + first
-            self._seq[uch] = base + tot
-            self._hdr[uch, 0] = self._seq[uch]
-        u32[_SEQ_N:_SEQ_N + m] = n
-        if skipped:
-            self._hdr[uch[0], 1] += np.uint64(skipped)
 
     def _record(self, work: Work) -> tuple[Any, np.ndarray, Any, int, int]:
         plan = work.plan

@@ -1,0 +1,65 @@
+"""Host side of the GPU writer rules (stamps/layout.py): each program's range of stamp seqs, reserved at submit.
+
+The kernel writes exactly `plan.traffic.stamp_records` records per program (KernelCh start and stop, then its
+KernelSteps in slice order) at seq_base.. of its channel's ring and never past seq_n; `header.reserved` (and
+`sampled_out`) move here, before the launch, so the drain's lap check holds without any store from the device.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ...plan.traffic import stamp_records
+from ...stamps.layout import RingViews
+from ..base import Work
+from .layout import ARGS_DTYPE
+
+_SEQ_BASE = ARGS_DTYPE.fields["seq_base"][1] // 4   # u32 offsets of Args.seq_base and Args.seq_n
+_SEQ_N = ARGS_DTYPE.fields["seq_n"][1] // 4
+
+
+class SeqRanges:
+    def __init__(self, rings: RingViews):
+        self.next = np.zeros(rings.nchannels, dtype=np.int64)      # last reserved seq per channel
+        self._hdr = rings.header.view(np.uint64).reshape(-1, 8)
+        self._plans: dict[tuple, tuple] = {}
+
+    def reserve(self, work: Work, rec: np.ndarray) -> None:
+        """Fill rec's (ARGS_DTYPE, one record) seq_base/seq_n for every program of work, in the kernel's order."""
+        _, uch, inv, tot, first, n, skipped = self._plan(work)
+        u32, m = rec.view(np.uint32), len(n)
+        if len(uch) == m and uch[-1] == m - 1:             # one program per channel 0..m-1 (rings): views only
+            seq = self.next[:m]
+            u32[_SEQ_BASE:_SEQ_BASE + m] = seq + first
+            seq += tot
+            self._hdr[:m, 0] = seq
+        else:
+            base = self.next[uch]
+            u32[_SEQ_BASE:_SEQ_BASE + m] = base[inv] + first
+            self.next[uch] = base + tot
+            self._hdr[uch, 0] = self.next[uch]
+        u32[_SEQ_N:_SEQ_N + m] = n
+        if skipped:
+            self._hdr[uch[0], 1] += np.uint64(skipped)
+
+    def _plan(self, work: Work) -> tuple:
+        """Per plan and stamping mode: channels, records per program and where each starts in its channel."""
+        plan = work.plan
+        key = (id(plan), work.stamp_steps, work.stamp_channels, work.sample_rate)
+        sp = self._plans.get(key)
+        if sp is not None and sp[0] is plan:
+            return sp
+        progs = plan.programs if plan.func != "send_recv" else \
+            sorted(plan.programs, key=lambda q: (q.channel, q.params["part"]))     # kernel order (_p2p_args)
+        counts = [stamp_records(q, max(1, int(work.sample_rate)), work.stamp_steps, work.stamp_channels)
+                  for q in progs]
+        chan = np.array([q.channel for q in progs], dtype=np.int64)
+        n = np.array([c for c, _ in counts], dtype=np.int64)
+        uch, inv = np.unique(chan, return_inverse=True)
+        tot = np.bincount(inv, weights=n, minlength=len(uch)).astype(np.int64)
+        before = np.cumsum(n) - n                            # records of earlier programs, same channel
+        before -= (np.cumsum(tot) - tot)[inv]
+        if len(self._plans) > 256:
+            self._plans.clear()
+        sp = (plan, uch, inv, tot, before + 1, n.astype(np.uint32), sum(s for _, s in counts))
+        self._plans[key] = sp
+        return sp
