@@ -16,6 +16,10 @@
 #ifndef ST_HOST_STORES
 #define ST_HOST_STORES 1
 #endif
+// ST_DIAG bits, measurement variants too: 1 = the wait roles take no clocks, 2 = slices stage no records.
+#ifndef ST_DIAG
+#define ST_DIAG 0
+#endif
 #ifndef ST_TIMER_MODE
 #define ST_TIMER_MODE 0
 #endif
@@ -182,6 +186,7 @@ template <typename T, bool STEPS> struct Eng {
     const int lane = g.tid & 31;
     u64 td = 0, cd = 0, rq = 0;
     const int nd = (int)rv + (int)sd;
+    const bool rec = STEPS && stamp && seq + nd <= seq_end && !(ST_DIAG & 2);
     if (lane == 31) {
       if (STEPS && stamp) {                            // done is read before the tail store
         td = gtimer();
@@ -195,24 +200,26 @@ template <typename T, bool STEPS> struct Eng {
       if (sd) st_relaxed_sys(c.s_tail, sstep + ss);
       if (rv) st_relaxed_sys(c.r_head, rstep + ss);
     }
-    if (!STEPS || !stamp || seq + nd > seq_end) return;
+    if (!rec) return;
     if (ns + nd > ST_STAGE) flush();
     td = __shfl_sync(0xffffffffu, td, 31);
     if (ST_TIMER_MODE) { cd = __shfl_sync(0xffffffffu, cd, 31); rq = __shfl_sync(0xffffffffu, rq, 31); }
-    if (lane < 6 * nd) {
-      const int e = lane / 6, w = lane % 6;
-      const bool recv = rv && e == 0;
-      const int dir = recv ? 0 : 1;
-      u64 v;
-      if (w == 0) v = ns_at(gs->clk[par][dir][0], cd, td, rq);
-      else if (w == 1) v = ns_at(gs->clk[par][dir][1], cd, td, rq);
-      else if (w == 2) v = td;
-      else if (w == 3) v = id0(a->op_tag, recv ? rstep : sstep);
-      else if (w == 4) v = id1((u64)n * sizeof(T), recv ? c.r_peer : c.s_peer, 0, recv ? 0 : 1);
-      else v = seq + e;
-      gs->stage[ns + e][w] = v;
-    }
+    if (lane < 6 * nd) stage_word(lane, rv, n, par, td, cd, rq);
     ns += nd; seq += nd;
+  }
+  // Word lane % 6 of record lane / 6 of this slice (recv first): wait, ready, done, id0, id1, seq.
+  __device__ void stage_word(int lane, bool rv, i64 n, int par, u64 td, u64 cd, u64 rq) {
+    const int e = lane / 6, w = lane % 6;
+    const bool recv = rv && e == 0;
+    const int dir = recv ? 0 : 1;
+    u64 v;
+    if (w == 0) v = ns_at(gs->clk[par][dir][0], cd, td, rq);
+    else if (w == 1) v = ns_at(gs->clk[par][dir][1], cd, td, rq);
+    else if (w == 2) v = td;
+    else if (w == 3) v = id0(a->op_tag, recv ? rstep : sstep);
+    else if (w == 4) v = id1((u64)n * sizeof(T), recv ? c.r_peer : c.s_peer, 0, recv ? 0 : 1);
+    else v = seq + e;
+    gs->stage[ns + e][w] = v;
   }
 
   // One slice of n elements. src/dst are user pointers at the slice (0 = unused).
@@ -223,18 +230,18 @@ template <typename T, bool STEPS> struct Eng {
       if (g.tid == 0) {
         int ab = 0;
         if (rv) {
-          const u64 tw = STEPS ? role_clock() : 0;
+          const u64 tw = STEPS && !(ST_DIAG & 1) ? role_clock() : 0;
           ab = spin_until(c.r_tail, 0, rstep + ss, cm);
-          if (STEPS) { gs->clk[par][0][0] = tw; gs->clk[par][0][1] = role_clock(); }
+          if (STEPS && !(ST_DIAG & 1)) { gs->clk[par][0][0] = tw; gs->clk[par][0][1] = role_clock(); }
         }
         gs->ab[par][0] = ab;
       }
       if (g.tid == 1) {
         int ab = 0;
         if (sd) {
-          const u64 tw = STEPS ? role_clock() : 0;
+          const u64 tw = STEPS && !(ST_DIAG & 1) ? role_clock() : 0;
           ab = spin_until(c.s_head, ST_NCCL_STEPS, sstep + ss, cm);
-          if (STEPS) { gs->clk[par][1][0] = tw; gs->clk[par][1][1] = role_clock(); }
+          if (STEPS && !(ST_DIAG & 1)) { gs->clk[par][1][0] = tw; gs->clk[par][1][1] = role_clock(); }
         }
         gs->ab[par][1] = ab;
       }
