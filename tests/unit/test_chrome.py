@@ -6,6 +6,8 @@ import os
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from slicetrace.analyze import check_trace
 from slicetrace.config import Settings
@@ -15,6 +17,7 @@ from slicetrace.events.host import EventHost
 from slicetrace.events.plugin import LoadedPlugin
 from slicetrace.events.synthetic import SyntheticSource, deliver, drive
 from slicetrace.sinks.chrome import DEFAULT_MASK, ChromePlugin
+from slicetrace.sinks.chrome_text import STEP_LINE, RowFormat
 from tests.unit.test_host import chrec, coll_op, recs
 
 COMM = abi.CommInfo(4242, "t", 1, 4, 1)
@@ -279,3 +282,24 @@ def test_begin_fast_path_matches_the_generic_one(tmp_path, monkeypatch, mask):
         with open(path) as f:
             out.append((f.read(), counters))
     assert out[0] == out[1]
+
+
+_VALUES = st.one_of(st.integers(0, 12), st.sampled_from([9, 10, 99, 999, 1000, 9999, 10000, 10001, 99999999,
+                                                            100000000, 10**18 - 1, 10**18]), st.integers(0, 2**62))
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.lists(st.lists(_VALUES, min_size=16, max_size=16), min_size=1, max_size=200), neg=st.booleans())
+def test_block_formatter_writes_the_same_json_as_one_percent_per_block(rows, neg):
+    cols = np.array(rows, dtype=np.int64)
+    cols[:, 3] %= 1000                      # the %03d fields hold ns % 1000
+    cols[:, 5] %= 1000
+    if neg:
+        cols[0, 2] = -5                     # a negative value: the % path, byte for byte
+    want = (STEP_LINE * len(cols)) % tuple(cols.ravel().tolist())
+    got = bytes(RowFormat(STEP_LINE)(cols)).decode("ascii")
+    if neg or len(cols) < 64:
+        assert got == want
+    parse = lambda text: [json.loads(line.rstrip(",")) for line in text.splitlines()]   # noqa: E731
+    assert parse(got) == parse(want)
+    assert len(got.splitlines()) == len(cols)

@@ -29,7 +29,7 @@ from ..config import DEFAULT_POOL_SIZES, Settings
 from ..events.abi import (KERNEL_CH_DTYPE, KERNEL_STEP_DTYPE, ActivationMask, CollApiDescr, CollDescr, CommInfo, EventType,
                           GroupApiDescr, GroupDescr, KernelChDescr, KernelLaunchDescr, KernelStepDescr, P2pApiDescr,
                           P2pDescr, ProxyCtrlDescr, State, StateArgs)
-from .chrome_text import CH_LINES, STEP_LINE, metadata, pair, us
+from .chrome_text import CH_LINES, STEP_LINE, RowFormat, metadata, pair, us
 
 T = EventType
 DEFAULT_MASK = int(T.COLL | T.P2P | T.KERNEL_CH | T.KERNEL_STEP)      # 65606
@@ -44,6 +44,7 @@ _BY_CLASS = {cls: (POOL_OF[t], int(t)) for cls, t in (
 _CHUNK = 65536                  # KernelStep rows per column chunk
 _SLOW_ROWS = 4096
 _FORMAT_ROWS = 16384
+_FORMATS: dict[str, RowFormat] = {}
 
 
 class _Ev:
@@ -86,16 +87,17 @@ class _Ctx:
         self.done = False
 
     # ---- output ----
-    def write(self, text: str) -> None:
+    def write(self, text: Any) -> None:
+        """Append str (utf-8) or bytes-like (formatted rows, ASCII) to the trace file."""
         if self.path is None:
             return
         if self.file is None:
             d = os.path.dirname(self.path)
             if d:
                 os.makedirs(d, exist_ok=True)
-            self.file = open(self.path, "w", encoding="utf-8")
-            self.file.write("[\n")
-        self.file.write(text)
+            self.file = open(self.path, "wb")
+            self.file.write(b"[\n")
+        self.file.write(text.encode("utf-8") if isinstance(text, str) else text)
 
     def flush_lines(self, pool: str) -> None:
         buf = self.lines[pool]
@@ -155,10 +157,10 @@ class _Ctx:
         self._write_rows(STEP_LINE, cols)
 
     def _write_rows(self, line: str, cols: np.ndarray) -> None:
-        """One `line` per row of int64 `cols`, formatted a block at a time (one % per 16,384 rows)."""
+        """One `line` per row of int64 `cols`, formatted a block of 16,384 rows at a time."""
+        fmt = _FORMATS.get(line) or _FORMATS.setdefault(line, RowFormat(line))
         for a in range(0, len(cols), _FORMAT_ROWS):
-            part = cols[a:a + _FORMAT_ROWS]
-            self.write((line * len(part)) % tuple(part.ravel().tolist()))
+            self.write(fmt(cols[a:a + _FORMAT_ROWS]))
 
     def add_slow(self, row: tuple, parent: Any) -> None:
         self.slow.append(row)

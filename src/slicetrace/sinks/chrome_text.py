@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
+
+import numpy as np
 
 # KernelCh b/e pair and KernelStep X record, filled by one % over a block of int columns.
 CH_LINES = ('{"name":"KernelCh","cat":"GPU","id":%d,"pid":%d,"tid":1,"ph":"b","ts":%d.%03d,'
@@ -44,3 +47,63 @@ def metadata(r: int, tids: Any) -> str:
         label = f"ch {ch} send->{peer}" if snd else f"ch {ch} recv<-{peer}"
         out.append(meta("thread_name", step_tid(ch, snd, peer), label))
     return "".join(out)
+
+
+def _table(pad: bytes) -> np.ndarray:
+    """Words "0000".."9999" (index < 10000), then the same with leading zeros as spaces and 0 as `pad`."""
+    z = [b"%04d" % i for i in range(10000)]
+    sp = [pad] + [b"%4d" % i for i in range(1, 10000)]
+    return np.frombuffer(b"".join(z + sp), np.uint32)
+
+
+_MID = _table(b"    ")       # a 4-digit group above a value's first digit is blank
+_LAST = _table(b"   0")      # the last group always shows a digit
+_SMALL = 64                  # fewer rows: one % over the block is cheaper
+
+
+class RowFormat:
+    """`line` (a template of %d and %03d fields) filled for a block of int64 rows at once: each %d field takes
+    the width of the block's widest value and narrower values are padded with spaces (JSON whitespace), so the
+    digits come from whole-column arithmetic (4-digit groups from a table), never from Python per value.
+    Returns bytes (ASCII). A block with a negative value (or a %03d field >= 1000) is one % over the block."""
+
+    def __init__(self, line: str):
+        parts = re.split(r"(%03d|%d)", line)
+        self.line = line
+        self.lits = [p.encode("ascii") for p in parts[0::2]]
+        self.fixed = [p == "%03d" for p in parts[1::2]]
+
+    def __call__(self, cols: np.ndarray) -> Any:
+        n = len(cols)
+        if n == 0:
+            return b""
+        top = cols.max(axis=0).tolist()
+        if n < _SMALL or (cols.min(axis=0) < 0).any() or any(f and t >= 1000 for f, t in zip(self.fixed, top)):
+            return ((self.line * n) % tuple(cols.ravel().tolist())).encode("ascii")
+        widths = [3 if f else len(str(t)) for f, t in zip(self.fixed, top)]
+        row, pos = bytearray(), []
+        for lit, w in zip(self.lits, widths):
+            row += lit
+            pos.append(len(row))
+            row += b" " * w
+        row += self.lits[-1]
+        buf = np.empty((n, len(row)), np.uint8)
+        buf[:] = np.frombuffer(bytes(row), np.uint8)
+        for j, (p, w, f) in enumerate(zip(pos, widths, self.fixed)):
+            buf[:, p:p + w] = _digits(cols[:, j], w, pad=not f)
+        return memoryview(buf).cast("B")
+
+
+def _digits(v: np.ndarray, w: int, pad: bool = True) -> np.ndarray:
+    """(n, w) ASCII digits of non-negative v < 10**w, right-aligned; with pad, leading zeros (not the last
+    digit) become spaces."""
+    k = -(-w // 4)
+    out = np.empty((len(v), k), np.uint32)
+    x = v.copy()
+    for c in range(k - 1, -1, -1):
+        r = x % 10000
+        x //= 10000
+        if pad:                  # no digit above this group: its own leading zeros are blank
+            r += 10000 * (x == 0)
+        out[:, c] = (_LAST if c == k - 1 else _MID)[r]
+    return out.view(np.uint8)[:, 4 * k - w:]
