@@ -63,3 +63,18 @@ def test_kernel_ch_only_reserves_two_per_program_and_nothing_when_off():
     assert len(plan.programs) == 2
     assert [stamp_records(p, 1, False, True) for p in plan.programs] == [(2, 0), (2, 0)]
     assert [stamp_records(p, 1, False, False) for p in plan.programs] == [(0, 0), (0, 0)]
+
+
+def test_programs_sharing_a_channel_that_one_op_would_lap_write_nothing_a_lone_program_keeps_its_newest():
+    v, rec = RingViews(bytearray(ring_bytes(2, 64)), 2, 64), np.zeros(1, ARGS_DTYPE)
+    parts = [P2pPart(1, True, 20_000_000, 0), P2pPart(1, False, 20_000_000, 1)]
+    shared = plan_p2p(parts, 2, 0, 4, 1 << 19, 1 << 19, 1)            # both programs on channel 0
+    work = Work(1, shared, "float32", "sum", parts=[(p, None) for p in parts], stamp_steps=True, stamp_channels=True)
+    SeqRanges(v).reserve(work, rec)
+    want = [stamp_records(p, 1, True, True)[0] for p in sorted(shared.programs, key=lambda q: q.params["part"])]
+    assert min(want) > 64 and list(rec["seq_n"][0, :2]) == [0, 0]
+    assert v.header["reserved"][0] == sum(want)                       # the range is still reserved: counted lost
+    lone = plan_collective("all_reduce", 2, 0, 20_000_000, 4, 0, 1, 1 << 19)
+    rec = np.zeros(1, ARGS_DTYPE)
+    SeqRanges(v).reserve(Work(2, lone, "float32", "sum", stamp_steps=True, stamp_channels=True), rec)
+    assert rec["seq_n"][0, 0] == stamp_records(lone.programs[0], 1, True, True)[0] > 64

@@ -19,6 +19,7 @@ _SEQ_N = ARGS_DTYPE.fields["seq_n"][1] // 4
 
 class SeqRanges:
     def __init__(self, rings: RingViews):
+        self.slots = rings.slots
         self.next = np.zeros(rings.nchannels, dtype=np.int64)      # last reserved seq per channel
         self._hdr = rings.header.view(np.uint64).reshape(-1, 8)
         self._plans: dict[tuple, tuple] = {}
@@ -58,6 +59,11 @@ class SeqRanges:
         tot = np.bincount(inv, weights=n, minlength=len(uch)).astype(np.int64)
         before = np.cumsum(n) - n                            # records of earlier programs, same channel
         before -= (np.cumsum(tot) - tot)[inv]
+        # One op lapping its own ring: one program's warp writes in seq order, so its newest records survive as
+        # after any overrun; several programs of a channel would write the same slots in no order (torn
+        # records), so they write nothing and the drain counts the whole range lost.
+        crowded = (tot > self.slots) & (np.bincount(inv, minlength=len(uch)) > 1)
+        n = np.where(crowded[inv], 0, n)
         if len(self._plans) > 256:
             self._plans.clear()
         sp = (plan, uch, inv, tot, before + 1, n.astype(np.uint32), sum(s for _, s in counts))
