@@ -198,7 +198,10 @@ class Communicator:
         plan = plan_p2p([p for p, _ in pieces], self.world_size, self.rank, itemsize,
                         self.settings.p2p_chunk_bytes, self.settings.step_bytes,
                         self._session.backend.channels_for(total))
-        return pieces, plan, nprog
+        chans: list[set[int]] = [set() for _ in shape]           # per entry: where its records are stamped
+        for prog in plan.programs:
+            chans[pieces[prog.params["part"]][1]].add(prog.channel)
+        return pieces, plan, nprog, [tuple(sorted(c)) for c in chans]
 
     def _run_p2p(self, entries: list) -> None:
         dtypes = {e[2] for e in entries}
@@ -212,17 +215,17 @@ class Communicator:
             if len(self._p2p_plans) >= 64:
                 self._p2p_plans.clear()
             hit = self._p2p_plans[key] = self._p2p_layout(*key)
-        pieces, plan, nprog = hit
+        pieces, plan, nprog, chans = hit
         parts = [(part, entries[ei][1]) for part, ei in pieces]
         mask = self._session.op_mask()
         tasks = []
         if mask:                                # events only when a plugin listens
-            for (p, buf, _, _), n in zip(entries, nprog):
+            for (p, buf, _, _), n, ch in zip(entries, nprog, chans):
                 tasks.append(TaskInfo(func="Send" if p.is_send else "Recv", peer=p.peer, is_send=p.is_send,
                                       count=p.count, datatype=DATATYPE_NAMES.get(dtype, dtype), root=0,
                                       send_buff=_ptr(buf) + p.offset * itemsize if p.is_send else 0,
                                       recv_buff=0 if p.is_send else _ptr(buf) + p.offset * itemsize,
-                                      n_programs=n))
+                                      n_programs=n, channels=ch))
         self._tag += 1
         info = self._info("send_recv", tasks, entries[0][3], mask, self._next_seq("send_recv"))
         work = Work(self._tag, plan, dtype, "sum", parts=parts, stream=self._stream)

@@ -126,3 +126,31 @@ def test_report_names_the_rank_that_arrives_late(tmp_path):
     ranks, ops = stragglers(kernel_chs(recs))
     assert [(r["rank"], r["times_last"]) for r in ranks] == [(2, 4)]
     assert len(ops) == 4 and all(o["rank"] == 2 and o["ranks"] == 3 and o["late_us"] > 10_000 for o in ops)
+
+
+def _twice_to_one_peer(comm, count):
+    n, r = comm.world_size, comm.rank
+    a, b = np.full(count, r, np.float32), np.full(count // 2 + 1, r, np.float32)
+    ra, rb = np.empty_like(a), np.empty_like(b)
+    with comm.group():                       # two parts per direction to one peer: records must not double
+        comm.send(a, (r + 1) % n)
+        comm.send(b, (r + 1) % n)
+        comm.recv(ra, (r - 1) % n)
+        comm.recv(rb, (r - 1) % n)
+    comm.flush_profiler()
+    assert ra[0] == (r - 1) % n and rb[-1] == (r - 1) % n
+    return comm.drop_counters()
+
+
+def test_two_parts_to_one_peer_in_a_group_deliver_each_record_once(tmp_path):
+    count = 50_001
+    prefix = str(tmp_path / "twice")
+    counters = slicetrace.launch(_twice_to_one_peer, 2, count, profile_dump_file=prefix, **KW)
+    files = sorted(glob.glob(prefix + "_*.json"))
+    assert len(files) == 2
+    for f, c in zip(files, counters):
+        assert check_trace(f) == [], f
+        assert {k: v for k, v in c.items() if not k.startswith("delivered") and v} == {}
+        ks = kernel_steps(load_traces([f]))
+        for is_send in (1, 0):               # every slice of both parts once: sizes add up to both buffers
+            assert int(ks["size"][ks["is_send"] == is_send].sum()) == 4 * (count + count // 2 + 1)

@@ -97,18 +97,24 @@ class EventHost(Emitter):
             self._ops[info.tag] = op
 
     def _route(self, op: _Op, recs: np.ndarray) -> list[tuple[_Task, Any]]:
-        """(task, row selection or None = all rows) per task that has records."""
+        """(task, row selection or None = all rows) per task that has records. Each record goes to one task:
+        the first whose peer, direction (and channels, when known) match."""
         tasks = op.tasks
         if len(tasks) == 1 and not tasks[0].p2p:
             return [(tasks[0], None)]
         key = recs["peer"].astype(np.int64) * 2 + (recs["flags"] & FLAG_SEND)
-        matched, out = 0, []
-        for t in tasks:
+        matched, out, taken = 0, [], None
+        for t in tasks:                      # each record goes to one task: the first that claims it
             sel = key == t.key
+            if t.chans is not None:
+                sel &= np.isin(recs["channel"], t.chans)
+            if taken is not None:
+                sel &= ~taken
             n = int(sel.sum())
             if n:
                 matched += n
                 out.append((t, None if n == len(recs) else sel))
+                taken = sel if taken is None else taken | sel
         if matched < len(recs):
             self._counts["no_parent"] += len(recs) - matched
         return out
@@ -156,8 +162,10 @@ class EventHost(Emitter):
             if last > t.last_done:
                 t.last_done = last
             t.left -= n
-            if t.left <= 0 and t.info.n_programs > 0:
-                self._complete(op, t, t.last_done)
+            if t.left <= 0 and t.info.n_programs > 0 or t.mates and t.left <= 0:
+                for m in t.mates or (t,):      # parts that share its records end with it (ops._Op)
+                    if not m.done:
+                        self._complete(op, m, t.last_done)
         if op.open == 0:
             self._finish(op, max(t.last_done for t in op.tasks))
             self._ops.pop(tag, None)

@@ -30,6 +30,8 @@ class TaskInfo:
     send_buff: int = 0
     recv_buff: int = 0
     n_programs: int = 1      # KernelCh records that complete this task (0: completes at end_op)
+    channels: tuple = ()     # p2p: the stamp channels of this task's programs (() = any); tells apart the
+                             # records of two parts of one group to the same peer in the same direction
 
 
 @dataclass(slots=True)
@@ -54,12 +56,14 @@ class _Slot:
 
 
 class _Task:
-    __slots__ = ("info", "p2p", "key", "handles", "left", "last_done", "done")
+    __slots__ = ("info", "p2p", "key", "chans", "mates", "handles", "left", "last_done", "done")
 
     def __init__(self, info: TaskInfo, nslots: int):
         self.info = info
         self.p2p = info.func in P2P_FUNCS
         self.key = info.peer * 2 + int(bool(info.is_send))
+        self.chans = np.array(info.channels, dtype=np.int64) if info.channels else None
+        self.mates: list[_Task] | None = None
         self.handles: list[Any] = [OFF] * nslots
         self.left = info.n_programs
         self.last_done = 0
@@ -72,8 +76,32 @@ class _Op:
     def __init__(self, info: OpInfo, pmasks: list[int]):
         self.info, self.pmasks = info, pmasks
         self.tasks = [_Task(t, len(pmasks)) for t in info.tasks]
+        if len(self.tasks) > 1:
+            self._share()
         self.groups: list[Any] = [OFF] * len(pmasks)
         self.open = len(self.tasks)
+
+    def _share(self) -> None:
+        """Parts of one group to the same peer in the same direction whose records cannot be told apart (a
+        channel in common, or channels unknown): the first takes every such record and all end together at
+        the last of their KernelCh records (no record delivered twice, every record inside its parent)."""
+        by_key: dict[int, list[_Task]] = {}
+        for t in self.tasks:
+            if t.p2p:
+                by_key.setdefault(t.key, []).append(t)
+        for same in by_key.values():
+            if len(same) < 2:
+                continue
+            if all(t.chans is not None for t in same):
+                allc = np.concatenate([t.chans for t in same])
+                if len(np.unique(allc)) == len(allc):
+                    continue                 # disjoint channels: each part keeps its own records
+            lead = same[0]
+            lead.left = sum(t.info.n_programs for t in same)
+            for t in same:
+                t.mates = same
+                if t is not lead:
+                    t.left = 0
 
 
 def to_kernel_steps(recs: np.ndarray) -> np.ndarray:

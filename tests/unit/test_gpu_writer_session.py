@@ -1,0 +1,143 @@
+"""The cuda backend's host path end to end, without a GPU: a backend that reserves seq ranges with the real
+SeqRanges and, when its op "completes" (asynchronously, seen by the drain thread), writes every record the way
+the kernel does (KernelCh start and stop first, KernelSteps in slice order, provisional seq words). Through the
+Session, the drain thread, the event host and the example plugin to a trace that must hold every invariant."""
+from __future__ import annotations
+
+import glob
+import time
+
+import numpy as np
+import pytest
+
+import slicetrace.session as session_mod
+from slicetrace.analyze import check_trace
+from slicetrace.analyze.trace import kernel_steps, load_traces
+from slicetrace.backend.base import Work
+from slicetrace.backend.cuda.layout import ARGS_DTYPE
+from slicetrace.backend.cuda.seqs import SeqRanges
+from slicetrace.backend.null import NullBackend
+from slicetrace.config import Settings
+from slicetrace.events.ops import OpInfo, TaskInfo
+from slicetrace.plan.schedule import P2pPart, plan_collective, plan_p2p
+from slicetrace.rendezvous import DictStore
+from slicetrace.stamps.layout import FLAG_CH_STOP, FLAG_SEND, KIND_CHANNEL, KIND_STEP, provisional_word
+
+
+class _Token:
+    def __init__(self, polls: int, write):
+        self.polls, self.write = polls, write
+
+
+class GpuLike(NullBackend):
+    """Asynchronous; its records appear only when the op completes, as a kernel's do."""
+    synchronous = False
+    reserves_stamps = True
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.seqs = SeqRanges(self.rings)
+        self.st = self.rings.started.view(np.uint64).reshape(self.nch, -1, 6)
+        self.co = self.rings.completed.view(np.uint64).reshape(self.nch, -1, 6)
+        self.written = 0
+
+    def submit(self, work: Work) -> _Token:
+        rec = np.zeros(1, ARGS_DTYPE)
+        if work.stamp_steps or work.stamp_channels:
+            self.seqs.reserve(work, rec)
+        progs = work.plan.programs if work.plan.func != "send_recv" else \
+            sorted(work.plan.programs, key=lambda q: (q.channel, q.params["part"]))
+        ranges = [(p, int(b), int(n)) for p, b, n in zip(progs, rec["seq_base"][0], rec["seq_n"][0])]
+        return _Token(3, lambda: [self._program(work, *r) for r in ranges])
+
+    def done(self, token: _Token) -> bool:
+        token.polls -= 1
+        if token.polls > 0:
+            return False
+        if token.write is not None:                    # the kernel's stores land before completion is seen
+            token.write()
+            token.write = None
+        return True
+
+    def wait(self, token, timeout_s):
+        while not self.done(token):
+            pass
+
+    def _program(self, work: Work, prog, base: int, n: int) -> None:
+        op, rate, t = work.tag & 0xFFFFFFFF, max(1, work.sample_rate), time.monotonic_ns()
+        peer, fl = (prog.params["peer"], FLAG_SEND if prog.params["is_send"] else 0) if prog.kind == "p2p" else (0, 0)
+        recs = []
+        if work.stamp_channels:
+            recs += [(KIND_CHANNEL, fl, 0, 0, peer, t, t, t), (KIND_CHANNEL, fl | FLAG_CH_STOP, 0, 0, peer, 0, 0, 0)]
+        k, clock = 0, t
+        for prim in prog.prims:
+            for _, cnt in prim.slices:
+                if cnt and work.stamp_steps and k % rate == 0:
+                    for p, f in ((prim.recv_from, 0), (prim.send_to, FLAG_SEND)):
+                        if p is not None:
+                            recs.append((KIND_STEP, f, k * 2, cnt * work.plan.itemsize, p, clock + 1, clock + 2,
+                                         clock + 3))
+                            clock += 4
+                k += 1
+        if work.stamp_channels:
+            recs[1] = recs[1][:5] + (clock + 1,) * 3
+        assert len(recs) == n, "SeqRanges and the writer disagree on the record count"
+        for q, (kind, f, step, size, p, w, r, d) in enumerate(recs, start=base):
+            i0 = op | step << 32
+            i1 = size | (p & 0xFFFF) << 32 | kind << 48 | f << 56
+            word = provisional_word(q, op)
+            self.st[prog.channel, q & (self.rings.slots - 1)] = (word, w, r, 0, i0, i1)
+            self.co[prog.channel, q & (self.rings.slots - 1)] = (word, 0, 0, d, i0, i1)
+        self.written += n
+
+
+@pytest.fixture
+def session(tmp_path, monkeypatch):
+    monkeypatch.setattr(session_mod, "create", lambda s, r, w, st, j: GpuLike(s, r, w, st, j))
+    s = session_mod.Session(Settings(backend="null", nchannels=4, buffsize=64 * 1024, p2p_chunksize=4096,
+                                     profiler_plugin="example", profile_dump_file=str(tmp_path / "t"),
+                                     drain_interval_us=50), 0, 2, DictStore({}), "gpulike")
+    yield s, tmp_path
+    s.close()
+
+
+def _op(s, tag, plan, func, tasks):
+    info = OpInfo(tag=tag, func=func, tasks=tasks, seq_number=tag, mask=s.op_mask(), ts_ns=time.monotonic_ns())
+    return info
+
+
+@pytest.mark.parametrize("p2p_channels", [2, 4])
+def test_records_written_at_completion_reach_the_trace_whole(session, p2p_channels):
+    """Two sends to one peer in each group: on 2 channels they share one (their records cannot be told apart),
+    on 4 each has its own; either way every record arrives once, inside its parent."""
+    s, tmp = session
+    x, y = np.ones(40_000, np.float32), np.ones(80_000, np.float32)
+    tag = 0
+    for rep in range(6):
+        for func, count in (("all_reduce", 40_000), ("all_gather", 40_000), ("broadcast", 12_345)):
+            tag += 1
+            plan = plan_collective(func, 2, 0, count, 4, 0, 4, s.settings.step_bytes)
+            task = TaskInfo(func={"all_reduce": "AllReduce", "all_gather": "AllGather", "broadcast": "Broadcast"}[func],
+                            count=count, n_programs=len(plan.programs))
+            s.run(Work(tag, plan, "float32", "sum", sendbuf=x, recvbuf=y), _op(s, tag, plan, func, [task]))
+        tag += 1
+        parts = [P2pPart(1, True, 30_000, 0), P2pPart(1, False, 30_000, 1), P2pPart(1, True, 7_000, 2)]
+        plan = plan_p2p(parts, 2, 0, 4, 4096, s.settings.step_bytes, p2p_channels)
+        chans = [tuple(sorted({q.channel for q in plan.programs if q.params["part"] == p.index})) for p in parts]
+        tasks = [TaskInfo(func="Send" if p.is_send else "Recv", peer=1, is_send=p.is_send, count=p.count,
+                          n_programs=sum(1 for q in plan.programs if q.params["part"] == p.index), channels=ch)
+                 for p, ch in zip(parts, chans)]
+        s.run(Work(tag, plan, "float32", "sum", parts=[(p, x[:p.count]) for p in parts]), _op(s, tag, plan, "send", tasks))
+    s.drain.flush(10.0)
+    counters = s.host.counters()
+    written = s.backend.written
+    s.close()
+    path = glob.glob(str(tmp / "t_*_0.json"))[0]
+    assert check_trace(path) == []
+    recs = load_traces([path])
+    n_steps = len(kernel_steps(recs))
+    n_ch = sum(1 for r in recs if r.get("name") == "KernelCh" and r.get("ph") == "b")
+    assert n_steps + 2 * n_ch == written > 0
+    lost = {k: v for k, v in counters.items() if v and k in ("overrun", "unpaired", "no_parent", "parent_dropped",
+                                                              "missing_kernel_ch", "pool_full", "declined")}
+    assert not lost, lost
