@@ -91,12 +91,16 @@ class GpuLike(NullBackend):
         self.written += n
 
 
+def _session(tmp_path, monkeypatch, **kw):
+    monkeypatch.setattr(session_mod, "create", lambda s, r, w, st, j: GpuLike(s, r, w, st, j))
+    return session_mod.Session(Settings(backend="null", nchannels=4, buffsize=64 * 1024, p2p_chunksize=4096,
+                                        profiler_plugin="example", profile_dump_file=str(tmp_path / "t"),
+                                        drain_interval_us=50, **kw), 0, 2, DictStore({}), "gpulike")
+
+
 @pytest.fixture
 def session(tmp_path, monkeypatch):
-    monkeypatch.setattr(session_mod, "create", lambda s, r, w, st, j: GpuLike(s, r, w, st, j))
-    s = session_mod.Session(Settings(backend="null", nchannels=4, buffsize=64 * 1024, p2p_chunksize=4096,
-                                     profiler_plugin="example", profile_dump_file=str(tmp_path / "t"),
-                                     drain_interval_us=50), 0, 2, DictStore({}), "gpulike")
+    s = _session(tmp_path, monkeypatch)
     yield s, tmp_path
     s.close()
 
@@ -141,3 +145,34 @@ def test_records_written_at_completion_reach_the_trace_whole(session, p2p_channe
     lost = {k: v for k, v in counters.items() if v and k in ("overrun", "unpaired", "no_parent", "parent_dropped",
                                                               "missing_kernel_ch", "pool_full", "declined")}
     assert not lost, lost
+
+
+def test_sampling_unprofiled_and_empty_ops_between_keep_the_counts_exact(tmp_path, monkeypatch):
+    s = _session(tmp_path, monkeypatch, sample_rate=3)
+    x = np.ones(60_000, np.float32)
+    kept = skipped = 0
+    for tag in range(1, 25):
+        count = 0 if tag % 7 == 0 else 60_000 - tag
+        plan = plan_collective("all_reduce", 2, 0, count, 4, 0, 4, s.settings.step_bytes)
+        work = Work(tag, plan, "float32", "sum", sendbuf=x[:count], recvbuf=x[:count])
+        if tag % 3 == 0:
+            s.run(work, None)                                   # unprofiled: no seqs reserved, nothing written
+            continue
+        task = TaskInfo(func="AllReduce", count=count, n_programs=len(plan.programs))
+        s.run(work, _op(s, tag, plan, "all_reduce", [task]))
+        for prog in plan.programs:
+            k = 0
+            for prim in prog.prims:
+                nd = (prim.recv_from is not None) + (prim.send_to is not None)
+                for _, n in prim.slices:
+                    if n:
+                        kept, skipped = (kept + nd, skipped) if k % 3 == 0 else (kept, skipped + nd)
+                    k += 1
+    s.drain.flush(10.0)
+    c = s.host.counters()
+    s.close()
+    path = glob.glob(str(tmp_path / "t_*_0.json"))[0]
+    assert check_trace(path) == []
+    assert len(kernel_steps(load_traces([path]))) == kept == c["delivered_kernel_step"] > 0
+    assert c["sampled_out"] == skipped > 0
+    assert not {k: v for k, v in c.items() if v and k in ("overrun", "unpaired", "no_parent", "missing_kernel_ch")}

@@ -28,6 +28,8 @@ class SeqRanges:
         """Fill rec's (ARGS_DTYPE, one record) seq_base/seq_n for every program of work, in the kernel's order."""
         _, uch, inv, tot, first, n, skipped = self._plan(work)
         u32, m = rec.view(np.uint32), len(n)
+        if m == 0:                                          # nothing runs on a channel (count 0, self only)
+            return
         if len(uch) == m and uch[-1] == m - 1:             # one program per channel 0..m-1 (rings): views only
             seq = self.next[:m]
             u32[_SEQ_BASE:_SEQ_BASE + m] = seq + first
