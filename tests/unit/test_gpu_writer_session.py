@@ -91,8 +91,8 @@ class GpuLike(NullBackend):
         self.written += n
 
 
-def _session(tmp_path, monkeypatch, **kw):
-    monkeypatch.setattr(session_mod, "create", lambda s, r, w, st, j: GpuLike(s, r, w, st, j))
+def _session(tmp_path, monkeypatch, cls=None, **kw):
+    monkeypatch.setattr(session_mod, "create", lambda s, r, w, st, j: (cls or GpuLike)(s, r, w, st, j))
     return session_mod.Session(Settings(backend="null", nchannels=4, buffsize=64 * 1024, p2p_chunksize=4096,
                                         profiler_plugin="example", profile_dump_file=str(tmp_path / "t"),
                                         drain_interval_us=50, **kw), 0, 2, DictStore({}), "gpulike")
@@ -176,3 +176,33 @@ def test_sampling_unprofiled_and_empty_ops_between_keep_the_counts_exact(tmp_pat
     assert len(kernel_steps(load_traces([path]))) == kept == c["delivered_kernel_step"] > 0
     assert c["sampled_out"] == skipped > 0
     assert not {k: v for k, v in c.items() if v and k in ("overrun", "unpaired", "no_parent", "missing_kernel_ch")}
+
+
+class Holey(GpuLike):
+    """A kernel that died before writing one record of some programs (seqs reserved, never written)."""
+    holes = 0
+
+    def _program(self, work, prog, base, n):
+        super()._program(work, prog, base, n)
+        if work.tag % 4 == 1 and n > 3:
+            i = (base + 3) & (self.rings.slots - 1)
+            self.st[prog.channel, i, 0] = self.co[prog.channel, i, 0] = 0
+            self.holes += 1
+
+
+def test_records_a_kernel_never_wrote_are_counted_once_and_nothing_waits_for_them(tmp_path, monkeypatch):
+    s = _session(tmp_path, monkeypatch, Holey)
+    x = np.ones(50_000, np.float32)
+    for tag in range(1, 21):
+        plan = plan_collective("all_reduce", 2, 0, 50_000, 4, 0, 4, s.settings.step_bytes)
+        task = TaskInfo(func="AllReduce", count=50_000, n_programs=len(plan.programs))
+        s.paused = 10 <= tag < 13                           # a pause while earlier ops are still in flight
+        s.run(Work(tag, plan, "float32", "sum", sendbuf=x, recvbuf=x),
+              None if s.paused else _op(s, tag, plan, "all_reduce", [task]))
+    assert s.drain.flush(5.0)
+    c = s.host.counters()
+    s.close()
+    path = glob.glob(str(tmp_path / "t_*_0.json"))[0]
+    assert check_trace(path) == []
+    assert c["unpaired"] == s.backend.holes == 20
+    assert len(kernel_steps(load_traces([path]))) + 2 * c["delivered_kernel_ch"] + c["unpaired"] == s.backend.written
