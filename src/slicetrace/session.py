@@ -105,7 +105,7 @@ class Session:
             if self._inline:
                 self._inline_poll(reserved)
         else:                                       # a backend that reserves seqs at submit knows the end now
-            snap = self._reserved.copy() if getattr(self.backend, "reserves_stamps", False) else None
+            snap = self._reserved.copy() if self.backend.reserves_stamps else None
             self.drain.op_submitted(work.tag, lambda: self.backend.done(token), snap)
         self._last = token
         return token

@@ -105,9 +105,8 @@ def session(tmp_path, monkeypatch):
     s.close()
 
 
-def _op(s, tag, plan, func, tasks):
-    info = OpInfo(tag=tag, func=func, tasks=tasks, seq_number=tag, mask=s.op_mask(), ts_ns=time.monotonic_ns())
-    return info
+def _op(s, tag, func, tasks):
+    return OpInfo(tag=tag, func=func, tasks=tasks, seq_number=tag, mask=s.op_mask(), ts_ns=time.monotonic_ns())
 
 
 @pytest.mark.parametrize("p2p_channels", [2, 4])
@@ -123,7 +122,7 @@ def test_records_written_at_completion_reach_the_trace_whole(session, p2p_channe
             plan = plan_collective(func, 2, 0, count, 4, 0, 4, s.settings.step_bytes)
             task = TaskInfo(func={"all_reduce": "AllReduce", "all_gather": "AllGather", "broadcast": "Broadcast"}[func],
                             count=count, n_programs=len(plan.programs))
-            s.run(Work(tag, plan, "float32", "sum", sendbuf=x, recvbuf=y), _op(s, tag, plan, func, [task]))
+            s.run(Work(tag, plan, "float32", "sum", sendbuf=x, recvbuf=y), _op(s, tag, func, [task]))
         tag += 1
         parts = [P2pPart(1, True, 30_000, 0), P2pPart(1, False, 30_000, 1), P2pPart(1, True, 7_000, 2)]
         plan = plan_p2p(parts, 2, 0, 4, 4096, s.settings.step_bytes, p2p_channels)
@@ -131,7 +130,7 @@ def test_records_written_at_completion_reach_the_trace_whole(session, p2p_channe
         tasks = [TaskInfo(func="Send" if p.is_send else "Recv", peer=1, is_send=p.is_send, count=p.count,
                           n_programs=sum(1 for q in plan.programs if q.params["part"] == p.index), channels=ch)
                  for p, ch in zip(parts, chans)]
-        s.run(Work(tag, plan, "float32", "sum", parts=[(p, x[:p.count]) for p in parts]), _op(s, tag, plan, "send", tasks))
+        s.run(Work(tag, plan, "float32", "sum", parts=[(p, x[:p.count]) for p in parts]), _op(s, tag, "send", tasks))
     s.drain.flush(10.0)
     counters = s.host.counters()
     written = s.backend.written
@@ -159,7 +158,7 @@ def test_sampling_unprofiled_and_empty_ops_between_keep_the_counts_exact(tmp_pat
             s.run(work, None)                                   # unprofiled: no seqs reserved, nothing written
             continue
         task = TaskInfo(func="AllReduce", count=count, n_programs=len(plan.programs))
-        s.run(work, _op(s, tag, plan, "all_reduce", [task]))
+        s.run(work, _op(s, tag, "all_reduce", [task]))
         for prog in plan.programs:
             k = 0
             for prim in prog.prims:
@@ -198,7 +197,7 @@ def test_records_a_kernel_never_wrote_are_counted_once_and_nothing_waits_for_the
         task = TaskInfo(func="AllReduce", count=50_000, n_programs=len(plan.programs))
         s.paused = 10 <= tag < 13                           # a pause while earlier ops are still in flight
         s.run(Work(tag, plan, "float32", "sum", sendbuf=x, recvbuf=x),
-              None if s.paused else _op(s, tag, plan, "all_reduce", [task]))
+              None if s.paused else _op(s, tag, "all_reduce", [task]))
     assert s.drain.flush(5.0)
     c = s.host.counters()
     s.close()

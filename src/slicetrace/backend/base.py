@@ -46,6 +46,7 @@ class Work:
 class Backend(abc.ABC):
     name: str = "?"
     synchronous: bool = False   # True: submit() runs the work to the end (the session then drains inline)
+    reserves_stamps: bool = False   # True: header.reserved right after submit is exactly the end of the op's seqs
     n_warps: int = 1            # warps per channel program, as profiler descriptors report it (Coll nWarps)
 
     def __init__(self, settings: Settings, rank: int, world: int, store: Store, job: str):

@@ -106,15 +106,17 @@ class EventHost(Emitter):
         matched, out, taken = 0, [], None
         for t in tasks:                      # each record goes to one task: the first that claims it
             sel = key == t.key
-            if t.chans is not None:
-                sel &= np.isin(recs["channel"], t.chans)
-            if taken is not None:
-                sel &= ~taken
+            if op.shared:                    # (else keys are unique: the key alone decides)
+                if t.chans is not None:
+                    sel &= np.isin(recs["channel"], t.chans)
+                if taken is not None:
+                    sel &= ~taken
             n = int(sel.sum())
             if n:
                 matched += n
                 out.append((t, None if n == len(recs) else sel))
-                taken = sel if taken is None else taken | sel
+                if op.shared:
+                    taken = sel if taken is None else taken | sel
         if matched < len(recs):
             self._counts["no_parent"] += len(recs) - matched
         return out
@@ -162,7 +164,7 @@ class EventHost(Emitter):
             if last > t.last_done:
                 t.last_done = last
             t.left -= n
-            if t.left <= 0 and t.info.n_programs > 0 or t.mates and t.left <= 0:
+            if t.left <= 0 and (t.info.n_programs > 0 or t.mates):
                 for m in t.mates or (t,):      # parts that share its records end with it (ops._Op)
                     if not m.done:
                         self._complete(op, m, t.last_done)

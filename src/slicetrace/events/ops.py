@@ -62,7 +62,7 @@ class _Task:
         self.info = info
         self.p2p = info.func in P2P_FUNCS
         self.key = info.peer * 2 + int(bool(info.is_send))
-        self.chans = np.array(info.channels, dtype=np.int64) if info.channels else None
+        self.chans: np.ndarray | None = None     # set by _Op._share, only where a key is shared
         self.mates: list[_Task] | None = None
         self.handles: list[Any] = [OFF] * nslots
         self.left = info.n_programs
@@ -71,27 +71,31 @@ class _Task:
 
 
 class _Op:
-    __slots__ = ("info", "pmasks", "tasks", "groups", "open")
+    __slots__ = ("info", "pmasks", "tasks", "groups", "open", "shared")
 
     def __init__(self, info: OpInfo, pmasks: list[int]):
         self.info, self.pmasks = info, pmasks
         self.tasks = [_Task(t, len(pmasks)) for t in info.tasks]
-        if len(self.tasks) > 1:
-            self._share()
+        self.shared = len(self.tasks) > 1 and self._share()
         self.groups: list[Any] = [OFF] * len(pmasks)
         self.open = len(self.tasks)
 
-    def _share(self) -> None:
-        """Parts of one group to the same peer in the same direction whose records cannot be told apart (a
+    def _share(self) -> bool:
+        """True when two p2p parts share (peer, is_send), so records need their channels to find a task.
+        Parts of one group to the same peer in the same direction whose records cannot be told apart (a
         channel in common, or channels unknown): the first takes every such record and all end together at
         the last of their KernelCh records (no record delivered twice, every record inside its parent)."""
         by_key: dict[int, list[_Task]] = {}
         for t in self.tasks:
             if t.p2p:
                 by_key.setdefault(t.key, []).append(t)
+        shared = False
         for same in by_key.values():
             if len(same) < 2:
                 continue
+            shared = True
+            for t in same:
+                t.chans = np.array(t.info.channels, dtype=np.int64) if t.info.channels else None
             if all(t.chans is not None for t in same):
                 allc = np.concatenate([t.chans for t in same])
                 if len(np.unique(allc)) == len(allc):
@@ -102,6 +106,7 @@ class _Op:
                 t.mates = same
                 if t is not lead:
                     t.left = 0
+        return shared
 
 
 def to_kernel_steps(recs: np.ndarray) -> np.ndarray:
