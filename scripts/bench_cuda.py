@@ -316,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--graph", action="store_true", help="all_reduce latency through CUDA graphs, 8 B..1 MiB")
     p.add_argument("--overhead", type=lambda s: [parse_size(v) for v in s.split(",") if v], default=[])
     p.add_argument("--variants", type=parse_variants, default=[],
-                   help="kernel build variants for --overhead too, e.g. 'nostores:ST_STAMP_WRITES=0;fast:A=1,B=2'")
+                   help="kernel build variants for --overhead too, e.g. 'nostores:ST_STORES=0;fast:A=1,B=2'")
     p.add_argument("--sweep", type=lambda s: [parse_size(v) for v in s.split(",") if v], default=[])
     p.add_argument("--sweep-channels", type=lambda s: [int(v) for v in s.split(",")], default=[8, 16, 32, 48, 64])
     p.add_argument("--graph-channels", type=lambda s: [int(v) for v in s.split(",") if v], default=[],

@@ -53,7 +53,8 @@ class Session:
             if plugins:
                 info = CommInfo(self.comm_hash, name or f"slicetrace-{job}", 1, world, rank, settings.backend)
                 self.host = EventHost(plugins, info, settings.plugin_max_failures)
-                self.drain = Drain(self.backend.rings, self.host, settings.drain_interval_us)
+                self.drain = Drain(self.backend.rings, self.host, settings.drain_interval_us,
+                                   fetch=self.backend.fetch_stamps if self.backend.stamps_on_device else None)
                 self._resync()
                 # A synchronous backend (cpu) has no idle time to hide a thread in: on 2 cores and under the
                 # GIL a drain thread only contends with the data path. Drain inline between ops instead.

@@ -5,7 +5,7 @@ from slicetrace.backend.cuda.layout import ARGS_DTYPE, COMM_DTYPE, PART_DTYPE, i
 
 
 def test_struct_sizes():
-    assert PART_DTYPE.itemsize == 32 and ARGS_DTYPE.itemsize == 2920 and COMM_DTYPE.itemsize == 600
+    assert PART_DTYPE.itemsize == 32 and ARGS_DTYPE.itemsize == 2920 and COMM_DTYPE.itemsize == 592
     assert ARGS_DTYPE.fields["parts"][1] == 360 and ARGS_DTYPE.fields["op_tag"][1] == 88
     assert ARGS_DTYPE.fields["seq_base"][1] == 2408 and ARGS_DTYPE.fields["seq_n"][1] == 2664
 

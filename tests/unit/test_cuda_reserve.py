@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from slicetrace.backend.base import Work
 from slicetrace.backend.cuda.layout import ARGS_DTYPE
-from slicetrace.backend.cuda.seqs import SeqRanges
+from slicetrace.backend.cuda.seqs import SeqRanges, copy_regions, copy_windows
 from slicetrace.plan.schedule import P2pPart, plan_collective, plan_p2p
 from slicetrace.plan.traffic import expected_slices, stamp_records
-from slicetrace.stamps.layout import RingViews, ring_bytes
+from slicetrace.stamps.layout import STAMP_DTYPE, RingViews, ring_bytes
 
 
 def rings(nch=8):
@@ -78,3 +79,46 @@ def test_programs_sharing_a_channel_that_one_op_would_lap_write_nothing_a_lone_p
     rec = np.zeros(1, ARGS_DTYPE)
     SeqRanges(v).reserve(Work(2, lone, "float32", "sum", stamp_steps=True, stamp_channels=True), rec)
     assert rec["seq_n"][0, 0] == stamp_records(lone.programs[0], 1, True, True)[0] > 64
+
+
+def apply_regions(regions, src: np.ndarray, dst: np.ndarray) -> None:
+    """What memcpy2DAsync does with each region (both buffers: started rows, then completed rows)."""
+    for off, pitch, width, height in regions:
+        for r in range(height):
+            a = off + r * pitch
+            dst[a:a + width] = src[a:a + width]
+
+
+@settings(max_examples=300, deadline=None)
+@given(nch=st.integers(1, 6), slots_log=st.integers(6, 7), data=st.data())
+def test_copy_windows_bring_every_wanted_seq_of_both_rings_and_stay_few(nch, slots_log, data):
+    slots = 1 << slots_log
+    lo = np.array(data.draw(st.lists(st.integers(0, 1000), min_size=nch, max_size=nch)), dtype=np.int64)
+    grow = data.draw(st.lists(st.integers(0, 3 * slots), min_size=nch, max_size=nch))
+    hi = lo + np.array(grow, dtype=np.int64)
+    e = STAMP_DTYPE.itemsize
+    dev = np.random.default_rng(nch).integers(1, 255, 2 * nch * slots * e, dtype=np.uint8)
+    host = np.zeros_like(dev)
+    win = copy_windows(lo, hi, slots)
+    apply_regions(copy_regions(win, nch, slots), dev, host)
+    for c in range(nch):
+        for q in range(max(int(lo[c]) + 1, int(hi[c]) - slots + 1), int(hi[c]) + 1):
+            for half in (0, nch):                       # started row, completed row
+                a = ((half + c) * slots + q % slots) * e
+                assert (host[a:a + e] == dev[a:a + e]).all(), (c, q, half)
+    if not (hi > lo).any():
+        assert win == []
+    assert len(win) <= 2 * max(1, int((hi > lo).sum()))   # at most two pieces (a wrap) per window
+
+
+def test_channels_that_moved_alike_share_one_copy_of_both_rings():
+    lo, hi = np.full(8, 130, np.int64), np.full(8, 170, np.int64)
+    regions = copy_regions(copy_windows(lo, hi, 64), 8, 64)
+    assert len(regions) == 1 and regions[0][3] == 16          # 8 started rows + 8 completed rows, one call
+    lo[3] = hi[3] = 170                                        # a channel with nothing new inside the span
+    assert copy_windows(lo, hi, 64) == [(0, 8, 3, 40)]
+    lo[:] = 120
+    assert copy_windows(lo, hi, 64) == [(0, 8, 57, 7), (0, 8, 0, 43)]      # 121..170 wraps at slot 64
+    lo[5], hi[5] = 5000, 5010                                  # a channel far ahead: one window per channel
+    w = copy_windows(lo, hi, 64)
+    assert all(c1 - c0 == 1 for c0, c1, _, _ in w) and {c0 for c0, _, _, _ in w} == set(range(8))

@@ -15,13 +15,14 @@ from slicetrace.analyze import check_trace
 from slicetrace.analyze.trace import kernel_steps, load_traces
 from slicetrace.backend.base import Work
 from slicetrace.backend.cuda.layout import ARGS_DTYPE
-from slicetrace.backend.cuda.seqs import SeqRanges
+from slicetrace.backend.cuda.seqs import SeqRanges, copy_regions, copy_windows
 from slicetrace.backend.null import NullBackend
 from slicetrace.config import Settings
 from slicetrace.events.ops import OpInfo, TaskInfo
 from slicetrace.plan.schedule import P2pPart, plan_collective, plan_p2p
 from slicetrace.rendezvous import DictStore
-from slicetrace.stamps.layout import FLAG_CH_STOP, FLAG_SEND, KIND_CHANNEL, KIND_STEP, provisional_word
+from slicetrace.stamps.layout import (FLAG_CH_STOP, FLAG_SEND, HEADER_DTYPE, KIND_CHANNEL, KIND_STEP,
+                                     provisional_word)
 
 
 class _Token:
@@ -91,6 +92,30 @@ class GpuLike(NullBackend):
         self.written += n
 
 
+class DeviceRings(GpuLike):
+    """Rings in "device memory" (a separate buffer, the kernel's layout): the drain sees a record only after
+    fetch_stamps copied the windows the cuda backend would copy (seqs.copy_windows/copy_regions)."""
+    stamps_on_device = True
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        slots = self.rings.slots
+        self.dev = np.zeros(2 * self.nch * slots * 6, np.uint64)
+        self.st = self.dev[:self.nch * slots * 6].reshape(self.nch, slots, 6)
+        self.co = self.dev[self.nch * slots * 6:].reshape(self.nch, slots, 6)
+        self.mirror = np.frombuffer(self._mem, np.uint8)[self.nch * HEADER_DTYPE.itemsize:]   # NullBackend's
+        self.fetched = 0
+
+    def fetch_stamps(self, lo, hi):
+        src = self.dev.view(np.uint8)
+        for off, pitch, width, height in copy_regions(copy_windows(lo, hi, self.rings.slots), self.nch,
+                                                      self.rings.slots):
+            for r in range(height):
+                a = off + r * pitch
+                self.mirror[a:a + width] = src[a:a + width]
+        self.fetched += int((hi - lo).clip(0).sum())
+
+
 def _session(tmp_path, monkeypatch, cls=None, **kw):
     monkeypatch.setattr(session_mod, "create", lambda s, r, w, st, j: (cls or GpuLike)(s, r, w, st, j))
     return session_mod.Session(Settings(backend="null", nchannels=4, buffsize=64 * 1024, p2p_chunksize=4096,
@@ -98,9 +123,9 @@ def _session(tmp_path, monkeypatch, cls=None, **kw):
                                         drain_interval_us=50, **kw), 0, 2, DictStore({}), "gpulike")
 
 
-@pytest.fixture
-def session(tmp_path, monkeypatch):
-    s = _session(tmp_path, monkeypatch)
+@pytest.fixture(params=[GpuLike, DeviceRings], ids=["mapped", "device"])
+def session(tmp_path, monkeypatch, request):
+    s = _session(tmp_path, monkeypatch, request.param)
     yield s, tmp_path
     s.close()
 
@@ -141,13 +166,15 @@ def test_records_written_at_completion_reach_the_trace_whole(session, p2p_channe
     n_steps = len(kernel_steps(recs))
     n_ch = sum(1 for r in recs if r.get("name") == "KernelCh" and r.get("ph") == "b")
     assert n_steps + 2 * n_ch == written > 0
+    assert getattr(s.backend, "fetched", written) == written      # device rings: each record copied once
     lost = {k: v for k, v in counters.items() if v and k in ("overrun", "unpaired", "no_parent", "parent_dropped",
                                                               "missing_kernel_ch", "pool_full", "declined")}
     assert not lost, lost
 
 
-def test_sampling_unprofiled_and_empty_ops_between_keep_the_counts_exact(tmp_path, monkeypatch):
-    s = _session(tmp_path, monkeypatch, sample_rate=3)
+@pytest.mark.parametrize("cls", [GpuLike, DeviceRings], ids=["mapped", "device"])
+def test_sampling_unprofiled_and_empty_ops_between_keep_the_counts_exact(tmp_path, monkeypatch, cls):
+    s = _session(tmp_path, monkeypatch, cls, sample_rate=3)
     x = np.ones(60_000, np.float32)
     kept = skipped = 0
     for tag in range(1, 25):
@@ -177,7 +204,7 @@ def test_sampling_unprofiled_and_empty_ops_between_keep_the_counts_exact(tmp_pat
     assert not {k: v for k, v in c.items() if v and k in ("overrun", "unpaired", "no_parent", "missing_kernel_ch")}
 
 
-class Holey(GpuLike):
+class Holey(DeviceRings):
     """A kernel that died before writing one record of some programs (seqs reserved, never written)."""
     holes = 0
 

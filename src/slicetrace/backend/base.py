@@ -9,6 +9,8 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+import numpy as np
+
 from ..config import Settings
 from ..errors import ConfigError, UsageError
 from ..plan.schedule import OpPlan, P2pPart
@@ -47,6 +49,7 @@ class Backend(abc.ABC):
     name: str = "?"
     synchronous: bool = False   # True: submit() runs the work to the end (the session then drains inline)
     reserves_stamps: bool = False   # True: header.reserved right after submit is exactly the end of the op's seqs
+    stamps_on_device: bool = False  # True: `rings` is a host mirror, filled by fetch_stamps for completed ops
     n_warps: int = 1            # warps per channel program, as profiler descriptors report it (Coll nWarps)
 
     def __init__(self, settings: Settings, rank: int, world: int, store: Store, job: str):
@@ -76,6 +79,10 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def wait(self, token: Any, timeout_s: float) -> None:
         """Block until the work finished; PeerError/CommTimeoutError on failure."""
+
+    def fetch_stamps(self, lo: np.ndarray, hi: np.ndarray) -> None:
+        """stamps_on_device: copy seqs lo[c]+1..hi[c] of every channel c, all of completed ops, into `rings`."""
+        raise NotImplementedError(f"backend {self.name!r} keeps its stamp rings in host memory")
 
     def channels_for(self, nbytes: int) -> int:
         """Channels for an op of nbytes (settings.nchannels wins; backends may pick by size, as NCCL does)."""

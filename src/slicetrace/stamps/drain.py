@@ -37,10 +37,15 @@ class _Op:
 
 class Drain:
     def __init__(self, views: RingViews, consumer: Consumer, interval_us: int = 500,
-                 clock: Callable[[], int] = time.monotonic_ns):
+                 clock: Callable[[], int] = time.monotonic_ns,
+                 fetch: Callable[[np.ndarray, np.ndarray], None] | None = None):
+        """fetch(lo, hi): for rings written in device memory, bring seqs lo[c]+1..hi[c] (all of completed ops)
+        into `views` before they are read; the session passes it for such backends (with exact snapshots)."""
         self.views, self.consumer = views, consumer
         self.nch, self.slots = views.nchannels, views.slots
         self.cursor = np.zeros(self.nch, dtype=np.uint64)       # last consumed seq per channel
+        self._fetch = fetch
+        self._fetched = np.zeros(self.nch, dtype=np.int64)      # seqs up to here are in views (fetch only)
         self._sampled = 0
         self._hdr = views.header.view(np.uint64).reshape(self.nch, 8)          # [reserved, sampled_out, pad]
         self._st = views.started.view(np.uint64).reshape(self.nch, self.slots, 6)
@@ -137,6 +142,12 @@ class Drain:
         done_lows = [o.tag & 0xFFFFFFFF for o in done]
         running = len(done) < len(ops)
         settled = done[-1].snapshot if done and done[-1].exact else None     # every seq up to it is final
+        if self._fetch is not None and settled is not None:
+            hi = settled.astype(np.int64)
+            lo = np.maximum(self._fetched, self.cursor.astype(np.int64))
+            if (hi > lo).any():
+                self._fetch(lo, hi)
+                np.maximum(self._fetched, hi, out=self._fetched)
         chs = np.flatnonzero(reserved > self.cursor)
         n = self._drain_many(chs, done_lows, force, running, settled) if len(chs) else 0
         if force and self._open:

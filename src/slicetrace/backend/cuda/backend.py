@@ -20,7 +20,7 @@ from ..base import DTYPES, Backend, Work
 from . import buffers, clock
 from .compile import Kernels, arch_of
 from .ipc import CommMemory
-from .seqs import SeqRanges
+from .seqs import SeqRanges, copy_regions, copy_windows
 from .layout import (ARGS_DTYPE, CTYPES, FUNC_IDS, ITEMSIZE, MAX_THREADS, MAXB, MAXG, MAXP, REDOP_IDS)
 
 
@@ -58,6 +58,7 @@ class Token:
 class CudaBackend(Backend):
     name = "cuda"
     reserves_stamps = True      # header.reserved after submit is exactly the end of the op's seqs
+    stamps_on_device = True     # the drain reads the rings after fetch_stamps
 
     def __init__(self, settings: Settings, rank: int, world: int, store: Store, job: str):
         super().__init__(settings, rank, world, store, job)
@@ -81,6 +82,7 @@ class CudaBackend(Backend):
         self.seqs = SeqRanges(self.mem.rings)             # stamp seqs, reserved per program at submit
         self._side = runtime.streamCreateWithFlags(1)     # non-blocking: clock probe and abort DMA
         self._copy = runtime.streamCreateWithFlags(1)     # self copies of a group, beside its kernel
+        self._fetch = runtime.streamCreateWithFlags(1)    # stamp records to the host (drain thread)
         self._fork = runtime.eventCreateWithFlags(2)      # cudaEventDisableTiming
         self._join = runtime.eventCreateWithFlags(2)
         self._cache: dict[tuple, tuple[Any, np.ndarray, Any, int, int]] = {}
@@ -89,8 +91,6 @@ class CudaBackend(Backend):
         self._last: Token | None = None
         self._clock: tuple[int, int] = (0, 1 << 62)
         self._probe_busy = False
-        rate_fn = self.kernels.function("clock.cu", "st_rate", {}, settings.assert_warm)
-        self.cyc_q16 = clock.rate_q16(rate_fn, self.mem.probe, self.mem.probe_ptr, self._side)
 
     # ---- buffers ----
     @property
@@ -106,6 +106,12 @@ class CudaBackend(Backend):
     def channels_for(self, nbytes: int) -> int:
         """Channel count this backend would pick for an op of nbytes (settings.nchannels wins)."""
         return self.settings.nchannels or auto_channels(nbytes, self.world, self.max_channels)
+
+    def fetch_stamps(self, lo: np.ndarray, hi: np.ndarray) -> None:
+        """Bring seqs lo[c]+1..hi[c] of every channel (all of completed ops) into the host mirror."""
+        w = copy_windows(lo, hi, self.mem.slots)
+        if w:
+            self.mem.fetch(copy_regions(w, self.mem.nring, self.mem.slots), self._fetch, self.settings.timeout_s)
 
     # ---- kernels ----
     def _fn(self, dtype: str, steps: bool) -> int:
@@ -199,7 +205,6 @@ class CudaBackend(Backend):
         if nblocks > MAXB:
             raise UsageError(f"the plan has {nblocks} channels; the cuda backend runs at most {MAXB}")
         a["comm"] = self.mem.comm_ptr
-        a["cyc_q16"] = self.cyc_q16
         a["func"], a["nranks"], a["rank"], a["root"] = FUNC_IDS[plan.func], plan.nranks, plan.rank, plan.root
         a["redop"] = REDOP_IDS.get(work.redop, 0)
         a["nblocks"] = nblocks
@@ -378,6 +383,7 @@ class CudaBackend(Backend):
         self._cache.clear()
         self.mem.close()
         for destroy, h in ((self._rt.streamDestroy, self._side), (self._rt.streamDestroy, self._copy),
+                           (self._rt.streamDestroy, self._fetch),
                            (self._rt.eventDestroy, self._fork), (self._rt.eventDestroy, self._join)):
             try:
                 destroy(h)

@@ -48,14 +48,3 @@ def best_of(best: tuple[int, int] | None) -> tuple[int, int] | None:
         return None
     bracket, offset = best
     return offset, bracket // 2 + TICK_NS
-
-
-def rate_q16(fn: int, probe, probe_ptr: int, stream: int, blocks: int = 8, span_ns: int = 5_000_000) -> int:
-    """ns per SM cycle x 65536, over a busy interval (run twice: the first one raises the clocks)."""
-    from cupy.cuda import runtime
-    for _ in range(2):
-        probe[4:6] = 0
-        launch(fn, blocks, 32, stream, ctypes.c_uint64(probe_ptr), ctypes.c_uint64(span_ns))
-        runtime.streamSynchronize(stream)
-    ns, cyc = int(probe[4]), int(probe[5])
-    return int(round(65536 * ns / cyc)) if cyc else 33098          # 33098 = 1.98 GHz

@@ -1,6 +1,6 @@
 """Device memory of one communicator: FIFOs, tails, heads (one cudaMalloc, shared through CUDA IPC),
-step counters (device, persistent across launches), and mapped host memory for
-the stamp rings, the abort flag and the clock probe.
+step counters (device, persistent across launches), the stamp rings (device memory, with their headers and a
+pinned mirror on the host, filled by `fetch`), and mapped host memory for the abort flag and the clock probe.
 
 Handles travel through the rendezvous store; every rank opens every peer's allocation (the ring is
 rank order, p2p may reach any peer, so nothing assumes 2 ranks).
@@ -8,12 +8,13 @@ rank order, p2p may reach any peer, so nothing assumes 2 ranks).
 from __future__ import annotations
 
 import ctypes
+import time
 
 import numpy as np
 
-from ...errors import BackendError
+from ...errors import BackendError, CommTimeoutError
 from ...rendezvous import Store
-from ...stamps.layout import RingViews, ring_bytes
+from ...stamps.layout import HEADER_DTYPE, STAMP_DTYPE, RingViews, ring_bytes
 from .layout import COMM_DTYPE, MAXRANKS, ipc_layout
 
 _MAPPED = 3          # cudaHostAllocPortable | cudaHostAllocMapped
@@ -43,13 +44,18 @@ class CommMemory:
         self.recv_step = self._malloc(nk * 8)
         for p, n in ((self.send_step, nk * 8), (self.recv_step, nk * 8)):
             runtime.memset(p, 0, n)
-        # mapped host memory: stamp rings; control words (abort, status, one, clock probe)
+        # stamp rings: the kernels write them in device memory (started rows, then completed rows); the host
+        # keeps the headers and a pinned mirror in the RingViews layout, which the drain reads after a fetch
         self.nring, self.slots = nring, slots
         nb = ring_bytes(nring, slots)
         self.ring_ptr = self._host_alloc(nb)
         self.ring_mem = host_array(self.ring_ptr, nb)
         self.ring_mem[:] = 0
         self.rings = RingViews(self.ring_mem, nring, slots)
+        self._mirror = self.ring_ptr + nring * HEADER_DTYPE.itemsize
+        self.dring = self._malloc(2 * nring * slots * STAMP_DTYPE.itemsize)
+        runtime.memset(self.dring, 0, 2 * nring * slots * STAMP_DTYPE.itemsize)
+        # control words (abort, status, one, clock probe): mapped host memory
         self.ctrl_ptr = self._host_alloc(4096)
         self.ctrl = host_array(self.ctrl_ptr, 4096)
         self.ctrl[:] = 0
@@ -86,10 +92,8 @@ class CommMemory:
         c = np.zeros(1, dtype=COMM_DTYPE)
         c["peer_base"][0, :self.world] = self.peer_base
         c["send_step"], c["recv_step"] = self.send_step, self.recv_step
-        h = self.rings
-        c["stamp_hdr"] = h.header.ctypes.data
-        c["started"] = h.started.ctypes.data
-        c["completed"] = h.completed.ctypes.data
+        c["started"] = self.dring
+        c["completed"] = self.dring + self.nring * self.slots * STAMP_DTYPE.itemsize
         c["abort_host"] = self.ctrl_ptr
         c["status_host"] = self.ctrl_ptr + 4
         c["fifo_off"], c["buffsize"] = self.fifo_off, self.buffsize
@@ -97,6 +101,18 @@ class CommMemory:
         ptr = self._malloc(COMM_DTYPE.itemsize)
         self._rt.memcpy(ptr, c.ctypes.data, COMM_DTYPE.itemsize, 1)       # cudaMemcpyHostToDevice
         return ptr
+
+    def fetch(self, regions, stream: int, timeout_s: float) -> None:
+        """Copy ring regions (seqs.copy_regions: offset, pitch, width, height) into the host mirror and wait."""
+        rt = self._rt
+        for off, pitch, width, height in regions:
+            rt.memcpy2DAsync(self._mirror + off, pitch, self.dring + off, pitch, width, height, 2, stream)
+        deadline = time.monotonic() + timeout_s
+        while rt.streamQuery(stream) != 0:
+            if time.monotonic() > deadline:
+                raise CommTimeoutError(f"rank {self.rank}: copying stamp records to the host took longer than "
+                                       f"timeout_s={timeout_s}")
+            time.sleep(2e-6)
 
     def raise_peer_aborts(self, stream: int) -> None:
         """Write 1 into every peer's abort word (DMA on a side stream: works while kernels spin)."""

@@ -25,20 +25,20 @@ ARGS_DTYPE = np.dtype([
     ("count", "<i8"), ("per_ch", "<i8"), ("chunk_elems", "<i8"),
     ("func", "<i4"), ("redop", "<i4"), ("nranks", "<i4"), ("rank", "<i4"), ("root", "<i4"), ("nblocks", "<i4"),
     ("step_bytes", "<i4"), ("slice_steps", "<i4"), ("chunk_steps", "<i4"), ("sample_rate", "<i4"),
-    ("op_tag", "<u4"), ("stamp_ch", "<i4"), ("nparts", "<i4"), ("cyc_q16", "<i4"),
+    ("op_tag", "<u4"), ("stamp_ch", "<i4"), ("nparts", "<i4"), ("pad0", "<i4"),
     ("blk_first", "<u2", (MAXB,)), ("blk_n", "<u2", (MAXB,)),
     ("parts", PART_DTYPE, (MAXP,)),
     ("seq_base", "<u4", (MAXP,)), ("seq_n", "<u4", (MAXP,)),
 ])
 COMM_DTYPE = np.dtype([
     ("peer_base", "<u8", (MAXRANKS,)), ("send_step", "<u8"), ("recv_step", "<u8"),
-    ("stamp_hdr", "<u8"), ("started", "<u8"), ("completed", "<u8"),
+    ("started", "<u8"), ("completed", "<u8"),
     ("abort_host", "<u8"), ("status_host", "<u8"), ("fifo_off", "<u8"), ("buffsize", "<u8"),
     ("world", "<i4"), ("rank", "<i4"), ("nconn", "<i4"), ("slots", "<i4"),
 ])
 assert PART_DTYPE.itemsize == 32
 assert ARGS_DTYPE.fields["blk_first"][1] == 104 and ARGS_DTYPE.itemsize == 2920
-assert COMM_DTYPE.itemsize == 8 * MAXRANKS + 9 * 8 + 16
+assert COMM_DTYPE.itemsize == 8 * MAXRANKS + 8 * 8 + 16
 
 
 def ipc_layout(world: int, nconn: int, buffsize: int) -> tuple[int, int]:

@@ -1,4 +1,5 @@
-"""Host side of the GPU writer rules (stamps/layout.py): each program's range of stamp seqs, reserved at submit.
+"""Host side of the GPU writer rules (stamps/layout.py): each program's range of stamp seqs, reserved at submit,
+and the windows of the device rings to copy to the host once ops completed.
 
 The kernel writes exactly `plan.traffic.stamp_records` records per program (KernelCh start and stop, then its
 KernelSteps in slice order) at seq_base.. of its channel's ring and never past seq_n; `header.reserved` (and
@@ -9,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...plan.traffic import stamp_records
-from ...stamps.layout import RingViews
+from ...stamps.layout import STAMP_DTYPE, RingViews
 from ..base import Work
 from .layout import ARGS_DTYPE
 
@@ -71,3 +72,47 @@ class SeqRanges:
         sp = (plan, uch, inv, tot, before + 1, n.astype(np.uint32), sum(s for _, s in counts))
         self._plans[key] = sp
         return sp
+
+
+def copy_windows(lo: np.ndarray, hi: np.ndarray, slots: int) -> list[tuple[int, int, int, int]]:
+    """Ring windows that hold seqs lo[c]+1 .. hi[c] of every channel c (one lap at most): (c0, c1, col, n) =
+    rows c0..c1-1, slots col..col+n-1. Channels that moved alike (a collective) share one window over their
+    span; channels that drifted apart get one each. Copying slots outside a channel's range is harmless: a slot
+    of an op still running is re-copied once that op completed, and the drain trusts nothing before that."""
+    act = np.flatnonzero(hi > lo)
+    if not len(act):
+        return []
+    last = hi[act].astype(np.int64)
+    first = np.maximum(lo[act].astype(np.int64) + 1, last - slots + 1)
+    f, l = int(first.min()), int(last.max())
+    if l - f < slots:
+        spans = [(int(act[0]), int(act[-1]) + 1, f, l)]
+    else:
+        spans = [(c, c + 1, a, b) for c, a, b in zip(act.tolist(), first.tolist(), last.tolist())]
+    out = []
+    for c0, c1, a, b in spans:
+        col, n = a % slots, b - a + 1
+        while n > 0:
+            k = min(n, slots - col)
+            out.append((c0, c1, col, k))
+            n -= k
+            col = 0
+    return out
+
+
+def copy_regions(windows: list[tuple[int, int, int, int]], nchannels: int, slots: int) -> list[tuple[int, int, int, int]]:
+    """2-D copies (offset, pitch, width, height), in bytes from the first started row, that move the windows of
+    both rings (started rows, then completed rows, each `slots` entries long)."""
+    e = STAMP_DTYPE.itemsize
+    p = slots * e
+    r = nchannels * p
+    out = []
+    for c0, c1, col, n in windows:
+        off = c0 * p + col * e
+        if c1 - c0 == 1:                 # one channel: its started and completed rows are r bytes apart
+            out.append((off, r, n * e, 2))
+        elif c1 - c0 == nchannels:       # every channel: the rows of both rings follow each other
+            out.append((off, p, n * e, 2 * nchannels))
+        else:
+            out += [(off, p, n * e, c1 - c0), (r + off, p, n * e, c1 - c0)]
+    return out

@@ -23,7 +23,7 @@ struct Args {
   u32 op_tag;
   int stamp_ch;         // KernelCh boundaries on
   int nparts;
-  int cyc_q16;           // ns per SM clock cycle x 65536 (stamp clocks between %globaltimer reads)
+  int pad0;
   u16 blk_first[ST_MAXB];
   u16 blk_n[ST_MAXB];
   P2pDesc parts[ST_MAXP];
@@ -36,12 +36,12 @@ static_assert(sizeof(Args) == 2920, "Args layout");
 struct Comm {
   u64 peer_base[ST_MAXRANKS];   // each rank's IPC allocation as mapped here (own = local)
   u64 send_step, recv_step;     // u64[nconn * (world-1)] device memory, persistent across launches
-  u64 stamp_hdr, started, completed;   // mapped host memory (stamps/layout.py); the host writes the header
+  u64 started, completed;       // stamp rings in device memory (stamps/layout.py); the host keeps the header
   u64 abort_host, status_host;  // u32* mapped host memory
   u64 fifo_off, buffsize;
   int world, rank, nconn, slots;
 };
-static_assert(sizeof(Comm) == 8 * ST_MAXRANKS + 9 * 8 + 16, "Comm layout");
+static_assert(sizeof(Comm) == 8 * ST_MAXRANKS + 8 * 8 + 16, "Comm layout");
 
 // IPC allocation: [0] abort word | tails (128 B apart) | heads | FIFOs (buffsize each), slot k = c*(W-1)+peer slot
 #define ST_CTRL 128

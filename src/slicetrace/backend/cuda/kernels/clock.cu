@@ -18,13 +18,3 @@ extern "C" __global__ void st_clock(u64* m, int rounds, u64 deadline_ns) {
     st_volatile(m + 1, (u64)r);
   }
 }
-
-// SM clock rate: cycles and %globaltimer ns over a busy interval (m[4] ns, m[5] cycles).
-extern "C" __global__ void st_rate(u64* m, u64 span_ns) {
-  if (threadIdx.x != 0) return;
-  const u64 g0 = gtimer(), c0 = (u64)clock64();
-  u64 g;
-  do { g = gtimer(); } while (g - g0 < span_ns);
-  const u64 c1 = (u64)clock64();
-  if (blockIdx.x == 0) { st_volatile(m + 4, g - g0); st_volatile(m + 5, c1 - c0); }
-}

@@ -39,8 +39,8 @@ __device__ __forceinline__ void st_relaxed_sys(u64* p, u64 v) {
 __device__ __forceinline__ void st_volatile(u64* p, u64 v) {
   asm volatile("st.volatile.global.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
 }
-__device__ __forceinline__ void st_volatile_v2(u64* p, u64 x, u64 y) {
-  asm volatile("st.volatile.global.v2.u64 [%0], {%1,%2};" :: "l"(p), "l"(x), "l"(y) : "memory");
+__device__ __forceinline__ void st_v2_u64(u64* p, u64 x, u64 y) {
+  asm volatile("st.global.v2.u64 [%0], {%1,%2};" :: "l"(p), "l"(x), "l"(y) : "memory");
 }
 __device__ __forceinline__ void st_volatile_u32(u32* p, u32 v) {
   asm volatile("st.volatile.global.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");

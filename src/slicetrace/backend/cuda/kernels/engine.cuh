@@ -1,37 +1,26 @@
 // Simple-protocol primitives for one warp group: wait (tid 0 recv, tid 1 send), copy (worker warps),
 // post (the last thread; with >= 3 warps it sits in its own warp so its fence overlaps the next copy).
-// Stamps (stamps/layout.py, GPU writer rules) cost no fence and no store to host memory on the data path:
-// the host reserves each program's seq range at submit (Args.seq_base/seq_n), the last warp stages records
-// in shared memory and writes them out in bursts (at program end, or when the stage is full) with
-// provisional seq words that the drain trusts once the op's completion event has fired. A fence waits for
-// the PCIe writes in flight, so stores left pending in front of the data fences were most of the cost.
+// Stamps (stamps/layout.py, GPU writer rules) cost no fence and no store to host memory: the host reserves
+// each program's seq range at submit (Args.seq_base/seq_n) and the rings live in this GPU's memory. Each
+// role writes its own part of a record where it already has the clocks: a wait thread the started entry
+// (written just before its next wait, so the stores overlap it), the post thread the completed entry (after
+// its tail store). Seq words are provisional; the drain copies a range to the host once its op completed.
 #pragma once
 #include "args.cuh"
 #include "reduce.cuh"
 
-// ST_TIMER_MODE 0: every stamp clock is a %globaltimer read (16 ns a read on H200, measured). Mode 1 (an
-// option for GPUs where that read is slow): the wait roles take clock64() and the post thread reads
-// %globaltimer once per slice; wait/ready = done - cycles x the SM clock rate measured over that slice.
-// ST_HOST_STORES 0: a measurement variant with no stamp store to host memory at all (logic cost only).
-#ifndef ST_HOST_STORES
-#define ST_HOST_STORES 1
+// Measurement variants (scripts/bench_cuda.py --variants): ST_STORES bits 1 = started entries (wait roles),
+// 2 = completed entries (post thread), 0 = no record at all (logic and clocks only); ST_DIAG bit 1: the wait
+// roles take no clocks.
+#ifndef ST_STORES
+#define ST_STORES 3
 #endif
-// ST_DIAG bits, measurement variants too: 1 = the wait roles take no clocks, 2 = slices stage no records.
 #ifndef ST_DIAG
 #define ST_DIAG 0
 #endif
-#ifndef ST_TIMER_MODE
-#define ST_TIMER_MODE 0
-#endif
-__device__ __forceinline__ u64 role_clock() { return ST_TIMER_MODE ? (u64)clock64() : gtimer(); }
 
-#ifndef ST_STAGE
-#define ST_STAGE 24          // stamp records a program stages in shared memory before writing them out
-#endif
 struct GrpShared {
-  u64 clk[2][2][2];   // [slice parity][recv, send][wait, ready]
   int ab[2][2];       // [slice parity][recv waiter, send waiter]: the wait was aborted
-  u64 stage[ST_STAGE][6];
 };
 
 struct Grp { int tid, nthr, nwork, bar_all, bar_work, post; };
@@ -87,47 +76,37 @@ template <typename T, bool STEPS> struct Eng {
   Grp g; Conn c;
   u64 sstep, rstep;
   int k;                 // slice index within the program (sampling)
-  int kr;                // real (non-empty) slices so far: parity of the shared clock/abort slots
+  int kr;                // real (non-empty) slices so far: parity of the shared abort slots
   bool aborted;
-  // stamp state, tracked by the whole last warp (warp-uniform)
-  u64 *st, *co; u64 mask;
-  u32 seq, seq_end;      // next seq of this program's reserved range [seq_base, seq_base + seq_n)
+  // stamp state, the same in every thread (every thread runs the same slices)
+  u64 *st, *co; u64 mask, tag;
+  u32 seq, left;         // next seq of this program's reserved range, and how many of it remain
   u32 chq;               // KernelCh start seq (the stop is chq + 1), when chon
   bool chon;
-  int ns;                // records staged in gs->stage: (wait, ready, done, id0, id1, seq)
   int ch_peer, ch_flags;
-  u64 pt, pc;            // last (%globaltimer, clock64) pair: the SM clock's rate over the current slice
+  // a wait thread's started entry, written before its next wait or at the end
+  bool pend; u32 pq; u64 pw, pr, pi0, pi1;
 
   __device__ bool post() const { return g.tid == g.post; }
-  __device__ bool last_warp() const { return g.tid >= g.nthr - 32; }
 
-  // Write the staged records into the rings: 16-byte stores, consecutive lanes on consecutive addresses,
-  // seq words provisional (layout.SEQ_PROVISIONAL). Whole last warp.
-  __device__ void flush() {
-    __syncwarp();
-    const u64 tag = (1ull << 63) | ((u64)(a->op_tag & 0x7FFFFFFFu) << 32);
-    for (int j = g.tid & 31; j < 6 * ns; j += 32) {
-      const u64* r = gs->stage[j / 6];
-      const int part = j % 6, ring = part / 3, cw = part % 3;
-      const u64 q = r[5];
-      u64 x, y;
-      if (cw == 0) { x = tag | (q & 0xFFFFFFFFull); y = ring ? 0 : r[0]; }      // seq, wait
-      else if (cw == 1) { x = ring ? 0 : r[1]; y = ring ? r[2] : 0; }           // ready, done
-      else { x = r[3]; y = r[4]; }                                               // identity words
-      if (ST_HOST_STORES) st_volatile_v2((ring ? co : st) + (q & mask) * 6 + 2 * cw, x, y);
-    }
-    __syncwarp();
-    ns = 0;
+  // One ring entry (48 B) as three 16-byte stores; w0/w1 fill the started (wait, ready) or completed (0, done)
+  // slots: [seq, wait, ready, done, id0, id1].
+  __device__ void put(u64* ring, u32 q, u64 w1, u64 w2, u64 w3, u64 i0, u64 i1, int bit) const {
+    if (!(ST_STORES & bit)) return;
+    u64* p = ring + (q & mask) * 6;
+    st_v2_u64(p, tag | q, w1);
+    st_v2_u64(p + 2, w2, w3);
+    st_v2_u64(p + 4, i0, i1);
   }
-  // A KernelCh start or stop record at seq q: clock t at both ends, staged by lane 0.
-  __device__ void stage_ch(u32 q, u64 t, int stop) {
-    if (ns + 1 > ST_STAGE) flush();
-    if ((g.tid & 31) == 0) {
-      u64* r = gs->stage[ns];
-      r[0] = t; r[1] = t; r[2] = t;
-      r[3] = id0(a->op_tag, 0); r[4] = id1(0, ch_peer, 1, ch_flags | (stop ? 2 : 0)); r[5] = q;
-    }
-    ns += 1;
+  __device__ void put_pending() {
+    if (pend) put(st, pq, pw, pr, 0, pi0, pi1, 1);
+    pend = false;
+  }
+  // A KernelCh start or stop record at seq q: clock t at both ends (post thread).
+  __device__ void put_ch(u32 q, u64 t, int stop) const {
+    const u64 i0 = id0(a->op_tag, 0), i1 = id1(0, ch_peer, 1, ch_flags | (stop ? 2 : 0));
+    put(st, q, t, t, 0, i0, i1, 3);
+    put(co, q, 0, 0, t, i0, i1, 3);
   }
 
   __device__ void init(const Args* a_, const Comm* cm_, GrpShared* gs_, Grp g_, int ch, int prog) {
@@ -136,8 +115,9 @@ template <typename T, bool STEPS> struct Eng {
     st = (u64*)cm->started + (u64)ch * cm->slots * 6;
     co = (u64*)cm->completed + (u64)ch * cm->slots * 6;
     mask = cm->slots - 1;
-    seq = a->seq_base[prog]; seq_end = seq + a->seq_n[prog];
-    ns = 0; aborted = false; k = 0; kr = 0;
+    tag = (1ull << 63) | ((u64)(a->op_tag & 0x7FFFFFFFu) << 32);
+    seq = a->seq_base[prog]; left = a->seq_n[prog];
+    aborted = false; pend = false; k = 0; kr = 0;
   }
   __device__ static u64 round_up(u64 s, int m) { return (s + m - 1) / m * m; }
 
@@ -148,21 +128,17 @@ template <typename T, bool STEPS> struct Eng {
     // both left off a chunk boundary (broadcast then reduce, then all_reduce) wait on each other's credit.
     if (post() && c.r_stepp && rstep != *c.r_stepp) st_relaxed_sys(c.r_head, rstep);
     ch_peer = peer; ch_flags = flags;
-    if (STEPS && ST_TIMER_MODE && post()) { pc = clock64(); pt = gtimer(); }
-    chon = false;
-    if (a->stamp_ch && last_warp() && seq + 2 <= seq_end) {
-      // KernelCh start = seq_base, stop = seq_base + 1 (stamps.layout: reserved together before the slices)
-      const u64 t = __shfl_sync(0xffffffffu, gtimer(), 31);
-      chq = seq; chon = true;
-      seq += 2;
-      stage_ch(chq, t, 0);
+    // KernelCh start = seq_base, stop = seq_base + 1 (stamps.layout: reserved together before the slices)
+    chon = a->stamp_ch && left >= 2;
+    if (chon) {
+      chq = seq; seq += 2; left -= 2;
+      if (post()) put_ch(chq, gtimer(), 0);
     }
   }
   __device__ void end() {
-    if (!last_warp()) return;
-    if (chon) stage_ch(chq + 1, __shfl_sync(0xffffffffu, gtimer(), 31), 1);
-    if (ns) flush();                     // no fence: the op's completion makes these stores visible
+    if (STEPS && g.tid < 2) put_pending();
     if (!post()) return;
+    if (chon) put_ch(chq + 1, gtimer(), 1);   // no fence: the op's completion makes these stores visible
     if (!aborted) {
       if (c.s_stepp) *c.s_stepp = sstep;
       if (c.r_stepp) *c.r_stepp = rstep;
@@ -171,80 +147,29 @@ template <typename T, bool STEPS> struct Eng {
     }
   }
 
-  // A role clock taken before the post thread's (cd cycles, td ns) pair, as %globaltimer ns.
-  __device__ u64 ns_at(u64 c, u64 cd, u64 td, u64 rq16) const {
-    if (!ST_TIMER_MODE) return c;
-    const u64 dc = cd > c ? cd - c : 0;
-    const u64 dn = (dc * rq16) >> 16;
-    return dn < td ? td - dn : 0;
-  }
-
-  // Called by the group's last warp after the barrier: lane 31 posts; with STEPS the lanes then stage the
-  // slice's records in shared memory (written to the rings in bursts by flush(), so no stamp store to host
-  // memory is pending when the next slice's fence runs).
-  __device__ void post_real(bool rv, bool sd, i64 n, int ss, bool stamp, int par) {
-    const int lane = g.tid & 31;
-    u64 td = 0, cd = 0, rq = 0;
-    const int nd = (int)rv + (int)sd;
-    const bool rec = STEPS && stamp && seq + nd <= seq_end && !(ST_DIAG & 2);
-    if (lane == 31) {
-      if (STEPS && stamp) {                            // done is read before the tail store
-        td = gtimer();
-        if (ST_TIMER_MODE) {
-          cd = clock64();
-          rq = cd - pc > 2000 && td > pt ? ((td - pt) << 16) / (cd - pc) : (u64)a->cyc_q16;
-          pt = td; pc = cd;
-        }
-      }
-      fence_sys();                                     // slice data (all workers, via the barrier) first
-      if (sd) st_relaxed_sys(c.s_tail, sstep + ss);
-      if (rv) st_relaxed_sys(c.r_head, rstep + ss);
-    }
-    if (!rec) return;
-    if (ns + nd > ST_STAGE) flush();
-    td = __shfl_sync(0xffffffffu, td, 31);
-    if (ST_TIMER_MODE) { cd = __shfl_sync(0xffffffffu, cd, 31); rq = __shfl_sync(0xffffffffu, rq, 31); }
-    if (lane < 6 * nd) stage_word(lane, rv, n, par, td, cd, rq);
-    ns += nd; seq += nd;
-  }
-  // Word lane % 6 of record lane / 6 of this slice (recv first): wait, ready, done, id0, id1, seq.
-  __device__ void stage_word(int lane, bool rv, i64 n, int par, u64 td, u64 cd, u64 rq) {
-    const int e = lane / 6, w = lane % 6;
-    const bool recv = rv && e == 0;
-    const int dir = recv ? 0 : 1;
-    u64 v;
-    if (w == 0) v = ns_at(gs->clk[par][dir][0], cd, td, rq);
-    else if (w == 1) v = ns_at(gs->clk[par][dir][1], cd, td, rq);
-    else if (w == 2) v = td;
-    else if (w == 3) v = id0(a->op_tag, recv ? rstep : sstep);
-    else if (w == 4) v = id1((u64)n * sizeof(T), recv ? c.r_peer : c.s_peer, 0, recv ? 0 : 1);
-    else v = seq + e;
-    gs->stage[ns + e][w] = v;
+  // A wait role (tid 0: recv, tid 1: send): the previous slice's started entry goes out first, then the
+  // wait, clocked when this slice is stamped (rec) and kept for the next one.
+  __device__ int role_wait(const u64* p, u64 add, u64 target, bool rec, u32 q, u64 step, i64 n, int peer, int fl) {
+    if (STEPS) put_pending();
+    const bool clk = STEPS && rec && !(ST_DIAG & 1);
+    if (STEPS && rec) { pend = true; pq = q; pi0 = id0(a->op_tag, step); pi1 = id1((u64)n * sizeof(T), peer, 0, fl); }
+    pw = clk ? gtimer() : 0;
+    const int ab = spin_until(p, add, target, cm);
+    pr = clk ? gtimer() : 0;
+    return ab;
   }
 
   // One slice of n elements. src/dst are user pointers at the slice (0 = unused).
   __device__ __noinline__ void slice(bool rv, bool sd, const T* src, T* dst, bool red, bool fin, i64 n, int ss) {
     const int par = kr & 1;   // only real slices pass barriers, so only they may flip the slot
-    const bool stamp = STEPS && (k % a->sample_rate) == 0;
     if (n > 0) {
-      if (g.tid == 0) {
-        int ab = 0;
-        if (rv) {
-          const u64 tw = STEPS && !(ST_DIAG & 1) ? role_clock() : 0;
-          ab = spin_until(c.r_tail, 0, rstep + ss, cm);
-          if (STEPS && !(ST_DIAG & 1)) { gs->clk[par][0][0] = tw; gs->clk[par][0][1] = role_clock(); }
-        }
-        gs->ab[par][0] = ab;
-      }
-      if (g.tid == 1) {
-        int ab = 0;
-        if (sd) {
-          const u64 tw = STEPS && !(ST_DIAG & 1) ? role_clock() : 0;
-          ab = spin_until(c.s_head, ST_NCCL_STEPS, sstep + ss, cm);
-          if (STEPS && !(ST_DIAG & 1)) { gs->clk[par][1][0] = tw; gs->clk[par][1][1] = role_clock(); }
-        }
-        gs->ab[par][1] = ab;
-      }
+      const u32 nd = (u32)rv + (u32)sd;
+      const bool rec = STEPS && (k % a->sample_rate) == 0 && left >= nd;
+      const u32 q = seq;      // recv record at q, send record after it
+      if (rec) { seq += nd; left -= nd; }
+      if (g.tid == 0) gs->ab[par][0] = rv ? role_wait(c.r_tail, 0, rstep + ss, rec, q, rstep, n, c.r_peer, 0) : 0;
+      if (g.tid == 1) gs->ab[par][1] = sd ? role_wait(c.s_head, ST_NCCL_STEPS, sstep + ss, rec, q + rv, sstep, n,
+                                                      c.s_peer, 1) : 0;
       if (g.tid < g.nwork) {
         bar_sync(g.bar_work, g.nwork);
         if (!(gs->ab[par][0] | gs->ab[par][1])) {
@@ -257,9 +182,32 @@ template <typename T, bool STEPS> struct Eng {
           reduce_copy_op<T>(a->redop, s0, s1, d0, d1, n, fin, a->nranks, g.tid, g.nwork);
         }
       }
+      // The post thread readies its completed entries while it waits for the workers: after its fence only
+      // the stores remain (they delay its next barrier, which small slices wait on).
+      u64 *pr0 = 0, *ps0 = 0, wr = 0, ws = 0, r4 = 0, r5 = 0, s4 = 0, s5 = 0;
+      if (STEPS && rec && post()) {
+        const u64 sz = (u64)n * sizeof(T);
+        if (rv) {
+          pr0 = co + (q & mask) * 6; wr = tag | q;
+          r4 = id0(a->op_tag, rstep); r5 = id1(sz, c.r_peer, 0, 0);
+        }
+        if (sd) {
+          ps0 = co + ((q + rv) & mask) * 6; ws = tag | (q + rv);
+          s4 = id0(a->op_tag, sstep); s5 = id1(sz, c.s_peer, 0, 1);
+        }
+      }
       bar_sync(g.bar_all, g.nthr);
       if (gs->ab[par][0] | gs->ab[par][1]) { aborted = true; return; }
-      if (last_warp()) post_real(rv, sd, n, ss, stamp, par);
+      if (post()) {
+        const u64 td = STEPS && rec ? gtimer() : 0;   // done is read before the tail store
+        fence_sys();                                  // slice data (all workers, via the barrier) first
+        if (sd) st_relaxed_sys(c.s_tail, sstep + ss);
+        if (rv) st_relaxed_sys(c.r_head, rstep + ss);
+        if (STEPS && rec && (ST_STORES & 2)) {        // completed entries: behind the tail store, no wait
+          if (rv) { st_v2_u64(pr0, wr, 0); st_v2_u64(pr0 + 2, 0, td); st_v2_u64(pr0 + 4, r4, r5); }
+          if (sd) { st_v2_u64(ps0, ws, 0); st_v2_u64(ps0 + 2, 0, td); st_v2_u64(ps0 + 4, s4, s5); }
+        }
+      }
       kr++;
     } else if (post()) {                              // empty slice: no data, but steps stay in lockstep
       if (sd) st_relaxed_sys(c.s_tail, sstep + ss);

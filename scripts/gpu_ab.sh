@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One device call: the CUDA tests, then the kernel-side KernelStep overhead (CUDA-graph replay) of this tree and,
+# when ./prev holds an older tree (git archive REV src scripts | tar -x -C prev, its kernels prebuilt into
+# prev/.kcache), of that tree, back to back in the same call. Logs go to $OUT.
+#   VARIANTS="nostores:ST_STORES=0" SIZES=64K,1M,16M,256M ROUNDS=2 TRACE_SECONDS=10 bash scripts/gpu_ab.sh
+set -o pipefail
+cd "$(dirname "$0")/.."
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+SIZES=${SIZES:-64K,1M,16M,256M}
+{ date -u; nvidia-smi -L; } > "$OUT/env.txt" 2>&1
+rc=0
+if [ -z "$SKIP_TESTS" ]; then
+  SLICETRACE_CACHE_DIR=$PWD/.kcache PYTHONPATH=src timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -x -rs \
+    --durations=5 tests/cuda ${PYTEST_ARGS} 2>&1 | tail -25 | tee "$OUT/pytest.log" || rc=1
+fi
+ab() {   # tree label
+  (cd "$1" && PYTHONPATH=src timeout ${BENCH_TIMEOUT:-150} python3 scripts/bench_cuda.py --cache-dir "$PWD/.kcache" \
+     --ops all_reduce --min-bytes 1M --max-bytes 1M --reps 3 --overhead "$SIZES" --graph ${3:+--variants "$3"} \
+     --out "$OUT/bench_$2.json" 2>&1 | tail -30 | tee "$OUT/bench_$2.log") || rc=1
+}
+for round in $(seq ${ROUNDS:-2}); do
+  ab . "new$round" "${VARIANTS}"
+  [ -d prev/src ] && ab prev "prev$round"
+done
+if [ -n "$TRACE_SECONDS" ]; then       # trace invariants and the profiled loops at 1 MiB and 1 GiB
+  SLICETRACE_CACHE_DIR=$PWD/.kcache PYTHONPATH=src timeout $((TRACE_SECONDS * 8 + 60)) python3 \
+    scripts/gpu_trace_check.py /tmp/st_tr --seconds "$TRACE_SECONDS" 2>&1 | tee "$OUT/trace_check.log" || rc=1
+fi
+exit $rc
