@@ -78,7 +78,7 @@ class CudaBackend(Backend):
         self.mem = CommMemory(rank, world, self.max_channels, settings.buffsize, self.max_channels,
                               settings.ring_slots, store, self._prefix, settings.timeout_s)
         self.kernels = Kernels(settings.cache_dir, arch_of(self.device))
-        self.extra_defines: dict[str, str] = {}          # measurement variants (scripts/bench_cuda.py --variants)
+        self._extra: dict[str, str] = {}                  # measurement variants (scripts/bench_cuda.py --variants)
         self.seqs = SeqRanges(self.mem.rings)             # stamp seqs, reserved per program at submit
         self._side = runtime.streamCreateWithFlags(1)     # non-blocking: clock probe and abort DMA
         self._copy = runtime.streamCreateWithFlags(1)     # self copies of a group, beside its kernel
@@ -111,15 +111,25 @@ class CudaBackend(Backend):
         """Bring seqs lo[c]+1..hi[c] of every channel (all of completed ops) into the host mirror."""
         w = copy_windows(lo, hi, self.mem.slots)
         if w:
+            if self._rt.getDevice() != self.device:      # the drain thread starts on device 0: copy and query
+                self._rt.setDevice(self.device)          # on this rank's device
             self.mem.fetch(copy_regions(w, self.mem.nring, self.mem.slots), self._fetch, self.settings.timeout_s)
 
     # ---- kernels ----
+    @property
+    def extra_defines(self) -> dict[str, str]:
+        return self._extra
+
+    @extra_defines.setter
+    def extra_defines(self, defs: dict[str, str]) -> None:
+        self._extra = dict(defs)
+        self._cache.clear()             # cached launches hold the kernel built with the old defines
     def _fn(self, dtype: str, steps: bool) -> int:
         return self.kernels.function("slicetrace.cu", "st_kernel", self._defines(dtype, steps),
                                      self.settings.assert_warm)
 
     def _defines(self, dtype: str, steps: bool) -> dict[str, str]:
-        return {"ST_T": CTYPES[dtype], "ST_STEPS": "1" if steps else "0", **self.extra_defines}
+        return {"ST_T": CTYPES[dtype], "ST_STEPS": "1" if steps else "0", **self._extra}
 
     def prepare(self, dtypes: tuple[str, ...] = DTYPES, steps: tuple[bool, ...] = (False, True)) -> None:
         """Compile (or load from the cache) every kernel variant these dtypes need, in parallel."""

@@ -11,12 +11,21 @@
 
 // Measurement variants (scripts/bench_cuda.py --variants): ST_STORES bits 1 = started entries (wait roles),
 // 2 = completed entries (post thread), 0 = no record at all (logic and clocks only); ST_DIAG bit 1: the wait
-// roles take no clocks.
+// roles take no clocks. ST_INLINE 0: slice() as a call (the engine state then lives in local memory; measured
+// 2-4 us slower per op below 16 MiB, docs/benchmarks.md).
 #ifndef ST_STORES
 #define ST_STORES 3
 #endif
 #ifndef ST_DIAG
 #define ST_DIAG 0
+#endif
+#ifndef ST_INLINE
+#define ST_INLINE 1
+#endif
+#if ST_INLINE
+#define ST_SLICE_FN __forceinline__
+#else
+#define ST_SLICE_FN __noinline__
 #endif
 
 struct GrpShared {
@@ -87,13 +96,15 @@ template <typename T, bool STEPS> struct Eng {
   // a wait thread's started entry, written before its next wait or at the end
   bool pend; u32 pq; u64 pw, pr, pi0, pi1;
 
+  __device__ u64* slot(u64* ring, u32 q) const { return ring + (u64)(q & mask) * 6; }
+
   __device__ bool post() const { return g.tid == g.post; }
 
-  // One ring entry (48 B) as three 16-byte stores; w0/w1 fill the started (wait, ready) or completed (0, done)
-  // slots: [seq, wait, ready, done, id0, id1].
+  // One ring entry [seq, wait, ready, done, id0, id1] (48 B) as three 16-byte stores; w1..w3 are (wait, ready,
+  // 0) for a started entry, (0, 0, done) for a completed one.
   __device__ void put(u64* ring, u32 q, u64 w1, u64 w2, u64 w3, u64 i0, u64 i1, int bit) const {
     if (!(ST_STORES & bit)) return;
-    u64* p = ring + (q & mask) * 6;
+    u64* p = slot(ring, q);
     st_v2_u64(p, tag | q, w1);
     st_v2_u64(p + 2, w2, w3);
     st_v2_u64(p + 4, i0, i1);
@@ -152,7 +163,10 @@ template <typename T, bool STEPS> struct Eng {
   __device__ int role_wait(const u64* p, u64 add, u64 target, bool rec, u32 q, u64 step, i64 n, int peer, int fl) {
     if (STEPS) put_pending();
     const bool clk = STEPS && rec && !(ST_DIAG & 1);
-    if (STEPS && rec) { pend = true; pq = q; pi0 = id0(a->op_tag, step); pi1 = id1((u64)n * sizeof(T), peer, 0, fl); }
+    if (STEPS && rec) {
+      pend = true; pq = q;
+      pi0 = id0(a->op_tag, step); pi1 = id1((u64)n * sizeof(T), peer, 0, fl);
+    }
     pw = clk ? gtimer() : 0;
     const int ab = spin_until(p, add, target, cm);
     pr = clk ? gtimer() : 0;
@@ -160,7 +174,7 @@ template <typename T, bool STEPS> struct Eng {
   }
 
   // One slice of n elements. src/dst are user pointers at the slice (0 = unused).
-  __device__ __noinline__ void slice(bool rv, bool sd, const T* src, T* dst, bool red, bool fin, i64 n, int ss) {
+  __device__ ST_SLICE_FN void slice(bool rv, bool sd, const T* src, T* dst, bool red, bool fin, i64 n, int ss) {
     const int par = kr & 1;   // only real slices pass barriers, so only they may flip the slot
     if (n > 0) {
       const u32 nd = (u32)rv + (u32)sd;
@@ -184,16 +198,12 @@ template <typename T, bool STEPS> struct Eng {
       }
       // The post thread readies its completed entries while it waits for the workers: after its fence only
       // the stores remain (they delay its next barrier, which small slices wait on).
-      u64 *pr0 = 0, *ps0 = 0, wr = 0, ws = 0, r4 = 0, r5 = 0, s4 = 0, s5 = 0;
+      u64 *cr = 0, *cs = 0, wr = 0, ws = 0, r4 = 0, r5 = 0, s4 = 0, s5 = 0;
       if (STEPS && rec && post()) {
         const u64 sz = (u64)n * sizeof(T);
-        if (rv) {
-          pr0 = co + (q & mask) * 6; wr = tag | q;
-          r4 = id0(a->op_tag, rstep); r5 = id1(sz, c.r_peer, 0, 0);
-        }
+        if (rv) { cr = slot(co, q); wr = tag | q; r4 = id0(a->op_tag, rstep); r5 = id1(sz, c.r_peer, 0, 0); }
         if (sd) {
-          ps0 = co + ((q + rv) & mask) * 6; ws = tag | (q + rv);
-          s4 = id0(a->op_tag, sstep); s5 = id1(sz, c.s_peer, 0, 1);
+          cs = slot(co, q + rv); ws = tag | (q + rv); s4 = id0(a->op_tag, sstep); s5 = id1(sz, c.s_peer, 0, 1);
         }
       }
       bar_sync(g.bar_all, g.nthr);
@@ -204,8 +214,8 @@ template <typename T, bool STEPS> struct Eng {
         if (sd) st_relaxed_sys(c.s_tail, sstep + ss);
         if (rv) st_relaxed_sys(c.r_head, rstep + ss);
         if (STEPS && rec && (ST_STORES & 2)) {        // completed entries: behind the tail store, no wait
-          if (rv) { st_v2_u64(pr0, wr, 0); st_v2_u64(pr0 + 2, 0, td); st_v2_u64(pr0 + 4, r4, r5); }
-          if (sd) { st_v2_u64(ps0, ws, 0); st_v2_u64(ps0 + 2, 0, td); st_v2_u64(ps0 + 4, s4, s5); }
+          if (cr) { st_v2_u64(cr, wr, 0); st_v2_u64(cr + 2, 0, td); st_v2_u64(cr + 4, r4, r5); }
+          if (cs) { st_v2_u64(cs, ws, 0); st_v2_u64(cs + 2, 0, td); st_v2_u64(cs + 4, s4, s5); }
         }
       }
       kr++;
