@@ -26,9 +26,10 @@ to host memory pending in front of the data path's fences:
   launch; the kernel never writes it) and passes the range in the launch arguments. A program's KernelCh
   start and stop take the first two seqs of its range, its KernelSteps the rest, in slice order;
 - the kernel writes whole entries, seq word included, with no fence, as *provisional* seq words:
-  SEQ_PROVISIONAL | (op & 0x7FFFFFFF) << 32 | (seq & 0xFFFFFFFF). The reader trusts one only once op has
-  completed (completion makes all of the kernel's stores visible), so a record may be seen late but never
-  taken early; lapping is still caught by the header, which the host wrote before the launch.
+  SEQ_PROVISIONAL | (op & 0x7FFFFFFF) << 32 | (seq & 0xFFFFFFFF), into rings in its own device memory (same
+  layout, headers excepted). Once op has completed, the reader copies the windows of its seqs into the host
+  rings it reads (Drain's `fetch`) and trusts the provisional words of that op, so a record may be seen late
+  but never taken early; lapping is still caught by the header, which the host wrote before the launch.
 An in-order reader therefore takes a GPU program whole once its op has completed, and since every seq of
 the op is reserved at submit, an entry of a completed op that is still not valid was lost (counted).
 

@@ -1,18 +1,18 @@
 // Simple-protocol primitives for one warp group: wait (tid 0 recv, tid 1 send), copy (worker warps),
 // post (the last thread; with >= 3 warps it sits in its own warp so its fence overlaps the next copy).
 // Stamps (stamps/layout.py, GPU writer rules) cost no fence and no store to host memory: the host reserves
-// each program's seq range at submit (Args.seq_base/seq_n) and the rings live in this GPU's memory. Each
-// role writes its own part of a record where it already has the clocks: a wait thread the started entry
-// (written just before its next wait, so the stores overlap it), the post thread the completed entry (after
-// its tail store). Seq words are provisional; the drain copies a range to the host once its op completed.
+// each program's seq range at submit (Args.seq_base/seq_n) and the rings live in this GPU's memory. The wait
+// roles leave their clocks in shared memory; the post thread writes a slice's entries right after its tail
+// store (and a KernelCh start after the first one), so no stamp store is in flight when a fence runs: a fence
+// waits for them. Seq words are provisional; the drain copies a range to the host once its op completed.
 #pragma once
 #include "args.cuh"
 #include "reduce.cuh"
 
-// Measurement variants (scripts/bench_cuda.py --variants): ST_STORES bits 1 = started entries (wait roles),
-// 2 = completed entries (post thread), 0 = no record at all (logic and clocks only); ST_DIAG bit 1: the wait
-// roles take no clocks. ST_INLINE 0: slice() as a call (the engine state then lives in local memory; measured
-// 2-4 us slower per op below 16 MiB, docs/benchmarks.md).
+// Measurement variants (scripts/bench_cuda.py --variants): ST_STORES bits 1 = started entries, 2 = completed
+// entries, 0 = no record at all (logic and clocks only); ST_DIAG bit 1: the wait roles take no clocks;
+// ST_INLINE 0: slice() as a call (the engine state then lives in local memory: 3-5 us slower per op up to
+// 16 MiB, docs/benchmarks.md).
 #ifndef ST_STORES
 #define ST_STORES 3
 #endif
@@ -30,6 +30,7 @@
 
 struct GrpShared {
   int ab[2][2];       // [slice parity][recv waiter, send waiter]: the wait was aborted
+  u64 clk[2][2][2];   // [slice parity][recv, send][wait, ready]: the wait roles' clocks for the post thread
 };
 
 struct Grp { int tid, nthr, nwork, bar_all, bar_work, post; };
@@ -91,10 +92,9 @@ template <typename T, bool STEPS> struct Eng {
   u64 *st, *co; u64 mask, tag;
   u32 seq, left;         // next seq of this program's reserved range, and how many of it remain
   u32 chq;               // KernelCh start seq (the stop is chq + 1), when chon
-  bool chon;
+  bool chon, chpend;     // chpend: the start record (clock cht) is not written yet
+  u64 cht;
   int ch_peer, ch_flags;
-  // a wait thread's started entry, written before its next wait or at the end
-  bool pend; u32 pq; u64 pw, pr, pi0, pi1;
 
   __device__ u64* slot(u64* ring, u32 q) const { return ring + (u64)(q & mask) * 6; }
 
@@ -108,10 +108,6 @@ template <typename T, bool STEPS> struct Eng {
     st_v2_u64(p, tag | q, w1);
     st_v2_u64(p + 2, w2, w3);
     st_v2_u64(p + 4, i0, i1);
-  }
-  __device__ void put_pending() {
-    if (pend) put(st, pq, pw, pr, 0, pi0, pi1, 1);
-    pend = false;
   }
   // A KernelCh start or stop record at seq q: clock t at both ends (post thread).
   __device__ void put_ch(u32 q, u64 t, int stop) const {
@@ -128,7 +124,7 @@ template <typename T, bool STEPS> struct Eng {
     mask = cm->slots - 1;
     tag = (1ull << 63) | ((u64)(a->op_tag & 0x7FFFFFFFu) << 32);
     seq = a->seq_base[prog]; left = a->seq_n[prog];
-    aborted = false; pend = false; k = 0; kr = 0;
+    aborted = false; k = 0; kr = 0;
   }
   __device__ static u64 round_up(u64 s, int m) { return (s + m - 1) / m * m; }
 
@@ -141,14 +137,15 @@ template <typename T, bool STEPS> struct Eng {
     ch_peer = peer; ch_flags = flags;
     // KernelCh start = seq_base, stop = seq_base + 1 (stamps.layout: reserved together before the slices)
     chon = a->stamp_ch && left >= 2;
+    chpend = false;
     if (chon) {
       chq = seq; seq += 2; left -= 2;
-      if (post()) put_ch(chq, gtimer(), 0);
+      if (post()) { cht = gtimer(); chpend = true; }   // written after the first tail store (no fence waits)
     }
   }
   __device__ void end() {
-    if (STEPS && g.tid < 2) put_pending();
     if (!post()) return;
+    if (chpend) put_ch(chq, cht, 0);
     if (chon) put_ch(chq + 1, gtimer(), 1);   // no fence: the op's completion makes these stores visible
     if (!aborted) {
       if (c.s_stepp) *c.s_stepp = sstep;
@@ -158,18 +155,12 @@ template <typename T, bool STEPS> struct Eng {
     }
   }
 
-  // A wait role (tid 0: recv, tid 1: send): the previous slice's started entry goes out first, then the
-  // wait, clocked when this slice is stamped (rec) and kept for the next one.
-  __device__ int role_wait(const u64* p, u64 add, u64 target, bool rec, u32 q, u64 step, i64 n, int peer, int fl) {
-    if (STEPS) put_pending();
+  // A wait role (tid 0: recv, tid 1: send): its clocks go to shared memory, for the post thread to write.
+  __device__ int role_wait(const u64* p, u64 add, u64 target, bool rec, int dir, int par) {
     const bool clk = STEPS && rec && !(ST_DIAG & 1);
-    if (STEPS && rec) {
-      pend = true; pq = q;
-      pi0 = id0(a->op_tag, step); pi1 = id1((u64)n * sizeof(T), peer, 0, fl);
-    }
-    pw = clk ? gtimer() : 0;
+    const u64 tw = clk ? gtimer() : 0;
     const int ab = spin_until(p, add, target, cm);
-    pr = clk ? gtimer() : 0;
+    if (clk) { gs->clk[par][dir][0] = tw; gs->clk[par][dir][1] = gtimer(); }
     return ab;
   }
 
@@ -181,9 +172,8 @@ template <typename T, bool STEPS> struct Eng {
       const bool rec = STEPS && (k % a->sample_rate) == 0 && left >= nd;
       const u32 q = seq;      // recv record at q, send record after it
       if (rec) { seq += nd; left -= nd; }
-      if (g.tid == 0) gs->ab[par][0] = rv ? role_wait(c.r_tail, 0, rstep + ss, rec, q, rstep, n, c.r_peer, 0) : 0;
-      if (g.tid == 1) gs->ab[par][1] = sd ? role_wait(c.s_head, ST_NCCL_STEPS, sstep + ss, rec, q + rv, sstep, n,
-                                                      c.s_peer, 1) : 0;
+      if (g.tid == 0) gs->ab[par][0] = rv ? role_wait(c.r_tail, 0, rstep + ss, rec, 0, par) : 0;
+      if (g.tid == 1) gs->ab[par][1] = sd ? role_wait(c.s_head, ST_NCCL_STEPS, sstep + ss, rec, 1, par) : 0;
       if (g.tid < g.nwork) {
         bar_sync(g.bar_work, g.nwork);
         if (!(gs->ab[par][0] | gs->ab[par][1])) {
@@ -196,8 +186,8 @@ template <typename T, bool STEPS> struct Eng {
           reduce_copy_op<T>(a->redop, s0, s1, d0, d1, n, fin, a->nranks, g.tid, g.nwork);
         }
       }
-      // The post thread readies its completed entries while it waits for the workers: after its fence only
-      // the stores remain (they delay its next barrier, which small slices wait on).
+      // The post thread readies its entries while it waits for the workers: after its fence and tail store
+      // only the stores remain, and no stamp store is in flight when a fence runs.
       u64 *cr = 0, *cs = 0, wr = 0, ws = 0, r4 = 0, r5 = 0, s4 = 0, s5 = 0;
       if (STEPS && rec && post()) {
         const u64 sz = (u64)n * sizeof(T);
@@ -213,6 +203,12 @@ template <typename T, bool STEPS> struct Eng {
         fence_sys();                                  // slice data (all workers, via the barrier) first
         if (sd) st_relaxed_sys(c.s_tail, sstep + ss);
         if (rv) st_relaxed_sys(c.r_head, rstep + ss);
+        if (STEPS && chpend) { put_ch(chq, cht, 0); chpend = false; }
+        if (STEPS && rec && (ST_STORES & 1)) {        // started entries: the roles' clocks
+          const bool clk = !(ST_DIAG & 1);
+          if (cr) put(st, q, clk ? gs->clk[par][0][0] : 0, clk ? gs->clk[par][0][1] : 0, 0, r4, r5, 1);
+          if (cs) put(st, q + rv, clk ? gs->clk[par][1][0] : 0, clk ? gs->clk[par][1][1] : 0, 0, s4, s5, 1);
+        }
         if (STEPS && rec && (ST_STORES & 2)) {        // completed entries: behind the tail store, no wait
           if (cr) { st_v2_u64(cr, wr, 0); st_v2_u64(cr + 2, 0, td); st_v2_u64(cr + 4, r4, r5); }
           if (cs) { st_v2_u64(cs, ws, 0); st_v2_u64(cs + 2, 0, td); st_v2_u64(cs + 4, s4, s5); }
