@@ -397,3 +397,50 @@ def test_entry_of_a_completed_op_with_an_exact_snapshot_that_never_came_is_lost_
     d.poll_once()
     assert sink.drops["unpaired"] == 1 and sum(len(r) for _, r in sink.step_calls) == 3
     assert len(sink.channels) == 1 and sink.ended == [1] and d.idle()
+
+
+def _device_setup(slots=64):
+    """Host rings the drain reads, 'device' rings the writer fills, and a fetch that logs its calls."""
+    v, dev, sink = rings(1, slots), rings(1, slots), Recorder()
+    calls = []
+
+    def fetch(lo, hi):
+        calls.append((int(lo[0]), int(hi[0])))
+        for s in range(int(lo[0]) + 1, int(hi[0]) + 1):
+            i = s & (slots - 1)
+            v.started[0][i], v.completed[0][i] = dev.started[0][i], dev.completed[0][i]
+
+    return v, dev, sink, Drain(v, sink, fetch=fetch), calls
+
+
+def test_device_rings_are_fetched_once_per_completed_range_and_never_for_a_running_op():
+    v, dev, sink, d, calls = _device_setup()
+    done = {1: False, 2: False}
+    for tag in (1, 2):
+        gpu_program(dev, tag, 4)                   # the host reserves in `dev`'s header: mirror it
+        v.header["reserved"][0] = dev.header["reserved"][0]
+        d.op_submitted(tag, lambda t=tag: done[t], v.header["reserved"].copy())
+    d.poll_once()
+    assert calls == [] and sink.step_calls == []   # nothing done: nothing copied, nothing taken
+    done[1] = True
+    d.poll_once()
+    assert calls == [(0, 6)] and [t for t, _ in sink.step_calls] == [1] and sink.ended == [1]
+    d.poll_once()
+    assert calls == [(0, 6)]                       # a range is copied once
+    done[2] = True
+    d.poll_once()
+    assert calls == [(0, 6), (6, 12)] and sink.ended == [1, 2] and not sink.drops
+
+
+def test_a_failing_fetch_at_stop_is_recorded_not_raised():
+    v, dev, sink, _, _ = _device_setup()
+
+    def broken(lo, hi):
+        raise RuntimeError("device gone")
+
+    d = Drain(v, sink, fetch=broken)
+    gpu_program(dev, 1, 3)
+    v.header["reserved"][0] = dev.header["reserved"][0]
+    d.op_submitted(1, lambda: True, v.header["reserved"].copy())
+    d.stop()
+    assert isinstance(d.error, RuntimeError)

@@ -105,7 +105,10 @@ class Drain:
         if self._thread is not None:
             self._thread.join(timeout_s)
             self._thread = None
-        self.poll_once(force=True)
+        try:
+            self.poll_once(force=True)
+        except BaseException as e:        # e.g. a device that is gone: reported at close, the rest still closes
+            self.error = self.error or e
 
     # ---- drain thread ----
     def _run(self) -> None:
