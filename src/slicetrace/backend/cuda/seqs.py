@@ -14,6 +14,7 @@ from ...stamps.layout import STAMP_DTYPE, RingViews
 from ..base import Work
 from .layout import ARGS_DTYPE
 
+Window = tuple[int, int, int, int]     # copy_windows: (c0, c1, col, n); copy_regions: (offset, pitch, width, height)
 _SEQ_BASE = ARGS_DTYPE.fields["seq_base"][1] // 4   # u32 offsets of Args.seq_base and Args.seq_n
 _SEQ_N = ARGS_DTYPE.fields["seq_n"][1] // 4
 
@@ -74,7 +75,7 @@ class SeqRanges:
         return sp
 
 
-def copy_windows(lo: np.ndarray, hi: np.ndarray, slots: int) -> list[tuple[int, int, int, int]]:
+def copy_windows(lo: np.ndarray, hi: np.ndarray, slots: int) -> list[Window]:
     """Ring windows that hold seqs lo[c]+1 .. hi[c] of every channel c (one lap at most): (c0, c1, col, n) =
     rows c0..c1-1, slots col..col+n-1. Channels that moved alike (a collective) share one window over their
     span; channels that drifted apart get one each. Copying slots outside a channel's range is harmless: a slot
@@ -100,7 +101,7 @@ def copy_windows(lo: np.ndarray, hi: np.ndarray, slots: int) -> list[tuple[int, 
     return out
 
 
-def copy_regions(windows: list[tuple[int, int, int, int]], nchannels: int, slots: int) -> list[tuple[int, int, int, int]]:
+def copy_regions(windows: list[Window], nchannels: int, slots: int) -> list[Window]:
     """2-D copies (offset, pitch, width, height), in bytes from the first started row, that move the windows of
     both rings (started rows, then completed rows, each `slots` entries long)."""
     e = STAMP_DTYPE.itemsize
