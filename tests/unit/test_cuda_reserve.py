@@ -122,3 +122,57 @@ def test_channels_that_moved_alike_share_one_copy_of_both_rings():
     lo[5], hi[5] = 5000, 5010                                  # a channel far ahead: one window per channel
     w = copy_windows(lo, hi, 64)
     assert all(c1 - c0 == 1 for c0, c1, _, _ in w) and {c0 for c0, _, _, _ in w} == set(range(8))
+
+
+class FakeRuntime:
+    """The cupy runtime calls CommMemory.fetch makes, on host memory (memcpy2DAsync through real addresses)."""
+
+    def __init__(self, ready=True):
+        self.device, self.calls, self.ready = 0, [], ready
+
+    def getDevice(self):
+        return self.device
+
+    def setDevice(self, d):
+        self.calls.append(d)
+        self.device = d
+
+    def memcpy2DAsync(self, dst, dpitch, src, spitch, width, height, kind, stream):
+        import ctypes
+        assert kind == 2 and self.device == 1             # device to host, on the rank's device
+        for r in range(height):
+            ctypes.memmove(dst + r * dpitch, src + r * spitch, width)
+
+    def streamQuery(self, stream):
+        return 0 if self.ready else 600                   # cudaErrorNotReady
+
+
+def _fake_mem(nch, slots, rt):
+    from slicetrace.backend.cuda.ipc import CommMemory
+    from slicetrace.stamps.layout import HEADER_DTYPE
+    m = object.__new__(CommMemory)
+    host = np.zeros(ring_bytes(nch, slots), np.uint8)
+    dev = np.random.default_rng(0).integers(1, 255, 2 * nch * slots * STAMP_DTYPE.itemsize, dtype=np.uint8)
+    m.rank, m.nring, m.slots, m._rt = 0, nch, slots, rt
+    m._mirror, m.dring = host.ctypes.data + nch * HEADER_DTYPE.itemsize, dev.ctypes.data
+    return m, RingViews(host, nch, slots), dev
+
+
+def test_fetch_copies_on_the_ranks_device_and_puts_the_callers_device_back():
+    rt = FakeRuntime()
+    m, v, dev = _fake_mem(4, 64, rt)
+    m.fetch(np.array([0, 0, 10, 0]), np.array([5, 5, 20, 0]), 1, 0, 1.0)
+    assert rt.calls == [1, 0] and rt.device == 0
+    d = dev.view(STAMP_DTYPE).reshape(2, 4, 64)
+    assert (v.started[2][11:21].view(np.uint8) == d[0, 2, 11:21].view(np.uint8)).all()
+    assert (v.completed[0][1:6].view(np.uint8) == d[1, 0, 1:6].view(np.uint8)).all()
+    assert (v.started[3].view(np.uint8) == 0).all()       # outside every window: untouched
+
+
+def test_a_copy_that_never_finishes_times_out_and_still_restores_the_device():
+    from slicetrace.errors import CommTimeoutError
+    rt = FakeRuntime(ready=False)
+    m, _, _ = _fake_mem(2, 64, rt)
+    with pytest.raises(CommTimeoutError, match="timeout_s=0.01"):
+        m.fetch(np.array([0, 0]), np.array([3, 3]), 1, 0, 0.01)
+    assert rt.device == 0

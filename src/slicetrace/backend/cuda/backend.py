@@ -20,7 +20,7 @@ from ..base import DTYPES, Backend, Work
 from . import buffers, clock
 from .compile import Kernels, arch_of
 from .ipc import CommMemory
-from .seqs import SeqRanges, copy_regions, copy_windows
+from .seqs import SeqRanges
 from .layout import (ARGS_DTYPE, CTYPES, FUNC_IDS, ITEMSIZE, MAX_THREADS, MAXB, MAXG, MAXP, REDOP_IDS)
 
 
@@ -109,11 +109,7 @@ class CudaBackend(Backend):
 
     def fetch_stamps(self, lo: np.ndarray, hi: np.ndarray) -> None:
         """Bring seqs lo[c]+1..hi[c] of every channel (all of completed ops) into the host mirror."""
-        w = copy_windows(lo, hi, self.mem.slots)
-        if w:
-            if self._rt.getDevice() != self.device:      # the drain thread starts on device 0: copy and query
-                self._rt.setDevice(self.device)          # on this rank's device
-            self.mem.fetch(copy_regions(w, self.mem.nring, self.mem.slots), self._fetch, self.settings.timeout_s)
+        self.mem.fetch(lo, hi, self.device, self._fetch, self.settings.timeout_s)
 
     # ---- kernels ----
     @property

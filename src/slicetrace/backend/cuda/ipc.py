@@ -16,6 +16,7 @@ from ...errors import BackendError, CommTimeoutError
 from ...rendezvous import Store
 from ...stamps.layout import HEADER_DTYPE, STAMP_DTYPE, RingViews, ring_bytes
 from .layout import COMM_DTYPE, MAXRANKS, ipc_layout
+from .seqs import copy_regions, copy_windows
 
 _MAPPED = 3          # cudaHostAllocPortable | cudaHostAllocMapped
 
@@ -102,17 +103,27 @@ class CommMemory:
         self._rt.memcpy(ptr, c.ctypes.data, COMM_DTYPE.itemsize, 1)       # cudaMemcpyHostToDevice
         return ptr
 
-    def fetch(self, regions, stream: int, timeout_s: float) -> None:
-        """Copy ring regions (seqs.copy_regions: offset, pitch, width, height) into the host mirror and wait."""
+    def fetch(self, lo: np.ndarray, hi: np.ndarray, device: int, stream: int, timeout_s: float) -> None:
+        """Copy seqs lo[c]+1..hi[c] of every channel from the device rings into the host mirror, and wait."""
+        w = copy_windows(lo, hi, self.slots)
+        if not w:
+            return
         rt = self._rt
-        for off, pitch, width, height in regions:
-            rt.memcpy2DAsync(self._mirror + off, pitch, self.dring + off, pitch, width, height, 2, stream)
-        deadline = time.monotonic() + timeout_s
-        while rt.streamQuery(stream) != 0:
-            if time.monotonic() > deadline:
-                raise CommTimeoutError(f"rank {self.rank}: copying stamp records to the host took longer than "
-                                       f"timeout_s={timeout_s}")
-            time.sleep(2e-6)
+        prev = rt.getDevice()                # the drain thread starts on device 0; a flushing user thread may be
+        if prev != device:                   # on another device: copy and query on this rank's, then put it back
+            rt.setDevice(device)
+        try:
+            for off, pitch, width, height in copy_regions(w, self.nring, self.slots):
+                rt.memcpy2DAsync(self._mirror + off, pitch, self.dring + off, pitch, width, height, 2, stream)
+            deadline = time.monotonic() + timeout_s
+            while rt.streamQuery(stream) != 0:
+                if time.monotonic() > deadline:
+                    raise CommTimeoutError(f"rank {self.rank}: copying stamp records to the host took longer "
+                                           f"than timeout_s={timeout_s}")
+                time.sleep(2e-6)
+        finally:
+            if prev != device:
+                rt.setDevice(prev)
 
     def raise_peer_aborts(self, stream: int) -> None:
         """Write 1 into every peer's abort word (DMA on a side stream: works while kernels spin)."""
