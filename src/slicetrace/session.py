@@ -58,7 +58,7 @@ class Session:
                 self._resync()
                 # A synchronous backend (cpu) has no idle time to hide a thread in: on 2 cores and under the
                 # GIL a drain thread only contends with the data path. Drain inline between ops instead.
-                self._inline = bool(getattr(self.backend, "synchronous", False))
+                self._inline = self.backend.synchronous
                 self._reserved = self.backend.rings.header["reserved"]     # a view: copied after each op
                 self._since_poll, self._poll_at = 0, 0.0
                 if not self._inline:

@@ -108,7 +108,6 @@ class HostBackend(Backend):
         return numpy_buffer(x, what, self.name)
 
     def empty_like(self, buf: Any, count: int) -> Any:
-        import numpy as np
         return np.empty(count, dtype=buf.dtype)
 
 
@@ -117,7 +116,6 @@ _DTYPE_NAMES: dict = {}
 
 def numpy_buffer(x: Any, what: str, backend: str) -> tuple[Any, str, int]:
     """as_buffer for host backends: a C-contiguous numpy array of a supported dtype -> (flat view, dtype, count)."""
-    import numpy as np
     if not isinstance(x, np.ndarray):
         raise UsageError(f"{what} must be a numpy.ndarray for backend={backend!r}, got {type(x).__name__}")
     name = _DTYPE_NAMES.get(x.dtype)

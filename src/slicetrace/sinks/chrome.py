@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 
 from ..config import DEFAULT_POOL_SIZES, Settings
-from ..events.abi import (KERNEL_CH_DTYPE, KERNEL_STEP_DTYPE, ActivationMask, CollApiDescr, CollDescr, CommInfo, EventType,
-                          GroupApiDescr, GroupDescr, KernelChDescr, KernelLaunchDescr, KernelStepDescr, P2pApiDescr,
-                          P2pDescr, ProxyCtrlDescr, State, StateArgs)
+from ..events.abi import (KERNEL_CH_DTYPE, KERNEL_STEP_DTYPE, ActivationMask, CollApiDescr, CollDescr, CommInfo,
+                          EventType, GroupApiDescr, GroupDescr, KernelChDescr, KernelLaunchDescr, KernelStepDescr,
+                          P2pApiDescr, P2pDescr, ProxyCtrlDescr, State, StateArgs)
 from .chrome_text import CH_LINES, STEP_LINE, RowFormat, metadata, pair, us
 
 T = EventType

@@ -377,5 +377,6 @@ class Drain:
 
 def _published(word: np.ndarray, useq: np.ndarray, done31: np.ndarray) -> np.ndarray:
     """Seq words that publish useq: plain, or provisional from an op that has completed (stamps.layout)."""
-    prov = ((word & _PROV) != 0) & ((word & _LO32) == (useq & _LO32)) & np.isin((word >> np.uint64(32)) & _LO31, done31)
+    prov = (((word & _PROV) != 0) & ((word & _LO32) == (useq & _LO32))
+            & np.isin((word >> np.uint64(32)) & _LO31, done31))
     return (word == useq) | prov

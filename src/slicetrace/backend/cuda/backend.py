@@ -120,6 +120,7 @@ class CudaBackend(Backend):
     def extra_defines(self, defs: dict[str, str]) -> None:
         self._extra = dict(defs)
         self._cache.clear()             # cached launches hold the kernel built with the old defines
+
     def _fn(self, dtype: str, steps: bool) -> int:
         return self.kernels.function("slicetrace.cu", "st_kernel", self._defines(dtype, steps),
                                      self.settings.assert_warm)
