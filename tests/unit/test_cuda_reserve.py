@@ -82,7 +82,7 @@ def test_programs_sharing_a_channel_that_one_op_would_lap_write_nothing_a_lone_p
 
 
 def apply_regions(regions, src: np.ndarray, dst: np.ndarray) -> None:
-    """What memcpy2DAsync does with each region (both buffers: started rows, then completed rows)."""
+    """What memcpy2DAsync does with each region (both buffers: a row per channel)."""
     for off, pitch, width, height in regions:
         for r in range(height):
             a = off + r * pitch
@@ -91,30 +91,29 @@ def apply_regions(regions, src: np.ndarray, dst: np.ndarray) -> None:
 
 @settings(max_examples=300, deadline=None)
 @given(nch=st.integers(1, 6), slots_log=st.integers(6, 7), data=st.data())
-def test_copy_windows_bring_every_wanted_seq_of_both_rings_and_stay_few(nch, slots_log, data):
+def test_copy_windows_bring_every_wanted_seq_and_stay_few(nch, slots_log, data):
     slots = 1 << slots_log
     lo = np.array(data.draw(st.lists(st.integers(0, 1000), min_size=nch, max_size=nch)), dtype=np.int64)
     grow = data.draw(st.lists(st.integers(0, 3 * slots), min_size=nch, max_size=nch))
     hi = lo + np.array(grow, dtype=np.int64)
     e = STAMP_DTYPE.itemsize
-    dev = np.random.default_rng(nch).integers(1, 255, 2 * nch * slots * e, dtype=np.uint8)
+    dev = np.random.default_rng(nch).integers(1, 255, nch * slots * e, dtype=np.uint8)
     host = np.zeros_like(dev)
     win = copy_windows(lo, hi, slots)
-    apply_regions(copy_regions(win, nch, slots), dev, host)
+    apply_regions(copy_regions(win, slots), dev, host)
     for c in range(nch):
         for q in range(max(int(lo[c]) + 1, int(hi[c]) - slots + 1), int(hi[c]) + 1):
-            for half in (0, nch):                       # started row, completed row
-                a = ((half + c) * slots + q % slots) * e
-                assert (host[a:a + e] == dev[a:a + e]).all(), (c, q, half)
+            a = (c * slots + q % slots) * e
+            assert (host[a:a + e] == dev[a:a + e]).all(), (c, q)
     if not (hi > lo).any():
         assert win == []
     assert len(win) <= 2 * max(1, int((hi > lo).sum()))   # at most two pieces (a wrap) per window
 
 
-def test_channels_that_moved_alike_share_one_copy_of_both_rings():
+def test_channels_that_moved_alike_share_one_copy():
     lo, hi = np.full(8, 130, np.int64), np.full(8, 170, np.int64)
-    regions = copy_regions(copy_windows(lo, hi, 64), 8, 64)
-    assert len(regions) == 1 and regions[0][3] == 16          # 8 started rows + 8 completed rows, one call
+    regions = copy_regions(copy_windows(lo, hi, 64), 64)
+    assert regions == [(3 * 48, 64 * 48, 40 * 48, 8)]         # slots 3..42 (seqs 131..170) of 8 rows, one call
     lo[3] = hi[3] = 170                                        # a channel with nothing new inside the span
     assert copy_windows(lo, hi, 64) == [(0, 8, 3, 40)]
     lo[:] = 120
@@ -151,11 +150,11 @@ def _fake_mem(nch, slots, rt):
     from slicetrace.backend.cuda.ipc import CommMemory
     from slicetrace.stamps.layout import HEADER_DTYPE
     m = object.__new__(CommMemory)
-    host = np.zeros(ring_bytes(nch, slots), np.uint8)
-    dev = np.random.default_rng(0).integers(1, 255, 2 * nch * slots * STAMP_DTYPE.itemsize, dtype=np.uint8)
+    host = np.zeros(ring_bytes(nch, slots, merged=True), np.uint8)
+    dev = np.random.default_rng(0).integers(1, 255, nch * slots * STAMP_DTYPE.itemsize, dtype=np.uint8)
     m.rank, m.nring, m.slots, m._rt = 0, nch, slots, rt
     m._mirror, m.dring = host.ctypes.data + nch * HEADER_DTYPE.itemsize, dev.ctypes.data
-    return m, RingViews(host, nch, slots), dev
+    return m, RingViews(host, nch, slots, merged=True), dev
 
 
 def test_fetch_copies_on_the_ranks_device_and_puts_the_callers_device_back():
@@ -163,10 +162,12 @@ def test_fetch_copies_on_the_ranks_device_and_puts_the_callers_device_back():
     m, v, dev = _fake_mem(4, 64, rt)
     m.fetch(np.array([0, 0, 10, 0]), np.array([5, 5, 20, 0]), 1, 0, 1.0)
     assert rt.calls == [1, 0] and rt.device == 0
-    d = dev.view(STAMP_DTYPE).reshape(2, 4, 64)
-    assert (v.started[2][11:21].view(np.uint8) == d[0, 2, 11:21].view(np.uint8)).all()
-    assert (v.completed[0][1:6].view(np.uint8) == d[1, 0, 1:6].view(np.uint8)).all()
-    assert (v.started[3].view(np.uint8) == 0).all()       # outside every window: untouched
+    d = dev.view(STAMP_DTYPE).reshape(4, 64)
+    assert v.started is v.completed                       # merged: one ring, read as both
+    assert (v.started[2][11:21].view(np.uint8) == d[2, 11:21].view(np.uint8)).all()
+    assert (v.started[0][1:6].view(np.uint8) == d[0, 1:6].view(np.uint8)).all()
+    outside = np.r_[0, 21:64]                             # one shared span, seqs 1..20 of channels 0..2
+    assert (v.started[2][outside].view(np.uint8) == 0).all() and (v.started[3].view(np.uint8) == 0).all()
 
 
 def test_a_copy_that_never_finishes_times_out_and_still_restores_the_device():

@@ -22,7 +22,7 @@ from slicetrace.events.ops import OpInfo, TaskInfo
 from slicetrace.plan.schedule import P2pPart, plan_collective, plan_p2p
 from slicetrace.rendezvous import DictStore
 from slicetrace.stamps.layout import (FLAG_CH_STOP, FLAG_SEND, HEADER_DTYPE, KIND_CHANNEL, KIND_STEP,
-                                     provisional_word)
+                                     RingViews, provisional_word)
 
 
 class _Token:
@@ -86,30 +86,34 @@ class GpuLike(NullBackend):
         for q, (kind, f, step, size, p, w, r, d) in enumerate(recs, start=base):
             i0 = op | step << 32
             i1 = size | (p & 0xFFFF) << 32 | kind << 48 | f << 56
-            word = provisional_word(q, op)
-            self.st[prog.channel, q & (self.rings.slots - 1)] = (word, w, r, 0, i0, i1)
-            self.co[prog.channel, q & (self.rings.slots - 1)] = (word, 0, 0, d, i0, i1)
+            word, i = provisional_word(q, op), q & (self.rings.slots - 1)
+            if self.st is self.co:                     # one ring (the cuda kernel's): the whole entry at once
+                self.co[prog.channel, i] = (word, w, r, d, i0, i1)
+            else:
+                self.st[prog.channel, i] = (word, w, r, 0, i0, i1)
+                self.co[prog.channel, i] = (word, 0, 0, d, i0, i1)
         self.written += n
 
 
 class DeviceRings(GpuLike):
-    """Rings in "device memory" (a separate buffer, the kernel's layout): the drain sees a record only after
-    fetch_stamps copied the windows the cuda backend would copy (seqs.copy_windows/copy_regions)."""
+    """One ring in "device memory" (a separate buffer, the kernel's layout: whole entries) and a merged host
+    mirror, as the cuda backend has: the drain sees a record only after fetch_stamps copied the windows the
+    cuda backend would copy (seqs.copy_windows/copy_regions)."""
     stamps_on_device = True
 
     def __init__(self, *a, **k):
         super().__init__(*a, **k)
         slots = self.rings.slots
-        self.dev = np.zeros(2 * self.nch * slots * 6, np.uint64)
-        self.st = self.dev[:self.nch * slots * 6].reshape(self.nch, slots, 6)
-        self.co = self.dev[self.nch * slots * 6:].reshape(self.nch, slots, 6)
-        self.mirror = np.frombuffer(self._mem, np.uint8)[self.nch * HEADER_DTYPE.itemsize:]   # NullBackend's
+        self._rings = RingViews(self._mem, self.nch, slots, merged=True)     # NullBackend's memory, one ring
+        self.seqs = SeqRanges(self._rings)
+        self.dev = np.zeros(self.nch * slots * 6, np.uint64)
+        self.st = self.co = self.dev.reshape(self.nch, slots, 6)
+        self.mirror = np.frombuffer(self._mem, np.uint8)[self.nch * HEADER_DTYPE.itemsize:]
         self.fetched = 0
 
     def fetch_stamps(self, lo, hi):
         src = self.dev.view(np.uint8)
-        for off, pitch, width, height in copy_regions(copy_windows(lo, hi, self.rings.slots), self.nch,
-                                                      self.rings.slots):
+        for off, pitch, width, height in copy_regions(copy_windows(lo, hi, self.rings.slots), self.rings.slots):
             for r in range(height):
                 a = off + r * pitch
                 self.mirror[a:a + width] = src[a:a + width]

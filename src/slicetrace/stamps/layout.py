@@ -25,11 +25,14 @@ to host memory pending in front of the data path's fences:
 - the host reserves each channel program's range of seqs at submit (header.reserved moves before the
   launch; the kernel never writes it) and passes the range in the launch arguments. A program's KernelCh
   start and stop take the first two seqs of its range, its KernelSteps the rest, in slice order;
-- the kernel writes whole entries, seq word included, with no fence, as *provisional* seq words:
-  SEQ_PROVISIONAL | (op & 0x7FFFFFFF) << 32 | (seq & 0xFFFFFFFF), into rings in its own device memory (same
-  layout, headers excepted). Once op has completed, the reader copies the windows of its seqs into the host
-  rings it reads (Drain's `fetch`) and trusts the provisional words of that op, so a record may be seen late
-  but never taken early; lapping is still caught by the header, which the host wrote before the launch.
+- the kernel writes each record once, whole (wait, ready and done in one entry), seq word included, with no
+  fence, as a *provisional* seq word: SEQ_PROVISIONAL | (op & 0x7FFFFFFF) << 32 | (seq & 0xFFFFFFFF), into
+  one ring per channel in its own device memory. The host mirror is a *merged* RingViews: `started` and
+  `completed` are the same ring, so the reader pairs an entry with itself. Once op has completed, the reader
+  copies the windows of its seqs into that mirror (Drain's `fetch`) and trusts the provisional words of that
+  op, so a record may be seen late but never taken early; lapping is still caught by the header, which the
+  host wrote before the launch. (A device ring is read only after its op completed, so a separate started
+  entry would tell the host nothing more, and would cost the kernel three more stores per record.)
 An in-order reader therefore takes a GPU program whole once its op has completed, and since every seq of
 the op is reserved at submit, an entry of a completed op that is still not valid was lost (counted).
 
@@ -98,27 +101,29 @@ def check_slots(n: int) -> int:
     return n
 
 
-def ring_bytes(nchannels: int, slots: int) -> int:
-    """Bytes of one communicator's stamp memory: headers, then started rings, then completed rings."""
+def ring_bytes(nchannels: int, slots: int, merged: bool = False) -> int:
+    """Bytes of one communicator's stamp memory: headers, then started rings, then completed rings (merged:
+    one ring per channel, read as both)."""
     check_slots(slots)
-    return nchannels * HEADER_DTYPE.itemsize + 2 * nchannels * slots * STAMP_DTYPE.itemsize
+    return nchannels * HEADER_DTYPE.itemsize + (1 if merged else 2) * nchannels * slots * STAMP_DTYPE.itemsize
 
 
 class RingViews:
     """numpy views over stamp memory laid out by ring_bytes(); the memory is owned by the backend."""
 
-    def __init__(self, buf, nchannels: int, slots: int):
+    def __init__(self, buf, nchannels: int, slots: int, merged: bool = False):
         check_slots(slots)
-        need = ring_bytes(nchannels, slots)
+        need = ring_bytes(nchannels, slots, merged)
         mv = memoryview(buf).cast("B")
         if len(mv) < need:
             raise ConfigError(f"stamp buffer has {len(mv)} bytes, needs {need} for {nchannels} channels x {slots} slots")
-        self.nchannels, self.slots = nchannels, slots
+        self.nchannels, self.slots, self.merged = nchannels, slots, merged
         h = nchannels * HEADER_DTYPE.itemsize
         r = nchannels * slots * STAMP_DTYPE.itemsize
         self.header = np.frombuffer(mv[:h], dtype=HEADER_DTYPE)
         self.started = np.frombuffer(mv[h:h + r], dtype=STAMP_DTYPE).reshape(nchannels, slots)
-        self.completed = np.frombuffer(mv[h + r:h + 2 * r], dtype=STAMP_DTYPE).reshape(nchannels, slots)
+        self.completed = self.started if merged else \
+            np.frombuffer(mv[h + r:h + 2 * r], dtype=STAMP_DTYPE).reshape(nchannels, slots)
 
     def reset(self) -> None:
         self.header[:] = 0

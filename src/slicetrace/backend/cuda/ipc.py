@@ -45,17 +45,17 @@ class CommMemory:
         self.recv_step = self._malloc(nk * 8)
         for p, n in ((self.send_step, nk * 8), (self.recv_step, nk * 8)):
             runtime.memset(p, 0, n)
-        # stamp rings: the kernels write them in device memory (started rows, then completed rows); the host
-        # keeps the headers and a pinned mirror in the RingViews layout, which the drain reads after a fetch
+        # stamp ring: the kernels write whole entries in device memory, a row per channel; the host keeps the
+        # headers and a pinned mirror (a merged RingViews), which the drain reads after a fetch
         self.nring, self.slots = nring, slots
-        nb = ring_bytes(nring, slots)
+        nb = ring_bytes(nring, slots, merged=True)
         self.ring_ptr = self._host_alloc(nb)
         self.ring_mem = host_array(self.ring_ptr, nb)
         self.ring_mem[:] = 0
-        self.rings = RingViews(self.ring_mem, nring, slots)
+        self.rings = RingViews(self.ring_mem, nring, slots, merged=True)
         self._mirror = self.ring_ptr + nring * HEADER_DTYPE.itemsize
-        self.dring = self._malloc(2 * nring * slots * STAMP_DTYPE.itemsize)
-        runtime.memset(self.dring, 0, 2 * nring * slots * STAMP_DTYPE.itemsize)
+        self.dring = self._malloc(nring * slots * STAMP_DTYPE.itemsize)
+        runtime.memset(self.dring, 0, nring * slots * STAMP_DTYPE.itemsize)
         # control words (abort, status, one, clock probe): mapped host memory
         self.ctrl_ptr = self._host_alloc(4096)
         self.ctrl = host_array(self.ctrl_ptr, 4096)
@@ -93,8 +93,7 @@ class CommMemory:
         c = np.zeros(1, dtype=COMM_DTYPE)
         c["peer_base"][0, :self.world] = self.peer_base
         c["send_step"], c["recv_step"] = self.send_step, self.recv_step
-        c["started"] = self.dring
-        c["completed"] = self.dring + self.nring * self.slots * STAMP_DTYPE.itemsize
+        c["ring"] = self.dring
         c["abort_host"] = self.ctrl_ptr
         c["status_host"] = self.ctrl_ptr + 4
         c["fifo_off"], c["buffsize"] = self.fifo_off, self.buffsize
@@ -113,7 +112,7 @@ class CommMemory:
         if prev != device:                   # on another device: copy and query on this rank's, then put it back
             rt.setDevice(device)
         try:
-            for off, pitch, width, height in copy_regions(w, self.nring, self.slots):
+            for off, pitch, width, height in copy_regions(w, self.slots):
                 rt.memcpy2DAsync(self._mirror + off, pitch, self.dring + off, pitch, width, height, 2, stream)
             deadline = time.monotonic() + timeout_s
             while rt.streamQuery(stream) != 0:

@@ -32,7 +32,7 @@ ARGS_DTYPE = np.dtype([
 ])
 COMM_DTYPE = np.dtype([
     ("peer_base", "<u8", (MAXRANKS,)), ("send_step", "<u8"), ("recv_step", "<u8"),
-    ("started", "<u8"), ("completed", "<u8"),
+    ("ring", "<u8"), ("pad1", "<u8"),
     ("abort_host", "<u8"), ("status_host", "<u8"), ("fifo_off", "<u8"), ("buffsize", "<u8"),
     ("world", "<i4"), ("rank", "<i4"), ("nconn", "<i4"), ("slots", "<i4"),
 ])

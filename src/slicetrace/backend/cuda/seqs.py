@@ -1,5 +1,5 @@
 """Host side of the GPU writer rules (stamps/layout.py): each program's range of stamp seqs, reserved at submit,
-and the windows of the device rings to copy to the host once ops completed.
+and the windows of the device ring to copy to the host once ops completed.
 
 The kernel writes exactly `plan.traffic.stamp_records` records per program (KernelCh start and stop, then its
 KernelSteps in slice order) at seq_base.. of its channel's ring and never past seq_n; `header.reserved` (and
@@ -101,19 +101,9 @@ def copy_windows(lo: np.ndarray, hi: np.ndarray, slots: int) -> list[Window]:
     return out
 
 
-def copy_regions(windows: list[Window], nchannels: int, slots: int) -> list[Window]:
-    """2-D copies (offset, pitch, width, height), in bytes from the first started row, that move the windows of
-    both rings (started rows, then completed rows, each `slots` entries long)."""
+def copy_regions(windows: list[Window], slots: int) -> list[Window]:
+    """2-D copies (offset, pitch, width, height), in bytes from the first row of the (merged) ring, that move
+    the windows: one per window, a row per channel in it."""
     e = STAMP_DTYPE.itemsize
     p = slots * e
-    r = nchannels * p
-    out = []
-    for c0, c1, col, n in windows:
-        off = c0 * p + col * e
-        if c1 - c0 == 1:                 # one channel: its started and completed rows are r bytes apart
-            out.append((off, r, n * e, 2))
-        elif c1 - c0 == nchannels:       # every channel: the rows of both rings follow each other
-            out.append((off, p, n * e, 2 * nchannels))
-        else:
-            out += [(off, p, n * e, c1 - c0), (r + off, p, n * e, c1 - c0)]
-    return out
+    return [(c0 * p + col * e, p, n * e, c1 - c0) for c0, c1, col, n in windows]

@@ -36,7 +36,7 @@ static_assert(sizeof(Args) == 2920, "Args layout");
 struct Comm {
   u64 peer_base[ST_MAXRANKS];   // each rank's IPC allocation as mapped here (own = local)
   u64 send_step, recv_step;     // u64[nconn * (world-1)] device memory, persistent across launches
-  u64 started, completed;       // stamp rings in device memory (stamps/layout.py); the host keeps the header
+  u64 ring, pad1;              // stamp ring in device memory, whole entries (stamps/layout.py GPU rules)
   u64 abort_host, status_host;  // u32* mapped host memory
   u64 fifo_off, buffsize;
   int world, rank, nconn, slots;

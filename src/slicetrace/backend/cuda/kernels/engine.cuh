@@ -1,20 +1,24 @@
 // Simple-protocol primitives for one warp group: wait (tid 0 recv, tid 1 send), copy (worker warps),
 // post (the last thread; with >= 3 warps it sits in its own warp so its fence overlaps the next copy).
 // Stamps (stamps/layout.py, GPU writer rules) cost no fence and no store to host memory: the host reserves
-// each program's seq range at submit (Args.seq_base/seq_n) and the rings live in this GPU's memory. The wait
-// roles leave their clocks in shared memory; the post thread writes a slice's entries right after its tail
-// store (and a KernelCh start after the first one), so no stamp store is in flight when a fence runs: a fence
-// waits for them. Seq words are provisional; the drain copies a range to the host once its op completed.
+// each program's seq range at submit (Args.seq_base/seq_n) and the ring lives in this GPU's memory. The wait
+// roles leave their clocks in shared memory; the post thread writes each record whole (wait, ready and done:
+// one entry, three 16-byte stores) right after its tail store (and a KernelCh start after the first one), so
+// no stamp store is in flight when a fence runs: a fence waits for them. Seq words are provisional; the drain
+// copies a range to the host once its op completed.
 #pragma once
 #include "args.cuh"
 #include "reduce.cuh"
 
-// Measurement variants (scripts/bench_cuda.py --variants): ST_STORES bits 1 = started entries, 2 = completed
-// entries, 0 = no record at all (logic and clocks only); ST_DIAG bit 1: the wait roles take no clocks;
-// ST_INLINE 0: slice() as a call (the engine state then lives in local memory: 3-5 us slower per op up to
-// 16 MiB, docs/benchmarks.md).
+// Measurement variants (scripts/bench_cuda.py --variants): ST_STORES 0 = no record at all (logic and clocks
+// only); ST_DIAG bit 1: the wait roles take no clocks; ST_TIMER 1: the wait roles read the SM's clock64
+// instead of %globaltimer (timing only: those clocks are not on the host's timeline); ST_INLINE 0: slice() as
+// a call (the engine state then lives in local memory: 3-5 us slower per op up to 16 MiB, docs/benchmarks.md).
 #ifndef ST_STORES
-#define ST_STORES 3
+#define ST_STORES 1
+#endif
+#ifndef ST_TIMER
+#define ST_TIMER 0
 #endif
 #ifndef ST_DIAG
 #define ST_DIAG 0
@@ -89,38 +93,33 @@ template <typename T, bool STEPS> struct Eng {
   int kr;                // real (non-empty) slices so far: parity of the shared abort slots
   bool aborted;
   // stamp state, the same in every thread (every thread runs the same slices)
-  u64 *st, *co; u64 mask, tag;
+  u64* rg; u64 mask, tag;
   u32 seq, left;         // next seq of this program's reserved range, and how many of it remain
   u32 chq;               // KernelCh start seq (the stop is chq + 1), when chon
   bool chon, chpend;     // chpend: the start record (clock cht) is not written yet
   u64 cht;
   int ch_peer, ch_flags;
 
-  __device__ u64* slot(u64* ring, u32 q) const { return ring + (u64)(q & mask) * 6; }
+  __device__ u64* slot(u32 q) const { return rg + (u64)(q & mask) * 6; }
 
   __device__ bool post() const { return g.tid == g.post; }
 
-  // One ring entry [seq, wait, ready, done, id0, id1] (48 B) as three 16-byte stores; w1..w3 are (wait, ready,
-  // 0) for a started entry, (0, 0, done) for a completed one.
-  __device__ void put(u64* ring, u32 q, u64 w1, u64 w2, u64 w3, u64 i0, u64 i1, int bit) const {
-    if (!(ST_STORES & bit)) return;
-    u64* p = slot(ring, q);
-    st_v2_u64(p, tag | q, w1);
+  // One whole entry [seq, wait, ready, done, id0, id1] (48 B) as three 16-byte stores.
+  __device__ void put(u64* p, u64 w0, u64 w1, u64 w2, u64 w3, u64 i0, u64 i1) const {
+    if (!ST_STORES) return;
+    st_v2_u64(p, w0, w1);
     st_v2_u64(p + 2, w2, w3);
     st_v2_u64(p + 4, i0, i1);
   }
-  // A KernelCh start or stop record at seq q: clock t at both ends (post thread).
+  // A KernelCh start or stop record at seq q: clock t as wait, ready and done (post thread).
   __device__ void put_ch(u32 q, u64 t, int stop) const {
-    const u64 i0 = id0(a->op_tag, 0), i1 = id1(0, ch_peer, 1, ch_flags | (stop ? 2 : 0));
-    put(st, q, t, t, 0, i0, i1, 3);
-    put(co, q, 0, 0, t, i0, i1, 3);
+    put(slot(q), tag | q, t, t, t, id0(a->op_tag, 0), id1(0, ch_peer, 1, ch_flags | (stop ? 2 : 0)));
   }
 
   __device__ void init(const Args* a_, const Comm* cm_, GrpShared* gs_, Grp g_, int ch, int prog) {
     a = a_; cm = cm_; gs = gs_; g = g_;
     c.s_stepp = 0; c.r_stepp = 0; c.s_peer = c.r_peer = 0;
-    st = (u64*)cm->started + (u64)ch * cm->slots * 6;
-    co = (u64*)cm->completed + (u64)ch * cm->slots * 6;
+    rg = (u64*)cm->ring + (u64)ch * cm->slots * 6;
     mask = cm->slots - 1;
     tag = (1ull << 63) | ((u64)(a->op_tag & 0x7FFFFFFFu) << 32);
     seq = a->seq_base[prog]; left = a->seq_n[prog];
@@ -155,12 +154,14 @@ template <typename T, bool STEPS> struct Eng {
     }
   }
 
+  __device__ static u64 rclock() { return ST_TIMER ? (u64)clock64() : gtimer(); }
+
   // A wait role (tid 0: recv, tid 1: send): its clocks go to shared memory, for the post thread to write.
   __device__ int role_wait(const u64* p, u64 add, u64 target, bool rec, int dir, int par) {
     const bool clk = STEPS && rec && !(ST_DIAG & 1);
-    const u64 tw = clk ? gtimer() : 0;
+    const u64 tw = clk ? rclock() : 0;
     const int ab = spin_until(p, add, target, cm);
-    if (clk) { gs->clk[par][dir][0] = tw; gs->clk[par][dir][1] = gtimer(); }
+    if (clk) { gs->clk[par][dir][0] = tw; gs->clk[par][dir][1] = rclock(); }
     return ab;
   }
 
@@ -191,9 +192,9 @@ template <typename T, bool STEPS> struct Eng {
       u64 *cr = 0, *cs = 0, wr = 0, ws = 0, r4 = 0, r5 = 0, s4 = 0, s5 = 0;
       if (STEPS && rec && post()) {
         const u64 sz = (u64)n * sizeof(T);
-        if (rv) { cr = slot(co, q); wr = tag | q; r4 = id0(a->op_tag, rstep); r5 = id1(sz, c.r_peer, 0, 0); }
+        if (rv) { cr = slot(q); wr = tag | q; r4 = id0(a->op_tag, rstep); r5 = id1(sz, c.r_peer, 0, 0); }
         if (sd) {
-          cs = slot(co, q + rv); ws = tag | (q + rv); s4 = id0(a->op_tag, sstep); s5 = id1(sz, c.s_peer, 0, 1);
+          cs = slot(q + rv); ws = tag | (q + rv); s4 = id0(a->op_tag, sstep); s5 = id1(sz, c.s_peer, 0, 1);
         }
       }
       bar_sync(g.bar_all, g.nthr);
@@ -204,14 +205,10 @@ template <typename T, bool STEPS> struct Eng {
         if (sd) st_relaxed_sys(c.s_tail, sstep + ss);
         if (rv) st_relaxed_sys(c.r_head, rstep + ss);
         if (STEPS && chpend) { put_ch(chq, cht, 0); chpend = false; }
-        if (STEPS && rec && (ST_STORES & 1)) {        // started entries: the roles' clocks
+        if (STEPS && rec) {                           // behind the tail store: nothing waits for them
           const bool clk = !(ST_DIAG & 1);
-          if (cr) put(st, q, clk ? gs->clk[par][0][0] : 0, clk ? gs->clk[par][0][1] : 0, 0, r4, r5, 1);
-          if (cs) put(st, q + rv, clk ? gs->clk[par][1][0] : 0, clk ? gs->clk[par][1][1] : 0, 0, s4, s5, 1);
-        }
-        if (STEPS && rec && (ST_STORES & 2)) {        // completed entries: behind the tail store, no wait
-          if (cr) { st_v2_u64(cr, wr, 0); st_v2_u64(cr + 2, 0, td); st_v2_u64(cr + 4, r4, r5); }
-          if (cs) { st_v2_u64(cs, ws, 0); st_v2_u64(cs + 2, 0, td); st_v2_u64(cs + 4, s4, s5); }
+          if (cr) put(cr, wr, clk ? gs->clk[par][0][0] : 0, clk ? gs->clk[par][0][1] : 0, td, r4, r5);
+          if (cs) put(cs, ws, clk ? gs->clk[par][1][0] : 0, clk ? gs->clk[par][1][1] : 0, td, s4, s5);
         }
       }
       kr++;
