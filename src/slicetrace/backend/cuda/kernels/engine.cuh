@@ -11,14 +11,18 @@
 #include "reduce.cuh"
 
 // Measurement variants (scripts/bench_cuda.py --variants): ST_STORES 0 = no record at all (logic and clocks
-// only); ST_DIAG bit 1: the wait roles take no clocks; ST_TIMER 1: the wait roles read the SM's clock64
-// instead of %globaltimer (timing only: those clocks are not on the host's timeline); ST_INLINE 0: slice() as
-// a call (the engine state then lives in local memory: 3-5 us slower per op up to 16 MiB, docs/benchmarks.md).
+// only); ST_DIAG bit 1: the wait roles take no clocks; ST_HOIST 0: the post thread loads the roles' clocks
+// after its tail store; ST_TIMER 1: the wait roles read the SM's clock64 instead of %globaltimer (timing only:
+// not on the host's timeline); ST_INLINE 0: slice() as a call (the engine state then lives in local memory:
+// 3-5 us slower per op up to 16 MiB, docs/benchmarks.md).
 #ifndef ST_STORES
 #define ST_STORES 1
 #endif
 #ifndef ST_TIMER
 #define ST_TIMER 0
+#endif
+#ifndef ST_HOIST
+#define ST_HOIST 1
 #endif
 #ifndef ST_DIAG
 #define ST_DIAG 0
@@ -89,7 +93,8 @@ template <typename T, bool STEPS> struct Eng {
   const Args* a; const Comm* cm; GrpShared* gs;
   Grp g; Conn c;
   u64 sstep, rstep;
-  int k;                 // slice index within the program (sampling)
+  int k;                 // slice index within the program modulo the sample rate (a counter: a modulo by
+                         // a runtime divisor sat before every wait, ~1 % per op up to 16 MiB)
   int kr;                // real (non-empty) slices so far: parity of the shared abort slots
   bool aborted;
   // stamp state, the same in every thread (every thread runs the same slices)
@@ -170,7 +175,7 @@ template <typename T, bool STEPS> struct Eng {
     const int par = kr & 1;   // only real slices pass barriers, so only they may flip the slot
     if (n > 0) {
       const u32 nd = (u32)rv + (u32)sd;
-      const bool rec = STEPS && (k % a->sample_rate) == 0 && left >= nd;
+      const bool rec = STEPS && k == 0 && left >= nd;
       const u32 q = seq;      // recv record at q, send record after it
       if (rec) { seq += nd; left -= nd; }
       if (g.tid == 0) gs->ab[par][0] = rv ? role_wait(c.r_tail, 0, rstep + ss, rec, 0, par) : 0;
@@ -200,15 +205,19 @@ template <typename T, bool STEPS> struct Eng {
       bar_sync(g.bar_all, g.nthr);
       if (gs->ab[par][0] | gs->ab[par][1]) { aborted = true; return; }
       if (post()) {
+        // The roles' clocks are loaded before the fence, so the stores after the tail store wait for nothing.
+        const bool clk = !(ST_DIAG & 1), early = STEPS && rec && clk && ST_HOIST;
+        const u64 c0 = early && cr ? gs->clk[par][0][0] : 0, c1 = early && cr ? gs->clk[par][0][1] : 0;
+        const u64 c2 = early && cs ? gs->clk[par][1][0] : 0, c3 = early && cs ? gs->clk[par][1][1] : 0;
         const u64 td = STEPS && rec ? gtimer() : 0;   // done is read before the tail store
         fence_sys();                                  // slice data (all workers, via the barrier) first
         if (sd) st_relaxed_sys(c.s_tail, sstep + ss);
         if (rv) st_relaxed_sys(c.r_head, rstep + ss);
         if (STEPS && chpend) { put_ch(chq, cht, 0); chpend = false; }
         if (STEPS && rec) {                           // behind the tail store: nothing waits for them
-          const bool clk = !(ST_DIAG & 1);
-          if (cr) put(cr, wr, clk ? gs->clk[par][0][0] : 0, clk ? gs->clk[par][0][1] : 0, td, r4, r5);
-          if (cs) put(cs, ws, clk ? gs->clk[par][1][0] : 0, clk ? gs->clk[par][1][1] : 0, td, s4, s5);
+          const bool late = clk && !ST_HOIST;
+          if (cr) put(cr, wr, late ? gs->clk[par][0][0] : c0, late ? gs->clk[par][0][1] : c1, td, r4, r5);
+          if (cs) put(cs, ws, late ? gs->clk[par][1][0] : c2, late ? gs->clk[par][1][1] : c3, td, s4, s5);
         }
       }
       kr++;
@@ -218,7 +227,7 @@ template <typename T, bool STEPS> struct Eng {
     }
     if (rv) rstep += ss;
     if (sd) sstep += ss;
-    k++;
+    if (STEPS) k = k + 1 == a->sample_rate ? 0 : k + 1;
   }
 
   // One primitive call (NCCL genericOp): slice geometry as plan.schedule.slice_layout.
