@@ -63,7 +63,7 @@ def loop(comm, nbytes, seconds):
         for _ in range(20):
             comm.all_reduce(x, out)
         ops += 20
-        cp.cuda.runtime.deviceSynchronize()
+        comm.synchronize()          # the library's wait: a stuck kernel becomes its timeout error, then abort
     comm.flush_profiler()
     c = comm.drop_counters()
     return ops, {k: v for k, v in c.items() if v}
