@@ -26,3 +26,20 @@ def test_peer_killed_mid_collective(gpu, kcache):
     assert res["err"] is not None and ("PeerError" in res["err"] or "CommTimeoutError" in res["err"])
     assert res["elapsed"] < 5.0 + 12.0
     assert res["free_s"] < 5.0 and res["z"] == 499500.0
+
+
+@pytest.mark.cuda
+def test_a_peer_that_never_arrives_times_out_and_says_where_each_connection_stands(gpu, kcache):
+    pool = RankPool(2, timeout=120)
+    try:
+        pool.run(ranks.setup, {"cache_dir": kcache, "timeout_s": 5.0})
+        pool.run(ranks.start_many, 1 << 20, 1, False)             # both ranks: the connections move first
+        pool.run(ranks.wait_last, 5.0)
+        pool.run(ranks.start_many, 1 << 20, 1, False, ranks=[0])  # rank 1 stays away
+        res = pool.run(ranks.wait_last, 2.0, ranks=[0])[0]
+    finally:
+        pool.close()
+    print(f"\nrank 0: {res}")
+    assert res["err"] is not None and res["err"].startswith("CommTimeoutError"), res
+    assert "connection steps: channels" in res["err"] and "from rank 1 posted" in res["err"], res["err"]
+    assert res["free_s"] < 5.0 and res["z"] == 499500.0

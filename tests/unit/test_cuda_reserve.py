@@ -177,3 +177,56 @@ def test_a_copy_that_never_finishes_times_out_and_still_restores_the_device():
     with pytest.raises(CommTimeoutError, match="timeout_s=0.01"):
         m.fetch(np.array([0, 0]), np.array([3, 3]), 1, 0, 0.01)
     assert rt.device == 0
+
+
+class CopyRuntime:
+    """memcpyAsync/streamQuery on host memory, as CommMemory.progress calls them."""
+
+    def __init__(self):
+        self.copies = []
+
+    def memcpyAsync(self, dst, src, n, kind, stream):
+        import ctypes
+        assert kind == 2 and stream == 7
+        self.copies.append(src)
+        ctypes.memmove(dst, src, n)
+
+    def streamQuery(self, stream):
+        return 0
+
+
+def _two_ranks(nconn):
+    from slicetrace.backend.cuda.ipc import CommMemory
+    from slicetrace.backend.cuda.layout import CTRL
+    mems = [np.zeros((CTRL + 2 * nconn * 128) // 8, np.uint64) for _ in range(2)]
+    m = object.__new__(CommMemory)
+    m.rank, m.world, m.nconn, m._rt = 0, 2, nconn, CopyRuntime()
+    m.peer_base = [a.ctypes.data for a in mems]
+    tail = lambda r, k: (r, (CTRL + k * 128) // 8)                       # noqa: E731
+    head = lambda r, k: (r, (CTRL + (nconn + k) * 128) // 8)             # noqa: E731
+    return m, mems, tail, head
+
+
+def test_a_stuck_op_reports_where_each_connection_stands_read_from_both_ends():
+    m, mems, tail, head = _two_ranks(4)
+    assert m.progress(7) == "no connection of this rank has moved yet"
+    for c in range(4):                   # world 2: slot k = channel on both sides
+        for (r, i), v in ((tail(0, c), 40), (head(1, c), 40), (tail(1, c), 40), (head(0, c), 38)):
+            mems[r][i] = v
+    for r, i in (tail(0, 2), head(1, 2)):
+        mems[r][i] = 36                  # channel 2: rank 0 consumed all rank 1 posted, and waits for more
+    m._rt.copies.clear()
+    text = m.progress(7)
+    assert text == ("connection steps: channels 0-1,3: from rank 1 posted 40 consumed 40, to rank 1 posted 40 "
+                    "consumed 38; channels 2: from rank 1 posted 36 consumed 36, to rank 1 posted 40 consumed 38")
+    assert sorted(m._rt.copies) == sorted(m.peer_base)      # both ends read
+
+
+def test_progress_never_raises():
+    m, _, _, _ = _two_ranks(2)
+    m._rt.memcpyAsync = lambda *a: (_ for _ in ()).throw(RuntimeError("cudaErrorIllegalAddress"))
+    assert m.progress(7) == "(connection progress unavailable: RuntimeError: cudaErrorIllegalAddress)"
+    m._rt = FakeRuntime(ready=False)
+    m._rt.memcpy2DAsync = None
+    m._rt.memcpyAsync = lambda *a: None
+    assert "did not finish" in m.progress(7, timeout_s=0.01)

@@ -321,7 +321,7 @@ class CudaBackend(Backend):
                 break                                        # the kernel saw an abort word and exits
             if now > deadline:
                 self._fail(CommTimeoutError(f"rank {self.rank}: op {token.tag} did not finish within "
-                                            f"timeout_s={timeout_s}; aborted"), token)
+                                            f"timeout_s={timeout_s}; aborted; {self.mem.progress(self._side)}"), token)
             if now > next_store:
                 next_store = now + 0.25
                 why = self.store.try_get(f"{self._prefix}/abort")

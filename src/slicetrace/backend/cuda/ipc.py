@@ -15,7 +15,7 @@ import numpy as np
 from ...errors import BackendError, CommTimeoutError
 from ...rendezvous import Store
 from ...stamps.layout import HEADER_DTYPE, STAMP_DTYPE, RingViews, ring_bytes
-from .layout import COMM_DTYPE, MAXRANKS, ipc_layout
+from .layout import COMM_DTYPE, CTRL, MAXRANKS, ipc_layout, peer_slot
 from .seqs import copy_regions, copy_windows
 
 _MAPPED = 3          # cudaHostAllocPortable | cudaHostAllocMapped
@@ -131,6 +131,41 @@ class CommMemory:
                 self._rt.memcpyAsync(base, self.ctrl_ptr + 8, 4, 1, stream)
         self._rt.memcpyAsync(self.base, self.ctrl_ptr + 8, 4, 1, stream)
 
+    def progress(self, stream: int, timeout_s: float = 1.0) -> str:
+        """Where every connection stands, from the tail and head words at both ends (DMA on a side stream: works
+        while kernels spin), for the error of an op that did not finish: per channel and peer, the steps the
+        sender posted and the receiver consumed. Never raises."""
+        try:
+            w, me, nk = self.world, self.rank, self.nconn * (self.world - 1)
+            n = CTRL + 2 * nk * 128
+            words = {p: np.zeros(n // 8, np.uint64) for p, base in enumerate(self.peer_base) if base}
+            for p, buf in words.items():
+                self._rt.memcpyAsync(buf.ctypes.data, self.peer_base[p], n, 2, stream)
+            deadline = time.monotonic() + timeout_s
+            while self._rt.streamQuery(stream) != 0:
+                if time.monotonic() > deadline:
+                    return "(connection progress unavailable: the copies did not finish)"
+                time.sleep(1e-4)
+            tail = lambda p, k: int(words[p][(CTRL + k * 128) // 8])            # noqa: E731
+            head = lambda p, k: int(words[p][(CTRL + (nk + k) * 128) // 8])     # noqa: E731
+            rows: dict[tuple, list[int]] = {}
+            for c in range(self.nconn):
+                for p in range(w):
+                    if p == me or p not in words:
+                        continue
+                    kl, kr = c * (w - 1) + peer_slot(me, p, w), c * (w - 1) + peer_slot(p, me, w)
+                    st = (tail(me, kl), head(p, kr), tail(p, kr), head(me, kl))
+                    if any(st):
+                        rows.setdefault((p,) + st, []).append(c)
+            if not rows:
+                return "no connection of this rank has moved yet"
+            lines = [f"channels {_spans(ch)}: from rank {p} posted {a} consumed {b}, to rank {p} posted {c} "
+                     f"consumed {d}" for (p, a, b, c, d), ch in sorted(rows.items(), key=lambda kv: kv[1][0])]
+            more = f"; and {len(lines) - 8} more" if len(lines) > 8 else ""
+            return "connection steps: " + "; ".join(lines[:8]) + more
+        except Exception as e:                # a diagnostic: never hide the error it is attached to
+            return f"(connection progress unavailable: {type(e).__name__}: {e})"
+
     def close(self) -> None:
         rt = self._rt
         for p in self._opened:
@@ -153,3 +188,13 @@ class CommMemory:
             except Exception:
                 pass
         self._host = []
+
+
+def _spans(chans: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2,5'."""
+    out, a = [], chans[0]
+    for x, y in zip(chans, chans[1:] + [None]):
+        if y != x + 1:
+            out.append(f"{a}-{x}" if x > a else f"{a}")
+            a = y
+    return ",".join(out)
