@@ -27,12 +27,12 @@ from slicetrace.stamps.layout import (FLAG_CH_STOP, FLAG_SEND, KIND_CHANNEL, Rin
 
 
 class GpuLikeWriter:
-    """Every channel's records of one op at once, as the cuda kernel leaves them in the rings."""
+    """Every channel's records of one op at once, as the cuda kernel leaves them: whole entries in one ring per
+    channel (a merged RingViews, the cuda backend's host mirror)."""
 
     def __init__(self, v: RingViews, slices: int):
         self.v, self.n = v, slices + 2
-        self.st = v.started.view("<u8").reshape(v.nchannels, v.slots, 6)
-        self.co = v.completed.view("<u8").reshape(v.nchannels, v.slots, 6)
+        self.ring = v.completed.view("<u8").reshape(v.nchannels, v.slots, 6)
         self.hdr = v.header.view("<u8").reshape(v.nchannels, 8)
         k = np.arange(self.n)
         self.kind = np.where(k < 2, KIND_CHANNEL, 0).astype(np.uint64)
@@ -50,12 +50,9 @@ class GpuLikeWriter:
         i1 = self.size | (np.uint64(1) << np.uint64(32)) | (self.kind << np.uint64(48)) | (self.flags << np.uint64(56))
         word = (np.uint64(provisional_word(0, tag)) | (seq.astype(np.uint64) & np.uint64(0xFFFFFFFF)))
         ch = np.arange(nch)[:, None]
-        for ring, cols in ((self.st, (t, t + np.uint64(10), 0)), (self.co, (0, 0, t + np.uint64(40)))):
-            ring[ch, idx, 0] = word
-            for j, c in enumerate(cols, start=1):
-                ring[ch, idx, j] = c
-            ring[ch, idx, 4] = i0
-            ring[ch, idx, 5] = i1
+        ring = self.ring
+        for j, c in enumerate((word, t, t + np.uint64(10), t + np.uint64(40), i0, i1)):
+            ring[ch, idx, j] = c
         self.hdr[:, 0] = base + n - 1
 
 
@@ -63,7 +60,8 @@ def run(args, dump: str | None) -> dict[str, float]:
     s = Settings(profile_dump_file=dump) if dump else Settings()
     host = EventHost(load_plugins("example", s), CommInfo(1, "x", 1, 2, 0), 16)
     nch = args.channels
-    v = RingViews(bytearray(ring_bytes(nch, 16384)), nch, 16384)
+    merged = bool(args.gpu)
+    v = RingViews(bytearray(ring_bytes(nch, 16384, merged)), nch, 16384, merged)
     d = Drain(v, host)
     ws = [FastRingWriter(v, c) for c in range(nch)]
     gw = GpuLikeWriter(v, args.slices) if args.gpu else None
