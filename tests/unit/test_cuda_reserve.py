@@ -230,3 +230,13 @@ def test_progress_never_raises():
     m._rt.memcpy2DAsync = None
     m._rt.memcpyAsync = lambda *a: None
     assert "did not finish" in m.progress(7, timeout_s=0.01)
+
+
+def test_threads_halve_in_whole_warps_under_the_kernels_launch_bounds():
+    from slicetrace.backend.cuda.backend import threads_for
+    assert [threads_for(n, 32, 512) for n in (1 << 20, 1 << 19, 1 << 18, 1 << 10)] == [544, 288, 160, 96]
+    for cap in (544, 512):          # 512: the ST_MAX_THREADS measurement variant (480 workers + the post warp)
+        for n in (0, 4096, 1 << 16, 1 << 20, 1 << 30):
+            t = threads_for(n, 32, 1024, cap)
+            assert t % 32 == 0 and 96 <= t <= cap, (cap, n, t)
+    assert threads_for(1 << 30, 64, 1024, 512) == 512

@@ -37,11 +37,11 @@ def auto_channels(nbytes: int, world: int, max_channels: int) -> int:
     return max(1, min(max_channels, nbytes // (512 * 64)))
 
 
-def threads_for(nbytes: int, nblocks: int, nthreads: int) -> int:
+def threads_for(nbytes: int, nblocks: int, nthreads: int, max_threads: int = MAX_THREADS) -> int:
     """NCCL: halve the threads while the op is small for them, then add the post warp."""
-    nt = min(nthreads, MAX_THREADS - 32)
+    nt = min(nthreads, max_threads - 32)
     while nbytes < nblocks * nt * 64 and nt > 64:
-        nt //= 2
+        nt = max(64, nt // 2 // 32 * 32)       # whole warps
     return nt + 32
 
 
@@ -234,7 +234,7 @@ class CudaBackend(Backend):
         self._common(work, a, len(progs))
         a["sendbuf"], a["recvbuf"] = self._ptr(work.sendbuf), self._ptr(work.recvbuf)
         a["count"], a["per_ch"], a["chunk_elems"] = plan.count, per, progs[0].params["chunk_elems"]
-        return len(progs), threads_for(plan.count * plan.itemsize, len(progs), self.settings.nthreads)
+        return len(progs), threads_for(plan.count * plan.itemsize, len(progs), self.settings.nthreads, self._maxt())
 
     def _p2p_args(self, work: Work, a: Any) -> tuple[int, int]:
         plan = work.plan
@@ -269,7 +269,10 @@ class CudaBackend(Backend):
             a["blk_first"][b], a["blk_n"][b] = idx[0], len(idx)
         a["nparts"] = len(progs)
         a["chunk_elems"] = progs[0].params["chunk_elems"] if progs else 1
-        return len(chans), MAX_THREADS
+        return len(chans), self._maxt()
+
+    def _maxt(self) -> int:             # the kernel's launch bounds; a measurement variant may lower them
+        return int(self._extra.get("ST_MAX_THREADS", MAX_THREADS))
 
     def _self_copies(self, work: Work, stream: int, beside: bool) -> bool:
         """Sends to self matched with recvs from self, as device copies. Beside a kernel and from 1 MiB, on a

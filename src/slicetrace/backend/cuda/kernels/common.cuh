@@ -12,7 +12,9 @@ typedef unsigned char u8;
 #define ST_MAXP 64          // p2p parts per launch
 #define ST_MAXB 64          // blocks (channels) per launch
 #define ST_MAXG 15          // p2p programs per block (named barriers 1..15)
-#define ST_MAX_THREADS 544  // workers + the post warp
+#ifndef ST_MAX_THREADS        // workers + the post warp; 544 caps registers at 96 (5 warps on one of the SM's
+#define ST_MAX_THREADS 544  // 4 register files) and spills; 512 gets 128 and none (measurement variant)
+#endif
 #define ST_ABORT_SPINS 1024 // spins between two looks at the abort words
 
 enum { F_ALL_REDUCE = 0, F_ALL_GATHER, F_REDUCE_SCATTER, F_BROADCAST, F_REDUCE, F_SEND_RECV };
