@@ -50,6 +50,7 @@ class Drain:
         self._hdr = views.header.view(np.uint64).reshape(self.nch, 8)          # [reserved, sampled_out, pad]
         self._st = views.started.view(np.uint64).reshape(self.nch, self.slots, 6)
         self._co = views.completed.view(np.uint64).reshape(self.nch, self.slots, 6)
+        self._merged = views.completed is views.started         # one ring read as both: gather and check once
         self.offset_ns = 0                                      # host_ns = device_ns + offset_ns
         self.interval = interval_us / 1e6
         self._clock = clock
@@ -222,29 +223,33 @@ class Drain:
             seqs = np.arange(c0 + 1, c0 + n0 + 1, dtype=np.int64)
             chan = None
             idx = seqs & (N - 1)
-            st, co = self._st[int(chs[0])][idx], self._co[int(chs[0])][idx]
+            st = self._st[int(chs[0])][idx]
+            co = st if self._merged else self._co[int(chs[0])][idx]
             top2 = np.int64(self._hdr[int(chs[0]), 0])     # read after the copy: is any slot being reused?
         else:
             offs = np.cumsum(cnt) - cnt
             seqs = np.arange(int(cnt.sum()), dtype=np.int64) + np.repeat(cur + 1 - offs, cnt)
             chan = np.repeat(chs, cnt)
             idx = seqs & (N - 1)
-            st, co = self._st[chan, idx], self._co[chan, idx]
+            st = self._st[chan, idx]
+            co = st if self._merged else self._co[chan, idx]
             top2 = np.repeat(self._hdr[chs, 0].astype(np.int64), cnt)   # read after the copy
         useq = seqs.view(np.uint64)
         intact = seqs + N > top2
         sw, cw = st[:, 0], co[:, 0]
         st_vis = (sw == useq) & intact
-        ok = st_vis & (cw == useq)
-        if done_lows and not ok.all() and ((sw | cw) >= _PROV).any():
-            done31 = np.array(done_lows, dtype=np.uint64) & _LO31
-            st_vis = _published(sw, useq, done31) & intact
-            ok = st_vis & _published(cw, useq, done31)
+        merged = co is st
+        ok = st_vis if merged else st_vis & (cw == useq)
+        if not ok.all():
+            dl = np.array(done_lows, dtype=np.uint64)               # the completed ops, for both checks below
+            if done_lows and ((sw | cw) >= _PROV).any():
+                done31 = dl & _LO31
+                st_vis = _published(sw, useq, done31) & intact
+                ok = st_vis if merged else st_vis & _published(cw, useq, done31)
         if ok.all():
             end = cnt
         else:
-            lost = (st_vis & ~ok & np.isin(st[:, 4] & np.uint64(0xFFFFFFFF), np.array(done_lows, dtype=np.uint64))) \
-                | ((top2 - seqs > LOST_LAG) & (not running))
+            lost = (st_vis & ~ok & np.isin(st[:, 4] & _LO32, dl)) | ((top2 - seqs > LOST_LAG) & (not running))
             if settled is not None:
                 lost |= seqs <= settled[chs if chan is None else chan].astype(np.int64)
             undecided = ~(ok | ~intact | lost | force)
@@ -263,15 +268,17 @@ class Drain:
             if unpaired:
                 self.consumer.drop("unpaired", unpaired)
             sel = keep & ok
-            st, co = st[sel], co[sel]
+            st = st[sel]
+            co = st if merged else co[sel]
             if chan is not None:
                 chan = chan[sel]
-        same = (st[:, 4] == co[:, 4]) & (st[:, 5] == co[:, 5])   # identity words: op, step, size, peer, kind
-        if not same.all():
-            self.consumer.drop("unpaired", int((~same).sum()))
-            st, co = st[same], co[same]
-            if chan is not None:
-                chan = chan[same]
+        if not merged:
+            same = (st[:, 4] == co[:, 4]) & (st[:, 5] == co[:, 5])   # identity words: op, step, size, peer, kind
+            if not same.all():
+                self.consumer.drop("unpaired", int((~same).sum()))
+                st, co = st[same], co[same]
+                if chan is not None:
+                    chan = chan[same]
         self.cursor[chs] = (cur + end).astype(np.uint64)
         if len(st):
             self._deliver(int(chs[0]) if chan is None else chan, st, co)
