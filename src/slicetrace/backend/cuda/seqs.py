@@ -22,8 +22,8 @@ _SEQ_N = ARGS_DTYPE.fields["seq_n"][1] // 4
 class SeqRanges:
     def __init__(self, rings: RingViews):
         self.slots = rings.slots
-        self.next = np.zeros(rings.nchannels, dtype=np.int64)      # last reserved seq per channel
         self._hdr = rings.header.view(np.uint64).reshape(-1, 8)
+        self._res = self._hdr[:, 0]                                  # header.reserved: last reserved seq per channel
         self._plans: dict[tuple, tuple] = {}
 
     def reserve(self, work: Work, rec: np.ndarray) -> None:
@@ -33,15 +33,13 @@ class SeqRanges:
         if m == 0:                                          # nothing runs on a channel (count 0, self only)
             return
         if len(uch) == m and uch[-1] == m - 1:             # one program per channel 0..m-1 (rings): views only
-            seq = self.next[:m]
-            u32[_SEQ_BASE:_SEQ_BASE + m] = seq + first
+            seq = self._res[:m]
+            u32[_SEQ_BASE:_SEQ_BASE + m] = seq + first     # low 32 bits, as the kernel keeps them
             seq += tot
-            self._hdr[:m, 0] = seq
         else:
-            base = self.next[uch]
+            base = self._res[uch]
             u32[_SEQ_BASE:_SEQ_BASE + m] = base[inv] + first
-            self.next[uch] = base + tot
-            self._hdr[uch, 0] = self.next[uch]
+            self._res[uch] = base + tot
         u32[_SEQ_N:_SEQ_N + m] = n
         if skipped:
             self._hdr[uch[0], 1] += np.uint64(skipped)
@@ -70,7 +68,8 @@ class SeqRanges:
         n = np.where(crowded[inv], 0, n)
         if len(self._plans) > 256:
             self._plans.clear()
-        sp = (plan, uch, inv, tot, before + 1, n.astype(np.uint32), sum(s for _, s in counts))
+        sp = (plan, uch, inv, tot.astype(np.uint64), (before + 1).astype(np.uint64), n.astype(np.uint32),
+              sum(s for _, s in counts))
         self._plans[key] = sp
         return sp
 
