@@ -3,7 +3,8 @@
 # when ./prev holds an older tree (git archive REV src scripts | tar -x -C prev, its kernels prebuilt into
 # prev/.kcache), of that tree, back to back in the same call. Logs go to $OUT.
 #   VARIANTS="nostores:ST_STORES=0" SIZES=64K,1M,16M,256M ROUNDS=2 TRACE_SECONDS=10 MAXB=1G CLI=1 \
-#     bash scripts/gpu_ab.sh
+#     OPS=1 bash scripts/gpu_ab.sh
+# OPS=1 adds every operation side by side with NCCL, 8 B .. 1 GiB (bench_cuda.py's table).
 set -o pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -35,5 +36,9 @@ if [ -n "$CLI" ]; then                  # through the public API: all_reduce sid
     | tee "$OUT/cli_bench.log" || rc=1
   SLICETRACE_CACHE_DIR=$PWD/.kcache PYTHONPATH=src timeout 100 $st -b 64K -e 256M -f 4 -c 0 --overhead 2>&1 \
     | tee "$OUT/cli_ovh.log" || rc=1
+fi
+if [ -n "$OPS" ]; then                  # every operation vs NCCL, profiling off
+  PYTHONPATH=src timeout ${OPS_TIMEOUT:-200} python3 scripts/bench_cuda.py --cache-dir "$PWD/.kcache" --min-bytes 8 \
+    --max-bytes 1G --factor 8 --reps 3 --out "$OUT/bench_ops.json" 2>&1 | tail -80 | tee "$OUT/bench_ops.log" || rc=1
 fi
 exit $rc

@@ -12,8 +12,8 @@ typedef unsigned char u8;
 #define ST_MAXP 64          // p2p parts per launch
 #define ST_MAXB 64          // blocks (channels) per launch
 #define ST_MAXG 15          // p2p programs per block (named barriers 1..15)
-#ifndef ST_MAX_THREADS        // workers + the post warp; 544 caps registers at 96 (5 warps on one of the SM's
-#define ST_MAX_THREADS 544  // 4 register files) and spills; 512 gets 128 and none (measurement variant)
+#ifndef ST_MAX_THREADS        // workers + the post warp; 4 warps per register file give 128 registers and no
+#define ST_MAX_THREADS 512  // spills; 544 (17 warps) caps them at 96 and the stamped build spilled 1.5 KB
 #endif
 #define ST_ABORT_SPINS 1024 // spins between two looks at the abort words
 
