@@ -78,13 +78,14 @@ class Rank:
             out.append(cp.cuda.get_elapsed_time(a, b) * 1e3 / iters)
         return statistics.median(out)
 
-    def work(self, func: str, nbytes: int, bufs, nch: int = 0, steps: bool = False, split: int = 1,
+    def work(self, func: str, nbytes: int, bufs, nch: int = 0, steps: bool = False, split: int = 0,
              chunk: int = 0):
         from slicetrace.backend.base import Work
-        from slicetrace.plan.schedule import P2pPart, plan_collective, plan_p2p
+        from slicetrace.plan.schedule import P2pPart, p2p_pieces, plan_collective, plan_p2p
         w, r = self.world, self.rank
         x, y = bufs
-        if func == "send_recv":          # each direction split into `split` 16-byte aligned pieces (api._split)
+        if func == "send_recv":          # each direction split into `split` 16-byte aligned pieces (0: the API's)
+            split = split or p2p_pieces(nbytes, self.be.channels_for(nbytes), 2)   # a send and a recv
             n = nbytes // 4
             per = ((n + split - 1) // split + 3) // 4 * 4 if split > 1 else n
             parts = []

@@ -10,7 +10,7 @@ from .config import Settings
 from .errors import UsageError
 from .events.abi import DATATYPE_NAMES, FUNC_NAMES
 from .events.host import OpInfo, TaskInfo
-from .plan.schedule import P2pPart, align_up, div_up, plan_collective, plan_p2p
+from .plan.schedule import P2pPart, align_up, div_up, p2p_pieces, plan_collective, plan_p2p
 from .rendezvous import Store
 from .session import Session
 
@@ -176,11 +176,8 @@ class Communicator:
         return out
 
     def _split(self, count: int, itemsize: int, npeer: int) -> int:
-        """Programs for one send/recv: large ones spread over several channels (NCCL's p2p channels per peer),
-        one per 512 KiB up to 32 (H200 pair, 64 MiB-1 GiB: 32 beat 16 by 7-17 %); both sides compute the same
-        split from the same count."""
         nbytes = count * itemsize
-        return max(1, min(32, self._session.backend.channels_for(nbytes) // 2, nbytes >> 19, 64 // max(1, npeer)))
+        return p2p_pieces(nbytes, self._session.backend.channels_for(nbytes), npeer)
 
     def _p2p_layout(self, itemsize: int, shape: tuple) -> tuple:
         """(pieces as (part, entry index), plan, programs per entry) for a group's (peer, is_send, count, offset)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from slicetrace.plan.schedule import (P2pPart, plan_collective, plan_p2p, proto_for, slice_layout,
+from slicetrace.plan.schedule import (P2pPart, p2p_pieces, plan_collective, plan_p2p, proto_for, slice_layout,
                                       split_channels)
 from slicetrace.plan.traffic import bytes_per_direction, expected_slices
 
@@ -113,3 +113,11 @@ def test_p2p_plan_chunks_and_self_parts():
     assert [p.params["peer"] for p in plan.programs] == [1, 2]                # the self part is a copy
     sends = [s for s in expected_slices(plan) if s[1]]
     assert sum(b for *_, b in sends) == 300_000 * 4 and max(b for *_, b in sends) <= 1 << 19
+
+
+def test_p2p_pieces_one_per_512_kib_within_the_channel_and_peer_budgets():
+    assert p2p_pieces(0, 1, 2) == 1 and p2p_pieces(1 << 19, 64, 2) == 1
+    assert p2p_pieces(8 << 20, 64, 2) == 16                     # one per 512 KiB
+    assert p2p_pieces(1 << 30, 64, 2) == 32                     # at most 32
+    assert p2p_pieces(1 << 30, 16, 2) == 8                      # half the channels
+    assert p2p_pieces(1 << 30, 64, 8) == 8                      # 64 programs shared by 8 peer entries
