@@ -91,7 +91,7 @@ def cli_body(comm, opts):
 if __name__ == "__main__" and "--cli" in sys.argv:
     opts = {"sizes": [1 << 20, 2 << 20, 4 << 20], "ops": ["all_to_all"], "dtype": "float32", "redop": "sum",
             "root": 0, "iters": 20, "warmup": 5, "check": False, "compare": "nccl", "overhead": False,
-            "rounds": 1, "seed": 0, "inplace": False}
+            "rounds": 1, "seed": 1234 if "--seed1234" in sys.argv else 0, "inplace": False}
     for r in slicetrace.launch(cli_body, 2, opts, backend="cuda", timeout_s=30.0):
         print("\n".join(r), flush=True)
 elif __name__ == "__main__":
