@@ -3,7 +3,7 @@ per op, back to back and one at a time, with the own block copied beside the ker
 --cli: the bench command's own sweep (bench_rank, 1-4 MiB, --compare nccl, -c 0) with every all_to_all call
 timed on the host and by a CUDA event after it, per rank.
 
-    PYTHONPATH=src python3 scripts/gpu_a2a_probe.py [--cli [--inline] [--nowrap]]
+    PYTHONPATH=src python3 scripts/gpu_a2a_probe.py [--cli [--inline] [--nowrap] [--seed1234] [--rich]]
 """
 import sys
 import time
@@ -68,7 +68,15 @@ def cli_body(comm, opts):
     aff0 = sorted(os.sched_getaffinity(0))
     if "--nowrap" not in sys.argv:
         comm.all_to_all = timed
+    prog = None
+    if "--rich" in sys.argv and comm.rank == 0:     # the bench command's progress bar (it shows one on a tty)
+        from rich.progress import Progress
+        prog = Progress(transient=True)
+        prog.start()
+    tty = sys.stderr.isatty()
     rows = bench_rank(comm, opts)
+    if prog is not None:
+        prog.stop()
     aff1 = sorted(os.sched_getaffinity(0))
     cp.cuda.runtime.deviceSynchronize()
     out, by = [], {}
@@ -82,7 +90,7 @@ def cli_body(comm, opts):
                    f"min/med/max {min(enq):.0f}/{sorted(enq)[10]:.0f}/{max(enq):.0f}, GPU gaps between ops us "
                    f"{' '.join(f'{g:.0f}' for g in gaps)}")
     out.append(f"rank {comm.rank} cpu affinity before {len(aff0)} cpus {aff0[:4]}..., after {len(aff1)} cpus "
-               f"{aff1[:8]}; threads {threading.active_count()}")
+               f"{aff1[:8]}; threads {threading.active_count()}; stderr is a tty: {tty}")
     if comm.rank == 0:
         out += [f"row {r['size'] >> 10} KiB: {r['time_us']:.1f} us, ref {r.get('ref_time_us', 0):.1f} us" for r in rows]
     return out
