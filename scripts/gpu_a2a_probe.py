@@ -3,7 +3,7 @@ per op, back to back and one at a time, with the own block copied beside the ker
 --cli: the bench command's own sweep (bench_rank, 1-4 MiB, --compare nccl, -c 0) with every all_to_all call
 timed on the host and by a CUDA event after it, per rank.
 
-    PYTHONPATH=src python3 scripts/gpu_a2a_probe.py [--cli [--inline] [--nowrap] [--seed1234] [--rich]]
+    PYTHONPATH=src python3 scripts/gpu_a2a_probe.py [--cli [--inline] [--nowrap] [--seed1234] [--rich] [--parent-cuda]]
 """
 import sys
 import time
@@ -100,6 +100,9 @@ if __name__ == "__main__" and "--cli" in sys.argv:
     opts = {"sizes": [1 << 20, 2 << 20, 4 << 20], "ops": ["all_to_all"], "dtype": "float32", "redop": "sum",
             "root": 0, "iters": 20, "warmup": 5, "check": False, "compare": "nccl", "overhead": False,
             "rounds": 1, "seed": 1234 if "--seed1234" in sys.argv else 0, "inplace": False}
+    if "--parent-cuda" in sys.argv:                 # as the bench command does to count the GPUs
+        import cupy
+        print("parent sees", cupy.cuda.runtime.getDeviceCount(), "GPUs", flush=True)
     for r in slicetrace.launch(cli_body, 2, opts, backend="cuda", timeout_s=30.0):
         print("\n".join(r), flush=True)
 elif __name__ == "__main__":
