@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 
 from ..config import Settings, describe
@@ -69,7 +68,11 @@ def run_bench(a: argparse.Namespace) -> int:
     if nranks is None:
         nranks = 2
         if s.backend == "cuda":
-            nranks = _cuda_device_count()
+            try:
+                import cupy
+                nranks = cupy.cuda.runtime.getDeviceCount()
+            except Exception as e:      # no CuPy, no driver, no device: say so plainly
+                raise BackendError(f"--backend cuda: no usable CUDA device ({type(e).__name__}: {e})") from None
     opts = {"sizes": sizes(parse_size(a.minbytes, "-b"), parse_size(a.maxbytes, "-e"), a.stepfactor),
             "ops": ops, "dtype": dtype, "redop": a.redop, "root": a.root, "iters": a.iters,
             "warmup": a.warmup_iters, "check": bool(a.check), "compare": a.compare, "overhead": a.overhead,
@@ -87,23 +90,6 @@ def run_bench(a: argparse.Namespace) -> int:
         print(f"# {len(bad_rows)} size(s) had wrong results", file=sys.stderr)
         return 1
     return 0
-
-
-_COUNT = "import cupy; print(cupy.cuda.runtime.getDeviceCount())"
-
-
-def _cuda_device_count() -> int:
-    """The GPUs the ranks will see, counted in a child process: a CUDA runtime initialised in this launcher
-    process slowed the ranks' all_to_all beside NCCL 50x at 2 MiB on an H200 pair (docs/benchmarks.md)."""
-    try:
-        r = subprocess.run([sys.executable, "-c", _COUNT], capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise BackendError(f"--backend cuda: could not count the CUDA devices ({type(e).__name__}: {e})") from None
-    out = r.stdout.strip()
-    if r.returncode != 0 or not out.isdigit() or int(out) < 1:
-        why = (r.stderr.strip().splitlines() or [out or "no output"])[-1]
-        raise BackendError(f"--backend cuda: no usable CUDA device ({why}); pass --ranks to choose the count")
-    return int(out)
 
 
 def run_config(a: argparse.Namespace) -> int:
