@@ -92,6 +92,11 @@ def bench_rank(comm, o: dict) -> list[dict]:
         for op in o["ops"]:
             if comm.rank == 0 and len(o["ops"]) > 1:
                 print(f"# {op}", flush=True)
+            for k in range(2 if ref is not None else 0):
+                # Untimed passes of both libraries at the first size: on an H200 pair the first block of our
+                # ops after NCCL's first all_to_all ran ~50x slow once (docs/benchmarks.md), which would skew a row.
+                _one(comm, op, o["sizes"][0], dtype, dict(o, check=False, overhead=False), xp, to_dev, to_host,
+                     sync, ref, f"{op}/warm{k}")
             for i, nbytes in enumerate(o["sizes"]):
                 row = _one(comm, op, nbytes, dtype, o, xp, to_dev, to_host, sync, ref, f"{op}/{i}")
                 if row is not None and comm.rank == 0:
