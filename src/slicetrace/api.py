@@ -250,14 +250,21 @@ class Communicator:
 
     # ---- profiling controls ----
     @contextlib.contextmanager
-    def profiling(self, enabled: bool) -> Iterator[None]:
-        """Turn event collection off (or back on) for the ops inside the block (as exampleProfilerStart/Stop)."""
-        prev = self._session.paused
-        self._session.paused = not enabled
+    def profiling(self, enabled: bool, mask: int | None = None) -> Iterator[None]:
+        """Turn event collection off (or back on) for the ops inside the block (as exampleProfilerStart/Stop).
+        mask: event types (events.abi.EventType bits) the block's ops may carry at most, e.g. everything but
+        KernelStep to measure what KernelStep alone costs; the plugins' own masks still apply."""
+        if mask is not None and (isinstance(mask, bool) or not isinstance(mask, int) or mask < 0):
+            raise UsageError(f"mask={mask!r} must be an int >= 0 of EventType bits, or None for no limit")
+        s = self._session
+        prev = s.paused, s.mask_limit
+        s.paused = not enabled
+        if mask is not None:
+            s.mask_limit = mask
         try:
             yield
         finally:
-            self._session.paused = prev
+            s.paused, s.mask_limit = prev
 
     @property
     def profiler_enabled(self) -> bool:

@@ -44,6 +44,7 @@ class Session:
         self.host: EventHost | None = None
         self.drain: Drain | None = None
         self.paused = False
+        self.mask_limit = -1        # ANDed into every op's event mask (Communicator.profiling(mask=...))
         self._inline = False
         self._closed = False
         self._resync_at = 0.0
@@ -72,7 +73,7 @@ class Session:
         return self.host is not None and not self.paused
 
     def op_mask(self) -> int:
-        return self.host.op_mask() if self.profiling else 0
+        return self.host.op_mask() & self.mask_limit if self.profiling else 0
 
     def _resync(self) -> None:
         off, unc = self.backend.clock_sync()

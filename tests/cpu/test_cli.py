@@ -31,3 +31,7 @@ def test_bad_flags_are_clear_errors(capsys):
     assert "-d 'complex' is not one of" in capsys.readouterr().err
     assert main(["bench", "--op", "all_reduce,scan", "--ranks", "1"]) == 2
     assert "--op ['scan']" in capsys.readouterr().err
+    assert main(["bench", "--overhead-of", "kernel_step", "--ranks", "1"]) == 2
+    assert "--overhead-of kernel_step needs --overhead" in capsys.readouterr().err
+    assert main(["bench", "--overhead", "--overhead-of", "kernel_step", "--profile", "70", "--ranks", "1"]) == 2
+    assert "--profile 70 has no KernelStep bit (65536)" in capsys.readouterr().err

@@ -154,3 +154,37 @@ def test_two_parts_to_one_peer_in_a_group_deliver_each_record_once(tmp_path):
         ks = kernel_steps(load_traces([f]))
         for is_send in (1, 0):               # every slice of both parts once: sizes add up to both buffers
             assert int(ks["size"][ks["is_send"] == is_send].sum()) == 4 * (count + count // 2 + 1)
+
+
+def _mask_limited(comm, count):
+    from slicetrace.errors import UsageError
+    from slicetrace.events.abi import EventType
+    x = np.ones(count, np.float32)
+    comm.all_reduce(x)
+    comm.flush_profiler()
+    a = dict(comm.drop_counters())
+    with comm.profiling(True, mask=~int(EventType.KERNEL_STEP) & 0xFFFFFFFF):     # all but KernelStep
+        comm.all_reduce(x)
+        comm.all_reduce(x)
+    comm.flush_profiler()
+    b = dict(comm.drop_counters())
+    errs = []
+    for bad in (-1, 1.5, True):
+        try:
+            with comm.profiling(True, mask=bad):
+                pass
+        except UsageError as e:
+            errs.append(str(e))
+    return a, b, errs
+
+
+def test_a_mask_limit_drops_kernel_step_alone_and_is_checked():
+    """What `bench --overhead-of kernel_step` compares: ops profiled without KernelStep keep their Coll and
+    KernelCh events, write no slice stamps, and lose nothing."""
+    for a, b, errs in slicetrace.launch(_mask_limited, 2, 100_003, **KW):
+        assert a["delivered_kernel_step"] > 0 and b["delivered_kernel_step"] == a["delivered_kernel_step"]
+        assert b["delivered_kernel_ch"] == 3 * a["delivered_kernel_ch"] > 0
+        assert b["delivered_coll"] == 3
+        assert not {k: v for k, v in b.items() if not k.startswith("delivered") and v
+                    and k not in ("clock_offset_ns", "clock_uncertainty_ns")}
+        assert len(errs) == 3 and all("must be an int >= 0 of EventType bits" in e for e in errs), errs

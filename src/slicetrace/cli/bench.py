@@ -8,7 +8,10 @@ import time
 
 import numpy as np
 
+from ..events.abi import EventType
 from .sweep import busbw_factor, counts, make_input, np_dtype, reference, wrong
+
+_NO_STEPS = ~int(EventType.KERNEL_STEP) & ((1 << 32) - 1)   # every event type but KernelStep
 
 HEADER = ("#{:>11} {:>12} {:>9} {:>6} {:>5} {:>10} {:>8} {:>8} {:>7}".format(
     "size", "count", "type", "redop", "root", "time(us)", "algbw", "busbw", "#wrong"))
@@ -79,7 +82,9 @@ def bench_rank(comm, o: dict) -> list[dict]:
         chans = comm.settings.nchannels or ("auto" if comm.backend_name == "cuda" else 1)
         print(f"# slicetrace bench: backend {comm.backend_name}, {n} ranks, channels {chans}, "
               f"profiling {'on' if comm.profiler_enabled else 'off'}"
-              + (f", compare {o['compare']}" if ref else ""), flush=True)
+              + (f", compare {o['compare']}" if ref else "")
+              + (", overhead of KernelStep (profiled with it / without it)" if o["overhead"]
+                 and o.get("overhead_of") == "kernel_step" else ""), flush=True)
         print(HEADER + ("  {:>8} {:>8} {:>6}".format("ref_us", "ref_bus", "ratio") if ref else "")
               + ("  {:>9}".format("overhead") if o["overhead"] else ""), flush=True)
         print(UNITS, flush=True)
@@ -149,13 +154,15 @@ def _one(comm, op, nbytes, dtype, o, xp, to_dev, to_host, sync, ref, key):
     if o["overhead"]:
         # Adjacent blocks, order swapped every round, median of the per-round ratios: the machine's speed
         # drifts by more than the effect being measured, and a ratio of neighbours cancels the drift.
+        # kernel_step: both sides profiled, the "off" side with every event type but KernelStep.
+        steps_only = o.get("overhead_of") == "kernel_step"
         ratios, on, off = [], [], []
         for rnd in range(o["rounds"]):
             pair = {}
             for prof in ((True, False) if rnd % 2 else (False, True)):
                 comm.barrier()
-                with comm.profiling(prof):
-                    pair[prof] = _time(fn, o["iters"], sync, flush if prof else None)
+                with comm.profiling(prof or steps_only, None if prof or not steps_only else _NO_STEPS):
+                    pair[prof] = _time(fn, o["iters"], sync, flush if prof or steps_only else None)
             on.append(pair[True])
             off.append(pair[False])
             ratios.append(pair[True] / pair[False])
@@ -181,6 +188,7 @@ def _one(comm, op, nbytes, dtype, o, xp, to_dev, to_host, sync, ref, key):
         on, off, ratio = vals[k], vals[k + 1], vals[k + 2]
         row["profiled_us"], row["unprofiled_us"] = on * 1e6, off * 1e6
         row["overhead_pct"] = (ratio - 1) * 100
+        row["overhead_of"] = o.get("overhead_of", "profiling")
     return row
 
 

@@ -8,7 +8,11 @@ import sys
 
 from ..config import Settings, describe
 from ..errors import BackendError, SliceTraceError
+from ..events.abi import EventType
 from .sweep import DTYPE_ALIASES, OPS, parse_size, sizes
+
+
+KERNEL_STEP = int(EventType.KERNEL_STEP)
 
 
 def _bench_parser(sub) -> None:
@@ -32,6 +36,9 @@ def _bench_parser(sub) -> None:
     p.add_argument("--profile", nargs="?", const=65606, type=lambda v: int(v, 0), metavar="MASK",
                    help="profile with the example plugin; event mask (default 65606 = Coll|P2p|KernelCh|KernelStep)")
     p.add_argument("--overhead", action="store_true", help="alternate profiled/unprofiled runs, print overhead %%")
+    p.add_argument("--overhead-of", choices=("profiling", "kernel_step"), default="profiling",
+                   help="--overhead compares profiled with unprofiled runs (profiling, default), or profiled runs "
+                        "with and without KernelStep (kernel_step: what the per-slice events alone cost)")
     p.add_argument("--rounds", type=int, default=10, help="alternations for --overhead (default 10)")
     p.add_argument("--compare", choices=("gloo", "nccl"), help="run the reference library side by side")
     p.add_argument("--json", metavar="FILE", help="write results as JSON")
@@ -51,6 +58,12 @@ def run_bench(a: argparse.Namespace) -> int:
     for name, v in (("-n", a.iters), ("-w", a.warmup_iters), ("--rounds", a.rounds)):
         if v < (1 if name != "-w" else 0):
             raise SliceTraceError(f"{name} {v} must be >= {1 if name != '-w' else 0}")
+    if a.overhead_of == "kernel_step":
+        if not a.overhead:
+            raise SliceTraceError("--overhead-of kernel_step needs --overhead")
+        if a.profile is not None and not a.profile & KERNEL_STEP:
+            raise SliceTraceError(f"--overhead-of kernel_step: --profile {a.profile} has no KernelStep bit "
+                                  f"({KERNEL_STEP}); nothing to compare")
     overrides = {}
     if a.backend:
         overrides["backend"] = a.backend
@@ -76,6 +89,7 @@ def run_bench(a: argparse.Namespace) -> int:
     opts = {"sizes": sizes(parse_size(a.minbytes, "-b"), parse_size(a.maxbytes, "-e"), a.stepfactor),
             "ops": ops, "dtype": dtype, "redop": a.redop, "root": a.root, "iters": a.iters,
             "warmup": a.warmup_iters, "check": bool(a.check), "compare": a.compare, "overhead": a.overhead,
+            "overhead_of": a.overhead_of,
             "rounds": a.rounds, "seed": a.seed, "inplace": a.inplace}
     results = launch(bench_rank, nranks, opts, **overrides)
     rows = results[0]
