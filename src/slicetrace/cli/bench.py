@@ -97,9 +97,9 @@ def bench_rank(comm, o: dict) -> list[dict]:
         for op in o["ops"]:
             if comm.rank == 0 and len(o["ops"]) > 1:
                 print(f"# {op}", flush=True)
-            for k in range(2 if ref is not None else 0):
+            for k in range(2 if ref is not None and o["sizes"] else 0):
                 # Untimed passes of both libraries at the first size: on an H200 pair the first block of our
-                # ops after NCCL's first all_to_all ran ~50x slow once (docs/benchmarks.md), which would skew a row.
+                # ops after NCCL's first all_to_all often ran ~50x slow (docs/benchmarks.md) and skewed a row.
                 _one(comm, op, o["sizes"][0], dtype, dict(o, check=False, overhead=False), xp, to_dev, to_host,
                      sync, ref, f"{op}/warm{k}")
             for i, nbytes in enumerate(o["sizes"]):
