@@ -4,7 +4,8 @@
 # prev/.kcache), of that tree, back to back in the same call. Logs go to $OUT.
 #   VARIANTS="nostores:ST_STORES=0" SIZES=64K,1M,16M,256M ROUNDS=2 TRACE_SECONDS=10 MAXB=1G CLI=1 \
 #     OPS=1 bash scripts/gpu_ab.sh
-# OPS=1 adds every operation side by side with NCCL, 8 B .. 1 GiB (bench_cuda.py's table).
+# OPS=1 adds every operation side by side with NCCL, 8 B .. 1 GiB (bench_cuda.py's table). CLI=1: all_reduce
+# through the API against NCCL, then the full-stack overhead of all profiling and of KernelStep alone.
 set -o pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -36,6 +37,8 @@ if [ -n "$CLI" ]; then                  # through the public API: all_reduce sid
     | tee "$OUT/cli_bench.log" || rc=1
   SLICETRACE_CACHE_DIR=$PWD/.kcache PYTHONPATH=src timeout 100 $st -b 64K -e 256M -f 4 -c 0 --overhead 2>&1 \
     | tee "$OUT/cli_ovh.log" || rc=1
+  SLICETRACE_CACHE_DIR=$PWD/.kcache PYTHONPATH=src timeout 100 $st -b 64K -e 256M -f 4 -c 0 --overhead \
+    --overhead-of kernel_step 2>&1 | tee -a "$OUT/cli_ovh.log" || rc=1       # KernelStep alone, full stack
 fi
 if [ -n "$OPS" ]; then                  # every operation vs NCCL, profiling off
   PYTHONPATH=src timeout ${OPS_TIMEOUT:-200} python3 scripts/bench_cuda.py --cache-dir "$PWD/.kcache" --min-bytes 8 \
