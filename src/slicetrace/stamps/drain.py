@@ -238,7 +238,7 @@ class Drain:
         intact = seqs + N > top2
         sw, cw = st[:, 0], co[:, 0]
         st_vis = (sw == useq) & intact
-        merged = co is st
+        merged = self._merged
         ok = st_vis if merged else st_vis & (cw == useq)
         if not ok.all():
             dl = np.array(done_lows, dtype=np.uint64)               # the completed ops, for both checks below

@@ -114,15 +114,21 @@ class CommMemory:
         try:
             for off, pitch, width, height in copy_regions(w, self.slots):
                 rt.memcpy2DAsync(self._mirror + off, pitch, self.dring + off, pitch, width, height, 2, stream)
-            deadline = time.monotonic() + timeout_s
-            while rt.streamQuery(stream) != 0:
-                if time.monotonic() > deadline:
-                    raise CommTimeoutError(f"rank {self.rank}: copying stamp records to the host took longer "
-                                           f"than timeout_s={timeout_s}")
-                time.sleep(2e-6)
+            if not self._copied(stream, timeout_s, 2e-6):
+                raise CommTimeoutError(f"rank {self.rank}: copying stamp records to the host took longer "
+                                       f"than timeout_s={timeout_s}")
         finally:
             if prev != device:
                 rt.setDevice(prev)
+
+    def _copied(self, stream: int, timeout_s: float, pause_s: float) -> bool:
+        """Wait for the copies queued on `stream`; False if they took longer than timeout_s."""
+        deadline = time.monotonic() + timeout_s
+        while self._rt.streamQuery(stream) != 0:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(pause_s)
+        return True
 
     def raise_peer_aborts(self, stream: int) -> None:
         """Write 1 into every peer's abort word (DMA on a side stream: works while kernels spin)."""
@@ -141,11 +147,8 @@ class CommMemory:
             words = {p: np.zeros(n // 8, np.uint64) for p, base in enumerate(self.peer_base) if base}
             for p, buf in words.items():
                 self._rt.memcpyAsync(buf.ctypes.data, self.peer_base[p], n, 2, stream)
-            deadline = time.monotonic() + timeout_s
-            while self._rt.streamQuery(stream) != 0:
-                if time.monotonic() > deadline:
-                    return "(connection progress unavailable: the copies did not finish)"
-                time.sleep(1e-4)
+            if not self._copied(stream, timeout_s, 1e-4):
+                return "(connection progress unavailable: the copies did not finish)"
             tail = lambda p, k: int(words[p][(CTRL + k * 128) // 8])            # noqa: E731
             head = lambda p, k: int(words[p][(CTRL + (nk + k) * 128) // 8])     # noqa: E731
             rows: dict[tuple, list[int]] = {}
