@@ -61,6 +61,7 @@ VARIABLES: tuple[Var, ...] = (
     Var("SLICETRACE_PROFILE_EVENT_MASK", "profile_event_mask", _int, "event mask the example plugin asks for; default Coll|P2p|KernelCh|KernelStep = 65606"),
     Var("SLICETRACE_PROFILE_DUMP_FILE", "profile_dump_file", _opt_str, "example plugin: trace path prefix, files are <prefix>_<commHash>_<rank>.json"),
     Var("SLICETRACE_PLUGIN_MAX_FAILURES", "plugin_max_failures", _int, "plugin exceptions before that plugin is disabled, default 16"),
+    Var("SLICETRACE_CPU_RECLAIM", "cpu_reclaim", str, "cpu: after reading a FIFO slot the receiver stores once per cache line so the sender's next write does not stall on lines shared across L3 caches: auto (default: measured per connection), on, off"),
     Var("SLICETRACE_CACHE_DIR", "cache_dir", str, "compiled-kernel cache folder, default ~/.cache/slicetrace"),
     Var("SLICETRACE_ASSERT_WARM", "assert_warm", _bool, "1 = a kernel compile during timed work is an error"),
     Var("SLICETRACE_CLOCK_RESYNC_S", "clock_resync_s", float, "cuda: seconds between GPU/host clock offset re-measurements, default 1.0"),
@@ -86,6 +87,7 @@ class Settings:
     profile_dump_file: str | None = None
     pool_sizes: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_POOL_SIZES))
     plugin_max_failures: int = 16
+    cpu_reclaim: str = "auto"
     cache_dir: str = os.path.join(os.path.expanduser("~"), ".cache", "slicetrace")
     assert_warm: bool = False
     clock_resync_s: float = 1.0
@@ -120,6 +122,8 @@ class Settings:
                 raise ConfigError(f"SLICETRACE_PROFILE_{name}_POOL_SIZE={size} must be >= 1")
         if self.plugin_max_failures < 1:
             raise ConfigError(f"plugin_max_failures={self.plugin_max_failures} must be >= 1")
+        if self.cpu_reclaim not in ("auto", "on", "off"):
+            raise ConfigError(f"cpu_reclaim={self.cpu_reclaim!r} is not one of ('auto', 'on', 'off')")
         if self.debug.upper() not in ("WARN", "INFO", "DEBUG"):
             raise ConfigError(f"debug={self.debug!r} is not one of ('WARN', 'INFO', 'DEBUG')")
 

@@ -85,7 +85,7 @@ class CpuBackend(HostBackend):
 
         def conn(seg: Segment, idx: int, peer: int, is_send: bool) -> Conn:
             off = conn0 + idx * stride
-            return Conn(seg.words(off, PAGE), seg.bytes_(off + PAGE, s.buffsize), peer, is_send)
+            return Conn(seg.words(off, PAGE), seg.bytes_(off + PAGE, s.buffsize), peer, is_send, s.cpu_reclaim)
         prv, nxt = (rank - 1) % world, (rank + 1) % world
         self.ring_recv, self.ring_send, self.p2p_recv, self.p2p_send = [], [], {}, {}
         if world > 1:

@@ -16,25 +16,97 @@ from ...errors import CommTimeoutError, MismatchError, PeerError
 from ..base import DTYPES, REDOPS
 from ...plan.schedule import COLLECTIVES
 from .shm import (ABORT_MISMATCH, ABORT_PEER, ABORT_TIMEOUT, C_ABORT, C_ABORT_FROM, C_CLOSED, C_HEARTBEAT,
-                  C_REASON_LEN, NSIG, REASON_MAX, SIG_WORD, proc_dead)
+                  C_REASON_LEN, H_RECLAIM, H_RECLAIMED, NSIG, REASON_MAX, SIG_WORD, proc_dead)
 
 SPINS = 400
 YIELD_S = 0.002             # then sched_yield for up to 2 ms
 SLEEP_MIN_S, SLEEP_MAX_S = 20e-6, 1e-3
 CHECK_EVERY_S = 0.05        # liveness / signature checks while waiting
 HEARTBEAT_STALE_S = 10.0    # a live pid whose heartbeat thread stalled this long is reported
+_U8 = np.dtype(np.uint8)
+
+
+RECLAIM_MIN = 64 << 10      # slices this large are timed for the reclaim decision
+PROBE_NS = 1_000_000_000    # the mode not in use is tried for one FIFO round this often
+
+
+class Reclaim:
+    """Sender side of FIFO line reclaim, per connection.
+
+    When the receiver has read a slot, its cache holds the lines shared; on this host (vCPUs on different L3
+    caches) the sender's next write to them then runs up to 10x slower (upgrade misses the prefetcher does not
+    cover). One store per line by the receiver after its read moves the lines over and costs ~5 us per 512 KiB.
+    Auto mode measures both per connection: the sender's write time of a slot plus the receiver's reclaim time
+    for it (written to H_RECLAIMED), per byte for each mode, uses the cheaper one and re-tries the
+    other for one FIFO round every PROBE_NS (in the slow case that round costs ~1.5 ms a second).
+    """
+
+    __slots__ = ("ctl", "cost", "k", "best", "left", "probe_at", "mode")
+
+    def __init__(self, ctl: memoryview, mode: str):
+        self.ctl = ctl
+        self.cost = ([], [])                    # last 8 samples, ns per byte, without / with reclaim
+        self.k = [0, 0]
+        self.best = 1
+        self.left = 0
+        self.probe_at = 0 if mode == "auto" else -1
+        self.mode = ctl[H_RECLAIM] = 0 if mode == "off" else 1
+
+    def _set(self, mode: int) -> None:
+        if mode != self.mode:                   # the word shares nothing while it stays the same
+            self.mode = self.ctl[H_RECLAIM] = mode
+
+    def wrote(self, slot: int, nbytes: int, ns: int) -> None:
+        """One slot of >= RECLAIM_MIN bytes written in `ns`: account it and pick the mode for the next slots.
+        Each mode is judged by the least of its last 8 samples: delays (preemption) only add time."""
+        if self.probe_at < 0:
+            return                              # fixed mode
+        ctl = self.ctl
+        was = ctl[H_RECLAIMED + slot]
+        if was:
+            m = 1 if was > 1 else 0
+            c = (ns + was - 2 if m else ns) / nbytes
+            ring = self.cost[m]
+            if len(ring) < 8:
+                ring.append(c)
+            else:
+                ring[self.k[m] & 7] = c
+            self.k[m] += 1
+        if self.left:
+            self.left -= 1
+            self._set(1 - self.best)
+            return
+        c0, c1 = self.cost
+        if c0 and c1:
+            self.best = 0 if min(c0) <= min(c1) else 1
+        now = time.monotonic_ns()
+        if now >= self.probe_at:
+            self.probe_at, self.left = now + PROBE_NS, 8
+        self._set(self.best)
 
 
 class Conn:
     """One direction of one connection as seen from this rank. `ctl` lives in the receiver's segment."""
 
-    __slots__ = ("ctl", "fifo", "step", "peer", "is_send", "msg_seq", "_views")
+    __slots__ = ("ctl", "fifo", "step", "peer", "is_send", "msg_seq", "_views", "reclaim")
 
-    def __init__(self, ctl: memoryview, fifo: memoryview, peer: int, is_send: bool):
+    def __init__(self, ctl: memoryview, fifo: memoryview, peer: int, is_send: bool, reclaim: str = "off"):
         self.ctl, self.fifo, self.peer, self.is_send = ctl, fifo, peer, is_send
         self.step = 0           # persistent FIFO step (NCCL conn->step); both sides advance identically
         self.msg_seq = 0        # p2p messages on this connection (for mismatch checks)
         self._views: dict = {}
+        self.reclaim = Reclaim(ctl, reclaim) if is_send else None
+
+    def freed(self, slot: int, nbytes: int) -> None:
+        """Receiver: slot `slot` has been read; reclaim its lines when the sender asks for it (see Reclaim)."""
+        ctl = self.ctl
+        if ctl[H_RECLAIM] and nbytes:
+            t = time.perf_counter_ns()
+            o = slot * (len(self.fifo) // 8)
+            self.view(_U8)[o:o + nbytes:64] = 0     # one store per cache line
+            ctl[H_RECLAIMED + slot] = time.perf_counter_ns() - t + 2
+        elif ctl[H_RECLAIMED + slot] != 1:
+            ctl[H_RECLAIMED + slot] = 1
 
     def view(self, dtype: np.dtype) -> np.ndarray:
         v = self._views.get(dtype)

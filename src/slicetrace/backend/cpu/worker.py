@@ -20,6 +20,7 @@ from ...errors import MismatchError
 from ..base import DTYPES
 from .shm import ABORT_MISMATCH, H_HEAD, H_MSG, H_TAIL, NSIG
 from .stamper import FastRingWriter
+from .transport import RECLAIM_MIN
 
 UFUNCS = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum, "avg": np.add}
 # primitive -> compute kind
@@ -63,6 +64,8 @@ def run_ring(prog, job: RingJob) -> None:
     if rctl[H_HEAD] < rconn.step:
         rctl[H_HEAD] = rconn.step        # credit for the steps the rounding skipped (NCCL's PostRecv does too)
     rstep, sstep = rconn.step, sconn.step
+    pol, freed, pc = sconn.reclaim, rconn.freed, time.perf_counter_ns
+    isz = dt.itemsize
     bufs = {"in": work.sendbuf, "out": work.recvbuf, None: None}
     red = UFUNCS[work.redop]
     avg = work.redop == "avg"
@@ -108,9 +111,12 @@ def run_ring(prog, job: RingJob) -> None:
                     i = (sstep & 7) * se
                     s = sview[i:i + n]
             if n:
+                t1 = t2 = 0      # around the write into the send FIFO (the reclaim decision times it)
                 if kind == K_RRS:
                     a = so + off
+                    t1 = pc()
                     red(r, src[a:a + n], out=s)
+                    t2 = pc()
                 elif kind == K_RRCS or kind == K_RRC:
                     a, b = so + off, do + off
                     d = dst[b:b + n]
@@ -118,22 +124,34 @@ def run_ring(prog, job: RingJob) -> None:
                     if fin:
                         finish_avg(d, nranks)
                     if hs:
+                        t1 = pc()
                         copyto(s, d)
+                        t2 = pc()
                 elif kind == K_SEND:
                     a = so + off
+                    t1 = pc()
                     copyto(s, src[a:a + n])
+                    t2 = pc()
                 elif kind == K_RCS:
                     b = do + off
+                    t1 = pc()
                     copyto(s, r)
+                    t2 = pc()
                     copyto(dst[b:b + n], r)
                 elif kind == K_RECV:
                     b = do + off
                     copyto(dst[b:b + n], r)
                 else:   # K_COPYSEND
                     a, b = so + off, do + off
+                    t1 = pc()
                     copyto(s, src[a:a + n])
+                    t2 = pc()
                     if not same:
                         copyto(dst[b:b + n], src[a:a + n])
+                if hs and n * isz >= RECLAIM_MIN:
+                    pol.wrote(sstep & 7, n * isz, t2 - t1)
+                if hr:
+                    freed(rstep & 7, n * isz)
             if stamp:
                 td = clock()
             if hs:
@@ -228,11 +246,17 @@ def run_p2p(work, send_conns, recv_conns, writers, guard) -> None:
                 o, i = prim.src_off, (step & 7) * se
                 v = conn.view(ln.buf.dtype)[i:i + n]
                 if conn.is_send:
-                    np.copyto(v, ln.buf[o:o + n])
+                    if n * ln.buf.itemsize >= RECLAIM_MIN:
+                        t1 = time.perf_counter_ns()
+                        np.copyto(v, ln.buf[o:o + n])
+                        conn.reclaim.wrote(step & 7, n * ln.buf.itemsize, time.perf_counter_ns() - t1)
+                    else:
+                        np.copyto(v, ln.buf[o:o + n])
                 else:
                     if ln.first:
                         _check_msg(ln, dcode, guard)
                     np.copyto(ln.buf[o:o + n], v)
+                    conn.freed(step & 7, n * ln.buf.itemsize)
                 td = clock() if stamp else 0
                 conn.step = step + 1
                 ctl[H_TAIL if conn.is_send else H_HEAD] = step + 1

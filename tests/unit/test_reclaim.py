@@ -1,0 +1,91 @@
+"""FIFO line reclaim (backend.cpu.transport.Reclaim and Conn.freed) on a header in plain memory."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from slicetrace.backend.cpu import transport
+from slicetrace.backend.cpu.shm import H_RECLAIM, H_RECLAIMED, PAGE
+from slicetrace.backend.cpu.transport import RECLAIM_MIN, Conn, Reclaim
+from slicetrace.config import Settings
+from slicetrace.errors import ConfigError
+
+STEP = 1 << 17                                   # 8 slots of 128 KiB
+
+
+def pair(mode: str):
+    buf = bytearray(PAGE + 8 * STEP)
+    mv = memoryview(buf)
+    ctl, fifo = mv[:PAGE].cast("Q"), mv[PAGE:]
+    return Conn(ctl, fifo, 1, True, mode), Conn(ctl, fifo, 0, False, mode), buf
+
+
+def test_fixed_modes_set_the_word_once_and_never_change_it():
+    for mode, word in (("on", 1), ("off", 0)):
+        snd, rcv, _ = pair(mode)
+        assert snd.ctl[H_RECLAIM] == word and rcv.reclaim is None
+        for i in range(40):
+            rcv.freed(i & 7, STEP)
+            snd.reclaim.wrote(i & 7, STEP, 10_000 * (1 + word * 50))   # would flip an auto policy
+        assert snd.ctl[H_RECLAIM] == word
+
+
+def test_freed_stores_once_per_line_of_the_slot_only_when_asked():
+    snd, rcv, buf = pair("on")
+    fifo = np.frombuffer(buf, np.uint8, offset=PAGE)
+    fifo[:] = 0xAB
+    rcv.freed(3, 1000)                                 # a partial slot: lines 0..15 of slot 3
+    touched = np.flatnonzero(fifo != 0xAB)
+    assert touched.tolist() == list(range(3 * STEP, 3 * STEP + 1000, 64))
+    assert rcv.ctl[H_RECLAIMED + 3] >= 2               # 2 + the ns it took
+    snd.ctl[H_RECLAIM] = 0
+    fifo[:] = 0xAB
+    rcv.freed(4, STEP)
+    assert (fifo == 0xAB).all() and rcv.ctl[H_RECLAIMED + 4] == 1
+
+
+def drive(snd, rcv, write_ns, reclaim_ns, n, slot0=0):
+    """n FIFO steps: the sender writes (cost depends on how the receiver freed the slot last lap), then the
+    receiver reads and frees it, reclaiming when the mode word says so."""
+    for i in range(slot0, slot0 + n):
+        slot = i & 7
+        was = snd.ctl[H_RECLAIMED + slot]
+        snd.reclaim.wrote(slot, STEP, write_ns[was > 1] if was else 1)
+        if snd.ctl[H_RECLAIM]:
+            snd.ctl[H_RECLAIMED + slot] = 2 + reclaim_ns
+        else:
+            snd.ctl[H_RECLAIMED + slot] = 1
+
+
+@pytest.mark.parametrize("slow", [False, True])
+def test_auto_picks_the_cheaper_mode_and_probes_the_other(monkeypatch, slow):
+    now = [0]
+    monkeypatch.setattr(transport.time, "monotonic_ns", lambda: now[0])
+    snd, rcv, _ = pair("auto")
+    # per slot: fast host, writes 13 us either way and reclaim costs 6; slow host, 200 us unless reclaimed
+    write_ns = (200_000, 26_000) if slow else (13_000, 13_000)
+    drive(snd, rcv, write_ns, 6_000, 64)
+    want = 1 if slow else 0
+    assert snd.reclaim.best == want
+    now[0] += 10_000                                   # within the probe period: the choice holds
+    drive(snd, rcv, write_ns, 6_000, 64, 64)
+    modes = []
+    now[0] += transport.PROBE_NS                       # the next write opens a probe of the other mode
+    for i in range(128, 148):
+        drive(snd, rcv, write_ns, 6_000, 1, i)
+        modes.append(snd.ctl[H_RECLAIM])
+    assert modes.count(1 - want) == 8 and modes[-1] == want
+
+
+def test_unknown_slots_are_not_counted():
+    snd, _, _ = pair("auto")
+    for i in range(8):                                 # nothing freed yet: word 0 = no information
+        snd.reclaim.wrote(i, STEP, 1_000_000)
+    assert snd.reclaim.cost == ([], [])
+    assert RECLAIM_MIN <= STEP
+
+
+def test_setting_is_checked():
+    with pytest.raises(ConfigError, match="cpu_reclaim='sometimes'"):
+        Settings(cpu_reclaim="sometimes")
+    assert Settings.from_env({"SLICETRACE_CPU_RECLAIM": "on"}).cpu_reclaim == "on"
