@@ -89,3 +89,12 @@ def test_setting_is_checked():
     with pytest.raises(ConfigError, match="cpu_reclaim='sometimes'"):
         Settings(cpu_reclaim="sometimes")
     assert Settings.from_env({"SLICETRACE_CPU_RECLAIM": "on"}).cpu_reclaim == "on"
+
+
+def test_auto_follows_the_host_turning_slow_without_waiting_for_a_probe(monkeypatch):
+    monkeypatch.setattr(transport.time, "monotonic_ns", lambda: 0)   # time stands still: no timed probe
+    snd, rcv, _ = pair("auto")
+    drive(snd, rcv, (13_000, 13_000), 6_000, 64)
+    assert snd.reclaim.best == 0
+    drive(snd, rcv, (200_000, 26_000), 6_000, 200, 64)               # writes without reclaim turn slow
+    assert snd.reclaim.best == 1 and snd.ctl[H_RECLAIM] == 1

@@ -27,7 +27,8 @@ _U8 = np.dtype(np.uint8)
 
 
 RECLAIM_MIN = 64 << 10      # slices this large are timed for the reclaim decision
-PROBE_NS = 1_000_000_000    # the mode not in use is tried for one FIFO round this often
+PROBE_NS = 250_000_000      # the mode not in use is tried for one FIFO round at least this often
+KEEP = 4                    # samples kept per mode
 
 
 class Reclaim:
@@ -37,15 +38,17 @@ class Reclaim:
     caches) the sender's next write to them then runs up to 10x slower (upgrade misses the prefetcher does not
     cover). One store per line by the receiver after its read moves the lines over and costs ~5 us per 512 KiB.
     Auto mode measures both per connection: the sender's write time of a slot plus the receiver's reclaim time
-    for it (written to H_RECLAIMED), per byte for each mode, uses the cheaper one and re-tries the
-    other for one FIFO round every PROBE_NS (in the slow case that round costs ~1.5 ms a second).
+    for it (written to H_RECLAIMED), per byte, the least of the last KEEP samples of each mode (delays only add
+    time), and uses the cheaper mode: when the host turns slow the mode in use shows it within KEEP writes. The
+    other mode is tried for one FIFO round every PROBE_NS, which is how a host turning fast is seen (in the
+    slow case one round without reclaim costs ~1.5 ms).
     """
 
     __slots__ = ("ctl", "cost", "k", "best", "left", "probe_at", "mode")
 
     def __init__(self, ctl: memoryview, mode: str):
         self.ctl = ctl
-        self.cost = ([], [])                    # last 8 samples, ns per byte, without / with reclaim
+        self.cost = ([], [])                    # recent samples, ns per byte, without / with reclaim
         self.k = [0, 0]
         self.best = 1
         self.left = 0
@@ -57,20 +60,18 @@ class Reclaim:
             self.mode = self.ctl[H_RECLAIM] = mode
 
     def wrote(self, slot: int, nbytes: int, ns: int) -> None:
-        """One slot of >= RECLAIM_MIN bytes written in `ns`: account it and pick the mode for the next slots.
-        Each mode is judged by the least of its last 8 samples: delays (preemption) only add time."""
+        """One slot of >= RECLAIM_MIN bytes written in `ns`: account it and pick the mode for the next slots."""
         if self.probe_at < 0:
             return                              # fixed mode
-        ctl = self.ctl
-        was = ctl[H_RECLAIMED + slot]
+        was = self.ctl[H_RECLAIMED + slot]
         if was:
             m = 1 if was > 1 else 0
             c = (ns + was - 2 if m else ns) / nbytes
             ring = self.cost[m]
-            if len(ring) < 8:
+            if len(ring) < KEEP:
                 ring.append(c)
             else:
-                ring[self.k[m] & 7] = c
+                ring[self.k[m] % KEEP] = c
             self.k[m] += 1
         if self.left:
             self.left -= 1
