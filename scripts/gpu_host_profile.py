@@ -2,13 +2,14 @@
 """Where the host time of a profiled CUDA run goes: cProfile of rank 0 over the op loop and the flush (Python
 3.12+ profiles every thread, so the drain thread's polls are in it), all_reduce, example plugin, KernelStep on.
 
-    NCCL_NVLS_ENABLE=0 PYTHONPATH=src python3 scripts/gpu_host_profile.py [--sizes 64K,1M,16M] [--ops 200]
+    NCCL_NVLS_ENABLE=0 PYTHONPATH=src python3 scripts/gpu_host_profile.py [--sizes 64K,1M,16M] [--ops 200] [--pin] [--top 30]
 """
 from __future__ import annotations
 
 import argparse
 import cProfile
 import io
+import os
 import pstats
 import sys
 import time
@@ -21,12 +22,23 @@ def parse_size(s: str) -> int:
     return sweep.parse_size(s, "size")
 
 
-def body(comm, sizes: list[int], nops: int, top: int, switch_us: float = 0) -> str:
+def pin_threads(rank: int) -> int:
+    """Every thread of this process (main, drain, CUDA's) onto one CPU of the allowed set, one per rank."""
+    cpus = sorted(os.sched_getaffinity(0))
+    cpu = cpus[(2 + rank * 2) % len(cpus)]
+    for tid in os.listdir("/proc/self/task"):
+        os.sched_setaffinity(int(tid), {cpu})
+    return cpu
+
+
+def body(comm, sizes: list[int], nops: int, top: int, switch_us: float = 0, pin: bool = False) -> str:
     if switch_us:
         sys.setswitchinterval(switch_us / 1e6)
     import cupy as cp
     cp.cuda.Device(comm.rank % cp.cuda.runtime.getDeviceCount()).use()
     out = io.StringIO()
+    if pin:
+        out.write(f"# rank {comm.rank}: every thread on CPU {pin_threads(comm.rank)}\n")
     acc: dict[str, list[float]] = {}
     sess = comm._session
     pc, tt = time.perf_counter, time.thread_time     # wall, and CPU of the calling thread
@@ -95,9 +107,11 @@ def main() -> None:
     p.add_argument("--ops", type=int, default=200)
     p.add_argument("--top", type=int, default=0, help="cProfile rows to print (0: no cProfile, timers only)")
     p.add_argument("--switch-us", type=float, default=0, help="sys.setswitchinterval in every rank (0: Python's)")
+    p.add_argument("--pin", action="store_true", help="all threads of a rank on one CPU (main and drain share it)")
     a = p.parse_args()
     sizes = [parse_size(s) for s in a.sizes.split(",")]
-    res = slicetrace.launch(body, 2, sizes, a.ops, a.top, a.switch_us, backend="cuda", profiler_plugin="example")
+    res = slicetrace.launch(body, 2, sizes, a.ops, a.top, a.switch_us, a.pin, backend="cuda",
+                            profiler_plugin="example")
     print(res[0])
 
 

@@ -444,3 +444,22 @@ def test_a_failing_fetch_at_stop_is_recorded_not_raised():
     d.op_submitted(1, lambda: True, v.header["reserved"].copy())
     d.stop()
     assert isinstance(d.error, RuntimeError)
+
+
+def test_device_rings_are_read_no_further_than_fetched_while_ops_are_queued():
+    """Thousands of ops may be queued on the GPU: a poll reads the completed ops' entries, not theirs."""
+    v, dev, sink, d, calls = _device_setup(slots=1024)
+    done = {}
+    for tag in range(1, 41):
+        gpu_program(dev, tag, 4)
+        v.header["reserved"][0] = dev.header["reserved"][0]
+        done[tag] = tag <= 2
+        d.op_submitted(tag, lambda t=tag: done[t], v.header["reserved"].copy())
+    for _ in range(3):
+        d.poll_once()
+    assert calls == [(0, 12)] and sink.ended == [1, 2]
+    assert d.rows_read == 12                       # not 3 polls x 240 entries
+    for t in done:
+        done[t] = True
+    d.poll_once()
+    assert sink.ended == list(range(1, 41)) and not sink.drops and d.rows_read == 240

@@ -63,6 +63,7 @@ class Drain:
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
         self.delivered = 0
+        self.rows_read = 0                      # ring entries gathered, delivered or not (the drain's own cost)
 
     # ---- called by the session (user thread) ----
     def expect(self, tag: int) -> None:
@@ -152,8 +153,11 @@ class Drain:
             if (hi > lo).any():
                 self._fetch(lo, hi)
                 np.maximum(self._fetched, hi, out=self._fetched)
-        chs = np.flatnonzero(reserved > self.cursor)
-        n = self._drain_many(chs, done_lows, force, running, settled) if len(chs) else 0
+        # Device rings: the mirror holds nothing newer than the last fetch, so reading further (the ops still
+        # queued on the GPU, possibly thousands) would only find stale entries, again at every poll.
+        top = reserved if self._fetch is None or force else np.minimum(reserved, self._fetched.astype(np.uint64))
+        chs = np.flatnonzero(top > self.cursor)
+        n = self._drain_many(chs, done_lows, force, running, settled, top) if len(chs) else 0
         if force and self._open:
             self.consumer.drop("unpaired", len(self._open))
             self._open.clear()
@@ -188,13 +192,13 @@ class Drain:
         return n
 
     def _drain_many(self, chs: np.ndarray, done_lows, force: bool, running: bool = True,
-                    settled: np.ndarray | None = None) -> int:
+                    settled: np.ndarray | None = None, top: np.ndarray | None = None) -> int:
         """Every channel in `chs` at once: one gather, a per-channel in-order cut, one delivery.
 
         done_lows: low 32 bits of the ops known complete before the rings were read (their provisional seq
         words are trusted); running: some op has not completed, so an entry may still be published late;
         settled: per channel, the last seq of a completed op with an exact snapshot (an entry up to it that is
-        still not published was lost)."""
+        still not published was lost); top: per channel, read no further than this seq (default: reserved)."""
         N = self.slots
         if len(chs) == 1:                            # the common cpu case: scalar bookkeeping is cheaper
             c = int(chs[0])
@@ -202,17 +206,19 @@ class Drain:
             if t0 - c0 > N:                          # lapped: the oldest entries are gone
                 self.consumer.drop("overrun", t0 - c0 - N)
                 c0 = t0 - N
-            if t0 <= c0:
+            t1 = t0 if top is None else min(t0, int(top[c]))
+            if t1 <= c0:
                 return 0
-            cur, cnt = np.array([c0]), np.array([t0 - c0])
+            cur, cnt = np.array([c0]), np.array([t1 - c0])
         else:
+            cap = None if top is None else top[chs].astype(np.int64)
             cur = self.cursor[chs].astype(np.int64)
             top = self._hdr[chs, 0].astype(np.int64)
             lap = top - cur - N
             if (lap > 0).any():                      # lapped: the oldest entries are gone
                 self.consumer.drop("overrun", int(lap[lap > 0].sum()))
                 cur = np.maximum(cur, top - N)
-            cnt = top - cur
+            cnt = (top if cap is None else np.minimum(top, cap)) - cur
             keep_ch = cnt > 0
             if not keep_ch.all():
                 chs, cur, cnt = chs[keep_ch], cur[keep_ch], cnt[keep_ch]
@@ -234,6 +240,7 @@ class Drain:
             st = self._st[chan, idx]
             co = st if self._merged else self._co[chan, idx]
             top2 = np.repeat(self._hdr[chs, 0].astype(np.int64), cnt)   # read after the copy
+        self.rows_read += len(seqs)
         useq = seqs.view(np.uint64)
         intact = seqs + N > top2
         sw, cw = st[:, 0], co[:, 0]
