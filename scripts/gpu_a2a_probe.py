@@ -4,6 +4,7 @@ per op, back to back and one at a time, with the own block copied beside the ker
 timed on the host and by a CUDA event after it, per rank.
 
     PYTHONPATH=src python3 scripts/gpu_a2a_probe.py [--cli [--inline] [--nowrap] [--seed1234] [--rich] [--parent-cuda]]
+    PYTHONPATH=src python3 scripts/gpu_a2a_probe.py --after none|sleep|ops|nccl|gc     (one fresh pair of ranks each)
 """
 import sys
 import time
@@ -96,7 +97,68 @@ def cli_body(comm, opts):
     return out
 
 
-if __name__ == "__main__" and "--cli" in sys.argv:
+def after_body(comm, mode: str) -> str:
+    """Our all_to_all per op (CUDA events) right after torch's NCCL ran its first all_to_all, with `mode` in
+    between: none, sleep (2 s), ops (200 of our all_reduce), nccl (50 more NCCL all_to_all), gc (gc.collect()).
+    Python's garbage collections during the timed ops are listed with their generation and duration."""
+    import gc
+    import cupy as cp
+    from slicetrace.cli.reference import TorchReference
+    cp.cuda.Device(comm.rank).use()
+    ref = TorchReference("nccl", comm.rank, comm.world_size, comm._session.job, device=comm.rank)
+    x = cp.ones((2 << 20) // 4, cp.float32)
+    y = cp.empty_like(x)
+
+    def ours(n: int) -> list[float]:
+        ev = [cp.cuda.Event() for _ in range(n + 1)]
+        ev[0].record()
+        for i in range(n):
+            comm.all_to_all(x, y)
+            ev[i + 1].record()
+        ev[-1].synchronize()
+        return [cp.cuda.get_elapsed_time(a, b) * 1e3 for a, b in zip(ev, ev[1:])]
+    before = ours(20)
+    comm.barrier()
+    ref.run("all_to_all", x, y, "sum", 0)
+    ref.sync()
+    comm.barrier()
+    t0 = time.perf_counter()
+    if mode == "sleep":
+        time.sleep(2.0)
+    elif mode == "ops":
+        for _ in range(200):
+            comm.all_reduce(x, y)
+        comm.synchronize()
+    elif mode == "nccl":
+        for _ in range(50):
+            ref.run("all_to_all", x, y, "sum", 0)
+        ref.sync()
+    elif mode == "gc":
+        gc.collect()
+    comm.barrier()
+    between = (time.perf_counter() - t0) * 1e3
+    gcs, t_gc = [], [0.0]
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            t_gc[0] = time.perf_counter()
+        else:
+            gcs.append(f"gen{info['generation']} {(time.perf_counter() - t_gc[0]) * 1e3:.1f} ms")
+    gc.callbacks.append(on_gc)
+    after = ours(30)
+    gc.callbacks.remove(on_gc)
+    ref.close()
+    fmt = lambda v: " ".join(f"{u:.0f}" for u in v)     # noqa: E731
+    return (f"rank {comm.rank} mode {mode} ({between:.0f} ms between): before, us per op: {fmt(before[-5:])}; "
+            f"after NCCL's first all_to_all: {fmt(after)}; sum after {sum(after) / 1e3:.1f} ms; "
+            f"collections during it: {', '.join(gcs) or 'none'}")
+
+
+if __name__ == "__main__" and "--after" in sys.argv:
+    mode = sys.argv[sys.argv.index("--after") + 1]
+    for r in slicetrace.launch(after_body, 2, mode, backend="cuda", timeout_s=30.0):
+        print(r, flush=True)
+elif __name__ == "__main__" and "--cli" in sys.argv:
     opts = {"sizes": [1 << 20, 2 << 20, 4 << 20], "ops": ["all_to_all"], "dtype": "float32", "redop": "sum",
             "root": 0, "iters": 20, "warmup": 5, "check": False, "compare": "nccl", "overhead": False,
             "rounds": 1, "seed": 1234 if "--seed1234" in sys.argv else 0, "inplace": False}

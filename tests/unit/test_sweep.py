@@ -33,3 +33,20 @@ def test_reference_and_wrong_count():
     bad[3] += 1
     assert wrong(bad, ref, np.int32) == 1
     assert reference("reduce", xs, 1, 0, "sum") is None
+
+
+def test_timed_blocks_run_with_the_collector_off_and_overhead_blocks_with_it_on():
+    import gc
+
+    from slicetrace.cli.bench import _time
+    seen = []
+    assert gc.isenabled()
+    t = _time(lambda: seen.append(gc.isenabled()), 3, lambda: None)
+    assert t >= 0 and seen == [False] * 3 and gc.isenabled()
+    _time(lambda: seen.append(gc.isenabled()), 2, lambda: None, collector_off=False)
+    assert seen[3:] == [True, True]
+    try:                                         # an error in the block still turns the collector back on
+        _time(lambda: 1 / 0, 1, lambda: None)
+    except ZeroDivisionError:
+        pass
+    assert gc.isenabled()

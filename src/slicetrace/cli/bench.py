@@ -1,6 +1,7 @@
 """`slicetrace bench`: nccl-tests' sweep, columns and busbw factors, with the reference library side by side."""
 from __future__ import annotations
 
+import gc
 import json
 import statistics
 import sys
@@ -46,14 +47,25 @@ def _call(comm, op: str, x, out, redop: str, root: int) -> None:
             comm.recv(out, (comm.rank - 1) % comm.world_size)
 
 
-def _time(fn, iters: int, sync, flush=None) -> float:
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    sync()
-    if flush is not None:
-        flush()
-    return (time.perf_counter() - t0) / iters
+def _time(fn, iters: int, sync, flush=None, collector_off: bool = True) -> float:
+    """Seconds per call. The garbage collector is off while timing, as in timeit: ops are lockstep, so one
+    rank's collection stalls every rank (on the H200 host a full one took ~90 ms, right after torch's NCCL set up
+    its all_to_all: a block of 20 ops read 4-5 ms per op). The overhead blocks keep it on (`collector_off`):
+    the collections that profiling's allocations cause are part of what it costs."""
+    off = collector_off and gc.isenabled()
+    if off:
+        gc.disable()
+    try:
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        sync()
+        if flush is not None:
+            flush()
+        return (time.perf_counter() - t0) / iters
+    finally:
+        if off:
+            gc.enable()
 
 
 def _gather_max(comm, key: str, vals: list[float]) -> list[float]:
@@ -93,15 +105,12 @@ def bench_rank(comm, o: dict) -> list[dict]:
             progress = Progress(transient=True)
             progress.start()
             task = progress.add_task("sweep", total=total)
+    gc.collect()
+    gc.freeze()          # what the imports and set-up made is old: later collections only walk what the sweep makes
     try:
         for op in o["ops"]:
             if comm.rank == 0 and len(o["ops"]) > 1:
                 print(f"# {op}", flush=True)
-            for k in range(2 if ref is not None and o["sizes"] else 0):
-                # Untimed passes of both libraries at the first size: on an H200 pair the first block of our
-                # ops after NCCL's first all_to_all often ran ~50x slow (docs/benchmarks.md) and skewed a row.
-                _one(comm, op, o["sizes"][0], dtype, dict(o, check=False, overhead=False), xp, to_dev, to_host,
-                     sync, ref, f"{op}/warm{k}")
             for i, nbytes in enumerate(o["sizes"]):
                 row = _one(comm, op, nbytes, dtype, o, xp, to_dev, to_host, sync, ref, f"{op}/{i}")
                 if row is not None and comm.rank == 0:
@@ -162,7 +171,7 @@ def _one(comm, op, nbytes, dtype, o, xp, to_dev, to_host, sync, ref, key):
             for prof in ((True, False) if rnd % 2 else (False, True)):
                 comm.barrier()
                 with comm.profiling(prof or steps_only, None if prof or not steps_only else _NO_STEPS):
-                    pair[prof] = _time(fn, o["iters"], sync, flush if prof or steps_only else None)
+                    pair[prof] = _time(fn, o["iters"], sync, flush if prof or steps_only else None, False)
             on.append(pair[True])
             off.append(pair[False])
             ratios.append(pair[True] / pair[False])
