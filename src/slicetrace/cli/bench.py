@@ -47,6 +47,14 @@ def _call(comm, op: str, x, out, redop: str, root: int) -> None:
             comm.recv(out, (comm.rank - 1) % comm.world_size)
 
 
+def _align(comm, fn, sync) -> None:
+    """Before a timed block: the store barrier polls with a backoff, so ranks leave it up to a few ms apart (a
+    20-op block then read ~200 us per op at 4 KiB); one untimed op after it ends within microseconds on all."""
+    comm.barrier()
+    fn()
+    sync()
+
+
 def _time(fn, iters: int, sync, flush=None, collector_off: bool = True) -> float:
     """Seconds per call. The garbage collector is off while timing, as in timeit: ops are lockstep, so one
     rank's collection stalls every rank (on the H200 host a full one took ~90 ms, right after torch's NCCL set up
@@ -149,7 +157,7 @@ def _one(comm, op, nbytes, dtype, o, xp, to_dev, to_host, sync, ref, key):
     for _ in range(o["warmup"]):
         fn()
     sync()
-    comm.barrier()
+    _align(comm, fn, sync)
     flush = comm.flush_profiler if comm.profiler_enabled else None
     t = _time(fn, o["iters"], sync, flush)
     vals = [t, float(n_wrong)]
@@ -158,7 +166,7 @@ def _one(comm, op, nbytes, dtype, o, xp, to_dev, to_host, sync, ref, key):
         for _ in range(o["warmup"]):
             rfn()
         ref.sync()
-        comm.barrier()
+        _align(comm, rfn, ref.sync)
         vals.append(_time(rfn, o["iters"], ref.sync))
     if o["overhead"]:
         # Adjacent blocks, order swapped every round, median of the per-round ratios: the machine's speed
@@ -169,7 +177,7 @@ def _one(comm, op, nbytes, dtype, o, xp, to_dev, to_host, sync, ref, key):
         for rnd in range(o["rounds"]):
             pair = {}
             for prof in ((True, False) if rnd % 2 else (False, True)):
-                comm.barrier()
+                _align(comm, fn, sync)
                 with comm.profiling(prof or steps_only, None if prof or not steps_only else _NO_STEPS):
                     pair[prof] = _time(fn, o["iters"], sync, flush if prof or steps_only else None, False)
             on.append(pair[True])
