@@ -48,11 +48,12 @@ def _call(comm, op: str, x, out, redop: str, root: int) -> None:
 
 
 def _align(comm, fn, sync) -> None:
-    """Before a timed block: the store barrier polls with a backoff, so ranks leave it up to a few ms apart (a
-    20-op block then read ~200 us per op at 4 KiB); one untimed op after it ends within microseconds on all."""
+    """Before a timed block: the store barrier polls with a backoff, so ranks leave it up to a few ms apart; one
+    untimed op after it ends within microseconds on all. Unprofiled, so that no block pays for its events."""
     comm.barrier()
-    fn()
-    sync()
+    with comm.profiling(False):
+        fn()
+        sync()
 
 
 def _time(fn, iters: int, sync, flush=None, collector_off: bool = True) -> float:
