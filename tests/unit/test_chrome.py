@@ -303,3 +303,39 @@ def test_block_formatter_writes_the_same_json_as_one_percent_per_block(rows, neg
     parse = lambda text: [json.loads(line.rstrip(",")) for line in text.splitlines()]   # noqa: E731
     assert parse(got) == parse(want)
     assert len(got.splitlines()) == len(cols)
+
+
+class StepsPerRun:
+    """The chrome plugin without kernel_step_runs: the host hands it a poll's KernelSteps one run at a time."""
+    name, version = "per-run", 8
+
+    def __init__(self, inner):
+        self.inner = inner
+        for a in ("init", "start_event", "stop_event", "record_event_state", "finalize", "report_counters",
+                  "kernel_step_batch", "kernel_ch_batch", "unrecorded_handle"):
+            setattr(self, a, getattr(inner, a))
+
+
+def test_kernel_step_runs_writes_what_one_batch_per_op_writes(tmp_path):
+    from slicetrace.stamps.layout import KIND_CHANNEL, KIND_STEP
+    out = []
+    for per_run in (False, True):
+        s = Settings(profile_dump_file=str(tmp_path / str(per_run) / "trace"))
+        p = ChromePlugin(s)
+        host = EventHost([LoadedPlugin(StepsPerRun(p) if per_run else p)], COMM)
+        for poll in range(3):                           # 3 polls of 4 ops, 5 KernelSteps each
+            tags = range(4 * poll + 1, 4 * poll + 5)
+            for t in tags:
+                host.begin_op(coll_op(tag=t, ts=1000 * t - 100))
+            allr = np.concatenate([recs(t, 5, t0=1000 * t) for t in tags]
+                                  + [chrec(t, 0, 1000 * t - 50, 1000 * t + 900) for t in tags])
+            runs = [(t, KIND_STEP, 5 * k, 5 * k + 5) for k, t in enumerate(tags)]
+            runs += [(t, KIND_CHANNEL, 20 + k, 21 + k) for k, t in enumerate(tags)]
+            host.batch(allr, runs)
+        host.close()
+        path = str(tmp_path / str(per_run) / f"trace_{COMM.comm_hash}_{COMM.rank}.json")
+        assert check_trace(path) == []
+        data = load(path)
+        steps = sorted(json.dumps(r, sort_keys=True) for r in data if r.get("name") == "KernelStep")
+        out.append((steps, data[-1]["args"]["delivered_kernel_step"]))
+    assert out[0] == out[1] and len(out[0][0]) == out[0][1] == 60

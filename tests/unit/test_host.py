@@ -289,3 +289,76 @@ def test_user_thread_and_drain_thread_concurrently():
     c = h.counters()
     assert not t.is_alive() and c["delivered_kernel_step"] == 8 * n_ops and c["delivered_coll"] == n_ops
     assert c["no_parent"] == 0 and c["missing_kernel_ch"] == 0
+
+
+class RunsPlugin(RecPlugin):
+    """RecPlugin that also takes a whole poll's KernelSteps in one kernel_step_runs call."""
+
+    def kernel_step_runs(self, ctx, parents, recs, starts, stops):
+        self.calls.append(("runs", list(parents), recs.copy(), list(starts), list(stops)))
+        return sum(stops) - sum(starts)
+
+
+def _poll(n_ops, per_op=3):
+    """One poll's records as the drain hands them over: every op's KernelSteps, then every KernelCh."""
+    steps = [recs(t, per_op, t0=1000 * t) for t in range(1, n_ops + 1)]
+    chans = [chrec(t, 0, 1000 * t - 50, 1000 * t + 900) for t in range(1, n_ops + 1)]
+    allr = np.concatenate(steps + chans)
+    runs = [(t, KIND_STEP, (t - 1) * per_op, t * per_op) for t in range(1, n_ops + 1)]
+    runs += [(t, KIND_CHANNEL, n_ops * per_op + t - 1, n_ops * per_op + t) for t in range(1, n_ops + 1)]
+    return allr, runs
+
+
+def test_a_poll_of_collectives_reaches_a_plugin_in_one_call_before_any_parent_stops():
+    runs_p, plain_p = RunsPlugin(mask=CH | KS, name="runs"), RecPlugin(mask=CH | KS, name="plain")
+    h = host_of(runs_p, plain_p)
+    for t in range(1, 5):
+        h.begin_op(coll_op(tag=t))
+    allr, runs = _poll(4)
+    h.batch(allr, runs)
+    (call,) = runs_p.of("runs")
+    _, parents, got, starts, stops = call
+    colls = [c[1] for c in runs_p.of("start") if c[1].type == T.COLL]
+    coll_handles = [c for c in (("h", i, T.COLL) for i in range(1, 40)) if c in parents]
+    assert len(parents) == 4 and parents == coll_handles and len(colls) == 4
+    assert (starts, stops) == ([0, 3, 6, 9], [3, 6, 9, 12]) and got.dtype == abi.KERNEL_STEP_DTYPE
+    assert list(got["wait_ns"][:12]) == list(allr["wait_ns"][:12])
+    # the reference path: one kernel_step_batch per op, same parents and rows
+    batches = plain_p.of("batch")
+    assert [len(b[2]) for b in batches] == [3, 3, 3, 3]
+    assert all((b[2] == got[a:z]).all() for b, a, z in zip(batches, starts, stops))
+    for p in (runs_p, plain_p):                          # every KernelStep went out before the first Coll stop
+        kinds = [c[0] for c in p.calls if c[0] in ("runs", "batch") or (c[0] == "stop" and c[1][2] == T.COLL)]
+        assert kinds.index("stop") > max(i for i, k in enumerate(kinds) if k != "stop")
+        assert kinds.count("stop") == 4
+    c = h.counters()
+    assert c["delivered_kernel_step"] == 2 * 12 and c["delivered_coll"] == 2 * 4
+
+
+def test_a_poll_mixing_p2p_masked_and_unknown_ops_counts_each_run_as_before():
+    p = RunsPlugin(mask=CH | KS)
+    h = host_of(p)
+    h.begin_op(coll_op(tag=1))
+    h.begin_op(p2p_op(tag=2))
+    h.begin_op(coll_op(tag=3, mask=int(T.COLL)))          # no KernelStep for this op
+    r1, r2s, r2r, r3, r9 = recs(1, 3), recs(2, 2, send=1, peer=2), recs(2, 1, peer=0), recs(3, 4), recs(9, 5)
+    allr = np.concatenate([r1, r2s, r2r, r3, r9])
+    h.batch(allr, [(1, KIND_STEP, 0, 3), (2, KIND_STEP, 3, 6), (3, KIND_STEP, 6, 10), (9, KIND_STEP, 10, 15)])
+    (call,) = p.of("runs")
+    assert call[3:] == ([0], [3])                        # the collective in one call
+    assert sorted(len(b[2]) for b in p.of("batch")) == [1, 2]    # the p2p parts routed one run at a time
+    c = h.counters()
+    assert c["delivered_kernel_step"] == 6 and c["masked_out"] == 4 and c["no_parent"] == 5
+
+
+def test_a_plugin_raising_in_kernel_step_runs_is_counted_and_isolated():
+    bad = RunsPlugin(mask=KS, name="bad")
+    bad.kernel_step_runs = lambda *a: 1 / 0
+    good = RunsPlugin(mask=KS, name="good")
+    h = host_of(bad, good)
+    for t in (1, 2):
+        h.begin_op(coll_op(tag=t))
+    allr, runs = _poll(2)
+    h.batch(allr, runs)
+    assert len(good.of("runs")) == 1 and h.counters()["delivered_kernel_step"] == 6
+    assert h.plugin_stats()[0]["failures"] == 1

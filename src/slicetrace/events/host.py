@@ -179,16 +179,68 @@ class EventHost(Emitter):
                 self._steps(tag, recs, None)
 
     def batch(self, recs: np.ndarray, runs: list[tuple[int, int, int, int]]) -> None:
-        """One drain poll at once: runs of (tag, kind, start, stop) rows of `recs`, in seq order; the same
-        as channel()/steps() per run, with one lock and one KernelStep conversion for the whole poll."""
+        """One drain poll at once: runs of (tag, kind, start, stop) rows of `recs`; the same as channel()/steps()
+        per run, with one lock and one KernelStep conversion for the whole poll. Every KernelStep run goes out
+        before any KernelCh run (a KernelCh run may complete its op and stop the parent)."""
         ks: list[Any] = [None]
         kc: list[Any] = [None]
         with self._lock:
+            steps = [r for r in runs if r[1] != KIND_CHANNEL]
+            if steps:
+                self._steps_runs(recs, steps, ks)
             for tag, kind, a, b in runs:
                 if kind == KIND_CHANNEL:
                     self._channel(tag, recs[a:b], (kc, recs, a, b))
+
+    def _steps_runs(self, recs: np.ndarray, runs: list[tuple[int, int, int, int]], box: list[Any]) -> None:
+        """The KernelStep runs of one poll: a collective's records go to each plugin in one kernel_step_runs
+        call for the whole poll; p2p groups (records routed per part) one run at a time (_steps)."""
+        c = self._counts
+        pend: list[tuple[list, list, list]] = [([], [], []) for _ in self._slots]    # parents, starts, stops
+        box[0] = to_kernel_steps(recs[:max(r[3] for r in runs)])
+        for tag, _, a, b in runs:
+            n = b - a
+            op = self._ops.get(tag)
+            if op is None:
+                c["no_parent"] += n
+                continue
+            if not op.info.mask & _KS:
+                c["masked_out"] += n
+                continue
+            if len(op.tasks) != 1 or op.tasks[0].p2p:
+                self._steps(tag, recs[a:b], (box, recs, a, b))
+                continue
+            t = op.tasks[0]
+            if t.done:
+                c["no_parent"] += n
+                continue
+            for i, pm in enumerate(op.pmasks):
+                if not pm & _KS:
+                    continue
+                parent = t.handles[i]
+                if parent is None or parent is _OFF:
+                    c["parent_dropped"] += n
+                elif self._slots[i].disabled:
+                    c["plugin_disabled"] += n
                 else:
-                    self._steps(tag, recs[a:b], (ks, recs, a, b))
+                    ps, st, sp = pend[i]
+                    ps.append(parent)
+                    st.append(a)
+                    sp.append(b)
+        for s, (ps, st, sp) in zip(self._slots, pend):
+            if not ps:
+                continue
+            n = sum(sp) - sum(st)
+            if s.disabled:                      # by a failure in one of this poll's p2p runs
+                c["plugin_disabled"] += n
+                continue
+            try:
+                kept = min(max(int(s.lp.kernel_step_runs(ps, box[0], st, sp)), 0), n)
+            except Exception:
+                self._fail(s, "kernel_step_batch", n)
+                continue
+            c["delivered_kernel_step"] = c.get("delivered_kernel_step", 0) + kept
+            c["pool_full"] += n - kept
 
     def _steps(self, tag: int, recs: np.ndarray, whole: Any) -> None:
         n_all = len(recs)

@@ -62,7 +62,9 @@ class Plugin(Protocol):
     """What a profiler plugin implements (NCCL's ncclProfiler_t, in Python).
 
     Optional: `kernel_step_batch(ctx, parent_handle, recs) -> int` (records kept; recs is a read-only
-    abi.KERNEL_STEP_DTYPE array shared by all plugins), `kernel_ch_batch(ctx, parent_handle, recs) -> int`
+    abi.KERNEL_STEP_DTYPE array shared by all plugins), `kernel_step_runs(ctx, parents, recs, starts, stops) ->
+    int` (one drain poll at once: rows starts[k]:stops[k] of recs belong to parents[k]; the same as
+    kernel_step_batch per run, which is what plugins without it get), `kernel_ch_batch(ctx, parent_handle, recs) -> int`
     (native version only; whole KernelCh events, abi.KERNEL_CH_DTYPE, start and stop in one row) and `report_counters(ctx, counters)`, called once right
     before `finalize` with the host's drop and delivery counters so a trace can carry its loss accounting.
     Optional (native version only): `unrecorded_handle(ctx) -> handle`, a promise that start_event returns
@@ -100,6 +102,7 @@ class LoadedPlugin:
         batch = getattr(plugin, "kernel_step_batch", None)
         self.knows_ks = bool(self.known_types & int(_KS))
         self.has_batch = self.knows_ks and callable(batch)
+        self.has_runs = self.has_batch and callable(getattr(plugin, "kernel_step_runs", None))
         self.has_ch_batch = version == NATIVE_VERSION and callable(getattr(plugin, "kernel_ch_batch", None))
         self._mask = ActivationMask(0)
         self.ctx: Any = None
@@ -179,6 +182,16 @@ class LoadedPlugin:
         return _one_by_one(lambda d: p.start_event(ctx, d), p.record_event_state, p.stop_event, _KS_STOP, (
             (KernelStepDescr(_KS, parent, rank, wn, ch, bool(snd), peer, step, size, wc, rc, dc), dc, dn)
             for ch, snd, peer, step, size, wc, rc, dc, wn, rn, dn in recs.tolist()))
+
+    def kernel_step_runs(self, parents: list, recs: np.ndarray, starts: list[int], stops: list[int]) -> int:
+        """Rows starts[k]:stops[k] of recs under parents[k], for several parents at once; returns how many were
+        kept. Plugins without kernel_step_runs get kernel_step_batch per run (its reference semantics)."""
+        if self.has_runs:
+            return int(self.plugin.kernel_step_runs(self.ctx, parents, recs, starts, stops))
+        kept = 0
+        for p, a, b in zip(parents, starts, stops):
+            kept += min(max(self.kernel_step_batch(p, recs[a:b]), 0), b - a)
+        return kept
 
     def kernel_ch_batch(self, parent: Any, recs: np.ndarray) -> int:
         """Deliver whole KernelCh events (abi.KERNEL_CH_DTYPE) under `parent`; returns how many were kept."""

@@ -193,8 +193,11 @@ class _Ctx:
             recs, pid, seq = pend[0]
         else:
             recs, lens = _concat([p[0] for p in pend], KERNEL_STEP_DTYPE)
-            pid = np.repeat(np.array([p[1] for p in pend], np.int64), lens)
-            seq = np.repeat(np.array([p[2] for p in pend], np.int64), lens)
+            if all(np.ndim(p[1]) == 0 for p in pend):
+                pid, seq = (np.repeat(np.array([p[j] for p in pend], np.int64), lens) for j in (1, 2))
+            else:                               # kernel_step_runs batches carry a parent per row
+                pid, seq = (np.concatenate([np.broadcast_to(np.asarray(p[j], np.int64), (k,))
+                                            for p, k in zip(pend, lens)]) for j in (1, 2))
         self.copy_steps(recs, pid, seq)
 
     def copy_steps(self, recs: np.ndarray, pid: Any, seq: Any) -> None:
@@ -353,6 +356,22 @@ class ChromePlugin:
         if not ctx.done:
             ctx.add_steps(recs, *_parent_ids(parent))
         return len(recs)
+
+    def kernel_step_runs(self, ctx: _Ctx, parents: list, recs: np.ndarray, starts: list[int],
+                         stops: list[int]) -> int:
+        """kernel_step_batch for a whole poll: contiguous runs stay one pending batch with a parent per row."""
+        n = sum(stops) - sum(starts)
+        if ctx.done:
+            return n
+        ids = [_parent_ids(p) for p in parents]
+        if all(stops[k] == starts[k + 1] for k in range(len(starts) - 1)):
+            lens = np.subtract(stops, starts)
+            ctx.add_steps(recs[starts[0]:stops[-1]], np.repeat(np.array([i[0] for i in ids], np.int64), lens),
+                          np.repeat(np.array([i[1] for i in ids], np.int64), lens))
+        else:
+            for (pid, seq), a, b in zip(ids, starts, stops):
+                ctx.add_steps(recs[a:b], pid, seq)
+        return n
 
     def kernel_ch_batch(self, ctx: _Ctx, parent: Any, recs: np.ndarray) -> int:
         """Whole KernelCh events: never in flight, so the pool only bounds the buffer (written when full)."""

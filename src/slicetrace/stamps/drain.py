@@ -318,9 +318,10 @@ class Drain:
         if ops[0] == ops[-1] and not (kinds[0] != kinds).any():
             starts = [0]
         else:
-            # One run per op and kind across channels (steps before KernelCh, which may complete the op); the
-            # stable sort keeps each channel's seq order. Channel-major runs would cost a call per channel.
-            key = ops.astype(np.int64) * 2 + kinds
+            # One run per kind and op across channels: every op's KernelSteps, then the KernelCh records (one may
+            # complete its op); the stable sort keeps each channel's seq order. The steps form one block, which a
+            # plugin can take in one call. Channel-major runs would cost a call per channel.
+            key = (kinds.astype(np.int64) << 32) | ops.astype(np.int64)
             o = np.argsort(key, kind="stable")
             out, key = take_rows(out, o), key[o]
             ops, kinds = out["op"], out["kind"]
