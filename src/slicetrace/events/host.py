@@ -200,12 +200,8 @@ class EventHost(Emitter):
         box[0] = to_kernel_steps(recs[:max(r[3] for r in runs)])
         for tag, _, a, b in runs:
             n = b - a
-            op = self._ops.get(tag)
+            op = self._steps_op(tag, n)
             if op is None:
-                c["no_parent"] += n
-                continue
-            if not op.info.mask & _KS:
-                c["masked_out"] += n
                 continue
             if len(op.tasks) != 1 or op.tasks[0].p2p:
                 self._steps(tag, recs[a:b], (box, recs, a, b))
@@ -242,16 +238,22 @@ class EventHost(Emitter):
             c["delivered_kernel_step"] = c.get("delivered_kernel_step", 0) + kept
             c["pool_full"] += n - kept
 
+    def _steps_op(self, tag: int, n: int) -> _Op | None:
+        """The op that n KernelSteps of `tag` belong to, if it takes them; else they are counted."""
+        op = self._ops.get(tag)
+        if op is None:
+            self._counts["no_parent"] += n
+        elif not op.info.mask & _KS:
+            self._counts["masked_out"] += n
+            return None
+        return op
+
     def _steps(self, tag: int, recs: np.ndarray, whole: Any) -> None:
         n_all = len(recs)
-        op = self._ops.get(tag)
-        c = self._counts
+        op = self._steps_op(tag, n_all)
         if op is None:
-            c["no_parent"] += n_all
             return
-        if not op.info.mask & _KS:
-            c["masked_out"] += n_all
-            return
+        c = self._counts
         for t, sel in self._route(op, recs):
             n = n_all if sel is None else int(sel.sum())
             if t.done:
