@@ -114,15 +114,21 @@ class HostBackend(Backend):
 _DTYPE_NAMES: dict = {}
 
 
+def dtype_name(dt: Any) -> str:
+    """dt.name, cached per dtype for the supported ones (numpy computes the name on every access, ~3 us)."""
+    name = _DTYPE_NAMES.get(dt)
+    if name is None:
+        name = dt.name
+        if name in DTYPES:
+            _DTYPE_NAMES[dt] = name
+    return name
+
+
 def numpy_buffer(x: Any, what: str, backend: str) -> tuple[Any, str, int]:
     """as_buffer for host backends: a C-contiguous numpy array of a supported dtype -> (flat view, dtype, count)."""
     if not isinstance(x, np.ndarray):
         raise UsageError(f"{what} must be a numpy.ndarray for backend={backend!r}, got {type(x).__name__}")
-    name = _DTYPE_NAMES.get(x.dtype)
-    if name is None:
-        name = x.dtype.name             # dtype.name is slow: cached per dtype
-        if name in DTYPES:
-            _DTYPE_NAMES[x.dtype] = name
+    name = dtype_name(x.dtype)
     if name not in DTYPES:
         raise UsageError(f"{what} dtype {name} is not one of {DTYPES}")
     if not x.flags.c_contiguous:

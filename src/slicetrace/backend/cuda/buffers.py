@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...backend.base import DTYPES
+from ...backend.base import DTYPES, dtype_name
 from ...errors import UsageError
 from .layout import ITEMSIZE
 
@@ -82,14 +82,14 @@ def as_buffer(x: Any, what: str, device: int) -> tuple[Any, str, int]:
     else:
         raise UsageError(f"{what} is a {type(x).__module__}.{type(x).__name__}, a host array; the cuda backend "
                          f"takes CuPy arrays or torch CUDA tensors (DLPack)")
-    if arr.device.id != device:
-        raise UsageError(f"{what} is on cuda:{arr.device.id}, this rank uses cuda:{device}")
+    if arr.data.device_id != device:
+        raise UsageError(f"{what} is on cuda:{arr.data.device_id}, this rank uses cuda:{device}")
     if not arr.flags.c_contiguous:
         raise UsageError(f"{what} is not contiguous; pass cupy.ascontiguousarray(x)")
-    name = arr.dtype.name
+    name = dtype_name(arr.dtype)
     if name not in DTYPES:
         raise UsageError(f"{what} has dtype {name}; accepted: {DTYPES}")
-    return arr.ravel(), name, int(arr.size)
+    return (arr if arr.ndim == 1 else arr.ravel()), name, int(arr.size)
 
 
 def empty_like(buf: Any, count: int) -> Any:
