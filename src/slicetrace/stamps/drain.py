@@ -155,9 +155,10 @@ class Drain:
                 np.maximum(self._fetched, hi, out=self._fetched)
         # Device rings: the mirror holds nothing newer than the last fetch, so reading further (the ops still
         # queued on the GPU, possibly thousands) would only find stale entries, again at every poll.
-        top = reserved if self._fetch is None or force else np.minimum(reserved, self._fetched.astype(np.uint64))
+        cap = None if self._fetch is None or force else self._fetched
+        top = reserved if cap is None else np.minimum(reserved, cap.astype(np.uint64))
         chs = np.flatnonzero(top > self.cursor)
-        n = self._drain_many(chs, done_lows, force, running, settled, top) if len(chs) else 0
+        n = self._drain_many(chs, done_lows, force, running, settled, cap) if len(chs) else 0
         if force and self._open:
             self.consumer.drop("unpaired", len(self._open))
             self._open.clear()
@@ -192,13 +193,13 @@ class Drain:
         return n
 
     def _drain_many(self, chs: np.ndarray, done_lows, force: bool, running: bool = True,
-                    settled: np.ndarray | None = None, top: np.ndarray | None = None) -> int:
+                    settled: np.ndarray | None = None, cap: np.ndarray | None = None) -> int:
         """Every channel in `chs` at once: one gather, a per-channel in-order cut, one delivery.
 
         done_lows: low 32 bits of the ops known complete before the rings were read (their provisional seq
         words are trusted); running: some op has not completed, so an entry may still be published late;
         settled: per channel, the last seq of a completed op with an exact snapshot (an entry up to it that is
-        still not published was lost); top: per channel, read no further than this seq (default: reserved)."""
+        still not published was lost); cap: per channel, read no further than this seq (default: reserved)."""
         N = self.slots
         if len(chs) == 1:                            # the common cpu case: scalar bookkeeping is cheaper
             c = int(chs[0])
@@ -206,19 +207,19 @@ class Drain:
             if t0 - c0 > N:                          # lapped: the oldest entries are gone
                 self.consumer.drop("overrun", t0 - c0 - N)
                 c0 = t0 - N
-            t1 = t0 if top is None else min(t0, int(top[c]))
+            t1 = t0 if cap is None else min(t0, int(cap[c]))
             if t1 <= c0:
                 return 0
             cur, cnt = np.array([c0]), np.array([t1 - c0])
         else:
-            cap = None if top is None else top[chs].astype(np.int64)
+            lim = None if cap is None else cap[chs]
             cur = self.cursor[chs].astype(np.int64)
             top = self._hdr[chs, 0].astype(np.int64)
             lap = top - cur - N
             if (lap > 0).any():                      # lapped: the oldest entries are gone
                 self.consumer.drop("overrun", int(lap[lap > 0].sum()))
                 cur = np.maximum(cur, top - N)
-            cnt = (top if cap is None else np.minimum(top, cap)) - cur
+            cnt = (top if lim is None else np.minimum(top, lim)) - cur
             keep_ch = cnt > 0
             if not keep_ch.all():
                 chs, cur, cnt = chs[keep_ch], cur[keep_ch], cnt[keep_ch]
