@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Where a profiled CPU op's time goes: wall time per op of begin_op, submit and the inline drain poll, for
-all_reduce on the cpu backend, profiled and not, alternating blocks (2 ranks by default).
+all_reduce on the cpu backend, profiled and not (--steps-delta: all events against all but KernelStep),
+alternating blocks (2 ranks by default).
 
-    PYTHONPATH=src python scripts/cpu_stage_timers.py [--bytes 4M] [--ops 300] [--ranks 2]
+    PYTHONPATH=src python scripts/cpu_stage_timers.py [--bytes 4M] [--ops 300] [--ranks 2] [--steps-delta]
 """
 from __future__ import annotations
 
@@ -13,13 +14,14 @@ import numpy as np
 
 import slicetrace
 from slicetrace.cli import sweep
+from slicetrace.cli.bench import _NO_STEPS
 
 
 def parse_size(s: str) -> int:
     return sweep.parse_size(s, "size")
 
 
-def body(comm, nbytes: int, nops: int) -> list[str]:
+def body(comm, nbytes: int, nops: int, steps_delta: bool = False) -> list[str]:
     pc = time.perf_counter
     acc: dict[str, float] = {}
     sess = comm._session
@@ -39,8 +41,9 @@ def body(comm, nbytes: int, nops: int) -> list[str]:
         comm.all_reduce(x, out)
     comm.flush_profiler()
     lines = []
-    for prof in (False, True, False, True):
-        with comm.profiling(prof):
+    modes = (False, True, False, True) if not steps_delta else ("nosteps", True, "nosteps", True)
+    for prof in modes:
+        with comm.profiling(bool(prof), _NO_STEPS if prof == "nosteps" else None):
             acc.clear()
             comm.barrier()
             t = pc()
@@ -59,8 +62,9 @@ def main() -> None:
     p.add_argument("--bytes", type=parse_size, default=4 << 20)
     p.add_argument("--ops", type=int, default=300)
     p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--steps-delta", action="store_true", help="compare all events with all but KernelStep")
     a = p.parse_args()
-    for lines in slicetrace.launch(body, a.ranks, a.bytes, a.ops, backend="cpu", profiler_plugin="example"):
+    for lines in slicetrace.launch(body, a.ranks, a.bytes, a.ops, a.steps_delta, backend="cpu", profiler_plugin="example"):
         print("\n".join(lines))
 
 

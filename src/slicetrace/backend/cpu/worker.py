@@ -17,9 +17,10 @@ import time
 import numpy as np
 
 from ...errors import MismatchError
+from ...stamps.layout import FLAG_SEND, KIND_STEP
 from ..base import DTYPES
 from .shm import ABORT_MISMATCH, H_HEAD, H_MSG, H_TAIL, NSIG
-from .stamper import FastRingWriter
+from .stamper import FastRingWriter, tail
 from .transport import RECLAIM_MIN
 
 UFUNCS = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum, "avg": np.add}
@@ -28,7 +29,7 @@ K_SEND, K_COPYSEND, K_RECV, K_RCS, K_RRS, K_RRCS, K_RRC = range(7)
 KINDS = {"send": K_SEND, "copySend": K_COPYSEND, "recv": K_RECV, "recvCopySend": K_RCS,
          "recvReduceSend": K_RRS, "recvReduceCopySend": K_RRCS, "recvReduceCopy": K_RRC}
 NSTEPS = 8
-FLAG_SEND = 1
+M32 = 0xFFFFFFFF
 
 
 def finish_avg(d: np.ndarray, nranks: int) -> None:
@@ -77,6 +78,7 @@ def run_ring(prog, job: RingJob) -> None:
     clock = time.monotonic_ns
     if w is not None and work.stamp_channels:
         chseq = w.channel_start(op, 0, 0, clock())
+    rtail, stail = tail(rpeer, KIND_STEP, 0), tail(speer, KIND_STEP, FLAG_SEND)
     tw = tr = ts = t0 = td = 0
     k = 0
     for prim in prog.prims:
@@ -87,21 +89,23 @@ def run_ring(prog, job: RingJob) -> None:
         fin = avg and prim.final
         same = job.delta is not None and kind == K_COPYSEND and so * dt.itemsize + job.delta == do * dt.itemsize
         for off, n in prim.slices:
-            if stamp and hr:
-                t0 = clock()
             if hr:
                 t = rstep + ss
-                if rctl[H_TAIL] < t:
+                if rctl[H_TAIL] >= t:                # data already there: ready = wait, read after seeing it
+                    if stamp:
+                        t0 = tr = clock()
+                else:
+                    if stamp:
+                        t0 = clock()
                     wait(rctl, H_TAIL, t, rpeer, f"data from rank {rpeer} on channel {ch} (step {rstep})")
+                    if stamp:
+                        tr = clock()                 # after the tail was seen: never before the sender's done
                 if n:
                     i = (rstep & 7) * se
                     r = rview[i:i + n]
-                if stamp:
-                    tr = clock()
             if hs:
                 if stamp:
-                    tw = tr if hr else clock()       # the send wait starts when the recv wait ended
-                    ts = tw                          # credit already there: no wait (send.ready is free)
+                    tw = ts = tr if hr else clock()  # the send wait starts when the recv wait ended
                 t = sstep + ss - NSTEPS
                 if sctl[H_HEAD] < t:
                     wait(sctl, H_HEAD, t, speer, f"credit from rank {speer} on channel {ch} (step {sstep})")
@@ -159,14 +163,16 @@ def run_ring(prog, job: RingJob) -> None:
             if hr:
                 rctl[H_HEAD] = rstep + ss            # return the credit
             if stamp and n:
-                nb = n * dt.itemsize
-                if k % rate == 0:
-                    if hr:
-                        w.step(0, op, rstep, nb, rpeer, t0, tr, td)
-                    if hs:
-                        w.step(FLAG_SEND, op, sstep, nb, speer, tw, ts, td)
-                else:
+                nb = n * isz
+                if k % rate:
                     w.sampled_out(hr + hs)
+                elif hr and hs:
+                    w.two(op | (rstep & M32) << 32, nb | rtail, t0, tr, op | (sstep & M32) << 32, nb | stail, tw, ts,
+                          td)
+                elif hr:
+                    w.one(op | (rstep & M32) << 32, nb | rtail, t0, tr, td)
+                else:
+                    w.one(op | (sstep & M32) << 32, nb | stail, tw, ts, td)
             if hs:
                 sstep += ss
             if hr:
