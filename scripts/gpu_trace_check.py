@@ -1,7 +1,7 @@
 """GPU acceptance through the public API: traced ops -> trace invariants, traffic, cross-GPU causality within
 the reported clock uncertainty, and drop counts of 10-second profiled all_reduce loops.
 
-    python3 scripts/gpu_trace_check.py OUTDIR [--seconds 10] [--size 256M]
+    python3 scripts/gpu_trace_check.py OUTDIR [--seconds 10] [--size 256M] [--timeout 120]
 """
 from __future__ import annotations
 
@@ -53,17 +53,24 @@ def traced(comm, nbytes):
 
 def loop(comm, nbytes, seconds):
     import faulthandler
-    faulthandler.dump_traceback_later(seconds + 45, exit=True)
+    faulthandler.dump_traceback_later(seconds + comm.settings.timeout_s + 30, exit=True)   # after the library's own
     cp = _device(comm)
     x = cp.random.standard_normal(nbytes // 4, dtype=cp.float32)
     out = cp.empty_like(x)
+    go = cp.ones(1, dtype=cp.int32)
     comm.barrier()
     t0, ops = time.monotonic(), 0
-    while time.monotonic() - t0 < seconds:
+    while True:
         for _ in range(20):
             comm.all_reduce(x, out)
         ops += 20
         comm.synchronize()          # the library's wait: a stuck kernel becomes its timeout error, then abort
+        # Rank 0's clock decides for everyone: ranks that each read their own clock can disagree on the last
+        # block, and a rank that runs one more block waits for a peer that has left.
+        go.fill(int(time.monotonic() - t0 < seconds))
+        comm.broadcast(go, go, root=0)           # in place (out=None would return a new array)
+        if not int(go.get()[0]):
+            break
     comm.flush_profiler()
     c = comm.drop_counters()
     return ops, {k: v for k, v in c.items() if v}
@@ -75,13 +82,14 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--size", type=int, default=256 << 20)
     ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=120.0, help="the library's timeout_s")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     prefix = os.path.join(a.out, "trace")
-    kw = dict(backend="cuda", profiler_plugin="example", timeout_s=120.0)
+    kw = dict(backend="cuda", profiler_plugin="example", timeout_s=a.timeout)
     res = slicetrace.launch(traced, a.ranks, a.size, profile_dump_file=prefix, **kw)
     print("traced ops done", flush=True)
-    files = sorted(glob.glob(prefix + "_*.json"))
+    files = sorted(glob.glob(prefix + "_*_*.json"))          # trace_<commHash>_<rank>.json
     report = {"files": len(files), "problems": {f: check_trace(f)[:5] for f in files}}
     recs = load_traces(files)
     ks = kernel_steps(recs)
@@ -114,10 +122,13 @@ def main() -> None:
                   causality_pairs=pairs, causality_violations=viol, worst_margin_ns=worst,
                   clock_uncertainty_ns=unc, counters=[r[0] for r in res], nesting_problems=nest)
     for size in (1 << 20, 1 << 30):
-        ops = slicetrace.launch(loop, a.ranks, size, a.seconds, **kw)
+        try:
+            ops = slicetrace.launch(loop, a.ranks, size, a.seconds, **kw)
+        except slicetrace.errors.LaunchError as e:
+            ops = f"FAILED: {e}"
         print(f"loop {size}: {ops}", flush=True)
         report[f"loop_{size}"] = ops
-    with open(os.path.join(a.out, "trace_check.json"), "w") as f:
+    with open(os.path.join(a.out, "report.json"), "w") as f:
         json.dump(report, f, indent=1, default=str)
     short = {k: v for k, v in report.items() if k not in ("problems", "counters")}
     print(json.dumps(short, indent=1, default=str))
