@@ -48,7 +48,7 @@ _FORMATS: dict[str, RowFormat] = {}
 
 
 class _Ev:
-    __slots__ = ("ctx", "type", "pool", "id", "descr", "gpu_stop", "stopped")
+    __slots__ = ("ctx", "type", "pool", "id", "descr", "gpu_stop", "stopped", "ids")
 
     def __init__(self, ctx: "_Ctx", descr: Any, pool: str | None):
         self.ctx, self.type, self.pool, self.descr = ctx, descr.type, pool, descr
@@ -56,6 +56,8 @@ class _Ev:
         ctx.next_id += 1
         self.gpu_stop = 0
         self.stopped = False
+        # what a child's ParentId/SeqNum columns show (read once per child batch, so computed here)
+        self.ids = (-1, -1) if pool is None else (self.id, descr.seq_number if isinstance(descr, CollDescr) else -1)
 
 
 class _Ctx:
@@ -249,10 +251,7 @@ _Passthrough = _PassthroughDescr()
 
 
 def _parent_ids(parent: Any) -> tuple[int, int]:
-    if isinstance(parent, _Ev) and parent.pool is not None:
-        seq = parent.descr.seq_number if isinstance(parent.descr, CollDescr) else -1
-        return parent.id, seq
-    return -1, -1
+    return parent.ids if type(parent) is _Ev else (-1, -1)
 
 
 def _records(ev: _Ev, ts1: int) -> list[str]:
@@ -363,11 +362,11 @@ class ChromePlugin:
         n = sum(stops) - sum(starts)
         if ctx.done:
             return n
-        ids = [_parent_ids(p) for p in parents]
-        if all(stops[k] == starts[k + 1] for k in range(len(starts) - 1)):
+        ids = [p.ids if type(p) is _Ev else (-1, -1) for p in parents]
+        if stops[:-1] == starts[1:]:                # contiguous runs: one batch, a parent per row
             lens = np.subtract(stops, starts)
-            ctx.add_steps(recs[starts[0]:stops[-1]], np.repeat(np.array([i[0] for i in ids], np.int64), lens),
-                          np.repeat(np.array([i[1] for i in ids], np.int64), lens))
+            pid_seq = np.array(ids, np.int64).reshape(-1, 2)
+            ctx.add_steps(recs[starts[0]:stops[-1]], np.repeat(pid_seq[:, 0], lens), np.repeat(pid_seq[:, 1], lens))
         else:
             for (pid, seq), a, b in zip(ids, starts, stops):
                 ctx.add_steps(recs[a:b], pid, seq)
