@@ -189,3 +189,9 @@ def wait_last(ctx: dict, timeout_s: float) -> dict:
     z = cupy.arange(1000, dtype=cupy.float32).sum()     # the GPU must be free again
     cupy.cuda.runtime.deviceSynchronize()
     return {"err": err, "elapsed": t1 - t0, "free_s": time.monotonic() - t1, "z": float(z)}
+
+
+def close_backend(ctx: dict) -> None:
+    """This rank leaves the communicator (its peers may still have work that needs it)."""
+    ctx["state"].pop("close", None)
+    ctx["state"].pop("be").close()

@@ -10,7 +10,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "slicetrace"
 BASE = {"errors"}
 LOW = BASE | {"config", "rendezvous"}
 CONTRACTS = {"stamps.layout", "events.abi"}
-BACKEND = LOW | {"stamps.layout", "plan", "backend.base"}
+BACKEND = LOW | {"stamps.layout", "plan", "backend.base", "backend.procs"}
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "backend": set(), "events": set(), "stamps": set(),     # package __init__ files
@@ -19,6 +19,7 @@ ALLOWED: dict[str, set[str]] = {
     "stamps.layout": BASE,
     "events.abi": BASE,
     "plan": BASE | {"config"},
+    "backend.procs": LOW,
     "backend.base": BACKEND,
     "backend.null": BACKEND,
     "backend.cpu": BACKEND,

@@ -6,7 +6,7 @@ import pytest
 
 from slicetrace.backend.cpu import transport
 from slicetrace.backend.cpu.shm import H_RECLAIM, H_RECLAIMED, PAGE
-from slicetrace.backend.cpu.transport import RECLAIM_MIN, Conn, Reclaim
+from slicetrace.backend.cpu.transport import RECLAIM_MIN, Conn
 from slicetrace.config import Settings
 from slicetrace.errors import ConfigError
 

@@ -18,8 +18,9 @@ import numpy as np
 from ...errors import BackendError, MismatchError, PeerError, UsageError
 from ...stamps.layout import RingViews, ring_bytes
 from ..base import HostBackend, Work, part_views
+from ..procs import proc_start_time
 from .shm import (ABORT_PEER, C_BUFFSIZE, C_CLOSED, C_HEARTBEAT, C_MAGIC, C_NCH, C_PID, C_SLOTS, C_START,
-                  C_WORLD, MAGIC, PAGE, REASON_MAX, REASON_OFF, Segment, layout, proc_start_time, segment_size,
+                  C_WORLD, MAGIC, PAGE, REASON_MAX, REASON_OFF, Segment, layout, segment_size,
                   unlink_name)
 from .stamper import FastRingWriter
 from .transport import Conn, Guard, encode_sig

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import time
 
 from ...errors import BackendError
 from ...stamps.layout import ring_bytes
@@ -113,35 +112,3 @@ def unlink_name(name: str) -> None:
     except FileNotFoundError:
         pass
 
-
-# ---- process liveness (no reliance on the parent reaping the child) ----
-
-def proc_start_time(pid: int) -> int:
-    """Start time of pid in clock ticks (field 22 of /proc/<pid>/stat); 0 if unknown."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return 0
-    return int(data.rsplit(b")", 1)[1].split()[19])
-
-
-def proc_dead(pid: int, start: int) -> str | None:
-    """A reason string if pid is gone, a zombie, or a different process now; None if alive (or unknown)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        return "exited"
-    except OSError:
-        return None
-    fields = data.rsplit(b")", 1)[1].split()
-    if fields[0] in (b"Z", b"X", b"x"):
-        return "died (zombie)"
-    if start and int(fields[19]) != start:
-        return "exited (pid reused)"
-    return None
-
-
-def now_ns() -> int:
-    return time.monotonic_ns()

@@ -14,9 +14,10 @@ import numpy as np
 
 from ...errors import CommTimeoutError, MismatchError, PeerError
 from ..base import DTYPES, REDOPS
+from ..procs import proc_dead
 from ...plan.schedule import COLLECTIVES
 from .shm import (ABORT_MISMATCH, ABORT_PEER, ABORT_TIMEOUT, C_ABORT, C_ABORT_FROM, C_CLOSED, C_HEARTBEAT,
-                  C_REASON_LEN, H_RECLAIM, H_RECLAIMED, NSIG, REASON_MAX, SIG_WORD, proc_dead)
+                  C_REASON_LEN, H_RECLAIM, H_RECLAIMED, NSIG, REASON_MAX, SIG_WORD)
 
 SPINS = 400
 YIELD_S = 0.002             # then sched_yield for up to 2 ms

@@ -1,8 +1,9 @@
 """CudaBackend: one process per GPU, one kernel launch per operation on the caller's stream.
 
 `submit` is asynchronous like NCCL: it enqueues the launch and returns a token (a CUDA event);
-`wait` polls it against a deadline and turns a stuck or aborted launch into CommTimeoutError/PeerError,
-raising the abort words first so the kernel exits and the GPU is free again.
+`wait` polls it against a deadline and turns a stuck or aborted launch, or a peer of the op that has closed
+or exited, into CommTimeoutError/PeerError, raising the abort words first so the kernel exits and the GPU is
+free again.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from ...errors import BackendError, CommTimeoutError, PeerError, UsageError
 from ...rendezvous import Store
 from ...stamps.layout import RingViews
 from ..base import DTYPES, Backend, Work
+from ..procs import PeerWatch
 from . import buffers, clock
 from .compile import Kernels, arch_of
 from .ipc import CommMemory
@@ -49,10 +51,10 @@ _GEN: dict[str, int] = {}        # backends made per job in this process: keeps 
 
 
 class Token:
-    __slots__ = ("event", "tag")
+    __slots__ = ("event", "tag", "peers")
 
-    def __init__(self, event: Any, tag: int):
-        self.event, self.tag = event, tag
+    def __init__(self, event: Any, tag: int, peers: tuple[int, ...]):
+        self.event, self.tag, self.peers = event, tag, peers      # peers: the ranks the op cannot finish without
 
 
 class CudaBackend(Backend):
@@ -91,6 +93,9 @@ class CudaBackend(Backend):
         self._last: Token | None = None
         self._clock: tuple[int, int] = (0, 1 << 62)
         self._probe_busy = False
+        self._all = tuple(p for p in range(world) if p != rank)
+        self.watch = PeerWatch(store, self._prefix, rank)
+        self.watch.publish()
 
     # ---- buffers ----
     @property
@@ -176,7 +181,8 @@ class CudaBackend(Backend):
             self._rt.streamWaitEvent(stream, self._join, 0)
         ev = _cupy().cuda.Event(block=False, disable_timing=True, interprocess=False)
         self._rt.eventRecord(ev.ptr, stream)
-        self._last = Token(ev, work.tag)
+        peers = self._all if plan.func != "send_recv" else tuple({p.peer for p, _ in work.parts} - {self.rank})
+        self._last = Token(ev, work.tag, peers)
         return self._last
 
     def _record(self, work: Work) -> tuple[Any, np.ndarray, Any, int, int]:
@@ -278,25 +284,16 @@ class CudaBackend(Backend):
         """Sends to self matched with recvs from self, as device copies. Beside a kernel and from 1 MiB, on a
         side stream forked from and joined back into `stream` (an all_to_all's own block then overlaps its
         transfers, as NCCL's in-kernel self copy does); True when the caller must join after its launch."""
-        item = work.plan.itemsize
-        ends = [(p, buffers.pointer(b) + p.offset * item) for p, b in work.parts if p.peer == self.rank]
-        sends = [(p.count, a) for p, a in ends if p.is_send]
-        recvs = [(p.count, a) for p, a in ends if not p.is_send]
-        if len(sends) != len(recvs):
-            raise UsageError(f"{len(sends)} sends to self but {len(recvs)} recvs from self in one group")
-        for (ns, _), (nr, _) in zip(sends, recvs):
-            if ns != nr:
-                raise UsageError(f"send to self of {ns * item} bytes meets a recv of {nr * item}")
-        total = sum(n for n, _ in sends) * item
+        copies = buffers.self_copies(work.parts, self.rank, work.plan.itemsize)
+        total = sum(n for n, _, _ in copies)
         if not total:
             return False
         fork = beside and total >= 1 << 20
         if fork:
             self._rt.eventRecord(self._fork, stream)
             self._rt.streamWaitEvent(self._copy, self._fork, 0)
-        for (n, s), (_, r) in zip(sends, recvs):
-            if n:
-                self._rt.memcpyAsync(r, s, n * item, 3, self._copy if fork else stream)
+        for n, src, dst in copies:
+            self._rt.memcpyAsync(dst, src, n, 3, self._copy if fork else stream)
         if fork:
             self._rt.eventRecord(self._join, self._copy)
         return fork
@@ -330,6 +327,9 @@ class CudaBackend(Backend):
                 why = self.store.try_get(f"{self._prefix}/abort")
                 if why is not None:
                     self._fail(PeerError(f"rank {self.rank}: a peer aborted: {why.decode(errors='replace')}"), token)
+                gone = self.watch.gone(token.peers)
+                if gone is not None:
+                    self._fail(PeerError(f"rank {self.rank}: op {token.tag} cannot finish: {gone}"), token)
             time.sleep(pause)
             pause = min(pause * 2 + 1e-5, 1e-3)
         if self.mem.words[1]:
@@ -382,6 +382,10 @@ class CudaBackend(Backend):
                 pass
         if self._broken is not None:
             self.abort(self._broken)
+        try:
+            self.watch.closed()             # a peer still waiting for us raises now rather than at its timeout
+        except Exception:
+            pass
         try:
             self._rt.streamSynchronize(self._side)
         except Exception:

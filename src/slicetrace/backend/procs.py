@@ -1,0 +1,79 @@
+"""Process liveness of the ranks on this host, shared by the backends (no reliance on a parent reaping them).
+
+`PeerWatch` is what a backend without shared control blocks (cuda) uses while it waits: every rank publishes
+its pid and start time in the rendezvous store at setup and a `closed` key when it closes its communicator.
+"""
+from __future__ import annotations
+
+import os
+
+from ..rendezvous import Store
+
+
+def proc_start_time(pid: int) -> int:
+    """Start time of pid in clock ticks (field 22 of /proc/<pid>/stat); 0 if unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return 0
+    return int(data.rsplit(b")", 1)[1].split()[19])
+
+
+def proc_dead(pid: int, start: int) -> str | None:
+    """A reason string if pid is gone, a zombie, or a different process now; None if alive (or unknown)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return "exited"
+    except OSError:
+        return None
+    fields = data.rsplit(b")", 1)[1].split()
+    if fields[0] in (b"Z", b"X", b"x"):
+        return "died (zombie)"
+    if start and int(fields[19]) != start:
+        return "exited (pid reused)"
+    return None
+
+
+class PeerWatch:
+    """Tells a waiting rank that a peer its op needs has closed its communicator or is no longer running.
+
+    A condition must be seen at two consecutive checks: a peer may finish its part of our op and close just
+    before our side of the op completes (the caller checks a few times a second)."""
+
+    def __init__(self, store: Store, prefix: str, rank: int):
+        self.store, self.prefix, self.rank = store, prefix, rank
+        self._procs: dict[int, tuple[int, int]] = {}
+        self._suspect: dict[int, str] = {}
+
+    def publish(self) -> None:
+        pid = os.getpid()
+        self.store.set(f"{self.prefix}/proc/{self.rank}", f"{pid} {proc_start_time(pid)}".encode())
+
+    def closed(self) -> None:
+        self.store.set(f"{self.prefix}/closed/{self.rank}", b"1")
+
+    def gone(self, peers: tuple[int, ...]) -> str | None:
+        """'rank p <reason>' for the first peer seen gone at this check and the one before, else None."""
+        for p in peers:
+            why = None
+            if self.store.try_get(f"{self.prefix}/closed/{p}") is not None:
+                why = "closed its communicator"
+            else:
+                info = self._procs.get(p)
+                if info is None:
+                    raw = self.store.try_get(f"{self.prefix}/proc/{p}")
+                    if raw is not None:
+                        pid, start = (int(v) for v in raw.split())
+                        info = self._procs[p] = (pid, start)
+                if info is not None:
+                    why = proc_dead(*info)
+            if why is None:
+                self._suspect.pop(p, None)
+            elif self._suspect.get(p) == why:
+                return f"rank {p} {why}"
+            else:
+                self._suspect[p] = why
+        return None
