@@ -5,7 +5,9 @@ import contextlib
 import time
 from typing import Any, Iterator
 
-from .backend.base import REDOPS, Work
+import numpy as np
+
+from .backend.base import REDOPS, Work, host_pointer
 from .config import Settings
 from .errors import UsageError
 from .events.abi import DATATYPE_NAMES, FUNC_NAMES
@@ -16,7 +18,9 @@ from .session import Session
 
 
 def _ptr(buf: Any) -> int:
-    for get in (lambda b: b.ctypes.data, lambda b: b.data.ptr, lambda b: b.data_ptr()):
+    if isinstance(buf, np.ndarray):
+        return host_pointer(buf)
+    for get in (lambda b: b.data.ptr, lambda b: b.data_ptr(), lambda b: b.ctypes.data):
         try:
             return int(get(buf))
         except Exception:

@@ -17,7 +17,7 @@ import numpy as np
 
 from ...errors import BackendError, MismatchError, PeerError, UsageError
 from ...stamps.layout import RingViews, ring_bytes
-from ..base import HostBackend, Work, part_views
+from ..base import HostBackend, Work, host_pointer, part_views
 from ..procs import proc_start_time
 from .shm import (ABORT_PEER, C_BUFFSIZE, C_CLOSED, C_HEARTBEAT, C_MAGIC, C_NCH, C_PID, C_SLOTS, C_START,
                   C_WORLD, MAGIC, PAGE, REASON_MAX, REASON_OFF, Segment, layout, segment_size,
@@ -28,10 +28,6 @@ from .worker import RingJob, run_p2p, run_ring
 
 HEARTBEAT_S = 0.1
 _GEN: dict[str, int] = {}        # backends made per job in this process: keeps store keys of re-inits apart
-
-
-def _addr(a: np.ndarray) -> int:
-    return a.__array_interface__["data"][0]
 
 
 class CpuBackend(HostBackend):
@@ -186,7 +182,7 @@ class CpuBackend(HostBackend):
                 got = None if buf is None else buf.size
                 raise UsageError(f"{plan.func}: {what} has {got} elements, the plan needs {need}")
         if n == 1:
-            if _addr(work.sendbuf) != _addr(work.recvbuf) and count:
+            if host_pointer(work.sendbuf) != host_pointer(work.recvbuf) and count:
                 np.copyto(work.recvbuf, work.sendbuf[:count])
             return
         self._coll_seq += 1
@@ -196,7 +192,7 @@ class CpuBackend(HostBackend):
         g.publish_sig(sig)
         delta = None
         a, b = work.sendbuf, work.recvbuf
-        pa, pb = _addr(a), _addr(b)
+        pa, pb = host_pointer(a), host_pointer(b)
         if pa < pb + b.nbytes and pb < pa + a.nbytes:
             delta = pa - pb
         progs = plan.programs
