@@ -12,26 +12,7 @@ import time
 import slicetrace
 from slicetrace.cli import sweep
 
-
-def loop(comm, nbytes, seconds):
-    import cupy as cp
-    cp.cuda.Device(comm.rank % cp.cuda.runtime.getDeviceCount()).use()
-    x = cp.random.standard_normal(nbytes // 4, dtype=cp.float32)
-    out = cp.empty_like(x)
-    go = cp.ones(1, dtype=cp.int32)
-    comm.barrier()
-    t0, ops = time.monotonic(), 0
-    while True:
-        for _ in range(20):
-            comm.all_reduce(x, out)
-        ops += 20
-        comm.synchronize()
-        go.fill(int(time.monotonic() - t0 < seconds))
-        comm.broadcast(go, go, root=0)           # in place (out=None would return a new array)
-        if not int(go.get()[0]):
-            break
-    comm.flush_profiler()
-    return ops, {k: v for k, v in comm.drop_counters().items() if v}
+from gpu_trace_check import loop      # scripts/ is on sys.path when this runs as a script
 
 
 def main() -> None:
