@@ -3,11 +3,12 @@
 all_reduce on the cpu backend, profiled and not (--steps-delta: all events against all but KernelStep),
 alternating blocks (2 ranks by default).
 
-    PYTHONPATH=src python scripts/cpu_stage_timers.py [--bytes 4M] [--ops 300] [--ranks 2] [--steps-delta]
+    PYTHONPATH=src python scripts/cpu_stage_timers.py [--bytes 4M] [--ops 300] [--ranks 2] [--steps-delta] [--rounds 2]
 """
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import numpy as np
@@ -21,7 +22,7 @@ def parse_size(s: str) -> int:
     return sweep.parse_size(s, "size")
 
 
-def body(comm, nbytes: int, nops: int, steps_delta: bool = False) -> list[str]:
+def body(comm, nbytes: int, nops: int, steps_delta: bool = False, rounds: int = 2) -> list[str]:
     pc = time.perf_counter
     acc: dict[str, float] = {}
     sess = comm._session
@@ -41,19 +42,28 @@ def body(comm, nbytes: int, nops: int, steps_delta: bool = False) -> list[str]:
         comm.all_reduce(x, out)
     comm.flush_profiler()
     lines = []
-    modes = (False, True, False, True) if not steps_delta else ("nosteps", True, "nosteps", True)
-    for prof in modes:
-        with comm.profiling(bool(prof), _NO_STEPS if prof == "nosteps" else None):
-            acc.clear()
-            comm.barrier()
-            t = pc()
-            for _ in range(nops):
-                comm.all_reduce(x, out)
-            comm.flush_profiler()
-            total = (pc() - t) / nops * 1e6
-        stages = ", ".join(f"{k} {v / nops * 1e6:.1f}" for k, v in sorted(acc.items()))
-        lines.append(f"rank {comm.rank} profiled={prof}: {total:.1f} us/op ({stages}; rest "
-                     f"{total - sum(acc.values()) / nops * 1e6:.1f})")
+    a, b = ("nosteps", True) if steps_delta else (False, True)
+    per: dict = {a: [], b: []}                  # per block: {stage: us per op}
+    for rnd in range(rounds):
+        for prof in ((a, b) if rnd % 2 == 0 else (b, a)):
+            with comm.profiling(bool(prof), _NO_STEPS if prof == "nosteps" else None):
+                acc.clear()
+                comm.barrier()
+                t = pc()
+                for _ in range(nops):
+                    comm.all_reduce(x, out)
+                comm.flush_profiler()
+                total = (pc() - t) / nops * 1e6
+            row = {k: v / nops * 1e6 for k, v in acc.items()}
+            row["rest"] = total - sum(row.values())
+            row["total"] = total
+            per[prof].append(row)
+    for prof in (a, b):
+        keys = sorted(per[prof][0])
+        med = {k: statistics.median(r.get(k, 0.0) for r in per[prof]) for k in keys}
+        stages = ", ".join(f"{k} {med[k]:.1f}" for k in keys if k != "total")
+        lines.append(f"rank {comm.rank} profiled={prof}: {med['total']:.1f} us/op, median of {rounds} blocks "
+                     f"({stages})")
     return lines
 
 
@@ -63,8 +73,9 @@ def main() -> None:
     p.add_argument("--ops", type=int, default=300)
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--steps-delta", action="store_true", help="compare all events with all but KernelStep")
+    p.add_argument("--rounds", type=int, default=2, help="blocks of each kind, alternating (medians printed)")
     a = p.parse_args()
-    for lines in slicetrace.launch(body, a.ranks, a.bytes, a.ops, a.steps_delta, backend="cpu", profiler_plugin="example"):
+    for lines in slicetrace.launch(body, a.ranks, a.bytes, a.ops, a.steps_delta, a.rounds, backend="cpu", profiler_plugin="example"):
         print("\n".join(lines))
 
 
