@@ -170,6 +170,10 @@ class Drain:
         open_ch = {k[1] for k in self._open}
         cursor = self.cursor.tolist() if self.nch <= 8 else None
         ended = []
+        last = done[-1] if done and not force and not open_ch and len(done) == len(ops) else None
+        if last is not None and not (self.cursor < last.snapshot).any():
+            ended = [op.tag for op in done]     # snapshots never decrease: the newest read through reads all
+            ops = ()
         for op in ops:          # in submit order: an op ends only after the ones before it
             low = op.tag & 0xFFFFFFFF
             if not (op.done or force):

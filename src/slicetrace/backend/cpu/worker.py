@@ -17,10 +17,10 @@ import time
 import numpy as np
 
 from ...errors import MismatchError
-from ...stamps.layout import FLAG_CH_STOP, FLAG_SEND, KIND_CHANNEL, KIND_STEP
+from ...stamps.layout import FLAG_SEND, KIND_STEP
 from ..base import DTYPES
 from .shm import ABORT_MISMATCH, H_HEAD, H_MSG, H_TAIL, NSIG
-from .stamper import FLUSH_AT, FastRingWriter, tail
+from .stamper import FastRingWriter, tail
 from .transport import RECLAIM_MIN
 
 UFUNCS = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum, "avg": np.add}
@@ -30,7 +30,6 @@ KINDS = {"send": K_SEND, "copySend": K_COPYSEND, "recv": K_RECV, "recvCopySend":
          "recvReduceSend": K_RRS, "recvReduceCopySend": K_RRCS, "recvReduceCopy": K_RRC}
 NSTEPS = 8
 M32 = 0xFFFFFFFF
-FLUSH_WORDS = FLUSH_AT * 6
 
 
 def finish_avg(d: np.ndarray, nranks: int) -> None:
@@ -55,36 +54,16 @@ class RingJob:
 
 
 def run_ring(prog, job: RingJob) -> None:
-    work, rconn, sconn, w = job.work, job.rconn, job.sconn, job.writer
-    spc = work.plan.proto.chunk_steps
+    work, plan = job.work, job.work.plan
+    rconn, sconn, guard, w = job.rconn, job.sconn, job.guard, job.writer
+    dt = work.recvbuf.dtype
+    ss, spc = plan.proto.slice_steps, plan.proto.chunk_steps
+    se = plan.proto.step_bytes // dt.itemsize
     rconn.round_step(spc)
     sconn.round_step(spc)
-    if rconn.ctl[H_HEAD] < rconn.step:
-        rconn.ctl[H_HEAD] = rconn.step   # credit for the steps the rounding skipped (NCCL's PostRecv does too)
-    op = work.tag & 0xFFFFFFFF
-    stamp = w is not None and work.stamp_steps
-    rate = max(1, work.sample_rate)
-    clock = time.monotonic_ns
-    if w is None:
-        _ring_prims(prog, job, None, stamp, rate, op, clock)
-        return
-    try:
-        if work.stamp_channels:
-            w.pend(op, tail(0, KIND_CHANNEL, 0), *(clock(),) * 3)
-        _ring_prims(prog, job, w, stamp, rate, op, clock)
-        if work.stamp_channels:
-            w.pend(op, tail(0, KIND_CHANNEL, FLAG_CH_STOP), *(clock(),) * 3)
-    finally:
-        w.flush()                        # what was stamped is published, also when the program failed
-
-
-def _ring_prims(prog, job: RingJob, w, stamp: bool, rate: int, op: int, clock) -> None:
-    work, plan = job.work, job.work.plan
-    rconn, sconn, guard = job.rconn, job.sconn, job.guard
-    dt = work.recvbuf.dtype
-    ss = plan.proto.slice_steps
-    se = plan.proto.step_bytes // dt.itemsize
     rview, sview, rctl, sctl = rconn.view(dt), sconn.view(dt), rconn.ctl, sconn.ctl
+    if rctl[H_HEAD] < rconn.step:
+        rctl[H_HEAD] = rconn.step        # credit for the steps the rounding skipped (NCCL's PostRecv does too)
     rstep, sstep = rconn.step, sconn.step
     pol, freed, pc = sconn.reclaim, rconn.freed, time.perf_counter_ns
     isz = dt.itemsize
@@ -93,9 +72,13 @@ def _ring_prims(prog, job: RingJob, w, stamp: bool, rate: int, op: int, clock) -
     avg = work.redop == "avg"
     nranks, ch, rpeer, speer = plan.nranks, prog.channel, rconn.peer, sconn.peer
     copyto, wait = np.copyto, guard.wait_ge
+    op = work.tag & 0xFFFFFFFF
+    stamp = w is not None and work.stamp_steps
+    rate = max(1, work.sample_rate)
+    clock = time.monotonic_ns
+    if w is not None and work.stamp_channels:
+        chseq = w.channel_start(op, 0, 0, clock())
     rtail, stail = tail(rpeer, KIND_STEP, 0), tail(speer, KIND_STEP, FLAG_SEND)
-    if w is not None:
-        sadd, cadd, pend = w.ps.extend, w.pc.extend, w.ps
     tw = tr = ts = t0 = td = 0
     k = 0
     for prim in prog.prims:
@@ -183,23 +166,21 @@ def _ring_prims(prog, job: RingJob, w, stamp: bool, rate: int, op: int, clock) -
                 nb = n * isz
                 if k % rate:
                     w.sampled_out(hr + hs)
-                else:                        # stamper.FastRingWriter's pending layout (published by flush)
-                    if hr:
-                        a4, a5 = op | (rstep & M32) << 32, nb | rtail
-                        sadd((0, t0, tr, 0, a4, a5))
-                        cadd((0, 0, 0, td, a4, a5))
-                    if hs:
-                        a4, a5 = op | (sstep & M32) << 32, nb | stail
-                        sadd((0, tw, ts, 0, a4, a5))
-                        cadd((0, 0, 0, td, a4, a5))
-                    if len(pend) >= FLUSH_WORDS:
-                        w.flush()
+                elif hr and hs:
+                    w.two(op | (rstep & M32) << 32, nb | rtail, t0, tr, op | (sstep & M32) << 32, nb | stail, tw, ts,
+                          td)
+                elif hr:
+                    w.one(op | (rstep & M32) << 32, nb | rtail, t0, tr, td)
+                else:
+                    w.one(op | (sstep & M32) << 32, nb | stail, tw, ts, td)
             if hs:
                 sstep += ss
             if hr:
                 rstep += ss
             k += 1
     rconn.step, sconn.step = rstep, sstep
+    if w is not None and work.stamp_channels:
+        w.channel_stop(chseq, op, 0, 0, clock())
 
 
 # ---------------------------------------------------------------- point to point
@@ -207,12 +188,12 @@ def _ring_prims(prog, job: RingJob, w, stamp: bool, rate: int, op: int, clock) -
 class _Lane:
     """One connection's queue of parts (group order); only the head part moves."""
 
-    __slots__ = ("conn", "queue", "prog", "buf", "i", "twait", "k", "writer", "first")
+    __slots__ = ("conn", "queue", "prog", "buf", "i", "chseq", "twait", "k", "writer", "first")
 
     def __init__(self, conn, queue):
         self.conn, self.queue = conn, queue
         self.prog = self.buf = self.writer = None
-        self.i = self.twait = self.k = 0
+        self.i = self.chseq = self.twait = self.k = 0
         self.first = True
 
 
@@ -330,7 +311,7 @@ def _next_part(ln: _Lane, bufs, writers, op, stamp_ch, dcode, guard, clock) -> b
         t = clock()
         ln.twait = t
         if stamp_ch:
-            ln.writer.channel_start(op, conn.peer, 1 if conn.is_send else 0, t)
+            ln.chseq = ln.writer.channel_start(op, conn.peer, 1 if conn.is_send else 0, t)
         if prog.prims:
             return True
         _end_part(ln, op, stamp_ch, clock)
@@ -340,7 +321,7 @@ def _next_part(ln: _Lane, bufs, writers, op, stamp_ch, dcode, guard, clock) -> b
 
 def _end_part(ln: _Lane, op, stamp_ch, clock) -> None:
     if stamp_ch:
-        ln.writer.channel_stop(op, ln.conn.peer, 1 if ln.conn.is_send else 0, clock())
+        ln.writer.channel_stop(ln.chseq, op, ln.conn.peer, 1 if ln.conn.is_send else 0, clock())
 
 
 def _check_msg(ln: _Lane, dcode: int, guard) -> None:
