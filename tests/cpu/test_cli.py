@@ -2,6 +2,8 @@
 import glob
 import json
 
+import pytest
+
 from slicetrace.analyze.trace import check_trace
 from slicetrace.cli.main import main
 
@@ -35,3 +37,19 @@ def test_bad_flags_are_clear_errors(capsys):
     assert "--overhead-of kernel_step needs --overhead" in capsys.readouterr().err
     assert main(["bench", "--overhead", "--overhead-of", "kernel_step", "--profile", "70", "--ranks", "1"]) == 2
     assert "--profile 70 has no KernelStep bit (65536)" in capsys.readouterr().err
+
+
+def test_bad_values_name_the_flag_the_value_and_what_is_accepted(capsys):
+    """Rejected before any rank starts: nothing is launched for a flag that cannot work."""
+    for argv, want in (
+        (["-o", "bogus"], "-o 'bogus' is not one of ('sum', 'prod', 'min', 'max', 'avg')"),
+        (["--ranks", "0"], "--ranks 0 must be >= 1"),
+        (["--channels", "-1"], "--channels -1 must be >= 0 (0: the backend chooses)"),
+        (["-n", "0"], "-n 0 must be >= 1"),
+    ):
+        assert main(["bench", *argv]) == 2, argv
+        assert want in capsys.readouterr().err, argv
+    with pytest.raises(SystemExit) as e:                 # argparse's own error exit for a malformed mask
+        main(["bench", "--profile", "abc"])
+    assert e.value.code == 2
+    assert "'abc' is not an event mask: give an integer, e.g. 65606 or 0x10046" in capsys.readouterr().err

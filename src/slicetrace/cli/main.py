@@ -6,6 +6,7 @@ import json
 import os
 import sys
 
+from ..backend.base import REDOPS
 from ..config import Settings, describe
 from ..errors import BackendError, SliceTraceError
 from ..events.abi import EventType
@@ -13,6 +14,18 @@ from .sweep import DTYPE_ALIASES, OPS, parse_size, sizes
 
 
 KERNEL_STEP = int(EventType.KERNEL_STEP)
+
+
+def _mask(v: str) -> int:
+    """--profile MASK: an event mask, decimal or 0x hex."""
+    try:
+        m = int(v, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{v!r} is not an event mask: give an integer, e.g. 65606 or 0x10046 "
+                                         f"(Coll|P2p|KernelCh|KernelStep)") from None
+    if not 0 <= m < 1 << 32:
+        raise argparse.ArgumentTypeError(f"{v!r} must be in 0..0xFFFFFFFF")
+    return m
 
 
 def _bench_parser(sub) -> None:
@@ -33,7 +46,7 @@ def _bench_parser(sub) -> None:
     p.add_argument("--channels", type=int, default=None, help="channels per collective")
     p.add_argument("--inplace", action="store_true", help="in-place all_reduce (out = input)")
     p.add_argument("--trace", metavar="DIR", help="write per-rank Chrome traces via the example plugin")
-    p.add_argument("--profile", nargs="?", const=65606, type=lambda v: int(v, 0), metavar="MASK",
+    p.add_argument("--profile", nargs="?", const=65606, type=_mask, metavar="MASK",
                    help="profile with the example plugin; event mask (default 65606 = Coll|P2p|KernelCh|KernelStep)")
     p.add_argument("--overhead", action="store_true", help="alternate profiled/unprofiled runs, print overhead %%")
     p.add_argument("--overhead-of", choices=("profiling", "kernel_step"), default="profiling",
@@ -58,6 +71,12 @@ def run_bench(a: argparse.Namespace) -> int:
     for name, v in (("-n", a.iters), ("-w", a.warmup_iters), ("--rounds", a.rounds)):
         if v < (1 if name != "-w" else 0):
             raise SliceTraceError(f"{name} {v} must be >= {1 if name != '-w' else 0}")
+    if a.redop not in REDOPS:
+        raise SliceTraceError(f"-o {a.redop!r} is not one of {REDOPS}")
+    if a.ranks is not None and a.ranks < 1:
+        raise SliceTraceError(f"--ranks {a.ranks} must be >= 1")
+    if a.channels is not None and a.channels < 0:
+        raise SliceTraceError(f"--channels {a.channels} must be >= 0 (0: the backend chooses)")
     if a.overhead_of == "kernel_step":
         if not a.overhead:
             raise SliceTraceError("--overhead-of kernel_step needs --overhead")
