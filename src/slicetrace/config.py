@@ -168,7 +168,14 @@ class Settings:
         bad = sorted(set(overrides) - known)
         if bad:
             raise ConfigError(f"unknown setting(s) {bad}; known: {sorted(known)}")
-        return cls(**{**vals, **overrides})
+        try:
+            return cls(**{**vals, **overrides})
+        except ConfigError as e:            # name the variable the bad value came from
+            attr = str(e).split("=", 1)[0]
+            var = next((v.name for v in VARIABLES if v.attr == attr and attr in vals and attr not in overrides), None)
+            if var is None:
+                raise
+            raise ConfigError(f"{var}={env[var]!r}: {e}") from None
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,13 @@ def test_unparsable_env_names_the_variable():
         Settings.from_env({"SLICETRACE_TIMEOUT": "soon"})
 
 
+def test_a_parsable_but_invalid_env_value_names_the_variable_too():
+    with pytest.raises(ConfigError, match=r"SLICETRACE_STAMP_RING_SLOTS='100': ring_slots=100 must be a power of two"):
+        Settings.from_env({"SLICETRACE_STAMP_RING_SLOTS": "100"})
+    with pytest.raises(ConfigError, match=r"^ring_slots=100 must be"):      # an argument: no variable to name
+        Settings.from_env({"SLICETRACE_STAMP_RING_SLOTS": "4096"}, ring_slots=100)
+
+
 def test_unknown_override_is_refused():
     with pytest.raises(ConfigError, match="unknown setting"):
         Settings.from_env({}, colour="red")
