@@ -316,21 +316,23 @@ class StepsPerRun:
             setattr(self, a, getattr(inner, a))
 
 
-def test_kernel_step_runs_writes_what_one_batch_per_op_writes(tmp_path):
+@pytest.mark.parametrize("nsteps", [5, 200])   # 200: a poll's batch is large, folded without a concat copy
+def test_kernel_step_runs_writes_what_one_batch_per_op_writes(tmp_path, nsteps):
     from slicetrace.stamps.layout import KIND_CHANNEL, KIND_STEP
     out = []
     for per_run in (False, True):
         s = Settings(profile_dump_file=str(tmp_path / str(per_run) / "trace"))
         p = ChromePlugin(s)
         host = EventHost([LoadedPlugin(StepsPerRun(p) if per_run else p)], COMM)
-        for poll in range(3):                           # 3 polls of 4 ops, 5 KernelSteps each
+        span = 100 * nsteps + 1000                      # ns per op (recs() spaces KernelSteps 100 ns apart)
+        for poll in range(3):                           # 3 polls of 4 ops, nsteps KernelSteps each
             tags = range(4 * poll + 1, 4 * poll + 5)
             for t in tags:
-                host.begin_op(coll_op(tag=t, ts=1000 * t - 100))
-            allr = np.concatenate([recs(t, 5, t0=1000 * t) for t in tags]
-                                  + [chrec(t, 0, 1000 * t - 50, 1000 * t + 900) for t in tags])
-            runs = [(t, KIND_STEP, 5 * k, 5 * k + 5) for k, t in enumerate(tags)]
-            runs += [(t, KIND_CHANNEL, 20 + k, 21 + k) for k, t in enumerate(tags)]
+                host.begin_op(coll_op(tag=t, ts=span * t - 100))
+            allr = np.concatenate([recs(t, nsteps, t0=span * t) for t in tags]
+                                  + [chrec(t, 0, span * t - 50, span * t + 100 * nsteps) for t in tags])
+            runs = [(t, KIND_STEP, nsteps * k, nsteps * k + nsteps) for k, t in enumerate(tags)]
+            runs += [(t, KIND_CHANNEL, 4 * nsteps + k, 4 * nsteps + 1 + k) for k, t in enumerate(tags)]
             host.batch(allr, runs)
         host.close()
         path = str(tmp_path / str(per_run) / f"trace_{COMM.comm_hash}_{COMM.rank}.json")
@@ -338,4 +340,4 @@ def test_kernel_step_runs_writes_what_one_batch_per_op_writes(tmp_path):
         data = load(path)
         steps = sorted(json.dumps(r, sort_keys=True) for r in data if r.get("name") == "KernelStep")
         out.append((steps, data[-1]["args"]["delivered_kernel_step"]))
-    assert out[0] == out[1] and len(out[0][0]) == out[0][1] == 60
+    assert out[0] == out[1] and len(out[0][0]) == out[0][1] == 12 * nsteps

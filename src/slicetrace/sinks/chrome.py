@@ -43,6 +43,7 @@ _BY_CLASS = {cls: (POOL_OF[t], int(t)) for cls, t in (
     (KernelChDescr, T.KERNEL_CH), (KernelStepDescr, T.KERNEL_STEP), (ProxyCtrlDescr, T.PROXY_CTRL))}
 _CHUNK = 65536                  # KernelStep rows per column chunk
 _SLOW_ROWS = 4096
+_BIG_BATCH = 512                # rows per pending batch from which a fold copies batches one by one
 _FORMAT_ROWS = 16384
 _FORMATS: dict[str, RowFormat] = {}
 
@@ -190,7 +191,11 @@ class _Ctx:
     def fold(self) -> None:
         if not self.pend:
             return
-        pend, self.pend, self.pend_n = self.pend, [], 0
+        pend, n, self.pend, self.pend_n = self.pend, self.pend_n, [], 0
+        if n >= _BIG_BATCH * len(pend):      # large batches (a GPU poll's): straight into the chunks, no concat copy
+            for recs, pid, seq in pend:
+                self.copy_steps(recs, pid, seq)
+            return
         if len(pend) == 1:
             recs, pid, seq = pend[0]
         else:
