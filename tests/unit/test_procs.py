@@ -8,7 +8,7 @@ import sys
 import time
 
 from slicetrace.backend import procs
-from slicetrace.backend.procs import PeerWatch, proc_dead, proc_start_time
+from slicetrace.backend.procs import PeerWatch, pid_space, proc_dead, proc_start_time
 from slicetrace.rendezvous import DictStore
 
 
@@ -17,8 +17,8 @@ def watch_pair() -> tuple[PeerWatch, PeerWatch]:
     return PeerWatch(store, "st/j/cuda1", 0), PeerWatch(store, "st/j/cuda1", 1)
 
 
-def publish_as(w: PeerWatch, pid: int) -> None:
-    w.store.set(f"{w.prefix}/proc/{w.rank}", f"{pid} {proc_start_time(pid)}".encode())
+def publish_as(w: PeerWatch, pid: int, space: str | None = None) -> None:
+    w.store.set(f"{w.prefix}/proc/{w.rank}", f"{pid} {proc_start_time(pid)} {space or pid_space()}".encode())
 
 
 def test_a_live_peer_and_an_unpublished_one_are_never_reported():
@@ -59,3 +59,14 @@ def test_a_condition_that_clears_between_checks_is_forgotten(monkeypatch):
     seen = iter(["exited", None, "exited", None])
     monkeypatch.setattr(procs, "proc_dead", lambda pid, start: next(seen))
     assert [me.gone((1,)) for _ in range(4)] == [None, None, None, None]
+
+
+def test_a_peer_in_another_pid_namespace_is_not_judged_by_its_pid():
+    """Its pid means nothing here (containers): only its closed key counts."""
+    me, peer = watch_pair()
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()                                        # a pid that is gone here
+    publish_as(peer, child.pid, space="otherhost/pid:[1]")
+    assert [me.gone((1,)) for _ in range(3)] == [None, None, None]
+    peer.closed()
+    assert me.gone((1,)) is None and me.gone((1,)) == "rank 1 closed its communicator"

@@ -6,8 +6,18 @@ its pid and start time in the rendezvous store at setup and a `closed` key when 
 from __future__ import annotations
 
 import os
+import socket
 
 from ..rendezvous import Store
+
+
+def pid_space() -> str:
+    """This host and PID namespace: a peer's pid means something here only if it says the same."""
+    try:
+        ns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        ns = "?"
+    return f"{socket.gethostname()}/{ns}"
 
 
 def proc_start_time(pid: int) -> int:
@@ -41,16 +51,18 @@ class PeerWatch:
     """Tells a waiting rank that a peer its op needs has closed its communicator or is no longer running.
 
     A condition must be seen at two consecutive checks: a peer may finish its part of our op and close just
-    before our side of the op completes (the caller checks a few times a second)."""
+    before our side of the op completes (the caller checks a few times a second). A peer in another host or PID
+    namespace (containers) is never judged by its pid, only by its closed key (and the caller's timeout)."""
 
     def __init__(self, store: Store, prefix: str, rank: int):
         self.store, self.prefix, self.rank = store, prefix, rank
-        self._procs: dict[int, tuple[int, int]] = {}
+        self._procs: dict[int, tuple[int, int] | None] = {}
+        self._space = pid_space()
         self._suspect: dict[int, str] = {}
 
     def publish(self) -> None:
         pid = os.getpid()
-        self.store.set(f"{self.prefix}/proc/{self.rank}", f"{pid} {proc_start_time(pid)}".encode())
+        self.store.set(f"{self.prefix}/proc/{self.rank}", f"{pid} {proc_start_time(pid)} {self._space}".encode())
 
     def closed(self) -> None:
         self.store.set(f"{self.prefix}/closed/{self.rank}", b"1")
@@ -62,12 +74,12 @@ class PeerWatch:
             if self.store.try_get(f"{self.prefix}/closed/{p}") is not None:
                 why = "closed its communicator"
             else:
-                info = self._procs.get(p)
-                if info is None:
+                if p not in self._procs:
                     raw = self.store.try_get(f"{self.prefix}/proc/{p}")
                     if raw is not None:
-                        pid, start = (int(v) for v in raw.split())
-                        info = self._procs[p] = (pid, start)
+                        pid, start, space = raw.decode().split(" ", 2)
+                        self._procs[p] = (int(pid), int(start)) if space == self._space else None
+                info = self._procs.get(p)
                 if info is not None:
                     why = proc_dead(*info)
             if why is None:
