@@ -367,7 +367,7 @@ class ChromePlugin:
         n = sum(stops) - sum(starts)
         if ctx.done:
             return n
-        ids = [p.ids if type(p) is _Ev else (-1, -1) for p in parents]
+        ids = [_parent_ids(p) for p in parents]
         if stops[:-1] == starts[1:]:                # contiguous runs: one batch, a parent per row
             lens = np.subtract(stops, starts)
             pid_seq = np.array(ids, np.int64).reshape(-1, 2)

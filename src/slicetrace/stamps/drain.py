@@ -168,21 +168,21 @@ class Drain:
             self._sampled = sampled
         now = self._clock()
         open_ch = {k[1] for k in self._open}
-        cursor = self.cursor.tolist() if self.nch <= 8 else None
         ended = []
-        last = done[-1] if done and not force and not open_ch and len(done) == len(ops) else None
-        if last is not None and not (self.cursor < last.snapshot).any():
+        if (done and len(done) == len(ops) and not force and not open_ch
+                and not (self.cursor < done[-1].snapshot).any()):
             ended = [op.tag for op in done]     # snapshots never decrease: the newest read through reads all
-            ops = ()
-        for op in ops:          # in submit order: an op ends only after the ones before it
-            low = op.tag & 0xFFFFFFFF
-            if not (op.done or force):
-                break
-            if not force and (low in open_ch or (
-                    any(c < s for c, s in zip(cursor, op.snapshot.tolist())) if cursor is not None
-                    else bool((self.cursor < op.snapshot).any()))):
-                break
-            ended.append(op.tag)
+        else:
+            cursor = self.cursor.tolist() if self.nch <= 8 else None
+            for op in ops:      # in submit order: an op ends only after the ones before it
+                low = op.tag & 0xFFFFFFFF
+                if not (op.done or force):
+                    break
+                if not force and (low in open_ch or (
+                        any(c < s for c, s in zip(cursor, op.snapshot.tolist())) if cursor is not None
+                        else bool((self.cursor < op.snapshot).any()))):
+                    break
+                ended.append(op.tag)
         if ended:
             end_ops = getattr(self.consumer, "end_ops", None)
             if end_ops is not None:
