@@ -1,5 +1,8 @@
-"""A rank dying mid-collective: the survivor raises within its timeout and its GPU is usable again."""
+"""A rank that dies, never arrives or leaves mid-collective: the others raise a clear error (at once, or at their
+timeout) and their GPU is usable again."""
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 
@@ -7,20 +10,27 @@ from tests.cuda import ranks
 from tests.helpers.procs import RankPool
 
 
-@pytest.mark.cuda
-def test_peer_killed_mid_collective(gpu, kcache):
+@contextlib.contextmanager
+def healthy_pair(kcache: str, timeout_s: float, count: int):
+    """Two ranks whose connections have moved: one all_reduce of `count` floats done on both. Closed after."""
     pool = RankPool(2, timeout=120)
     try:
-        pool.run(ranks.setup, {"cache_dir": kcache, "timeout_s": 5.0})
-        pool.run(ranks.start_many, 1 << 26, 1, False)           # both ranks healthy first
-        pool.run(ranks.wait_last, 5.0)
+        pool.run(ranks.setup, {"cache_dir": kcache, "timeout_s": timeout_s})
+        pool.run(ranks.start_many, count, 1, False)
+        pool.run(ranks.wait_last, timeout_s)
+        yield pool
+    finally:
+        pool.close()
+
+
+@pytest.mark.cuda
+def test_peer_killed_mid_collective(gpu, kcache):
+    with healthy_pair(kcache, 5.0, 1 << 26) as pool:
         pool.conns[1].send((ranks.start_many, (1 << 26, 2, True)))   # rank 1 leaves with kernels in flight
         pool.run(ranks.start_many, 1 << 26, 30, False, ranks=[0])
         res = pool.run(ranks.wait_last, 5.0, ranks=[0])[0]
         pool.procs[1].join(30)
         code = pool.procs[1].exitcode
-    finally:
-        pool.close()
     assert code == 3, f"rank 1 exit code {code}"
     print(f"\nsurvivor: {res}")
     assert res["err"] is not None and res["err"].startswith("PeerError") and "rank 1 " in res["err"], res
@@ -30,15 +40,9 @@ def test_peer_killed_mid_collective(gpu, kcache):
 
 @pytest.mark.cuda
 def test_a_peer_that_never_arrives_times_out_and_says_where_each_connection_stands(gpu, kcache):
-    pool = RankPool(2, timeout=120)
-    try:
-        pool.run(ranks.setup, {"cache_dir": kcache, "timeout_s": 5.0})
-        pool.run(ranks.start_many, 1 << 20, 1, False)             # both ranks: the connections move first
-        pool.run(ranks.wait_last, 5.0)
+    with healthy_pair(kcache, 5.0, 1 << 20) as pool:
         pool.run(ranks.start_many, 1 << 20, 1, False, ranks=[0])  # rank 1 stays away
         res = pool.run(ranks.wait_last, 2.0, ranks=[0])[0]
-    finally:
-        pool.close()
     print(f"\nrank 0: {res}")
     assert res["err"] is not None and res["err"].startswith("CommTimeoutError"), res
     assert "connection steps: channels" in res["err"] and "from rank 1 posted" in res["err"], res["err"]
@@ -47,16 +51,10 @@ def test_a_peer_that_never_arrives_times_out_and_says_where_each_connection_stan
 
 @pytest.mark.cuda
 def test_a_peer_that_closed_its_communicator_fails_the_op_that_needs_it_at_once(gpu, kcache):
-    pool = RankPool(2, timeout=120)
-    try:
-        pool.run(ranks.setup, {"cache_dir": kcache, "timeout_s": 30.0})
-        pool.run(ranks.start_many, 1 << 20, 1, False)
-        pool.run(ranks.wait_last, 30.0)
+    with healthy_pair(kcache, 30.0, 1 << 20) as pool:
         pool.conns[0].send((ranks.close_backend, ()))        # rank 0 leaves (its close then waits for rank 1)
         pool.run(ranks.start_many, 1 << 20, 1, False, ranks=[1])
         res = pool.run(ranks.wait_last, 30.0, ranks=[1])[0]
-    finally:
-        pool.close()
     print(f"\nrank 1: {res}")
     assert res["err"] is not None and res["err"].startswith("PeerError"), res
     assert "rank 0 closed its communicator" in res["err"], res["err"]
