@@ -198,25 +198,34 @@ class EventHost(Emitter):
         c = self._counts
         pend: list[tuple[list, list, list]] = [([], [], []) for _ in self._slots]    # parents, starts, stops
         box[0] = to_kernel_steps(recs[:max(r[3] for r in runs)])
+        get, slots = self._ops.get, self._slots
+        s0 = slots[0] if len(slots) == 1 else None          # one plugin (the usual case): no loop per run
+        ps0, st0, sp0 = pend[0] if s0 is not None else (None, None, None)
         for tag, _, a, b in runs:
-            n = b - a
-            op = self._steps_op(tag, n)
-            if op is None:
+            op = get(tag)
+            tasks = None if op is None else op.tasks
+            if tasks is None or len(tasks) != 1 or tasks[0].p2p or not op.info.mask & _KS:
+                self._steps(tag, recs[a:b], (box, recs, a, b))    # counts no_parent / masked_out; routes p2p
                 continue
-            if len(op.tasks) != 1 or op.tasks[0].p2p:
-                self._steps(tag, recs[a:b], (box, recs, a, b))
-                continue
-            t = op.tasks[0]
+            t = tasks[0]
             if t.done:
-                c["no_parent"] += n
+                c["no_parent"] += b - a
                 continue
+            if s0 is not None:
+                parent = t.handles[0]
+                if op.pmasks[0] & _KS and parent is not None and parent is not _OFF and not s0.disabled:
+                    ps0.append(parent)
+                    st0.append(a)
+                    sp0.append(b)
+                    continue
+            n = b - a
             for i, pm in enumerate(op.pmasks):
                 if not pm & _KS:
                     continue
                 parent = t.handles[i]
                 if parent is None or parent is _OFF:
                     c["parent_dropped"] += n
-                elif self._slots[i].disabled:
+                elif slots[i].disabled:
                     c["plugin_disabled"] += n
                 else:
                     ps, st, sp = pend[i]

@@ -13,9 +13,11 @@ from .plugin import LoadedPlugin
 
 P2P_FUNCS = ("Send", "Recv")
 OFF = object()           # event type not emitted to this plugin (not in its mask)
-_NS = PAIRED_DTYPE.fields["wait"][1]         # the 6 trailing u64 clock words: same layout in both dtypes
-_KNS = KERNEL_STEP_DTYPE.fields["wait_clk"][1]
-assert PAIRED_DTYPE.itemsize - _NS == KERNEL_STEP_DTYPE.itemsize - _KNS == 48
+_KS_BYTES = KERNEL_STEP_DTYPE.itemsize
+assert all(PAIRED_DTYPE.fields[p][:2] == KERNEL_STEP_DTYPE.fields[k][:2] for p, k in (
+    ("channel", "channel"), ("peer", "peer"), ("step", "step"), ("size", "size"), ("wait", "wait_clk"),
+    ("ready", "ready_clk"), ("done", "done_clk"), ("wait_ns", "wait_ns"), ("ready_ns", "ready_ns"),
+    ("done_ns", "done_ns"))) and PAIRED_DTYPE.fields["flags"][1] == KERNEL_STEP_DTYPE.fields["is_send"][1]
 
 
 @dataclass(slots=True)
@@ -110,17 +112,10 @@ class _Op:
 
 
 def to_kernel_steps(recs: np.ndarray) -> np.ndarray:
-    """PAIRED_DTYPE KernelStep records -> abi.KERNEL_STEP_DTYPE (vectorised; the clocks as one byte copy)."""
-    n = len(recs)
-    out = np.empty(n, KERNEL_STEP_DTYPE)
-    if n:
-        src = np.ascontiguousarray(recs).view(np.uint8).reshape(n, PAIRED_DTYPE.itemsize)
-        out.view(np.uint8).reshape(n, KERNEL_STEP_DTYPE.itemsize)[:, _KNS:] = src[:, _NS:]
-        out["channel"] = recs["channel"]
-        out["is_send"] = recs["flags"] & FLAG_SEND
-        out["peer"] = recs["peer"]
-        out["step"] = recs["step"]
-        out["size"] = recs["size"]
+    """PAIRED_DTYPE KernelStep records -> abi.KERNEL_STEP_DTYPE: a read-only view of each row's first 72 bytes
+    (the drain leaves FLAG_SEND alone in flags, which is is_send's byte); no copy."""
+    recs = np.ascontiguousarray(recs)
+    out = np.ndarray((len(recs),), KERNEL_STEP_DTYPE, recs, 0, (PAIRED_DTYPE.itemsize,))
     out.flags.writeable = False          # shared by every plugin of the fan-out
     return out
 

@@ -180,8 +180,9 @@ class _Ctx:
             self.fold()                         # keep arrival order
             self.copy_steps(recs, par[:, 0], par[:, 1])
 
-    def add_steps(self, recs: np.ndarray, pid: int, seq: int) -> None:
-        """Keep a reference to a read-only batch; batches are copied into chunks together (one copy per fold)."""
+    def add_steps(self, recs: np.ndarray, pid: Any, seq: Any) -> None:
+        """Keep a reference to a read-only batch; batches are copied into chunks together (one copy per fold).
+        pid, seq: the parent's ids (ints), or a list of (pid, seq) per run and a list of run lengths."""
         self.pend.append((recs, pid, seq))
         self.pend_n += len(recs)
         if self.pend_n >= self.chunk_rows or self.stored + self.pend_n >= self.sizes["KERNEL_STEP"] \
@@ -194,17 +195,27 @@ class _Ctx:
         pend, n, self.pend, self.pend_n = self.pend, self.pend_n, [], 0
         if n >= _BIG_BATCH * len(pend):      # large batches (a GPU poll's): straight into the chunks, no concat copy
             for recs, pid, seq in pend:
+                if type(pid) is list:
+                    pid, seq = _per_row(pid, seq)
                 self.copy_steps(recs, pid, seq)
             return
         if len(pend) == 1:
             recs, pid, seq = pend[0]
-        else:
-            recs, lens = _concat([p[0] for p in pend], KERNEL_STEP_DTYPE)
-            if all(np.ndim(p[1]) == 0 for p in pend):
-                pid, seq = (np.repeat(np.array([p[j] for p in pend], np.int64), lens) for j in (1, 2))
-            else:                               # kernel_step_runs batches carry a parent per row
-                pid, seq = (np.concatenate([np.broadcast_to(np.asarray(p[j], np.int64), (k,))
-                                            for p, k in zip(pend, lens)]) for j in (1, 2))
+            if type(pid) is list:
+                pid, seq = _per_row(pid, seq)
+            self.copy_steps(recs, pid, seq)
+            return
+        recs, lens = _concat([p[0] for p in pend], KERNEL_STEP_DTYPE)
+        ids: list = []
+        runs: list = []
+        for (_, pid, seq), k in zip(pend, lens):     # every batch's parents, expanded once for the fold
+            if type(pid) is list:
+                ids += pid
+                runs += seq
+            else:
+                ids.append((pid, seq))
+                runs.append(k)
+        pid, seq = _per_row(ids, runs)
         self.copy_steps(recs, pid, seq)
 
     def copy_steps(self, recs: np.ndarray, pid: Any, seq: Any) -> None:
@@ -224,6 +235,12 @@ class _Ctx:
             c.fill, pos, self.stored = b, pos + take, self.stored + take
             if self.stored >= cap:              # the pool of completed records is full: write, don't drop
                 self.flush_steps()
+
+
+def _per_row(ids: list, lens: list) -> tuple[np.ndarray, np.ndarray]:
+    """(pid, seq) per run and run lengths -> pid and seq per row."""
+    a = np.repeat(np.array(ids, np.int64).reshape(-1, 2), lens, axis=0)
+    return a[:, 0], a[:, 1]
 
 
 def _concat(batches: list[np.ndarray], dtype: np.dtype) -> tuple[np.ndarray, list[int]]:
@@ -255,8 +272,11 @@ class _PassthroughDescr:
 _Passthrough = _PassthroughDescr()
 
 
+_NO_IDS = (-1, -1)
+
+
 def _parent_ids(parent: Any) -> tuple[int, int]:
-    return parent.ids if type(parent) is _Ev else (-1, -1)
+    return parent.ids if type(parent) is _Ev else _NO_IDS
 
 
 def _records(ev: _Ev, ts1: int) -> list[str]:
@@ -367,11 +387,9 @@ class ChromePlugin:
         n = sum(stops) - sum(starts)
         if ctx.done:
             return n
-        ids = [_parent_ids(p) for p in parents]
-        if stops[:-1] == starts[1:]:                # contiguous runs: one batch, a parent per row
-            lens = np.subtract(stops, starts)
-            pid_seq = np.array(ids, np.int64).reshape(-1, 2)
-            ctx.add_steps(recs[starts[0]:stops[-1]], np.repeat(pid_seq[:, 0], lens), np.repeat(pid_seq[:, 1], lens))
+        ids = [p.ids if type(p) is _Ev else _NO_IDS for p in parents]     # _parent_ids, inlined: a call per op
+        if stops[:-1] == starts[1:]:                # contiguous runs: one pending batch, parents per run
+            ctx.add_steps(recs[starts[0]:stops[-1]], ids, [b - a for a, b in zip(starts, stops)])
         else:
             for (pid, seq), a, b in zip(ids, starts, stops):
                 ctx.add_steps(recs[a:b], pid, seq)

@@ -14,7 +14,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from .layout import FLAG_CH_STOP, KIND_CHANNEL, PAIRED_DTYPE, SEQ_PROVISIONAL, RingViews, take_rows
+from .layout import FLAG_CH_STOP, FLAG_SEND, KIND_CHANNEL, PAIRED_DTYPE, SEQ_PROVISIONAL, RingViews, take_rows
 
 LOST_LAG = 4096        # an entry this far behind the newest reservation, still incomplete once no op runs, is lost
 _PROV, _LO32, _LO31 = np.uint64(SEQ_PROVISIONAL), np.uint64(0xFFFFFFFF), np.uint64(0x7FFFFFFF)
@@ -302,7 +302,7 @@ class Drain:
         kind = (w5 >> np.uint64(48)) & np.uint64(0xFF)
         is_ch = kind == KIND_CHANNEL
         out = np.empty(len(st), dtype=PAIRED_DTYPE)
-        out["op"] = w4 & np.uint64(0xFFFFFFFF)
+        out["op"] = w4                               # the low 32 bits (unsafe cast)
         out["step"] = w4 >> np.uint64(32)
         out["size"] = w5 & np.uint64(0xFFFFFFFF)
         out["peer"] = (w5 >> np.uint64(32)) & np.uint64(0xFFFF)
@@ -311,9 +311,11 @@ class Drain:
         out["channel"] = chan
         out["wait"], out["ready"], out["done"] = st[:, 1], st[:, 2], co[:, 3]
         if is_ch.any():
-            out = self._pair_channels(out, is_ch)
+            out = self._pair_channels(out, is_ch)     # leaves FLAG_SEND alone in flags
             if not len(out):
                 return
+        else:
+            out["flags"] &= np.uint8(FLAG_SEND)
         off = np.int64(self.offset_ns)
         out["wait_ns"] = out["wait"].view(np.int64) + off
         out["ready_ns"] = out["ready"].view(np.int64) + off
@@ -336,6 +338,10 @@ class Drain:
         with self._lock:
             tags = [self._ops.get(low) for low in lows]
         batch = getattr(self.consumer, "batch", None)
+        if batch is not None and None not in tags:     # the common case: one call per poll, no per-run checks
+            self.delivered += len(out)
+            batch(out, [(op.tag, kind, a, b) for op, kind, a, b in zip(tags, kl, starts, bounds)])
+            return
         runs = []
         for op, kind, a, b in zip(tags, kl, starts, bounds):
             if op is None:
@@ -389,7 +395,7 @@ class Drain:
                 ok[j], start[j] = True, st
         rows = idx[order[ok]]
         out["wait"][rows] = out["ready"][rows] = start[ok]
-        out["flags"][rows] &= np.uint8(~FLAG_CH_STOP & 0xFF)
+        out["flags"] &= np.uint8(FLAG_SEND)         # PAIRED_DTYPE: FLAG_SEND only (KernelSteps carry no other)
         keep = ~is_ch
         keep[rows] = True
         return take_rows(out, keep)

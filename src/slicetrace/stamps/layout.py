@@ -73,12 +73,14 @@ HEADER_DTYPE = np.dtype([
 ])
 assert HEADER_DTYPE.itemsize == 64
 
-# Paired record handed by the drain to the event host: one per KernelStep or KernelCh.
+# Paired record handed by the drain to the event host: one per KernelStep or KernelCh; flags holds FLAG_SEND only.
+# Its first 72 bytes have the layout of events.abi.KERNEL_STEP_DTYPE (flags in is_send's byte), so a KernelStep
+# batch is a view of them; events.ops asserts it.
 PAIRED_DTYPE = np.dtype([
-    ("op", "<u4"), ("channel", "<u2"), ("kind", "u1"), ("flags", "u1"),
-    ("peer", "<u2"), ("step", "<u4"), ("size", "<u4"),
+    ("channel", "<u2"), ("flags", "u1"), ("peer", "<i4"), ("step", "<u8"), ("size", "<u8"),
     ("wait", "<u8"), ("ready", "<u8"), ("done", "<u8"),          # raw device clocks (ns)
     ("wait_ns", "<i8"), ("ready_ns", "<i8"), ("done_ns", "<i8"),  # host timeline (CLOCK_MONOTONIC ns)
+    ("op", "<u4"), ("kind", "u1"),
 ], align=True)    # aligned fields: numpy copies packed (unaligned) records several times slower
 
 
