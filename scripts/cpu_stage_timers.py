@@ -4,6 +4,9 @@ all_reduce on the cpu backend, profiled and not (--steps-delta: all events again
 alternating blocks (2 ranks by default).
 
     PYTHONPATH=src python scripts/cpu_stage_timers.py [--bytes 4M] [--ops 300] [--ranks 2] [--steps-delta] [--rounds 2]
+        [--drain-stages]
+
+--drain-stages also times the inline poll's parts (drain gather, delivery, the host's KernelStep runs, the plugin).
 """
 from __future__ import annotations
 
@@ -16,17 +19,26 @@ import numpy as np
 import slicetrace
 from slicetrace.cli import sweep
 from slicetrace.cli.bench import _NO_STEPS
+from slicetrace.events import host as ev_host
+from slicetrace.events import plugin as ev_plugin
+from slicetrace.stamps import drain as st_drain
+
+_DRAIN_STAGES = ((st_drain.Drain, "_drain_many"), (st_drain.Drain, "_deliver"), (st_drain.Drain, "_pair_channels"),
+                 (ev_host.EventHost, "batch"), (ev_host.EventHost, "_steps_runs"), (ev_host.EventHost, "_channel"),
+                 (ev_host, "to_kernel_steps"), (ev_plugin.LoadedPlugin, "kernel_step_runs"))
 
 
 def parse_size(s: str) -> int:
     return sweep.parse_size(s, "size")
 
 
-def body(comm, nbytes: int, nops: int, steps_delta: bool = False, rounds: int = 2) -> list[str]:
+def body(comm, nbytes: int, nops: int, steps_delta: bool = False, rounds: int = 2,
+         drain_stages: bool = False) -> list[str]:
     pc = time.perf_counter
     acc: dict[str, float] = {}
     sess = comm._session
-    for obj, name in ((sess.host, "begin_op"), (sess.backend, "submit"), (sess, "_inline_poll")):
+    inner = _DRAIN_STAGES if drain_stages else ()     # nested in _inline_poll: not subtracted from "rest"
+    for obj, name in ((sess.host, "begin_op"), (sess.backend, "submit"), (sess, "_inline_poll")) + inner:
         orig = getattr(obj, name)
 
         def wrap(*a, _o=orig, _n=name, **k):
@@ -55,11 +67,11 @@ def body(comm, nbytes: int, nops: int, steps_delta: bool = False, rounds: int = 
                 comm.flush_profiler()
                 total = (pc() - t) / nops * 1e6
             row = {k: v / nops * 1e6 for k, v in acc.items()}
-            row["rest"] = total - sum(row.values())
+            row["rest"] = total - sum(v for k, v in row.items() if k in ("begin_op", "submit", "_inline_poll"))
             row["total"] = total
             per[prof].append(row)
     for prof in (a, b):
-        keys = sorted(per[prof][0])
+        keys = sorted(set().union(*per[prof]))
         med = {k: statistics.median(r.get(k, 0.0) for r in per[prof]) for k in keys}
         stages = ", ".join(f"{k} {med[k]:.1f}" for k in keys if k != "total")
         lines.append(f"rank {comm.rank} profiled={prof}: {med['total']:.1f} us/op, median of {rounds} blocks "
@@ -74,8 +86,10 @@ def main() -> None:
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--steps-delta", action="store_true", help="compare all events with all but KernelStep")
     p.add_argument("--rounds", type=int, default=2, help="blocks of each kind, alternating (medians printed)")
+    p.add_argument("--drain-stages", action="store_true", help="also time the parts of the drain poll")
     a = p.parse_args()
-    for lines in slicetrace.launch(body, a.ranks, a.bytes, a.ops, a.steps_delta, a.rounds, backend="cpu", profiler_plugin="example"):
+    for lines in slicetrace.launch(body, a.ranks, a.bytes, a.ops, a.steps_delta, a.rounds, a.drain_stages,
+                                   backend="cpu", profiler_plugin="example"):
         print("\n".join(lines))
 
 
