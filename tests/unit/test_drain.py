@@ -92,6 +92,26 @@ def test_clock_offset_maps_device_clock_to_host_timeline():
     assert rec["channel"] == 1 and rec["ready_ns"] == rec["ready"] + 5000
 
 
+def test_flags_reach_the_host_as_flag_send_alone():
+    """PAIRED_DTYPE's flags byte is KERNEL_STEP_DTYPE's is_send: stray bits from a writer never leak into it,
+    with or without KernelCh records in the poll."""
+    for with_ch in (True, False):
+        v, sink, d, w = setup(1)
+        d.op_submitted(1, lambda: True)
+        if with_ch:
+            w.channel(False, 0, 1, 0, 100)
+        for i, fl in enumerate((FLAG_SEND | 0x80, 0x40, FLAG_SEND)):
+            s = w.start(KIND_STEP, fl, 1, i * 2, 4096, 1, 200 + i, 201 + i)
+            w.complete(s, KIND_STEP, fl, 1, i * 2, 4096, 1, 205 + i)
+        if with_ch:
+            w.channel(True, 0, 1, 0, 300)
+        d.poll_once()
+        steps = np.concatenate([r for _, r in sink.step_calls])
+        assert list(steps["flags"]) == [1, 0, 1], with_ch
+        if with_ch:
+            assert list(sink.channels[0][1]["flags"]) == [0]       # the stop bit is gone once paired
+
+
 def test_entry_visible_out_of_order_waits_for_its_predecessor():
     v, sink, d, w = setup(2)
     d.op_submitted(1, lambda: False)

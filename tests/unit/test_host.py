@@ -10,6 +10,7 @@ import pytest
 from slicetrace.events import abi
 from slicetrace.events.abi import EventType as T
 from slicetrace.events.abi import State
+from slicetrace.events.abi import KERNEL_STEP_DTYPE
 from slicetrace.events.host import EventHost, OpInfo, TaskInfo, to_kernel_steps
 from slicetrace.events.plugin import LoadedPlugin
 from slicetrace.stamps.layout import FLAG_SEND, KIND_CHANNEL, KIND_STEP, PAIRED_DTYPE
@@ -246,6 +247,7 @@ def test_to_kernel_steps_converts_every_field_and_is_read_only():
         assert (k[a] == r[b]).all(), a
     with pytest.raises(ValueError):
         k["step"][0] = 1
+    assert k.dtype == KERNEL_STEP_DTYPE and np.shares_memory(k, r)       # a view of the drain's rows, no copy
 
 
 def test_proxy_ctrl_states_and_close_is_idempotent():
