@@ -89,7 +89,7 @@ def take_rows(a: np.ndarray, sel: np.ndarray) -> np.ndarray:
     own fancy indexing copies structured items one by one (~30x slower for these records)."""
     if sel.dtype == np.bool_:
         sel = np.flatnonzero(sel)
-    rows = np.ascontiguousarray(a).view(np.uint8).reshape(len(a), a.dtype.itemsize)
+    rows = a[:, None].view(np.uint8)          # (n, itemsize) bytes, strided views included
     return np.take(rows, sel, axis=0).view(a.dtype).reshape(-1)
 
 
