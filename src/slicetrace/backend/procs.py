@@ -20,26 +20,28 @@ def pid_space() -> str:
     return f"{socket.gethostname()}/{ns}"
 
 
+def _stat(pid: int) -> list[bytes]:
+    """The fields of /proc/<pid>/stat after the command name (fields 3..); OSError if unreadable."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return f.read().rsplit(b")", 1)[1].split()
+
+
 def proc_start_time(pid: int) -> int:
     """Start time of pid in clock ticks (field 22 of /proc/<pid>/stat); 0 if unknown."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
+        return int(_stat(pid)[19])
     except OSError:
         return 0
-    return int(data.rsplit(b")", 1)[1].split()[19])
 
 
 def proc_dead(pid: int, start: int) -> str | None:
     """A reason string if pid is gone, a zombie, or a different process now; None if alive (or unknown)."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
+        fields = _stat(pid)
     except FileNotFoundError:
         return "exited"
     except OSError:
         return None
-    fields = data.rsplit(b")", 1)[1].split()
     if fields[0] in (b"Z", b"X", b"x"):
         return "died (zombie)"
     if start and int(fields[19]) != start:

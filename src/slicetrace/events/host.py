@@ -199,26 +199,16 @@ class EventHost(Emitter):
         pend: list[tuple[list, list, list]] = [([], [], []) for _ in self._slots]    # parents, starts, stops
         box[0] = to_kernel_steps(recs[:max(r[3] for r in runs)])
         get, slots = self._ops.get, self._slots
-        s0 = slots[0] if len(slots) == 1 else None          # one plugin (the usual case): no loop per run
-        ps0, st0, sp0 = pend[0] if s0 is not None else (None, None, None)
         for tag, _, a, b in runs:
             op = get(tag)
             tasks = None if op is None else op.tasks
             if tasks is None or len(tasks) != 1 or tasks[0].p2p or not op.info.mask & _KS:
                 self._steps(tag, recs[a:b], (box, recs, a, b))    # counts no_parent / masked_out; routes p2p
                 continue
-            t = tasks[0]
+            t, n = tasks[0], b - a
             if t.done:
-                c["no_parent"] += b - a
+                c["no_parent"] += n
                 continue
-            if s0 is not None:
-                parent = t.handles[0]
-                if op.pmasks[0] & _KS and parent is not None and parent is not _OFF and not s0.disabled:
-                    ps0.append(parent)
-                    st0.append(a)
-                    sp0.append(b)
-                    continue
-            n = b - a
             for i, pm in enumerate(op.pmasks):
                 if not pm & _KS:
                     continue

@@ -62,7 +62,8 @@ class Plugin(Protocol):
     """What a profiler plugin implements (NCCL's ncclProfiler_t, in Python).
 
     Optional: `kernel_step_batch(ctx, parent_handle, recs) -> int` (records kept; recs is a read-only
-    abi.KERNEL_STEP_DTYPE array shared by all plugins), `kernel_step_runs(ctx, parents, recs, starts, stops) ->
+    abi.KERNEL_STEP_DTYPE array shared by all plugins, possibly a strided view: take its bytes through
+    np.ascontiguousarray), `kernel_step_runs(ctx, parents, recs, starts, stops) ->
     int` (one drain poll at once: rows starts[k]:stops[k] of recs belong to parents[k]; the same as
     kernel_step_batch per run, which is what plugins without it get), `kernel_ch_batch(ctx, parent_handle, recs) -> int`
     (native version only; whole KernelCh events, abi.KERNEL_CH_DTYPE, start and stop in one row) and `report_counters(ctx, counters)`, called once right

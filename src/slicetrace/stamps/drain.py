@@ -311,11 +311,10 @@ class Drain:
         out["channel"] = chan
         out["wait"], out["ready"], out["done"] = st[:, 1], st[:, 2], co[:, 3]
         if is_ch.any():
-            out = self._pair_channels(out, is_ch)     # leaves FLAG_SEND alone in flags
+            out = self._pair_channels(out, is_ch)
             if not len(out):
                 return
-        else:
-            out["flags"] &= np.uint8(FLAG_SEND)
+        out["flags"] &= np.uint8(FLAG_SEND)           # PAIRED_DTYPE: FLAG_SEND only (the pairing read FLAG_CH_STOP)
         off = np.int64(self.offset_ns)
         out["wait_ns"] = out["wait"].view(np.int64) + off
         out["ready_ns"] = out["ready"].view(np.int64) + off
@@ -338,10 +337,6 @@ class Drain:
         with self._lock:
             tags = [self._ops.get(low) for low in lows]
         batch = getattr(self.consumer, "batch", None)
-        if batch is not None and None not in tags:     # the common case: one call per poll, no per-run checks
-            self.delivered += len(out)
-            batch(out, [(op.tag, kind, a, b) for op, kind, a, b in zip(tags, kl, starts, bounds)])
-            return
         runs = []
         for op, kind, a, b in zip(tags, kl, starts, bounds):
             if op is None:
@@ -395,7 +390,6 @@ class Drain:
                 ok[j], start[j] = True, st
         rows = idx[order[ok]]
         out["wait"][rows] = out["ready"][rows] = start[ok]
-        out["flags"] &= np.uint8(FLAG_SEND)         # PAIRED_DTYPE: FLAG_SEND only (KernelSteps carry no other)
         keep = ~is_ch
         keep[rows] = True
         return take_rows(out, keep)

@@ -89,4 +89,3 @@ class FastRingWriter:
 
     def sampled_out(self, n: int = 1) -> None:
         self.hdr[self.ri + 1] += n
-
