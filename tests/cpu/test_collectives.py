@@ -136,6 +136,30 @@ def _ring_sendrecv(ctx, kw):
     return bad
 
 
+def test_unpaired_send_to_self_is_a_usage_error_and_the_comm_goes_on(pool):
+    res = pool.run(_unpaired_self, SMALL)
+    k = 2 if pool.world == 1 else 1                  # one rank: the "next" rank is itself too
+    for r, (err, bad) in enumerate(res):
+        assert err.startswith(f"UsageError: a send/recv group on rank {r} has {k} send(s) to itself and 0 recv(s)")
+        assert bad == 0
+
+
+def _unpaired_self(ctx, kw):
+    from slicetrace.errors import UsageError
+    comm = _comm(ctx, kw)
+    n, r = comm.world_size, comm.rank
+    x = np.arange(10, dtype=np.int32)
+    try:
+        with comm.group():
+            comm.send(x, r)
+            comm.send(x, (r + 1) % n)
+        err = "no error"
+    except UsageError as e:
+        err = f"UsageError: {e}"
+    out = comm.all_reduce(np.full(5, r + 1, dtype=np.int64))     # nothing of the bad group was submitted
+    return err, int((out != n * (n + 1) // 2).sum())
+
+
 def test_eight_ranks_on_the_cpu_backend():
     """n = 8 (the largest GPU box) runs on the CPU engine too: every collective, a few counts."""
     pool = RankPool(8, timeout=240)

@@ -2,12 +2,14 @@
 runs every rank's primitive list (n up to 8) and must compute the collective."""
 from __future__ import annotations
 
+import re
 from collections import defaultdict, deque
 
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from slicetrace.errors import UsageError
 from slicetrace.plan.schedule import (P2pPart, p2p_pieces, plan_collective, plan_p2p, proto_for, slice_layout,
                                       split_channels)
 from slicetrace.plan.traffic import bytes_per_direction, expected_slices
@@ -108,11 +110,27 @@ def test_ring_all_reduce_moves_2_n_minus_1_over_n_of_the_buffer(n):
 
 
 def test_p2p_plan_chunks_and_self_parts():
-    parts = [P2pPart(1, True, 300_000, 0), P2pPart(0, False, 10, 1), P2pPart(2, False, 5, 2)]
+    parts = [P2pPart(1, True, 300_000, 0), P2pPart(0, False, 10, 1), P2pPart(2, False, 5, 2),
+             P2pPart(0, True, 10, 3)]
     plan = plan_p2p(parts, 3, 0, 4, 1 << 19, 1 << 19, 2)
-    assert [p.params["peer"] for p in plan.programs] == [1, 2]                # the self part is a copy
+    assert [p.params["peer"] for p in plan.programs] == [1, 2]                # the self parts are a copy
+    assert plan.self_pairs == ((3, 1),)                                       # (send, recv) part indices
     sends = [s for s in expected_slices(plan) if s[1]]
     assert sum(b for *_, b in sends) == 300_000 * 4 and max(b for *_, b in sends) <= 1 << 19
+
+
+@pytest.mark.parametrize("self_parts, words", [
+    ([(True, 4), (True, 4), (False, 4)], "2 send(s) to itself and 1 recv(s)"),
+    ([(False, 4)], "0 send(s) to itself and 1 recv(s)"),
+    ([(True, 4), (False, 4), (True, 6), (False, 5)], "send to self #1 on rank 1 has count=6 but the recv"),
+])
+def test_p2p_sends_and_recvs_to_self_must_pair_up(self_parts, words):
+    """Checked in the plan, so every backend rejects the group the same way and before anything moves."""
+    parts = [P2pPart(0, True, 8, 0)] + [P2pPart(1, s, n, i + 1) for i, (s, n) in enumerate(self_parts)]
+    with pytest.raises(UsageError, match=re.escape(words)):
+        plan_p2p(parts, 2, 1, 4, 1 << 19, 1 << 19, 1)
+    ok = [P2pPart(1, s, 4, i) for i, s in enumerate((True, False, False, True))]
+    assert plan_p2p(ok, 2, 1, 4, 1 << 19, 1 << 19, 1).self_pairs == ((0, 1), (3, 2))
 
 
 def test_p2p_pieces_one_per_512_kib_within_the_channel_and_peer_budgets():

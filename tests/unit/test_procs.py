@@ -61,6 +61,16 @@ def test_a_condition_that_clears_between_checks_is_forgotten(monkeypatch):
     assert [me.gone((1,)) for _ in range(4)] == [None, None, None, None]
 
 
+def test_a_peer_gone_at_two_checks_counts_even_if_the_reason_changed(monkeypatch):
+    """Zombie, then reaped: gone at both checks (the cpu Guard and this watch share the rule, procs.TwoChecks)."""
+    me, peer = watch_pair()
+    publish_as(peer, os.getpid())
+    seen = iter(["died (zombie)", "exited"])
+    monkeypatch.setattr(procs, "proc_dead", lambda pid, start: next(seen))
+    assert me.gone((1,)) is None
+    assert me.gone((1,)) == "rank 1 exited"
+
+
 def test_a_peer_in_another_pid_namespace_is_not_judged_by_its_pid():
     """Its pid means nothing here (containers): only its closed key counts."""
     me, peer = watch_pair()

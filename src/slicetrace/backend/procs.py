@@ -49,6 +49,23 @@ def proc_dead(pid: int, start: int) -> str | None:
     return None
 
 
+class TwoChecks:
+    """A peer counts as gone only when seen so at two consecutive checks (for any reason): it may have posted
+    the last of our data just before it left, and the caller re-checks that data first."""
+
+    def __init__(self):
+        self._seen: set[int] = set()
+
+    def confirm(self, peer: int, why: str | None) -> bool:
+        if why is None:
+            self._seen.discard(peer)
+            return False
+        if peer in self._seen:
+            return True
+        self._seen.add(peer)
+        return False
+
+
 class PeerWatch:
     """Tells a waiting rank that a peer its op needs has closed its communicator or is no longer running.
 
@@ -60,7 +77,7 @@ class PeerWatch:
         self.store, self.prefix, self.rank = store, prefix, rank
         self._procs: dict[int, tuple[int, int] | None] = {}
         self._space = pid_space()
-        self._suspect: dict[int, str] = {}
+        self._twice = TwoChecks()
 
     def publish(self) -> None:
         pid = os.getpid()
@@ -84,10 +101,6 @@ class PeerWatch:
                 info = self._procs.get(p)
                 if info is not None:
                     why = proc_dead(*info)
-            if why is None:
-                self._suspect.pop(p, None)
-            elif self._suspect.get(p) == why:
+            if self._twice.confirm(p, why):
                 return f"rank {p} {why}"
-            else:
-                self._suspect[p] = why
         return None

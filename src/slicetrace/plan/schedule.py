@@ -74,6 +74,7 @@ class OpPlan:
     root: int
     proto: Proto
     programs: tuple[ChannelProgram, ...]
+    self_pairs: tuple[tuple[int, int], ...] = ()   # p2p: (send, recv) part indices of copies to self
 
     @property
     def n_channels(self) -> int:
@@ -266,10 +267,12 @@ def _plan_p2p(parts: tuple[P2pPart, ...], nranks: int, rank: int, itemsize: int,
     """
     proto = Proto(step_bytes, 1, 1)
     chunk = chunk_bytes // itemsize
-    programs = []
     for part in parts:
         if not 0 <= part.peer < nranks:
             raise UsageError(f"peer={part.peer} must be in 0..{nranks - 1}")
+    pairs = tuple(self_pairs(parts, rank))
+    programs = []
+    for part in parts:
         if part.peer == rank:
             continue
         prims = []
@@ -282,4 +285,20 @@ def _plan_p2p(parts: tuple[P2pPart, ...], nranks: int, rank: int, itemsize: int,
         programs.append(ChannelProgram(part.index % max(1, nchannels), "p2p", tuple(prims),
                                        {"part": part.index, "peer": part.peer, "is_send": part.is_send,
                                         "count": part.count, "chunk_elems": chunk}))
-    return OpPlan("send_recv", nranks, rank, sum(p.count for p in parts), itemsize, 0, proto, tuple(programs))
+    return OpPlan("send_recv", nranks, rank, sum(p.count for p in parts), itemsize, 0, proto, tuple(programs),
+                  pairs)
+
+
+def self_pairs(parts, rank: int) -> list[tuple[int, int]]:
+    """(send index, recv index) into `parts` for a group's sends to self, matched in order with its receives from
+    self (NCCL's self copy). Checked here, before anything runs, so both backends reject the same groups."""
+    sends = [i for i, p in enumerate(parts) if p.peer == rank and p.is_send]
+    recvs = [i for i, p in enumerate(parts) if p.peer == rank and not p.is_send]
+    if len(sends) != len(recvs):
+        raise UsageError(f"a send/recv group on rank {rank} has {len(sends)} send(s) to itself and {len(recvs)} "
+                         f"recv(s) from itself; they pair up in order, so the numbers must be equal")
+    for k, (i, j) in enumerate(zip(sends, recvs)):
+        if parts[i].count != parts[j].count:
+            raise UsageError(f"send to self #{k} on rank {rank} has count={parts[i].count} but the recv from self "
+                             f"it pairs with has count={parts[j].count}; paired counts must be equal")
+    return list(zip(sends, recvs))

@@ -14,7 +14,7 @@ import numpy as np
 
 from ...errors import CommTimeoutError, MismatchError, PeerError
 from ..base import DTYPES, REDOPS
-from ..procs import proc_dead
+from ..procs import TwoChecks, proc_dead
 from ...plan.schedule import COLLECTIVES
 from .shm import (ABORT_MISMATCH, ABORT_PEER, ABORT_TIMEOUT, C_ABORT, C_ABORT_FROM, C_CLOSED, C_HEARTBEAT,
                   C_REASON_LEN, H_RECLAIM, H_RECLAIMED, NSIG, REASON_MAX, SIG_WORD)
@@ -145,7 +145,7 @@ class Guard:
         self.peers: dict[int, tuple[memoryview, memoryview, int, int]] = {}   # rank -> (ctl, reason, pid, start)
         self.on_dead = None          # callback(rank) when a peer is found dead (unlinks its segment)
         self.sig: tuple[int, int, int, int] | None = None                    # collective in flight
-        self._suspect: dict[int, str] = {}   # peers seen dead/closed once: fail if still so at the next check
+        self._twice = TwoChecks()
         self.spins = SPINS
 
     # ---- abort ----
@@ -194,11 +194,7 @@ class Guard:
                     why = "closed its communicator"
                 elif now - pctl[C_HEARTBEAT] > HEARTBEAT_STALE_S * 1e9:
                     why = f"stopped responding (no heartbeat for {(now - pctl[C_HEARTBEAT]) / 1e9:.1f}s)"
-            if why is None:
-                self._suspect.pop(p, None)
-            elif p not in self._suspect:
-                self._suspect[p] = why       # it may have posted our data just before it left: re-check first
-            else:
+            if self._twice.confirm(p, why):
                 if self.on_dead is not None and not closed:
                     self.on_dead(p)
                 raise self.fail(ABORT_PEER, f"rank {p} (pid {pid}) {why}; detected by rank {self.rank}")

@@ -16,7 +16,6 @@ import time
 
 import numpy as np
 
-from ...errors import MismatchError
 from ...stamps.layout import FLAG_SEND, KIND_STEP
 from ..base import DTYPES
 from .shm import ABORT_MISMATCH, H_HEAD, H_MSG, H_TAIL, NSIG
@@ -197,16 +196,10 @@ class _Lane:
         self.first = True
 
 
-def self_copies(parts, rank: int) -> None:
-    """Sends to self matched in order with receives from self: plain copies (NCCL's self copy)."""
-    sends = [b for p, b in parts if p.peer == rank and p.is_send]
-    recvs = [(p, b) for p, b in parts if p.peer == rank and not p.is_send]
-    if len(sends) != len(recvs):
-        raise MismatchError(f"rank {rank} has {len(sends)} send(s) to itself but {len(recvs)} recv(s) from itself "
-                            f"in one group; they must pair up")
-    for sb, (p, rb) in zip(sends, recvs):
-        if sb.size != rb.size:
-            raise MismatchError(f"send to self of {sb.size} elements is paired with a recv of {rb.size}")
+def self_copies(work) -> None:
+    """Sends to self into their receives from self (paired and checked by the plan): NCCL's self copy."""
+    for i, j in work.plan.self_pairs:
+        sb, rb = work.parts[i][1], work.parts[j][1]
         if rb.size:
             np.copyto(rb, sb)
 
@@ -214,7 +207,7 @@ def self_copies(parts, rank: int) -> None:
 def run_p2p(work, send_conns, recv_conns, writers, guard) -> None:
     """All parts progress round-robin in this thread: an all_to_all of any size cannot deadlock."""
     plan, rank = work.plan, work.plan.rank
-    self_copies(work.parts, rank)
+    self_copies(work)
     bufs = {p.index: b for p, b in work.parts}
     order: dict[tuple[int, bool], list] = {}
     for prog in plan.programs:

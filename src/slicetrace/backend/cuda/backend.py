@@ -284,7 +284,7 @@ class CudaBackend(Backend):
         """Sends to self matched with recvs from self, as device copies. Beside a kernel and from 1 MiB, on a
         side stream forked from and joined back into `stream` (an all_to_all's own block then overlaps its
         transfers, as NCCL's in-kernel self copy does); True when the caller must join after its launch."""
-        copies = buffers.self_copies(work.parts, self.rank, work.plan.itemsize)
+        copies = buffers.self_copies(work.parts, work.plan.self_pairs, work.plan.itemsize)
         total = sum(n for n, _, _ in copies)
         if not total:
             return False

@@ -48,18 +48,15 @@ def nbytes(buf: Any) -> int:
     return int(buf.nbytes)
 
 
-def self_copies(parts: Any, rank: int, item: int) -> list[tuple[int, int, int]]:
-    """(bytes, source pointer, destination pointer) of a group's sends to self, matched in order with its
-    receives from self (NCCL's self copy); empty ones are left out."""
-    ends = [(p, pointer(b) + p.offset * item) for p, b in parts if p.peer == rank]
-    sends = [(p.count, a) for p, a in ends if p.is_send]
-    recvs = [(p.count, a) for p, a in ends if not p.is_send]
-    if len(sends) != len(recvs):
-        raise UsageError(f"{len(sends)} sends to self but {len(recvs)} recvs from self in one group")
-    for (ns, _), (nr, _) in zip(sends, recvs):
-        if ns != nr:
-            raise UsageError(f"send to self of {ns * item} bytes meets a recv of {nr * item}")
-    return [(n * item, s, r) for (n, s), (_, r) in zip(sends, recvs) if n]
+def self_copies(parts: Any, pairs: Any, item: int) -> list[tuple[int, int, int]]:
+    """(bytes, source pointer, destination pointer) of a group's sends to self into their receives from self
+    (NCCL's self copy; `pairs` from the plan, which checked them); empty ones are left out."""
+    out = []
+    for i, j in pairs:
+        (s, sb), (r, rb) = parts[i], parts[j]
+        if s.count:
+            out.append((s.count * item, pointer(sb) + s.offset * item, pointer(rb) + r.offset * item))
+    return out
 
 
 def _torch_buffer(x: Any, what: str, device: int) -> tuple[Any, str, int]:
