@@ -39,6 +39,22 @@ def test_bad_flags_are_clear_errors(capsys):
     assert "--profile 70 has no KernelStep bit (65536)" in capsys.readouterr().err
 
 
+def test_output_paths_that_cannot_be_written_fail_before_the_run(tmp_path, capsys):
+    """A sweep's results are not lost at its end: output paths are checked first, with the flag named."""
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for argv, want in (
+        (["bench", "--json", str(tmp_path / "no" / "r.json")], f"--json '{tmp_path / 'no' / 'r.json'}': cannot write"),
+        (["bench", "--json", str(tmp_path)], f"--json '{tmp_path}' is a folder"),
+        (["bench", "--trace", str(afile / "tr")], f"--trace '{afile / 'tr'}': cannot create the folder"),
+        (["report", str(afile), "--top", "-1"], "--top -1 must be >= 0"),
+        (["report", str(afile), "--json", str(tmp_path / "no" / "r.json")], "cannot write a file there"),
+    ):
+        assert main(argv) == 2, argv
+        assert want in capsys.readouterr().err, argv
+    assert not (tmp_path / "no").exists()
+
+
 def test_bad_values_name_the_flag_the_value_and_what_is_accepted(capsys):
     """Rejected before any rank starts: nothing is launched for a flag that cannot work."""
     for argv, want in (

@@ -28,6 +28,24 @@ def _mask(v: str) -> int:
     return m
 
 
+def _writable_file(flag: str, path: str) -> None:
+    """Fail before the work, not after it: an output file needs an existing, writable folder."""
+    if os.path.isdir(path):
+        raise SliceTraceError(f"{flag} {path!r} is a folder; give a file name")
+    d = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(d) or not os.access(d, os.W_OK):
+        raise SliceTraceError(f"{flag} {path!r}: cannot write a file there ({d!r} is not an existing, writable "
+                              f"folder)")
+
+
+def _write_json(flag: str, path: str, obj) -> None:
+    try:
+        with open(path, "w") as f:
+            json.dump(obj, f, indent=1)
+    except OSError as e:
+        raise SliceTraceError(f"{flag} {path!r}: {e.strerror or e}") from None
+
+
 def _bench_parser(sub) -> None:
     p = sub.add_parser("bench", help="nccl-tests-style sweep on the cpu (default) or cuda backend")
     p.add_argument("-b", "--minbytes", default="4K", help="smallest size (default 4K)")
@@ -77,6 +95,8 @@ def run_bench(a: argparse.Namespace) -> int:
         raise SliceTraceError(f"--ranks {a.ranks} must be >= 1")
     if a.channels is not None and a.channels < 0:
         raise SliceTraceError(f"--channels {a.channels} must be >= 0 (0: the backend chooses)")
+    if a.json:
+        _writable_file("--json", a.json)
     if a.overhead_of == "kernel_step":
         if not a.overhead:
             raise SliceTraceError("--overhead-of kernel_step needs --overhead")
@@ -93,7 +113,12 @@ def run_bench(a: argparse.Namespace) -> int:
         if a.profile is not None:
             overrides["profile_event_mask"] = a.profile
     if a.trace:
-        os.makedirs(a.trace, exist_ok=True)
+        try:
+            os.makedirs(a.trace, exist_ok=True)
+        except OSError as e:
+            raise SliceTraceError(f"--trace {a.trace!r}: cannot create the folder ({e.strerror or e})") from None
+        if not os.access(a.trace, os.W_OK):
+            raise SliceTraceError(f"--trace {a.trace!r}: the folder is not writable")
         overrides["profile_dump_file"] = os.path.join(a.trace, "trace")
     s = Settings.from_env(**overrides)
     nranks = a.ranks
@@ -114,9 +139,8 @@ def run_bench(a: argparse.Namespace) -> int:
     rows = results[0]
     bad_rows = [r for r in rows if r["wrong"] > 0]
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"settings": {k: str(v) for k, v in overrides.items()}, "ranks": nranks, "rows": rows}, f,
-                      indent=1)
+        _write_json("--json", a.json, {"settings": {k: str(v) for k, v in overrides.items()}, "ranks": nranks,
+                                       "rows": rows})
     if a.trace:
         print(f"# traces: {a.trace}/trace_<commHash>_<rank>.json (open in https://ui.perfetto.dev)")
     if bad_rows:
@@ -135,12 +159,15 @@ def run_config(a: argparse.Namespace) -> int:
 def run_report(a: argparse.Namespace) -> int:
     from ..analyze.report import build, render
     from ..analyze.trace import counters, kernel_chs, kernel_steps, load_traces
+    if a.top < 0:
+        raise SliceTraceError(f"--top {a.top} must be >= 0")
+    if a.json:
+        _writable_file("--json", a.json)
     recs = load_traces(a.traces[0] if len(a.traces) == 1 else a.traces)
     rep = build(kernel_steps(recs), counters(recs), top=a.top, chs=kernel_chs(recs))
     render(rep)
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rep.to_dict(), f, indent=1)
+        _write_json("--json", a.json, rep.to_dict())
     return 0
 
 
