@@ -17,6 +17,12 @@ from .rendezvous import Store
 from .session import Session
 
 
+def _writable(buf: Any, what: str) -> None:
+    """Results land in it: a read-only numpy array is refused before the op, not half way through it."""
+    if not getattr(getattr(buf, "flags", None), "writeable", True):
+        raise UsageError(f"{what} is read-only (flags.writeable is False); results are written into it")
+
+
 def _ptr(buf: Any) -> int:
     if isinstance(buf, np.ndarray):
         return host_pointer(buf)
@@ -70,6 +76,7 @@ class Communicator:
         if out is None:
             return None, self._session.backend.empty_like(like, count)
         flat, dt, n = self._buf(out, what)
+        _writable(out, what)
         if dt != dtype:
             raise UsageError(f"{what} dtype {dt} differs from the input dtype {dtype}")
         if n != count:
@@ -163,6 +170,8 @@ class Communicator:
         if not isinstance(peer, int) or not 0 <= peer < self.world_size:
             raise UsageError(f"peer={peer!r} must be an int in 0..{self.world_size - 1}")
         flat, dtype, n = self._buf(x, "x" if is_send else "out")
+        if not is_send:
+            _writable(x, "out")
         self._enqueue([(P2pPart(peer, is_send, n, 0), flat, dtype, user_tag)])
 
     def _enqueue(self, entries: list) -> None:

@@ -100,17 +100,30 @@ def _bad_input(comm):
                  lambda: comm.all_reduce(np.ones(4, dtype=np.complex64)),
                  lambda: comm.all_reduce(np.ones(4, dtype=np.float32), np.ones(5, dtype=np.float32)),
                  lambda: comm.reduce_scatter(np.ones(5, dtype=np.float32)),
-                 lambda: comm.send(np.ones(4), peer=-1)):
+                 lambda: comm.send(np.ones(4), peer=-1),
+                 lambda: comm.all_reduce(_read_only(4), _read_only(4)),
+                 lambda: comm.recv(_read_only(4), peer=1 - comm.rank),
+                 lambda: comm.all_reduce(np.ones(4, dtype=">f4"))):
         try:
             call()
             errors.append(None)
         except slicetrace.UsageError as e:
             errors.append(str(e))
-    return errors
+    out = comm.all_reduce(np.ones(3, dtype=np.int32))        # none of them reached the backend
+    return errors + [int(out.sum())]
+
+
+def _read_only(n):
+    a = np.ones(n, dtype=np.float32)
+    a.setflags(write=False)
+    return a
 
 
 def test_bad_input_gets_a_clear_error_naming_the_parameter():
     msgs = slicetrace.launch(_bad_input, 2, timeout_s=TIMEOUT)[0]
     assert None not in msgs, msgs
-    for key, msg in zip(["op='mean'", "root=7", "x", "complex64", "5 elements", "reduce_scatter", "peer=-1"], msgs):
+    keys = ["op='mean'", "root=7", "x", "complex64", "5 elements", "reduce_scatter", "peer=-1", "out is read-only",
+            "out is read-only", "'>f4' is not in this machine's byte order"]
+    assert len(msgs) == len(keys) + 1 and msgs[-1] == 6
+    for key, msg in zip(keys, msgs):
         assert key in msg, (key, msg)

@@ -144,6 +144,9 @@ def numpy_buffer(x: Any, what: str, backend: str) -> tuple[Any, str, int]:
     name = dtype_name(x.dtype)
     if name not in DTYPES:
         raise UsageError(f"{what} dtype {name} is not one of {DTYPES}")
+    if not x.dtype.isnative:                # the FIFOs carry native words: every rank must read them alike
+        raise UsageError(f"{what} dtype {x.dtype.str!r} is not in this machine's byte order; pass "
+                         f"x.astype(x.dtype.newbyteorder('='))")
     if not x.flags.c_contiguous:
         raise UsageError(f"{what} must be C-contiguous (got strides {x.strides}); pass np.ascontiguousarray(x)")
     return x.reshape(-1), name, x.size
