@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from typing import Any, Iterator
 
@@ -53,6 +54,7 @@ class Communicator:
         self._p2p_plans: dict[tuple, tuple] = {}
         self._stream: Any = None        # cuda: None = the current stream at each call
         self._closed = False
+        self._busy = threading.Lock()   # one op at a time: a second thread gets an error, not a corrupted step count
 
     # ---- helpers ----
     def _check_open(self) -> None:
@@ -95,8 +97,20 @@ class Communicator:
         seq = self._seq[func] = self._seq.get(func, -1) + 1
         return seq
 
-    def _collective(self, func: str, x: Any, out: Any, out_count_of, op: str = "sum", root: int = 0,
-                    user_tag: int = 0, stream: Any = None) -> Any:
+    def _enter(self, func: str) -> None:
+        if not self._busy.acquire(blocking=False):
+            raise UsageError(f"{func}: another thread is inside an operation of this communicator; issue one "
+                             f"communicator's operations from one thread at a time (as NCCL requires)")
+
+    def _collective(self, func: str, *args: Any) -> Any:
+        self._enter(func)
+        try:
+            return self._collective_one(func, *args)
+        finally:
+            self._busy.release()
+
+    def _collective_one(self, func: str, x: Any, out: Any, out_count_of, op: str = "sum", root: int = 0,
+                        user_tag: int = 0, stream: Any = None) -> Any:
         self._check_open()
         if self._group is not None:
             raise UsageError(f"{func} inside comm.group(): only send/recv may be grouped")
@@ -214,6 +228,13 @@ class Communicator:
         return pieces, plan, nprog, [tuple(sorted(c)) for c in chans]
 
     def _run_p2p(self, entries: list) -> None:
+        self._enter("send/recv")
+        try:
+            self._run_p2p_one(entries)
+        finally:
+            self._busy.release()
+
+    def _run_p2p_one(self, entries: list) -> None:
         dtypes = {e[2] for e in entries}
         if len(dtypes) > 1:
             raise UsageError(f"a send/recv group mixes dtypes {sorted(dtypes)}; use one dtype per group")
@@ -259,7 +280,11 @@ class Communicator:
     def barrier(self) -> None:
         """Every rank arrives before any leaves (through the rendezvous store; includes this rank's pending ops)."""
         self._check_open()
-        self._session.barrier()
+        self._enter("barrier")
+        try:
+            self._session.barrier()
+        finally:
+            self._busy.release()
 
     # ---- profiling controls ----
     @contextlib.contextmanager

@@ -127,3 +127,32 @@ def test_bad_input_gets_a_clear_error_naming_the_parameter():
     assert len(msgs) == len(keys) + 1 and msgs[-1] == 6
     for key, msg in zip(keys, msgs):
         assert key in msg, (key, msg)
+
+
+def _two_threads(comm):
+    import threading
+    import time
+    x = np.ones(1000, dtype=np.float32)
+    if comm.rank == 1:
+        time.sleep(1.0)                            # rank 0's first op waits for us meanwhile
+        comm.all_reduce(x)
+        return "peer", float(comm.all_reduce(x)[0])
+    first = threading.Thread(target=comm.all_reduce, args=(x,))
+    first.start()
+    time.sleep(0.3)
+    try:
+        comm.all_reduce(x)                         # while `first` is inside its op
+        err = None
+    except slicetrace.UsageError as e:
+        err = str(e)
+    first.join(TIMEOUT)
+    alive = first.is_alive()
+    return err, alive, float(comm.all_reduce(x)[0])
+
+
+def test_a_second_thread_inside_an_op_gets_an_error_and_the_comm_goes_on():
+    res = slicetrace.launch(_two_threads, 2, timeout_s=TIMEOUT)
+    err, alive, total = res[0]
+    assert err is not None and "another thread is inside an operation of this communicator" in err
+    assert alive is False and total == 2.0 and res[1] == ("peer", 2.0)
+
