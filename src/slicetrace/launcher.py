@@ -4,7 +4,10 @@ from __future__ import annotations
 import glob
 import multiprocessing as mp
 import multiprocessing.connection as mpc
+from multiprocessing.managers import SyncManager
 import os
+import signal
+import threading
 import time
 import traceback
 import uuid
@@ -56,28 +59,73 @@ def init(backend: str | None = None, rank: int | None = None, world_size: int | 
     return Communicator(s, rank, world_size, store, job, name)
 
 
+ORPHAN_CHECK_S = 0.25
+ORPHAN_GRACE_S = 10.0
+
+
+def _watch_parent(parent: int, grace_s: float) -> None:
+    """A process of launch() whose launcher is gone (killed, even by SIGKILL) stops: KeyboardInterrupt in its main
+    thread, so a rank's usual error path aborts its communicator (the other ranks learn of it) and removes its
+    shared memory; if that has not ended the process within grace_s, it exits anyway."""
+    import _thread
+    while os.getppid() == parent:
+        time.sleep(ORPHAN_CHECK_S)
+    if grace_s > 0:
+        _thread.interrupt_main()
+        time.sleep(grace_s)
+    os._exit(1)
+
+
+def _start_watch(parent: int, grace_s: float = ORPHAN_GRACE_S) -> None:
+    threading.Thread(target=_watch_parent, args=(parent, grace_s), name="slicetrace-parent-watch",
+                     daemon=True).start()
+
+
+def _send(conn, msg: tuple) -> None:
+    try:
+        conn.send(msg)
+    except OSError:             # the launcher is gone: nobody to tell
+        pass
+
+
 def _child(fn: Callable, rank: int, world: int, store_map: Any, job: str, settings: dict, args: tuple,
-           conn) -> None:
+           conn, parent: int) -> None:
+    _start_watch(parent)
     comm = None
     try:
         comm = init(rank=rank, world_size=world, store=DictStore(store_map), job=job, **settings)
         result = fn(comm, *args)
         comm.close()
         comm = None
-        conn.send(("ok", result))
+        _send(conn, ("ok", result))
     except BaseException as e:  # noqa: BLE001 - reported to the parent with its traceback
         try:
             if comm is not None:
                 comm._session.backend.abort(f"rank {rank} failed: {type(e).__name__}: {e}")
         except Exception:
             pass
-        conn.send(("err", f"{type(e).__name__}: {e}", traceback.format_exc()))
+        _send(conn, ("err", f"{type(e).__name__}: {e}", traceback.format_exc()))
     finally:
         if comm is not None:
             try:
                 comm.close()
             except Exception:
                 pass
+
+
+def _terminate_as_exit():
+    """SIGTERM to the launcher becomes SystemExit(143) while it waits, so its cleanup (kill the ranks, remove the
+    shared memory) runs; returns the handler to restore, or None where it cannot be set (not the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    old = signal.getsignal(signal.SIGTERM)
+    if old is not signal.SIG_DFL:
+        return None                       # the application has its own: leave it
+
+    def _exit(signum, frame):
+        raise SystemExit(128 + signum)
+    signal.signal(signal.SIGTERM, _exit)
+    return old
 
 
 def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None = None, **settings: Any) -> list[Any]:
@@ -91,12 +139,14 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
     s = Settings.from_env(**settings)
     ctx = mp.get_context("spawn")
     job = uuid.uuid4().hex[:10]
-    with ctx.Manager() as mgr:
+    mgr = SyncManager(ctx=ctx)
+    mgr.start(_start_watch, (os.getpid(), 0.0))        # the store's server goes with its launcher too (at once)
+    with mgr:
         store_map = mgr.dict()
         pipes, procs = [], []
         for r in range(nranks):
             a, b = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_child, args=(fn, r, nranks, store_map, job, settings, args, b),
+            p = ctx.Process(target=_child, args=(fn, r, nranks, store_map, job, settings, args, b, os.getpid()),
                             name=f"slicetrace-rank{r}")
             p.start()
             b.close()
@@ -108,6 +158,7 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
         readers = {pipes[r]: r for r in range(nranks)}
         start = time.monotonic()
         first_fail = None
+        restore = _terminate_as_exit()
         try:
             while pending or readers:
                 ready = mpc.wait(list(readers) + list(pending), timeout=0.5)
@@ -145,6 +196,8 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
                             readers.pop(c)
                             errors.setdefault(r, f"rank {r} exited without a result")
         finally:
+            if restore is not None:
+                signal.signal(signal.SIGTERM, restore)
             for p in procs:
                 if p.is_alive():
                     p.kill()

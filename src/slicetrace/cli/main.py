@@ -186,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     except SliceTraceError as e:
         print(f"slicetrace: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("slicetrace: interrupted (ranks stopped, shared memory removed)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
