@@ -55,6 +55,13 @@ def test_output_paths_that_cannot_be_written_fail_before_the_run(tmp_path, capsy
     assert not (tmp_path / "no").exists()
 
 
+def test_a_bad_plugin_spec_is_one_line_before_any_rank_starts(monkeypatch, capsys):
+    monkeypatch.setenv("SLICETRACE_PROFILER_PLUGIN", "nosuch")
+    assert main(["bench", "-b", "1K", "-e", "1K", "--profile"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("slicetrace: error: profiler_plugin='nosuch' is not a built-in") and "Traceback" not in err
+
+
 def test_bad_values_name_the_flag_the_value_and_what_is_accepted(capsys):
     """Rejected before any rank starts: nothing is launched for a flag that cannot work."""
     for argv, want in (

@@ -10,6 +10,7 @@ from ..backend.base import REDOPS
 from ..config import Settings, describe
 from ..errors import BackendError, SliceTraceError
 from ..events.abi import EventType
+from ..events.plugin import load_plugins
 from .sweep import DTYPE_ALIASES, OPS, parse_size, sizes
 
 
@@ -121,6 +122,7 @@ def run_bench(a: argparse.Namespace) -> int:
             raise SliceTraceError(f"--trace {a.trace!r}: the folder is not writable")
         overrides["profile_dump_file"] = os.path.join(a.trace, "trace")
     s = Settings.from_env(**overrides)
+    load_plugins(s.profiler_plugin, s)          # a bad plugin spec is one line here, not a traceback per rank
     nranks = a.ranks
     if nranks is None:
         nranks = 2
