@@ -14,6 +14,8 @@ import sys
 import tempfile
 import time
 
+from slicetrace.backend.procs import proc_dead
+
 DRIVER = """
 import os, sys, cupy, slicetrace
 def body(comm, d):
@@ -26,14 +28,6 @@ def body(comm, d):
 if __name__ == "__main__":
     slicetrace.launch(body, 2, sys.argv[1], backend="cuda", timeout_s=30.0)
 """
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 def one(sig: signal.Signals) -> None:
@@ -57,10 +51,10 @@ def one(sig: signal.Signals) -> None:
     os.kill(p.pid, sig)
     rc = p.wait(timeout=60)
     end = time.monotonic() + 20
-    while any(alive(q) for q in pids) and time.monotonic() < end:
+    while any(proc_dead(q, 0) is None for q in pids) and time.monotonic() < end:
         time.sleep(0.1)
     gone_s = time.monotonic() - t
-    survivors = [q for q in pids if alive(q)]
+    survivors = [q for q in pids if proc_dead(q, 0) is None]
     leaked = sorted(set(glob.glob("/dev/shm/*")) - shm)
     try:
         os.killpg(p.pid, signal.SIGKILL)

@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+from slicetrace.backend.procs import proc_dead
+
 DRIVER = textwrap.dedent("""
     import os, sys, numpy as np, slicetrace
     def body(comm, d):
@@ -20,14 +22,6 @@ DRIVER = textwrap.dedent("""
     if __name__ == "__main__":
         slicetrace.launch(body, 2, sys.argv[1], timeout_s=20.0)
 """)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 def _run_and_signal(tmp_path, sig):
@@ -47,9 +41,9 @@ def _run_and_signal(tmp_path, sig):
         os.kill(p.pid, sig)
         rc = p.wait(timeout=30)
         deadline = time.monotonic() + 15
-        while any(_alive(q) for q in pids) and time.monotonic() < deadline:
+        while any(proc_dead(q, 0) is None for q in pids) and time.monotonic() < deadline:
             time.sleep(0.1)
-        survivors = [q for q in pids if _alive(q)]
+        survivors = [q for q in pids if proc_dead(q, 0) is None]
         leaked = set(glob.glob("/dev/shm/st_*")) - shm_before
     finally:
         try:
