@@ -63,21 +63,30 @@ ORPHAN_CHECK_S = 0.25
 ORPHAN_GRACE_S = 10.0
 
 
-def _watch_parent(parent: int, grace_s: float) -> None:
+def _remove_job_shm(job: str) -> None:
+    for f in glob.glob(f"/dev/shm/*{job}*"):
+        try:
+            os.unlink(f)
+        except OSError:
+            pass
+
+
+def _watch_parent(parent: int, grace_s: float, job: str) -> None:
     """A process of launch() whose launcher is gone (killed, even by SIGKILL) stops: KeyboardInterrupt in its main
     thread, so a rank's usual error path aborts its communicator (the other ranks learn of it) and removes its
-    shared memory; if that has not ended the process within grace_s, it exits anyway."""
+    shared memory; if that has not ended the process within grace_s, it removes the job's and exits anyway."""
     import _thread
     while os.getppid() == parent:
         time.sleep(ORPHAN_CHECK_S)
     if grace_s > 0:
         _thread.interrupt_main()
         time.sleep(grace_s)
+        _remove_job_shm(job)
     os._exit(1)
 
 
-def _start_watch(parent: int, grace_s: float = ORPHAN_GRACE_S) -> None:
-    threading.Thread(target=_watch_parent, args=(parent, grace_s), name="slicetrace-parent-watch",
+def _start_watch(parent: int, grace_s: float, job: str) -> None:
+    threading.Thread(target=_watch_parent, args=(parent, grace_s, job), name="slicetrace-parent-watch",
                      daemon=True).start()
 
 
@@ -90,7 +99,7 @@ def _send(conn, msg: tuple) -> None:
 
 def _child(fn: Callable, rank: int, world: int, store_map: Any, job: str, settings: dict, args: tuple,
            conn, parent: int) -> None:
-    _start_watch(parent)
+    _start_watch(parent, ORPHAN_GRACE_S, job)
     comm = None
     try:
         comm = init(rank=rank, world_size=world, store=DictStore(store_map), job=job, **settings)
@@ -140,7 +149,7 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
     ctx = mp.get_context("spawn")
     job = uuid.uuid4().hex[:10]
     mgr = SyncManager(ctx=ctx)
-    mgr.start(_start_watch, (os.getpid(), 0.0))        # the store's server goes with its launcher too (at once)
+    mgr.start(_start_watch, (os.getpid(), 0.0, job))   # the store's server goes with its launcher too (at once)
     with mgr:
         store_map = mgr.dict()
         pipes, procs = [], []
@@ -202,11 +211,7 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
                 if p.is_alive():
                     p.kill()
                 p.join(10)
-            for f in glob.glob(f"/dev/shm/*{job}*"):
-                try:
-                    os.unlink(f)
-                except OSError:
-                    pass
+            _remove_job_shm(job)
     if errors:
         r = min(errors, key=lambda k: (0 if "died" in errors[k] else 1, k))
         others = {k: v.splitlines()[0] for k, v in errors.items() if k != r}

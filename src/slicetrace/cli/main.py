@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"slicetrace: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("slicetrace: interrupted (ranks stopped, shared memory removed)", file=sys.stderr)
+        print("slicetrace: interrupted", file=sys.stderr)
         return 130
 
 
