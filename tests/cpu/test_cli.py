@@ -62,6 +62,15 @@ def test_a_bad_plugin_spec_is_one_line_before_any_rank_starts(monkeypatch, capsy
     assert err.startswith("slicetrace: error: profiler_plugin='nosuch' is not a built-in") and "Traceback" not in err
 
 
+def test_report_on_traces_without_slices_says_what_to_record(tmp_path, capsys):
+    f = tmp_path / "t_1_0.json"
+    f.write_text(json.dumps({"traceEvents": [{"name": "AllReduce", "ph": "b", "cat": "COLL", "id": 1, "ts": 0,
+                                              "pid": 0, "tid": 0}]}))
+    assert main(["report", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert "no KernelStep or KernelCh events to analyse (1 events in all)" in err and "65606" in err
+
+
 def test_bad_values_name_the_flag_the_value_and_what_is_accepted(capsys):
     """Rejected before any rank starts: nothing is launched for a flag that cannot work."""
     for argv, want in (

@@ -166,7 +166,12 @@ def run_report(a: argparse.Namespace) -> int:
     if a.json:
         _writable_file("--json", a.json)
     recs = load_traces(a.traces[0] if len(a.traces) == 1 else a.traces)
-    rep = build(kernel_steps(recs), counters(recs), top=a.top, chs=kernel_chs(recs))
+    ks, chs = kernel_steps(recs), kernel_chs(recs)
+    if not len(ks) and not len(chs):
+        raise SliceTraceError(f"{' '.join(a.traces)}: no KernelStep or KernelCh events to analyse ({len(recs)} "
+                              f"events in all); record with both in the mask, e.g. `slicetrace bench --trace DIR` "
+                              f"or SLICETRACE_PROFILE_EVENT_MASK=65606")
+    rep = build(ks, counters(recs), top=a.top, chs=chs)
     render(rep)
     if a.json:
         _write_json("--json", a.json, rep.to_dict())
