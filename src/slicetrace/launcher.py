@@ -100,6 +100,7 @@ def _send(conn, msg: tuple) -> None:
 def _child(fn: Callable, rank: int, world: int, store_map: Any, job: str, settings: dict, args: tuple,
            conn, parent: int) -> None:
     _start_watch(parent, ORPHAN_GRACE_S, job)
+    _send(conn, ("started",))                    # fn was unpickled: a later death is not an import problem
     comm = None
     try:
         comm = init(rank=rank, world_size=world, store=DictStore(store_map), job=job, **settings)
@@ -145,6 +146,9 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
     """
     if not isinstance(nranks, int) or nranks < 1:
         raise UsageError(f"nranks={nranks!r} must be an int >= 1")
+    if "<" in getattr(fn, "__qualname__", ""):
+        raise UsageError(f"fn={fn.__qualname__!r}: spawned ranks import fn by name, so it must be a function defined "
+                         f"at the top level of a module (not a lambda or a nested function)")
     s = Settings.from_env(**settings)
     ctx = mp.get_context("spawn")
     job = uuid.uuid4().hex[:10]
@@ -163,6 +167,23 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
             procs.append(p)
         results: dict[int, Any] = {}
         errors: dict[int, str] = {}
+        started: set[int] = set()
+
+        def read(c, r: int) -> bool:
+            """One message of rank r; False once its pipe has nothing more to say."""
+            try:
+                status, *val = c.recv()
+            except EOFError:
+                return False
+            if status == "started":
+                started.add(r)
+                return True
+            if status == "ok":
+                results[r] = val[0]
+            else:
+                errors[r] = f"{val[0]}\n{val[1]}"
+            return False
+
         pending = {p.sentinel: r for r, p in enumerate(procs)}
         readers = {pipes[r]: r for r in range(nranks)}
         start = time.monotonic()
@@ -173,21 +194,21 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
                 ready = mpc.wait(list(readers) + list(pending), timeout=0.5)
                 for obj in ready:
                     if obj in readers:
-                        r = readers.pop(obj)
-                        try:
-                            status, *val = obj.recv()
-                            if status == "ok":
-                                results[r] = val[0]
-                            else:
-                                errors[r] = f"{val[0]}\n{val[1]}"
-                        except EOFError:
-                            pass
-                    else:
+                        if not read(obj, readers[obj]):
+                            readers.pop(obj)
+                    elif obj in pending:
                         r = pending.pop(obj)
                         procs[r].join(1)     # the sentinel can fire before exitcode is set (seen: "None")
+                        c = pipes[r]
+                        while c in readers and c.poll(0):        # what it said before it went
+                            if not read(c, r):
+                                readers.pop(c)
                         code = procs[r].exitcode
                         if code != 0 and r not in errors and r not in results:
-                            errors[r] = f"rank {r} died with exit code {code}"
+                            errors[r] = f"rank {r} died with exit code {code}" + ("" if r in started else (
+                                " before running fn: could it import fn? Spawned ranks import it by name: define it "
+                                "at the top level of an importable module, and launch under `if __name__ == "
+                                "'__main__':` (the rank's own error is on stderr)"))
                 if errors and first_fail is None:
                     first_fail = time.monotonic()
                 now = time.monotonic()

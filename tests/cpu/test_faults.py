@@ -156,3 +156,19 @@ def test_a_second_thread_inside_an_op_gets_an_error_and_the_comm_goes_on():
     assert err is not None and "another thread is inside an operation of this communicator" in err
     assert alive is False and total == 2.0 and res[1] == ("peer", 2.0)
 
+
+
+def test_launch_refuses_a_function_the_ranks_cannot_import(tmp_path, monkeypatch):
+    """A lambda is refused before anything starts; a function the spawned ranks fail to import (its module is
+    gone by the time they start) ends in an error that says so, not in a bare exit code."""
+    import importlib
+    import sys
+    with pytest.raises(slicetrace.UsageError, match="not a lambda or a nested function"):
+        slicetrace.launch(lambda comm: 0, 2)
+    (tmp_path / "st_vanishing_mod.py").write_text("def job(comm):\n    return comm.rank\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "st_vanishing_mod", raising=False)     # teardown drops what the import adds
+    job = importlib.import_module("st_vanishing_mod").job
+    (tmp_path / "st_vanishing_mod.py").unlink()                # the parent still has it; a fresh rank cannot
+    with pytest.raises(slicetrace.LaunchError, match="before running fn: could it import fn"):
+        slicetrace.launch(job, 2, timeout_s=TIMEOUT, join_timeout_s=60)
