@@ -71,22 +71,24 @@ def _remove_job_shm(job: str) -> None:
             pass
 
 
-def _watch_parent(parent: int, grace_s: float, job: str) -> None:
-    """A process of launch() whose launcher is gone (killed, even by SIGKILL) stops: KeyboardInterrupt in its main
-    thread, so a rank's usual error path aborts its communicator (the other ranks learn of it) and removes its
-    shared memory; if that has not ended the process within grace_s, it removes the job's and exits anyway."""
+def _watch_parent(parent: int, grace_s: float, job: str, running: threading.Event | None) -> None:
+    """A process of launch() whose launcher is gone (killed, even by SIGKILL) stops. A rank still inside fn gets a
+    KeyboardInterrupt in its main thread, so its usual error path aborts its communicator (the other ranks learn of
+    it); a rank already cleaning up is left to finish (an interrupt there would cut its close short). Whatever has
+    not ended within grace_s removes the job's shared memory and exits."""
     import _thread
     while os.getppid() == parent:
         time.sleep(ORPHAN_CHECK_S)
     if grace_s > 0:
-        _thread.interrupt_main()
+        if running is not None and running.is_set():
+            _thread.interrupt_main()
         time.sleep(grace_s)
         _remove_job_shm(job)
     os._exit(1)
 
 
-def _start_watch(parent: int, grace_s: float, job: str) -> None:
-    threading.Thread(target=_watch_parent, args=(parent, grace_s, job), name="slicetrace-parent-watch",
+def _start_watch(parent: int, grace_s: float, job: str, running: threading.Event | None = None) -> None:
+    threading.Thread(target=_watch_parent, args=(parent, grace_s, job, running), name="slicetrace-parent-watch",
                      daemon=True).start()
 
 
@@ -99,28 +101,35 @@ def _send(conn, msg: tuple) -> None:
 
 def _child(fn: Callable, rank: int, world: int, store_map: Any, job: str, settings: dict, args: tuple,
            conn, parent: int) -> None:
-    _start_watch(parent, ORPHAN_GRACE_S, job)
+    running = threading.Event()                  # set while fn may be interrupted (see _watch_parent)
+    running.set()
+    _start_watch(parent, ORPHAN_GRACE_S, job, running)
     _send(conn, ("started",))                    # fn was unpickled: a later death is not an import problem
     comm = None
     try:
         comm = init(rank=rank, world_size=world, store=DictStore(store_map), job=job, **settings)
         result = fn(comm, *args)
+        running.clear()
         comm.close()
         comm = None
         _send(conn, ("ok", result))
     except BaseException as e:  # noqa: BLE001 - reported to the parent with its traceback
+        running.clear()
         try:
             if comm is not None:
                 comm._session.backend.abort(f"rank {rank} failed: {type(e).__name__}: {e}")
-        except Exception:
+        except BaseException:
             pass
         _send(conn, ("err", f"{type(e).__name__}: {e}", traceback.format_exc()))
     finally:
+        running.clear()
         if comm is not None:
             try:
                 comm.close()
-            except Exception:
+            except BaseException:               # a late interrupt included: the orphan check below still runs
                 pass
+        if os.getppid() != parent:
+            _remove_job_shm(job)                 # orphaned: the launcher that would have removed it is gone
 
 
 def _terminate_as_exit():

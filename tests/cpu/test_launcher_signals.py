@@ -30,7 +30,7 @@ def _run_and_signal(tmp_path, sig):
     shm_before = set(glob.glob("/dev/shm/st_*"))
     p = subprocess.Popen([sys.executable, str(script), str(tmp_path)], stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, start_new_session=True)
-    pids = []
+    pids, err = [], b""
     try:
         deadline = time.monotonic() + 60
         while len(pids) < 2 and time.monotonic() < deadline:
@@ -38,28 +38,29 @@ def _run_and_signal(tmp_path, sig):
             time.sleep(0.1)
         assert len(pids) == 2, "ranks did not start"
         time.sleep(0.5)                                  # ranks busy in all_reduce
+        ours = set(glob.glob("/dev/shm/st_*")) - shm_before     # this job's segments (others may come and go)
         os.kill(p.pid, sig)
         rc = p.wait(timeout=30)
         deadline = time.monotonic() + 15
         while any(proc_dead(q, 0) is None for q in pids) and time.monotonic() < deadline:
             time.sleep(0.1)
         survivors = [q for q in pids if proc_dead(q, 0) is None]
-        leaked = set(glob.glob("/dev/shm/st_*")) - shm_before
+        leaked = ours & set(glob.glob("/dev/shm/st_*"))
     finally:
         try:
             os.killpg(p.pid, signal.SIGKILL)             # whatever is left of the group, before asserting
         except ProcessLookupError:
             pass
         p.wait(timeout=10)
-    return rc, survivors, leaked
+        err = p.stderr.read()
+    return rc, survivors, leaked, ours, err.decode(errors="replace")[-3000:]
 
 
 @pytest.mark.parametrize("sig, want_rc", [(signal.SIGTERM, 143), (signal.SIGKILL, -9)])
 def test_ranks_and_shared_memory_do_not_outlive_the_launcher(tmp_path, sig, want_rc):
-    rc, survivors, leaked = _run_and_signal(tmp_path, sig)
-    assert rc == want_rc
-    assert survivors == []
-    assert leaked == set()
+    rc, survivors, leaked, ours, err = _run_and_signal(tmp_path, sig)
+    assert len(ours) == 2, ours                          # one segment per rank existed before the signal
+    assert (rc, survivors, leaked) == (want_rc, [], set()), err
 
 
 def test_ctrl_c_stops_bench_with_a_message_and_no_traceback():
