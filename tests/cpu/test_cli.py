@@ -13,7 +13,9 @@ def test_bench_checks_traces_and_reports(tmp_path, capfd):
     rc = main(["bench", "-b", "4K", "-e", "256K", "-f", "8", "-n", "3", "-w", "1", "--op", "all_reduce,all_gather",
                "--ranks", "3", "--trace", str(tmp_path / "tr"), "--json", str(out)])
     assert rc == 0
-    rows = json.load(open(out))["rows"]
+    doc = json.load(open(out))
+    rows, env = doc["rows"], doc["env"]
+    assert env["backend"] == "cpu" and env["ranks"] == 3 and env["cpus"] >= 1 and env["numpy"] and env["python"]
     assert [r["op"] for r in rows] == ["all_reduce"] * 3 + ["all_gather"] * 3
     assert all(r["wrong"] == 0 for r in rows)
     for r in rows:

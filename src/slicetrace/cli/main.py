@@ -47,6 +47,45 @@ def _write_json(flag: str, path: str, obj) -> None:
         raise SliceTraceError(f"{flag} {path!r}: {e.strerror or e}") from None
 
 
+def _provenance(backend: str, nranks: int, compare: str | None) -> dict:
+    """Where and with what a sweep ran, for --json: results without their hardware are not comparable."""
+    import datetime
+    import platform
+
+    import numpy as np
+    from .. import __version__
+    env = {"finished_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "host": platform.node(), "python": platform.python_version(), "numpy": np.__version__,
+           "slicetrace": __version__, "backend": backend, "ranks": nranks, "cpus": len(os.sched_getaffinity(0)),
+           "cpu_model": next((ln.split(":", 1)[1].strip() for ln in _read("/proc/cpuinfo").splitlines()
+                              if ln.startswith("model name")), platform.processor())}
+    if backend == "cuda":
+        try:
+            import cupy
+            env["gpus"] = [cupy.cuda.runtime.getDeviceProperties(i)["name"].decode()
+                           for i in range(cupy.cuda.runtime.getDeviceCount())]
+            env["cupy"] = cupy.__version__
+        except Exception as e:          # the run itself worked; say why this part is missing
+            env["gpus"] = f"unknown ({type(e).__name__})"
+    if compare:
+        try:
+            import torch
+            env["torch"] = torch.__version__
+            if compare == "nccl":
+                env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception as e:
+            env["torch"] = f"unknown ({type(e).__name__})"
+    return env
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
 def _bench_parser(sub) -> None:
     p = sub.add_parser("bench", help="nccl-tests-style sweep on the cpu (default) or cuda backend")
     p.add_argument("-b", "--minbytes", default="4K", help="smallest size (default 4K)")
@@ -142,7 +181,7 @@ def run_bench(a: argparse.Namespace) -> int:
     bad_rows = [r for r in rows if r["wrong"] > 0]
     if a.json:
         _write_json("--json", a.json, {"settings": {k: str(v) for k, v in overrides.items()}, "ranks": nranks,
-                                       "rows": rows})
+                                       "env": _provenance(s.backend, nranks, a.compare), "rows": rows})
     if a.trace:
         print(f"# traces: {a.trace}/trace_<commHash>_<rank>.json (open in https://ui.perfetto.dev)")
     if bad_rows:
