@@ -62,8 +62,8 @@ def _provenance(backend: str, nranks: int, compare: str | None) -> dict:
     if backend == "cuda":
         try:
             import cupy
-            env["gpus"] = [cupy.cuda.runtime.getDeviceProperties(i)["name"].decode()
-                           for i in range(cupy.cuda.runtime.getDeviceCount())]
+            names = [cupy.cuda.runtime.getDeviceProperties(i)["name"] for i in range(cupy.cuda.runtime.getDeviceCount())]
+            env["gpus"] = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
             env["cupy"] = cupy.__version__
         except Exception as e:          # the run itself worked; say why this part is missing
             env["gpus"] = f"unknown ({type(e).__name__})"
@@ -72,7 +72,8 @@ def _provenance(backend: str, nranks: int, compare: str | None) -> dict:
             import torch
             env["torch"] = torch.__version__
             if compare == "nccl":
-                env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+                v = torch.cuda.nccl.version()
+                env["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
         except Exception as e:
             env["torch"] = f"unknown ({type(e).__name__})"
     return env
