@@ -62,7 +62,8 @@ def _provenance(backend: str, nranks: int, compare: str | None) -> dict:
     if backend == "cuda":
         try:
             import cupy
-            names = [cupy.cuda.runtime.getDeviceProperties(i)["name"] for i in range(cupy.cuda.runtime.getDeviceCount())]
+            rt = cupy.cuda.runtime
+            names = [rt.getDeviceProperties(i)["name"] for i in range(rt.getDeviceCount())]
             env["gpus"] = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
             env["cupy"] = cupy.__version__
         except Exception as e:          # the run itself worked; say why this part is missing
