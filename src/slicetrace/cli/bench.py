@@ -107,7 +107,7 @@ def bench_rank(comm, o: dict) -> list[dict]:
               + (", overhead of KernelStep (profiled with it / without it)" if o["overhead"]
                  and o.get("overhead_of") == "kernel_step" else ""), flush=True)
         print(HEADER + ("  {:>8} {:>8} {:>6}".format("ref_us", "ref_bus", "ratio") if ref else "")
-              + ("  {:>9}".format("overhead") if o["overhead"] else ""), flush=True)
+              + ("  {:>9} {}".format("overhead", "[IQR of rounds]") if o["overhead"] else ""), flush=True)
         print(UNITS, flush=True)
         if sys.stderr.isatty():
             from rich.progress import Progress
@@ -184,7 +184,8 @@ def _one(comm, op, nbytes, dtype, o, xp, to_dev, to_host, sync, ref, key):
             on.append(pair[True])
             off.append(pair[False])
             ratios.append(pair[True] / pair[False])
-        vals += [statistics.median(on), statistics.median(off), statistics.median(ratios)]
+        q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+        vals += [statistics.median(on), statistics.median(off), statistics.median(ratios), q1, q3]
     vals = _gather_max(comm, key, vals)
     if rank != 0:
         return None
@@ -203,9 +204,10 @@ def _one(comm, op, nbytes, dtype, o, xp, to_dev, to_host, sync, ref, key):
         row["ref_busbw"] = size / rt / 1e9 * f if rt > 0 else 0.0
         row["ratio"] = row["busbw"] / row["ref_busbw"] if row["ref_busbw"] else float("nan")
     if o["overhead"]:
-        on, off, ratio = vals[k], vals[k + 1], vals[k + 2]
+        on, off, ratio, q1, q3 = vals[k:k + 5]
         row["profiled_us"], row["unprofiled_us"] = on * 1e6, off * 1e6
         row["overhead_pct"] = (ratio - 1) * 100
+        row["overhead_iqr_pct"] = [(q1 - 1) * 100, (q3 - 1) * 100]     # the rounds' spread: is a difference real?
         row["overhead_of"] = o.get("overhead_of", "profiling")
     return row
 
@@ -217,5 +219,5 @@ def format_row(r: dict, ref: bool, overhead: bool) -> str:
     if ref:
         s += "  {:>8.1f} {:>8.3f} {:>6.2f}".format(r["ref_time_us"], r["ref_busbw"], r["ratio"])
     if overhead:
-        s += "  {:>8.2f}%".format(r["overhead_pct"])
+        s += "  {:>8.2f}% [{:.1f}, {:.1f}]".format(r["overhead_pct"], *r["overhead_iqr_pct"])
     return s
