@@ -87,3 +87,13 @@ def test_bad_values_name_the_flag_the_value_and_what_is_accepted(capsys):
         main(["bench", "--profile", "abc"])
     assert e.value.code == 2
     assert "'abc' is not an event mask: give an integer, e.g. 65606 or 0x10046" in capsys.readouterr().err
+
+
+def test_overhead_reports_the_median_inside_the_rounds_spread(tmp_path):
+    out = tmp_path / "o.json"
+    assert main(["bench", "-b", "64K", "-e", "64K", "-n", "5", "-w", "1", "-c", "0", "--overhead", "--rounds", "5",
+                 "--json", str(out)]) == 0
+    row, = json.load(open(out))["rows"]
+    q1, q3 = row["overhead_iqr_pct"]
+    assert q1 <= row["overhead_pct"] <= q3 and row["overhead_of"] == "profiling"
+    assert row["profiled_us"] > 0 and row["unprofiled_us"] > 0
