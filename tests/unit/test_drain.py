@@ -483,3 +483,23 @@ def test_device_rings_are_read_no_further_than_fetched_while_ops_are_queued():
         done[t] = True
     d.poll_once()
     assert sink.ended == list(range(1, 41)) and not sink.drops and d.rows_read == 240
+
+
+def test_thread_init_runs_first_in_the_drain_thread_and_its_failure_is_reported():
+    """The cuda backend selects the rank's device there: a new thread's first CUDA call would otherwise make a
+    context on GPU 0 in every rank's process."""
+    import threading
+    seen = []
+    v = rings(1, 64)
+    d = Drain(v, Recorder(), thread_init=lambda: seen.append(threading.current_thread().name))
+    d.start()
+    d.stop(5.0)
+    assert seen == ["slicetrace-drain"] and d.error is None
+
+    def boom():
+        raise RuntimeError("no device")
+    d = Drain(v, Recorder(), thread_init=boom)
+    d.start()
+    d._thread.join(5.0)
+    assert not d._thread.is_alive() and isinstance(d.error, RuntimeError)
+    d.stop(5.0)

@@ -93,6 +93,9 @@ class Backend(abc.ABC):
     def wait(self, token: Any, timeout_s: float) -> None:
         """Block until the work finished; PeerError/CommTimeoutError on failure."""
 
+    def thread_init(self) -> None:
+        """Run first in any thread the library starts that calls into this backend (the drain thread)."""
+
     def fetch_stamps(self, lo: np.ndarray, hi: np.ndarray) -> None:
         """stamps_on_device: copy seqs lo[c]+1..hi[c] of every channel c, all of completed ops, into `rings`."""
         raise NotImplementedError(f"backend {self.name!r} keeps its stamp rings in host memory")

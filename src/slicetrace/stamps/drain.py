@@ -38,13 +38,15 @@ class _Op:
 class Drain:
     def __init__(self, views: RingViews, consumer: Consumer, interval_us: int = 500,
                  clock: Callable[[], int] = time.monotonic_ns,
-                 fetch: Callable[[np.ndarray, np.ndarray], None] | None = None):
+                 fetch: Callable[[np.ndarray, np.ndarray], None] | None = None,
+                 thread_init: Callable[[], None] | None = None):
         """fetch(lo, hi): for rings written in device memory, bring seqs lo[c]+1..hi[c] (all of completed ops)
         into `views` before they are read; the session passes it for such backends (with exact snapshots)."""
         self.views, self.consumer = views, consumer
         self.nch, self.slots = views.nchannels, views.slots
         self.cursor = np.zeros(self.nch, dtype=np.uint64)       # last consumed seq per channel
         self._fetch = fetch
+        self._thread_init = thread_init       # run first in the drain thread (cuda: select this rank's device)
         self._fetched = np.zeros(self.nch, dtype=np.int64)      # seqs up to here are in views (fetch only)
         self._sampled = 0
         self._hdr = views.header.view(np.uint64).reshape(self.nch, 8)          # [reserved, sampled_out, pad]
@@ -116,6 +118,12 @@ class Drain:
     def _run(self) -> None:
         # Poll rarely when little arrives (the engine shares the CPU with us), often when the rings fill.
         iv, busy = self.interval, self.slots // 8
+        if self._thread_init is not None:
+            try:
+                self._thread_init()
+            except BaseException as e:    # reported at close, like any failure of this thread
+                self.error = e
+                return
         while not self._stop:
             try:
                 n = self.poll_once()

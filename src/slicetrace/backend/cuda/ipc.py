@@ -108,7 +108,7 @@ class CommMemory:
         if not w:
             return
         rt = self._rt
-        prev = rt.getDevice()                # the drain thread starts on device 0; a flushing user thread may be
+        prev = rt.getDevice()                # the drain thread selected ours (thread_init); a flushing user thread may be
         if prev != device:                   # on another device: copy and query on this rank's, then put it back
             rt.setDevice(device)
         try:
