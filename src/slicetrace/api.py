@@ -104,9 +104,12 @@ class Communicator:
 
     def _collective(self, func: str, *args: Any) -> Any:
         self._enter(func)
+        be = self._session.backend
+        dev = be.enter_call()
         try:
             return self._collective_one(func, *args)
         finally:
+            be.exit_call(dev)
             self._busy.release()
 
     def _collective_one(self, func: str, x: Any, out: Any, out_count_of, op: str = "sum", root: int = 0,
@@ -229,9 +232,12 @@ class Communicator:
 
     def _run_p2p(self, entries: list) -> None:
         self._enter("send/recv")
+        be = self._session.backend
+        dev = be.enter_call()
         try:
             self._run_p2p_one(entries)
         finally:
+            be.exit_call(dev)
             self._busy.release()
 
     def _run_p2p_one(self, entries: list) -> None:
@@ -267,7 +273,12 @@ class Communicator:
         flat, dtype, n = self._buf(x, "x")
         if n % self.world_size:
             raise UsageError(f"all_to_all input has {n} elements, not a multiple of world_size={self.world_size}")
-        user_out, recv = self._out(out, flat, dtype, n)
+        be = self._session.backend
+        dev = be.enter_call()                   # out=None: allocated on the communicator's device
+        try:
+            user_out, recv = self._out(out, flat, dtype, n)
+        finally:
+            be.exit_call(dev)
         k = n // self.world_size
         self._check_open()
         entries = []            # block j as an offset into x / out: no per-block views (a CuPy slice costs µs)

@@ -93,6 +93,13 @@ class Backend(abc.ABC):
     def wait(self, token: Any, timeout_s: float) -> None:
         """Block until the work finished; PeerError/CommTimeoutError on failure."""
 
+    def enter_call(self) -> Any:
+        """At the start of each API operation, in the caller's thread; its result goes to exit_call."""
+        return None
+
+    def exit_call(self, token: Any) -> None:
+        """At the end of each API operation (also when it raised)."""
+
     def thread_init(self) -> None:
         """Run first in any thread the library starts that calls into this backend (the drain thread)."""
 

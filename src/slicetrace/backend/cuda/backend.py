@@ -112,6 +112,19 @@ class CudaBackend(Backend):
         """Channel count this backend would pick for an op of nbytes (settings.nchannels wins)."""
         return self.settings.nchannels or auto_channels(nbytes, self.world, self.max_channels)
 
+    def enter_call(self) -> int | None:
+        # As NCCL does: an op runs on the communicator's device whatever the calling thread's current device is
+        # (a thread that never chose one is on device 0), and the caller's is restored after it.
+        cur = self._rt.getDevice()
+        if cur == self.device:
+            return None
+        self._rt.setDevice(self.device)
+        return cur
+
+    def exit_call(self, prev: int | None) -> None:
+        if prev is not None:
+            self._rt.setDevice(prev)
+
     def thread_init(self) -> None:
         # A new thread's current device is 0: its first runtime call (an event query) would create a context on
         # GPU 0 in every other rank's process (~200 ms once, ~500 MiB of GPU 0 each). Ours first.

@@ -1,0 +1,48 @@
+"""Ops issued from a thread that never chose a device (its current device is 0, as for any new thread) run on
+the communicator's device, as NCCL's do, and leave the thread's current device as it was."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+
+def _from_a_fresh_thread(comm):
+    import cupy
+    dev = comm._session.backend.device
+    with cupy.cuda.Device(dev):
+        x = cupy.full(1000, comm.rank + 1, dtype=cupy.float32)
+        a2a = cupy.arange(2 * comm.world_size, dtype=cupy.float32) + 100 * comm.rank
+    out = {}
+
+    def work():
+        try:
+            before = cupy.cuda.runtime.getDevice()
+            y = comm.all_reduce(x)                       # out=None: allocated by the library
+            z = comm.all_to_all(a2a)
+            after = cupy.cuda.runtime.getDevice()
+            with cupy.cuda.Device(dev):                  # CuPy's own calls need the array's device current
+                cupy.cuda.Device(dev).synchronize()
+                out.update(before=before, after=after, y_dev=y.device.id, z_dev=z.device.id,
+                           y=float(y.sum().get()), z=z.get().tolist())
+        except Exception as e:                           # reported, not lost in the thread
+            out["error"] = f"{type(e).__name__}: {e}"
+    t = threading.Thread(target=work)
+    t.start()
+    t.join(120)
+    out["alive"] = t.is_alive()
+    out["device"] = dev
+    return out
+
+
+def test_ops_from_a_thread_on_another_device_run_on_the_communicators(gpu, kcache):
+    import slicetrace
+    res = slicetrace.launch(_from_a_fresh_thread, 2, backend="cuda", cache_dir=kcache, timeout_s=60.0,
+                            join_timeout_s=240)
+    n = 2
+    for r, out in enumerate(res):
+        assert "error" not in out and not out["alive"], out
+        assert out["before"] == 0 and out["after"] == 0            # the thread's own device, as it was
+        assert out["y_dev"] == out["z_dev"] == out["device"]
+        assert out["y"] == pytest.approx(1000 * n * (n + 1) / 2)
+        assert out["z"] == [100.0 * j + 2 * r + i for j in range(n) for i in range(2)]
