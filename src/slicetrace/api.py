@@ -333,7 +333,12 @@ class Communicator:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self._session.close()
+            be = self._session.backend
+            dev = be.enter_call()               # from any thread: the backend frees on its own device
+            try:
+                self._session.close()
+            finally:
+                be.exit_call(dev)
 
     def __enter__(self) -> "Communicator":
         return self

@@ -25,6 +25,8 @@ def _from_a_fresh_thread(comm):
                 cupy.cuda.Device(dev).synchronize()
                 out.update(before=before, after=after, y_dev=y.device.id, z_dev=z.device.id,
                            y=float(y.sum().get()), z=z.get().tolist())
+            comm.close()                                 # from this thread too
+            out["after_close"] = cupy.cuda.runtime.getDevice()
         except Exception as e:                           # reported, not lost in the thread
             out["error"] = f"{type(e).__name__}: {e}"
     t = threading.Thread(target=work)
@@ -42,7 +44,7 @@ def test_ops_from_a_thread_on_another_device_run_on_the_communicators(gpu, kcach
     n = 2
     for r, out in enumerate(res):
         assert "error" not in out and not out["alive"], out
-        assert out["before"] == 0 and out["after"] == 0            # the thread's own device, as it was
+        assert out["before"] == out["after"] == out["after_close"] == 0     # the thread's own device, as it was
         assert out["y_dev"] == out["z_dev"] == out["device"]
         assert out["y"] == pytest.approx(1000 * n * (n + 1) / 2)
         assert out["z"] == [100.0 * j + 2 * r + i for j in range(n) for i in range(2)]
