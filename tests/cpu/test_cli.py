@@ -97,3 +97,15 @@ def test_overhead_reports_the_median_inside_the_rounds_spread(tmp_path):
     q1, q3 = row["overhead_iqr_pct"]
     assert q1 <= row["overhead_pct"] <= q3 and row["overhead_of"] == "profiling"
     assert row["profiled_us"] > 0 and row["unprofiled_us"] > 0
+
+
+def test_rank_failures_of_our_own_kinds_read_as_one_line_per_rank_and_bugs_keep_their_tracebacks():
+    from slicetrace.cli.main import _brief
+    from slicetrace.errors import LaunchError
+    tb = "Traceback (most recent call last):\n  File ...\n"
+    ours = LaunchError("rank 0 failed: ...", {1: f"PeerError: rank 0 closed its communicator\n{tb}",
+                                              0: f"CommTimeoutError: rank 0 waited 60s (timeout_s)\n{tb}"})
+    assert _brief(ours) == ("rank 0: CommTimeoutError: rank 0 waited 60s (timeout_s); "
+                            "rank 1: PeerError: rank 0 closed its communicator")
+    bug = LaunchError("rank 0 failed: KeyError: 'x'\n" + tb, {0: f"KeyError: 'x'\n{tb}", 1: f"PeerError: gone\n{tb}"})
+    assert _brief(bug) == str(bug) and "Traceback" in _brief(bug)

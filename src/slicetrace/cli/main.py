@@ -88,6 +88,19 @@ def _read(path: str) -> str:
         return ""
 
 
+_OURS = tuple(c.__name__ for c in (SliceTraceError, *SliceTraceError.__subclasses__(),
+                                    *(g for c in SliceTraceError.__subclasses__() for g in c.__subclasses__())))
+
+
+def _brief(e: SliceTraceError) -> str:
+    """A rank's failure that is one of ours (a timeout, a peer that left, bad input) reads as one line per rank;
+    anything else (a bug) keeps its tracebacks."""
+    errs = getattr(e, "errors", None)
+    if not errs or not all(str(v).split(":", 1)[0] in _OURS for v in errs.values()):
+        return str(e)
+    return "; ".join(f"rank {r}: {str(v).splitlines()[0]}" for r, v in sorted(errs.items()))
+
+
 def _bench_parser(sub) -> None:
     p = sub.add_parser("bench", help="nccl-tests-style sweep on the cpu (default) or cuda backend")
     p.add_argument("-b", "--minbytes", default="4K", help="smallest size (default 4K)")
@@ -232,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return {"bench": run_bench, "config": run_config, "report": run_report}[a.cmd](a)
     except SliceTraceError as e:
-        print(f"slicetrace: error: {e}", file=sys.stderr)
+        print(f"slicetrace: error: {_brief(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("slicetrace: interrupted", file=sys.stderr)
