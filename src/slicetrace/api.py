@@ -102,15 +102,19 @@ class Communicator:
             raise UsageError(f"{func}: another thread is inside an operation of this communicator; issue one "
                              f"communicator's operations from one thread at a time (as NCCL requires)")
 
-    def _collective(self, func: str, *args: Any) -> Any:
-        self._enter(func)
+    def _guarded(self, what: str, fn, *args: Any) -> Any:
+        """fn(*args) as one operation: one thread at a time (_enter), on the backend's device (enter_call)."""
+        self._enter(what)
         be = self._session.backend
         dev = be.enter_call()
         try:
-            return self._collective_one(func, *args)
+            return fn(*args)
         finally:
             be.exit_call(dev)
             self._busy.release()
+
+    def _collective(self, func: str, *args: Any) -> Any:
+        return self._guarded(func, self._collective_one, func, *args)
 
     def _collective_one(self, func: str, x: Any, out: Any, out_count_of, op: str = "sum", root: int = 0,
                         user_tag: int = 0, stream: Any = None) -> Any:
@@ -231,14 +235,7 @@ class Communicator:
         return pieces, plan, nprog, [tuple(sorted(c)) for c in chans]
 
     def _run_p2p(self, entries: list) -> None:
-        self._enter("send/recv")
-        be = self._session.backend
-        dev = be.enter_call()
-        try:
-            self._run_p2p_one(entries)
-        finally:
-            be.exit_call(dev)
-            self._busy.release()
+        self._guarded("send/recv", self._run_p2p_one, entries)
 
     def _run_p2p_one(self, entries: list) -> None:
         dtypes = {e[2] for e in entries}
@@ -291,11 +288,7 @@ class Communicator:
     def barrier(self) -> None:
         """Every rank arrives before any leaves (through the rendezvous store; includes this rank's pending ops)."""
         self._check_open()
-        self._enter("barrier")
-        try:
-            self._session.barrier()
-        finally:
-            self._busy.release()
+        self._guarded("barrier", self._session.barrier)
 
     # ---- profiling controls ----
     @contextlib.contextmanager

@@ -7,6 +7,7 @@ import os
 import sys
 
 from ..backend.base import REDOPS
+from .. import errors
 from ..config import Settings, describe
 from ..errors import BackendError, SliceTraceError
 from ..events.abi import EventType
@@ -88,8 +89,7 @@ def _read(path: str) -> str:
         return ""
 
 
-_OURS = tuple(c.__name__ for c in (SliceTraceError, *SliceTraceError.__subclasses__(),
-                                    *(g for c in SliceTraceError.__subclasses__() for g in c.__subclasses__())))
+_OURS = {n for n, c in vars(errors).items() if isinstance(c, type) and issubclass(c, SliceTraceError)}
 
 
 def _brief(e: SliceTraceError) -> str:

@@ -267,12 +267,10 @@ def _plan_p2p(parts: tuple[P2pPart, ...], nranks: int, rank: int, itemsize: int,
     """
     proto = Proto(step_bytes, 1, 1)
     chunk = chunk_bytes // itemsize
+    programs = []
     for part in parts:
         if not 0 <= part.peer < nranks:
             raise UsageError(f"peer={part.peer} must be in 0..{nranks - 1}")
-    pairs = tuple(self_pairs(parts, rank))
-    programs = []
-    for part in parts:
         if part.peer == rank:
             continue
         prims = []
@@ -286,10 +284,10 @@ def _plan_p2p(parts: tuple[P2pPart, ...], nranks: int, rank: int, itemsize: int,
                                        {"part": part.index, "peer": part.peer, "is_send": part.is_send,
                                         "count": part.count, "chunk_elems": chunk}))
     return OpPlan("send_recv", nranks, rank, sum(p.count for p in parts), itemsize, 0, proto, tuple(programs),
-                  pairs)
+                  self_pairs(parts, rank))
 
 
-def self_pairs(parts, rank: int) -> list[tuple[int, int]]:
+def self_pairs(parts, rank: int) -> tuple[tuple[int, int], ...]:
     """(send index, recv index) into `parts` for a group's sends to self, matched in order with its receives from
     self (NCCL's self copy). Checked here, before anything runs, so both backends reject the same groups."""
     sends = [i for i, p in enumerate(parts) if p.peer == rank and p.is_send]
@@ -301,4 +299,4 @@ def self_pairs(parts, rank: int) -> list[tuple[int, int]]:
         if parts[i].count != parts[j].count:
             raise UsageError(f"send to self #{k} on rank {rank} has count={parts[i].count} but the recv from self "
                              f"it pairs with has count={parts[j].count}; paired counts must be equal")
-    return list(zip(sends, recvs))
+    return tuple(zip(sends, recvs))

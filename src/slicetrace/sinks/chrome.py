@@ -193,17 +193,11 @@ class _Ctx:
         if not self.pend:
             return
         pend, n, self.pend, self.pend_n = self.pend, self.pend_n, [], 0
-        if n >= _BIG_BATCH * len(pend):      # large batches (a GPU poll's): straight into the chunks, no concat copy
+        if len(pend) == 1 or n >= _BIG_BATCH * len(pend):   # one batch, or large ones (a GPU poll's): no concat
             for recs, pid, seq in pend:
                 if type(pid) is list:
                     pid, seq = _per_row(pid, seq)
                 self.copy_steps(recs, pid, seq)
-            return
-        if len(pend) == 1:
-            recs, pid, seq = pend[0]
-            if type(pid) is list:
-                pid, seq = _per_row(pid, seq)
-            self.copy_steps(recs, pid, seq)
             return
         recs, lens = _concat([p[0] for p in pend], KERNEL_STEP_DTYPE)
         ids: list = []
