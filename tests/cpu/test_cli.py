@@ -109,3 +109,16 @@ def test_rank_failures_of_our_own_kinds_read_as_one_line_per_rank_and_bugs_keep_
                             "rank 1: PeerError: rank 0 closed its communicator")
     bug = LaunchError("rank 0 failed: KeyError: 'x'\n" + tb, {0: f"KeyError: 'x'\n{tb}", 1: f"PeerError: gone\n{tb}"})
     assert _brief(bug) == str(bug) and "Traceback" in _brief(bug)
+
+
+def test_in_place_runs_every_collective_that_has_an_in_place_form_and_checks_it(tmp_path, capfd):
+    out = tmp_path / "ip.json"
+    assert main(["bench", "-b", "12", "-e", "96K", "-f", "8", "-n", "2", "-w", "1", "--op", "all", "--inplace",
+                 "--ranks", "3", "-d", "int32", "-o", "max", "-r", "2", "--json", str(out)]) == 0
+    rows = json.load(open(out))["rows"]
+    assert len(rows) == 7 * 5 and all(r["wrong"] == 0 for r in rows)
+    for r in rows:
+        assert r["inplace"] == (r["op"] not in ("all_to_all", "send_recv"))
+        assert r["redop"] == ("max" if r["op"] in ("all_reduce", "reduce", "reduce_scatter") else "none")
+    text = capfd.readouterr().out
+    assert ", in place" in text and "# all_to_all (out of place: no in-place form)" in text

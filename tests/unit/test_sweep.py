@@ -50,3 +50,29 @@ def test_timed_blocks_run_with_the_collector_off_and_overhead_blocks_with_it_on(
     except ZeroDivisionError:
         pass
     assert gc.isenabled()
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all"])
+def test_in_place_buffers_are_laid_out_as_nccl_tests_does_and_reset_restores_the_input(op):
+    from slicetrace.cli.bench import _buffers
+    rank, n, dt = 1, 3, np.dtype(np.int32)
+    cin, cout = counts(op, 96, 4, n)
+    host_in = np.arange(cin, dtype=dt) + 5
+    x, out, reset = _buffers(op, True, host_in, cin, cout, rank, np, lambda a: a.copy(), dt)
+    assert x.size == cin and out.size == cout
+    if op == "all_gather":
+        assert np.shares_memory(x, out) and x.ctypes.data == out.ctypes.data + rank * cin * 4
+    elif op == "reduce_scatter":
+        assert out.ctypes.data == x.ctypes.data + rank * cout * 4
+    elif op == "all_to_all":
+        assert not np.shares_memory(x, out)          # no in-place form: out of place
+    else:
+        assert out is x
+    out[...] = 0                                     # what an op leaves behind
+    if op != "all_to_all":                           # out of place, the input is never written
+        x[...] = 1
+    reset()
+    assert (x == host_in).all()
+    if op in ("all_gather", "all_to_all"):
+        rest = np.delete(out, np.arange(rank * cin, (rank + 1) * cin)) if op == "all_gather" else out
+        assert (rest == -77).all()

@@ -47,6 +47,31 @@ def _call(comm, op: str, x, out, redop: str, root: int) -> None:
             comm.recv(out, (comm.rank - 1) % comm.world_size)
 
 
+REDUCING = ("all_reduce", "reduce", "reduce_scatter")
+IN_PLACE = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce")   # as nccl-tests lays them out
+
+
+def _buffers(op: str, inplace: bool, host_in, cin: int, cout: int, rank: int, xp, to_dev, dtype):
+    """(x, out, reset). In place as nccl-tests does it: all_gather's input is this rank's block of the output,
+    reduce_scatter's output this rank's block of the input, the others share one buffer. reset() puts the
+    input back and poisons the rest of the output (before the checked run, and after it in place)."""
+    x = to_dev(host_in)
+    poison = -77 if dtype.kind != "u" else 77
+    if not (inplace and op in IN_PLACE):
+        out = xp.empty(cout, dtype=dtype)
+        return x, out, lambda: out.fill(poison)
+    if op == "all_gather":
+        out = xp.empty(cout, dtype=dtype)
+        mine = out[rank * cin:(rank + 1) * cin]
+
+        def reset_ag():
+            out.fill(poison)
+            mine[...] = x
+        return mine, out, reset_ag
+    out = x[rank * cout:(rank + 1) * cout] if op == "reduce_scatter" else x
+    return x, out, lambda: x.__setitem__(Ellipsis, to_dev(host_in))
+
+
 def _align(comm, fn, sync) -> None:
     """Before a timed block: the store barrier polls with a backoff, so ranks leave it up to a few ms apart; one
     untimed op after it ends within microseconds on all. Unprofiled, so that no block pays for its events."""
@@ -103,7 +128,7 @@ def bench_rank(comm, o: dict) -> list[dict]:
         chans = comm.settings.nchannels or ("auto" if comm.backend_name == "cuda" else 1)
         print(f"# slicetrace bench: backend {comm.backend_name}, {n} ranks, channels {chans}, "
               f"profiling {'on' if comm.profiler_enabled else 'off'}"
-              + (f", compare {o['compare']}" if ref else "")
+              + (", in place" if o["inplace"] else "") + (f", compare {o['compare']}" if ref else "")
               + (", overhead of KernelStep (profiled with it / without it)" if o["overhead"]
                  and o.get("overhead_of") == "kernel_step" else ""), flush=True)
         print(HEADER + ("  {:>8} {:>8} {:>6}".format("ref_us", "ref_bus", "ratio") if ref else "")
@@ -118,8 +143,9 @@ def bench_rank(comm, o: dict) -> list[dict]:
     gc.freeze()          # what the imports and set-up made is old: later collections only walk what the sweep makes
     try:
         for op in o["ops"]:
-            if comm.rank == 0 and len(o["ops"]) > 1:
-                print(f"# {op}", flush=True)
+            if comm.rank == 0 and (len(o["ops"]) > 1 or o["inplace"]):
+                print(f"# {op}" + (" (out of place: no in-place form)" if o["inplace"] and op not in IN_PLACE
+                                   else ""), flush=True)
             for i, nbytes in enumerate(o["sizes"]):
                 row = _one(comm, op, nbytes, dtype, o, xp, to_dev, to_host, sync, ref, f"{op}/{i}")
                 if row is not None and comm.rank == 0:
@@ -138,23 +164,21 @@ def bench_rank(comm, o: dict) -> list[dict]:
 def _one(comm, op, nbytes, dtype, o, xp, to_dev, to_host, sync, ref, key):
     n, rank = comm.world_size, comm.rank
     cin, cout = counts(op, nbytes, dtype.itemsize, n)
-    redop = o["redop"] if op in ("all_reduce", "reduce", "reduce_scatter") else "sum"
+    redop = o["redop"] if op in REDUCING else "sum"
     root = o["root"]
     host_in = make_input(o["seed"], rank, cin, dtype, op, redop)
-    x, out = to_dev(host_in), xp.empty(cout, dtype=dtype)
-    if o["inplace"] and op == "all_reduce":
-        out = x
+    inplace = bool(o["inplace"]) and op in IN_PLACE
+    x, out, reset = _buffers(op, inplace, host_in, cin, cout, rank, xp, to_dev, dtype)
     fn = (lambda: _call(comm, op, x, out, redop, root))
     n_wrong = 0
     if o["check"]:
-        if out is not x:
-            out.fill(-77 if dtype.kind != "u" else 77)
+        reset()
         fn()
         sync()
         inputs = [make_input(o["seed"], r, cin, dtype, op, redop) for r in range(n)]
         n_wrong = wrong(to_host(out), reference(op, inputs, rank, root, redop), dtype)
-        if o["inplace"] and op == "all_reduce":
-            x[...] = to_dev(host_in)
+        if inplace:
+            reset()
     for _ in range(o["warmup"]):
         fn()
     sync()
@@ -194,7 +218,8 @@ def _one(comm, op, nbytes, dtype, o, xp, to_dev, to_host, sync, ref, key):
     size = cout * dtype.itemsize if op in ("all_gather",) else cin * dtype.itemsize
     algbw = size / t / 1e9 if t > 0 else 0.0
     row = {"op": op, "size": size, "count": cout if op == "all_gather" else cin, "type": str(dtype),
-           "redop": redop, "root": root if op in ("broadcast", "reduce") else -1, "time_us": t * 1e6,
+           "redop": redop if op in REDUCING else "none", "inplace": inplace,
+           "root": root if op in ("broadcast", "reduce") else -1, "time_us": t * 1e6,
            "algbw": algbw, "busbw": algbw * f, "wrong": int(vals[1]) if o["check"] else -1, "ranks": n}
     k = 2
     if ref is not None:

@@ -117,7 +117,9 @@ def _bench_parser(sub) -> None:
     p.add_argument("--ranks", type=int, default=None, help="ranks to spawn (cpu default 2; cuda: GPUs)")
     p.add_argument("--backend", default=None, help="cpu (default) or cuda")
     p.add_argument("--channels", type=int, default=None, help="channels per collective")
-    p.add_argument("--inplace", action="store_true", help="in-place all_reduce (out = input)")
+    p.add_argument("--inplace", action="store_true", help="run in place as nccl-tests does (all_gather: input = "
+                   "this rank's block of the output; reduce_scatter: output = this rank's block of the input; "
+                   "all_reduce, broadcast, reduce: one buffer); all_to_all and send_recv stay out of place")
     p.add_argument("--trace", metavar="DIR", help="write per-rank Chrome traces via the example plugin")
     p.add_argument("--profile", nargs="?", const=65606, type=_mask, metavar="MASK",
                    help="profile with the example plugin; event mask (default 65606 = Coll|P2p|KernelCh|KernelStep)")
