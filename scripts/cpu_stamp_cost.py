@@ -1,7 +1,6 @@
 #!/usr/bin/env python3
-"""What one stamp-writer call costs where it runs: in a hot loop, right after a 256 KiB numpy copy, and inside
-a real 2-rank all_reduce (each FastRingWriter.one/two call wrapped with a timer; the hot figure is measured
-with the same wrapper, so the two compare).
+"""What the stamp writer costs where it runs: one() in a hot loop and right after a 256 KiB numpy copy, then the
+writer's calls inside a real 2-rank all_reduce (one, stage, publish, each wrapped with the same timer), per op.
 
     PYTHONPATH=src python scripts/cpu_stamp_cost.py [--bytes 1M] [--ops 1000]
 """
@@ -18,37 +17,39 @@ from slicetrace.cli import sweep
 from slicetrace.stamps.layout import RingViews, ring_bytes
 
 
-def _wrap(acc: list) -> None:
+def _wrap(acc: dict) -> None:
     pc = time.perf_counter_ns
-    for name in ("one", "two"):
+    for name in ("one", "stage", "publish"):
         f = getattr(stamper.FastRingWriter, name)
 
-        def w(self, *a, _f=f):
+        def w(self, *a, _f=f, _n=name):
             t = pc()
-            _f(self, *a)
-            acc[0] += pc() - t
-            acc[1] += 1
+            r = _f(self, *a)
+            ns, calls = acc.get(_n, (0, 0))
+            acc[_n] = (ns + pc() - t, calls + 1)
+            return r
         setattr(stamper.FastRingWriter, name, w)
 
 
-def calibrate(acc: list) -> tuple[float, float]:
+def calibrate(acc: dict) -> tuple[float, float]:
     v = RingViews(bytearray(ring_bytes(1, 16384)), 1, 16384)
     w = stamper.FastRingWriter(v, 0)
     src = np.ones(1 << 16, np.float32)
     dst = np.empty_like(src)
     out = []
     for cold in (False, True):
-        acc[:] = [0, 0]
+        acc.clear()
         for _ in range(20000):
             if cold:
                 np.copyto(dst, src)
             w.one(5, 7, 1, 2, 3)
-        out.append(acc[0] / acc[1])
+        ns, calls = acc["one"]
+        out.append(ns / calls)
     return out[0], out[1]
 
 
 def body(comm, nbytes: int, nops: int) -> str:
-    acc = [0, 0]
+    acc: dict = {}
     _wrap(acc)
     hot, cold = calibrate(acc)
     x = np.ones(nbytes // 4, np.float32)
@@ -56,13 +57,12 @@ def body(comm, nbytes: int, nops: int) -> str:
     for _ in range(50):
         comm.all_reduce(x, out)
     comm.flush_profiler()
-    acc[:] = [0, 0]
+    acc.clear()
     for _ in range(nops):
         comm.all_reduce(x, out)
     comm.flush_profiler()
-    return (f"rank {comm.rank}: per writer call {hot:.0f} ns hot, {cold:.0f} ns after a 256 KiB copy, "
-            f"{acc[0] / acc[1]:.0f} ns in the run ({acc[1] / nops:.1f} calls and {acc[0] / nops / 1000:.2f} us "
-            f"per op)")
+    calls = ", ".join(f"{n} {ns / nops / 1000:.2f} us ({c / nops:.2f} calls)" for n, (ns, c) in sorted(acc.items()))
+    return f"rank {comm.rank}: one() {hot:.0f} ns hot, {cold:.0f} ns after a 256 KiB copy; per op in the run: {calls}"
 
 
 def main() -> None:

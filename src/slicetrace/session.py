@@ -55,7 +55,7 @@ class Session:
                 info = CommInfo(self.comm_hash, name or f"slicetrace-{job}", 1, world, rank, settings.backend)
                 self.host = EventHost(plugins, info, settings.plugin_max_failures)
                 self.drain = Drain(self.backend.rings, self.host, settings.drain_interval_us,
-                                   fetch=self.backend.fetch_stamps if self.backend.stamps_on_device else None,
+                                   fetch=self.backend.fetch_stamps if self.backend.stamps_fetched else None,
                                    thread_init=self.backend.thread_init)
                 self._resync()
                 # A synchronous backend (cpu) has no idle time to hide a thread in: on 2 cores and under the

@@ -99,6 +99,8 @@ def run_case(ctx, key: str, kw: dict, case: dict, stamps: bool = False):
     detail = "" if ok else f"rank {r}: got {y[:8]}... expected {exp[:8]}..."
     out = {"ok": ok, "detail": detail}
     if stamps:
+        top = be.rings.header["reserved"].copy()
+        be.fetch_stamps(before.astype(np.int64), top.astype(np.int64))    # what the drain does before reading
         out["stamps"] = read_stamps(be.rings, before)
         out["expected"] = expected(plan)
         out["sampled_out"] = int(be.rings.header["sampled_out"].sum())

@@ -99,7 +99,7 @@ class DeviceRings(GpuLike):
     """One ring in "device memory" (a separate buffer, the kernel's layout: whole entries) and a merged host
     mirror, as the cuda backend has: the drain sees a record only after fetch_stamps copied the windows the
     cuda backend would copy (seqs.copy_windows/copy_regions)."""
-    stamps_on_device = True
+    stamps_fetched = True
 
     def __init__(self, *a, **k):
         super().__init__(*a, **k)

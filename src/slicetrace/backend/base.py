@@ -62,7 +62,7 @@ class Backend(abc.ABC):
     name: str = "?"
     synchronous: bool = False   # True: submit() runs the work to the end (the session then drains inline)
     reserves_stamps: bool = False   # True: header.reserved right after submit is exactly the end of the op's seqs
-    stamps_on_device: bool = False  # True: `rings` is a host mirror, filled by fetch_stamps for completed ops
+    stamps_fetched: bool = False    # True: `rings` holds an op's records once fetch_stamps brought them in
     n_warps: int = 1            # warps per channel program, as profiler descriptors report it (Coll nWarps)
 
     def __init__(self, settings: Settings, rank: int, world: int, store: Store, job: str):
@@ -104,8 +104,9 @@ class Backend(abc.ABC):
         """Run first in any thread the library starts that calls into this backend (the drain thread)."""
 
     def fetch_stamps(self, lo: np.ndarray, hi: np.ndarray) -> None:
-        """stamps_on_device: copy seqs lo[c]+1..hi[c] of every channel c, all of completed ops, into `rings`."""
-        raise NotImplementedError(f"backend {self.name!r} keeps its stamp rings in host memory")
+        """stamps_fetched: bring seqs lo[c]+1..hi[c] of every channel c, all of completed ops, into `rings` (cuda:
+        copy them from device memory; cpu: publish the staged records)."""
+        raise NotImplementedError(f"backend {self.name!r} writes its stamp rings as it goes")
 
     def channels_for(self, nbytes: int) -> int:
         """Channels for an op of nbytes (settings.nchannels wins; backends may pick by size, as NCCL does)."""

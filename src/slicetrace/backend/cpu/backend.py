@@ -33,6 +33,7 @@ _GEN: dict[str, int] = {}        # backends made per job in this process: keeps 
 class CpuBackend(HostBackend):
     name = "cpu"
     synchronous = True          # submit() returns when the work is done
+    stamps_fetched = True       # ring programs stage their records; fetch_stamps publishes them (stamper.py)
 
     def __init__(self, settings, rank: int, world: int, store, job: str):
         super().__init__(settings, rank, world, store, job)
@@ -136,16 +137,26 @@ class CpuBackend(HostBackend):
             else:
                 self._collective(work)
         except (PeerError, MismatchError, UsageError):
+            self.publish_stamps()                       # the failed op's slices reach the trace too
             raise
         except BaseException as e:                      # anything else mid-op: the peers must not hang
             self.guard.abort_all(ABORT_PEER, f"rank {self.rank} failed during op {work.tag}: "
                                              f"{type(e).__name__}: {e}")
+            self.publish_stamps()
             raise
         self._ntok += 1
         return self._ntok
 
     def done(self, token: Any) -> bool:
         return True
+
+    def fetch_stamps(self, lo: np.ndarray, hi: np.ndarray) -> None:
+        """Every op is complete when the drain asks: publish everything staged (lo/hi cover it)."""
+        self.publish_stamps()
+
+    def publish_stamps(self) -> None:
+        for w in self.writers:
+            w.publish()
 
     def wait(self, token: Any, timeout_s: float) -> None:
         if self.guard.aborted():

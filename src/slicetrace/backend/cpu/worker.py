@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from ...stamps.layout import FLAG_SEND, KIND_STEP
+from ...stamps.layout import FLAG_CH_STOP, FLAG_SEND, KIND_CHANNEL, KIND_STEP
 from ..base import DTYPES
 from .shm import ABORT_MISMATCH, H_HEAD, H_MSG, H_TAIL, NSIG
 from .stamper import FastRingWriter, tail
@@ -29,6 +29,7 @@ KINDS = {"send": K_SEND, "copySend": K_COPYSEND, "recv": K_RECV, "recvCopySend":
          "recvReduceSend": K_RRS, "recvReduceCopySend": K_RRCS, "recvReduceCopy": K_RRC}
 NSTEPS = 8
 M32 = 0xFFFFFFFF
+_CH_START, _CH_STOP = tail(0, KIND_CHANNEL, 0), tail(0, KIND_CHANNEL, FLAG_CH_STOP)   # a ring program's KernelCh
 
 
 def finish_avg(d: np.ndarray, nranks: int) -> None:
@@ -53,6 +54,25 @@ class RingJob:
 
 
 def run_ring(prog, job: RingJob) -> None:
+    """One channel program; its records are staged (FastRingWriter.stage), also when a wait fails."""
+    work, w = job.work, job.writer
+    recs: list[int] = []        # wait, ready, done, w4, w5 per record, in seq order
+    chans = w is not None and work.stamp_channels
+    op = work.tag & 0xFFFFFFFF
+    if chans:
+        t = time.monotonic_ns()
+        recs += (t, t, t, op, _CH_START)
+    try:
+        _ring_slices(prog, job, recs)
+        if chans:
+            t = time.monotonic_ns()
+            recs += (t, t, t, op, _CH_STOP)
+    finally:
+        if recs:
+            w.stage(recs)
+
+
+def _ring_slices(prog, job: RingJob, recs: list) -> None:
     work, plan = job.work, job.work.plan
     rconn, sconn, guard, w = job.rconn, job.sconn, job.guard, job.writer
     dt = work.recvbuf.dtype
@@ -75,8 +95,6 @@ def run_ring(prog, job: RingJob) -> None:
     stamp = w is not None and work.stamp_steps
     rate = max(1, work.sample_rate)
     clock = time.monotonic_ns
-    if w is not None and work.stamp_channels:
-        chseq = w.channel_start(op, 0, 0, clock())
     rtail, stail = tail(rpeer, KIND_STEP, 0), tail(speer, KIND_STEP, FLAG_SEND)
     tw = tr = ts = t0 = td = 0
     k = 0
@@ -166,20 +184,18 @@ def run_ring(prog, job: RingJob) -> None:
                 if k % rate:
                     w.sampled_out(hr + hs)
                 elif hr and hs:
-                    w.two(op | (rstep & M32) << 32, nb | rtail, t0, tr, op | (sstep & M32) << 32, nb | stail, tw, ts,
-                          td)
+                    recs += (t0, tr, td, op | (rstep & M32) << 32, nb | rtail,
+                             tw, ts, td, op | (sstep & M32) << 32, nb | stail)
                 elif hr:
-                    w.one(op | (rstep & M32) << 32, nb | rtail, t0, tr, td)
+                    recs += (t0, tr, td, op | (rstep & M32) << 32, nb | rtail)
                 else:
-                    w.one(op | (sstep & M32) << 32, nb | stail, tw, ts, td)
+                    recs += (tw, ts, td, op | (sstep & M32) << 32, nb | stail)
             if hs:
                 sstep += ss
             if hr:
                 rstep += ss
             k += 1
     rconn.step, sconn.step = rstep, sstep
-    if w is not None and work.stamp_channels:
-        w.channel_stop(chseq, op, 0, 0, clock())
 
 
 # ---------------------------------------------------------------- point to point
