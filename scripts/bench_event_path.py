@@ -1,7 +1,8 @@
 """Per-op cost of the profiled event path, in process: begin_op + stamping + drain + host + chrome plugin.
 
-A realistic 1-channel all_reduce: KernelCh start, `--slices` send/recv KernelStep pairs, KernelCh stop, written
-with the cpu backend's FastRingWriter; the drain polls once per `--batch` ops. Prints us per op per stage.
+A realistic 1-channel all_reduce: KernelCh start, `--slices` send/recv KernelStep pairs, KernelCh stop,
+staged with the cpu backend's FastRingWriter and published by the drain's fetch step; the drain polls once per
+`--batch` ops. Prints us per op per stage.
 --gpu writes the records the way the cuda backend does instead (ranges reserved per op, whole entries with
 provisional seq words, numpy-vectorised so that "stamping" stands for the kernel's share).
 
@@ -16,13 +17,13 @@ import time
 
 import numpy as np
 
-from slicetrace.backend.cpu.stamper import FastRingWriter
+from slicetrace.backend.cpu.stamper import FastRingWriter, tail
 from slicetrace.config import Settings
 from slicetrace.events.abi import CommInfo
 from slicetrace.events.host import EventHost, OpInfo, TaskInfo
 from slicetrace.events.plugin import load_plugins
 from slicetrace.stamps.drain import Drain
-from slicetrace.stamps.layout import (FLAG_CH_STOP, FLAG_SEND, KIND_CHANNEL, RingViews, provisional_word,
+from slicetrace.stamps.layout import (FLAG_CH_STOP, FLAG_SEND, KIND_CHANNEL, KIND_STEP, RingViews, provisional_word,
                                       ring_bytes)
 
 
@@ -62,8 +63,8 @@ def run(args, dump: str | None) -> dict[str, float]:
     nch = args.channels
     merged = bool(args.gpu)
     v = RingViews(bytearray(ring_bytes(nch, 16384, merged)), nch, 16384, merged)
-    d = Drain(v, host)
     ws = [FastRingWriter(v, c) for c in range(nch)]
+    d = Drain(v, host, fetch=None if args.gpu else lambda lo, hi: [w.publish() for w in ws])
     gw = GpuLikeWriter(v, args.slices) if args.gpu else None
     clock = time.monotonic_ns
     t_begin = t_stamp = t_drain = 0.0
@@ -79,12 +80,15 @@ def run(args, dump: str | None) -> dict[str, float]:
             d.expect(tag)
             b = pc()
             for w in ws if gw is None else ():
-                chseq = w.channel_start(tag, 0, 0, clock())
+                t = clock()
+                recs = [t, t, t, tag, tail(0, KIND_CHANNEL, 0)]
                 for k in range(args.slices // 2):
                     t = clock()
-                    w.step(0, tag, 2 * k, 65536, 1, t, t + 10, t + 50)
-                    w.step(FLAG_SEND, tag, 2 * k, 65536, 1, t + 10, t + 10, t + 50)
-                w.channel_stop(chseq, tag, 0, 0, clock())
+                    recs += (t, t + 10, t + 50, tag | (2 * k) << 32, 65536 | tail(1, KIND_STEP, 0),
+                             t + 10, t + 10, t + 50, tag | (2 * k) << 32, 65536 | tail(1, KIND_STEP, FLAG_SEND))
+                t = clock()
+                recs += (t, t, t, tag, tail(0, KIND_CHANNEL, FLAG_CH_STOP))
+                w.stage(recs)
             if gw is not None:
                 gw.op(tag, clock())
             c = pc()

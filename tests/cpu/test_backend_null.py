@@ -27,7 +27,7 @@ def test_stamps_follow_the_plan(func):
     for tag in (1, 2):                                   # steps persist across ops
         before = be.rings.header["reserved"].copy()
         be.submit(Work(tag, plan, "float32", "sum", x, y, stamp_steps=True, stamp_channels=True))
-        recs = read_stamps(be.rings, before)
+        recs = read_stamps(be, before)
         steps = [r for r in recs if r[0] == 0]
         assert sum(r[0] == 1 for r in recs) == 2 * len(plan.programs)     # KernelCh start + stop
         assert sorted((ch, bool(f), p, sz) for _, ch, f, p, _, sz, *_ in steps) == \

@@ -346,9 +346,13 @@ def test_a_poll_mixing_p2p_masked_and_unknown_ops_counts_each_run_as_before():
     r1, r2s, r2r, r3, r9 = recs(1, 3), recs(2, 2, send=1, peer=2), recs(2, 1, peer=0), recs(3, 4), recs(9, 5)
     allr = np.concatenate([r1, r2s, r2r, r3, r9])
     h.batch(allr, [(1, KIND_STEP, 0, 3), (2, KIND_STEP, 3, 6), (3, KIND_STEP, 6, 10), (9, KIND_STEP, 10, 15)])
-    (call,) = p.of("runs")
-    assert call[3:] == ([0], [3])                        # the collective in one call
-    assert sorted(len(b[2]) for b in p.of("batch")) == [1, 2]    # the p2p parts routed one run at a time
+    (call,) = p.of("runs")                               # the collective whole, each p2p part under its P2p
+    _, parents, got, starts, stops = call
+    descr = {("h", i + 1, c[1].type): c[1] for i, c in enumerate(p.of("start"))}     # handle -> what it started
+    assert (starts, stops) == ([0, 3, 5], [3, 5, 6]) and p.of("batch") == []
+    assert [(descr[q].type, descr[q].func) for q in parents] == [(T.COLL, "AllReduce"), (T.P2P, "Send"),
+                                                                 (T.P2P, "Recv")]
+    assert (got["is_send"][3:5] == 1).all() and got["peer"][5] == 0
     c = h.counters()
     assert c["delivered_kernel_step"] == 6 and c["masked_out"] == 4 and c["no_parent"] == 5
 

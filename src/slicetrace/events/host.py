@@ -12,6 +12,7 @@ serialises them, so plugins are called by one thread at a time.
 """
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
 import time
@@ -193,35 +194,34 @@ class EventHost(Emitter):
                     self._channel(tag, recs[a:b], (kc, recs, a, b))
 
     def _steps_runs(self, recs: np.ndarray, runs: list[tuple[int, int, int, int]], box: list[Any]) -> None:
-        """The KernelStep runs of one poll: a collective's records go to each plugin in one kernel_step_runs
-        call for the whole poll; p2p groups (records routed per part) one run at a time (_steps)."""
+        """The KernelStep runs of one poll go to each plugin in one kernel_step_runs call: a collective's run
+        whole, a p2p group's cut where (peer, direction) changes, each piece under its part; groups with two
+        parts of one key (routed by channel, ops._Op._share) one run at a time (_steps)."""
         c = self._counts
         pend: list[tuple[list, list, list]] = [([], [], []) for _ in self._slots]    # parents, starts, stops
         box[0] = to_kernel_steps(recs[:max(r[3] for r in runs)])
-        get, slots = self._ops.get, self._slots
+        get = self._ops.get
+        keys = cuts = None
         for tag, _, a, b in runs:
             op = get(tag)
-            tasks = None if op is None else op.tasks
-            if tasks is None or len(tasks) != 1 or tasks[0].p2p or not op.info.mask & _KS:
-                self._steps(tag, recs[a:b], (box, recs, a, b))    # counts no_parent / masked_out; routes p2p
+            if op is None or op.shared or not op.info.mask & _KS:
+                self._steps(tag, recs[a:b], (box, recs, a, b))    # counts no_parent / masked_out; routes by channel
                 continue
-            t, n = tasks[0], b - a
-            if t.done:
-                c["no_parent"] += n
+            tasks = op.tasks
+            if len(tasks) == 1 and not tasks[0].p2p:
+                self._take(op, tasks[0], a, b, pend)
                 continue
-            for i, pm in enumerate(op.pmasks):
-                if not pm & _KS:
-                    continue
-                parent = t.handles[i]
-                if parent is None or parent is _OFF:
-                    c["parent_dropped"] += n
-                elif slots[i].disabled:
-                    c["plugin_disabled"] += n
+            if cuts is None:                     # once per poll: where (peer, direction) changes
+                keys = recs["peer"].astype(np.int64) * 2 + (recs["flags"] & FLAG_SEND)
+                cuts = (np.flatnonzero(keys[1:] != keys[:-1]) + 1).tolist()
+            by_key = {t.key: t for t in tasks}
+            edges = [a] + cuts[bisect.bisect_right(cuts, a):bisect.bisect_left(cuts, b)] + [b]
+            for x, y in zip(edges, edges[1:]):
+                t = by_key.get(int(keys[x]))
+                if t is None:
+                    c["no_parent"] += y - x
                 else:
-                    ps, st, sp = pend[i]
-                    ps.append(parent)
-                    st.append(a)
-                    sp.append(b)
+                    self._take(op, t, x, y, pend)
         for s, (ps, st, sp) in zip(self._slots, pend):
             if not ps:
                 continue
@@ -236,6 +236,26 @@ class EventHost(Emitter):
                 continue
             c["delivered_kernel_step"] = c.get("delivered_kernel_step", 0) + kept
             c["pool_full"] += n - kept
+
+    def _take(self, op: _Op, t: _Task, a: int, b: int, pend: list[tuple[list, list, list]]) -> None:
+        """Rows a..b of this poll's KernelSteps, all of task t: queued for each plugin that takes them."""
+        n = b - a
+        if t.done:
+            self._counts["no_parent"] += n
+            return
+        for i, pm in enumerate(op.pmasks):
+            if not pm & _KS:
+                continue
+            parent = t.handles[i]
+            if parent is None or parent is _OFF:
+                self._counts["parent_dropped"] += n
+            elif self._slots[i].disabled:
+                self._counts["plugin_disabled"] += n
+            else:
+                ps, st, sp = pend[i]
+                ps.append(parent)
+                st.append(a)
+                sp.append(b)
 
     def _steps_op(self, tag: int, n: int) -> _Op | None:
         """The op that n KernelSteps of `tag` belong to, if it takes them; else they are counted."""

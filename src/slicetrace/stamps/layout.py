@@ -36,11 +36,11 @@ to host memory pending in front of the data path's fences:
 An in-order reader therefore takes a GPU program whole once its op has completed, and since every seq of
 the op is reserved at submit, an entry of a completed op that is still not valid was lost (counted).
 
-Staged records (backend/cpu ring programs): the writer keeps a program's records in its own memory while the
-program runs and reserves their seqs as one block at its end (KernelCh start, KernelSteps, KernelCh stop, in
+Staged records (backend/cpu): the writer keeps a channel program's records (or a p2p part's) in its own memory
+while it runs and reserves their seqs as one block when it ends (KernelCh start, KernelSteps, KernelCh stop, in
 order); the backend's fetch_stamps writes the payloads and then the seq words, by the rules above, before the
-drain reads the ring, so the reader sees exactly what per-record writes would have left (entries lapped by
-newer reservations are not written: the reader counts them as overrun).
+drain reads the ring, so the reader sees exactly what per-record writes would have left (entries lapped by newer
+reservations are not written: the reader counts them as overrun).
 
 This module imports nothing from slicetrace but errors; both backends and the drain import it.
 """

@@ -203,13 +203,15 @@ def _ring_slices(prog, job: RingJob, recs: list) -> None:
 class _Lane:
     """One connection's queue of parts (group order); only the head part moves."""
 
-    __slots__ = ("conn", "queue", "prog", "buf", "i", "chseq", "twait", "k", "writer", "first")
+    __slots__ = ("conn", "queue", "prog", "buf", "i", "twait", "k", "writer", "first", "recs", "ktail")
 
     def __init__(self, conn, queue):
         self.conn, self.queue = conn, queue
         self.prog = self.buf = self.writer = None
-        self.i = self.chseq = self.twait = self.k = 0
+        self.i = self.twait = self.k = 0
         self.first = True
+        self.recs: list[int] = []       # the current part's records, staged when it ends (as run_ring's)
+        self.ktail = tail(conn.peer, KIND_STEP, FLAG_SEND if conn.is_send else 0)
 
 
 def self_copies(work) -> None:
@@ -237,6 +239,16 @@ def run_p2p(work, send_conns, recv_conns, writers, guard) -> None:
     rate = max(1, work.sample_rate)
     clock = time.monotonic_ns
     se = plan.proto.step_bytes // np.dtype(work.parts[0][1].dtype).itemsize if work.parts else 1
+    try:
+        _progress(lanes, bufs, writers, op, stamp_ch, stamp, rate, dcode, se, guard, clock)
+    finally:
+        for ln in lanes:                     # a failed group's parts still reach the trace
+            if ln.recs:
+                ln.writer.stage(ln.recs)
+                ln.recs = []
+
+
+def _progress(lanes, bufs, writers, op, stamp_ch, stamp, rate, dcode, se, guard, clock) -> None:
     active = []
     for ln in lanes:
         if _next_part(ln, bufs, writers, op, stamp_ch, dcode, guard, clock):
@@ -277,8 +289,7 @@ def run_p2p(work, send_conns, recv_conns, writers, guard) -> None:
                 ctl[H_TAIL if conn.is_send else H_HEAD] = step + 1
                 if stamp and n:
                     if ln.k % rate == 0:
-                        ln.writer.step(FLAG_SEND if conn.is_send else 0, op, step, n * ln.buf.itemsize,
-                                       conn.peer, ln.twait, tr, td)
+                        ln.recs += (ln.twait, tr, td, op | (step & M32) << 32, n * ln.buf.itemsize | ln.ktail)
                     else:
                         ln.writer.sampled_out(1)
                     ln.twait = td
@@ -320,7 +331,7 @@ def _next_part(ln: _Lane, bufs, writers, op, stamp_ch, dcode, guard, clock) -> b
         t = clock()
         ln.twait = t
         if stamp_ch:
-            ln.chseq = ln.writer.channel_start(op, conn.peer, 1 if conn.is_send else 0, t)
+            ln.recs += (t, t, t, op, tail(conn.peer, KIND_CHANNEL, 1 if conn.is_send else 0))
         if prog.prims:
             return True
         _end_part(ln, op, stamp_ch, clock)
@@ -330,7 +341,11 @@ def _next_part(ln: _Lane, bufs, writers, op, stamp_ch, dcode, guard, clock) -> b
 
 def _end_part(ln: _Lane, op, stamp_ch, clock) -> None:
     if stamp_ch:
-        ln.writer.channel_stop(ln.chseq, op, ln.conn.peer, 1 if ln.conn.is_send else 0, clock())
+        t = clock()
+        ln.recs += (t, t, t, op, tail(ln.conn.peer, KIND_CHANNEL, (1 if ln.conn.is_send else 0) | FLAG_CH_STOP))
+    if ln.recs:
+        ln.writer.stage(ln.recs)
+        ln.recs = []
 
 
 def _check_msg(ln: _Lane, dcode: int, guard) -> None:
