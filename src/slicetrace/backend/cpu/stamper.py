@@ -65,7 +65,7 @@ class FastRingWriter:
                 return 0
             self.staged = []
             last = self.hdr[self.ri] + 1                            # one past the newest seq: the last staged
-        recs = np.array(words, dtype=np.uint64).reshape(-1, 5)
+        recs = np.fromiter(words, np.uint64, len(words)).reshape(-1, 5)
         first = max(first, last - self.mask - 1)
         recs = recs[len(recs) - (last - first):]
         n = 0
