@@ -86,6 +86,8 @@ def main() -> None:
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     prefix = os.path.join(a.out, "trace")
+    for old in glob.glob(prefix + "_*_*.json"):               # an earlier run's files would be read as this one's
+        os.remove(old)
     kw = dict(backend="cuda", profiler_plugin="example", timeout_s=a.timeout)
     res = slicetrace.launch(traced, a.ranks, a.size, profile_dump_file=prefix, **kw)
     print("traced ops done", flush=True)
