@@ -102,6 +102,39 @@ def test_timeout_when_a_rank_never_submits(pool2):
     assert kind == "CommTimeoutError" and "timeout_s" in msg and 0.9 < secs < 3, res[0]
 
 
+def stamped_until_timeout(ctx, key: str, kw: dict):
+    """A stamped all_reduce whose peer never comes: what the rings hold once the timeout was raised."""
+    from slicetrace.backend.base import Work
+    from slicetrace.plan.schedule import plan_collective
+    be = backend(ctx, key, **kw)
+    x = np.ones(20_000, np.float32)
+    plan = plan_collective("all_reduce", ctx["world"], ctx["rank"], x.size, 4, 0, be.nch, be.settings.step_bytes)
+    try:
+        be.submit(Work(7, plan, "float32", "sum", x, np.empty_like(x), stamp_steps=True, stamp_channels=True))
+        kind = "ok"
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        kind = type(e).__name__
+    v = be.rings
+    top = int(v.header["reserved"][0])
+    ents = [(int(v.started["seq"][0, q % v.slots]), int(v.completed["seq"][0, q % v.slots]),
+             int(v.started["op"][0, q % v.slots]), int(v.started["kind"][0, q % v.slots]),
+             int(v.started["flags"][0, q % v.slots])) for q in range(1, top + 1)]
+    ctx["state"]["backends"].pop(key).close()
+    return kind, ents
+
+
+def test_a_failed_op_publishes_the_slices_it_completed(pool2):
+    """Staged records reach the rings when the op fails (stamper.py): the sends made before the wait for data
+    that timed out are published whole, with their KernelCh start."""
+    kw = dict(SMALL, timeout_s=1.0)
+    res = _results(pool2, [(stamped_until_timeout, ("pub", kw)), (idle_then, ("pub", kw, "idle", 2.0))])
+    kind, ents = res[0]
+    assert kind == "CommTimeoutError" and len(ents) >= 2, res[0]
+    assert all(st == co == q for q, (st, co, *_) in enumerate(ents, 1))            # every reserved seq published
+    assert {op for _, _, op, _, _ in ents} == {7}
+    assert ents[0][3] == 1 and all(k == 0 and f & 1 for _, _, _, k, f in ents[1:])  # KernelCh start, then sends
+
+
 def test_rank_missing_at_init_times_out(pool2):
     def only_rank0():
         return pool2.run(submit_case, "init", dict(SMALL, timeout_s=1.0), dict(func="all_reduce", count=1,
