@@ -69,7 +69,10 @@ def _buffers(op: str, inplace: bool, host_in, cin: int, cout: int, rank: int, xp
             mine[...] = x
         return mine, out, reset_ag
     out = x[rank * cout:(rank + 1) * cout] if op == "reduce_scatter" else x
-    return x, out, lambda: x.__setitem__(Ellipsis, to_dev(host_in))
+
+    def reset():
+        x[...] = to_dev(host_in)
+    return x, out, reset
 
 
 def _align(comm, fn, sync) -> None:
