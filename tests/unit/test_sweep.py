@@ -12,6 +12,15 @@ def test_sizes_follow_nccl_tests_flags():
         parse_size("4Q", "-b")
     with pytest.raises(UsageError, match=r"-f 1 must be >= 2"):
         sizes(8, 64, 1)
+    assert sizes(0, 4, None) == [0, 1, 2, 4]                      # -f defaults to 2
+    assert sizes(1 << 20, 4 << 20, None, 1 << 20) == [1 << 20, 2 << 20, 3 << 20, 4 << 20]   # -i: additive
+    assert sizes(10, 25, None, 10) == [10, 20]
+    with pytest.raises(UsageError, match=r"-f 4 and -i 8: give one"):
+        sizes(8, 64, 4, 8)
+    with pytest.raises(UsageError, match=r"-i 0 must be >= 1 byte"):
+        sizes(8, 64, None, 0)
+    with pytest.raises(UsageError, match=r"makes 1073741817 sizes; at most 10000"):
+        sizes(8, 1 << 30, None, 1)
 
 
 def test_busbw_factors_are_nccl_tests():

@@ -105,7 +105,8 @@ def _bench_parser(sub) -> None:
     p = sub.add_parser("bench", help="nccl-tests-style sweep on the cpu (default) or cuda backend")
     p.add_argument("-b", "--minbytes", default="4K", help="smallest size (default 4K)")
     p.add_argument("-e", "--maxbytes", default="64M", help="largest size (default 64M)")
-    p.add_argument("-f", "--stepfactor", type=int, default=2, help="size multiplier (default 2)")
+    p.add_argument("-f", "--stepfactor", type=int, default=None, help="size multiplier (default 2)")
+    p.add_argument("-i", "--stepbytes", default=None, help="size increment instead of -f (e.g. 1M)")
     p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations per size (default 20)")
     p.add_argument("-w", "--warmup_iters", type=int, default=5, help="warmup iterations (default 5)")
     p.add_argument("-c", "--check", type=int, default=1, help="1 = check results against numpy (default 1)")
@@ -188,7 +189,8 @@ def run_bench(a: argparse.Namespace) -> int:
                 nranks = cupy.cuda.runtime.getDeviceCount()
             except Exception as e:      # no CuPy, no driver, no device: say so plainly
                 raise BackendError(f"--backend cuda: no usable CUDA device ({type(e).__name__}: {e})") from None
-    opts = {"sizes": sizes(parse_size(a.minbytes, "-b"), parse_size(a.maxbytes, "-e"), a.stepfactor),
+    step = None if a.stepbytes is None else parse_size(a.stepbytes, "-i")
+    opts = {"sizes": sizes(parse_size(a.minbytes, "-b"), parse_size(a.maxbytes, "-e"), a.stepfactor, step),
             "ops": ops, "dtype": dtype, "redop": a.redop, "root": a.root, "iters": a.iters,
             "warmup": a.warmup_iters, "check": bool(a.check), "compare": a.compare, "overhead": a.overhead,
             "overhead_of": a.overhead_of,

@@ -22,9 +22,24 @@ def parse_size(text: str, what: str) -> int:
     return int(m.group(1)) * _UNITS[m.group(2)]
 
 
-def sizes(minbytes: int, maxbytes: int, factor: int) -> list[int]:
+MAX_SIZES = 10_000          # a sweep longer than this is a typo in -i, not a benchmark
+
+
+def sizes(minbytes: int, maxbytes: int, factor: int | None = 2, step: int | None = None) -> list[int]:
+    """nccl-tests' sweep: minbytes, then times factor (-f) or plus step (-i), up to maxbytes."""
     if minbytes < 0 or maxbytes < minbytes:
         raise UsageError(f"-b {minbytes} / -e {maxbytes}: need 0 <= minbytes <= maxbytes")
+    if step is not None:
+        if factor is not None:
+            raise UsageError(f"-f {factor} and -i {step}: give one (a factor or an increment)")
+        if step < 1:
+            raise UsageError(f"-i {step} must be >= 1 byte")
+        n = (maxbytes - minbytes) // step + 1
+        if n > MAX_SIZES:
+            raise UsageError(f"-b {minbytes} -e {maxbytes} -i {step} makes {n} sizes; at most {MAX_SIZES}: "
+                             f"a larger -i, or -f")
+        return list(range(minbytes, maxbytes + 1, step))
+    factor = 2 if factor is None else factor
     if factor < 2:
         raise UsageError(f"-f {factor} must be >= 2")
     out, s = [], minbytes
