@@ -159,7 +159,7 @@ if __name__ == "__main__" and "--after" in sys.argv:
     for r in slicetrace.launch(after_body, 2, mode, backend="cuda", timeout_s=30.0):
         print(r, flush=True)
 elif __name__ == "__main__" and "--cli" in sys.argv:
-    opts = {"sizes": [1 << 20, 2 << 20, 4 << 20], "ops": ["all_to_all"], "dtype": "float32", "redop": "sum",
+    opts = {"sizes": [1 << 20, 2 << 20, 4 << 20], "ops": ["all_to_all"], "dtypes": ["float32"], "redops": ["sum"],
             "root": 0, "iters": 20, "warmup": 5, "check": False, "compare": "nccl", "overhead": False,
             "rounds": 1, "seed": 1234 if "--seed1234" in sys.argv else 0, "inplace": False}
     if "--parent-cuda" in sys.argv:                 # as the bench command does to count the GPUs

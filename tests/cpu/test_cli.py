@@ -2,6 +2,7 @@
 import glob
 import json
 
+import numpy as np
 import pytest
 
 from slicetrace.analyze.trace import check_trace
@@ -122,3 +123,18 @@ def test_in_place_runs_every_collective_that_has_an_in_place_form_and_checks_it(
         assert r["redop"] == ("max" if r["op"] in ("all_reduce", "reduce", "reduce_scatter") else "none")
     text = capfd.readouterr().out
     assert ", in place" in text and "# all_to_all (out of place: no in-place form)" in text
+
+
+def test_all_types_and_reductions_as_nccl_tests_runs_them(tmp_path):
+    from slicetrace.cli.sweep import all_dtypes
+    out = tmp_path / "all.json"
+    assert main(["bench", "-d", "all", "-o", "all", "--op", "all_reduce,broadcast", "-b", "40", "-e", "40", "-n",
+                 "1", "-w", "0", "--ranks", "3", "--json", str(out)]) == 0
+    rows = json.load(open(out))["rows"]
+    types = all_dtypes()
+    assert {"int8", "uint8", "int32", "int64", "float16", "float32", "float64"} <= set(types)
+    assert sorted((r["type"], r["redop"]) for r in rows if r["op"] == "all_reduce") == sorted(
+        (str(np.dtype(t)) if t != "bfloat16" else "bfloat16", o) for t in types
+        for o in ("sum", "prod", "min", "max", "avg"))
+    assert [r["redop"] for r in rows if r["op"] == "broadcast"] == ["none"] * len(types)   # once per type
+    assert all(r["wrong"] == 0 for r in rows)

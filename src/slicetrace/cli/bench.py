@@ -118,7 +118,6 @@ def _gather_max(comm, key: str, vals: list[float]) -> list[float]:
 def bench_rank(comm, o: dict) -> list[dict]:
     xp, to_dev, to_host, sync = _arrays(comm)
     n = comm.world_size
-    dtype = np_dtype(o["dtype"])
     ref = None
     if o["compare"]:
         from .reference import TorchReference
@@ -126,7 +125,9 @@ def bench_rank(comm, o: dict) -> list[dict]:
                              device=comm.rank if o["compare"] == "nccl" else None)
     rows: list[dict] = []
     progress = None
-    total = len(o["ops"]) * len(o["sizes"])
+    combos = {op: [(np_dtype(d), r) for d in o["dtypes"] for r in (o["redops"] if op in REDUCING else ["sum"])]
+              for op in o["ops"]}       # -d all / -o all: every type, every reduction of the ops that reduce
+    total = sum(len(c) for c in combos.values()) * len(o["sizes"])
     if comm.rank == 0:
         chans = comm.settings.nchannels or ("auto" if comm.backend_name == "cuda" else 1)
         print(f"# slicetrace bench: backend {comm.backend_name}, {n} ranks, channels {chans}, "
@@ -149,13 +150,15 @@ def bench_rank(comm, o: dict) -> list[dict]:
             if comm.rank == 0 and (len(o["ops"]) > 1 or o["inplace"]):
                 print(f"# {op}" + (" (out of place: no in-place form)" if o["inplace"] and op not in IN_PLACE
                                    else ""), flush=True)
-            for i, nbytes in enumerate(o["sizes"]):
-                row = _one(comm, op, nbytes, dtype, o, xp, to_dev, to_host, sync, ref, f"{op}/{i}")
-                if row is not None and comm.rank == 0:
-                    rows.append(row)
-                    print(format_row(row, ref is not None, o["overhead"]), flush=True)
-                if progress is not None:
-                    progress.advance(task)
+            for dtype, redop in combos[op]:
+                for i, nbytes in enumerate(o["sizes"]):
+                    row = _one(comm, op, nbytes, dtype, {**o, "redop": redop}, xp, to_dev, to_host, sync, ref,
+                               f"{op}/{dtype}/{redop}/{i}")
+                    if row is not None and comm.rank == 0:
+                        rows.append(row)
+                        print(format_row(row, ref is not None, o["overhead"]), flush=True)
+                    if progress is not None:
+                        progress.advance(task)
     finally:
         if progress is not None:
             progress.stop()

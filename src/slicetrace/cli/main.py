@@ -12,7 +12,7 @@ from ..config import Settings, describe
 from ..errors import BackendError, SliceTraceError
 from ..events.abi import EventType
 from ..events.plugin import load_plugins
-from .sweep import DTYPE_ALIASES, OPS, parse_size, sizes
+from .sweep import DTYPE_ALIASES, OPS, all_dtypes, parse_size, sizes
 
 
 KERNEL_STEP = int(EventType.KERNEL_STEP)
@@ -110,8 +110,8 @@ def _bench_parser(sub) -> None:
     p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations per size (default 20)")
     p.add_argument("-w", "--warmup_iters", type=int, default=5, help="warmup iterations (default 5)")
     p.add_argument("-c", "--check", type=int, default=1, help="1 = check results against numpy (default 1)")
-    p.add_argument("-d", "--datatype", default="float", help=f"one of {sorted(DTYPE_ALIASES)}")
-    p.add_argument("-o", "--redop", dest="redop", default="sum", help="reduction: sum prod min max avg")
+    p.add_argument("-d", "--datatype", default="float", help=f"one of {sorted(DTYPE_ALIASES)}, or all")
+    p.add_argument("-o", "--redop", dest="redop", default="sum", help="reduction: sum prod min max avg, or all")
     p.add_argument("-r", "--root", type=int, default=0, help="root for broadcast/reduce")
     p.add_argument("--op", dest="ops", default="all_reduce",
                    help=f"comma list of {OPS} or 'all'")
@@ -137,9 +137,9 @@ def _bench_parser(sub) -> None:
 def run_bench(a: argparse.Namespace) -> int:
     from ..launcher import launch
     from .bench import bench_rank
-    dtype = DTYPE_ALIASES.get(a.datatype)
-    if dtype is None:
-        raise SliceTraceError(f"-d {a.datatype!r} is not one of {sorted(DTYPE_ALIASES)}")
+    dtypes = all_dtypes() if a.datatype == "all" else [DTYPE_ALIASES.get(a.datatype)]
+    if dtypes == [None]:
+        raise SliceTraceError(f"-d {a.datatype!r} is not one of {sorted(DTYPE_ALIASES)} or 'all'")
     ops = list(OPS) if a.ops == "all" else [x.strip() for x in a.ops.split(",")]
     bad = [x for x in ops if x not in OPS]
     if bad:
@@ -147,8 +147,8 @@ def run_bench(a: argparse.Namespace) -> int:
     for name, v in (("-n", a.iters), ("-w", a.warmup_iters), ("--rounds", a.rounds)):
         if v < (1 if name != "-w" else 0):
             raise SliceTraceError(f"{name} {v} must be >= {1 if name != '-w' else 0}")
-    if a.redop not in REDOPS:
-        raise SliceTraceError(f"-o {a.redop!r} is not one of {REDOPS}")
+    if a.redop not in REDOPS and a.redop != "all":
+        raise SliceTraceError(f"-o {a.redop!r} is not one of {REDOPS} or 'all'")
     if a.ranks is not None and a.ranks < 1:
         raise SliceTraceError(f"--ranks {a.ranks} must be >= 1")
     if a.channels is not None and a.channels < 0:
@@ -191,7 +191,8 @@ def run_bench(a: argparse.Namespace) -> int:
                 raise BackendError(f"--backend cuda: no usable CUDA device ({type(e).__name__}: {e})") from None
     step = None if a.stepbytes is None else parse_size(a.stepbytes, "-i")
     opts = {"sizes": sizes(parse_size(a.minbytes, "-b"), parse_size(a.maxbytes, "-e"), a.stepfactor, step),
-            "ops": ops, "dtype": dtype, "redop": a.redop, "root": a.root, "iters": a.iters,
+            "ops": ops, "dtypes": dtypes, "redops": list(REDOPS) if a.redop == "all" else [a.redop],
+            "root": a.root, "iters": a.iters,
             "warmup": a.warmup_iters, "check": bool(a.check), "compare": a.compare, "overhead": a.overhead,
             "overhead_of": a.overhead_of,
             "rounds": a.rounds, "seed": a.seed, "inplace": a.inplace}

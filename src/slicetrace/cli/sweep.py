@@ -49,6 +49,17 @@ def sizes(minbytes: int, maxbytes: int, factor: int | None = 2, step: int | None
     return out
 
 
+def all_dtypes() -> list[str]:
+    """-d all: every dtype of the backends, bfloat16 where ml_dtypes is installed (nccl-tests runs all it has)."""
+    names = ["int8", "uint8", "int32", "int64", "float16", "float32", "float64"]
+    try:
+        np_dtype("bfloat16")
+        names.append("bfloat16")
+    except UsageError:
+        pass
+    return names
+
+
 def np_dtype(name: str):
     if name == "bfloat16":
         try:
