@@ -85,3 +85,16 @@ def test_in_place_buffers_are_laid_out_as_nccl_tests_does_and_reset_restores_the
     if op in ("all_gather", "all_to_all"):
         rest = np.delete(out, np.arange(rank * cin, (rank + 1) * cin)) if op == "all_gather" else out
         assert (rest == -77).all()
+
+
+def test_bench_dtypes_on_cuda_need_a_cupy_bfloat16(monkeypatch):
+    import sys
+    import types
+    from slicetrace.cli.sweep import all_dtypes, bench_dtype
+    pytest.importorskip("ml_dtypes")
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(__version__="14.2.0"))   # no bfloat16
+    assert "bfloat16" not in all_dtypes("cuda") and "bfloat16" in all_dtypes("cpu")
+    with pytest.raises(UsageError, match=r"-d bfloat16 on cuda: this CuPy \(14.2.0\) has no bfloat16"):
+        bench_dtype("bfloat16", "cuda")
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(__version__="99", bfloat16=object()))
+    assert all_dtypes("cuda")[-1] == "bfloat16"

@@ -12,7 +12,7 @@ from ..config import Settings, describe
 from ..errors import BackendError, SliceTraceError
 from ..events.abi import EventType
 from ..events.plugin import load_plugins
-from .sweep import DTYPE_ALIASES, OPS, all_dtypes, parse_size, sizes
+from .sweep import DTYPE_ALIASES, OPS, all_dtypes, bench_dtype, parse_size, sizes
 
 
 KERNEL_STEP = int(EventType.KERNEL_STEP)
@@ -137,7 +137,7 @@ def _bench_parser(sub) -> None:
 def run_bench(a: argparse.Namespace) -> int:
     from ..launcher import launch
     from .bench import bench_rank
-    dtypes = all_dtypes() if a.datatype == "all" else [DTYPE_ALIASES.get(a.datatype)]
+    dtypes = ["all"] if a.datatype == "all" else [DTYPE_ALIASES.get(a.datatype)]
     if dtypes == [None]:
         raise SliceTraceError(f"-d {a.datatype!r} is not one of {sorted(DTYPE_ALIASES)} or 'all'")
     ops = list(OPS) if a.ops == "all" else [x.strip() for x in a.ops.split(",")]
@@ -189,6 +189,7 @@ def run_bench(a: argparse.Namespace) -> int:
                 nranks = cupy.cuda.runtime.getDeviceCount()
             except Exception as e:      # no CuPy, no driver, no device: say so plainly
                 raise BackendError(f"--backend cuda: no usable CUDA device ({type(e).__name__}: {e})") from None
+    dtypes = all_dtypes(s.backend) if dtypes == ["all"] else [bench_dtype(dtypes[0], s.backend)]
     step = None if a.stepbytes is None else parse_size(a.stepbytes, "-i")
     opts = {"sizes": sizes(parse_size(a.minbytes, "-b"), parse_size(a.maxbytes, "-e"), a.stepfactor, step),
             "ops": ops, "dtypes": dtypes, "redops": list(REDOPS) if a.redop == "all" else [a.redop],

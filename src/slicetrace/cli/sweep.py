@@ -49,14 +49,30 @@ def sizes(minbytes: int, maxbytes: int, factor: int | None = 2, step: int | None
     return out
 
 
-def all_dtypes() -> list[str]:
-    """-d all: every dtype of the backends, bfloat16 where ml_dtypes is installed (nccl-tests runs all it has)."""
-    names = ["int8", "uint8", "int32", "int64", "float16", "float32", "float64"]
-    try:
-        np_dtype("bfloat16")
-        names.append("bfloat16")
-    except UsageError:
-        pass
+def bench_dtype(name: str, backend: str) -> str:
+    """`name` if the bench can make its arrays on `backend` (bfloat16: ml_dtypes, and on cuda a CuPy with a
+    bfloat16 dtype; the library itself takes bfloat16 through torch); UsageError otherwise."""
+    if name == "bfloat16":
+        np_dtype(name)
+        if backend == "cuda":
+            try:
+                import cupy
+            except ImportError:
+                return name             # the backend reports a missing CuPy itself
+            if not hasattr(cupy, "bfloat16"):
+                raise UsageError(f"-d bfloat16 on cuda: this CuPy ({cupy.__version__}) has no bfloat16 arrays for "
+                                 f"the bench's buffers (the library takes torch bfloat16 tensors)")
+    return name
+
+
+def all_dtypes(backend: str = "cpu") -> list[str]:
+    """-d all: every dtype the bench can make arrays of on `backend`, as nccl-tests runs all it has."""
+    names = []
+    for n in ("int8", "uint8", "int32", "int64", "float16", "float32", "float64", "bfloat16"):
+        try:
+            names.append(bench_dtype(n, backend))
+        except UsageError:
+            pass
     return names
 
 
