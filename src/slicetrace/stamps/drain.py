@@ -344,25 +344,21 @@ class Drain:
         lows, kl = ops[starts].tolist(), kinds[starts].tolist()
         with self._lock:
             tags = [self._ops.get(low) for low in lows]
+        n = len(out)
+        if None in tags:                             # records of ops the drain never saw submitted
+            for op, a, b in zip(tags, starts, bounds):
+                if op is None:
+                    self.consumer.drop("no_parent", b - a)
+                    n -= b - a
+        self.delivered += n
+        runs = [(op.tag, kind, a, b) for op, kind, a, b in zip(tags, kl, starts, bounds) if op is not None]
         batch = getattr(self.consumer, "batch", None)
-        if batch is not None and None not in tags:   # the common case: one comprehension, no per-run branches
-            self.delivered += len(out)
-            batch(out, [(op.tag, kind, a, b) for op, kind, a, b in zip(tags, kl, starts, bounds)])
-            return                                   # one call per poll (events.host.EventHost.batch)
-        runs = []
-        for op, kind, a, b in zip(tags, kl, starts, bounds):
-            if op is None:
-                self.consumer.drop("no_parent", b - a)
-                continue
-            self.delivered += b - a
-            if batch is not None:
-                runs.append((op.tag, kind, a, b))
-            elif kind == KIND_CHANNEL:
-                self.consumer.channel(op.tag, out[a:b])
-            else:
-                self.consumer.steps(op.tag, out[a:b])
-        if runs:
-            batch(out, runs)
+        if batch is not None:
+            if runs:
+                batch(out, runs)                     # one call per poll (events.host.EventHost.batch)
+            return
+        for tag, kind, a, b in runs:
+            (self.consumer.channel if kind == KIND_CHANNEL else self.consumer.steps)(tag, out[a:b])
 
     def _pair_channels(self, out: np.ndarray, is_ch: np.ndarray) -> np.ndarray:
         """KernelCh start/stop records -> one record (ready = start, done = stop) at the stop.
