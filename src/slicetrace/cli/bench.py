@@ -151,6 +151,8 @@ def bench_rank(comm, o: dict) -> list[dict]:
                 print(f"# {op}" + (" (out of place: no in-place form)" if o["inplace"] and op not in IN_PLACE
                                    else ""), flush=True)
             for dtype, redop in combos[op]:
+                for nbytes in (o["sizes"][-1], o["sizes"][0]):    # nccl-tests' warm-up: largest, then smallest
+                    _warm(comm, op, nbytes, dtype, redop, o, xp, to_dev, sync, ref)
                 for i, nbytes in enumerate(o["sizes"]):
                     row = _one(comm, op, nbytes, dtype, {**o, "redop": redop}, xp, to_dev, to_host, sync, ref,
                                f"{op}/{dtype}/{redop}/{i}")
@@ -165,6 +167,22 @@ def bench_rank(comm, o: dict) -> list[dict]:
         if ref is not None:
             ref.close()
     return rows
+
+
+def _warm(comm, op, nbytes, dtype, redop, o, xp, to_dev, sync, ref) -> None:
+    """-w untimed, unchecked runs of one size (and of the reference), before a sweep's first size is timed."""
+    if not o["warmup"]:
+        return
+    cin, cout = counts(op, nbytes, dtype.itemsize, comm.world_size)
+    x = to_dev(np.zeros(cin, dtype=dtype))
+    out = xp.empty(cout, dtype=dtype)
+    for _ in range(o["warmup"]):
+        _call(comm, op, x, out, redop, o["root"])
+    sync()
+    if ref is not None:
+        for _ in range(o["warmup"]):
+            ref.run(op, x, out, redop, o["root"])
+        ref.sync()
 
 
 def _one(comm, op, nbytes, dtype, o, xp, to_dev, to_host, sync, ref, key):
