@@ -62,6 +62,7 @@ VARIABLES: tuple[Var, ...] = (
     Var("SLICETRACE_PROFILE_DUMP_FILE", "profile_dump_file", _opt_str, "example plugin: trace path prefix, files are <prefix>_<commHash>_<rank>.json"),
     Var("SLICETRACE_PLUGIN_MAX_FAILURES", "plugin_max_failures", _int, "plugin exceptions before that plugin is disabled, default 16"),
     Var("SLICETRACE_CPU_RECLAIM", "cpu_reclaim", str, "cpu: after reading a FIFO slot the receiver stores once per cache line so the sender's next write does not stall on lines shared across L3 caches: auto (default: measured per connection), on, off"),
+    Var("SLICETRACE_CPU_WAIT", "cpu_wait", str, "cpu: how a rank waits for its ring neighbour: auto (default: sleep in the kernel (futex) when ranks outnumber this process's CPUs, else spin then yield), futex, spin"),
     Var("SLICETRACE_CACHE_DIR", "cache_dir", str, "compiled-kernel cache folder, default ~/.cache/slicetrace"),
     Var("SLICETRACE_ASSERT_WARM", "assert_warm", _bool, "1 = a kernel compile during timed work is an error"),
     Var("SLICETRACE_CLOCK_RESYNC_S", "clock_resync_s", float, "cuda: seconds between GPU/host clock offset re-measurements, default 1.0"),
@@ -88,6 +89,7 @@ class Settings:
     pool_sizes: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_POOL_SIZES))
     plugin_max_failures: int = 16
     cpu_reclaim: str = "auto"
+    cpu_wait: str = "auto"
     cache_dir: str = os.path.join(os.path.expanduser("~"), ".cache", "slicetrace")
     assert_warm: bool = False
     clock_resync_s: float = 1.0
@@ -124,6 +126,8 @@ class Settings:
             raise ConfigError(f"plugin_max_failures={self.plugin_max_failures} must be >= 1")
         if self.cpu_reclaim not in ("auto", "on", "off"):
             raise ConfigError(f"cpu_reclaim={self.cpu_reclaim!r} is not one of ('auto', 'on', 'off')")
+        if self.cpu_wait not in ("auto", "futex", "spin"):
+            raise ConfigError(f"cpu_wait={self.cpu_wait!r} is not one of ('auto', 'futex', 'spin')")
         if self.debug.upper() not in ("WARN", "INFO", "DEBUG"):
             raise ConfigError(f"debug={self.debug!r} is not one of ('WARN', 'INFO', 'DEBUG')")
 

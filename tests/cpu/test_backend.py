@@ -310,3 +310,13 @@ def test_fifo_line_reclaim_never_touches_unread_data(pools, n, mode):
     check(pools(n), f"reclaim-{mode}", kw, cases_for(n, [1, 20011, 70001], inplace=(False, True)))
     res = pools(n).run(run_alltoall, f"reclaim-{mode}", kw, 30_000, True)
     assert all(r["ok"] for r in res)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_futex_waits_keep_every_result_exact(pools, n):
+    """cpu_wait=futex (auto picks it when ranks outnumber CPUs): ring waits sleep on the tail / head word and the
+    neighbour wakes them; a missed wake costs one 1 ms timeout, never a wrong result or a hang."""
+    kw = dict(SMALL, nchannels=2, cpu_wait="futex", timeout_s=20)
+    check(pools(n), "futex", kw, cases_for(n, [1, 20011, 70001], inplace=(False, True)))
+    res = pools(n).run(run_alltoall, "futex", kw, 30_000, True)
+    assert all(r["ok"] for r in res)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,9 +20,10 @@ from ...errors import BackendError, MismatchError, PeerError, UsageError
 from ...stamps.layout import RingViews, ring_bytes
 from ..base import HostBackend, Work, host_pointer, part_views
 from ..procs import proc_start_time
-from .shm import (ABORT_PEER, C_BUFFSIZE, C_CLOSED, C_HEARTBEAT, C_MAGIC, C_NCH, C_PID, C_SLOTS, C_START,
+from .shm import (ABORT_PEER, C_BUFFSIZE, C_CLOSED, C_FUTEX, C_HEARTBEAT, C_MAGIC, C_NCH, C_PID, C_SLOTS, C_START,
                   C_WORLD, MAGIC, PAGE, REASON_MAX, REASON_OFF, Segment, layout, segment_size,
                   unlink_name)
+from . import futex
 from .stamper import FastRingWriter
 from .transport import Conn, Guard, encode_sig
 from .worker import RingJob, run_p2p, run_ring
@@ -68,8 +70,14 @@ class CpuBackend(HostBackend):
         self._rings = RingViews(self.seg.bytes_(rings, ring_bytes(nch, s.ring_slots)), nch, s.ring_slots)
         self.writers = [FastRingWriter(self._rings, c) for c in range(nch)]
         self.guard = Guard(rank, ctl, self.seg.bytes_(REASON_OFF, REASON_MAX), s.timeout_s)
-        if world > len(os.sched_getaffinity(0)):
+        crowded = world > len(os.sched_getaffinity(0))
+        if crowded:
             self.guard.spins = 10        # ranks share cores: the peer we poll for needs our core, yield early
+        if s.cpu_wait == "futex" and not futex.available():
+            raise BackendError(f"cpu_wait='futex' needs Linux on x86_64 or aarch64 (this is {sys.platform}, "
+                               f"{os.uname().machine}); use 'auto' or 'spin'")
+        self.guard.futex = s.cpu_wait == "futex" or (s.cpu_wait == "auto" and crowded and futex.available())
+        ctl[C_FUTEX] = int(self.guard.futex)      # before the name is published: peers read it when they attach
         self._hb = threading.Thread(target=self._heartbeat, name=f"slicetrace-heartbeat-r{rank}", daemon=True)
         self._hb.start()
         self.store.set(f"{self._prefix}/seg/{rank}", self.seg.name.encode())
@@ -89,6 +97,9 @@ class CpuBackend(HostBackend):
         if world > 1:
             self.ring_recv = [conn(self.seg, c, prv, False) for c in range(nch)]
             self.ring_send = [conn(self._peer_segs[nxt], c, nxt, True) for c in range(nch)]
+            for c in range(nch):         # wake the neighbour that sleeps on what we post: credit back, data on
+                self.ring_recv[c].wakes = bool(self.guard.peers[prv][0][C_FUTEX])
+                self.ring_send[c].wakes = bool(self.guard.peers[nxt][0][C_FUTEX])
             for p in self._peer_segs:
                 self.p2p_recv[p] = conn(self.seg, nch + p, p, False)
                 self.p2p_send[p] = conn(self._peer_segs[p], nch + rank, p, True)

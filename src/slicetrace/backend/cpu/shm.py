@@ -25,16 +25,18 @@ except ImportError:  # pragma: no cover - not a POSIX system
     _posixshmem = None
 
 PAGE = 4096
-MAGIC = 0x53544350_55000002        # "STCPU" + layout version 2
+MAGIC = 0x53544350_55000003        # "STCPU" + layout version 3
 NSIG = 16                          # op-signature / message tables keep the last 16 entries
 
 # control block, u64 word indices
 C_MAGIC, C_PID, C_START, C_HEARTBEAT, C_ABORT, C_ABORT_FROM, C_CLOSED, C_REASON_LEN = range(8)
 C_NCH, C_BUFFSIZE, C_WORLD, C_SLOTS = 8, 9, 10, 11
+C_FUTEX = 12                               # 1: this rank's ring waits sleep on a futex; its peers wake it
 REASON_OFF, REASON_MAX = 256, 512          # bytes
 SIG_WORD = 1024 // 8                       # 16 entries x 4 words: seq, count, packed, cfg
 # connection header, u64 word indices (tail and head on separate cache lines)
 H_TAIL, H_HEAD, H_MSG = 0, 8, 16           # H_MSG: 16 entries x 4 words: seq+1, count, dtype code, spare
+H_SLEEP = 1                                # word after tail / head: 1 while its waiter sleeps on it (futex.py)
 # FIFO line reclaim (transport.Reclaim): the mode word the sender sets, then one word per slot that the
 # receiver writes when it frees the slot: 0 = not yet, 1 = freed as is, 2 + ns = lines reclaimed in ns
 H_RECLAIM, H_RECLAIMED = 128, 136

@@ -15,9 +15,10 @@ import numpy as np
 from ...errors import CommTimeoutError, MismatchError, PeerError
 from ..base import DTYPES, REDOPS
 from ..procs import TwoChecks, proc_dead
+from . import futex
 from ...plan.schedule import COLLECTIVES
 from .shm import (ABORT_MISMATCH, ABORT_PEER, ABORT_TIMEOUT, C_ABORT, C_ABORT_FROM, C_CLOSED, C_HEARTBEAT,
-                  C_REASON_LEN, H_RECLAIM, H_RECLAIMED, NSIG, REASON_MAX, SIG_WORD)
+                  C_REASON_LEN, H_RECLAIM, H_RECLAIMED, H_SLEEP, NSIG, REASON_MAX, SIG_WORD)
 
 SPINS = 400
 YIELD_S = 0.002             # then sched_yield for up to 2 ms
@@ -90,7 +91,7 @@ class Reclaim:
 class Conn:
     """One direction of one connection as seen from this rank. `ctl` lives in the receiver's segment."""
 
-    __slots__ = ("ctl", "fifo", "step", "peer", "is_send", "msg_seq", "_views", "reclaim")
+    __slots__ = ("ctl", "fifo", "step", "peer", "is_send", "msg_seq", "_views", "reclaim", "base", "wakes")
 
     def __init__(self, ctl: memoryview, fifo: memoryview, peer: int, is_send: bool, reclaim: str = "off"):
         self.ctl, self.fifo, self.peer, self.is_send = ctl, fifo, peer, is_send
@@ -98,6 +99,15 @@ class Conn:
         self.msg_seq = 0        # p2p messages on this connection (for mismatch checks)
         self._views: dict = {}
         self.reclaim = Reclaim(ctl, reclaim) if is_send else None
+        self.base = futex.address(ctl) if futex.available() else 0     # for futex waits on tail / head
+        self.wakes = False      # ring connections: the peer that waits on what this side posts sleeps on a futex
+
+    def post(self, idx: int, value: int) -> None:
+        """Store tail or head and wake a waiter that sleeps on it (futex waits only; otherwise a plain store)."""
+        ctl = self.ctl
+        ctl[idx] = value
+        if ctl[idx + H_SLEEP]:
+            futex.wake(self.base + idx * 8)
 
     def freed(self, slot: int, nbytes: int) -> None:
         """Receiver: slot `slot` has been read; reclaim its lines when the sender asks for it (see Reclaim)."""
@@ -147,6 +157,7 @@ class Guard:
         self.sig: tuple[int, int, int, int] | None = None                    # collective in flight
         self._twice = TwoChecks()
         self.spins = SPINS
+        self.futex = False           # ring waits sleep in the kernel (ranks outnumber CPUs, SLICETRACE_CPU_WAIT)
 
     # ---- abort ----
     def _post_abort(self, ctl: memoryview, reason_mv: memoryview, code: int, text: bytes) -> None:
@@ -220,12 +231,27 @@ class Guard:
                                 f"{describe_sig(count, packed, cfg)}, rank {p} runs {theirs}")
 
     # ---- waiting ----
-    def wait_ge(self, mv: memoryview, idx: int, target: int, peer: int, what: str) -> None:
-        """Return once mv[idx] >= target; PeerError / MismatchError / CommTimeoutError otherwise."""
+    def wait_ge(self, mv: memoryview, idx: int, target: int, peer: int, what: str, base: int = 0) -> None:
+        """Return once mv[idx] >= target; PeerError / MismatchError / CommTimeoutError otherwise. base: mv's
+        address, for a tail or head word its poster wakes (Conn.post): with futex waits on, sleep there."""
         for _ in range(self.spins):
             if mv[idx] >= target:
                 return
         b = Backoff(self, what, (peer,))
+        if base and self.futex:
+            flag, addr = idx + H_SLEEP, base + idx * 8
+            try:
+                while True:
+                    mv[flag] = 1                 # then re-read: a post after this store wakes us
+                    v = mv[idx]
+                    if v >= target:
+                        return
+                    futex.wait(addr, v)
+                    if mv[idx] >= target:
+                        return
+                    b.check()
+            finally:
+                mv[flag] = 0
         while mv[idx] < target:
             b.pause()
 
@@ -247,16 +273,22 @@ class Backoff:
         self.sleep = SLEEP_MIN_S
 
     def pause(self) -> None:
-        g = self.g
-        if g.ctl[C_ABORT]:
-            raise g.abort_error()
+        if self.g.ctl[C_ABORT]:
+            raise self.g.abort_error()
         self.n += 1
-        now = time.monotonic()
-        if now - self.t0 < YIELD_S:
+        if time.monotonic() - self.t0 < YIELD_S:
             os.sched_yield()
         else:
             time.sleep(self.sleep)
             self.sleep = min(self.sleep * 1.5, SLEEP_MAX_S)
+        self.check()
+
+    def check(self) -> None:
+        """Abort word, then (every CHECK_EVERY_S) the peers, then the deadline."""
+        g = self.g
+        if g.ctl[C_ABORT]:
+            raise g.abort_error()
+        now = time.monotonic()
         if now >= self.check_at:
             self.check_at = now + CHECK_EVERY_S
             g.check(self.peers)

@@ -81,9 +81,11 @@ def _ring_slices(prog, job: RingJob, recs: list) -> None:
     rconn.round_step(spc)
     sconn.round_step(spc)
     rview, sview, rctl, sctl = rconn.view(dt), sconn.view(dt), rconn.ctl, sconn.ctl
-    if rctl[H_HEAD] < rconn.step:
-        rctl[H_HEAD] = rconn.step        # credit for the steps the rounding skipped (NCCL's PostRecv does too)
+    if rctl[H_HEAD] < rconn.step:        # credit for the steps the rounding skipped (NCCL's PostRecv does too)
+        rconn.post(H_HEAD, rconn.step)
     rstep, sstep = rconn.step, sconn.step
+    rwake, swake = rconn.wakes, sconn.wakes             # a neighbour that sleeps on a futex (transport.Conn.post)
+    rbase, sbase = rconn.base, sconn.base
     pol, freed, pc = sconn.reclaim, rconn.freed, time.perf_counter_ns
     isz = dt.itemsize
     bufs = {"in": work.sendbuf, "out": work.recvbuf, None: None}
@@ -114,7 +116,7 @@ def _ring_slices(prog, job: RingJob, recs: list) -> None:
                 else:
                     if stamp:
                         t0 = clock()
-                    wait(rctl, H_TAIL, t, rpeer, f"data from rank {rpeer} on channel {ch} (step {rstep})")
+                    wait(rctl, H_TAIL, t, rpeer, f"data from rank {rpeer} on channel {ch} (step {rstep})", rbase)
                     if stamp:
                         tr = clock()                 # after the tail was seen: never before the sender's done
                 if n:
@@ -125,7 +127,7 @@ def _ring_slices(prog, job: RingJob, recs: list) -> None:
                     tw = ts = tr if hr else clock()  # the send wait starts when the recv wait ended
                 t = sstep + ss - NSTEPS
                 if sctl[H_HEAD] < t:
-                    wait(sctl, H_HEAD, t, speer, f"credit from rank {speer} on channel {ch} (step {sstep})")
+                    wait(sctl, H_HEAD, t, speer, f"credit from rank {speer} on channel {ch} (step {sstep})", sbase)
                     if stamp:
                         ts = clock()
                 if n:
@@ -175,10 +177,16 @@ def _ring_slices(prog, job: RingJob, recs: list) -> None:
                     freed(rstep & 7, n * isz)
             if stamp:
                 td = clock()
-            if hs:
-                sctl[H_TAIL] = sstep + ss            # publish the slice
-            if hr:
-                rctl[H_HEAD] = rstep + ss            # return the credit
+            if hs:                                   # publish the slice
+                if swake:
+                    sconn.post(H_TAIL, sstep + ss)
+                else:
+                    sctl[H_TAIL] = sstep + ss
+            if hr:                                   # return the credit
+                if rwake:
+                    rconn.post(H_HEAD, rstep + ss)
+                else:
+                    rctl[H_HEAD] = rstep + ss
             if stamp and n:
                 nb = n * isz
                 if k % rate:
