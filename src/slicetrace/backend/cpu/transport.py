@@ -2,8 +2,9 @@
 
 A wait spins briefly (the peer usually answers within microseconds when each rank has a core), then
 calls sched_yield (cheap when nothing else is runnable, gives the core away when ranks outnumber cores),
-then sleeps with a growing period. Every slow wait checks the abort word, its deadline, the peers'
-liveness and the signature of the collective in flight.
+then sleeps with a growing period; when ranks outnumber CPUs a ring wait sleeps on a futex instead (futex.py),
+woken by the neighbour's post. Every slow wait checks the abort word, its deadline, the peers' liveness and the
+signature of the collective in flight.
 """
 from __future__ import annotations
 
