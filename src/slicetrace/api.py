@@ -102,15 +102,22 @@ class Communicator:
             raise UsageError(f"{func}: another thread is inside an operation of this communicator; issue one "
                              f"communicator's operations from one thread at a time (as NCCL requires)")
 
-    def _guarded(self, what: str, fn, *args: Any) -> Any:
-        """fn(*args) as one operation: one thread at a time (_enter), on the backend's device (enter_call)."""
-        self._enter(what)
+    def _on_device(self, fn, *args: Any) -> Any:
+        """fn(*args) on the communicator's device whatever the calling thread's (backend.enter_call). A plain
+        call, not a context manager: that would cost ~1 us on every op."""
         be = self._session.backend
         dev = be.enter_call()
         try:
             return fn(*args)
         finally:
             be.exit_call(dev)
+
+    def _guarded(self, what: str, fn, *args: Any) -> Any:
+        """fn(*args) as one operation: one thread at a time (_enter), on the backend's device."""
+        self._enter(what)
+        try:
+            return self._on_device(fn, *args)
+        finally:
             self._busy.release()
 
     def _collective(self, func: str, *args: Any) -> Any:
@@ -270,12 +277,7 @@ class Communicator:
         flat, dtype, n = self._buf(x, "x")
         if n % self.world_size:
             raise UsageError(f"all_to_all input has {n} elements, not a multiple of world_size={self.world_size}")
-        be = self._session.backend
-        dev = be.enter_call()                   # out=None: allocated on the communicator's device
-        try:
-            user_out, recv = self._out(out, flat, dtype, n)
-        finally:
-            be.exit_call(dev)
+        user_out, recv = self._on_device(self._out, out, flat, dtype, n)   # out=None: allocated on its device
         k = n // self.world_size
         self._check_open()
         entries = []            # block j as an offset into x / out: no per-block views (a CuPy slice costs µs)
@@ -326,12 +328,7 @@ class Communicator:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            be = self._session.backend
-            dev = be.enter_call()               # from any thread: the backend frees on its own device
-            try:
-                self._session.close()
-            finally:
-                be.exit_call(dev)
+            self._on_device(self._session.close)    # from any thread: the backend frees on its own device
 
     def __enter__(self) -> "Communicator":
         return self

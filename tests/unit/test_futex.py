@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from slicetrace.backend.base import host_pointer
 from slicetrace.backend.cpu import futex
 from slicetrace.backend.cpu.shm import H_HEAD, H_SLEEP, H_TAIL
 from slicetrace.backend.cpu.transport import Conn, Guard
@@ -25,8 +26,8 @@ def words():
 def test_wait_returns_at_once_when_the_word_moved_and_times_out_when_it_did_not():
     m, w = words()
     w[0] = 5
-    assert futex.wait(futex.address(w), 4) == errno.EAGAIN          # the kernel compares first
-    assert futex.wait(futex.address(w), 5) == errno.ETIMEDOUT       # nobody wakes: back after TIMEOUT_NS
+    assert futex.wait(host_pointer(w), 4) == errno.EAGAIN          # the kernel compares first
+    assert futex.wait(host_pointer(w), 5) == errno.ETIMEDOUT       # nobody wakes: back after TIMEOUT_NS
 
 
 def guard_and_conn(timeout_s=5.0):

@@ -24,8 +24,8 @@ DTYPES = ("int8", "uint8", "int32", "int64", "float16", "float32", "float64", "b
 _CCHAR, _ADDRESSOF = ctypes.c_char.from_buffer, ctypes.addressof
 
 
-def host_pointer(a: np.ndarray) -> int:
-    """Address of a numpy array's first byte. ctypes over its buffer takes ~0.2 us; `.ctypes.data` and
+def host_pointer(a: Any) -> int:
+    """Address of a numpy array's (or a writable memoryview's) first byte. ctypes over its buffer takes ~0.2 us; `.ctypes.data` and
     `__array_interface__` build objects (~1 us), so read-only, empty or strided arrays only go that way."""
     try:
         return _ADDRESSOF(_CCHAR(a))

@@ -176,20 +176,21 @@ def _warm(comm, op, nbytes, dtype, redop, o, xp, to_dev, sync, ref) -> None:
     cin, cout = counts(op, nbytes, dtype.itemsize, comm.world_size)
     x = to_dev(np.zeros(cin, dtype=dtype))
     out = xp.empty(cout, dtype=dtype)
-    for _ in range(o["warmup"]):
-        _call(comm, op, x, out, redop, o["root"])
-    sync()
+    _repeat(lambda: _call(comm, op, x, out, redop, o["root"]), o["warmup"], sync)
     if ref is not None:
-        for _ in range(o["warmup"]):
-            ref.run(op, x, out, redop, o["root"])
-        ref.sync()
+        _repeat(lambda: ref.run(op, x, out, redop, o["root"]), o["warmup"], ref.sync)
+
+
+def _repeat(fn, times: int, sync) -> None:
+    for _ in range(times):
+        fn()
+    sync()
 
 
 def _one(comm, op, nbytes, dtype, o, xp, to_dev, to_host, sync, ref, key):
     n, rank = comm.world_size, comm.rank
     cin, cout = counts(op, nbytes, dtype.itemsize, n)
-    redop = o["redop"] if op in REDUCING else "sum"
-    root = o["root"]
+    redop, root = o["redop"], o["root"]        # bench_rank passes "sum" for the ops that do not reduce
     host_in = make_input(o["seed"], rank, cin, dtype, op, redop)
     inplace = bool(o["inplace"]) and op in IN_PLACE
     x, out, reset = _buffers(op, inplace, host_in, cin, cout, rank, xp, to_dev, dtype)
@@ -203,18 +204,14 @@ def _one(comm, op, nbytes, dtype, o, xp, to_dev, to_host, sync, ref, key):
         n_wrong = wrong(to_host(out), reference(op, inputs, rank, root, redop), dtype)
         if inplace:
             reset()
-    for _ in range(o["warmup"]):
-        fn()
-    sync()
+    _repeat(fn, o["warmup"], sync)
     _align(comm, fn, sync)
     flush = comm.flush_profiler if comm.profiler_enabled else None
     t = _time(fn, o["iters"], sync, flush)
     vals = [t, float(n_wrong)]
     if ref is not None:
         rfn = (lambda: ref.run(op, x, out, redop, root))
-        for _ in range(o["warmup"]):
-            rfn()
-        ref.sync()
+        _repeat(rfn, o["warmup"], ref.sync)
         _align(comm, rfn, ref.sync)
         vals.append(_time(rfn, o["iters"], ref.sync))
     if o["overhead"]:

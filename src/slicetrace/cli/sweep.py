@@ -5,6 +5,7 @@ import re
 
 import numpy as np
 
+from ..backend.base import DTYPES
 from ..errors import UsageError
 from ..plan.traffic import BUSBW_FACTOR
 
@@ -68,7 +69,7 @@ def bench_dtype(name: str, backend: str) -> str:
 def all_dtypes(backend: str = "cpu") -> list[str]:
     """-d all: every dtype the bench can make arrays of on `backend`, as nccl-tests runs all it has."""
     names = []
-    for n in ("int8", "uint8", "int32", "int64", "float16", "float32", "float64", "bfloat16"):
+    for n in DTYPES:
         try:
             names.append(bench_dtype(n, backend))
         except UsageError:

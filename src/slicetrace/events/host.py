@@ -38,6 +38,11 @@ _KCH, _KS = _B.KERNEL_CH, _B.KERNEL_STEP
 _DKCH = _DELIVERED[T.KERNEL_CH]
 
 
+def _task_keys(recs: np.ndarray) -> np.ndarray:
+    """Each record's p2p task key, as ops._Task.key: peer * 2 + is_send."""
+    return recs["peer"].astype(np.int64) * 2 + (recs["flags"] & FLAG_SEND)
+
+
 class EventHost(Emitter):
     def __init__(self, plugins: list[LoadedPlugin], comm: CommInfo, max_failures: int = 16):
         self.comm = comm
@@ -103,7 +108,7 @@ class EventHost(Emitter):
         tasks = op.tasks
         if len(tasks) == 1 and not tasks[0].p2p:
             return [(tasks[0], None)]
-        key = recs["peer"].astype(np.int64) * 2 + (recs["flags"] & FLAG_SEND)
+        key = _task_keys(recs)
         matched, out, taken = 0, [], None
         for t in tasks:                      # each record goes to one task: the first that claims it
             sel = key == t.key
@@ -212,7 +217,7 @@ class EventHost(Emitter):
                 self._take(op, tasks[0], a, b, pend)
                 continue
             if cuts is None:                     # once per poll: where (peer, direction) changes
-                keys = recs["peer"].astype(np.int64) * 2 + (recs["flags"] & FLAG_SEND)
+                keys = _task_keys(recs)
                 cuts = (np.flatnonzero(keys[1:] != keys[:-1]) + 1).tolist()
             by_key = {t.key: t for t in tasks}
             edges = [a] + cuts[bisect.bisect_right(cuts, a):bisect.bisect_left(cuts, b)] + [b]

@@ -30,11 +30,6 @@ def available() -> bool:
     return _libc is not None
 
 
-def address(mv: memoryview) -> int:
-    """Address of a writable buffer's first byte (a segment's words)."""
-    return ctypes.addressof(ctypes.c_char.from_buffer(mv))
-
-
 def wait(addr: int, value: int) -> int:
     """Sleep while the u32 at addr equals value's low 32 bits, at most TIMEOUT_NS; 0 or the errno (EAGAIN: it
     had changed already; ETIMEDOUT)."""

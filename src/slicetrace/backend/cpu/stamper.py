@@ -28,7 +28,7 @@ def tail(peer: int, kind: int, flags: int) -> int:
 
 
 class FastRingWriter:
-    __slots__ = ("hdr", "ri", "st_rows", "co_rows", "mask", "channel", "staged", "first", "lock")
+    __slots__ = ("hdr", "ri", "st_rows", "co_rows", "mask", "staged", "first", "lock")
 
     def __init__(self, views: RingViews, channel: int):
         self.hdr = memoryview(views.header).cast("B").cast("Q")
@@ -36,7 +36,6 @@ class FastRingWriter:
         self.st_rows = np.frombuffer(views.started[channel], np.uint64).reshape(views.slots, _E)
         self.co_rows = np.frombuffer(views.completed[channel], np.uint64).reshape(views.slots, _E)
         self.mask = views.slots - 1
-        self.channel = channel
         self.staged: list[int] = []     # [wait, ready, done, w4, w5] per record, seqs first.. (contiguous)
         self.first = 0
         self.lock = threading.Lock()

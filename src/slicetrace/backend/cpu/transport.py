@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from ...errors import CommTimeoutError, MismatchError, PeerError
-from ..base import DTYPES, REDOPS
+from ..base import DTYPES, REDOPS, host_pointer
 from ..procs import TwoChecks, proc_dead
 from . import futex
 from ...plan.schedule import COLLECTIVES
@@ -100,7 +100,7 @@ class Conn:
         self.msg_seq = 0        # p2p messages on this connection (for mismatch checks)
         self._views: dict = {}
         self.reclaim = Reclaim(ctl, reclaim) if is_send else None
-        self.base = futex.address(ctl) if futex.available() else 0     # for futex waits on tail / head
+        self.base = host_pointer(ctl) if futex.available() else 0      # for futex waits on tail / head
         self.wakes = False      # ring connections: the peer that waits on what this side posts sleeps on a futex
 
     def post(self, idx: int, value: int) -> None:

@@ -60,7 +60,7 @@ class Token:
 class CudaBackend(Backend):
     name = "cuda"
     reserves_stamps = True      # header.reserved after submit is exactly the end of the op's seqs
-    stamps_fetched = True     # the drain reads the rings after fetch_stamps
+    stamps_fetched = True       # the drain reads the rings after fetch_stamps
 
     def __init__(self, settings: Settings, rank: int, world: int, store: Store, job: str):
         super().__init__(settings, rank, world, store, job)
