@@ -122,7 +122,6 @@ def _child(fn: Callable, rank: int, world: int, store_map: Any, job: str, settin
             pass
         _send(conn, ("err", f"{type(e).__name__}: {e}", traceback.format_exc()))
     finally:
-        running.clear()
         if comm is not None:
             try:
                 comm.close()

@@ -137,8 +137,7 @@ def _bench_parser(sub) -> None:
 def run_bench(a: argparse.Namespace) -> int:
     from ..launcher import launch
     from .bench import bench_rank
-    dtypes = ["all"] if a.datatype == "all" else [DTYPE_ALIASES.get(a.datatype)]
-    if dtypes == [None]:
+    if a.datatype != "all" and a.datatype not in DTYPE_ALIASES:
         raise SliceTraceError(f"-d {a.datatype!r} is not one of {sorted(DTYPE_ALIASES)} or 'all'")
     ops = list(OPS) if a.ops == "all" else [x.strip() for x in a.ops.split(",")]
     bad = [x for x in ops if x not in OPS]
@@ -189,7 +188,8 @@ def run_bench(a: argparse.Namespace) -> int:
                 nranks = cupy.cuda.runtime.getDeviceCount()
             except Exception as e:      # no CuPy, no driver, no device: say so plainly
                 raise BackendError(f"--backend cuda: no usable CUDA device ({type(e).__name__}: {e})") from None
-    dtypes = all_dtypes(s.backend) if dtypes == ["all"] else [bench_dtype(dtypes[0], s.backend)]
+    dtypes = (all_dtypes(s.backend) if a.datatype == "all"
+              else [bench_dtype(DTYPE_ALIASES[a.datatype], s.backend)])
     step = None if a.stepbytes is None else parse_size(a.stepbytes, "-i")
     opts = {"sizes": sizes(parse_size(a.minbytes, "-b"), parse_size(a.maxbytes, "-e"), a.stepfactor, step),
             "ops": ops, "dtypes": dtypes, "redops": list(REDOPS) if a.redop == "all" else [a.redop],
