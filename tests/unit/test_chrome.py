@@ -341,3 +341,65 @@ def test_kernel_step_runs_writes_what_one_batch_per_op_writes(tmp_path, nsteps):
         steps = sorted(json.dumps(r, sort_keys=True) for r in data if r.get("name") == "KernelStep")
         out.append((steps, data[-1]["args"]["delivered_kernel_step"]))
     assert out[0] == out[1] and len(out[0][0]) == out[0][1] == 12 * nsteps
+
+
+def test_kernel_ch_runs_write_what_one_batch_per_op_writes(tmp_path):
+    """A poll's KernelCh runs in one kernel_ch_runs call == kernel_ch_batch per run: the same KernelCh events under
+    the same parents, each Coll stopped at its last KernelCh (two channels, split over two polls), a p2p group's
+    records routed per part, and records of an unknown op counted."""
+    from slicetrace.stamps.layout import KIND_CHANNEL
+    from tests.unit.test_host import p2p_op
+    out = []
+    for per_run in (False, True):
+        s = Settings(profile_dump_file=str(tmp_path / str(per_run) / "trace"))
+        p = ChromePlugin(s)
+        host = EventHost([LoadedPlugin(StepsPerRun(p) if per_run else p)], COMM)
+        tags = [1, 2, 3]
+        for t in tags:
+            host.begin_op(coll_op(tag=t, n_programs=2, ts=1000 * t))
+        host.begin_op(p2p_op(tag=4))
+        for ch in (0, 1):                               # channel 0's records in one poll, channel 1's in the next
+            rows = [chrec(t, ch, 1000 * t + 10, 1000 * t + 500 + 100 * ch) for t in tags]
+            rows += [chrec(9, ch)]                      # an op this host never began
+            if ch == 1:
+                rows += [chrec(4, 0, 600, 700, send=1, peer=2), chrec(4, 1, 600, 800, send=0, peer=0)]
+            allr = np.concatenate(rows)
+            runs = [(t, KIND_CHANNEL, k, k + 1) for k, t in enumerate(tags + [9])]
+            if ch == 1:
+                runs.append((4, KIND_CHANNEL, 4, 6))
+            host.batch(allr, runs)
+        counts = host.counters()
+        host.close()
+        path = str(tmp_path / str(per_run) / f"trace_{COMM.comm_hash}_{COMM.rank}.json")
+        assert check_trace(path) == []
+        data = load(path)
+        ends = {r["id"]: r["ts"] for r in data if r.get("cat") == "COLL" and r["ph"] == "e"}
+        assert sorted(ends.values()) == [(1000 * t + 600) / 1000 for t in tags]
+        out.append((_kernel_chs(data), counts["delivered_kernel_ch"], counts["no_parent"]))
+    assert out[0] == out[1]
+    assert len(out[0][0]) == out[0][1] == 8 and out[0][2] == 2
+
+
+@pytest.mark.parametrize("p2p", [False, True])
+def test_coll_and_p2p_records_from_templates_equal_the_general_path(tmp_path, p2p):
+    """The Coll/P2p fast path writes what `pair` (json.dumps of the args) writes; a field the templates do not
+    take (a count of None, a name that needs escaping) still gives valid records."""
+    from slicetrace.sinks.chrome import _op_pair, _records
+    from tests.unit.test_host import p2p_op
+    p, host, path = make(tmp_path)
+    host.begin_op(p2p_op(tag=1) if p2p else coll_op(tag=1, ts=1_234_567))
+    ctx = host.plugins[0].ctx
+    evs = [h for t in host._ops[1].tasks for h in t.handles]
+    for ev in evs:
+        fast = [json.loads(line.rstrip().rstrip(",")) for line in _op_pair(ev, 9_876_543)]
+        slow = [json.loads(line.rstrip().rstrip(",")) for line in _records(ev, 9_876_543)]
+        assert fast == slow and fast[0]["cat"] == ("P2P" if p2p else "COLL")
+        ev.descr.func = 'odd "name"\n'
+        ev.descr.count = None
+        with pytest.raises(TypeError):
+            _op_pair(ev, 9_876_543)
+    host.close()
+    data = load(path)
+    assert check_trace(path) == [] and ctx.done
+    assert {r["name"] for r in data if r.get("cat") in ("COLL", "P2P")} == {'odd "name"\n'}
+    assert all(r["args"]["Count"] is None for r in data if r.get("ph") == "b" and r.get("cat") in ("COLL", "P2P"))

@@ -12,7 +12,6 @@ serialises them, so plugins are called by one thread at a time.
 """
 from __future__ import annotations
 
-import bisect
 import logging
 import threading
 import time
@@ -20,12 +19,13 @@ from typing import Any
 
 import numpy as np
 
-from ..stamps.layout import FLAG_SEND, KIND_CHANNEL, take_rows
+from ..stamps.layout import take_rows
 from .abi import CommInfo, EventType, ProxyCtrlDescr, State, StateArgs, effective_mask
 from .emit import _B, _DELIVERED, Emitter
 from .ops import OFF as _OFF
 from .ops import OpInfo, TaskInfo, _Op, _Slot, _Task, to_kernel_ch, to_kernel_steps
 from .plugin import LoadedPlugin
+from .runs import PollRuns, _task_keys
 
 __all__ = ["EventHost", "OpInfo", "TaskInfo", "DROP_REASONS"]
 
@@ -38,12 +38,7 @@ _KCH, _KS = _B.KERNEL_CH, _B.KERNEL_STEP
 _DKCH = _DELIVERED[T.KERNEL_CH]
 
 
-def _task_keys(recs: np.ndarray) -> np.ndarray:
-    """Each record's p2p task key, as ops._Task.key: peer * 2 + is_send."""
-    return recs["peer"].astype(np.int64) * 2 + (recs["flags"] & FLAG_SEND)
-
-
-class EventHost(Emitter):
+class EventHost(Emitter, PollRuns):
     def __init__(self, plugins: list[LoadedPlugin], comm: CommInfo, max_failures: int = 16):
         self.comm = comm
         self.max_failures = max(1, int(max_failures))
@@ -183,84 +178,6 @@ class EventHost(Emitter):
         if len(recs):
             with self._lock:
                 self._steps(tag, recs, None)
-
-    def batch(self, recs: np.ndarray, runs: list[tuple[int, int, int, int]]) -> None:
-        """One drain poll at once: runs of (tag, kind, start, stop) rows of `recs`; the same as channel()/steps()
-        per run, with one lock and one KernelStep conversion for the whole poll. Every KernelStep run goes out
-        before any KernelCh run (a KernelCh run may complete its op and stop the parent)."""
-        ks: list[Any] = [None]
-        kc: list[Any] = [None]
-        with self._lock:
-            steps = [r for r in runs if r[1] != KIND_CHANNEL]
-            if steps:
-                self._steps_runs(recs, steps, ks)
-            for tag, kind, a, b in runs:
-                if kind == KIND_CHANNEL:
-                    self._channel(tag, recs[a:b], (kc, recs, a, b))
-
-    def _steps_runs(self, recs: np.ndarray, runs: list[tuple[int, int, int, int]], box: list[Any]) -> None:
-        """The KernelStep runs of one poll go to each plugin in one kernel_step_runs call: a collective's run
-        whole, a p2p group's cut where (peer, direction) changes, each piece under its part; groups with two
-        parts of one key (routed by channel, ops._Op._share) one run at a time (_steps)."""
-        c = self._counts
-        pend: list[tuple[list, list, list]] = [([], [], []) for _ in self._slots]    # parents, starts, stops
-        box[0] = to_kernel_steps(recs[:max(r[3] for r in runs)])
-        get = self._ops.get
-        keys = cuts = None
-        for tag, _, a, b in runs:
-            op = get(tag)
-            if op is None or op.shared or not op.info.mask & _KS:
-                self._steps(tag, recs[a:b], (box, recs, a, b))    # counts no_parent / masked_out; routes by channel
-                continue
-            tasks = op.tasks
-            if len(tasks) == 1 and not tasks[0].p2p:
-                self._take(op, tasks[0], a, b, pend)
-                continue
-            if cuts is None:                     # once per poll: where (peer, direction) changes
-                keys = _task_keys(recs)
-                cuts = (np.flatnonzero(keys[1:] != keys[:-1]) + 1).tolist()
-            by_key = {t.key: t for t in tasks}
-            edges = [a] + cuts[bisect.bisect_right(cuts, a):bisect.bisect_left(cuts, b)] + [b]
-            for x, y in zip(edges, edges[1:]):
-                t = by_key.get(int(keys[x]))
-                if t is None:
-                    c["no_parent"] += y - x
-                else:
-                    self._take(op, t, x, y, pend)
-        for s, (ps, st, sp) in zip(self._slots, pend):
-            if not ps:
-                continue
-            n = sum(sp) - sum(st)
-            if s.disabled:                      # by a failure in one of this poll's p2p runs
-                c["plugin_disabled"] += n
-                continue
-            try:
-                kept = min(max(int(s.lp.kernel_step_runs(ps, box[0], st, sp)), 0), n)
-            except Exception:
-                self._fail(s, "kernel_step_batch", n)
-                continue
-            c["delivered_kernel_step"] = c.get("delivered_kernel_step", 0) + kept
-            c["pool_full"] += n - kept
-
-    def _take(self, op: _Op, t: _Task, a: int, b: int, pend: list[tuple[list, list, list]]) -> None:
-        """Rows a..b of this poll's KernelSteps, all of task t: queued for each plugin that takes them."""
-        n = b - a
-        if t.done:
-            self._counts["no_parent"] += n
-            return
-        for i, pm in enumerate(op.pmasks):
-            if not pm & _KS:
-                continue
-            parent = t.handles[i]
-            if parent is None or parent is _OFF:
-                self._counts["parent_dropped"] += n
-            elif self._slots[i].disabled:
-                self._counts["plugin_disabled"] += n
-            else:
-                ps, st, sp = pend[i]
-                ps.append(parent)
-                st.append(a)
-                sp.append(b)
 
     def _steps_op(self, tag: int, n: int) -> _Op | None:
         """The op that n KernelSteps of `tag` belong to, if it takes them; else they are counted."""

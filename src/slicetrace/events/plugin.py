@@ -66,7 +66,9 @@ class Plugin(Protocol):
     np.ascontiguousarray), `kernel_step_runs(ctx, parents, recs, starts, stops) ->
     int` (one drain poll at once: rows starts[k]:stops[k] of recs belong to parents[k]; the same as
     kernel_step_batch per run, which is what plugins without it get), `kernel_ch_batch(ctx, parent_handle, recs) -> int`
-    (native version only; whole KernelCh events, abi.KERNEL_CH_DTYPE, start and stop in one row) and `report_counters(ctx, counters)`, called once right
+    (native version only; whole KernelCh events, abi.KERNEL_CH_DTYPE, start and stop in one row),
+    `kernel_ch_runs(ctx, parents, recs, starts, stops) -> int` (kernel_ch_batch for a poll's collectives at once)
+    and `report_counters(ctx, counters)`, called once right
     before `finalize` with the host's drop and delivery counters so a trace can carry its loss accounting.
     Optional (native version only): `unrecorded_handle(ctx) -> handle`, a promise that start_event returns
     that very handle, with no side effect, for every type outside the plugin's live mask, and that
@@ -105,6 +107,7 @@ class LoadedPlugin:
         self.has_batch = self.knows_ks and callable(batch)
         self.has_runs = self.has_batch and callable(getattr(plugin, "kernel_step_runs", None))
         self.has_ch_batch = version == NATIVE_VERSION and callable(getattr(plugin, "kernel_ch_batch", None))
+        self.has_ch_runs = self.has_ch_batch and callable(getattr(plugin, "kernel_ch_runs", None))
         self._mask = ActivationMask(0)
         self.ctx: Any = None
         self.passthrough: Any = None      # the plugin's unrecorded_handle(ctx), if it declares one
@@ -201,6 +204,16 @@ class LoadedPlugin:
         rank = self.rank
         return _one_by_one(self.start_event, self.record_event_state, self.plugin.stop_event, _KCH_STOP, (
             (KernelChDescr(_KCH, parent, rank, t0, ch, c0), c1, t1) for ch, _, _, c0, c1, t0, t1 in recs.tolist()))
+
+    def kernel_ch_runs(self, parents: list, recs: np.ndarray, starts: list[int], stops: list[int]) -> int:
+        """kernel_ch_batch for several parents at once (rows starts[k]:stops[k] under parents[k]); plugins
+        without kernel_ch_runs get kernel_ch_batch per run."""
+        if self.has_ch_runs:
+            return int(self.plugin.kernel_ch_runs(self.ctx, parents, recs, starts, stops))
+        kept = 0
+        for p, a, b in zip(parents, starts, stops):
+            kept += min(max(self.kernel_ch_batch(p, recs[a:b]), 0), b - a)
+        return kept
 
     def report_counters(self, counters: dict[str, int]) -> None:
         fn = getattr(self.plugin, "report_counters", None)

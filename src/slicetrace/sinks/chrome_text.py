@@ -16,6 +16,26 @@ STEP_LINE = ('{"name":"KernelStep","cat":"GPU","ph":"X","pid":%d,"tid":%d,"ts":%
               '"StopGpuClk":%d,"SeqNum":%d,"ParentId":%d}},\n')
 
 
+# Coll / P2p b records and their e record (sinks/chrome.py's fast path; `pair` is the general one).
+COLL_B = ('{"name":%s,"cat":"COLL","id":%d,"pid":%d,"tid":1,"ph":"b","ts":%d.%03d,"args":{"SeqNum":%d,'
+          '"CommHash":%d,"Rank":%d,"Count":%d,"Datatype":%s,"Algorithm":%s,"Protocol":%s,"nChannels":%d,'
+          '"ParentId":%d}},\n')
+P2P_B = ('{"name":%s,"cat":"P2P","id":%d,"pid":%d,"tid":1,"ph":"b","ts":%d.%03d,"args":{"CommHash":%d,'
+         '"Rank":%d,"Peer":%d,"Count":%d,"Datatype":%s,"nChannels":%d,"ParentId":%d}},\n')
+OP_E = '{"name":%s,"cat":"%s","id":%d,"pid":%d,"tid":1,"ph":"e","ts":%d.%03d},\n'
+_JS: dict = {}
+
+
+def js(v: Any) -> str:
+    """json.dumps of a descriptor's string field, cached (a few distinct names per run)."""
+    out = _JS.get(v)
+    if out is None:
+        out = json.dumps(v, default=str)
+        if len(_JS) < 4096:
+            _JS[v] = out
+    return out
+
+
 def us(ns: int) -> str:
     q, r = divmod(int(ns), 1000)
     return f"{q}.{r:03d}" if q >= 0 else f"{ns / 1000:.3f}"

@@ -1,0 +1,173 @@
+"""A drain poll's records at once (EventHost.batch): one plugin call per record type and plugin for all of a
+poll's collectives, then their completions in submit order; what channel()/steps() do per op, with fewer calls.
+
+Mixed into EventHost (host.py), whose lock, ops, slots and counters these use.
+"""
+from __future__ import annotations
+
+import bisect
+from typing import Any
+
+import numpy as np
+
+from ..stamps.layout import FLAG_SEND, KIND_CHANNEL
+from .abi import EventType
+from .emit import _B, _DELIVERED
+from .ops import OFF as _OFF
+from .ops import _Op, _Slot, _Task, to_kernel_ch, to_kernel_steps
+
+_KCH, _KS = _B.KERNEL_CH, _B.KERNEL_STEP
+_DKCH = _DELIVERED[EventType.KERNEL_CH]
+
+
+def _task_keys(recs: np.ndarray) -> np.ndarray:
+    """Each record's p2p task key, as ops._Task.key: peer * 2 + is_send."""
+    return recs["peer"].astype(np.int64) * 2 + (recs["flags"] & FLAG_SEND)
+
+
+class PollRuns:
+    """Mixed into EventHost: expects its _lock, _ops, _slots, _counts, _channel, _steps, _complete, _finish, _fail."""
+    _slots: list[_Slot]
+    _counts: dict[str, int]
+    _ops: dict[int, _Op]
+
+    def batch(self, recs: np.ndarray, runs: list[tuple[int, int, int, int]]) -> None:
+        """One drain poll at once: runs of (tag, kind, start, stop) rows of `recs`; the same as channel()/steps()
+        per run, with one lock and one KernelStep conversion for the whole poll. Every KernelStep run goes out
+        before any KernelCh run (a KernelCh run may complete its op and stop the parent)."""
+        ks: list[Any] = [None]
+        kc: list[Any] = [None]
+        with self._lock:
+            steps = [r for r in runs if r[1] != KIND_CHANNEL]
+            if steps:
+                self._steps_runs(recs, steps, ks)
+            chans = [r for r in runs if r[1] == KIND_CHANNEL]
+            if chans:
+                self._channel_runs(recs, chans, kc)
+
+    def _channel_runs(self, recs: np.ndarray, runs: list[tuple[int, int, int, int]], box: list[Any]) -> None:
+        """The KernelCh runs of one poll: a collective's go to each plugin in one kernel_ch_runs call, then
+        complete their ops in order (what _channel does per run); p2p groups go through _channel."""
+        c = self._counts
+        pend: list[tuple[list, list, list]] = [([], [], []) for _ in self._slots]    # parents, starts, stops
+        get = self._ops.get
+        fast = []
+        for tag, _, a, b in runs:
+            op = get(tag)
+            if op is None or len(op.tasks) != 1 or op.tasks[0].p2p:
+                self._channel(tag, recs[a:b], (box, recs, a, b))
+                continue
+            t = op.tasks[0]
+            if t.done:
+                c["no_parent"] += b - a
+                continue
+            for i, pm in enumerate(op.pmasks):
+                if not pm & _KCH:
+                    continue
+                s, parent = self._slots[i], t.handles[i]
+                if parent is None:
+                    c["parent_dropped"] += b - a
+                elif s.disabled:
+                    c["plugin_disabled"] += b - a
+                elif s.lp.passthrough is not None and not s.lp.mask & _KCH:
+                    c[_DKCH] = c.get(_DKCH, 0) + b - a
+                else:
+                    ps, st, sp = pend[i]
+                    ps.append(None if parent is _OFF else parent)
+                    st.append(a)
+                    sp.append(b)
+            fast.append((op, t, a, b))
+        if not fast:
+            return
+        lo = fast[0][2]
+        kc = None
+        for s, (ps, st, sp) in zip(self._slots, pend):
+            if not ps:
+                continue
+            n = sum(sp) - sum(st)
+            if s.disabled:
+                c["plugin_disabled"] += n
+                continue
+            if kc is None:
+                kc = to_kernel_ch(recs[lo:fast[-1][3]])
+            try:
+                kept = min(max(int(s.lp.kernel_ch_runs(ps, kc, [a - lo for a in st], [b - lo for b in sp])), 0), n)
+            except Exception:
+                self._fail(s, "kernel_ch_batch", n)
+                continue
+            c[_DKCH] = c.get(_DKCH, 0) + kept
+            c["declined"] += n - kept
+        done = recs["done_ns"]
+        for op, t, a, b in fast:
+            last = int(done[a]) if b - a == 1 else int(done[a:b].max())
+            if last > t.last_done:
+                t.last_done = last
+            t.left -= b - a
+            if t.left <= 0 and t.info.n_programs > 0:
+                self._complete(op, t, t.last_done)
+                self._finish(op, t.last_done)
+                self._ops.pop(op.info.tag, None)
+
+    def _steps_runs(self, recs: np.ndarray, runs: list[tuple[int, int, int, int]], box: list[Any]) -> None:
+        """The KernelStep runs of one poll go to each plugin in one kernel_step_runs call: a collective's run
+        whole, a p2p group's cut where (peer, direction) changes, each piece under its part; groups with two
+        parts of one key (routed by channel, ops._Op._share) one run at a time (_steps)."""
+        c = self._counts
+        pend: list[tuple[list, list, list]] = [([], [], []) for _ in self._slots]    # parents, starts, stops
+        box[0] = to_kernel_steps(recs[:max(r[3] for r in runs)])
+        get = self._ops.get
+        keys = cuts = None
+        for tag, _, a, b in runs:
+            op = get(tag)
+            if op is None or op.shared or not op.info.mask & _KS:
+                self._steps(tag, recs[a:b], (box, recs, a, b))    # counts no_parent / masked_out; routes by channel
+                continue
+            tasks = op.tasks
+            if len(tasks) == 1 and not tasks[0].p2p:
+                self._take(op, tasks[0], a, b, pend)
+                continue
+            if cuts is None:                     # once per poll: where (peer, direction) changes
+                keys = _task_keys(recs)
+                cuts = (np.flatnonzero(keys[1:] != keys[:-1]) + 1).tolist()
+            by_key = {t.key: t for t in tasks}
+            edges = [a] + cuts[bisect.bisect_right(cuts, a):bisect.bisect_left(cuts, b)] + [b]
+            for x, y in zip(edges, edges[1:]):
+                t = by_key.get(int(keys[x]))
+                if t is None:
+                    c["no_parent"] += y - x
+                else:
+                    self._take(op, t, x, y, pend)
+        for s, (ps, st, sp) in zip(self._slots, pend):
+            if not ps:
+                continue
+            n = sum(sp) - sum(st)
+            if s.disabled:                      # by a failure in one of this poll's p2p runs
+                c["plugin_disabled"] += n
+                continue
+            try:
+                kept = min(max(int(s.lp.kernel_step_runs(ps, box[0], st, sp)), 0), n)
+            except Exception:
+                self._fail(s, "kernel_step_batch", n)
+                continue
+            c["delivered_kernel_step"] = c.get("delivered_kernel_step", 0) + kept
+            c["pool_full"] += n - kept
+
+    def _take(self, op: _Op, t: _Task, a: int, b: int, pend: list[tuple[list, list, list]]) -> None:
+        """Rows a..b of this poll's KernelSteps, all of task t: queued for each plugin that takes them."""
+        n = b - a
+        if t.done:
+            self._counts["no_parent"] += n
+            return
+        for i, pm in enumerate(op.pmasks):
+            if not pm & _KS:
+                continue
+            parent = t.handles[i]
+            if parent is None or parent is _OFF:
+                self._counts["parent_dropped"] += n
+            elif self._slots[i].disabled:
+                self._counts["plugin_disabled"] += n
+            else:
+                ps, st, sp = pend[i]
+                ps.append(parent)
+                st.append(a)
+                sp.append(b)

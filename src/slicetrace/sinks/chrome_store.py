@@ -1,0 +1,255 @@
+"""The example plugin's per-communicator state: events, pools, and the buffers of completed records.
+
+Completed Coll/P2p/API records wait as text lines per pool; KernelSteps as numpy column chunks (batches kept by
+reference and folded into chunks together); KernelCh batches as record arrays. Each buffer is appended to the
+trace file whenever it reaches its pool size (sinks/chrome.py says what the file holds).
+"""
+from __future__ import annotations
+
+import os
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from ..events.abi import KERNEL_CH_DTYPE, KERNEL_STEP_DTYPE, ActivationMask, CollDescr, CommInfo, EventType
+from .chrome_text import CH_LINES, STEP_LINE, RowFormat
+
+T = EventType
+POOL_OF: dict[Any, str] = {T.GROUP_API: "GROUP_API", T.COLL_API: "COLL_API", T.P2P_API: "P2P_API",
+           T.KERNEL_LAUNCH: "KERNEL_LAUNCH", T.GROUP: "GROUP", T.COLL: "COLL", T.P2P: "P2P",
+           T.KERNEL_CH: "KERNEL_CH", T.KERNEL_STEP: "KERNEL_STEP", T.PROXY_CTRL: "PROXY_CTRL"}
+_CHUNK = 65536                  # KernelStep rows per column chunk
+_SLOW_ROWS = 4096
+_BIG_BATCH = 512                # rows per pending batch from which a fold copies batches one by one
+_FORMAT_ROWS = 16384
+_FORMATS: dict[str, RowFormat] = {}
+
+
+class _Ev:
+    __slots__ = ("ctx", "type", "pool", "id", "descr", "gpu_stop", "stopped", "ids")
+
+    def __init__(self, ctx: "_Ctx", descr: Any, pool: str | None):
+        self.ctx, self.type, self.pool, self.descr = ctx, descr.type, pool, descr
+        self.id = ctx.next_id
+        ctx.next_id += 1
+        self.gpu_stop = 0
+        self.stopped = False
+        # what a child's ParentId/SeqNum columns show (read once per child batch, so computed here)
+        self.ids = (-1, -1) if pool is None else (self.id, descr.seq_number if isinstance(descr, CollDescr) else -1)
+
+
+class _Ctx:
+    def __init__(self, plugin: Any, comm: CommInfo, mask: ActivationMask):      # plugin: chrome.ChromePlugin
+        self.comm, self.mask, self.rank = comm, mask, comm.rank
+        self.sizes = dict(plugin.pool_sizes)
+        self.path = (f"{plugin.dump}_{comm.comm_hash}_{comm.rank}.json" if plugin.dump else None)
+        self.file: Any = None
+        self.next_id = comm.rank << 32
+        self.inflight = dict.fromkeys(POOL_OF.values(), 0)
+        self.dropped = dict.fromkeys(POOL_OF.values(), 0)
+        self.written = dict.fromkeys(POOL_OF.values(), 0)
+        self.lines: dict[str, list[str]] = {p: [] for p in POOL_OF.values()}
+        self.chunk_rows = min(_CHUNK, self.sizes["KERNEL_STEP"])
+        self.full: list[_Chunk] = []            # filled chunks not yet written
+        self.free: list[_Chunk] = []            # written chunks, reused (no fresh pages in steady state)
+        self.cur: _Chunk | None = None
+        self.stored = 0                         # KernelSteps buffered (<= the KERNEL_STEP pool size)
+        self.pend: list[tuple] = []             # (recs, pid, seq) batches not yet copied into chunks
+        self.pend_n = 0
+        self.slow: list[tuple] = []             # per-event path rows, converted to a chunk in batches
+        self.slow_parent: list[tuple[int, int]] = []
+        self.chans: list[tuple[np.ndarray, int, Any]] = []    # (rows, first id, parent id or ids per row)
+        self.chans_n = 0
+        self.tids: set[tuple[int, int, int]] = set()
+        self.proxy: deque[str] = deque(maxlen=self.sizes["PROXY_CTRL"])
+        self.host_counters: dict[str, int] = {}
+        self.passthrough = _Ev(self, _Passthrough, None)
+        self.done = False
+
+    # ---- output ----
+    def write(self, text: Any) -> None:
+        """Append str (utf-8) or bytes-like (formatted rows, ASCII) to the trace file."""
+        if self.path is None:
+            return
+        if self.file is None:
+            d = os.path.dirname(self.path)
+            if d:
+                os.makedirs(d, exist_ok=True)
+            self.file = open(self.path, "wb")
+            self.file.write(b"[\n")
+        self.file.write(text.encode("utf-8") if isinstance(text, str) else text)
+
+    def flush_lines(self, pool: str) -> None:
+        buf = self.lines[pool]
+        self.written[pool] += len(buf) // 2
+        self.write("".join(buf))
+        buf.clear()
+
+    def flush_steps(self) -> None:
+        self.fold()
+        chunks = self.full + ([self.cur] if self.cur is not None and self.cur.fill else [])
+        self.full, self.cur, self.stored = [], None, 0
+        for c in chunks:
+            self.written["KERNEL_STEP"] += c.fill
+            if self.path is not None:
+                self._write_steps(c.steps[:c.fill], c.pid[:c.fill], c.seq[:c.fill])
+            c.fill = 0
+        self.free.extend(chunks)
+
+    def add_chans(self, recs: np.ndarray, pid: Any) -> None:
+        self.chans.append((recs, self.next_id, pid))
+        self.next_id += len(recs)
+        self.chans_n += len(recs)
+        if self.chans_n >= self.sizes["KERNEL_CH"]:
+            self.flush_chans()
+
+    def flush_chans(self) -> None:
+        """Batched KernelCh events -> b/e line pairs, formatted a block at a time like KernelSteps."""
+        if not self.chans:
+            return
+        chans, self.chans, n = self.chans, [], self.chans_n
+        self.chans_n = 0
+        self.written["KERNEL_CH"] += n
+        if self.path is None:
+            return
+        recs, lens = _concat([c[0] for c in chans], KERNEL_CH_DTYPE)
+        ids = np.concatenate([np.arange(c[1], c[1] + len(c[0]), dtype=np.int64) for c in chans])
+        pids = [c[2] for c in chans]            # a parent id per batch, or (kernel_ch_runs) per row
+        pid = (np.repeat(np.array(pids, np.int64), lens) if all(type(p) is int for p in pids)
+               else np.concatenate([np.full(k, p, np.int64) if type(p) is int else p for p, k in zip(pids, lens)]))
+        t0, t1 = recs["start_ns"], recs["stop_ns"]
+        rank = np.full(n, self.rank, np.int64)
+        cols = np.column_stack([ids, rank, t0 // 1000, t0 % 1000, recs["channel"].astype(np.int64),
+                                recs["start_clk"].astype(np.int64), recs["stop_clk"].astype(np.int64), pid,
+                                ids, rank, t1 // 1000, t1 % 1000])
+        self._write_rows(CH_LINES, cols)
+
+    def _write_steps(self, s: np.ndarray, pid: np.ndarray, seq: np.ndarray) -> None:
+        n = len(s)
+        ch, snd, peer = s["channel"].astype(np.int64), s["is_send"].astype(np.int64), s["peer"].astype(np.int64)
+        tid = 1_000_000 + ch * 131072 + snd * 65536 + (peer & 0xFFFF)
+        for t in (np.unique(tid) - 1_000_000).tolist():
+            self.tids.add((t // 131072, (t >> 16) & 1, t & 0xFFFF))
+        wait, done = s["wait_ns"], s["done_ns"]
+        dur = np.maximum(done - wait, 0)
+        cols = np.column_stack([
+            np.full(n, self.rank, np.int64), tid, wait // 1000, wait % 1000, dur // 1000, dur % 1000, ch, snd, peer,
+            s["step"].astype(np.int64), s["size"].astype(np.int64), s["wait_clk"].astype(np.int64),
+            s["ready_clk"].astype(np.int64), s["done_clk"].astype(np.int64), seq, pid])
+        self._write_rows(STEP_LINE, cols)
+
+    def _write_rows(self, line: str, cols: np.ndarray) -> None:
+        """One `line` per row of int64 `cols`, formatted a block of 16,384 rows at a time."""
+        fmt = _FORMATS.get(line) or _FORMATS.setdefault(line, RowFormat(line))
+        for a in range(0, len(cols), _FORMAT_ROWS):
+            self.write(fmt(cols[a:a + _FORMAT_ROWS]))
+
+    def add_slow(self, row: tuple, parent: Any) -> None:
+        self.slow.append(row)
+        self.slow_parent.append(_parent_ids(parent))
+        if len(self.slow) >= _SLOW_ROWS:
+            self.flush_slow()
+
+    def flush_slow(self) -> None:
+        if self.slow:
+            par = np.array(self.slow_parent, np.int64).reshape(-1, 2)
+            recs = np.array(self.slow, KERNEL_STEP_DTYPE)
+            self.slow.clear()
+            self.slow_parent.clear()
+            self.fold()                         # keep arrival order
+            self.copy_steps(recs, par[:, 0], par[:, 1])
+
+    def add_steps(self, recs: np.ndarray, pid: Any, seq: Any) -> None:
+        """Keep a reference to a read-only batch; batches are copied into chunks together (one copy per fold).
+        pid, seq: the parent's ids (ints), or a list of (pid, seq) per run and a list of run lengths."""
+        self.pend.append((recs, pid, seq))
+        self.pend_n += len(recs)
+        if self.pend_n >= self.chunk_rows or self.stored + self.pend_n >= self.sizes["KERNEL_STEP"] \
+                or len(self.pend) >= 256:
+            self.fold()
+
+    def fold(self) -> None:
+        if not self.pend:
+            return
+        pend, n, self.pend, self.pend_n = self.pend, self.pend_n, [], 0
+        if len(pend) == 1 or n >= _BIG_BATCH * len(pend):   # one batch, or large ones (a GPU poll's): no concat
+            for recs, pid, seq in pend:
+                if type(pid) is list:
+                    pid, seq = _per_row(pid, seq)
+                self.copy_steps(recs, pid, seq)
+            return
+        recs, lens = _concat([p[0] for p in pend], KERNEL_STEP_DTYPE)
+        ids: list = []
+        runs: list = []
+        for (_, pid, seq), k in zip(pend, lens):     # every batch's parents, expanded once for the fold
+            if type(pid) is list:
+                ids += pid
+                runs += seq
+            else:
+                ids.append((pid, seq))
+                runs.append(k)
+        pid, seq = _per_row(ids, runs)
+        self.copy_steps(recs, pid, seq)
+
+    def copy_steps(self, recs: np.ndarray, pid: Any, seq: Any) -> None:
+        n, pos, cap = len(recs), 0, self.sizes["KERNEL_STEP"]
+        scalar = np.ndim(pid) == 0
+        while pos < n:
+            c = self.cur
+            if c is None or c.fill == len(c.steps):
+                if c is not None:
+                    self.full.append(c)
+                c = self.cur = self.free.pop() if self.free else _Chunk(self.chunk_rows)
+            take = min(len(c.steps) - c.fill, n - pos, cap - self.stored)
+            a, b = c.fill, c.fill + take
+            c.rows[a:b] = _byte_rows(recs[pos:pos + take])    # structured item copies run ~15x slower
+            c.pid[a:b] = pid if scalar else pid[pos:pos + take]
+            c.seq[a:b] = seq if scalar else seq[pos:pos + take]
+            c.fill, pos, self.stored = b, pos + take, self.stored + take
+            if self.stored >= cap:              # the pool of completed records is full: write, don't drop
+                self.flush_steps()
+
+
+def _per_row(ids: list, lens: list) -> tuple[np.ndarray, np.ndarray]:
+    """(pid, seq) per run and run lengths -> pid and seq per row."""
+    a = np.repeat(np.array(ids, np.int64).reshape(-1, 2), lens, axis=0)
+    return a[:, 0], a[:, 1]
+
+
+def _concat(batches: list[np.ndarray], dtype: np.dtype) -> tuple[np.ndarray, list[int]]:
+    """Record batches joined as bytes (concatenating structured arrays promotes their dtypes pairwise, slowly,
+    in Python), and each batch's length."""
+    recs = np.concatenate([_byte_rows(b) for b in batches]).view(dtype).reshape(-1)
+    return recs, [len(b) for b in batches]
+
+
+def _byte_rows(recs: np.ndarray) -> np.ndarray:
+    """(n, itemsize) uint8 view of a 1-D record array, strided (a drain poll's KernelSteps) or not: copies of it
+    move bytes, where numpy copies structured items field by field (4x slower)."""
+    return recs[:, None].view(np.uint8)
+
+
+class _Chunk:
+    __slots__ = ("steps", "rows", "pid", "seq", "fill")
+
+    def __init__(self, rows: int):
+        self.steps = np.empty(rows, KERNEL_STEP_DTYPE)
+        self.rows = _byte_rows(self.steps)
+        self.pid = np.empty(rows, np.int64)
+        self.seq = np.empty(rows, np.int64)
+        self.fill = 0
+
+
+class _PassthroughDescr:
+    type = 0
+
+
+_Passthrough = _PassthroughDescr()
+
+
+_NO_IDS = (-1, -1)
+
+
+def _parent_ids(parent: Any) -> tuple[int, int]:
+    return parent.ids if type(parent) is _Ev else _NO_IDS
