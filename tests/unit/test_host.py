@@ -103,6 +103,17 @@ def test_end_op_completes_open_tasks_and_counts_missing_kernel_ch():
     assert h.counters()["no_parent"] == 5
 
 
+@pytest.mark.parametrize("mask,missing", [(int(T.COLL), 0), (int(T.KERNEL_CH), 3), (KS, 3)])
+def test_missing_kernel_ch_counts_only_ops_that_stamp_channels(mask, missing):
+    """Without KernelCh or KernelStep in an op's mask no KernelCh record is stamped: none is missing."""
+    p = RecPlugin(mask=mask)
+    h = host_of(p)
+    h.begin_op(coll_op(n_programs=3))
+    h.end_op(1, 7000)
+    assert [c[2] for c in p.of("stop") if c[1][2] == T.COLL] == [7000]
+    assert h.counters()["missing_kernel_ch"] == missing
+
+
 def test_p2p_records_route_by_peer_and_direction():
     p = RecPlugin(mask=KS)
     h = host_of(p)

@@ -160,12 +160,12 @@ class Emitter:
     def _emit_fast(self, i: int, op: _Op, pm: int, real: int, pt: Any) -> None:
         """_emit_begin when every API/Group/KernelLaunch parent is skipped (the example plugin's default): the
         same counts and handles, with the skips counted in bulk."""
-        c, info = self._counts, op.info
-        key = (pm, real, tuple(t.p2p for t in op.tasks))
+        c, info, tasks = self._counts, op.info, op.tasks
+        n_p2p = op.n_p2p
+        key = (pm, real, n_p2p, len(tasks))
         adds = self._skip_counts.get(key)
         if adds is None:
-            n_p2p = sum(key[2])
-            n_coll = len(key[2]) - n_p2p
+            n_coll = len(tasks) - n_p2p
             adds = self._skip_counts[key] = [(k, n) for k, n in (
                 ("delivered_group_api", 1 if pm & _GA else 0), ("delivered_coll_api", n_coll if pm & _CA else 0),
                 ("delivered_p2p_api", n_p2p if pm & _PA else 0), ("delivered_kernel_launch", 1 if pm & _KL else 0),
@@ -176,13 +176,19 @@ class Emitter:
             c[k] = c.get(k, 0) + n
         grp = pt if pm & _B.GROUP else _OFF
         op.groups[i] = grp
-        for t in op.tasks:
+        if not n_p2p and len(tasks) == 1:          # one collective: the common op
+            if pm & _B.COLL:
+                t = tasks[0]
+                t.handles[i] = (self._start(i, self._task_descr(info, t.info, False, grp), pt if pm & _CA else _OFF)
+                                if real & _B.COLL else pt)      # pt: what _skip hands out
+            return
+        for t in tasks:
             if t.p2p:
                 if not pm & _B.P2P:
                     continue
                 parent = pt if pm & _PA else _OFF
                 if not real & _B.P2P:
-                    t.handles[i] = pt                                     # what _skip hands out
+                    t.handles[i] = pt
                     continue
             else:
                 if not pm & _B.COLL:

@@ -239,9 +239,11 @@ class EventHost(Emitter, PollRuns):
 
     def _finish(self, op: _Op, ts_ns: int) -> None:
         """Complete every open task of op (counting missing KernelCh records) and stop its Group."""
+        expected = op.info.mask & (_KCH | _KS)    # KernelCh records are stamped only for these (session.run)
         for t in op.tasks:
             if not t.done:
-                self._counts["missing_kernel_ch"] += max(t.left, 0)
+                if expected:
+                    self._counts["missing_kernel_ch"] += max(t.left, 0)
                 self._complete(op, t, max(ts_ns, t.last_done))
         for i in range(len(self._slots)):
             self._stop(i, op.groups[i], ts_ns)

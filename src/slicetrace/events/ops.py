@@ -73,14 +73,16 @@ class _Task:
 
 
 class _Op:
-    __slots__ = ("info", "pmasks", "tasks", "groups", "open", "shared")
+    __slots__ = ("info", "pmasks", "tasks", "groups", "open", "shared", "n_p2p")
 
     def __init__(self, info: OpInfo, pmasks: list[int]):
         self.info, self.pmasks = info, pmasks
-        self.tasks = [_Task(t, len(pmasks)) for t in info.tasks]
-        self.shared = len(self.tasks) > 1 and self._share()
-        self.groups: list[Any] = [OFF] * len(pmasks)
-        self.open = len(self.tasks)
+        nslots = len(pmasks)
+        self.tasks = tasks = [_Task(t, nslots) for t in info.tasks]
+        self.open = n = len(tasks)
+        self.n_p2p = (1 if tasks[0].p2p else 0) if n == 1 else sum(1 for t in tasks if t.p2p)
+        self.shared = n > 1 and self._share()
+        self.groups: list[Any] = [OFF] * nslots
 
     def _share(self) -> bool:
         """True when two p2p parts share (peer, is_send), so records need their channels to find a task.
