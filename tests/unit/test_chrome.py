@@ -343,7 +343,8 @@ def test_kernel_step_runs_writes_what_one_batch_per_op_writes(tmp_path, nsteps):
     assert out[0] == out[1] and len(out[0][0]) == out[0][1] == 12 * nsteps
 
 
-def test_kernel_ch_runs_write_what_one_batch_per_op_writes(tmp_path):
+@pytest.mark.parametrize("order", [(1, 2, 3, 9), (1, 9, 2, 3)])    # an unknown op's run after or between
+def test_kernel_ch_runs_write_what_one_batch_per_op_writes(tmp_path, order):
     """A poll's KernelCh runs in one kernel_ch_runs call == kernel_ch_batch per run: the same KernelCh events under
     the same parents, each Coll stopped at its last KernelCh (two channels, split over two polls), a p2p group's
     records routed per part, and records of an unknown op counted."""
@@ -359,12 +360,11 @@ def test_kernel_ch_runs_write_what_one_batch_per_op_writes(tmp_path):
             host.begin_op(coll_op(tag=t, n_programs=2, ts=1000 * t))
         host.begin_op(p2p_op(tag=4))
         for ch in (0, 1):                               # channel 0's records in one poll, channel 1's in the next
-            rows = [chrec(t, ch, 1000 * t + 10, 1000 * t + 500 + 100 * ch) for t in tags]
-            rows += [chrec(9, ch)]                      # an op this host never began
+            rows = [chrec(t, ch, 1000 * t + 10, 1000 * t + 500 + 100 * ch) for t in order]   # 9: never begun
             if ch == 1:
                 rows += [chrec(4, 0, 600, 700, send=1, peer=2), chrec(4, 1, 600, 800, send=0, peer=0)]
             allr = np.concatenate(rows)
-            runs = [(t, KIND_CHANNEL, k, k + 1) for k, t in enumerate(tags + [9])]
+            runs = [(t, KIND_CHANNEL, k, k + 1) for k, t in enumerate(order)]
             if ch == 1:
                 runs.append((4, KIND_CHANNEL, 4, 6))
             host.batch(allr, runs)

@@ -97,9 +97,13 @@ class PollRuns:
                 continue
             c[_DKCH] = c.get(_DKCH, 0) + kept
             c["declined"] += n - kept
-        done = recs["done_ns"]
-        for op, t, a, b in fast:
-            last = int(done[a]) if b - a == 1 else int(done[a:b].max())
+        starts = [f[2] for f in fast]
+        if all(f[3] == g for f, g in zip(fast, starts[1:])):   # contiguous runs: every run's last done at once
+            lasts = np.maximum.reduceat(recs["done_ns"][lo:fast[-1][3]], [a - lo for a in starts]).tolist()
+        else:
+            done = recs["done_ns"]
+            lasts = [int(done[a:b].max()) for _, _, a, b in fast]
+        for (op, t, a, b), last in zip(fast, lasts):
             if last > t.last_done:
                 t.last_done = last
             t.left -= b - a

@@ -18,6 +18,7 @@ from .layout import FLAG_CH_STOP, FLAG_SEND, KIND_CHANNEL, PAIRED_DTYPE, SEQ_PRO
 
 LOST_LAG = 4096        # an entry this far behind the newest reservation, still incomplete once no op runs, is lost
 _PROV, _LO32, _LO31 = np.uint64(SEQ_PROVISIONAL), np.uint64(0xFFFFFFFF), np.uint64(0x7FFFFFFF)
+_DROPPED = np.iinfo(np.int64).max        # sort key of rows the KernelCh pairing removed
 MAX_INTERVAL_S = 0.016  # adaptive polling backs off to this: each poll has a fixed cost, batches amortise it
 
 
@@ -318,9 +319,10 @@ class Drain:
         out["flags"] = w5 >> np.uint64(56)
         out["channel"] = chan
         out["wait"], out["ready"], out["done"] = st[:, 1], st[:, 2], co[:, 3]
+        keep = None                                   # rows left once KernelCh starts are paired into stops
         if is_ch.any():
-            out = self._pair_channels(out, is_ch)
-            if not len(out):
+            keep = self._pair_channels(out, is_ch)
+            if not keep.any():
                 return
         out["flags"] &= np.uint8(FLAG_SEND)           # PAIRED_DTYPE: FLAG_SEND only (the pairing read FLAG_CH_STOP)
         off = np.int64(self.offset_ns)
@@ -329,14 +331,17 @@ class Drain:
         out["done_ns"] = out["done"].view(np.int64) + off
         ops = out["op"]
         kinds = out["kind"]
-        if ops[0] == ops[-1] and not (kinds[0] != kinds).any():
+        if keep is None and ops[0] == ops[-1] and not (kinds[0] != kinds).any():
             starts = [0]
         else:
             # One run per kind and op across channels: every op's KernelSteps, then the KernelCh records (one may
             # complete its op); the stable sort keeps each channel's seq order. The steps form one block, which a
-            # plugin can take in one call. Channel-major runs would cost a call per channel.
+            # plugin can take in one call. Channel-major runs would cost a call per channel. Rows the pairing
+            # dropped sort last and are cut off: one copy of the rows, not two.
             key = (kinds.astype(np.int64) << 32) | ops.astype(np.int64)
-            o = np.argsort(key, kind="stable")
+            if keep is not None:
+                key[~keep] = _DROPPED
+            o = np.argsort(key, kind="stable")[:None if keep is None else int(keep.sum())]
             out, key = take_rows(out, o), key[o]
             ops, kinds = out["op"], out["kind"]
             starts = [0] + (np.flatnonzero(key[1:] != key[:-1]) + 1).tolist()
@@ -361,7 +366,8 @@ class Drain:
             (self.consumer.channel if kind == KIND_CHANNEL else self.consumer.steps)(tag, out[a:b])
 
     def _pair_channels(self, out: np.ndarray, is_ch: np.ndarray) -> np.ndarray:
-        """KernelCh start/stop records -> one record (ready = start, done = stop) at the stop.
+        """KernelCh start/stop records -> one record (ready = start, done = stop) at the stop, in place; returns
+        the rows to keep (the starts go).
 
         Vectorised: sorted by (channel, op, peer, direction, arrival), a stop right after its start pairs in
         place; only records whose partner is in another poll go through `_open` (a few per poll)."""
@@ -400,7 +406,7 @@ class Drain:
         out["wait"][rows] = out["ready"][rows] = start[ok]
         keep = ~is_ch
         keep[rows] = True
-        return take_rows(out, keep)
+        return keep
 
 
 def _published(word: np.ndarray, useq: np.ndarray, done31: np.ndarray) -> np.ndarray:
