@@ -58,8 +58,10 @@ class PollRuns:
                 self._channel(tag, recs[a:b], (box, recs, a, b))
                 continue
             t = op.tasks[0]
-            if t.done:
+            if t.done:                              # as _channel: late records counted, the op ends
                 c["no_parent"] += b - a
+                self._finish(op, t.last_done)
+                self._ops.pop(tag, None)
                 continue
             for i, pm in enumerate(op.pmasks):
                 if not pm & _KCH:
