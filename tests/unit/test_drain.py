@@ -503,3 +503,15 @@ def test_thread_init_runs_first_in_the_drain_thread_and_its_failure_is_reported(
     d._thread.join(5.0)
     assert not d._thread.is_alive() and isinstance(d.error, RuntimeError)
     d.stop(5.0)
+
+
+@given(st.lists(st.integers(0, 2**31 - 1), max_size=40, unique=True), st.integers(0, 2**31 - 50),
+       st.integers(0, 40), st.lists(st.integers(0, 2**31 - 1), max_size=60))
+@settings(max_examples=200, deadline=None)
+def test_member_is_isin(vals, start, run, xs):
+    """drain._member (two compares when the values are consecutive) == np.isin, consecutive or not."""
+    from slicetrace.stamps.drain import _member
+    for v in (vals, list(range(start, start + run))):
+        x = np.array(xs + v + [max(start - 1, 0), start + run], dtype=np.uint64)
+        arr = np.array(v, dtype=np.uint64)
+        assert (_member(x, arr) == np.isin(x, arr)).all()

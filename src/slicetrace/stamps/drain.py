@@ -270,7 +270,7 @@ class Drain:
         if ok.all():
             end = cnt
         else:
-            lost = (st_vis & ~ok & np.isin(st[:, 4] & _LO32, dl)) | ((top2 - seqs > LOST_LAG) & (not running))
+            lost = (st_vis & ~ok & _member(st[:, 4] & _LO32, dl)) | ((top2 - seqs > LOST_LAG) & (not running))
             if settled is not None:
                 lost |= seqs <= settled[chs if chan is None else chan].astype(np.int64)
             undecided = ~(ok | ~intact | lost | force)
@@ -412,5 +412,14 @@ class Drain:
 def _published(word: np.ndarray, useq: np.ndarray, done31: np.ndarray) -> np.ndarray:
     """Seq words that publish useq: plain, or provisional from an op that has completed (stamps.layout)."""
     prov = (((word & _PROV) != 0) & ((word & _LO32) == (useq & _LO32))
-            & np.isin((word >> np.uint64(32)) & _LO31, done31))
+            & _member((word >> np.uint64(32)) & _LO31, done31))
     return (word == useq) | prov
+
+
+def _member(x: np.ndarray, vals: np.ndarray) -> np.ndarray:
+    """np.isin(x, vals) for unique vals; a poll's completed ops are usually consecutive tags: two compares."""
+    if len(vals):
+        lo, hi = vals.min(), vals.max()
+        if int(hi) - int(lo) + 1 == len(vals):
+            return (x >= lo) & (x <= hi)
+    return np.isin(x, vals)
