@@ -515,3 +515,57 @@ def test_member_is_isin(vals, start, run, xs):
         x = np.array(xs + v + [max(start - 1, 0), start + run], dtype=np.uint64)
         arr = np.array(v, dtype=np.uint64)
         assert (_member(x, arr) == np.isin(x, arr)).all()
+
+
+class KeepRefs(Recorder):
+    """A consumer that keeps the drain's arrays themselves, not copies."""
+
+    def channel(self, tag, recs):
+        self.channels.append((tag, recs))
+
+    def steps(self, tag, recs):
+        self.step_calls.append((tag, recs))
+
+
+def test_large_polls_use_reused_buffers_yet_hand_over_arrays_that_stay_intact():
+    """Polls above stamps.scratch.MIN_ROWS gather into reused buffers; what consumers keep from an earlier poll
+    is unchanged by later ones, on one channel and across two."""
+    from slicetrace.stamps.scratch import MIN_ROWS
+    v = rings(2, 16384)
+    sink = KeepRefs()
+    d = Drain(v, sink)
+    ws = [RingWriter(v, 0), RingWriter(v, 1)]
+    n = MIN_ROWS + 100
+    for tag, chans in ((1, (0,)), (2, (0, 1)), (3, (0, 1)), (4, (1,))):
+        d.op_submitted(tag, lambda: True)
+        for c in chans:
+            write_op(ws[c], tag, n // len(chans), t0=tag * 10**6 + c)
+        d.poll_once()
+    assert not sink.drops
+    got = {}
+    for tag, r in sink.step_calls:
+        got.setdefault(tag, []).append(r)
+    for tag, chans in ((1, (0,)), (2, (0, 1)), (3, (0, 1)), (4, (1,))):
+        r = np.concatenate(got[tag])
+        k = n // len(chans)
+        assert len(r) == k * len(chans) and sorted(set(r["channel"].tolist())) == list(chans)
+        for c in chans:
+            rc = r[r["channel"] == c]
+            base = tag * 10**6 + c + 10 * np.arange(k)
+            assert (rc["step"] == 2 * np.arange(k)).all() and (rc["wait"] == base).all()
+            assert (rc["ready"] == base + 3).all() and (rc["done"] == base + 7).all()
+    assert [(t, len(r)) for t, r in sink.channels] == [(1, 1), (2, 2), (3, 2), (4, 1)]
+
+
+def test_scratch_grows_and_reuses_one_buffer_per_name():
+    from slicetrace.stamps.scratch import MIN_ROWS, Scratch
+    s = Scratch()
+    assert s.rows("a", MIN_ROWS - 1, np.uint64, 6) is None
+    a = s.rows("a", MIN_ROWS, np.uint64, 6)
+    assert a.shape == (MIN_ROWS, 6) and a.dtype == np.uint64
+    b = s.rows("a", MIN_ROWS // 2 + MIN_ROWS // 2, np.uint64, 6)
+    assert np.shares_memory(a, b)
+    c = s.rows("a", MIN_ROWS + 1, np.uint64, 6)            # grows by half at least
+    assert c.shape == (MIN_ROWS + 1, 6) and not np.shares_memory(a, c)
+    assert s.rows("a", MIN_ROWS * 3 // 2, np.uint64, 6).base is c.base
+    assert not np.shares_memory(s.rows("b", MIN_ROWS, np.uint64, 6), c)

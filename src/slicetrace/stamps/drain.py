@@ -15,6 +15,7 @@ from typing import Callable, Protocol
 import numpy as np
 
 from .layout import FLAG_CH_STOP, FLAG_SEND, KIND_CHANNEL, PAIRED_DTYPE, SEQ_PROVISIONAL, RingViews, take_rows
+from .scratch import Scratch
 
 LOST_LAG = 4096        # an entry this far behind the newest reservation, still incomplete once no op runs, is lost
 _PROV, _LO32, _LO31 = np.uint64(SEQ_PROVISIONAL), np.uint64(0xFFFFFFFF), np.uint64(0x7FFFFFFF)
@@ -67,6 +68,7 @@ class Drain:
         self.error: BaseException | None = None
         self.delivered = 0
         self.rows_read = 0                      # ring entries gathered, delivered or not (the drain's own cost)
+        self._scratch = Scratch()
 
     # ---- called by the session (user thread) ----
     def expect(self, tag: int) -> None:
@@ -243,16 +245,17 @@ class Drain:
             seqs = np.arange(c0 + 1, c0 + n0 + 1, dtype=np.int64)
             chan = None
             idx = seqs & (N - 1)
-            st = self._st[int(chs[0])][idx]
-            co = st if self._merged else self._co[int(chs[0])][idx]
+            st = self._gather(self._st[int(chs[0])], idx, "st")
+            co = st if self._merged else self._gather(self._co[int(chs[0])], idx, "co")
             top2 = np.int64(self._hdr[int(chs[0]), 0])     # read after the copy: is any slot being reused?
         else:
             offs = np.cumsum(cnt) - cnt
             seqs = np.arange(int(cnt.sum()), dtype=np.int64) + np.repeat(cur + 1 - offs, cnt)
             chan = np.repeat(chs, cnt)
             idx = seqs & (N - 1)
-            st = self._st[chan, idx]
-            co = st if self._merged else self._co[chan, idx]
+            flat = chan * N + idx
+            st = self._gather(self._st.reshape(-1, 6), flat, "st")
+            co = st if self._merged else self._gather(self._co.reshape(-1, 6), flat, "co")
             top2 = np.repeat(self._hdr[chs, 0].astype(np.int64), cnt)   # read after the copy
         self.rows_read += len(seqs)
         useq = seqs.view(np.uint64)
@@ -305,12 +308,20 @@ class Drain:
             self._deliver(int(chs[0]) if chan is None else chan, st, co)
         return int(end.sum())
 
+    def _gather(self, rows: np.ndarray, idx: np.ndarray, name: str) -> np.ndarray:
+        """rows[idx] (a snapshot of ring entries), into a reused buffer when large (stamps.scratch)."""
+        buf = self._scratch.rows(name, len(idx), rows.dtype, rows.shape[1])
+        return rows[idx] if buf is None else np.take(rows, idx, axis=0, out=buf, mode="clip")
+
     def _deliver(self, chan, st: np.ndarray, co: np.ndarray) -> None:
         """chan: the channel of every row (array), or one int when all rows come from one channel."""
         w4, w5 = st[:, 4], st[:, 5]
         kind = (w5 >> np.uint64(48)) & np.uint64(0xFF)
         is_ch = kind == KIND_CHANNEL
-        out = np.empty(len(st), dtype=PAIRED_DTYPE)
+        # Rows that the run sort below copies are a temporary: built in a reused buffer (stamps.scratch).
+        resort = bool(is_ch.any() or w4[0] & _LO32 != w4[-1] & _LO32 or (kind[0] != kind).any())
+        out = self._scratch.rows("out", len(st), PAIRED_DTYPE) if resort else None
+        out = np.empty(len(st), dtype=PAIRED_DTYPE) if out is None else out
         out["op"] = w4                               # the low 32 bits (unsafe cast)
         out["step"] = w4 >> np.uint64(32)
         out["size"] = w5 & np.uint64(0xFFFFFFFF)
@@ -331,7 +342,7 @@ class Drain:
         out["done_ns"] = out["done"].view(np.int64) + off
         ops = out["op"]
         kinds = out["kind"]
-        if keep is None and ops[0] == ops[-1] and not (kinds[0] != kinds).any():
+        if not resort:                               # one op, one kind
             starts = [0]
         else:
             # One run per kind and op across channels: every op's KernelSteps, then the KernelCh records (one may
