@@ -403,3 +403,27 @@ def test_coll_and_p2p_records_from_templates_equal_the_general_path(tmp_path, p2
     assert check_trace(path) == [] and ctx.done
     assert {r["name"] for r in data if r.get("cat") in ("COLL", "P2P")} == {'odd "name"\n'}
     assert all(r["args"]["Count"] is None for r in data if r.get("ph") == "b" and r.get("cat") in ("COLL", "P2P"))
+
+
+def test_without_a_dump_file_kernel_steps_reuse_one_chunk_and_are_all_counted(monkeypatch, tmp_path):
+    """No trace file: each filled chunk is counted and reused at once (one chunk's memory however long the run);
+    with a file, chunks are kept up to the pool size and written then."""
+    from slicetrace.sinks import chrome_store
+    monkeypatch.setattr(chrome_store, "_CHUNK", 64)
+    for dump in (None, str(tmp_path / "t")):
+        p = ChromePlugin(Settings(profile_dump_file=dump, pool_sizes={"KERNEL_STEP": 1000}))
+        host = EventHost([LoadedPlugin(p)], COMM)
+        ctx = host.plugins[0].ctx
+        host.begin_op(coll_op(n_programs=1))
+        for k in range(10):
+            host.steps(1, recs(1, 50, t0=1000 + 10_000 * k))     # 500 rows: 7 chunks of 64 and a part
+        chunks = len(ctx.free) + (ctx.cur is not None) + len(ctx.full)
+        if dump is None:
+            assert chunks == 1 and ctx.written["KERNEL_STEP"] == 448 and ctx.stored == 52
+        else:
+            assert chunks == 8 and ctx.written["KERNEL_STEP"] == 0 and ctx.stored == 500
+        host.channel(1, chrec(1, stop=10**6))
+        host.close()
+        assert p.counters(ctx)["plugin_written_KERNEL_STEP"] == 500
+    data = load(f"{dump}_{COMM.comm_hash}_{COMM.rank}.json")
+    assert len([r for r in data if r.get("name") == "KernelStep"]) == 500

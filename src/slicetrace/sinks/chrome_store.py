@@ -207,8 +207,8 @@ class _Ctx:
             c.pid[a:b] = pid if scalar else pid[pos:pos + take]
             c.seq[a:b] = seq if scalar else seq[pos:pos + take]
             c.fill, pos, self.stored = b, pos + take, self.stored + take
-            if self.stored >= cap:              # the pool of completed records is full: write, don't drop
-                self.flush_steps()
+            if self.stored >= cap or (b == len(c.steps) and self.path is None):
+                self.flush_steps()      # the pool is full: write, don't drop; no file: reuse the chunk at once
 
 
 def _per_row(ids: list, lens: list) -> tuple[np.ndarray, np.ndarray]:
