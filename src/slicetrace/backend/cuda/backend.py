@@ -88,6 +88,7 @@ class CudaBackend(Backend):
         self._fork = runtime.eventCreateWithFlags(2)      # cudaEventDisableTiming
         self._join = runtime.eventCreateWithFlags(2)
         self._cache: dict[tuple, tuple[Any, np.ndarray, Any, int, int]] = {}
+        self._fns: dict[tuple[str, bool], int] = {}
         self._broken: str | None = None
         self._closed = False
         self._last: Token | None = None
@@ -143,10 +144,15 @@ class CudaBackend(Backend):
     def extra_defines(self, defs: dict[str, str]) -> None:
         self._extra = dict(defs)
         self._cache.clear()             # cached launches hold the kernel built with the old defines
+        self._fns.clear()
 
     def _fn(self, dtype: str, steps: bool) -> int:
-        return self.kernels.function("slicetrace.cu", "st_kernel", self._defines(dtype, steps),
-                                     self.settings.assert_warm)
+        fn = self._fns.get((dtype, steps))      # per profiled op: the defines' key costs several us to build
+        if fn is None:
+            fn = self._fns[(dtype, steps)] = self.kernels.function("slicetrace.cu", "st_kernel",
+                                                                   self._defines(dtype, steps),
+                                                                   self.settings.assert_warm)
+        return fn
 
     def _defines(self, dtype: str, steps: bool) -> dict[str, str]:
         return {"ST_T": CTYPES[dtype], "ST_STEPS": "1" if steps else "0", **self._extra}
