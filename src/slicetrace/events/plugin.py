@@ -196,10 +196,7 @@ class LoadedPlugin:
         kept. Plugins without kernel_step_runs get kernel_step_batch per run (its reference semantics)."""
         if self.has_runs:
             return int(self.plugin.kernel_step_runs(self.ctx, parents, recs, starts, stops))
-        kept = 0
-        for p, a, b in zip(parents, starts, stops):
-            kept += min(max(self.kernel_step_batch(p, recs[a:b]), 0), b - a)
-        return kept
+        return _per_run(self.kernel_step_batch, parents, recs, starts, stops)
 
     def kernel_ch_batch(self, parent: Any, recs: np.ndarray) -> int:
         """Deliver whole KernelCh events (abi.KERNEL_CH_DTYPE) under `parent`; returns how many were kept."""
@@ -214,10 +211,7 @@ class LoadedPlugin:
         without kernel_ch_runs get kernel_ch_batch per run."""
         if self.has_ch_runs:
             return int(self.plugin.kernel_ch_runs(self.ctx, parents, recs, starts, stops))
-        kept = 0
-        for p, a, b in zip(parents, starts, stops):
-            kept += min(max(self.kernel_ch_batch(p, recs[a:b]), 0), b - a)
-        return kept
+        return _per_run(self.kernel_ch_batch, parents, recs, starts, stops)
 
     def report_counters(self, counters: dict[str, int]) -> None:
         fn = getattr(self.plugin, "report_counters", None)
@@ -228,6 +222,11 @@ class LoadedPlugin:
         if self.initialized:
             self.initialized = False
             self.plugin.finalize(self.ctx)
+
+
+def _per_run(batch: Any, parents: list, recs: np.ndarray, starts: list[int], stops: list[int]) -> int:
+    """A *_runs call as one batch(parent, rows) call per run (its reference semantics); returns the rows kept."""
+    return sum(min(max(batch(p, recs[a:b]), 0), b - a) for p, a, b in zip(parents, starts, stops))
 
 
 def _one_by_one(start: Any, state: Any, stop: Any, stop_state: State, events: Any) -> int:
