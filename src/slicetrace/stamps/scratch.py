@@ -3,7 +3,9 @@
 A poll at 64 channels gathers ~70,000 ring entries into arrays of several MiB. Fresh arrays that size are fresh
 pages when the allocator has handed the previous poll's memory back to the OS, and first-touch page faults were
 ~30 % of the drain's time (scripts/bench_event_path.py --gpu: 141-156 us per op, 102-103 with glibc never
-trimming). Buffers here live as long as the drain and are only for temporaries no consumer ever sees.
+trimming). Buffers here live as long as the drain and are only for temporaries no consumer ever sees. They
+keep the largest poll's size: at most every ring entry (channels x SLICETRACE_STAMP_RING_SLOTS) x 128 B, i.e.
+2.7x the rings themselves (128 MiB at 64 channels of 16,384 slots).
 """
 from __future__ import annotations
 
