@@ -14,7 +14,8 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from .layout import FLAG_CH_STOP, FLAG_SEND, KIND_CHANNEL, PAIRED_DTYPE, SEQ_PROVISIONAL, RingViews, take_rows
+from .layout import FLAG_SEND, KIND_CHANNEL, PAIRED_DTYPE, SEQ_PROVISIONAL, RingViews, take_rows
+from .pairing import pair_channels
 from .scratch import Scratch
 
 LOST_LAG = 4096        # an entry this far behind the newest reservation, still incomplete once no op runs, is lost
@@ -332,7 +333,7 @@ class Drain:
         out["wait"], out["ready"], out["done"] = st[:, 1], st[:, 2], co[:, 3]
         keep = None                                   # rows left once KernelCh starts are paired into stops
         if is_ch.any():
-            keep = self._pair_channels(out, is_ch)
+            keep = pair_channels(out, is_ch, self._open, self.consumer.drop)
             if not keep.any():
                 return
         out["flags"] &= np.uint8(FLAG_SEND)           # PAIRED_DTYPE: FLAG_SEND only (the pairing read FLAG_CH_STOP)
@@ -375,49 +376,6 @@ class Drain:
             return
         for tag, kind, a, b in runs:
             (self.consumer.channel if kind == KIND_CHANNEL else self.consumer.steps)(tag, out[a:b])
-
-    def _pair_channels(self, out: np.ndarray, is_ch: np.ndarray) -> np.ndarray:
-        """KernelCh start/stop records -> one record (ready = start, done = stop) at the stop, in place; returns
-        the rows to keep (the starts go).
-
-        Vectorised: sorted by (channel, op, peer, direction, arrival), a stop right after its start pairs in
-        place; only records whose partner is in another poll go through `_open` (a few per poll)."""
-        idx = np.flatnonzero(is_ch)
-        sel = take_rows(out, idx)
-        m = len(sel)
-        stp = (sel["flags"] & FLAG_CH_STOP) != 0
-        cols = (sel["channel"], sel["op"], sel["peer"], sel["flags"] & 1)
-        order = np.lexsort((np.arange(m),) + cols[::-1])
-        stp = stp[order]
-        cols = tuple(c[order] for c in cols)
-        same = np.zeros(m + 1, bool)               # same[j]: row j has the key of row j - 1
-        same[1:m] = np.logical_and.reduce([c[1:] == c[:-1] for c in cols])
-        ok = np.zeros(m, bool)
-        ok[1:] = stp[1:] & ~stp[:-1] & same[1:m]   # a stop right after its own start
-        used = np.zeros(m, bool)
-        used[:-1] = ok[1:]
-        ready = sel["ready"][order]
-        start = np.zeros(m, np.uint64)
-        start[1:] = ready[:-1]
-        loose = np.flatnonzero(~ok & ~used)
-        if len(loose):
-            keys = np.column_stack(cols)[loose].tolist()
-            for j, key, is_stop, nxt in zip(loose.tolist(), keys, stp[loose].tolist(), same[loose + 1].tolist()):
-                key = tuple(key)
-                if not is_stop:
-                    if not nxt:                    # else a later start of the same key supersedes it
-                        self._open[key] = int(ready[j])
-                    continue
-                st = self._open.pop(key, None)
-                if st is None:
-                    self.consumer.drop("unpaired", 1)
-                    continue
-                ok[j], start[j] = True, st
-        rows = idx[order[ok]]
-        out["wait"][rows] = out["ready"][rows] = start[ok]
-        keep = ~is_ch
-        keep[rows] = True
-        return keep
 
 
 def _published(word: np.ndarray, useq: np.ndarray, done31: np.ndarray) -> np.ndarray:
