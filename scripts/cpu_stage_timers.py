@@ -21,11 +21,13 @@ from slicetrace.cli import sweep
 from slicetrace.cli.bench import _NO_STEPS
 from slicetrace.events import host as ev_host
 from slicetrace.events import plugin as ev_plugin
+from slicetrace.events import runs as ev_runs
 from slicetrace.stamps import drain as st_drain
 
-_DRAIN_STAGES = ((st_drain.Drain, "_drain_many"), (st_drain.Drain, "_deliver"), (st_drain.Drain, "_pair_channels"),
-                 (ev_host.EventHost, "batch"), (ev_host.EventHost, "_steps_runs"), (ev_host.EventHost, "_channel"),
-                 (ev_host, "to_kernel_steps"), (ev_plugin.LoadedPlugin, "kernel_step_runs"))
+_DRAIN_STAGES = ((st_drain.Drain, "_drain_many"), (st_drain.Drain, "_deliver"), (st_drain, "pair_channels"),
+                 (ev_host.EventHost, "batch"), (ev_host.EventHost, "_steps_runs"),
+                 (ev_host.EventHost, "_channel_runs"), (ev_runs, "to_kernel_steps"),
+                 (ev_plugin.LoadedPlugin, "kernel_step_runs"))
 
 
 def parse_size(s: str) -> int:
