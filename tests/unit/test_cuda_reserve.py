@@ -233,7 +233,7 @@ def test_progress_never_raises():
 
 
 def test_threads_halve_in_whole_warps_under_the_kernels_launch_bounds():
-    from slicetrace.backend.cuda.backend import threads_for
+    from slicetrace.backend.cuda.args import threads_for
     assert [threads_for(n, 32, 512, 544) for n in (1 << 20, 1 << 19, 1 << 18, 1 << 10)] == [544, 288, 160, 96]
     assert [threads_for(n, 32, 512) for n in (1 << 20, 1 << 19, 1 << 18, 1 << 10)] == [512, 256, 128, 96]
     for cap in (544, 512):          # 544: 512 workers, the ST_MAX_THREADS=544 measurement variant

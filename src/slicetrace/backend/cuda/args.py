@@ -1,0 +1,93 @@
+"""The kernel's argument record (layout.ARGS_DTYPE) for one work: the collective or send/recv group fields.
+
+Mixed into CudaBackend (backend.py), whose comm memory, settings, channel limit and launch bounds these read.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ...errors import UsageError
+from ..base import Work
+from . import buffers
+from .layout import FUNC_IDS, ITEMSIZE, MAX_THREADS, MAXB, MAXG, MAXP, REDOP_IDS
+
+
+def threads_for(nbytes: int, nblocks: int, nthreads: int, max_threads: int = MAX_THREADS) -> int:
+    """NCCL: halve the threads while the op is small for them, then add the post warp."""
+    nt = min(nthreads, max_threads - 32)
+    while nbytes < nblocks * nt * 64 and nt > 64:
+        nt = max(64, nt // 2 // 32 * 32)       # whole warps
+    return nt + 32
+
+
+class KernelArgs:
+    """Expects the backend's mem (CommMemory), settings, max_channels, _ptr() and _maxt()."""
+    mem: Any
+    settings: Any
+    max_channels: int
+
+    def _common(self, work: Work, a: Any, nblocks: int) -> None:
+        plan = work.plan
+        if plan.itemsize != ITEMSIZE[work.dtype]:
+            raise UsageError(f"plan itemsize {plan.itemsize} does not match dtype {work.dtype}")
+        if nblocks > MAXB:
+            raise UsageError(f"the plan has {nblocks} channels; the cuda backend runs at most {MAXB}")
+        a["comm"] = self.mem.comm_ptr
+        a["func"], a["nranks"], a["rank"], a["root"] = FUNC_IDS[plan.func], plan.nranks, plan.rank, plan.root
+        a["redop"] = REDOP_IDS.get(work.redop, 0)
+        a["nblocks"] = nblocks
+        a["step_bytes"] = plan.proto.step_bytes
+        a["slice_steps"], a["chunk_steps"] = plan.proto.slice_steps, plan.proto.chunk_steps
+        if plan.proto.step_bytes * 8 != self.settings.buffsize:
+            raise UsageError(f"plan step_bytes={plan.proto.step_bytes} does not match buffsize="
+                             f"{self.settings.buffsize} / 8 of this backend's FIFOs")
+
+    def _coll_args(self, work: Work, a: Any) -> tuple[int, int]:
+        plan = work.plan
+        progs = plan.programs
+        per = progs[0].params["count"] if len(progs) > 1 else plan.count
+        for i, p in enumerate(progs):
+            if p.channel != i or p.params["lo"] != i * per or p.channel >= self.max_channels:
+                raise UsageError(f"program {i} of the {plan.func} plan is not the contiguous channel split the "
+                                 f"cuda kernel rebuilds (channel {p.channel}, lo {p.params['lo']})")
+        if work.redop not in REDOP_IDS:
+            raise UsageError(f"redop={work.redop!r} is not one of {tuple(REDOP_IDS)}")
+        self._common(work, a, len(progs))
+        a["sendbuf"], a["recvbuf"] = self._ptr(work.sendbuf), self._ptr(work.recvbuf)
+        a["count"], a["per_ch"], a["chunk_elems"] = plan.count, per, progs[0].params["chunk_elems"]
+        return len(progs), threads_for(plan.count * plan.itemsize, len(progs), self.settings.nthreads, self._maxt())
+
+    def _p2p_args(self, work: Work, a: Any) -> tuple[int, int]:
+        plan = work.plan
+        bufs = {p.index: b for p, b in work.parts}
+        offs = {p.index: p.offset for p, _ in work.parts}
+        ordinal: dict[tuple[int, bool], int] = {}
+        conn: dict[int, int] = {}
+        for p, _ in sorted(work.parts, key=lambda pb: pb[0].index):
+            if p.peer != self.rank:
+                k = ordinal.get((p.peer, p.is_send), 0)
+                ordinal[(p.peer, p.is_send)] = k + 1
+                conn[p.index] = k
+        progs = sorted(plan.programs, key=lambda q: (q.channel, q.params["part"]))
+        if len(progs) > MAXP:
+            raise UsageError(f"a send/recv group of {len(progs)} parts; the cuda backend runs at most {MAXP}")
+        chans = sorted({q.channel for q in progs})
+        self._common(work, a, len(chans))
+        for i, q in enumerate(progs):
+            k = conn[q.params["part"]]
+            if k >= self.max_channels or q.channel >= self.max_channels:
+                raise UsageError(f"send/recv group: {k + 1} parts to one peer or channel {q.channel}; at most "
+                                 f"{self.max_channels} (nchannels)")
+            d = a["parts"][i]
+            d["ptr"] = buffers.pointer(bufs[q.params["part"]]) + offs[q.params["part"]] * plan.itemsize
+            d["count"], d["peer"], d["conn"] = q.params["count"], q.params["peer"], k
+            d["is_send"], d["channel"] = int(q.params["is_send"]), q.channel
+        for b, ch in enumerate(chans):
+            idx = [i for i, q in enumerate(progs) if q.channel == ch]
+            if len(idx) > MAXG:
+                raise UsageError(f"channel {ch} has {len(idx)} send/recv programs; at most {MAXG} per channel "
+                                 f"(use more channels)")
+            a["blk_first"][b], a["blk_n"][b] = idx[0], len(idx)
+        a["nparts"] = len(progs)
+        a["chunk_elems"] = progs[0].params["chunk_elems"] if progs else 1
+        return len(chans), self._maxt()
