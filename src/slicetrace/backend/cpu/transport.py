@@ -3,8 +3,9 @@
 A wait spins briefly (the peer usually answers within microseconds when each rank has a core), then
 calls sched_yield (cheap when nothing else is runnable, gives the core away when ranks outnumber cores),
 then sleeps with a growing period; when ranks outnumber CPUs a ring wait sleeps on a futex instead (futex.py),
-woken by the neighbour's post. Every slow wait checks the abort word, its deadline, the peers' liveness and the
-signature of the collective in flight.
+woken by the neighbour's post. Every slow wait checks the abort word and its deadline at each pause, and the
+peers' liveness and the signature of the collective in flight every CHECK_EVERY_S (from 50 ms into the wait: a
+wait the peer ends within microseconds must not be spent reading /proc).
 """
 from __future__ import annotations
 
@@ -269,7 +270,7 @@ class Backoff:
         self.g, self.what, self.peers = guard, what, peers
         self.t0 = time.monotonic()
         self.deadline = self.t0 + guard.timeout_s
-        self.check_at = self.t0
+        self.check_at = self.t0 + CHECK_EVERY_S   # peers' liveness (a /proc read, 13-40 us) once a wait is slow
         self.n = 0
         self.sleep = SLEEP_MIN_S
 
