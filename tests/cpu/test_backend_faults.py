@@ -100,6 +100,7 @@ def test_timeout_when_a_rank_never_submits(pool2):
                            (idle_then, ("tmo", kw, "idle", 2.0))])
     kind, msg, secs = res[0]
     assert kind == "CommTimeoutError" and "timeout_s" in msg and 0.9 < secs < 3, res[0]
+    assert "for data from rank 1 on channel 0 (step " in msg, msg          # the wait says what it waited for
 
 
 def stamped_until_timeout(ctx, key: str, kw: dict):

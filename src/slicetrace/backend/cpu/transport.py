@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 import numpy as np
 
@@ -233,7 +234,7 @@ class Guard:
                                 f"{describe_sig(count, packed, cfg)}, rank {p} runs {theirs}")
 
     # ---- waiting ----
-    def wait_ge(self, mv: memoryview, idx: int, target: int, peer: int, what: str, base: int = 0) -> None:
+    def wait_ge(self, mv: memoryview, idx: int, target: int, peer: int, what: Any, base: int = 0) -> None:
         """Return once mv[idx] >= target; PeerError / MismatchError / CommTimeoutError otherwise. base: mv's
         address, for a tail or head word its poster wakes (Conn.post): with futex waits on, sleep there."""
         for _ in range(self.spins):
@@ -261,12 +262,21 @@ class Guard:
         return Backoff(self, what, peers)
 
 
+def describe(what: Any) -> str:
+    """A wait's subject: text, or (kind, peer, channel, step) for ring waits (formatted only when a wait fails: the
+    ring loop makes several waits per op)."""
+    if isinstance(what, str):
+        return what
+    kind, peer, ch, step = what
+    return f"{kind} from rank {peer} on channel {ch} (step {step})"
+
+
 class Backoff:
     """Idle strategy for one wait (or one idle stretch of the p2p progress loop)."""
 
     __slots__ = ("g", "what", "peers", "t0", "deadline", "check_at", "n", "sleep")
 
-    def __init__(self, guard: Guard, what: str, peers: tuple[int, ...]):
+    def __init__(self, guard: Guard, what: Any, peers: tuple[int, ...]):
         self.g, self.what, self.peers = guard, what, peers
         self.t0 = time.monotonic()
         self.deadline = self.t0 + guard.timeout_s
@@ -295,4 +305,4 @@ class Backoff:
             self.check_at = now + CHECK_EVERY_S
             g.check(self.peers)
         if now > self.deadline:
-            raise g.fail(ABORT_TIMEOUT, f"rank {g.rank} waited {g.timeout_s}s (timeout_s) for {self.what}")
+            raise g.fail(ABORT_TIMEOUT, f"rank {g.rank} waited {g.timeout_s}s (timeout_s) for {describe(self.what)}")

@@ -116,7 +116,7 @@ def _ring_slices(prog, job: RingJob, recs: list) -> None:
                 else:
                     if stamp:
                         t0 = clock()
-                    wait(rctl, H_TAIL, t, rpeer, f"data from rank {rpeer} on channel {ch} (step {rstep})", rbase)
+                    wait(rctl, H_TAIL, t, rpeer, ("data", rpeer, ch, rstep), rbase)
                     if stamp:
                         tr = clock()                 # after the tail was seen: never before the sender's done
                 if n:
@@ -127,7 +127,7 @@ def _ring_slices(prog, job: RingJob, recs: list) -> None:
                     tw = ts = tr if hr else clock()  # the send wait starts when the recv wait ended
                 t = sstep + ss - NSTEPS
                 if sctl[H_HEAD] < t:
-                    wait(sctl, H_HEAD, t, speer, f"credit from rank {speer} on channel {ch} (step {sstep})", sbase)
+                    wait(sctl, H_HEAD, t, speer, ("credit", speer, ch, sstep), sbase)
                     if stamp:
                         ts = clock()
                 if n:
@@ -232,7 +232,7 @@ def self_copies(work) -> None:
 
 def run_p2p(work, send_conns, recv_conns, writers, guard) -> None:
     """All parts progress round-robin in this thread: an all_to_all of any size cannot deadlock."""
-    plan, rank = work.plan, work.plan.rank
+    plan = work.plan
     self_copies(work)
     bufs = {p.index: b for p, b in work.parts}
     order: dict[tuple[int, bool], list] = {}
