@@ -28,7 +28,7 @@ from ..config import DEFAULT_POOL_SIZES, Settings
 from ..events.abi import (ActivationMask, CollApiDescr, CollDescr, CommInfo, EventType, GroupApiDescr, GroupDescr,
                           KernelChDescr, KernelLaunchDescr, KernelStepDescr, P2pApiDescr, P2pDescr, ProxyCtrlDescr,
                           State, StateArgs)
-from .chrome_store import _NO_IDS, POOL_OF, _Ctx, _Ev, _parent_ids
+from .chrome_store import NO_IDS, POOL_OF, Ctx, Ev, parent_ids
 from .chrome_text import COLL_B, OP_E, P2P_B, js, metadata, pair, us
 
 T = EventType
@@ -40,14 +40,14 @@ _BY_CLASS = {cls: (POOL_OF[t], int(t)) for cls, t in (
     (KernelChDescr, T.KERNEL_CH), (KernelStepDescr, T.KERNEL_STEP), (ProxyCtrlDescr, T.PROXY_CTRL))}
 
 
-def _op_pair(ev: _Ev, ts1: int) -> tuple[str, str]:
+def _op_pair(ev: Ev, ts1: int) -> tuple[str, str]:
     """_records of a Coll or P2p event from one template each (what `pair` writes, without json.dumps per
     record); TypeError / ValueError for what the templates do not take."""
     d, ctx = ev.descr, ev.ctx
     t0 = d.ts_ns
     if t0 < 0 or ts1 < 0:
         raise ValueError("negative timestamp")
-    pid = d.parent.ids[0] if type(d.parent) is _Ev else -1
+    pid = d.parent.ids[0] if type(d.parent) is Ev else -1
     nm, rank = js(d.func), ctx.rank
     if ev.pool == "COLL":
         b = COLL_B % (nm, ev.id, rank, t0 // 1000, t0 % 1000, d.seq_number, ctx.comm.comm_hash, rank, d.count,
@@ -60,9 +60,9 @@ def _op_pair(ev: _Ev, ts1: int) -> tuple[str, str]:
     return b, OP_E % (nm, cat, ev.id, rank, ts1 // 1000, ts1 % 1000)
 
 
-def _records(ev: _Ev, ts1: int) -> list[str]:
+def _records(ev: Ev, ts1: int) -> list[str]:
     d, t, ctx = ev.descr, ev.type, ev.ctx
-    pid, _ = _parent_ids(d.parent)
+    pid, _ = parent_ids(d.parent)
 
     def p(name: str, cat: str, args: dict) -> list[str]:
         return pair(ev.id, ctx.rank, name, cat, d.ts_ns, ts1, args)
@@ -107,27 +107,27 @@ class ChromePlugin:
         self.dump = settings.profile_dump_file
         self.pool_sizes = {**DEFAULT_POOL_SIZES, **dict(settings.pool_sizes)}
 
-    def init(self, comm: CommInfo, mask: ActivationMask) -> _Ctx:
+    def init(self, comm: CommInfo, mask: ActivationMask) -> Ctx:
         mask.value = self.mask_value
-        return _Ctx(self, comm, mask)
+        return Ctx(self, comm, mask)
 
-    def start_event(self, ctx: _Ctx, descr: Any) -> _Ev | None:
+    def start_event(self, ctx: Ctx, descr: Any) -> Ev | None:
         pool, bit = _BY_CLASS.get(type(descr), (None, 0))    # by class: IntFlag arithmetic is slow
         if pool is None or not ctx.mask.value & bit:
             return ctx.passthrough      # a parent we do not record: children must still find a handle
         if pool == "PROXY_CTRL":
-            return _Ev(ctx, descr, pool)          # ring of the last states, overwritten (no pool check)
+            return Ev(ctx, descr, pool)          # ring of the last states, overwritten (no pool check)
         if ctx.inflight[pool] >= ctx.sizes[pool]:
             ctx.dropped[pool] += 1
             return None
         ctx.inflight[pool] += 1
-        return _Ev(ctx, descr, pool)
+        return Ev(ctx, descr, pool)
 
-    def unrecorded_handle(self, ctx: _Ctx) -> _Ev:
+    def unrecorded_handle(self, ctx: Ctx) -> Ev:
         """What start_event returns, without side effects, for types outside the live mask (the host skips them)."""
         return ctx.passthrough
 
-    def record_event_state(self, handle: _Ev, state: State, args: StateArgs) -> None:
+    def record_event_state(self, handle: Ev, state: State, args: StateArgs) -> None:
         if state == 22 or state == 32:            # KernelChStop, KernelStepStop (ints: enum compare is slow)
             handle.gpu_stop = args.p_timer
         elif handle.pool == "PROXY_CTRL":
@@ -135,7 +135,7 @@ class ChromePlugin:
             handle.ctx.proxy.append(f'{{"name":"{name}","cat":"PROXY","ph":"i","s":"t","pid":{handle.ctx.rank},'
                                     f'"tid":2,"ts":{us(args.ts_ns)}}},\n')
 
-    def stop_event(self, handle: _Ev, ts_ns: int) -> None:
+    def stop_event(self, handle: Ev, ts_ns: int) -> None:
         pool = handle.pool
         if pool is None or handle.stopped or pool == "PROXY_CTRL":
             return
@@ -163,18 +163,18 @@ class ChromePlugin:
         if len(buf) >= 2 * ctx.sizes[pool]:
             ctx.flush_lines(pool)
 
-    def kernel_step_batch(self, ctx: _Ctx, parent: Any, recs: np.ndarray) -> int:
+    def kernel_step_batch(self, ctx: Ctx, parent: Any, recs: np.ndarray) -> int:
         if not ctx.done:
-            ctx.add_steps(recs, *_parent_ids(parent))
+            ctx.add_steps(recs, *parent_ids(parent))
         return len(recs)
 
-    def kernel_step_runs(self, ctx: _Ctx, parents: list, recs: np.ndarray, starts: list[int],
+    def kernel_step_runs(self, ctx: Ctx, parents: list, recs: np.ndarray, starts: list[int],
                          stops: list[int]) -> int:
         """kernel_step_batch for a whole poll: contiguous runs stay one pending batch with a parent per row."""
         n = sum(stops) - sum(starts)
         if ctx.done:
             return n
-        ids = [p.ids if type(p) is _Ev else _NO_IDS for p in parents]     # _parent_ids, inlined: a call per op
+        ids = [p.ids if type(p) is Ev else NO_IDS for p in parents]     # parent_ids, inlined: a call per op
         if stops[:-1] == starts[1:]:                # contiguous runs: one pending batch, parents per run
             ctx.add_steps(recs[starts[0]:stops[-1]], ids, [b - a for a, b in zip(starts, stops)])
         else:
@@ -182,18 +182,18 @@ class ChromePlugin:
                 ctx.add_steps(recs[a:b], pid, seq)
         return n
 
-    def kernel_ch_batch(self, ctx: _Ctx, parent: Any, recs: np.ndarray) -> int:
+    def kernel_ch_batch(self, ctx: Ctx, parent: Any, recs: np.ndarray) -> int:
         """Whole KernelCh events: never in flight, so the pool only bounds the buffer (written when full)."""
         if not ctx.done and ctx.mask.value & _KCH:
-            ctx.add_chans(recs, _parent_ids(parent)[0])
+            ctx.add_chans(recs, parent_ids(parent)[0])
         return len(recs)
 
-    def kernel_ch_runs(self, ctx: _Ctx, parents: list, recs: np.ndarray, starts: list[int], stops: list[int]) -> int:
+    def kernel_ch_runs(self, ctx: Ctx, parents: list, recs: np.ndarray, starts: list[int], stops: list[int]) -> int:
         """kernel_ch_batch for a whole poll: one pending batch with a parent per row."""
         n = sum(stops) - sum(starts)
         if ctx.done or not ctx.mask.value & _KCH:
             return n
-        ids = [p.ids[0] if type(p) is _Ev else -1 for p in parents]
+        ids = [p.ids[0] if type(p) is Ev else -1 for p in parents]
         if stops[:-1] == starts[1:]:                # contiguous: one batch
             ctx.add_chans(recs[starts[0]:stops[-1]], np.repeat(np.array(ids, np.int64),
                                                                [b - a for a, b in zip(starts, stops)]))
@@ -202,10 +202,10 @@ class ChromePlugin:
                 ctx.add_chans(recs[a:b], pid)
         return n
 
-    def report_counters(self, ctx: _Ctx, counters: dict[str, int]) -> None:
+    def report_counters(self, ctx: Ctx, counters: dict[str, int]) -> None:
         ctx.host_counters = dict(counters)
 
-    def counters(self, ctx: _Ctx) -> dict[str, int]:
+    def counters(self, ctx: Ctx) -> dict[str, int]:
         """This plugin's own accounting: drops, unfinished (still in flight) and written events per pool."""
         out = {f"plugin_dropped_{p}": n for p, n in ctx.dropped.items()}
         out.update({f"plugin_unfinished_{p}": n for p, n in ctx.inflight.items()})
@@ -215,7 +215,7 @@ class ChromePlugin:
                     for p, n in ctx.written.items()})
         return out
 
-    def finalize(self, ctx: _Ctx) -> None:
+    def finalize(self, ctx: Ctx) -> None:
         if ctx.done:
             return
         ctx.flush_slow()

@@ -26,10 +26,10 @@ _FORMAT_ROWS = 16384
 _FORMATS: dict[str, RowFormat] = {}
 
 
-class _Ev:
+class Ev:
     __slots__ = ("ctx", "type", "pool", "id", "descr", "gpu_stop", "stopped", "ids")
 
-    def __init__(self, ctx: "_Ctx", descr: Any, pool: str | None):
+    def __init__(self, ctx: "Ctx", descr: Any, pool: str | None):
         self.ctx, self.type, self.pool, self.descr = ctx, descr.type, pool, descr
         self.id = ctx.next_id
         ctx.next_id += 1
@@ -39,7 +39,7 @@ class _Ev:
         self.ids = (-1, -1) if pool is None else (self.id, descr.seq_number if isinstance(descr, CollDescr) else -1)
 
 
-class _Ctx:
+class Ctx:
     def __init__(self, plugin: Any, comm: CommInfo, mask: ActivationMask):      # plugin: chrome.ChromePlugin
         self.comm, self.mask, self.rank = comm, mask, comm.rank
         self.sizes = dict(plugin.pool_sizes)
@@ -64,7 +64,7 @@ class _Ctx:
         self.tids: set[tuple[int, int, int]] = set()
         self.proxy: deque[str] = deque(maxlen=self.sizes["PROXY_CTRL"])
         self.host_counters: dict[str, int] = {}
-        self.passthrough = _Ev(self, _Passthrough, None)
+        self.passthrough = Ev(self, _Passthrough, None)
         self.done = False
 
     # ---- output ----
@@ -147,7 +147,7 @@ class _Ctx:
 
     def add_slow(self, row: tuple, parent: Any) -> None:
         self.slow.append(row)
-        self.slow_parent.append(_parent_ids(parent))
+        self.slow_parent.append(parent_ids(parent))
         if len(self.slow) >= _SLOW_ROWS:
             self.flush_slow()
 
@@ -248,8 +248,8 @@ class _PassthroughDescr:
 _Passthrough = _PassthroughDescr()
 
 
-_NO_IDS = (-1, -1)
+NO_IDS = (-1, -1)
 
 
-def _parent_ids(parent: Any) -> tuple[int, int]:
-    return parent.ids if type(parent) is _Ev else _NO_IDS
+def parent_ids(parent: Any) -> tuple[int, int]:
+    return parent.ids if type(parent) is Ev else NO_IDS
