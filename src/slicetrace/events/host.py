@@ -25,7 +25,7 @@ from .emit import _B, _DELIVERED, Emitter
 from .ops import OFF as _OFF
 from .ops import OpInfo, TaskInfo, _Op, _Slot, _Task, to_kernel_ch, to_kernel_steps
 from .plugin import LoadedPlugin
-from .runs import PollRuns, _task_keys
+from .runs import PollRuns, task_keys
 
 __all__ = ["EventHost", "OpInfo", "TaskInfo", "DROP_REASONS"]
 
@@ -103,7 +103,7 @@ class EventHost(Emitter, PollRuns):
         tasks = op.tasks
         if len(tasks) == 1 and not tasks[0].p2p:
             return [(tasks[0], None)]
-        key = _task_keys(recs)
+        key = task_keys(recs)
         matched, out, taken = 0, [], None
         for t in tasks:                      # each record goes to one task: the first that claims it
             sel = key == t.key

@@ -20,7 +20,7 @@ _KCH, _KS = _B.KERNEL_CH, _B.KERNEL_STEP
 _DKCH = _DELIVERED[EventType.KERNEL_CH]
 
 
-def _task_keys(recs: np.ndarray) -> np.ndarray:
+def task_keys(recs: np.ndarray) -> np.ndarray:
     """Each record's p2p task key, as ops._Task.key: peer * 2 + is_send."""
     return recs["peer"].astype(np.int64) * 2 + (recs["flags"] & FLAG_SEND)
 
@@ -133,7 +133,7 @@ class PollRuns:
                 self._take(op, tasks[0], a, b, pend)
                 continue
             if cuts is None:                     # once per poll: where (peer, direction) changes
-                keys = _task_keys(recs)
+                keys = task_keys(recs)
                 cuts = (np.flatnonzero(keys[1:] != keys[:-1]) + 1).tolist()
             by_key = {t.key: t for t in tasks}
             edges = [a] + cuts[bisect.bisect_right(cuts, a):bisect.bisect_left(cuts, b)] + [b]
