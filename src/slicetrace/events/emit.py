@@ -176,19 +176,13 @@ class Emitter:
             c[k] = c.get(k, 0) + n
         grp = pt if pm & _B.GROUP else _OFF
         op.groups[i] = grp
-        if not n_p2p and len(tasks) == 1:          # one collective: the common op
-            if pm & _B.COLL:
-                t = tasks[0]
-                t.handles[i] = (self._start(i, self._task_descr(info, t.info, False, grp), pt if pm & _CA else _OFF)
-                                if real & _B.COLL else pt)      # pt: what _skip hands out
-            return
         for t in tasks:
             if t.p2p:
                 if not pm & _B.P2P:
                     continue
                 parent = pt if pm & _PA else _OFF
                 if not real & _B.P2P:
-                    t.handles[i] = pt
+                    t.handles[i] = pt                                     # what _skip hands out
                     continue
             else:
                 if not pm & _B.COLL:
