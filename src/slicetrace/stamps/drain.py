@@ -319,10 +319,11 @@ class Drain:
         w4, w5 = st[:, 4], st[:, 5]
         kind = (w5 >> np.uint64(48)) & np.uint64(0xFF)
         is_ch = kind == KIND_CHANNEL
+        has_ch = bool(is_ch.any())
         # Rows that the run sort below copies are a temporary: built in a reused buffer (stamps.scratch).
-        resort = bool(is_ch.any() or w4[0] & _LO32 != w4[-1] & _LO32 or (kind[0] != kind).any())
-        out = self._scratch.rows("out", len(st), PAIRED_DTYPE) if resort else None
-        out = np.empty(len(st), dtype=PAIRED_DTYPE) if out is None else out
+        resort = has_ch or w4[0] & _LO32 != w4[-1] & _LO32 or bool((kind[0] != kind).any())
+        buf = self._scratch.rows("out", len(st), PAIRED_DTYPE) if resort else None
+        out = np.empty(len(st), dtype=PAIRED_DTYPE) if buf is None else buf
         out["op"] = w4                               # the low 32 bits (unsafe cast)
         out["step"] = w4 >> np.uint64(32)
         out["size"] = w5 & np.uint64(0xFFFFFFFF)
@@ -332,7 +333,7 @@ class Drain:
         out["channel"] = chan
         out["wait"], out["ready"], out["done"] = st[:, 1], st[:, 2], co[:, 3]
         keep = None                                   # rows left once KernelCh starts are paired into stops
-        if is_ch.any():
+        if has_ch:
             keep = pair_channels(out, is_ch, self._open, self.consumer.drop)
             if not keep.any():
                 return
