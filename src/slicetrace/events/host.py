@@ -23,6 +23,7 @@ from ..stamps.layout import take_rows
 from .abi import CommInfo, EventType, ProxyCtrlDescr, State, StateArgs, effective_mask
 from .emit import _B, _DELIVERED, Emitter
 from .ops import OFF as _OFF
+from .ops import SKIP as _SKIP
 from .ops import OpInfo, TaskInfo, _Op, _Slot, _Task, to_kernel_ch, to_kernel_steps
 from .plugin import LoadedPlugin
 from .runs import PollRuns, task_keys
@@ -144,34 +145,52 @@ class EventHost(Emitter, PollRuns):
             for i, pm in enumerate(op.pmasks):
                 if not pm & _KCH:
                     continue
-                s, parent = self._slots[i], t.handles[i]
-                if parent is None:
-                    c["parent_dropped"] += n
-                elif s.disabled:
-                    c["plugin_disabled"] += n
-                elif s.lp.passthrough is not None and not s.lp.mask & _KCH:
-                    c[_DKCH] = c.get(_DKCH, 0) + n    # a parent-only type: start would return the passthrough
-                else:
-                    if kc is None:
-                        kc = self._convert(to_kernel_ch, recs, whole, sel)
-                    try:
-                        kept = min(max(int(s.lp.kernel_ch_batch(None if parent is _OFF else parent, kc)), 0), n)
-                    except Exception:
-                        self._fail(s, "kernel_ch_batch", n)
-                        continue
-                    c[_DKCH] = c.get(_DKCH, 0) + kept
-                    c["declined"] += n - kept
-            last = int(done[0]) if n == 1 else int(done.max())
-            if last > t.last_done:
-                t.last_done = last
-            t.left -= n
-            if t.left <= 0 and (t.info.n_programs > 0 or t.mates):
-                for m in t.mates or (t,):      # parts that share its records end with it (ops._Op)
-                    if not m.done:
-                        self._complete(op, m, t.last_done)
+                parent = self._kch_parent(i, t, n)
+                if parent is _SKIP:
+                    continue
+                if kc is None:
+                    kc = self._convert(to_kernel_ch, recs, whole, sel)
+                self._kch_deliver(self._slots[i], n, lambda lp: lp.kernel_ch_batch(parent, kc))
+            self._kch_arrived(op, t, n, int(done[0]) if n == 1 else int(done.max()))
         if op.open == 0:
             self._finish(op, max(t.last_done for t in op.tasks))
             self._ops.pop(tag, None)
+
+    def _kch_parent(self, i: int, t: _Task, n: int) -> Any:
+        """Plugin i's parent handle for n KernelCh records of task t (None: no parent), or _SKIP with the n
+        records counted: a dropped parent, a disabled plugin, a parent-only type the plugin does not record."""
+        s, parent, c = self._slots[i], t.handles[i], self._counts
+        if parent is None:
+            c["parent_dropped"] += n
+        elif s.disabled:
+            c["plugin_disabled"] += n
+        elif s.lp.passthrough is not None and not s.lp.mask & _KCH:
+            c[_DKCH] = c.get(_DKCH, 0) + n        # a parent-only type: start would return the passthrough
+        else:
+            return None if parent is _OFF else parent
+        return _SKIP
+
+    def _kch_deliver(self, s: _Slot, n: int, call: Any) -> None:
+        """call(loaded plugin) hands it n KernelCh events; count what it kept and declined, or its failure."""
+        c = self._counts
+        try:
+            kept = min(max(int(call(s.lp)), 0), n)
+        except Exception:
+            self._fail(s, "kernel_ch_batch", n)
+            return
+        c[_DKCH] = c.get(_DKCH, 0) + kept
+        c["declined"] += n - kept
+
+    def _kch_arrived(self, op: _Op, t: _Task, n: int, last: int) -> None:
+        """n KernelCh records of task t arrived, the latest done at `last`: the task (and the parts that share
+        its records, ops._Op) completes with its last one."""
+        if last > t.last_done:
+            t.last_done = last
+        t.left -= n
+        if t.left <= 0 and (t.info.n_programs > 0 or t.mates):
+            for m in t.mates or (t,):
+                if not m.done:
+                    self._complete(op, m, t.last_done)
 
     def steps(self, tag: int, recs: np.ndarray) -> None:
         """KernelStep records (PAIRED_DTYPE, kind == KIND_STEP) of op `tag`, one batch per call."""

@@ -13,6 +13,7 @@ from .plugin import LoadedPlugin
 
 P2P_FUNCS = ("Send", "Recv")
 OFF = object()           # event type not emitted to this plugin (not in its mask)
+SKIP = object()          # EventHost._kch_parent: nothing to deliver to this plugin
 _KS_BYTES = KERNEL_STEP_DTYPE.itemsize
 assert all(PAIRED_DTYPE.fields[p][:2] == KERNEL_STEP_DTYPE.fields[k][:2] for p, k in (
     ("channel", "channel"), ("peer", "peer"), ("step", "step"), ("size", "size"), ("wait", "wait_clk"),

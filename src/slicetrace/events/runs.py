@@ -11,13 +11,12 @@ from typing import Any
 import numpy as np
 
 from ..stamps.layout import FLAG_SEND, KIND_CHANNEL
-from .abi import EventType
-from .emit import _B, _DELIVERED
+from .emit import _B
 from .ops import OFF as _OFF
+from .ops import SKIP as _SKIP
 from .ops import _Op, _Slot, _Task, to_kernel_ch, to_kernel_steps
 
 _KCH, _KS = _B.KERNEL_CH, _B.KERNEL_STEP
-_DKCH = _DELIVERED[EventType.KERNEL_CH]
 
 
 def task_keys(recs: np.ndarray) -> np.ndarray:
@@ -26,7 +25,8 @@ def task_keys(recs: np.ndarray) -> np.ndarray:
 
 
 class PollRuns:
-    """Mixed into EventHost: expects its _lock, _ops, _slots, _counts, _channel, _steps, _complete, _finish, _fail."""
+    """Mixed into EventHost: expects its _lock, _ops, _slots, _counts, _channel, _steps, _finish, _fail and the
+    KernelCh helpers _kch_parent, _kch_deliver, _kch_arrived."""
     _slots: list[_Slot]
     _counts: dict[str, int]
     _ops: dict[int, _Op]
@@ -66,16 +66,10 @@ class PollRuns:
             for i, pm in enumerate(op.pmasks):
                 if not pm & _KCH:
                     continue
-                s, parent = self._slots[i], t.handles[i]
-                if parent is None:
-                    c["parent_dropped"] += b - a
-                elif s.disabled:
-                    c["plugin_disabled"] += b - a
-                elif s.lp.passthrough is not None and not s.lp.mask & _KCH:
-                    c[_DKCH] = c.get(_DKCH, 0) + b - a
-                else:
+                parent = self._kch_parent(i, t, b - a)
+                if parent is not _SKIP:
                     ps, st, sp = pend[i]
-                    ps.append(None if parent is _OFF else parent)
+                    ps.append(parent)
                     st.append(a)
                     sp.append(b)
             fast.append((op, t, a, b))
@@ -92,13 +86,8 @@ class PollRuns:
                 continue
             if kc is None:
                 kc = to_kernel_ch(recs[lo:fast[-1][3]])
-            try:
-                kept = min(max(int(s.lp.kernel_ch_runs(ps, kc, [a - lo for a in st], [b - lo for b in sp])), 0), n)
-            except Exception:
-                self._fail(s, "kernel_ch_batch", n)
-                continue
-            c[_DKCH] = c.get(_DKCH, 0) + kept
-            c["declined"] += n - kept
+            a0, b0 = [a - lo for a in st], [b - lo for b in sp]
+            self._kch_deliver(s, n, lambda lp: lp.kernel_ch_runs(ps, kc, a0, b0))
         starts = [f[2] for f in fast]
         if all(f[3] == g for f, g in zip(fast, starts[1:])):   # contiguous runs: every run's last done at once
             lasts = np.maximum.reduceat(recs["done_ns"][lo:fast[-1][3]], [a - lo for a in starts]).tolist()
@@ -106,11 +95,8 @@ class PollRuns:
             done = recs["done_ns"]
             lasts = [int(done[a:b].max()) for _, _, a, b in fast]
         for (op, t, a, b), last in zip(fast, lasts):
-            if last > t.last_done:
-                t.last_done = last
-            t.left -= b - a
-            if t.left <= 0 and t.info.n_programs > 0:
-                self._complete(op, t, t.last_done)
+            self._kch_arrived(op, t, b - a, last)
+            if op.open == 0:
                 self._finish(op, t.last_done)
                 self._ops.pop(op.info.tag, None)
 
