@@ -211,7 +211,7 @@ def _ring_slices(prog, job: RingJob, recs: list) -> None:
 class _Lane:
     """One connection's queue of parts (group order); only the head part moves."""
 
-    __slots__ = ("conn", "queue", "prog", "buf", "i", "twait", "k", "writer", "first", "recs", "ktail")
+    __slots__ = ("conn", "queue", "prog", "buf", "i", "twait", "k", "writer", "first", "recs", "ktail", "ch_tails")
 
     def __init__(self, conn, queue):
         self.conn, self.queue = conn, queue
@@ -219,7 +219,9 @@ class _Lane:
         self.i = self.twait = self.k = 0
         self.first = True
         self.recs: list[int] = []       # the current part's records, staged when it ends (as run_ring's)
-        self.ktail = tail(conn.peer, KIND_STEP, FLAG_SEND if conn.is_send else 0)
+        f = FLAG_SEND if conn.is_send else 0
+        self.ktail = tail(conn.peer, KIND_STEP, f)
+        self.ch_tails = tail(conn.peer, KIND_CHANNEL, f), tail(conn.peer, KIND_CHANNEL, f | FLAG_CH_STOP)  # KernelCh
 
 
 def self_copies(work) -> None:
@@ -339,7 +341,7 @@ def _next_part(ln: _Lane, bufs, writers, op, stamp_ch, dcode, guard, clock) -> b
         t = clock()
         ln.twait = t
         if stamp_ch:
-            ln.recs += (t, t, t, op, tail(conn.peer, KIND_CHANNEL, 1 if conn.is_send else 0))
+            ln.recs += (t, t, t, op, ln.ch_tails[0])
         if prog.prims:
             return True
         _end_part(ln, op, stamp_ch, clock)
@@ -350,7 +352,7 @@ def _next_part(ln: _Lane, bufs, writers, op, stamp_ch, dcode, guard, clock) -> b
 def _end_part(ln: _Lane, op, stamp_ch, clock) -> None:
     if stamp_ch:
         t = clock()
-        ln.recs += (t, t, t, op, tail(ln.conn.peer, KIND_CHANNEL, (1 if ln.conn.is_send else 0) | FLAG_CH_STOP))
+        ln.recs += (t, t, t, op, ln.ch_tails[1])
     if ln.recs:
         ln.writer.stage(ln.recs)
         ln.recs = []
