@@ -19,7 +19,6 @@ from __future__ import annotations
 import importlib
 import logging
 from dataclasses import replace
-from functools import partial
 from importlib import metadata
 from typing import Any, Protocol, runtime_checkable
 
@@ -109,7 +108,6 @@ class LoadedPlugin:
         self.has_runs = self.has_batch and callable(getattr(plugin, "kernel_step_runs", None))
         self.has_ch_batch = version == NATIVE_VERSION and callable(getattr(plugin, "kernel_ch_batch", None))
         self.has_ch_runs = self.has_ch_batch and callable(getattr(plugin, "kernel_ch_runs", None))
-        self.stop_event = plugin.stop_event     # type: ignore[method-assign]  # no wrapper frame per event
         self._mask = ActivationMask(0)
         self.ctx: Any = None
         self.passthrough: Any = None      # the plugin's unrecorded_handle(ctx), if it declares one
@@ -128,8 +126,6 @@ class LoadedPlugin:
         fn = getattr(self.plugin, "unrecorded_handle", None)
         if callable(fn) and self.version == NATIVE_VERSION:
             self.passthrough = fn(self.ctx)
-        if self.version == NATIVE_VERSION:      # knows every type, nothing to adapt: call it directly (per op)
-            self.start_event = partial(self.plugin.start_event, self.ctx)    # type: ignore[method-assign]
         self.initialized = True
 
     @property
