@@ -21,7 +21,7 @@ def threads_for(nbytes: int, nblocks: int, nthreads: int, max_threads: int = MAX
 
 
 class KernelArgs:
-    """Expects the backend's mem (CommMemory), settings, max_channels, _ptr() and _maxt()."""
+    """Expects the backend's rank, mem (CommMemory), settings, max_channels, _ptr() and _maxt()."""
     mem: Any
     settings: Any
     max_channels: int
