@@ -63,6 +63,7 @@ VARIABLES: tuple[Var, ...] = (
     Var("SLICETRACE_PLUGIN_MAX_FAILURES", "plugin_max_failures", _int, "plugin exceptions before that plugin is disabled, default 16"),
     Var("SLICETRACE_CPU_RECLAIM", "cpu_reclaim", str, "cpu: after reading a FIFO slot the receiver stores once per cache line so the sender's next write does not stall on lines shared across L3 caches: auto (default: measured per connection), on, off"),
     Var("SLICETRACE_CPU_WAIT", "cpu_wait", str, "cpu: how a rank waits for its ring neighbour: auto (default: sleep in the kernel (futex) when ranks outnumber this process's CPUs, else spin then yield), futex, spin"),
+    Var("SLICETRACE_CPU_BIND", "cpu_bind", str, "cpu: auto (default: while a communicator is open, the thread that runs its ops is bound to a CPU of its own when ranks x channels fit the process's CPUs, as mpirun binds to cores) or off"),
     Var("SLICETRACE_CACHE_DIR", "cache_dir", str, "compiled-kernel cache folder, default ~/.cache/slicetrace"),
     Var("SLICETRACE_ASSERT_WARM", "assert_warm", _bool, "1 = a kernel compile during timed work is an error"),
     Var("SLICETRACE_CLOCK_RESYNC_S", "clock_resync_s", float, "cuda: seconds between GPU/host clock offset re-measurements, default 1.0"),
@@ -90,6 +91,7 @@ class Settings:
     plugin_max_failures: int = 16
     cpu_reclaim: str = "auto"
     cpu_wait: str = "auto"
+    cpu_bind: str = "auto"
     cache_dir: str = os.path.join(os.path.expanduser("~"), ".cache", "slicetrace")
     assert_warm: bool = False
     clock_resync_s: float = 1.0
@@ -128,6 +130,8 @@ class Settings:
             raise ConfigError(f"cpu_reclaim={self.cpu_reclaim!r} is not one of ('auto', 'on', 'off')")
         if self.cpu_wait not in ("auto", "futex", "spin"):
             raise ConfigError(f"cpu_wait={self.cpu_wait!r} is not one of ('auto', 'futex', 'spin')")
+        if self.cpu_bind not in ("auto", "off"):
+            raise ConfigError(f"cpu_bind={self.cpu_bind!r} is not one of ('auto', 'off')")
         if self.debug.upper() not in ("WARN", "INFO", "DEBUG"):
             raise ConfigError(f"debug={self.debug!r} is not one of ('WARN', 'INFO', 'DEBUG')")
 

@@ -320,3 +320,33 @@ def test_futex_waits_keep_every_result_exact(pools, n):
     check(pools(n), "futex", kw, cases_for(n, [1, 20011, 70001], inplace=(False, True)))
     res = pools(n).run(run_alltoall, "futex", kw, 30_000, True)
     assert all(r["ok"] for r in res)
+
+
+def bind_masks(ctx, bind: str):
+    import os
+    from slicetrace.backend.base import create
+    from slicetrace.config import Settings
+    before = sorted(os.sched_getaffinity(0))
+    be = create(Settings(backend="cpu", cpu_bind=bind, timeout_s=30.0, **SMALL), ctx["rank"], ctx["world"],
+                ctx["store"], f"{ctx['job']}bind{bind}")
+    try:
+        during = sorted(os.sched_getaffinity(0))
+    finally:
+        be.close()
+    return before, during, sorted(os.sched_getaffinity(0))
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "sched_setaffinity"), reason="no os.sched_setaffinity here")
+def test_cpu_bind_gives_each_rank_its_own_cpu_while_open():
+    """A fresh pool: the module's pools keep bound backends open, and a bound thread is not bound again."""
+    pool = RankPool(2, timeout=60)
+    try:
+        auto = pool.run(bind_masks, "auto")
+        off = pool.run(bind_masks, "off")
+    finally:
+        pool.close()
+    allowed = auto[0][0]
+    for r, (before, during, after) in enumerate(auto):
+        assert before == allowed and after == allowed
+        assert during == ([allowed[r]] if len(allowed) >= 2 else allowed)
+    assert all(before == during == after == allowed for before, during, after in off)

@@ -5,6 +5,7 @@ import os
 import tempfile
 from typing import Any
 
+from ..backend.cpu.affinity import unbound
 from ..errors import UsageError
 
 _REDUCE = {"sum": "SUM", "prod": "PRODUCT", "min": "MIN", "max": "MAX", "avg": "AVG"}
@@ -24,7 +25,8 @@ class TorchReference:
         self.device = device
         if kind == "nccl":
             torch.cuda.set_device(device)
-        dist.init_process_group(kind, init_method=f"file://{path}", rank=rank, world_size=world)
+        with unbound():         # the reference's worker threads get the process's CPUs, not our rank's one
+            dist.init_process_group(kind, init_method=f"file://{path}", rank=rank, world_size=world)
         self.group = dist.group.WORLD
 
     def tensor(self, arr: Any) -> Any:

@@ -23,7 +23,7 @@ from ..procs import proc_start_time
 from .shm import (ABORT_PEER, C_BUFFSIZE, C_CLOSED, C_FUTEX, C_HEARTBEAT, C_MAGIC, C_NCH, C_PID, C_SLOTS, C_START,
                   C_WORLD, MAGIC, PAGE, REASON_MAX, REASON_OFF, Segment, layout, segment_size,
                   unlink_name)
-from . import futex
+from . import affinity, futex
 from .stamper import FastRingWriter
 from .transport import Conn, Guard, encode_sig
 from .worker import RingJob, run_p2p, run_ring
@@ -70,7 +70,7 @@ class CpuBackend(HostBackend):
         self._rings = RingViews(self.seg.bytes_(rings, ring_bytes(nch, s.ring_slots)), nch, s.ring_slots)
         self.writers = [FastRingWriter(self._rings, c) for c in range(nch)]
         self.guard = Guard(rank, ctl, self.seg.bytes_(REASON_OFF, REASON_MAX), s.timeout_s)
-        crowded = world > len(os.sched_getaffinity(0))
+        crowded = world > len(affinity.allowed())
         if crowded:
             self.guard.spins = 10        # ranks share cores: the peer we poll for needs our core, yield early
         if s.cpu_wait == "futex" and not futex.available():
@@ -105,6 +105,8 @@ class CpuBackend(HostBackend):
                 self.p2p_send[p] = conn(self._peer_segs[p], nch + rank, p, True)
         # everyone attached before anyone may unlink its segment
         self.store.barrier(f"{self._prefix}/attached", rank, world, s.timeout_s)
+        cpu = affinity.choose(rank, world, nch) if s.cpu_bind == "auto" else None
+        self._bound = affinity.bind(cpu) if cpu is not None else None      # after the heartbeat thread started
 
     def _attach(self, p: int, name: str) -> None:
         try:
@@ -182,6 +184,9 @@ class CpuBackend(HostBackend):
             return
         self._closed = True
         self._stop.set()
+        if getattr(self, "_bound", None) is not None:
+            affinity.release(self._bound)
+            self._bound = None
         if getattr(self, "_hb", None) is not None:
             self._hb.join(1.0)
         if self._pool is not None:
@@ -232,7 +237,8 @@ class CpuBackend(HostBackend):
 
     def _parallel(self, progs, job) -> None:
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=max(1, self.nch - 1), thread_name_prefix="slicetrace-ch")
+            self._pool = ThreadPoolExecutor(max_workers=max(1, self.nch - 1), thread_name_prefix="slicetrace-ch",
+                                            initializer=affinity.unbind_thread)
         g = self.guard
         spins, g.spins = g.spins, 20         # threads share the GIL: spinning would starve the others
 
