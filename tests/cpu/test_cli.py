@@ -87,7 +87,19 @@ def test_bad_values_name_the_flag_the_value_and_what_is_accepted(capsys):
     with pytest.raises(SystemExit) as e:                 # argparse's own error exit for a malformed mask
         main(["bench", "--profile", "abc"])
     assert e.value.code == 2
-    assert "'abc' is not an event mask: give an integer, e.g. 65606 or 0x10046" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "'abc' is not an event mask: give an integer, e.g. 65606 or 0x10046" in err
+    assert "'abc' is not one of GROUP, COLL, P2P" in err
+
+
+def test_profile_mask_takes_event_type_names():
+    from slicetrace.cli.main import _mask
+    assert _mask("Coll|P2p|KernelCh|KernelStep") == _mask("coll,p2p,kernel_ch,kernel_step") == 65606
+    assert _mask("0x10046") == _mask("65606") == 65606
+    assert _mask("KERNEL_STEP") == 1 << 16 and _mask("coll") == 2
+    import argparse
+    with pytest.raises(argparse.ArgumentTypeError, match="'KernelStp' is not one of GROUP"):
+        _mask("Coll|KernelStp")
 
 
 def test_overhead_reports_the_median_inside_the_rounds_spread(tmp_path):

@@ -18,13 +18,24 @@ from .sweep import DTYPE_ALIASES, OPS, all_dtypes, bench_dtype, parse_size, size
 KERNEL_STEP = int(EventType.KERNEL_STEP)
 
 
+_MASK_NAMES = {t.name.replace("_", "").lower(): int(t) for t in EventType}
+
+
 def _mask(v: str) -> int:
-    """--profile MASK: an event mask, decimal or 0x hex."""
+    """--profile MASK: an event mask, decimal or 0x hex, or event type names joined by ',' or '|'
+    (Coll|KernelStep, coll,kernel_step: case and '_' do not matter)."""
     try:
         m = int(v, 0)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{v!r} is not an event mask: give an integer, e.g. 65606 or 0x10046 "
-                                         f"(Coll|P2p|KernelCh|KernelStep)") from None
+        m = 0
+        for name in v.replace("|", ",").split(","):
+            bit = _MASK_NAMES.get(name.strip().replace("_", "").lower())
+            if bit is None:
+                raise argparse.ArgumentTypeError(
+                    f"{v!r} is not an event mask: give an integer, e.g. 65606 or 0x10046, or event types joined by "
+                    f"',' or '|', e.g. Coll|P2p|KernelCh|KernelStep; {name.strip()!r} is not one of "
+                    f"{', '.join(t.name for t in EventType)}") from None
+            m |= bit
     if not 0 <= m < 1 << 32:
         raise argparse.ArgumentTypeError(f"{v!r} must be in 0..0xFFFFFFFF")
     return m
@@ -123,7 +134,8 @@ def _bench_parser(sub) -> None:
                    "all_reduce, broadcast, reduce: one buffer); all_to_all and send_recv stay out of place")
     p.add_argument("--trace", metavar="DIR", help="write per-rank Chrome traces via the example plugin")
     p.add_argument("--profile", nargs="?", const=65606, type=_mask, metavar="MASK",
-                   help="profile with the example plugin; event mask (default 65606 = Coll|P2p|KernelCh|KernelStep)")
+                   help="profile with the example plugin; event mask: an integer or event types joined by '|' or ',' "
+                   "(default 65606 = Coll|P2p|KernelCh|KernelStep)")
     p.add_argument("--overhead", action="store_true", help="alternate profiled/unprofiled runs, print overhead %%")
     p.add_argument("--overhead-of", choices=("profiling", "kernel_step"), default="profiling",
                    help="--overhead compares profiled with unprofiled runs (profiling, default), or profiled runs "
