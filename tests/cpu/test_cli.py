@@ -108,7 +108,9 @@ def test_overhead_reports_the_median_inside_the_rounds_spread(tmp_path):
                  "--json", str(out)]) == 0
     row, = json.load(open(out))["rows"]
     q1, q3 = row["overhead_iqr_pct"]
+    lo, hi = row["overhead_ci95_pct"]
     assert q1 <= row["overhead_pct"] <= q3 and row["overhead_of"] == "profiling"
+    assert lo <= row["overhead_pct"] <= hi
     assert row["profiled_us"] > 0 and row["unprofiled_us"] > 0
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import statistics
 import sys
 import time
@@ -136,7 +137,7 @@ def bench_rank(comm, o: dict) -> list[dict]:
               + (", overhead of KernelStep (profiled with it / without it)" if o["overhead"]
                  and o.get("overhead_of") == "kernel_step" else ""), flush=True)
         print(HEADER + ("  {:>8} {:>8} {:>6}".format("ref_us", "ref_bus", "ratio") if ref else "")
-              + ("  {:>9} {}".format("overhead", "[IQR of rounds]") if o["overhead"] else ""), flush=True)
+              + ("  {:>9} {}".format("overhead", "[95% CI of the median]") if o["overhead"] else ""), flush=True)
         print(UNITS, flush=True)
         if sys.stderr.isatty():
             from rich.progress import Progress
@@ -215,12 +216,15 @@ def _one(comm, op, nbytes, dtype, o, xp, to_dev, to_host, sync, ref, key):
         _align(comm, rfn, ref.sync)
         vals.append(_time(rfn, o["iters"], ref.sync))
     if o["overhead"]:
-        # Adjacent blocks, order swapped every round, median of the per-round ratios: the machine's speed
-        # drifts by more than the effect being measured, and a ratio of neighbours cancels the drift.
+        # Adjacent blocks, order swapped every round, the ratio of each two rounds' sums (off on | on off, an ABBA
+        # quad): the machine's speed drifts by more than the effect being measured, and a block runs slower in a
+        # round's second place than in its first (a per-round ratio then splits into two populations, whose
+        # median depends on the run's history: 3-5 % against 9-13 % for KernelStep at 1 MiB on the 2-core host,
+        # docs/benchmarks.md); each quad has each kind once in each place. Median of the quads.
         # kernel_step: both sides profiled, the "off" side with every event type but KernelStep.
         steps_only = o.get("overhead_of") == "kernel_step"
         ratios, on, off = [], [], []
-        for rnd in range(o["rounds"]):
+        for rnd in range(o["rounds"] + o["rounds"] % 2):
             pair = {}
             for prof in ((True, False) if rnd % 2 else (False, True)):
                 _align(comm, fn, sync)
@@ -228,9 +232,11 @@ def _one(comm, op, nbytes, dtype, o, xp, to_dev, to_host, sync, ref, key):
                     pair[prof] = _time(fn, o["iters"], sync, flush if prof or steps_only else None, False)
             on.append(pair[True])
             off.append(pair[False])
-            ratios.append(pair[True] / pair[False])
+            if rnd % 2:
+                ratios.append((on[-2] + on[-1]) / (off[-2] + off[-1]))
         q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
-        vals += [statistics.median(on), statistics.median(off), statistics.median(ratios), q1, q3]
+        lo, hi = median_ci(ratios)
+        vals += [statistics.median(on), statistics.median(off), statistics.median(ratios), q1, q3, lo, hi]
     vals = _gather_max(comm, key, vals)
     if rank != 0:
         return None
@@ -250,12 +256,30 @@ def _one(comm, op, nbytes, dtype, o, xp, to_dev, to_host, sync, ref, key):
         row["ref_busbw"] = size / rt / 1e9 * f if rt > 0 else 0.0
         row["ratio"] = row["busbw"] / row["ref_busbw"] if row["ref_busbw"] else float("nan")
     if o["overhead"]:
-        on, off, ratio, q1, q3 = vals[k:k + 5]
+        on, off, ratio, q1, q3, lo, hi = vals[k:k + 7]
         row["profiled_us"], row["unprofiled_us"] = on * 1e6, off * 1e6
         row["overhead_pct"] = (ratio - 1) * 100
-        row["overhead_iqr_pct"] = [(q1 - 1) * 100, (q3 - 1) * 100]     # the rounds' spread: is a difference real?
+        row["overhead_iqr_pct"] = [(q1 - 1) * 100, (q3 - 1) * 100]     # the rounds' spread
+        row["overhead_ci95_pct"] = [(lo - 1) * 100, (hi - 1) * 100]    # where the median is: is a difference real?
         row["overhead_of"] = o.get("overhead_of", "profiling")
     return row
+
+
+def median_ci(xs: list[float], level: float = 0.95) -> tuple[float, float]:
+    """Distribution-free confidence interval of the median: order statistics j, k of the sorted sample with
+    P(j <= B < k) >= level for B ~ Binomial(n, 1/2) (no assumption on how the rounds' noise is shaped)."""
+    x = sorted(xs)
+    n = len(x)
+    if n < 6:                           # too few rounds for any interval narrower than the whole sample
+        return x[0], x[-1]
+    tail, cdf, j = (1 - level) / 2, 0.0, 0
+    while j < n // 2:
+        p = math.comb(n, j) / 2 ** n
+        if cdf + p > tail:
+            break
+        cdf += p
+        j += 1
+    return x[max(j - 1, 0)], x[min(n - j, n - 1)]
 
 
 def format_row(r: dict, ref: bool, overhead: bool) -> str:
@@ -265,5 +289,5 @@ def format_row(r: dict, ref: bool, overhead: bool) -> str:
     if ref:
         s += "  {:>8.1f} {:>8.3f} {:>6.2f}".format(r["ref_time_us"], r["ref_busbw"], r["ratio"])
     if overhead:
-        s += "  {:>8.2f}% [{:.1f}, {:.1f}]".format(r["overhead_pct"], *r["overhead_iqr_pct"])
+        s += "  {:>8.2f}% [{:.1f}, {:.1f}]".format(r["overhead_pct"], *r["overhead_ci95_pct"])
     return s
