@@ -322,10 +322,12 @@ def test_futex_waits_keep_every_result_exact(pools, n):
     assert all(r["ok"] for r in res)
 
 
-def bind_masks(ctx, bind: str):
+def bind_masks(ctx, bind: str, lock_dir: str):
     import os
     from slicetrace.backend.base import create
+    from slicetrace.backend.cpu import affinity
     from slicetrace.config import Settings
+    affinity.LOCK_DIR = lock_dir          # this test's own claims: not those of a job that shares the host
     before = sorted(os.sched_getaffinity(0))
     be = create(Settings(backend="cpu", cpu_bind=bind, timeout_s=30.0, **SMALL), ctx["rank"], ctx["world"],
                 ctx["store"], f"{ctx['job']}bind{bind}")
@@ -337,12 +339,26 @@ def bind_masks(ctx, bind: str):
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "sched_setaffinity"), reason="no os.sched_setaffinity here")
-def test_cpu_bind_gives_each_rank_its_own_cpu_while_open():
+def test_cpu_bind_gives_each_rank_its_own_free_cpu_while_open(tmp_path):
     """A fresh pool: the module's pools keep bound backends open, and a bound thread is not bound again."""
+    import os
+    from slicetrace.backend.cpu import affinity
+    d = str(tmp_path / "cpus")
     pool = RankPool(2, timeout=60)
     try:
-        auto = pool.run(bind_masks, "auto")
-        off = pool.run(bind_masks, "off")
+        auto = pool.run(bind_masks, "auto", d)
+        off = pool.run(bind_masks, "off", d)
+        mine = affinity.LOCK_DIR
+        affinity.LOCK_DIR = d
+        held = []
+        try:                              # another job holds every CPU: the ranks stay unbound
+            held = [affinity._claim(c) for c in sorted(os.sched_getaffinity(0))]
+            taken = pool.run(bind_masks, "auto", d)
+        finally:
+            affinity.LOCK_DIR = mine
+            for fd in held:
+                if fd is not None:
+                    os.close(fd)
     finally:
         pool.close()
     allowed = auto[0][0]
@@ -350,3 +366,5 @@ def test_cpu_bind_gives_each_rank_its_own_cpu_while_open():
         assert before == allowed and after == allowed
         assert during == ([allowed[r]] if len(allowed) >= 2 else allowed)
     assert all(before == during == after == allowed for before, during, after in off)
+    assert all(before == during == after == allowed for before, during, after in taken)
+    assert all(fd is not None for fd in held)      # the ranks had freed their claims at close

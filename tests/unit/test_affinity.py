@@ -13,23 +13,31 @@ from slicetrace.errors import ConfigError
 pytestmark = pytest.mark.skipif(not affinity.supported(), reason="no os.sched_setaffinity on this platform")
 
 
-def test_choose_gives_each_rank_its_own_cpu_only_when_all_fit(monkeypatch):
+@pytest.fixture(autouse=True)
+def lock_dir(tmp_path, monkeypatch):
+    """Claims in a folder of this test's own: the CPUs a real job on this host holds stay out of it."""
+    monkeypatch.setattr(affinity, "LOCK_DIR", str(tmp_path / "cpus"))
+    return tmp_path / "cpus"
+
+
+def test_candidates_start_with_the_ranks_own_cpu_only_when_all_fit(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3, 5, 9, 12})
-    assert [affinity.choose(r, 4, 1) for r in range(4)] == [3, 5, 9, 12]
-    assert [affinity.choose(r, 2, 1) for r in range(2)] == [3, 5]
-    assert affinity.choose(0, 5, 1) is None          # ranks outnumber CPUs: binding would share cores
-    assert affinity.choose(0, 2, 2) is None          # channels 1.. run in threads of their own
-    assert affinity.choose(0, 1, 1) is None          # one rank waits on nobody
+    assert affinity.candidates(0, 4, 1) == [3, 5, 9, 12]
+    assert affinity.candidates(2, 4, 1) == [9, 12, 3, 5]
+    assert affinity.candidates(1, 2, 1) == [5, 9, 12, 3]
+    assert affinity.candidates(0, 5, 1) == []          # ranks outnumber CPUs: binding would share cores
+    assert affinity.candidates(0, 2, 2) == []          # channels 1.. run in threads of their own
+    assert affinity.candidates(0, 1, 1) == []          # one rank waits on nobody
 
 
 def test_bind_release_restore_the_threads_mask_and_nest():
     before = os.sched_getaffinity(0)
     cpu = max(before)
-    tid = affinity.bind(cpu)
+    tid = affinity.bind([cpu])
     try:
         assert os.sched_getaffinity(0) == {cpu}
         assert affinity.allowed() == before         # what ranks share: not crowded by our own binding
-        assert affinity.bind(cpu) == tid            # a second communicator in this thread shares the binding
+        assert affinity.bind([cpu]) == tid          # a second communicator in this thread shares the binding
         affinity.release(tid)
         assert os.sched_getaffinity(0) == {cpu}     # still held by the first
     finally:
@@ -37,6 +45,32 @@ def test_bind_release_restore_the_threads_mask_and_nest():
     assert os.sched_getaffinity(0) == before
     affinity.release(tid)                           # nothing held: a no-op
     assert os.sched_getaffinity(0) == before
+
+
+def test_a_cpu_claimed_elsewhere_is_skipped_and_freed_at_release():
+    before = sorted(os.sched_getaffinity(0))
+    other = affinity._claim(before[0])               # another holder (an fd of its own: flock excludes it)
+    try:
+        got = {}
+
+        def worker():
+            tid = affinity.bind(before)
+            got["cpu"] = os.sched_getaffinity(0)
+            affinity.release(tid) if tid is not None else None
+            got["tid"] = tid
+        t = threading.Thread(target=worker)
+        t.start()
+        t.join(10)
+        assert not t.is_alive()
+        if len(before) == 1:
+            assert got == {"cpu": set(before), "tid": None}      # the only CPU is taken: stays unbound
+        else:
+            assert got["cpu"] == {before[1]} and got["tid"] is not None
+    finally:
+        os.close(other)
+    fd = affinity._claim(before[-1])                 # released: free to claim again
+    assert fd is not None
+    os.close(fd)
 
 
 def test_unbound_block_and_channel_threads_get_the_cpus_from_before_binding():
@@ -49,7 +83,7 @@ def test_unbound_block_and_channel_threads_get_the_cpus_from_before_binding():
     def worker():
         affinity.unbind_thread()
         seen["worker"] = os.sched_getaffinity(0)
-    tid = affinity.bind(cpu)
+    tid = affinity.bind([cpu])
     try:
         with affinity.unbound():
             seen["block"] = os.sched_getaffinity(0)

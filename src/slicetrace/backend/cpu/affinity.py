@@ -5,17 +5,23 @@ socket wake-ups, e.g. beside Gloo, or right after start) each waits for a peer t
 op, until the load balancer moves one, many ms later. A bound thread cannot be moved there. Only the thread
 that runs the ops is bound (threads it starts later inherit that); its own mask comes back at close. Several
 communicators in one thread share the first one's binding.
+
+A CPU is claimed host-wide first, with an flock on a file per CPU (the kernel drops it when the process dies), so
+two jobs on one host never bind to the same CPU: a rank that finds none free stays unbound.
 """
 from __future__ import annotations
 
+import fcntl
 import os
+import tempfile
 import threading
 from contextlib import contextmanager
 from typing import Iterator
 
 _lock = threading.Lock()
-_held: dict[int, list] = {}          # native thread id -> [mask before binding, communicators holding it]
+_held: dict[int, list] = {}          # native thread id -> [mask before binding, communicators holding it, lock fd]
 _first: set[int] | None = None       # the first bound thread's mask before it was bound
+LOCK_DIR = os.path.join(tempfile.gettempdir(), f"slicetrace-cpus-{os.getuid() if hasattr(os, 'getuid') else 0}")
 
 
 def supported() -> bool:
@@ -31,45 +37,70 @@ def allowed() -> set[int]:
     return set(held[0]) if held is not None else os.sched_getaffinity(0)
 
 
-def choose(rank: int, world: int, nch: int) -> int | None:
-    """The CPU for `rank`: its own one of this thread's allowed CPUs when every rank gets one and runs one
-    channel, else None (ranks would share a core, or the other channels' threads want cores of their own)."""
-    if not supported() or world < 2:
-        return None
+def candidates(rank: int, world: int, nch: int) -> list[int]:
+    """CPUs to try for `rank`, its own one first, when every rank can have one and runs one channel; else none
+    (ranks would share a core, or the other channels' threads want cores of their own)."""
+    if not supported() or world < 2 or nch != 1:
+        return []
     cpus = sorted(allowed())
-    return cpus[rank] if nch == 1 and world <= len(cpus) else None
+    if world > len(cpus):
+        return []
+    return cpus[rank:] + cpus[:rank]
 
 
-def bind(cpu: int) -> int:
-    """Bind the calling thread to `cpu`; returns the thread id for release()."""
+def _claim(cpu: int) -> int | None:
+    """An exclusive, non-blocking flock on CPU `cpu`'s file: the open fd, or None if another process holds it."""
+    os.makedirs(LOCK_DIR, exist_ok=True)
+    fd = os.open(os.path.join(LOCK_DIR, f"cpu{cpu}"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def bind(cpus: list[int]) -> int | None:
+    """Bind the calling thread to the first of `cpus` that no other holder claims; the thread id for release(),
+    or None when every one is taken (or the locks cannot be made: then nothing is bound)."""
     global _first
     tid = threading.get_native_id()
     with _lock:
         held = _held.get(tid)
-        if held is None:
+        if held is not None:
+            held[1] += 1
+            return tid
+        for cpu in cpus:
+            try:
+                fd = _claim(cpu)
+            except OSError:
+                return None
+            if fd is None:
+                continue
             before = os.sched_getaffinity(0)
             if _first is None:
                 _first = before
             os.sched_setaffinity(0, {cpu})
-            _held[tid] = [before, 1]
-        else:
-            held[1] += 1
-    return tid
+            _held[tid] = [before, 1, fd]
+            return tid
+    return None
 
 
 def release(tid: int) -> None:
-    """Undo one bind() of thread `tid` (from any thread); the last one restores the thread's mask."""
+    """Undo one bind() of thread `tid` (from any thread); the last one restores the mask and frees the CPU."""
     with _lock:
         held = _held.get(tid)
         if held is None:
             return
         held[1] -= 1
-        if held[1] == 0:
-            del _held[tid]
-            try:
-                os.sched_setaffinity(tid, held[0])
-            except OSError:         # the thread has exited: nothing left to restore
-                pass
+        if held[1]:
+            return
+        del _held[tid]
+        try:
+            os.sched_setaffinity(tid, held[0])
+        except OSError:             # the thread has exited: nothing left to restore
+            pass
+        os.close(held[2])           # drops the claim
 
 
 def unbind_thread() -> None:

@@ -105,8 +105,8 @@ class CpuBackend(HostBackend):
                 self.p2p_send[p] = conn(self._peer_segs[p], nch + rank, p, True)
         # everyone attached before anyone may unlink its segment
         self.store.barrier(f"{self._prefix}/attached", rank, world, s.timeout_s)
-        cpu = affinity.choose(rank, world, nch) if s.cpu_bind == "auto" else None
-        self._bound = affinity.bind(cpu) if cpu is not None else None      # after the heartbeat thread started
+        cpus = affinity.candidates(rank, world, nch) if s.cpu_bind == "auto" else []
+        self._bound = affinity.bind(cpus) if cpus else None      # after the heartbeat thread started
 
     def _attach(self, p: int, name: str) -> None:
         try:
