@@ -63,7 +63,7 @@ VARIABLES: tuple[Var, ...] = (
     Var("SLICETRACE_PLUGIN_MAX_FAILURES", "plugin_max_failures", _int, "plugin exceptions before that plugin is disabled, default 16"),
     Var("SLICETRACE_CPU_RECLAIM", "cpu_reclaim", str, "cpu: after reading a FIFO slot the receiver stores once per cache line so the sender's next write does not stall on lines shared across L3 caches: auto (default: measured per connection), on, off"),
     Var("SLICETRACE_CPU_WAIT", "cpu_wait", str, "cpu: how a rank waits for its ring neighbour: auto (default: sleep in the kernel (futex) when ranks outnumber this process's CPUs, else spin then yield), futex, spin"),
-    Var("SLICETRACE_CPU_BIND", "cpu_bind", str, "cpu: auto (default: while a communicator is open, the thread that runs its ops is bound to a CPU of its own when ranks x channels fit the process's CPUs, as mpirun binds to cores) or off"),
+    Var("SLICETRACE_CPU_BIND", "cpu_bind", str, "cpu: bind the thread that runs a communicator's ops to a CPU of its own while it is open, when every rank can have one and runs one channel (as mpirun binds to cores): auto (default: in the rank processes slicetrace.launch and the CLI start, not in processes started otherwise, whose later threads and children would inherit it), on, off"),
     Var("SLICETRACE_CACHE_DIR", "cache_dir", str, "compiled-kernel cache folder, default ~/.cache/slicetrace"),
     Var("SLICETRACE_ASSERT_WARM", "assert_warm", _bool, "1 = a kernel compile during timed work is an error"),
     Var("SLICETRACE_CLOCK_RESYNC_S", "clock_resync_s", float, "cuda: seconds between GPU/host clock offset re-measurements, default 1.0"),
@@ -130,8 +130,8 @@ class Settings:
             raise ConfigError(f"cpu_reclaim={self.cpu_reclaim!r} is not one of ('auto', 'on', 'off')")
         if self.cpu_wait not in ("auto", "futex", "spin"):
             raise ConfigError(f"cpu_wait={self.cpu_wait!r} is not one of ('auto', 'futex', 'spin')")
-        if self.cpu_bind not in ("auto", "off"):
-            raise ConfigError(f"cpu_bind={self.cpu_bind!r} is not one of ('auto', 'off')")
+        if self.cpu_bind not in ("auto", "on", "off"):
+            raise ConfigError(f"cpu_bind={self.cpu_bind!r} is not one of ('auto', 'on', 'off')")
         if self.debug.upper() not in ("WARN", "INFO", "DEBUG"):
             raise ConfigError(f"debug={self.debug!r} is not one of ('WARN', 'INFO', 'DEBUG')")
 

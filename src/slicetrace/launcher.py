@@ -107,6 +107,8 @@ def _child(fn: Callable, rank: int, world: int, store_map: Any, job: str, settin
     _send(conn, ("started",))                    # fn was unpickled: a later death is not an import problem
     comm = None
     try:
+        if Settings.from_env(**settings).cpu_bind == "auto":
+            settings = {**settings, "cpu_bind": "on"}      # our own rank processes: nothing else inherits it
         comm = init(rank=rank, world_size=world, store=DictStore(store_map), job=job, **settings)
         result = fn(comm, *args)
         running.clear()

@@ -339,21 +339,22 @@ def bind_masks(ctx, bind: str, lock_dir: str):
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "sched_setaffinity"), reason="no os.sched_setaffinity here")
-def test_cpu_bind_gives_each_rank_its_own_free_cpu_while_open(tmp_path):
+def test_cpu_bind_on_gives_each_rank_its_own_free_cpu_while_open(tmp_path):
     """A fresh pool: the module's pools keep bound backends open, and a bound thread is not bound again."""
     import os
     from slicetrace.backend.cpu import affinity
     d = str(tmp_path / "cpus")
     pool = RankPool(2, timeout=60)
     try:
-        auto = pool.run(bind_masks, "auto", d)
+        auto = pool.run(bind_masks, "on", d)
         off = pool.run(bind_masks, "off", d)
+        unlaunched = pool.run(bind_masks, "auto", d)    # "auto" binds only the ranks launch() starts
         mine = affinity.LOCK_DIR
         affinity.LOCK_DIR = d
         held = []
         try:                              # another job holds every CPU: the ranks stay unbound
             held = [affinity._claim(c) for c in sorted(os.sched_getaffinity(0))]
-            taken = pool.run(bind_masks, "auto", d)
+            taken = pool.run(bind_masks, "on", d)
         finally:
             affinity.LOCK_DIR = mine
             for fd in held:
@@ -365,6 +366,30 @@ def test_cpu_bind_gives_each_rank_its_own_free_cpu_while_open(tmp_path):
     for r, (before, during, after) in enumerate(auto):
         assert before == allowed and after == allowed
         assert during == ([allowed[r]] if len(allowed) >= 2 else allowed)
-    assert all(before == during == after == allowed for before, during, after in off)
-    assert all(before == during == after == allowed for before, during, after in taken)
+    for unbound in (off, unlaunched, taken):
+        assert all(before == during == after == allowed for before, during, after in unbound)
     assert all(fd is not None for fd in held)      # the ranks had freed their claims at close
+
+
+def _launched_mask(comm):
+    import os
+    return sorted(os.sched_getaffinity(0))
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "sched_setaffinity"), reason="no os.sched_setaffinity here")
+def test_launch_binds_its_ranks_by_default():
+    import os
+    import slicetrace
+    from slicetrace.backend.cpu import affinity
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip(f"needs 2 allowed CPUs for 2 bound ranks, this process has {len(cpus)}")
+    fds = [affinity._claim(c) for c in cpus[:2]]
+    for fd in fds:
+        if fd is not None:
+            os.close(fd)
+    if None in fds:
+        pytest.skip(f"another job on this host holds CPU {cpus[fds.index(None)]} ({affinity.LOCK_DIR})")
+    masks = slicetrace.launch(_launched_mask, 2, join_timeout_s=60, timeout_s=30.0)
+    assert masks == [[cpus[0]], [cpus[1]]]
+    assert slicetrace.launch(_launched_mask, 2, join_timeout_s=60, timeout_s=30.0, cpu_bind="off") == [cpus, cpus]

@@ -105,7 +105,7 @@ def test_unbound_without_binding_changes_nothing():
 
 
 def test_cpu_bind_setting_is_checked(monkeypatch):
-    with pytest.raises(ConfigError, match=r"cpu_bind='cores' is not one of \('auto', 'off'\)"):
+    with pytest.raises(ConfigError, match=r"cpu_bind='cores' is not one of \('auto', 'on', 'off'\)"):
         Settings(cpu_bind="cores")
     monkeypatch.setenv("SLICETRACE_CPU_BIND", "off")
     assert Settings.from_env().cpu_bind == "off"

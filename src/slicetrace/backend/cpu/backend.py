@@ -105,7 +105,7 @@ class CpuBackend(HostBackend):
                 self.p2p_send[p] = conn(self._peer_segs[p], nch + rank, p, True)
         # everyone attached before anyone may unlink its segment
         self.store.barrier(f"{self._prefix}/attached", rank, world, s.timeout_s)
-        cpus = affinity.candidates(rank, world, nch) if s.cpu_bind == "auto" else []
+        cpus = affinity.candidates(rank, world, nch) if s.cpu_bind == "on" else []    # launch() resolves "auto"
         self._bound = affinity.bind(cpus) if cpus else None      # after the heartbeat thread started
 
     def _attach(self, p: int, name: str) -> None:
