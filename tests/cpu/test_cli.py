@@ -26,9 +26,22 @@ def test_bench_checks_traces_and_reports(tmp_path, capfd):
     assert len(files) == 3 and all(check_trace(f) == [] for f in files)
     text = capfd.readouterr().out
     assert "#wrong" in text and "busbw" in text
-    assert main(["report", str(tmp_path / "tr" / "trace"), "--json", str(tmp_path / "rep.json")]) == 0
+    assert main(["report", str(tmp_path / "tr" / "trace"), "--json", str(tmp_path / "rep.json"),
+                 "--csv", str(tmp_path / "steps.csv")]) == 0
     rep = json.load(open(tmp_path / "rep.json"))
     assert {(ln["src"], ln["dst"]) for ln in rep["links"]} == {(0, 1), (1, 2), (2, 0)}
+    import csv
+    from slicetrace.analyze.trace import kernel_steps, load_traces
+    ks = kernel_steps(load_traces(str(tmp_path / "tr" / "trace")))
+    rows = list(csv.DictReader(open(tmp_path / "steps.csv")))
+    assert len(rows) == len(ks) > 0
+    assert [int(r["wait_ns"]) for r in rows] == sorted(ks["wait_ns"].tolist())
+    for r in rows:
+        xfer = int(r["done_ns"]) - int(r["ready_ns"])
+        assert float(r["wait_us"]) == pytest.approx((int(r["ready_ns"]) - int(r["wait_ns"])) / 1e3, abs=1e-3)
+        assert float(r["gbps"]) == pytest.approx(int(r["size"]) / xfer if xfer > 0 else 0.0, abs=1e-3)
+    sent = sum(int(r["size"]) for r in rows if r["is_send"] == "1" and r["rank"] == "0")
+    assert sent == sum(int(s) for s in ks["size"][(ks["is_send"] == 1) & (ks["rank"] == 0)])
 
 
 def test_bad_flags_are_clear_errors(capsys):

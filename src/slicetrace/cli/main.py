@@ -233,11 +233,12 @@ def run_config(a: argparse.Namespace) -> int:
 
 def run_report(a: argparse.Namespace) -> int:
     from ..analyze.report import build, render
-    from ..analyze.trace import counters, kernel_chs, kernel_steps, load_traces
+    from ..analyze.trace import counters, kernel_chs, kernel_steps, load_traces, write_steps_csv
     if a.top < 0:
         raise SliceTraceError(f"--top {a.top} must be >= 0")
-    if a.json:
-        _writable_file("--json", a.json)
+    for flag, path in (("--json", a.json), ("--csv", a.csv)):
+        if path:
+            _writable_file(flag, path)
     recs = load_traces(a.traces[0] if len(a.traces) == 1 else a.traces)
     ks, chs = kernel_steps(recs), kernel_chs(recs)
     if not len(ks) and not len(chs):
@@ -248,6 +249,8 @@ def run_report(a: argparse.Namespace) -> int:
     render(rep)
     if a.json:
         _write_json("--json", a.json, rep.to_dict())
+    if a.csv:
+        print(f"# {write_steps_csv(ks, a.csv)} KernelStep rows: {a.csv}")
     return 0
 
 
@@ -260,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("traces", nargs="+", help="trace files, a glob, or the dump prefix")
     rp.add_argument("--top", type=int, default=10, help="slowest slices to list")
     rp.add_argument("--json", metavar="FILE", help="write the report as JSON")
+    rp.add_argument("--csv", metavar="FILE", help="write every KernelStep as a CSV row (rank, channel, peer, step, "
+                    "size, clocks, wait_us, transfer_us, gbps), for pandas or a spreadsheet")
     a = parser.parse_args(argv)
     try:
         return {"bench": run_bench, "config": run_config, "report": run_report}[a.cmd](a)
