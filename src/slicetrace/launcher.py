@@ -99,6 +99,12 @@ def _send(conn, msg: tuple) -> None:
         pass
 
 
+def _crowding(world: int) -> bool:
+    """cpu_bind='auto': bind when the ranks fill more than half of the CPUs, where the scheduler was seen to put two
+    on one core; with cores to spare it does not, and a bound rank's own compute would keep to one core."""
+    return hasattr(os, "sched_getaffinity") and 2 * world > len(os.sched_getaffinity(0))
+
+
 def _child(fn: Callable, rank: int, world: int, store_map: Any, job: str, settings: dict, args: tuple,
            conn, parent: int) -> None:
     running = threading.Event()                  # set while fn may be interrupted (see _watch_parent)
@@ -107,7 +113,7 @@ def _child(fn: Callable, rank: int, world: int, store_map: Any, job: str, settin
     _send(conn, ("started",))                    # fn was unpickled: a later death is not an import problem
     comm = None
     try:
-        if Settings.from_env(**settings).cpu_bind == "auto":
+        if Settings.from_env(**settings).cpu_bind == "auto" and _crowding(world):
             settings = {**settings, "cpu_bind": "on"}      # our own rank processes: nothing else inherits it
         comm = init(rank=rank, world_size=world, store=DictStore(store_map), job=job, **settings)
         result = fn(comm, *args)

@@ -109,3 +109,10 @@ def test_cpu_bind_setting_is_checked(monkeypatch):
         Settings(cpu_bind="cores")
     monkeypatch.setenv("SLICETRACE_CPU_BIND", "off")
     assert Settings.from_env().cpu_bind == "off"
+
+
+def test_launch_binds_by_default_only_when_its_ranks_fill_over_half_the_cpus(monkeypatch):
+    from slicetrace.launcher import _crowding
+    for ncpu, world, want in ((2, 2, True), (3, 2, True), (4, 2, False), (64, 2, False), (8, 5, True), (2, 4, True)):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid, n=ncpu: set(range(n)))
+        assert _crowding(world) is want, (ncpu, world)
