@@ -339,24 +339,22 @@ def bind_masks(ctx, bind: str, lock_dir: str):
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "sched_setaffinity"), reason="no os.sched_setaffinity here")
-def test_cpu_bind_on_gives_each_rank_its_own_free_cpu_while_open(tmp_path):
+def test_cpu_bind_on_gives_each_rank_its_own_free_cpu_while_open(tmp_path, monkeypatch):
     """A fresh pool: the module's pools keep bound backends open, and a bound thread is not bound again."""
     import os
     from slicetrace.backend.cpu import affinity
     d = str(tmp_path / "cpus")
+    monkeypatch.setattr(affinity, "LOCK_DIR", d)     # this test process's claims go where the ranks look
     pool = RankPool(2, timeout=60)
     try:
         auto = pool.run(bind_masks, "on", d)
         off = pool.run(bind_masks, "off", d)
         unlaunched = pool.run(bind_masks, "auto", d)    # "auto" binds only the ranks launch() starts
-        mine = affinity.LOCK_DIR
-        affinity.LOCK_DIR = d
         held = []
         try:                              # another job holds every CPU: the ranks stay unbound
             held = [affinity._claim(c) for c in sorted(os.sched_getaffinity(0))]
             taken = pool.run(bind_masks, "on", d)
         finally:
-            affinity.LOCK_DIR = mine
             for fd in held:
                 if fd is not None:
                     os.close(fd)

@@ -140,7 +140,8 @@ def _bench_parser(sub) -> None:
     p.add_argument("--overhead-of", choices=("profiling", "kernel_step"), default="profiling",
                    help="--overhead compares profiled with unprofiled runs (profiling, default), or profiled runs "
                         "with and without KernelStep (kernel_step: what the per-slice events alone cost)")
-    p.add_argument("--rounds", type=int, default=10, help="rounds for --overhead, one block of each kind each; two make an off-on-on-off quad, "
+    p.add_argument("--rounds", type=int, default=10,
+                   help="rounds for --overhead, one block of each kind each; two make an off-on-on-off quad, "
                    "whose ratio is one sample (odd counts round up; default 10)")
     p.add_argument("--compare", choices=("gloo", "nccl"), help="run the reference library side by side")
     p.add_argument("--json", metavar="FILE", help="write results as JSON")
