@@ -25,8 +25,9 @@ _CCHAR, _ADDRESSOF = ctypes.c_char.from_buffer, ctypes.addressof
 
 
 def host_pointer(a: Any) -> int:
-    """Address of a numpy array's (or a writable memoryview's) first byte. ctypes over its buffer takes ~0.2 us; `.ctypes.data` and
-    `__array_interface__` build objects (~1 us), so read-only, empty or strided arrays only go that way."""
+    """Address of a numpy array's (or a writable memoryview's) first byte. ctypes over its buffer takes ~0.2 us;
+    `.ctypes.data` and `__array_interface__` build objects (~1 us), so read-only, empty or strided arrays only go
+    that way."""
     try:
         return _ADDRESSOF(_CCHAR(a))
     except (TypeError, ValueError, BufferError):
