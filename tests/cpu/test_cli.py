@@ -26,6 +26,9 @@ def test_bench_checks_traces_and_reports(tmp_path, capfd):
     assert len(files) == 3 and all(check_trace(f) == [] for f in files)
     text = capfd.readouterr().out
     assert "#wrong" in text and "busbw" in text
+    avg = sum(r["busbw"] for r in rows) / len(rows)         # nccl-tests' closing lines, also in the JSON
+    assert doc["summary"] == {"out_of_bounds": 0, "avg_busbw": pytest.approx(avg)}
+    assert "# Out of bounds values : 0 OK" in text and f"# Avg bus bandwidth    : {avg:.3f}" in text
     assert main(["report", str(tmp_path / "tr" / "trace"), "--json", str(tmp_path / "rep.json"),
                  "--csv", str(tmp_path / "steps.csv")]) == 0
     rep = json.load(open(tmp_path / "rep.json"))

@@ -282,6 +282,24 @@ def median_ci(xs: list[float], level: float = 0.95) -> tuple[float, float]:
     return x[max(j - 1, 0)], x[min(n - j, n - 1)]
 
 
+def summarize(rows: list[dict], check: bool) -> dict:
+    """nccl-tests' closing lines: wrong values in all (None when unchecked) and the mean busbw over the rows."""
+    s = {"out_of_bounds": sum(r["wrong"] for r in rows) if check else None,
+         "avg_busbw": sum(r["busbw"] for r in rows) / len(rows) if rows else 0.0}
+    if rows and "ref_busbw" in rows[0]:
+        s["ref_avg_busbw"] = sum(r["ref_busbw"] for r in rows) / len(rows)
+    return s
+
+
+def format_summary(s: dict, ref_name: str | None) -> list[str]:
+    oob = s["out_of_bounds"]
+    verdict = "N/A (-c 0)" if oob is None else f"{oob} {'OK' if oob == 0 else 'FAILED'}"
+    lines = [f"# Out of bounds values : {verdict}", f"# Avg bus bandwidth    : {s['avg_busbw']:.3f}"]
+    if "ref_avg_busbw" in s:
+        lines.append(f"# Avg bus bandwidth of {ref_name} : {s['ref_avg_busbw']:.3f}")
+    return lines
+
+
 def format_row(r: dict, ref: bool, overhead: bool) -> str:
     s = "{:>12} {:>12} {:>9} {:>6} {:>5} {:>10.1f} {:>8.3f} {:>8.3f} {:>7}".format(
         r["size"], r["count"], r["type"], r["redop"], r["root"], r["time_us"], r["algbw"], r["busbw"],
