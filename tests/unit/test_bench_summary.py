@@ -1,5 +1,10 @@
 """bench's closing lines, as nccl-tests prints them."""
-from slicetrace.cli.bench import format_summary, summarize
+import types
+
+import pytest
+
+from slicetrace.cli.bench import _gather, format_summary, summarize
+from slicetrace.rendezvous import DictStore
 
 
 def test_summary_counts_wrong_values_and_averages_busbw_as_nccl_tests_does():
@@ -12,3 +17,22 @@ def test_summary_counts_wrong_values_and_averages_busbw_as_nccl_tests_does():
     assert unchecked == {"out_of_bounds": None, "avg_busbw": 4.0}
     assert format_summary(unchecked, None)[0] == "# Out of bounds values : N/A (-c 0)"
     assert summarize([], check=True) == {"out_of_bounds": 0, "avg_busbw": 0.0}
+
+
+class _Comm:
+    """What bench's gather touches: rank, world size, settings.timeout_s and the session's store."""
+
+    def __init__(self, store, rank, world):
+        self.rank, self.world_size = rank, world
+        self.settings = types.SimpleNamespace(timeout_s=5.0)
+        self._session = types.SimpleNamespace(store=store)
+
+
+@pytest.mark.parametrize("average, time, ref", [(0, 3.0, 30.0), (1, 4.0, 40.0), (2, 3.0, 30.0), (3, 5.0, 50.0)])
+def test_rank_values_combine_as_nccl_tests_a_says_and_wrong_values_add_up(average, time, ref):
+    store = DictStore({})
+    per_rank = {1: [5.0, 2.0, 50.0, 7.0], 2: [4.0, 0.0, 40.0, 9.0], 0: [3.0, 1.0, 30.0, 8.0]}
+    for r in (1, 2):                                  # the other ranks post theirs and return them unchanged
+        assert _gather(_Comm(store, r, 3), "k", per_rank[r], (0, 2), average) == per_rank[r]
+    got = _gather(_Comm(store, 0, 3), "k", per_rank[0], (0, 2), average)
+    assert got == [time, 3.0, ref, 9.0]               # times per -a, wrong summed, the rest the max

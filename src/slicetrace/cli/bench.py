@@ -106,14 +106,24 @@ def _time(fn, iters: int, sync, flush=None, collector_off: bool = True) -> float
             gc.enable()
 
 
-def _gather_max(comm, key: str, vals: list[float]) -> list[float]:
-    """Max over ranks, through the rendezvous store, so the timing exchange is no collective of ours."""
+AVERAGE = {0: "rank 0's", 1: "the mean over ranks of the", 2: "the least over ranks of the",
+           3: "the most over ranks of the"}       # nccl-tests' -a
+
+
+def _gather(comm, key: str, vals: list[float], times: tuple[int, ...], average: int) -> list[float]:
+    """On rank 0, every rank's vals combined through the rendezvous store (the timing exchange is no collective of
+    ours): the times at `times` as -a says, the wrong-value count (vals[1]) summed, the rest their max."""
     store = comm._session.store
     store.set(f"bench/{key}/{comm.rank}", json.dumps(vals).encode())
     if comm.rank != 0:
         return vals
     allv = [json.loads(store.get(f"bench/{key}/{r}", comm.settings.timeout_s)) for r in range(comm.world_size)]
-    return [max(v[i] for v in allv) for i in range(len(vals))]
+    out = [max(v[i] for v in allv) for i in range(len(vals))]
+    out[1] = sum(v[1] for v in allv)
+    for i in times:
+        col = [v[i] for v in allv]
+        out[i] = (col[0], sum(col) / len(col), min(col), max(col))[average]
+    return out
 
 
 def bench_rank(comm, o: dict) -> list[dict]:
@@ -134,6 +144,7 @@ def bench_rank(comm, o: dict) -> list[dict]:
         print(f"# slicetrace bench: backend {comm.backend_name}, {n} ranks, channels {chans}, "
               f"profiling {'on' if comm.profiler_enabled else 'off'}"
               + (", in place" if o["inplace"] else "") + (f", compare {o['compare']}" if ref else "")
+              + (f", time: {AVERAGE[o['average']]} timings" if o.get("average", 3) != 3 else "")
               + (", overhead of KernelStep (profiled with it / without it)" if o["overhead"]
                  and o.get("overhead_of") == "kernel_step" else ""), flush=True)
         print(HEADER + ("  {:>8} {:>8} {:>6}".format("ref_us", "ref_bus", "ratio") if ref else "")
@@ -237,7 +248,7 @@ def _one(comm, op, nbytes, dtype, o, xp, to_dev, to_host, sync, ref, key):
         q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
         lo, hi = median_ci(ratios)
         vals += [statistics.median(on), statistics.median(off), statistics.median(ratios), q1, q3, lo, hi]
-    vals = _gather_max(comm, key, vals)
+    vals = _gather(comm, key, vals, (0, 2) if ref is not None else (0,), o.get("average", 3))
     if rank != 0:
         return None
     t = vals[0]

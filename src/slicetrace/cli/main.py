@@ -124,6 +124,9 @@ def _bench_parser(sub) -> None:
     p.add_argument("-d", "--datatype", default="float", help=f"one of {sorted(DTYPE_ALIASES)}, or all")
     p.add_argument("-o", "--redop", dest="redop", default="sum", help="reduction: sum prod min max avg, or all")
     p.add_argument("-r", "--root", type=int, default=0, help="root for broadcast/reduce")
+    p.add_argument("-a", "--average", type=int, choices=(0, 1, 2, 3), default=3,
+                   help="time reported per size, over the ranks' own timings: 0 rank 0, 1 mean (nccl-tests' "
+                   "default), 2 min, 3 max (default: the slowest rank, which the collective waits for)")
     p.add_argument("--op", dest="ops", default="all_reduce",
                    help=f"comma list of {OPS} or 'all'")
     p.add_argument("--ranks", type=int, default=None, help="ranks to spawn (cpu default 2; cuda: GPUs)")
@@ -210,7 +213,8 @@ def run_bench(a: argparse.Namespace) -> int:
             "root": a.root, "iters": a.iters,
             "warmup": a.warmup_iters, "check": bool(a.check), "compare": a.compare, "overhead": a.overhead,
             "overhead_of": a.overhead_of,
-            "rounds": a.rounds, "seed": a.seed, "inplace": a.inplace}
+            "rounds": a.rounds, "seed": a.seed, "inplace": a.inplace,
+            "average": a.average}
     results = launch(bench_rank, nranks, opts, **overrides)
     rows = results[0]
     bad_rows = [r for r in rows if r["wrong"] > 0]
