@@ -97,6 +97,8 @@ def test_bad_values_name_the_flag_the_value_and_what_is_accepted(capsys):
         (["--ranks", "0"], "--ranks 0 must be >= 1"),
         (["--channels", "-1"], "--channels -1 must be >= 0 (0: the backend chooses)"),
         (["-n", "0"], "-n 0 must be >= 1"),
+        (["-N", "-1"], "-N -1 must be >= 0 (0: until interrupted)"),
+        (["-T", "0"], "-T 0.0 must be > 0 seconds"),
     ):
         assert main(["bench", *argv]) == 2, argv
         assert want in capsys.readouterr().err, argv
@@ -168,3 +170,14 @@ def test_all_types_and_reductions_as_nccl_tests_runs_them(tmp_path):
         for o in ("sum", "prod", "min", "max", "avg"))
     assert [r["redop"] for r in rows if r["op"] == "broadcast"] == ["none"] * len(types)   # once per type
     assert all(r["wrong"] == 0 for r in rows)
+
+
+def test_cycles_repeat_the_sweep_and_the_timeout_reaches_the_ranks(tmp_path, capfd):
+    out = tmp_path / "r.json"
+    assert main(["bench", "-b", "4K", "-e", "16K", "-f", "4", "-n", "2", "-w", "1", "-N", "2", "-T", "7",
+                 "-a", "1", "--json", str(out)]) == 0
+    doc = json.load(open(out))
+    assert [(r["cycle"], r["size"]) for r in doc["rows"]] == [(0, 4096), (0, 16384), (1, 4096), (1, 16384)]
+    assert all(r["wrong"] == 0 for r in doc["rows"]) and doc["settings"]["timeout_s"] == "7.0"
+    text = capfd.readouterr().out
+    assert "# cycle 0" in text and "# cycle 1" in text and "time: the mean over ranks of the timings" in text

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gc
+import itertools
 import json
 import math
 import statistics
@@ -138,7 +139,8 @@ def bench_rank(comm, o: dict) -> list[dict]:
     progress = None
     combos = {op: [(np_dtype(d), r) for d in o["dtypes"] for r in (o["redops"] if op in REDUCING else ["sum"])]
               for op in o["ops"]}       # -d all / -o all: every type, every reduction of the ops that reduce
-    total = sum(len(c) for c in combos.values()) * len(o["sizes"])
+    cycles = o.get("cycles", 1)
+    total = sum(len(c) for c in combos.values()) * len(o["sizes"]) * cycles or None     # -N 0: no end
     if comm.rank == 0:
         chans = comm.settings.nchannels or ("auto" if comm.backend_name == "cuda" else 1)
         print(f"# slicetrace bench: backend {comm.backend_name}, {n} ranks, channels {chans}, "
@@ -158,21 +160,29 @@ def bench_rank(comm, o: dict) -> list[dict]:
     gc.collect()
     gc.freeze()          # what the imports and set-up made is old: later collections only walk what the sweep makes
     try:
-        for op in o["ops"]:
-            if comm.rank == 0 and (len(o["ops"]) > 1 or o["inplace"]):
-                print(f"# {op}" + (" (out of place: no in-place form)" if o["inplace"] and op not in IN_PLACE
-                                   else ""), flush=True)
-            for dtype, redop in combos[op]:
-                for nbytes in (o["sizes"][-1], o["sizes"][0]):    # nccl-tests' warm-up: largest, then smallest
-                    _warm(comm, op, nbytes, dtype, redop, o, xp, to_dev, sync, ref)
-                for i, nbytes in enumerate(o["sizes"]):
-                    row = _one(comm, op, nbytes, dtype, {**o, "redop": redop}, xp, to_dev, to_host, sync, ref,
-                               f"{op}/{dtype}/{redop}/{i}")
-                    if row is not None and comm.rank == 0:
-                        rows.append(row)
-                        print(format_row(row, ref is not None, o["overhead"]), flush=True)
-                    if progress is not None:
-                        progress.advance(task)
+        for cyc in (itertools.count() if cycles == 0 else range(cycles)):
+            if cycles != 1 and comm.rank == 0:
+                print(f"# cycle {cyc}", flush=True)
+                if cycles == 0:
+                    rows.clear()         # a run without end keeps the current cycle's rows only
+            for op in o["ops"]:
+                if comm.rank == 0 and (len(o["ops"]) > 1 or o["inplace"]):
+                    print(f"# {op}" + (" (out of place: no in-place form)" if o["inplace"] and op not in IN_PLACE
+                                       else ""), flush=True)
+                for dtype, redop in combos[op]:
+                    if cyc == 0:
+                        for nbytes in (o["sizes"][-1], o["sizes"][0]):    # nccl-tests' warm-up: largest, smallest
+                            _warm(comm, op, nbytes, dtype, redop, o, xp, to_dev, sync, ref)
+                    for i, nbytes in enumerate(o["sizes"]):
+                        row = _one(comm, op, nbytes, dtype, {**o, "redop": redop}, xp, to_dev, to_host, sync, ref,
+                                   f"{cyc}/{op}/{dtype}/{redop}/{i}")
+                        if row is not None and comm.rank == 0:
+                            if cycles != 1:
+                                row["cycle"] = cyc
+                            rows.append(row)
+                            print(format_row(row, ref is not None, o["overhead"]), flush=True)
+                        if progress is not None:
+                            progress.advance(task)
     finally:
         if progress is not None:
             progress.stop()

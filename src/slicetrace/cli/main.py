@@ -127,6 +127,10 @@ def _bench_parser(sub) -> None:
     p.add_argument("-a", "--average", type=int, choices=(0, 1, 2, 3), default=3,
                    help="time reported per size, over the ranks' own timings: 0 rank 0, 1 mean (nccl-tests' "
                    "default), 2 min, 3 max (default: the slowest rank, which the collective waits for)")
+    p.add_argument("-N", "--run_cycles", type=int, default=1,
+                   help="run the sweep this many times (0 = until interrupted), as nccl-tests; rows carry the cycle")
+    p.add_argument("-T", "--timeout", type=float, default=None,
+                   help="seconds any wait may take before it is an error on every rank (SLICETRACE_TIMEOUT)")
     p.add_argument("--op", dest="ops", default="all_reduce",
                    help=f"comma list of {OPS} or 'all'")
     p.add_argument("--ranks", type=int, default=None, help="ranks to spawn (cpu default 2; cuda: GPUs)")
@@ -167,6 +171,10 @@ def run_bench(a: argparse.Namespace) -> int:
         raise SliceTraceError(f"-o {a.redop!r} is not one of {REDOPS} or 'all'")
     if a.ranks is not None and a.ranks < 1:
         raise SliceTraceError(f"--ranks {a.ranks} must be >= 1")
+    if a.run_cycles < 0:
+        raise SliceTraceError(f"-N {a.run_cycles} must be >= 0 (0: until interrupted)")
+    if a.timeout is not None and not a.timeout > 0:
+        raise SliceTraceError(f"-T {a.timeout} must be > 0 seconds")
     if a.channels is not None and a.channels < 0:
         raise SliceTraceError(f"--channels {a.channels} must be >= 0 (0: the backend chooses)")
     if a.json:
@@ -182,6 +190,8 @@ def run_bench(a: argparse.Namespace) -> int:
         overrides["backend"] = a.backend
     if a.channels is not None:
         overrides["nchannels"] = a.channels
+    if a.timeout is not None:
+        overrides["timeout_s"] = a.timeout
     if a.trace or a.profile is not None or a.overhead:
         overrides["profiler_plugin"] = Settings.from_env().profiler_plugin or "example"
         if a.profile is not None:
@@ -214,7 +224,7 @@ def run_bench(a: argparse.Namespace) -> int:
             "warmup": a.warmup_iters, "check": bool(a.check), "compare": a.compare, "overhead": a.overhead,
             "overhead_of": a.overhead_of,
             "rounds": a.rounds, "seed": a.seed, "inplace": a.inplace,
-            "average": a.average}
+            "average": a.average, "cycles": a.run_cycles}
     results = launch(bench_rank, nranks, opts, **overrides)
     rows = results[0]
     bad_rows = [r for r in rows if r["wrong"] > 0]
