@@ -60,6 +60,8 @@ VARIABLES: tuple[Var, ...] = (
     Var("SLICETRACE_PROFILER_PLUGIN", "profiler_plugin", _opt_str, "plugins: 'example', 'linkstats', 'module:attr', an entry point in group slicetrace.profilers, comma-separated for several, 'none' to disable"),
     Var("SLICETRACE_PROFILE_EVENT_MASK", "profile_event_mask", _int, "event mask the example plugin asks for; default Coll|P2p|KernelCh|KernelStep = 65606"),
     Var("SLICETRACE_PROFILE_DUMP_FILE", "profile_dump_file", _opt_str, "example plugin: trace path prefix, files are <prefix>_<commHash>_<rank>.json"),
+    Var("SLICETRACE_LINKSTATS_FILE", "linkstats_file", _opt_str, "linkstats plugin: Prometheus text file prefix, files are <prefix>_<commHash>_<rank>.prom (node_exporter textfile collector); unset = no file"),
+    Var("SLICETRACE_LINKSTATS_INTERVAL_S", "linkstats_interval_s", float, "linkstats plugin: seconds between rewrites of its .prom file while ops run (and once at close), default 10"),
     Var("SLICETRACE_PLUGIN_MAX_FAILURES", "plugin_max_failures", _int, "plugin exceptions before that plugin is disabled, default 16"),
     Var("SLICETRACE_CPU_RECLAIM", "cpu_reclaim", str, "cpu: after reading a FIFO slot the receiver stores once per cache line so the sender's next write does not stall on lines shared across L3 caches: auto (default: measured per connection), on, off"),
     Var("SLICETRACE_CPU_WAIT", "cpu_wait", str, "cpu: how a rank waits for its ring neighbour: auto (default: sleep in the kernel (futex) when ranks outnumber this process's CPUs, else spin then yield), futex, spin"),
@@ -89,6 +91,8 @@ class Settings:
     profile_dump_file: str | None = None
     pool_sizes: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_POOL_SIZES))
     plugin_max_failures: int = 16
+    linkstats_file: str | None = None
+    linkstats_interval_s: float = 10.0
     cpu_reclaim: str = "auto"
     cpu_wait: str = "auto"
     cpu_bind: str = "auto"
@@ -124,6 +128,8 @@ class Settings:
                 raise ConfigError(f"pool {name!r} is not one of {POOL_NAMES}")
             if size < 1:
                 raise ConfigError(f"SLICETRACE_PROFILE_{name}_POOL_SIZE={size} must be >= 1")
+        if not self.linkstats_interval_s > 0:
+            raise ConfigError(f"linkstats_interval_s={self.linkstats_interval_s} must be > 0 seconds")
         if self.plugin_max_failures < 1:
             raise ConfigError(f"plugin_max_failures={self.plugin_max_failures} must be >= 1")
         if self.cpu_reclaim not in ("auto", "on", "off"):

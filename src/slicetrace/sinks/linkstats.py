@@ -1,12 +1,17 @@
 """A small always-on plugin: per-link bytes and time, no trace file (the "metrics" built-in).
 
 Keeps, per (channel, direction, peer): slices, bytes, time spent waiting (ready - wait) and moving data
-(done - ready). Cheap enough to leave on; `snapshot()` returns the table, `finalize` logs a summary. It is
-also the reference for writing a plugin: native version 8, batch path for KernelSteps, nothing else recorded.
+(done - ready). Cheap enough to leave on; `snapshot()` returns the table, `finalize` logs a summary. With
+`linkstats_file` set it also writes the table as Prometheus text (`<prefix>_<commHash>_<rank>.prom`, for
+node_exporter's textfile collector), every `linkstats_interval_s` while ops run and at finalize, with the
+host's loss counters then. It is also the reference for writing a plugin: native version 8, batch path for
+KernelSteps, nothing else recorded.
 """
 from __future__ import annotations
 
 import logging
+import os
+import time
 from typing import Any
 
 import numpy as np
@@ -18,9 +23,56 @@ log = logging.getLogger("slicetrace")
 
 
 class _Ctx:
-    def __init__(self, comm: CommInfo):
+    def __init__(self, comm: CommInfo, prefix: str | None, interval_s: float):
         self.comm = comm
         self.table: dict[tuple[int, int, int], np.ndarray] = {}   # key -> [slices, bytes, wait_ns, xfer_ns]
+        self.path = f"{prefix}_{comm.comm_hash}_{comm.rank}.prom" if prefix else None
+        self.interval_s = interval_s
+        self.write_at = time.monotonic() + interval_s
+        self.host_counters: dict[str, int] = {}
+
+
+_METRICS = (("slices_total", "KernelStep slices of this link", 1.0),
+            ("bytes_total", "Bytes that this link's slices moved", 1.0),
+            ("wait_seconds_total", "Time its slices waited for data (recv) or credit (send)", 1e-9),
+            ("transfer_seconds_total", "Time its slices spent moving data", 1e-9))
+
+
+def prometheus_text(comm: CommInfo, table: dict, counters: dict[str, int]) -> str:
+    """The link table (and loss counters) in the Prometheus text format; rate(bytes) / rate(transfer_seconds) is
+    a link's bandwidth while it moves data."""
+    base = f'comm="{comm.comm_hash}",comm_name="{_escape(comm.comm_name)}",rank="{comm.rank}"'
+    lines = []
+    for col, (name, help_, scale) in enumerate(_METRICS):
+        lines += [f"# HELP slicetrace_link_{name} {help_}.", f"# TYPE slicetrace_link_{name} counter"]
+        for (c, snd, peer), v in sorted(table.items()):
+            val = int(v[col]) if scale == 1.0 else f"{v[col] * scale:.9f}"
+            lines.append(f'slicetrace_link_{name}{{{base},channel="{c}",direction="{"send" if snd else "recv"}",'
+                         f'peer="{peer}"}} {val}')
+    counts = {k: int(v) for k, v in sorted(counters.items()) if not k.endswith("_ns")}
+    if counts:
+        lines += ["# HELP slicetrace_profiler_accounting_total The profiler host's accounting: records lost or left "
+                  "out by reason, plugin failures.", "# TYPE slicetrace_profiler_accounting_total counter"]
+        lines += [f'slicetrace_profiler_accounting_total{{{base},counter="{_escape(k)}"}} {v}'
+                  for k, v in counts.items()]
+    for k in ("clock_offset_ns", "clock_uncertainty_ns"):
+        if k in counters:
+            name = f"slicetrace_{k[:-3]}_seconds"
+            lines += [f"# HELP {name} Device clock to host clock {k.split('_')[1]} at the last resync.",
+                      f"# TYPE {name} gauge", f"{name}{{{base}}} {int(counters[k]) * 1e-9:.9f}"]
+    return "\n".join(lines) + "\n"
+
+
+def _escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Readers (a textfile collector) never see half a file: write a temporary one, then rename it over."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
 
 
 class LinkStatsPlugin:
@@ -32,7 +84,8 @@ class LinkStatsPlugin:
 
     def init(self, comm: CommInfo, mask: ActivationMask) -> _Ctx:
         mask.value = int(EventType.KERNEL_STEP)          # parents (Coll/P2p) are added by the host
-        return _Ctx(comm)
+        s = self.settings
+        return _Ctx(comm, s.linkstats_file if s else None, s.linkstats_interval_s if s else 10.0)
 
     def start_event(self, ctx: _Ctx, descr: Any) -> Any:
         return ctx                                       # a handle for parents; nothing is recorded
@@ -52,7 +105,20 @@ class LinkStatsPlugin:
             m = key == k
             row = ctx.table.setdefault((k // 1_000_000, (k // 100_000) % 10, k % 100_000), np.zeros(4, np.int64))
             row += (int(m.sum()), int(recs["size"][m].sum()), int(wait[m].sum()), int(xfer[m].sum()))
+        if ctx.path is not None and time.monotonic() >= ctx.write_at:
+            ctx.write_at = time.monotonic() + ctx.interval_s
+            self._write(ctx)
         return len(recs)
+
+    def _write(self, ctx: _Ctx) -> None:
+        try:
+            write_atomic(ctx.path, prometheus_text(ctx.comm, ctx.table, ctx.host_counters))
+        except OSError as e:            # a metrics file must not stop the job: say so once, stop writing
+            log.error("slicetrace linkstats: cannot write %s (%s); metrics file disabled", ctx.path, e)
+            ctx.path = None
+
+    def report_counters(self, ctx: _Ctx, counters: dict[str, int]) -> None:
+        ctx.host_counters = dict(counters)
 
     def snapshot(self, ctx: _Ctx) -> list[dict]:
         return [{"channel": c, "is_send": bool(s), "peer": p, "slices": int(v[0]), "bytes": int(v[1]),
@@ -61,5 +127,7 @@ class LinkStatsPlugin:
                 for (c, s, p), v in sorted(ctx.table.items())]
 
     def finalize(self, ctx: _Ctx) -> None:
+        if ctx.path is not None:
+            self._write(ctx)
         for row in self.snapshot(ctx):
             log.info("slicetrace linkstats rank %d: %s", ctx.comm.rank, row)

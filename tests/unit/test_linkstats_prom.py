@@ -1,0 +1,77 @@
+"""The linkstats plugin's Prometheus text file: format, escaping, periodic rewrites, a file that cannot be written."""
+import logging
+
+import numpy as np
+import pytest
+
+from slicetrace.config import Settings
+from slicetrace.errors import ConfigError
+from slicetrace.events.abi import KERNEL_STEP_DTYPE, ActivationMask, CommInfo
+from slicetrace.sinks.linkstats import LinkStatsPlugin, prometheus_text
+
+
+def _recs(rows):
+    r = np.zeros(len(rows), KERNEL_STEP_DTYPE)
+    for i, (ch, snd, peer, size, wait, ready, done) in enumerate(rows):
+        r[i]["channel"], r[i]["is_send"], r[i]["peer"], r[i]["size"] = ch, snd, peer, size
+        r[i]["wait_ns"], r[i]["ready_ns"], r[i]["done_ns"] = wait, ready, done
+    return r
+
+
+def _plugin(tmp_path, interval_s=10.0, name='job "a"\nb'):
+    s = Settings(linkstats_file=str(tmp_path / "m"), linkstats_interval_s=interval_s)
+    p = LinkStatsPlugin(s)
+    return p, p.init(CommInfo(42, name, 1, 2, 1), ActivationMask())
+
+
+def test_text_carries_every_link_with_seconds_and_escaped_labels(tmp_path):
+    p, ctx = _plugin(tmp_path)
+    p.kernel_step_batch(ctx, None, _recs([(0, 1, 0, 1000, 0, 500, 2500), (0, 1, 0, 3000, 10, 10, 1010),
+                                          (1, 0, 0, 64, 0, 0, 7)]))
+    text = prometheus_text(ctx.comm, ctx.table, {"overrun": 2, "clock_offset_ns": 1500})
+    base = 'comm="42",comm_name="job \\"a\\"\\nb",rank="1"'
+    assert f'slicetrace_link_bytes_total{{{base},channel="0",direction="send",peer="0"}} 4000' in text
+    assert f'slicetrace_link_slices_total{{{base},channel="1",direction="recv",peer="0"}} 1' in text
+    assert f'slicetrace_link_wait_seconds_total{{{base},channel="0",direction="send",peer="0"}} 0.000000500' in text
+    assert f'slicetrace_link_transfer_seconds_total{{{base},channel="0",direction="send",peer="0"}} 0.000003000' \
+        in text
+    assert f'slicetrace_profiler_accounting_total{{{base},counter="overrun"}} 2' in text
+    assert f"slicetrace_clock_offset_seconds{{{base}}} 0.000001500" in text
+    assert "# TYPE slicetrace_link_bytes_total counter" in text and text.endswith("\n")
+
+
+def test_the_file_is_rewritten_each_interval_and_at_finalize_with_the_counters(tmp_path, monkeypatch):
+    import slicetrace.sinks.linkstats as ls
+    now = [100.0]
+    monkeypatch.setattr(ls.time, "monotonic", lambda: now[0])
+    p, ctx = _plugin(tmp_path, interval_s=5.0, name="c")
+    path = tmp_path / "m_42_1.prom"
+    p.kernel_step_batch(ctx, None, _recs([(0, 1, 0, 100, 0, 0, 10)]))
+    assert not path.exists()                          # the first interval has not passed
+    now[0] += 6
+    p.kernel_step_batch(ctx, None, _recs([(0, 1, 0, 100, 0, 0, 10)]))
+    assert 'direction="send",peer="0"} 200' in path.read_text()
+    p.kernel_step_batch(ctx, None, _recs([(0, 1, 0, 100, 0, 0, 10)]))
+    assert 'peer="0"} 200' in path.read_text()       # not yet again
+    p.report_counters(ctx, {"overrun": 0, "no_parent": 3})
+    p.finalize(ctx)
+    text = path.read_text()
+    assert 'peer="0"} 300' in text and 'counter="no_parent"} 3' in text
+    assert [f.name for f in tmp_path.iterdir()] == ["m_42_1.prom"]      # no temporary file left
+
+
+def test_a_file_that_cannot_be_written_is_logged_once_and_the_job_goes_on(tmp_path, caplog):
+    s = Settings(linkstats_file=str(tmp_path / "missing" / "m"), linkstats_interval_s=1e-9)
+    p = LinkStatsPlugin(s)
+    ctx = p.init(CommInfo(7, "c", 1, 2, 0), ActivationMask())
+    with caplog.at_level(logging.ERROR, logger="slicetrace"):
+        assert p.kernel_step_batch(ctx, None, _recs([(0, 1, 1, 8, 0, 0, 1)])) == 1
+        assert p.kernel_step_batch(ctx, None, _recs([(0, 1, 1, 8, 0, 0, 1)])) == 1
+        p.finalize(ctx)
+    assert len([r for r in caplog.records if "metrics file disabled" in r.getMessage()]) == 1
+    assert p.snapshot(ctx)[0]["bytes"] == 16
+
+
+def test_interval_must_be_positive():
+    with pytest.raises(ConfigError, match=r"linkstats_interval_s=0.0 must be > 0 seconds"):
+        Settings(linkstats_interval_s=0.0)
