@@ -181,3 +181,26 @@ def test_cycles_repeat_the_sweep_and_the_timeout_reaches_the_ranks(tmp_path, cap
     assert all(r["wrong"] == 0 for r in doc["rows"]) and doc["settings"]["timeout_s"] == "7.0"
     text = capfd.readouterr().out
     assert "# cycle 0" in text and "# cycle 1" in text and "time: the mean over ranks of the timings" in text
+
+
+def test_a_reader_that_leaves_early_stops_the_table_not_the_run(tmp_path):
+    """`slicetrace bench ... | head -1`: no broken-pipe tracebacks; the sweep ends and its JSON is complete."""
+    import os
+    import subprocess
+    import sys
+    out = tmp_path / "r.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    p = subprocess.Popen([sys.executable, "-m", "slicetrace.cli.main", "bench", "-b", "4K", "-e", "1M", "-f", "4",
+                          "-n", "3", "-w", "1", "--json", str(out)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=env)
+    try:
+        assert p.stdout.readline().startswith(b"# slicetrace bench")
+        p.stdout.close()                                  # the reader is gone
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+    assert p.returncode == 0, err.decode()
+    assert b"Traceback" not in err and b"BrokenPipe" not in err
+    assert [r["size"] for r in json.load(open(out))["rows"]] == [4096, 16384, 65536, 262144, 1048576]

@@ -5,6 +5,7 @@ import gc
 import itertools
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -86,6 +87,25 @@ def _align(comm, fn, sync) -> None:
         sync()
 
 
+_reader_gone = False
+
+
+def say(text: str) -> None:
+    """One line of the table. Once its reader has gone (`| head`), the rest is not printed and the sweep runs to
+    its end, so --json and --trace files still come out, instead of a broken-pipe traceback per rank."""
+    global _reader_gone
+    if _reader_gone:
+        return
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        _reader_gone = True
+        try:                    # the interpreter flushes stdout at exit: let that land nowhere, not fail again
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except OSError:
+            pass
+
+
 def _time(fn, iters: int, sync, flush=None, collector_off: bool = True) -> float:
     """Seconds per call. The garbage collector is off while timing, as in timeit: ops are lockstep, so one
     rank's collection stalls every rank (on the H200 host a full one took ~90 ms, right after torch's NCCL set up
@@ -143,15 +163,15 @@ def bench_rank(comm, o: dict) -> list[dict]:
     total = sum(len(c) for c in combos.values()) * len(o["sizes"]) * cycles or None     # -N 0: no end
     if comm.rank == 0:
         chans = comm.settings.nchannels or ("auto" if comm.backend_name == "cuda" else 1)
-        print(f"# slicetrace bench: backend {comm.backend_name}, {n} ranks, channels {chans}, "
-              f"profiling {'on' if comm.profiler_enabled else 'off'}"
-              + (", in place" if o["inplace"] else "") + (f", compare {o['compare']}" if ref else "")
-              + (f", time: {AVERAGE[o['average']]} timings" if o.get("average", 3) != 3 else "")
-              + (", overhead of KernelStep (profiled with it / without it)" if o["overhead"]
-                 and o.get("overhead_of") == "kernel_step" else ""), flush=True)
-        print(HEADER + ("  {:>8} {:>8} {:>6}".format("ref_us", "ref_bus", "ratio") if ref else "")
-              + ("  {:>9} {}".format("overhead", "[95% CI of the median]") if o["overhead"] else ""), flush=True)
-        print(UNITS, flush=True)
+        say(f"# slicetrace bench: backend {comm.backend_name}, {n} ranks, channels {chans}, "
+            f"profiling {'on' if comm.profiler_enabled else 'off'}"
+            + (", in place" if o["inplace"] else "") + (f", compare {o['compare']}" if ref else "")
+            + (f", time: {AVERAGE[o['average']]} timings" if o.get("average", 3) != 3 else "")
+            + (", overhead of KernelStep (profiled with it / without it)" if o["overhead"]
+               and o.get("overhead_of") == "kernel_step" else ""))
+        say(HEADER + ("  {:>8} {:>8} {:>6}".format("ref_us", "ref_bus", "ratio") if ref else "")
+            + ("  {:>9} {}".format("overhead", "[95% CI of the median]") if o["overhead"] else ""))
+        say(UNITS)
         if sys.stderr.isatty():
             from rich.progress import Progress
             progress = Progress(transient=True)
@@ -162,13 +182,13 @@ def bench_rank(comm, o: dict) -> list[dict]:
     try:
         for cyc in (itertools.count() if cycles == 0 else range(cycles)):
             if cycles != 1 and comm.rank == 0:
-                print(f"# cycle {cyc}", flush=True)
+                say(f"# cycle {cyc}")
                 if cycles == 0:
                     rows.clear()         # a run without end keeps the current cycle's rows only
             for op in o["ops"]:
                 if comm.rank == 0 and (len(o["ops"]) > 1 or o["inplace"]):
-                    print(f"# {op}" + (" (out of place: no in-place form)" if o["inplace"] and op not in IN_PLACE
-                                       else ""), flush=True)
+                    say(f"# {op}" + (" (out of place: no in-place form)" if o["inplace"] and op not in IN_PLACE
+                                     else ""))
                 for dtype, redop in combos[op]:
                     if cyc == 0:
                         for nbytes in (o["sizes"][-1], o["sizes"][0]):    # nccl-tests' warm-up: largest, smallest
@@ -180,7 +200,7 @@ def bench_rank(comm, o: dict) -> list[dict]:
                             if cycles != 1:
                                 row["cycle"] = cyc
                             rows.append(row)
-                            print(format_row(row, ref is not None, o["overhead"]), flush=True)
+                            say(format_row(row, ref is not None, o["overhead"]))
                         if progress is not None:
                             progress.advance(task)
     finally:

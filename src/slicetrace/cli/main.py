@@ -157,7 +157,7 @@ def _bench_parser(sub) -> None:
 
 def run_bench(a: argparse.Namespace) -> int:
     from ..launcher import launch
-    from .bench import bench_rank, format_summary, summarize
+    from .bench import bench_rank, format_summary, say, summarize
     if a.datatype != "all" and a.datatype not in DTYPE_ALIASES:
         raise SliceTraceError(f"-d {a.datatype!r} is not one of {sorted(DTYPE_ALIASES)} or 'all'")
     ops = list(OPS) if a.ops == "all" else [x.strip() for x in a.ops.split(",")]
@@ -230,13 +230,13 @@ def run_bench(a: argparse.Namespace) -> int:
     bad_rows = [r for r in rows if r["wrong"] > 0]
     summary = summarize(rows, bool(a.check))
     for line in format_summary(summary, a.compare):
-        print(line)
+        say(line)
     if a.json:
         _write_json("--json", a.json, {"settings": {k: str(v) for k, v in overrides.items()}, "ranks": nranks,
                                        "env": _provenance(s.backend, nranks, a.compare), "rows": rows,
                                        "summary": summary})
     if a.trace:
-        print(f"# traces: {a.trace}/trace_<commHash>_<rank>.json (open in https://ui.perfetto.dev)")
+        say(f"# traces: {a.trace}/trace_<commHash>_<rank>.json (open in https://ui.perfetto.dev)")
     if bad_rows:
         print(f"# {len(bad_rows)} size(s) had wrong results", file=sys.stderr)
         return 1
