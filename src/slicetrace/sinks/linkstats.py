@@ -70,9 +70,14 @@ def _escape(text: str) -> str:
 def write_atomic(path: str, text: str) -> None:
     """Readers (a textfile collector) never see half a file: write a temporary one, then rename it over."""
     tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError:
+        if os.path.exists(tmp):     # e.g. a full disk: leave no half-written temporary behind
+            os.unlink(tmp)
+        raise
 
 
 class LinkStatsPlugin:
