@@ -48,18 +48,22 @@ def load_trace(path: str | os.PathLike) -> list[dict]:
     return [r for r in data if r]           # NCCL's example plugin ends with an empty object
 
 
-def load_traces(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[dict]:
-    """Many per-rank files (a list, a glob pattern, or a dump prefix: `<prefix>_*_*.json`) merged."""
+def trace_files(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str]:
+    """A list of files, a glob pattern, or a dump prefix (`<prefix>_*_*.json`) -> the files."""
     if isinstance(paths, (str, os.PathLike)):
         p = os.fspath(paths)
         files = sorted(glob.glob(p)) if any(c in p for c in "*?[") else (
             [p] if os.path.isfile(p) else sorted(glob.glob(f"{p}_*_*.json")))
         if not files:
             raise TraceFormatError(f"no trace files match {p!r} (a file, a glob, or a dump prefix)")
-    else:
-        files = [os.fspath(x) for x in paths]
+        return files
+    return [os.fspath(x) for x in paths]
+
+
+def load_traces(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[dict]:
+    """Many per-rank files (a list, a glob pattern, or a dump prefix: `<prefix>_*_*.json`) merged."""
     out: list[dict] = []
-    for f in files:
+    for f in trace_files(paths):
         out.extend(load_trace(f))
     return out
 

@@ -273,6 +273,16 @@ def run_report(a: argparse.Namespace) -> int:
     return 0
 
 
+def run_convert(a: argparse.Namespace) -> int:
+    from ..analyze.perfetto import convert
+    from ..analyze.trace import trace_files
+    _writable_file("-o", a.output)
+    got = convert(trace_files(a.traces[0] if len(a.traces) == 1 else a.traces), a.output)
+    print(f"# {a.output}: {got['files']} rank file(s), {got['slices']} slices on {got['tracks']} tracks, "
+          f"{got['flows']} send -> receive flows (open in https://ui.perfetto.dev)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="slicetrace", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -284,9 +294,12 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("--json", metavar="FILE", help="write the report as JSON")
     rp.add_argument("--csv", metavar="FILE", help="write every KernelStep as a CSV row (rank, channel, peer, step, "
                     "size, clocks, wait_us, transfer_us, gbps), for pandas or a spreadsheet")
+    cp = sub.add_parser("convert", help="trace files -> one Perfetto protobuf trace, with send -> receive flows")
+    cp.add_argument("traces", nargs="+", help="trace files, a glob, or the dump prefix")
+    cp.add_argument("-o", "--output", required=True, metavar="FILE", help="the .pftrace file to write")
     a = parser.parse_args(argv)
     try:
-        return {"bench": run_bench, "config": run_config, "report": run_report}[a.cmd](a)
+        return {"bench": run_bench, "config": run_config, "report": run_report, "convert": run_convert}[a.cmd](a)
     except SliceTraceError as e:
         print(f"slicetrace: error: {_brief(e)}", file=sys.stderr)
         return 2

@@ -1,0 +1,193 @@
+"""Trace files -> one Perfetto protobuf trace (`slicetrace convert`), with an arrow from each send slice to its receive.
+
+Perfetto reads Chrome JSON only "on a best-effort basis": overlapping slices of one thread go to an overflow
+track and large files are slow. Its own format (TrackEvent packets) keeps nanoseconds and names every track:
+per rank (and communicator) a process, in it one track per channel, direction and peer for the KernelSteps,
+one per channel for KernelCh and one for the operations; slices that would overlap on a track get a lane of their
+own. Each KernelStep send gets a flow to the receive that took its data on the peer (same communicator, channel
+and FIFO step), so Perfetto draws who waited on whom. The protobuf is written by hand (a few field types).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import struct
+from typing import Any, Iterable
+
+from ..errors import TraceFormatError
+from .trace import load_trace
+
+# field numbers of perfetto/trace/*.proto
+_TRACE_PACKET = 1
+_P_TIMESTAMP, _P_SEQ_ID, _P_TRACK_EVENT, _P_TRACK_DESCRIPTOR = 8, 10, 11, 60
+_TD_UUID, _TD_NAME, _TD_PROCESS, _TD_PARENT = 1, 2, 3, 5
+_PD_PID, _PD_NAME = 1, 6
+_TE_ANNOTATIONS, _TE_TYPE, _TE_TRACK, _TE_CATEGORIES, _TE_NAME, _TE_FLOW, _TE_FLOW_END = 4, 9, 11, 22, 23, 47, 48
+_DA_BOOL, _DA_UINT, _DA_INT, _DA_DOUBLE, _DA_STRING, _DA_NAME = 2, 3, 4, 5, 6, 10
+SLICE_BEGIN, SLICE_END = 1, 2
+_SEQ = 1                        # one writer sequence: every packet carries it
+
+
+def _varint(n: int) -> bytes:
+    n &= (1 << 64) - 1          # negative int64s as two's complement, as protobuf does
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _int(field: int, v: int) -> bytes:
+    return _varint(field << 3) + _varint(v)
+
+
+def _bytes(field: int, payload: bytes) -> bytes:
+    return _varint(field << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _str(field: int, text: str) -> bytes:
+    return _bytes(field, text.encode())
+
+
+def _fixed64(field: int, v: int) -> bytes:
+    return _varint(field << 3 | 1) + struct.pack("<Q", v & ((1 << 64) - 1))
+
+
+def _annotation(name: str, v: Any) -> bytes:
+    if isinstance(v, bool):
+        val = _int(_DA_BOOL, int(v))
+    elif isinstance(v, int):
+        val = _int(_DA_UINT if v >= 1 << 63 else _DA_INT, v)       # e.g. a comm hash past int64
+    elif isinstance(v, float):
+        val = _varint(_DA_DOUBLE << 3 | 1) + struct.pack("<d", v)
+    else:
+        val = _str(_DA_STRING, str(v))
+    return _bytes(_TE_ANNOTATIONS, _str(_DA_NAME, name) + val)
+
+
+def _uuid(*parts: Any) -> int:
+    """A stable 64-bit id for a track or a flow."""
+    return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest(), "little") or 1
+
+
+def _comm_of(path: str, records: list[dict]) -> str:
+    for r in records:
+        h = r.get("args", {}).get("CommHash") if isinstance(r.get("args"), dict) else None
+        if h is not None:
+            return str(h)
+    m = re.search(r"_(\d+)_\d+\.json$", path)
+    return m.group(1) if m else os.path.basename(path)
+
+
+class _File:
+    """One rank's trace: its slices, grouped by the track they go on."""
+
+    def __init__(self, path: str):
+        recs = load_trace(path)
+        self.comm = _comm_of(path, recs)
+        self.rank = next((int(r["pid"]) for r in recs if "pid" in r), 0)
+        names = {r.get("tid"): r.get("args", {}).get("name", "") for r in recs
+                 if r.get("ph") == "M" and r.get("name") == "thread_name"}
+        self.slices: list[tuple] = []          # (track name, name, cat, start_ns, end_ns, args)
+        # ring and point-to-point connections count their FIFO steps apart: a flow key needs the parent's kind
+        self.parent_cat = {r.get("id"): r.get("cat") for r in recs if r.get("ph") == "b" and r.get("cat") in
+                           ("COLL", "P2P")}
+        opened: dict[tuple, dict] = {}
+        for r in recs:
+            ph = r.get("ph")
+            if ph == "X":
+                t0 = round(float(r["ts"]) * 1000)
+                tid = r.get("tid", 0)
+                self.slices.append((names.get(tid) or f"tid {tid}", r.get("name", ""), r.get("cat", ""), t0,
+                                    t0 + round(float(r.get("dur", 0)) * 1000), r.get("args", {})))
+            elif ph == "b":
+                opened[(r.get("cat"), r.get("id"))] = r
+            elif ph == "e":
+                b = opened.pop((r.get("cat"), r.get("id")), None)
+                if b is None:
+                    continue                   # check_trace reports these; a viewer just skips them
+                args = b.get("args", {})
+                track = (f"ch {args.get('Channel', 0)} programs" if b.get("name") == "KernelCh"
+                         else "operations" if b.get("cat") in ("COLL", "P2P") else str(b.get("cat", "async")))
+                self.slices.append((track, b.get("name", ""), b.get("cat", ""), round(float(b["ts"]) * 1000),
+                                    round(float(r["ts"]) * 1000), args))
+
+
+def _flow_key(f: _File, a: dict) -> tuple:
+    """What a send and its receive share: a ring connection's steps count per channel; a point-to-point one's per
+    pair of ranks (its send and receive parts may sit on different channels)."""
+    src, dst = (f.rank, a["Peer"]) if a.get("IsSend") else (a["Peer"], f.rank)
+    kind = f.parent_cat.get(a.get("ParentId"))
+    return f.comm, kind, src, dst, -1 if kind == "P2P" else a.get("Channel", 0), a["Step"]
+
+
+def _flows(files: list[_File]) -> tuple[dict, dict]:
+    """(send slice key -> flow id, receive slice key -> flow id) for sends whose receive is in the files; a key
+    seen twice on either side (ambiguous) gets no flow."""
+    sends: dict[tuple, int] = {}
+    recvs: dict[tuple, int] = {}
+    for f in files:
+        for s in f.slices:
+            a = s[5]
+            if s[1] != "KernelStep" or "Step" not in a:
+                continue
+            side = sends if a.get("IsSend") else recvs
+            key = _flow_key(f, a)
+            side[key] = side.get(key, 0) + 1
+    out_s, out_r = {}, {}
+    for key, n in sends.items():
+        if n == 1 and recvs.get(key) == 1:
+            out_s[key] = out_r[key] = _uuid("flow", *key)
+    return out_s, out_r
+
+
+def convert(paths: Iterable[str], out_path: str) -> dict[str, int]:
+    """Write the Perfetto trace of `paths` (per-rank Chrome traces) to out_path; returns what it wrote."""
+    files = [_File(os.fspath(p)) for p in paths]
+    if not files:
+        raise TraceFormatError("convert: no trace files given")
+    flow_s, flow_r = _flows(files)
+    packets: list[tuple[int, int, bytes]] = []     # (ns, 0 end / 1 begin, packet) for the events, sorted later
+    descriptors: list[bytes] = []
+    nslices = nflows = 0
+    for f in files:
+        proc = _uuid("proc", f.comm, f.rank)
+        descriptors.append(_bytes(_P_TRACK_DESCRIPTOR, _int(_TD_UUID, proc) + _bytes(
+            _TD_PROCESS, _int(_PD_PID, f.rank) + _str(_PD_NAME, f"rank {f.rank} (comm {f.comm})"))))
+        lanes: dict[str, list[int]] = {}       # track name -> end of the last slice of each lane
+        for track, name, cat, t0, t1, args in sorted(f.slices, key=lambda s: (s[3], -s[4])):
+            ends = lanes.setdefault(track, [])
+            lane = next((i for i, e in enumerate(ends) if e <= t0), len(ends))
+            if lane == len(ends):
+                ends.append(t1)
+                descriptors.append(_bytes(_P_TRACK_DESCRIPTOR, _int(_TD_UUID, _uuid("track", f.comm, f.rank, track,
+                                                                                    lane))
+                                          + _int(_TD_PARENT, proc)
+                                          + _str(_TD_NAME, track if lane == 0 else f"{track} #{lane}")))
+            ends[lane] = t1
+            uid = _uuid("track", f.comm, f.rank, track, lane)
+            ev = _int(_TE_TYPE, SLICE_BEGIN) + _int(_TE_TRACK, uid) + _str(_TE_NAME, name)
+            if cat:
+                ev += _str(_TE_CATEGORIES, cat)
+            ev += b"".join(_annotation(k, v) for k, v in args.items())
+            if name == "KernelStep" and "Step" in args:
+                fid = (flow_s if args.get("IsSend") else flow_r).get(_flow_key(f, args))
+                if fid is not None:
+                    ev += _fixed64(_TE_FLOW if args.get("IsSend") else _TE_FLOW_END, fid)
+                    nflows += bool(args.get("IsSend"))
+            packets.append((t0, 1, _packet(t0, ev)))
+            packets.append((t1, 0, _packet(t1, _int(_TE_TYPE, SLICE_END) + _int(_TE_TRACK, uid))))
+            nslices += 1
+    packets.sort(key=lambda p: (p[0], p[1]))
+    with open(out_path, "wb") as out:
+        for d in descriptors:
+            out.write(_bytes(_TRACE_PACKET, d + _int(_P_SEQ_ID, _SEQ)))
+        for _, _, p in packets:
+            out.write(p)
+    return {"files": len(files), "slices": nslices, "flows": nflows, "tracks": len(descriptors) - len(files)}
+
+
+def _packet(ts: int, event: bytes) -> bytes:
+    return _bytes(_TRACE_PACKET, _int(_P_TIMESTAMP, ts) + _int(_P_SEQ_ID, _SEQ) + _bytes(_P_TRACK_EVENT, event))

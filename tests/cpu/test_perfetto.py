@@ -1,0 +1,147 @@
+"""`slicetrace convert`: real runs' traces -> Perfetto protobuf, read back with a small protobuf decoder."""
+from __future__ import annotations
+
+import glob
+import struct
+from collections import Counter, defaultdict
+
+import numpy as np
+
+import slicetrace
+from slicetrace.analyze.perfetto import convert
+from slicetrace.analyze.trace import load_traces
+from slicetrace.cli.main import main
+
+
+def _fields(buf: bytes) -> list[tuple[int, object]]:
+    """(field number, value) of one message: varints as int, fixed64 as int, length-delimited as bytes."""
+    out, i = [], 0
+
+    def varint():
+        nonlocal i
+        v = shift = 0
+        while True:
+            b = buf[i]
+            i += 1
+            v |= (b & 0x7F) << shift
+            shift += 7
+            if b < 0x80:
+                return v
+    while i < len(buf):
+        key = varint()
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            out.append((field, varint()))
+        elif wire == 1:
+            out.append((field, struct.unpack_from("<Q", buf, i)[0]))
+            i += 8
+        elif wire == 2:
+            n = varint()
+            out.append((field, buf[i:i + n]))
+            i += n
+        else:
+            raise AssertionError(f"unexpected wire type {wire}")
+    return out
+
+
+def _one(fields, n, default=None):
+    vals = [v for f, v in fields if f == n]
+    assert len(vals) <= 1
+    return vals[0] if vals else default
+
+
+def _ops(comm):
+    x = np.arange(50_000, dtype=np.float32)
+    for _ in range(2):
+        comm.all_reduce(x, x)
+    comm.all_gather(x[:10_000])
+    with comm.group():
+        comm.send(x[:5000], (comm.rank + 1) % comm.world_size)
+        comm.recv(np.empty(5000, np.float32), (comm.rank - 1) % comm.world_size)
+    return 0
+
+
+def test_converted_trace_has_every_slice_on_non_overlapping_tracks_and_a_flow_per_send(tmp_path):
+    prefix = str(tmp_path / "t")
+    slicetrace.launch(_ops, 3, profiler_plugin="example", profile_dump_file=prefix, buffsize=1 << 16,
+                      nchannels=2, timeout_s=30.0)
+    files = sorted(glob.glob(prefix + "_*.json"))
+    recs = load_traces(files)
+    out = str(tmp_path / "run.pftrace")
+    assert main(["convert", prefix, "-o", out]) == 0
+
+    procs, tracks, begins, ends, stamps = {}, {}, [], [], []
+    for field, pkt in _fields(open(out, "rb").read()):
+        assert field == 1                                  # Trace.packet
+        p = _fields(pkt)
+        assert _one(p, 10) == 1                            # trusted_packet_sequence_id
+        td, te = _one(p, 60), _one(p, 11)
+        if td is not None:
+            d = _fields(td)
+            proc = _one(d, 3)
+            if proc is not None:
+                pd = _fields(proc)
+                procs[_one(d, 1)] = (_one(pd, 1), _one(pd, 6).decode())
+            else:
+                tracks[_one(d, 1)] = (_one(d, 5), _one(d, 2).decode())
+            continue
+        e = _fields(te)
+        ts = _one(p, 8)
+        stamps.append(ts)
+        ann = {}
+        for f, v in e:
+            if f == 4:
+                a = _fields(v)
+                ann[_one(a, 10).decode()] = _one(a, 4) if _one(a, 4) is not None else _one(a, 6)
+        ev = {"ts": ts, "track": _one(e, 11), "name": (_one(e, 23) or b"").decode(), "args": ann,
+              "flow": [v for f, v in e if f == 47], "flow_end": [v for f, v in e if f == 48]}
+        (begins if _one(e, 9) == 1 else ends).append(ev)
+
+    # one process per rank; every track under one
+    assert sorted(pid for pid, _ in procs.values()) == [0, 1, 2]
+    assert all(parent in procs for parent, _ in tracks.values())
+    names = Counter(name for _, name in tracks.values())
+    assert names["operations"] == 3 and names["ch 0 send->1"] == 1 and names["ch 1 recv<-2"] == 1
+    # every slice of the input, begin and end, with its nanoseconds
+    n_x = sum(1 for r in recs if r.get("ph") == "X")
+    n_async = sum(1 for r in recs if r.get("ph") == "b")
+    assert len(begins) == len(ends) == n_x + n_async
+    want = Counter((r["pid"], round(float(r["ts"]) * 1000)) for r in recs if r.get("name") == "KernelStep")
+    by_track = {uid: procs[parent][0] for uid, (parent, _) in tracks.items()}
+    got = Counter((by_track[b["track"]], b["ts"]) for b in begins if b["name"] == "KernelStep")
+    assert got == want
+    assert stamps == sorted(stamps)
+    # no two slices of a track overlap (Perfetto's nesting rule), ends after begins
+    events = defaultdict(list)
+    for b in begins:
+        events[b["track"]].append((b["ts"], 1))
+    for e in ends:
+        events[e["track"]].append((e["ts"], 0))
+    for evs in events.values():
+        depth = 0
+        for _, kind in sorted(evs):
+            depth += 1 if kind else -1
+            assert 0 <= depth <= 1
+    # a flow from every send to the receive of the same channel and step on the peer
+    sends = {f: b for b in begins for f in b["flow"]}
+    recvs = {f: b for b in begins for f in b["flow_end"]}
+    n_sends = sum(1 for r in recs if r.get("name") == "KernelStep" and r["args"]["IsSend"])
+    assert len(sends) == len(recvs) == n_sends > 0
+    p2p = 0
+    for fid, s in sends.items():
+        r = recvs[fid]
+        assert s["args"]["Step"] == r["args"]["Step"]
+        assert s["args"]["Peer"] == by_track[r["track"]] and r["args"]["Peer"] == by_track[s["track"]]
+        if s["args"]["Channel"] != r["args"]["Channel"]:      # a send/recv pair's parts use different channels
+            p2p += 1
+    assert p2p == 9                                         # 3 ranks x 3 slices of the 5000-float message
+
+
+def test_convert_returns_counts_and_refuses_nothing_to_convert(tmp_path, capsys):
+    assert main(["convert", str(tmp_path / "none"), "-o", str(tmp_path / "x.pftrace")]) == 2
+    assert "no trace files match" in capsys.readouterr().err
+    path = tmp_path / "one.json"
+    path.write_text('[{"name":"KernelStep","cat":"GPU","ph":"X","pid":0,"tid":5,"ts":1.5,"dur":2.25,'
+                    '"args":{"Channel":0,"IsSend":1,"Peer":1,"Step":0,"Size":8,"CommHash":18446744073709551615}},{}]')
+    got = convert([str(path)], str(tmp_path / "one.pftrace"))
+    assert got == {"files": 1, "slices": 1, "flows": 0, "tracks": 1}     # no receive: no flow
