@@ -1,4 +1,4 @@
-"""`slicetrace` command line: bench (nccl-tests flags), report (trace analysis) and config."""
+"""`slicetrace` command line: bench (nccl-tests flags), report (trace analysis), convert (to Perfetto) and config."""
 from __future__ import annotations
 
 import argparse
