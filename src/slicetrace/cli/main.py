@@ -173,6 +173,8 @@ def run_bench(a: argparse.Namespace) -> int:
         raise SliceTraceError(f"--ranks {a.ranks} must be >= 1")
     if a.run_cycles < 0:
         raise SliceTraceError(f"-N {a.run_cycles} must be >= 0 (0: until interrupted)")
+    if a.run_cycles == 0 and a.json:
+        raise SliceTraceError(f"--json {a.json!r} with -N 0: a run without end never writes it; give -N a count")
     if a.timeout is not None and not a.timeout > 0:
         raise SliceTraceError(f"-T {a.timeout} must be > 0 seconds")
     if a.channels is not None and a.channels < 0:
