@@ -2,46 +2,14 @@
 from __future__ import annotations
 
 import glob
-import struct
 from collections import Counter, defaultdict
 
 import numpy as np
 
 import slicetrace
-from slicetrace.analyze.perfetto import convert
+from slicetrace.analyze.perfetto import convert, wire_fields as _fields
 from slicetrace.analyze.trace import load_traces
 from slicetrace.cli.main import main
-
-
-def _fields(buf: bytes) -> list[tuple[int, object]]:
-    """(field number, value) of one message: varints as int, fixed64 as int, length-delimited as bytes."""
-    out, i = [], 0
-
-    def varint():
-        nonlocal i
-        v = shift = 0
-        while True:
-            b = buf[i]
-            i += 1
-            v |= (b & 0x7F) << shift
-            shift += 7
-            if b < 0x80:
-                return v
-    while i < len(buf):
-        key = varint()
-        field, wire = key >> 3, key & 7
-        if wire == 0:
-            out.append((field, varint()))
-        elif wire == 1:
-            out.append((field, struct.unpack_from("<Q", buf, i)[0]))
-            i += 8
-        elif wire == 2:
-            n = varint()
-            out.append((field, buf[i:i + n]))
-            i += n
-        else:
-            raise AssertionError(f"unexpected wire type {wire}")
-    return out
 
 
 def _one(fields, n, default=None):
@@ -145,3 +113,12 @@ def test_convert_returns_counts_and_refuses_nothing_to_convert(tmp_path, capsys)
                     '"args":{"Channel":0,"IsSend":1,"Peer":1,"Step":0,"Size":8,"CommHash":18446744073709551615}},{}]')
     got = convert([str(path)], str(tmp_path / "one.pftrace"))
     assert got == {"files": 1, "slices": 1, "flows": 0, "tracks": 1}     # no receive: no flow
+
+
+def test_wire_fields_reads_every_type_convert_writes_and_names_others():
+    import pytest
+    from slicetrace.errors import TraceFormatError
+    buf = bytes([8, 150, 1]) + bytes([17]) + (7).to_bytes(8, "little") + bytes([26, 2]) + b"hi"
+    assert _fields(buf) == [(1, 150), (2, 7), (3, b"hi")]
+    with pytest.raises(TraceFormatError, match="protobuf wire type 5 at byte 1"):
+        _fields(bytes([13, 0, 0, 0, 0]))

@@ -1,4 +1,4 @@
-"""Trace files -> one Perfetto protobuf trace (`slicetrace convert`), with an arrow from each send slice to its receive.
+"""Trace files -> one Perfetto protobuf trace (`slicetrace convert`), with an arrow from each send to its receive.
 
 Perfetto reads Chrome JSON only "on a best-effort basis": overlapping slices of one thread go to an overflow
 track and large files are slow. Its own format (TrackEvent packets) keeps nanoseconds and names every track:
@@ -187,6 +187,39 @@ def convert(paths: Iterable[str], out_path: str) -> dict[str, int]:
         for _, _, p in packets:
             out.write(p)
     return {"files": len(files), "slices": nslices, "flows": nflows, "tracks": len(descriptors) - len(files)}
+
+
+def wire_fields(buf: bytes) -> list[tuple[int, int | bytes]]:
+    """One protobuf message's (field number, value): varints and fixed64 as int, length-delimited as bytes (for
+    checking what convert wrote without Perfetto's own packages)."""
+    out: list[tuple[int, int | bytes]] = []
+    i = 0
+
+    def varint() -> int:
+        nonlocal i
+        v = shift = 0
+        while True:
+            b = buf[i]
+            i += 1
+            v |= (b & 0x7F) << shift
+            shift += 7
+            if b < 0x80:
+                return v
+    while i < len(buf):
+        key = varint()
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            out.append((field, varint()))
+        elif wire == 1:
+            out.append((field, struct.unpack_from("<Q", buf, i)[0]))
+            i += 8
+        elif wire == 2:
+            n = varint()
+            out.append((field, buf[i:i + n]))
+            i += n
+        else:
+            raise TraceFormatError(f"protobuf wire type {wire} at byte {i}: not one convert writes")
+    return out
 
 
 def _packet(ts: int, event: bytes) -> bytes:
