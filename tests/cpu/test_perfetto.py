@@ -115,10 +115,20 @@ def test_convert_returns_counts_and_refuses_nothing_to_convert(tmp_path, capsys)
     assert got == {"files": 1, "slices": 1, "flows": 0, "tracks": 1}     # no receive: no flow
 
 
-def test_wire_fields_reads_every_type_convert_writes_and_names_others():
-    import pytest
-    from slicetrace.errors import TraceFormatError
-    buf = bytes([8, 150, 1]) + bytes([17]) + (7).to_bytes(8, "little") + bytes([26, 2]) + b"hi"
-    assert _fields(buf) == [(1, 150), (2, 7), (3, b"hi")]
-    with pytest.raises(TraceFormatError, match="protobuf wire type 5 at byte 1"):
-        _fields(bytes([13, 0, 0, 0, 0]))
+def test_a_zero_length_slice_ends_after_it_begins_and_a_lane_is_reused_at_once(tmp_path):
+    """GPU clocks tick every 32 ns: a slice can begin and end at one instant, and the next begin right then."""
+    path = tmp_path / "z.json"
+    ev = '{"name":"KernelStep","cat":"GPU","ph":"X","pid":0,"tid":5,"ts":%s,"dur":%s,"args":{"Step":%d}}'
+    path.write_text("[" + ",".join([ev % ("1.000", "0.500", 0), ev % ("1.000", "0.000", 1),
+                                    ev % ("1.500", "0.250", 2)]) + "]")
+    got = convert([str(path)], str(tmp_path / "z.pftrace"))
+    assert got["tracks"] == 2          # the zero-length slice shares an instant with the first: a lane of its own
+    per_track: dict = defaultdict(list)
+    for _, pkt in _fields(open(tmp_path / "z.pftrace", "rb").read()):
+        p = _fields(pkt)
+        te = _one(p, 11)
+        if te is not None:
+            e = _fields(te)
+            per_track[_one(e, 11)].append((_one(p, 8), _one(e, 9)))
+    assert sorted(per_track.values()) == [[(1000, 1), (1000, 2)],                       # begins, then ends
+                                          [(1000, 1), (1500, 2), (1500, 1), (1750, 2)]]  # the lane reused at once

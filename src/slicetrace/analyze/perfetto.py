@@ -131,7 +131,7 @@ def _flows(files: list[_File]) -> tuple[dict, dict]:
     for f in files:
         for s in f.slices:
             a = s[5]
-            if s[1] != "KernelStep" or "Step" not in a:
+            if s[1] != "KernelStep" or "Step" not in a or "Peer" not in a:
                 continue
             side = sends if a.get("IsSend") else recvs
             key = _flow_key(f, a)
@@ -149,7 +149,9 @@ def convert(paths: Iterable[str], out_path: str) -> dict[str, int]:
     if not files:
         raise TraceFormatError("convert: no trace files given")
     flow_s, flow_r = _flows(files)
-    packets: list[tuple[int, int, bytes]] = []     # (ns, 0 end / 1 begin, packet) for the events, sorted later
+    # (ns, order, packet), sorted later: at one instant ends come first (a lane's next slice may begin when the last
+    # one ends), then begins, then the ends of zero-length slices (after their own begin; 32 ns GPU clock ticks)
+    packets: list[tuple[int, int, bytes]] = []
     descriptors: list[bytes] = []
     nslices = nflows = 0
     for f in files:
@@ -172,13 +174,13 @@ def convert(paths: Iterable[str], out_path: str) -> dict[str, int]:
             if cat:
                 ev += _str(_TE_CATEGORIES, cat)
             ev += b"".join(_annotation(k, v) for k, v in args.items())
-            if name == "KernelStep" and "Step" in args:
+            if name == "KernelStep" and "Step" in args and "Peer" in args:
                 fid = (flow_s if args.get("IsSend") else flow_r).get(_flow_key(f, args))
                 if fid is not None:
                     ev += _fixed64(_TE_FLOW if args.get("IsSend") else _TE_FLOW_END, fid)
                     nflows += bool(args.get("IsSend"))
             packets.append((t0, 1, _packet(t0, ev)))
-            packets.append((t1, 0, _packet(t1, _int(_TE_TYPE, SLICE_END) + _int(_TE_TRACK, uid))))
+            packets.append((t1, 0 if t1 > t0 else 2, _packet(t1, _int(_TE_TYPE, SLICE_END) + _int(_TE_TRACK, uid))))
             nslices += 1
     packets.sort(key=lambda p: (p[0], p[1]))
     with open(out_path, "wb") as out:
