@@ -132,3 +132,12 @@ def test_a_zero_length_slice_ends_after_it_begins_and_a_lane_is_reused_at_once(t
             per_track[_one(e, 11)].append((_one(p, 8), _one(e, 9)))
     assert sorted(per_track.values()) == [[(1000, 1), (1000, 2)],                       # begins, then ends
                                           [(1000, 1), (1500, 2), (1500, 1), (1750, 2)]]  # the lane reused at once
+
+
+def test_wire_fields_reads_every_type_convert_writes_and_names_others():
+    import pytest
+    from slicetrace.errors import TraceFormatError
+    buf = bytes([8, 150, 1]) + bytes([17]) + (7).to_bytes(8, "little") + bytes([26, 2]) + b"hi"
+    assert _fields(buf) == [(1, 150), (2, 7), (3, b"hi")]
+    with pytest.raises(TraceFormatError, match="protobuf wire type 5 at byte 1"):
+        _fields(bytes([13, 0, 0, 0, 0]))
