@@ -238,7 +238,8 @@ def run_bench(a: argparse.Namespace) -> int:
                                        "env": _provenance(s.backend, nranks, a.compare), "rows": rows,
                                        "summary": summary})
     if a.trace:
-        say(f"# traces: {a.trace}/trace_<commHash>_<rank>.json (open in https://ui.perfetto.dev)")
+        say(f"# traces: {a.trace}/trace_<commHash>_<rank>.json (open in https://ui.perfetto.dev; all ranks in one, "
+            f"with send -> receive arrows: slicetrace convert {a.trace}/trace -o run.pftrace)")
     if bad_rows:
         print(f"# {len(bad_rows)} size(s) had wrong results", file=sys.stderr)
         return 1
