@@ -90,18 +90,22 @@ class _File:
         self.rank = next((int(r["pid"]) for r in recs if "pid" in r), 0)
         names = {r.get("tid"): r.get("args", {}).get("name", "") for r in recs
                  if r.get("ph") == "M" and r.get("name") == "thread_name"}
-        self.slices: list[tuple] = []          # (track name, name, cat, start_ns, end_ns, args)
+        # (track name, name, cat, start_ns, end_ns, args, flow key: a KernelStep's, else None)
+        self.slices: list[tuple] = []
         # ring and point-to-point connections count their FIFO steps apart: a flow key needs the parent's kind
-        self.parent_cat = {r.get("id"): r.get("cat") for r in recs if r.get("ph") == "b" and r.get("cat") in
-                           ("COLL", "P2P")}
+        parent_cat = {r.get("id"): r.get("cat") for r in recs if r.get("ph") == "b" and r.get("cat") in
+                      ("COLL", "P2P")}
         opened: dict[tuple, dict] = {}
         for r in recs:
             ph = r.get("ph")
             if ph == "X":
                 t0 = round(float(r["ts"]) * 1000)
                 tid = r.get("tid", 0)
+                a = r.get("args", {})
+                key = (_flow_key(self.comm, self.rank, parent_cat.get(a.get("ParentId")), a)
+                       if r.get("name") == "KernelStep" and "Step" in a and "Peer" in a else None)
                 self.slices.append((names.get(tid) or f"tid {tid}", r.get("name", ""), r.get("cat", ""), t0,
-                                    t0 + round(float(r.get("dur", 0)) * 1000), r.get("args", {})))
+                                    t0 + round(float(r.get("dur", 0)) * 1000), a, key))
             elif ph == "b":
                 opened[(r.get("cat"), r.get("id"))] = r
             elif ph == "e":
@@ -112,15 +116,14 @@ class _File:
                 track = (f"ch {args.get('Channel', 0)} programs" if b.get("name") == "KernelCh"
                          else "operations" if b.get("cat") in ("COLL", "P2P") else str(b.get("cat", "async")))
                 self.slices.append((track, b.get("name", ""), b.get("cat", ""), round(float(b["ts"]) * 1000),
-                                    round(float(r["ts"]) * 1000), args))
+                                    round(float(r["ts"]) * 1000), args, None))
 
 
-def _flow_key(f: _File, a: dict) -> tuple:
+def _flow_key(comm: str, rank: int, kind: str | None, a: dict) -> tuple:
     """What a send and its receive share: a ring connection's steps count per channel; a point-to-point one's per
     pair of ranks (its send and receive parts may sit on different channels)."""
-    src, dst = (f.rank, a["Peer"]) if a.get("IsSend") else (a["Peer"], f.rank)
-    kind = f.parent_cat.get(a.get("ParentId"))
-    return f.comm, kind, src, dst, -1 if kind == "P2P" else a.get("Channel", 0), a["Step"]
+    src, dst = (rank, a["Peer"]) if a.get("IsSend") else (a["Peer"], rank)
+    return comm, kind, src, dst, -1 if kind == "P2P" else a.get("Channel", 0), a["Step"]
 
 
 def _flows(files: list[_File]) -> tuple[dict, dict]:
@@ -130,12 +133,10 @@ def _flows(files: list[_File]) -> tuple[dict, dict]:
     recvs: dict[tuple, int] = {}
     for f in files:
         for s in f.slices:
-            a = s[5]
-            if s[1] != "KernelStep" or "Step" not in a or "Peer" not in a:
-                continue
-            side = sends if a.get("IsSend") else recvs
-            key = _flow_key(f, a)
-            side[key] = side.get(key, 0) + 1
+            key = s[6]
+            if key is not None:
+                side = sends if s[5].get("IsSend") else recvs
+                side[key] = side.get(key, 0) + 1
     out_s, out_r = {}, {}
     for key, n in sends.items():
         if n == 1 and recvs.get(key) == 1:
@@ -159,23 +160,21 @@ def convert(paths: Iterable[str], out_path: str) -> dict[str, int]:
         descriptors.append(_bytes(_P_TRACK_DESCRIPTOR, _int(_TD_UUID, proc) + _bytes(
             _TD_PROCESS, _int(_PD_PID, f.rank) + _str(_PD_NAME, f"rank {f.rank} (comm {f.comm})"))))
         lanes: dict[str, list[int]] = {}       # track name -> end of the last slice of each lane
-        for track, name, cat, t0, t1, args in sorted(f.slices, key=lambda s: (s[3], -s[4])):
+        for track, name, cat, t0, t1, args, key in sorted(f.slices, key=lambda s: (s[3], -s[4])):
             ends = lanes.setdefault(track, [])
             lane = next((i for i, e in enumerate(ends) if e <= t0), len(ends))
+            uid = _uuid("track", f.comm, f.rank, track, lane)
             if lane == len(ends):
                 ends.append(t1)
-                descriptors.append(_bytes(_P_TRACK_DESCRIPTOR, _int(_TD_UUID, _uuid("track", f.comm, f.rank, track,
-                                                                                    lane))
-                                          + _int(_TD_PARENT, proc)
+                descriptors.append(_bytes(_P_TRACK_DESCRIPTOR, _int(_TD_UUID, uid) + _int(_TD_PARENT, proc)
                                           + _str(_TD_NAME, track if lane == 0 else f"{track} #{lane}")))
             ends[lane] = t1
-            uid = _uuid("track", f.comm, f.rank, track, lane)
             ev = _int(_TE_TYPE, SLICE_BEGIN) + _int(_TE_TRACK, uid) + _str(_TE_NAME, name)
             if cat:
                 ev += _str(_TE_CATEGORIES, cat)
             ev += b"".join(_annotation(k, v) for k, v in args.items())
-            if name == "KernelStep" and "Step" in args and "Peer" in args:
-                fid = (flow_s if args.get("IsSend") else flow_r).get(_flow_key(f, args))
+            if key is not None:
+                fid = (flow_s if args.get("IsSend") else flow_r).get(key)
                 if fid is not None:
                     ev += _fixed64(_TE_FLOW if args.get("IsSend") else _TE_FLOW_END, fid)
                     nflows += bool(args.get("IsSend"))
