@@ -55,6 +55,8 @@ def test_load_traces_merges_ranks_by_prefix_glob_or_list(traces):
     assert {r.get("pid") for r in merged} == {0, 1}
     assert len(load_traces(f"{prefix}_*_1.json")) == len(load_trace(f"{prefix}_99_1.json"))
     assert len(load_traces([f"{prefix}_99_0.json", f"{prefix}_99_1.json"])) == len(merged)
+    assert len(load_traces([prefix])) == len(load_traces([f"{prefix}_*_0.json", f"{prefix}_99_1.json"])) \
+        == len(merged)                      # each list entry as one argument: a prefix, a glob or a file
     assert check_trace(merged) == []
     assert set(counters(merged)) == {0, 1} and counters(merged)[0]["overrun"] == 0
     with pytest.raises(TraceFormatError, match=r"no trace files match '.*nothing'"):

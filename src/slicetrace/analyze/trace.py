@@ -49,19 +49,19 @@ def load_trace(path: str | os.PathLike) -> list[dict]:
 
 
 def trace_files(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str]:
-    """A list of files, a glob pattern, or a dump prefix (`<prefix>_*_*.json`) -> the files."""
-    if isinstance(paths, (str, os.PathLike)):
-        p = os.fspath(paths)
-        files = sorted(glob.glob(p)) if any(c in p for c in "*?[") else (
-            [p] if os.path.isfile(p) else sorted(glob.glob(f"{p}_*_*.json")))
-        if not files:
-            raise TraceFormatError(f"no trace files match {p!r} (a file, a glob, or a dump prefix)")
-        return files
-    return [os.fspath(x) for x in paths]
+    """A file, a glob pattern or a dump prefix (`<prefix>_*_*.json`), or a list of these -> the files."""
+    if not isinstance(paths, (str, os.PathLike)):
+        return [f for p in paths for f in trace_files(p)]
+    p = os.fspath(paths)
+    files = [p] if os.path.isfile(p) else (       # a file first: its name may hold '[' or '*'
+        sorted(glob.glob(p)) if any(c in p for c in "*?[") else sorted(glob.glob(f"{p}_*_*.json")))
+    if not files:
+        raise TraceFormatError(f"no trace files match {p!r} (a file, a glob, or a dump prefix)")
+    return files
 
 
 def load_traces(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[dict]:
-    """Many per-rank files (a list, a glob pattern, or a dump prefix: `<prefix>_*_*.json`) merged."""
+    """Many per-rank files (as trace_files takes them) merged."""
     out: list[dict] = []
     for f in trace_files(paths):
         out.extend(load_trace(f))

@@ -261,7 +261,7 @@ def run_report(a: argparse.Namespace) -> int:
     for flag, path in (("--json", a.json), ("--csv", a.csv)):
         if path:
             _writable_file(flag, path)
-    recs = load_traces(a.traces[0] if len(a.traces) == 1 else a.traces)
+    recs = load_traces(a.traces)
     ks, chs = kernel_steps(recs), kernel_chs(recs)
     if not len(ks) and not len(chs):
         raise SliceTraceError(f"{' '.join(a.traces)}: no KernelStep or KernelCh events to analyse ({len(recs)} "
@@ -280,7 +280,7 @@ def run_convert(a: argparse.Namespace) -> int:
     from ..analyze.perfetto import convert
     from ..analyze.trace import trace_files
     _writable_file("-o", a.output)
-    got = convert(trace_files(a.traces[0] if len(a.traces) == 1 else a.traces), a.output)
+    got = convert(trace_files(a.traces), a.output)
     print(f"# {a.output}: {got['files']} rank file(s), {got['slices']} slices on {got['tracks']} tracks, "
           f"{got['flows']} send -> receive flows (open in https://ui.perfetto.dev)")
     return 0

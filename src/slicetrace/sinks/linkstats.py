@@ -89,8 +89,8 @@ class LinkStatsPlugin:
 
     def init(self, comm: CommInfo, mask: ActivationMask) -> _Ctx:
         mask.value = int(EventType.KERNEL_STEP)          # parents (Coll/P2p) are added by the host
-        s = self.settings
-        return _Ctx(comm, s.linkstats_file if s else None, s.linkstats_interval_s if s else 10.0)
+        s = self.settings or Settings()
+        return _Ctx(comm, s.linkstats_file, s.linkstats_interval_s)
 
     def start_event(self, ctx: _Ctx, descr: Any) -> Any:
         return ctx                                       # a handle for parents; nothing is recorded
