@@ -235,7 +235,7 @@ class Communicator:
         total = sum(p.count for p, _ in pieces) * itemsize
         plan = plan_p2p([p for p, _ in pieces], self.world_size, self.rank, itemsize,
                         self.settings.p2p_chunk_bytes, self.settings.step_bytes,
-                        self._session.backend.channels_for(total))
+                        self._session.backend.p2p_channels())
         chans: list[set[int]] = [set() for _ in shape]           # per entry: where its records are stamped
         for prog in plan.programs:
             chans[pieces[prog.params["part"]][1]].add(prog.channel)

@@ -229,10 +229,10 @@ def test_alltoall_larger_than_fifo_no_deadlock(pools, n):
     kw = dict(SMALL, nchannels=2)
     res = pools(n).run(run_alltoall, "small", kw, 30_000, True)     # 240 KB per message vs a 64 KiB FIFO
     assert all(r["ok"] for r in res)
-    check_stamps(res, p2p=True)
+    check_stamps(res)
 
 
-def check_stamps(res: list, p2p: bool) -> None:
+def check_stamps(res: list) -> None:
     """Counts/sizes/directions as plan.traffic.expected_slices, KernelCh per program, causality on a shared clock."""
     sends, recvs = {}, {}
     for rank, out in enumerate(res):
@@ -245,9 +245,7 @@ def check_stamps(res: list, p2p: bool) -> None:
         assert got == sorted((ch, s, p, b) for ch, s, p, _, b in out["expected"]["slices"])
         for _, ch, f, p, step, sz, op, w, rd, d in steps:
             assert w <= rd <= d
-            key = (rank, p, step) if f & 1 else (p, rank, step)
-            if not p2p:
-                key += (ch,)
+            key = (rank, p, step, ch) if f & 1 else (p, rank, step, ch)     # p2p too: one channel both ends
             (sends if f & 1 else recvs)[key] = (rd, d, sz)
     assert sends.keys() == recvs.keys()
     for key, (_, done, size) in sends.items():
@@ -263,7 +261,7 @@ def test_stamps_match_plan_and_causality(pools, n):
         res = pools(n).run(run_case, "small", dict(SMALL, nchannels=2), case, True)
         assert all(r["ok"] for r in res)
         assert all(s[6] == 7 for r in res for s in r["stamps"])            # op = tag & 0xffffffff
-        check_stamps(res, p2p=False)
+        check_stamps(res)
 
 
 def test_sampling_counts_skipped(pools):

@@ -105,12 +105,14 @@ def run_coll(ctx: dict, func: str, dtype: str, op: str, count: int, root: int, s
 
 def run_p2p(ctx: dict, dtype: str, count: int, seed: int, pattern: str, nchannels: int = 4,
             steps: bool = False) -> dict:
-    """pattern 'ring': send to r+1, recv from r-1; 'a2a': a block to and from every rank (self included)."""
+    """pattern 'ring': send to r+1, recv from r-1; 'multi': three of each (connections 0-2 of one peer, each
+    counting its steps from the same start); 'a2a': a block to and from every rank (self included)."""
     be = ctx["state"]["be"]
     r, w = ctx["rank"], ctx["world"]
     it = np.dtype(NP[dtype]).itemsize if dtype != "bfloat16" else 2
-    peers = [(r + 1) % w] if pattern == "ring" else list(range(w))
-    src_of = [(r - 1) % w] if pattern == "ring" else list(range(w))
+    reps = 3 if pattern == "multi" else 1
+    peers = [(r + 1) % w] * reps if pattern in ("ring", "multi") else list(range(w))
+    src_of = [(r - 1) % w] * reps if pattern in ("ring", "multi") else list(range(w))
     parts, outs = [], []
     for j, (to, frm) in enumerate(zip(peers, src_of)):
         x = to_device(inputs(seed + to, r, count, dtype, "sum"), dtype, be.device)

@@ -111,7 +111,7 @@ def test_large_prime_many_channels(pool2, func):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", ("int8", "float16", "float32", "bfloat16", "float64"))
-@pytest.mark.parametrize("pattern", ("ring", "a2a"))
+@pytest.mark.parametrize("pattern", ("ring", "multi", "a2a"))
 def test_send_recv(pool2, pattern, dtype):
     for count in (0, 1, 1021, 300_007):
         res = pool2.run(ranks.run_p2p, dtype, count, 3, pattern)

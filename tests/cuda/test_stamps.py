@@ -43,17 +43,17 @@ def check_nesting(res, what):
         assert int(st["seq"][stop][0]) & 0xFFFFFFFF == q0 + 1 and ((st["seq"][steps] & 0xFFFFFFFF) > q0 + 1).all()
 
 
-def causality(res0, res1, src, dst, by_channel=True):
+def causality(res0, res1, src, dst):
     """Sends of rank src to dst vs receives at dst from src, matched by (channel, step)."""
     sends, recvs = {}, {}
     for ch, (st, co) in res0["stamps"].items():
         m = (st["kind"] == KIND_STEP) & ((st["flags"] & FLAG_SEND) > 0) & (st["peer"] == dst)
         for e, c in zip(st[m], co[m]):
-            sends[(ch if by_channel else 0, int(e["step"]))] = int(c["done"]) + res0["offset"]
+            sends[(ch, int(e["step"]))] = int(c["done"]) + res0["offset"]
     for ch, (st, co) in res1["stamps"].items():
         m = (st["kind"] == KIND_STEP) & ((st["flags"] & FLAG_SEND) == 0) & (st["peer"] == src)
         for e in st[m]:
-            recvs[(ch if by_channel else 0, int(e["step"]))] = int(e["ready"]) + res1["offset"]
+            recvs[(ch, int(e["step"]))] = int(e["ready"]) + res1["offset"]
     common = sends.keys() & recvs.keys()
     slack = res0["unc"] + res1["unc"]
     bad = [k for k in common if recvs[k] + slack < sends[k]]
@@ -80,18 +80,23 @@ def test_stamps_match_plan(pool2, func, count, nch):
 
 
 @pytest.mark.cuda
-def test_p2p_stamps(pool2):
-    res = pool2.run(ranks.run_p2p, "float32", 1_000_003, 2, "a2a", 2, True)
+@pytest.mark.parametrize("pattern, nprog, nch", [("a2a", 2, 2), ("multi", 6, 8)])
+def test_p2p_stamps(pool2, pattern, nprog, nch):
+    res = pool2.run(ranks.run_p2p, "float32", 1_000_003, 2, pattern, nch, True)
     st = pool2.run(ranks.stamps, res[0]["tag"])
     for r in range(2):
         assert written(st[r]) == res[r]["reserved"]
         nsteps = sum(int((s["kind"] == KIND_STEP).sum()) for s, _ in st[r]["stamps"].values())
-        nch = sum(int((s["kind"] == KIND_CHANNEL).sum()) for s, _ in st[r]["stamps"].values())
-        assert nch == 4 and nsteps == 2 * -(-1_000_003 * 4 // (1 << 19)), (nch, nsteps)
+        nkch = sum(int((s["kind"] == KIND_CHANNEL).sum()) for s, _ in st[r]["stamps"].values())
+        assert nkch == 2 * nprog and nsteps == nprog * -(-1_000_003 * 4 // (1 << 19)), (nkch, nsteps)
         check_nesting_p2p = [(int(c["done"].max()) >= int(s["ready"].min())) for s, c in st[r]["stamps"].values()]
         assert all(check_nesting_p2p)
-    n, bad, _ = causality(st[0], st[1], 0, 1, by_channel=False)   # p2p stamp channels differ per side
-    assert n > 0 and bad == 0
+    # a connection runs on one channel at both ends: every send pairs with its receive by (channel, step)
+    for src, dst in ((0, 1), (1, 0)):
+        n, bad, _ = causality(st[src], st[dst], src, dst)
+        sends = sum(int(((s["kind"] == KIND_STEP) & ((s["flags"] & FLAG_SEND) > 0)).sum())
+                    for s, _ in st[src]["stamps"].values())
+        assert n == sends > 0 and bad == 0, (src, dst, n, sends, bad)
 
 
 @pytest.mark.cuda

@@ -119,6 +119,38 @@ def test_p2p_plan_chunks_and_self_parts():
     assert sum(b for *_, b in sends) == 300_000 * 4 and max(b for *_, b in sends) <= 1 << 19
 
 
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(2, 8), nch=st.integers(1, 64), data=st.data())
+def test_a_p2p_connection_runs_on_one_channel_at_both_ends(n, nch, data):
+    """Each rank plans its own group (different peers, counts and order of peers); the k-th send of a to b and
+    the k-th receive at b from a still land on the same channel, so (channel, step) pairs them in a trace."""
+    groups = []
+    for r in range(n):
+        msgs = data.draw(st.lists(st.tuples(st.integers(0, n - 1), st.booleans()), max_size=12))
+        groups.append([P2pPart(p, s, 10, i) for i, (p, s) in enumerate(msgs) if p != r])
+    where: dict[tuple, list[int]] = defaultdict(list)      # (src, dst, is_send side) -> channels in order
+    for r, parts in enumerate(groups):
+        for prog in plan_p2p(parts, n, r, 4, 1 << 19, 1 << 19, nch).programs:
+            pr = prog.params
+            assert 0 <= prog.channel < nch
+            src, dst = (r, pr["peer"]) if pr["is_send"] else (pr["peer"], r)
+            where[(src, dst, pr["is_send"])].append((pr["conn"], prog.channel))
+    for (src, dst, is_send), sends in where.items():
+        if is_send:
+            recvs = dict(where.get((src, dst, False), []))
+            assert [k for k, _ in sends] == list(range(len(sends)))
+            assert all(recvs.get(k, c) == c for k, c in sends), (src, dst, sends, recvs)
+
+
+def test_p2p_channels_keep_a_ranks_send_and_receive_apart_at_two_ranks():
+    """2 ranks, a send and a receive split into 8 pieces each: 16 programs on 16 channels, as before the pieces
+    were placed by connection, so each still gets a whole block on the GPU."""
+    parts = [P2pPart(1, True, 10, i) for i in range(8)] + [P2pPart(1, False, 10, 8 + i) for i in range(8)]
+    for r in (0, 1):
+        parts_r = [P2pPart(1 - r, p.is_send, p.count, p.index) for p in parts]
+        assert sorted(q.channel for q in plan_p2p(parts_r, 2, r, 4, 1 << 19, 1 << 19, 64).programs) == list(range(16))
+
+
 @pytest.mark.parametrize("self_parts, words", [
     ([(True, 4), (True, 4), (False, 4)], "2 send(s) to itself and 1 recv(s)"),
     ([(False, 4)], "0 send(s) to itself and 1 recv(s)"),

@@ -120,10 +120,10 @@ class _File:
 
 
 def _flow_key(comm: str, rank: int, kind: str | None, a: dict) -> tuple:
-    """What a send and its receive share: a ring connection's steps count per channel; a point-to-point one's per
-    pair of ranks (its send and receive parts may sit on different channels)."""
+    """What a send and its receive share: the connection (ring and point-to-point ones count their steps apart; a
+    connection sits on one channel at both ends, plan.schedule.p2p_channel) and the FIFO step."""
     src, dst = (rank, a["Peer"]) if a.get("IsSend") else (a["Peer"], rank)
-    return comm, kind, src, dst, -1 if kind == "P2P" else a.get("Channel", 0), a["Step"]
+    return comm, kind, src, dst, a.get("Channel", 0), a["Step"]
 
 
 def _flows(files: list[_File]) -> tuple[dict, dict]:

@@ -113,6 +113,11 @@ class Backend(abc.ABC):
         """Channels for an op of nbytes (settings.nchannels wins; backends may pick by size, as NCCL does)."""
         return self.settings.channels
 
+    def p2p_channels(self) -> int:
+        """Channels send/recv connections are spread over: the same on every rank, so both ends of a connection
+        pick one channel whatever each rank's group holds (plan.schedule.p2p_channel)."""
+        return self.settings.channels
+
     def clock_sync(self) -> tuple[int, int]:
         """(offset_ns, uncertainty_ns) with host_ns = device_ns + offset_ns. The cpu clock is the host clock."""
         return 0, 0

@@ -253,6 +253,15 @@ def p2p_pieces(nbytes: int, channels: int, npeer: int) -> int:
     return max(1, min(32, channels // 2, nbytes >> 19, 64 // max(1, npeer)))
 
 
+def p2p_channel(src: int, dst: int, conn: int, nranks: int, nchannels: int) -> int:
+    """The channel of the connection src -> dst numbered `conn` (a send/recv split in pieces uses connections
+    0, 1, ... to one peer). Both ranks compute the same channel from the pair, so a send and the receive that takes
+    its data run on one channel, as in NCCL, and (channel, step) names the connection in a trace. Spread by the
+    ring distance as NCCL does; the low bit keeps a rank's send to and receive from one peer apart at 2 ranks."""
+    d = (dst - src) % nranks
+    return (2 * (conn * max(1, nranks - 1) + max(0, d - 1)) + (src > dst)) % max(1, nchannels)
+
+
 def plan_p2p(parts, nranks: int, rank: int, itemsize: int, chunk_bytes: int,
              step_bytes: int, nchannels: int = 1) -> OpPlan:
     return _plan_p2p(tuple(parts), nranks, rank, itemsize, chunk_bytes, step_bytes, nchannels)
@@ -268,11 +277,15 @@ def _plan_p2p(parts: tuple[P2pPart, ...], nranks: int, rank: int, itemsize: int,
     proto = Proto(step_bytes, 1, 1)
     chunk = chunk_bytes // itemsize
     programs = []
+    conns: dict[tuple[int, bool], int] = {}       # (peer, is_send) -> parts so far: the next one's connection
     for part in parts:
         if not 0 <= part.peer < nranks:
             raise UsageError(f"peer={part.peer} must be in 0..{nranks - 1}")
         if part.peer == rank:
             continue
+        k = conns.get((part.peer, part.is_send), 0)
+        conns[(part.peer, part.is_send)] = k + 1
+        src, dst = (rank, part.peer) if part.is_send else (part.peer, rank)
         prims = []
         for off in range(0, part.count, chunk):
             m = min(chunk, part.count - off)
@@ -280,9 +293,9 @@ def _plan_p2p(parts: tuple[P2pPart, ...], nranks: int, rank: int, itemsize: int,
                 prims.append(Prim("send", None, part.peer, "in", None, False, off, off, m, ((0, m),)))
             else:
                 prims.append(Prim("recv", part.peer, None, None, "out", False, off, off, m, ((0, m),)))
-        programs.append(ChannelProgram(part.index % max(1, nchannels), "p2p", tuple(prims),
+        programs.append(ChannelProgram(p2p_channel(src, dst, k, nranks, nchannels), "p2p", tuple(prims),
                                        {"part": part.index, "peer": part.peer, "is_send": part.is_send,
-                                        "count": part.count, "chunk_elems": chunk}))
+                                        "count": part.count, "chunk_elems": chunk, "conn": k}))
     return OpPlan("send_recv", nranks, rank, sum(p.count for p in parts), itemsize, 0, proto, tuple(programs),
                   self_pairs(parts, rank))
 

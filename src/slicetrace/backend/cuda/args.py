@@ -61,20 +61,13 @@ class KernelArgs:
         plan = work.plan
         bufs = {p.index: b for p, b in work.parts}
         offs = {p.index: p.offset for p, _ in work.parts}
-        ordinal: dict[tuple[int, bool], int] = {}
-        conn: dict[int, int] = {}
-        for p, _ in sorted(work.parts, key=lambda pb: pb[0].index):
-            if p.peer != self.rank:
-                k = ordinal.get((p.peer, p.is_send), 0)
-                ordinal[(p.peer, p.is_send)] = k + 1
-                conn[p.index] = k
         progs = sorted(plan.programs, key=lambda q: (q.channel, q.params["part"]))
         if len(progs) > MAXP:
             raise UsageError(f"a send/recv group of {len(progs)} parts; the cuda backend runs at most {MAXP}")
         chans = sorted({q.channel for q in progs})
         self._common(work, a, len(chans))
         for i, q in enumerate(progs):
-            k = conn[q.params["part"]]
+            k = q.params["conn"]                   # the plan's connection number; its channel follows from it
             if k >= self.max_channels or q.channel >= self.max_channels:
                 raise UsageError(f"send/recv group: {k + 1} parts to one peer or channel {q.channel}; at most "
                                  f"{self.max_channels} (nchannels)")

@@ -106,6 +106,9 @@ class CudaBackend(Backend, KernelArgs):
         """Channel count this backend would pick for an op of nbytes (settings.nchannels wins)."""
         return self.settings.nchannels or auto_channels(nbytes, self.world, self.max_channels)
 
+    def p2p_channels(self) -> int:
+        return self.max_channels
+
     def enter_call(self) -> int | None:
         # As NCCL does: an op runs on the communicator's device whatever the calling thread's current device is
         # (a thread that never chose one is on device 0), and the caller's is restored after it.
