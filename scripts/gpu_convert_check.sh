@@ -15,5 +15,5 @@ SLICETRACE_PROFILER_PLUGIN=example,linkstats SLICETRACE_LINKSTATS_FILE="$OUT/gtr
 ls -la "$OUT/gtr" | tee -a "$OUT/bench.log"
 timeout 120 python3 scripts/convert_check.py "$OUT/gtr/trace" "$OUT/g.pftrace" 2>&1 | tee "$OUT/convert.log" || rc=1
 timeout 120 python3 -m slicetrace.cli.main report "$OUT/gtr/trace" 2>&1 | head -60 | tee "$OUT/report.log" || rc=1
-head -40 "$OUT"/gtr/links_*.prom > "$OUT/prom_head.txt" 2>&1
+head -12 "$OUT"/gtr/links_*_0.prom >> "$OUT/convert.log" 2>&1
 exit $rc
