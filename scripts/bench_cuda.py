@@ -85,7 +85,7 @@ class Rank:
         w, r = self.world, self.rank
         x, y = bufs
         if func == "send_recv":          # each direction split into `split` 16-byte aligned pieces (0: the API's)
-            split = split or p2p_pieces(nbytes, self.be.channels_for(nbytes), 2)   # a send and a recv
+            split = split or p2p_pieces(nbytes, self.be.channels_for(nbytes), 2 if w == 2 else 1, w)
             n = nbytes // 4
             per = ((n + split - 1) // split + 3) // 4 * 4 if split > 1 else n
             parts = []

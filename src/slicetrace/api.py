@@ -13,7 +13,7 @@ from .config import Settings
 from .errors import UsageError
 from .events.abi import DATATYPE_NAMES, FUNC_NAMES
 from .events.host import OpInfo, TaskInfo
-from .plan.schedule import P2pPart, align_up, div_up, p2p_pieces, plan_collective, plan_p2p
+from .plan.schedule import P2pPart, plan_collective, plan_p2p, split_p2p
 from .rendezvous import Store
 from .session import Session
 
@@ -216,23 +216,11 @@ class Communicator:
         self._p2p(out, peer, False, user_tag)
         return out
 
-    def _split(self, count: int, itemsize: int, npeer: int) -> int:
-        nbytes = count * itemsize
-        return p2p_pieces(nbytes, self._session.backend.channels_for(nbytes), npeer)
-
     def _p2p_layout(self, itemsize: int, shape: tuple) -> tuple:
         """(pieces as (part, entry index), plan, programs per entry) for a group's (peer, is_send, count, offset)
         tuples. Cached per shape: pieces carry offsets, never views, so the cache keeps no user buffer alive."""
-        npeer = sum(peer != self.rank for peer, _, _, _ in shape)
-        pieces, nprog = [], []
-        for ei, (peer, is_send, count, base) in enumerate(shape):
-            k = 1 if peer == self.rank else self._split(count, itemsize, npeer)
-            per = count if k == 1 else align_up(div_up(count, k), max(1, 16 // itemsize))  # 16-byte aligned
-            los = range(0, count, per) if count else (0,)
-            for lo in los:
-                pieces.append((P2pPart(peer, is_send, min(per, count - lo), len(pieces), base + lo), ei))
-            nprog.append(0 if peer == self.rank else len(los))
-        total = sum(p.count for p, _ in pieces) * itemsize
+        pieces, nprog = split_p2p(shape, self.rank, self.world_size, itemsize,
+                                  self._session.backend.channels_for)
         plan = plan_p2p([p for p, _ in pieces], self.world_size, self.rank, itemsize,
                         self.settings.p2p_chunk_bytes, self.settings.step_bytes,
                         self._session.backend.p2p_channels())

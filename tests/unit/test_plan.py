@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 from slicetrace.errors import UsageError
 from slicetrace.plan.schedule import (P2pPart, p2p_pieces, plan_collective, plan_p2p, proto_for, slice_layout,
-                                      split_channels)
+                                      split_channels, split_p2p)
 from slicetrace.plan.traffic import bytes_per_direction, expected_slices
 
 STEP = 1 << 16            # 512 KiB FIFO / 8: small, so modest counts span many chunks and loops
@@ -166,8 +166,58 @@ def test_p2p_sends_and_recvs_to_self_must_pair_up(self_parts, words):
 
 
 def test_p2p_pieces_one_per_512_kib_within_the_channel_and_peer_budgets():
-    assert p2p_pieces(0, 1, 2) == 1 and p2p_pieces(1 << 19, 64, 2) == 1
-    assert p2p_pieces(8 << 20, 64, 2) == 16                     # one per 512 KiB
-    assert p2p_pieces(1 << 30, 64, 2) == 32                     # at most 32
-    assert p2p_pieces(1 << 30, 16, 2) == 8                      # half the channels
-    assert p2p_pieces(1 << 30, 64, 8) == 8                      # 64 programs shared by 8 peer entries
+    assert p2p_pieces(0, 1, 2, 2) == 1 and p2p_pieces(1 << 19, 64, 2, 2) == 1
+    assert p2p_pieces(8 << 20, 64, 2, 2) == 16                  # one per 512 KiB
+    assert p2p_pieces(1 << 30, 64, 2, 2) == 32                  # at most 32
+    assert p2p_pieces(1 << 30, 16, 2, 2) == 8                   # half the channels
+    assert p2p_pieces(1 << 30, 64, 8, 2) == 8                   # 64 programs shared by 8 parts with the peer
+    assert p2p_pieces(1 << 30, 64, 2, 5) == 8                   # ... and by every peer a rank may have
+
+
+def _matched_groups(n, msgs):
+    """Each rank's group for messages (src, dst, count) in one global order: sends and receives interleaved as
+    each rank meets them, so ranks hold different numbers of parts and peers."""
+    groups = [[] for _ in range(n)]
+    for src, dst, count in msgs:
+        groups[src].append((dst, True, count, 0))
+        if dst != src:
+            groups[dst].append((src, False, count, 0))
+        else:
+            groups[src].append((src, False, count, 0))
+    return groups
+
+
+@settings(max_examples=150, deadline=None)
+@given(n=st.integers(2, 6), data=st.data())
+def test_both_ends_cut_a_message_into_the_same_pieces(n, data):
+    """A halo exchange has ranks with one neighbour and ranks with two: the sender's piece k of a message must be
+    the receiver's piece k (same connection, same count), whatever else each group holds; and no rank needs more
+    programs than one launch runs."""
+    msgs = data.draw(st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1),
+                                        st.sampled_from([0, 1, 1000, 3 << 18, 5 << 20, 40 << 20])), max_size=10))
+    groups = _matched_groups(n, msgs)
+    chans = lambda nbytes: max(1, min(64, nbytes // (32 << 10)))     # the cuda backend's rule
+    cut = {}
+    for r, shape in enumerate(groups):
+        pieces, nprog = split_p2p(tuple(shape), r, n, 4, chans)
+        assert sum(nprog) <= 64
+        plan = plan_p2p([p for p, _ in pieces], n, r, 4, 1 << 19, 1 << 19, 64)
+        for prog in plan.programs:
+            pr = prog.params
+            src, dst = (r, pr["peer"]) if pr["is_send"] else (pr["peer"], r)
+            cut[(src, dst, pr["is_send"], pr["conn"])] = (pr["count"], prog.channel)
+    for (src, dst, is_send, k), got in cut.items():
+        if is_send:
+            assert cut[(src, dst, False, k)] == got, (src, dst, k)
+
+
+def test_halo_exchange_pieces_match_between_a_boundary_and_an_interior_rank():
+    """Rank 0 of a line 0-1-2 talks to rank 1 only, rank 1 to both: 16 MiB each way is cut alike at both ends
+    (with the budget of each rank's own peer count, rank 0 cut 32 pieces and rank 1 expected 16)."""
+    n, count = 3, 4 << 20
+    groups = [[(1, True, count, 0), (1, False, count, 0)],
+              [(0, True, count, 0), (2, True, count, 0), (0, False, count, 0), (2, False, count, 0)],
+              [(1, True, count, 0), (1, False, count, 0)]]
+    chans = lambda nbytes: 64
+    split = [split_p2p(tuple(g), r, n, 4, chans)[1] for r, g in enumerate(groups)]
+    assert split == [[16, 16], [16, 16, 16, 16], [16, 16]]

@@ -1,0 +1,48 @@
+"""Point-to-point through the public API on 3 ranks (GPUs shared round-robin): a halo exchange on a line, where
+rank 1 has two neighbours and ranks 0 and 2 one. Both ends must cut each message into the same pieces and put
+each piece's connection on one channel; the trace pairs every send with its receive by (channel, step)."""
+from __future__ import annotations
+
+import glob
+
+import numpy as np
+
+COUNT = 4 << 20                       # 16 MiB of float32: split into pieces on the GPU
+
+
+def _halo(comm):
+    import cupy
+    r, n = comm.rank, comm.world_size
+    nbrs = [p for p in (r - 1, r + 1) if 0 <= p < n]
+    dev = comm._session.backend.device
+    with cupy.cuda.Device(dev):
+        outs = {p: cupy.zeros(COUNT, dtype=cupy.float32) for p in nbrs}
+        ins = {p: cupy.arange(COUNT, dtype=cupy.float32) + 1000 * r + p for p in nbrs}
+    for _ in range(2):
+        with comm.group():
+            for p in nbrs:
+                comm.send(ins[p], p)
+            for p in nbrs:
+                comm.recv(outs[p], p)
+    comm.flush_profiler()
+    with cupy.cuda.Device(dev):
+        base = np.arange(COUNT, dtype=np.float32)
+        return {p: bool(np.array_equal(outs[p].get(), base + 1000 * p + r)) for p in nbrs}
+
+
+def test_halo_exchange_between_ranks_of_different_degree(gpu, kcache, tmp_path):
+    import slicetrace
+    from slicetrace.analyze.trace import check_trace, kernel_steps, load_traces
+    prefix = str(tmp_path / "halo")
+    res = slicetrace.launch(_halo, 3, backend="cuda", cache_dir=kcache, timeout_s=30.0, join_timeout_s=240,
+                            profiler_plugin="example", profile_dump_file=prefix)
+    assert res == [{1: True}, {0: True, 2: True}, {1: True}]
+    files = sorted(glob.glob(prefix + "_*.json"))
+    assert len(files) == 3 and all(check_trace(f) == [] for f in files)
+    ks = kernel_steps(load_traces(files))
+    sends = {(int(k["rank"]), int(k["peer"]), int(k["channel"]), int(k["step"])): int(k["size"])
+             for k in ks if k["is_send"]}
+    recvs = {(int(k["peer"]), int(k["rank"]), int(k["channel"]), int(k["step"])): int(k["size"])
+             for k in ks if not k["is_send"]}
+    assert len(sends) == int(ks["is_send"].sum()) > 16 and sends == recvs
+    assert sum(sends.values()) == 2 * 4 * COUNT * 4          # 2 rounds, 4 messages of 16 MiB
