@@ -75,3 +75,13 @@ def test_a_file_that_cannot_be_written_is_logged_once_and_the_job_goes_on(tmp_pa
 def test_interval_must_be_positive():
     with pytest.raises(ConfigError, match=r"linkstats_interval_s=0.0 must be > 0 seconds"):
         Settings(linkstats_interval_s=0.0)
+
+
+def test_a_fused_slice_counts_as_moving_once_both_its_data_and_room_were_there(tmp_path):
+    """Credit at 0, data at 900, done at 1000 (one primitive's send and receive): 100 ns of transfer each way,
+    not 1000 for the send; the 900 ns show as the receive's wait."""
+    p, ctx = _plugin(tmp_path)
+    p.kernel_step_batch(ctx, None, _recs([(0, 1, 1, 64, 0, 0, 1000), (0, 0, 1, 64, 0, 900, 1000)]))
+    rows = {r["is_send"]: r for r in p.snapshot(ctx)}
+    assert rows[True]["transfer_us"] == pytest.approx(0.1) and rows[True]["wait_us"] == 0
+    assert rows[False]["transfer_us"] == pytest.approx(0.1) and rows[False]["wait_us"] == pytest.approx(0.9)

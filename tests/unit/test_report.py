@@ -61,13 +61,15 @@ def test_stragglers_name_the_rank_that_starts_collectives_last():
 def test_a_fused_slice_moves_from_the_later_of_its_two_readies():
     """A GPU recvReduceCopySend waits for credit and data at once: here the credit is there at 0 and the data at
     90 ns, done at 100. Both directions moved for 10 ns; the send's 90 ns without data are the receive's wait."""
-    from slicetrace.analyze.report import moving_from
+    from slicetrace.events.abi import moving_from
     rows = [(0, 3, 1, 1, 7, 1000, 0, 0, 100, 0, 5), (0, 3, 0, 1, 7, 1000, 0, 90, 100, 0, 5),   # fused pair
             (0, 3, 1, 1, 8, 1000, 100, 150, 300, 0, 5),                                     # a send alone
             (1, 0, 1, 0, 1, 8, 0, 10, 50, 0, 6), (1, 0, 0, 0, 1, 8, 0, 20, 50, 0, 6),
             (1, 0, 0, 0, 2, 8, 0, 40, 50, 0, 6)]                      # three records on one done clock: left as is
     ks = np.array(rows, dtype=KERNEL_STEP_TABLE)
-    assert moving_from(ks).tolist() == [90, 90, 150, 10, 20, 40]
+    assert moving_from(ks, ks["rank"], ks["op"], ks["channel"]).tolist() == [90, 90, 150, 10, 20, 40]
+    assert moving_from(ks[:3], ks[:3]["channel"]).tolist() == [90, 90, 150]     # one parent's batch
+    assert moving_from(ks[3:], ks[3:]["channel"]).tolist() == [10, 20, 40]
     rep = build(ks)
     link = {(ln["src"], ln["dst"]): ln for ln in rep.links}[(0, 1)]
     assert link["send_transfer_us"] == pytest.approx((10 + 150) / 1e3)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import TraceFormatError
+from ..events.abi import moving_from
 
 
 @dataclass
@@ -60,29 +61,11 @@ def stragglers(chs: np.ndarray, top: int = 10) -> tuple[list[dict], list[dict]]:
     return ranks, ops[:top]
 
 
-def moving_from(ks: np.ndarray) -> np.ndarray:
-    """Per record, when its slice could move: its ready clock, or for the two directions of a fused slice (same
-    rank, op, channel and done clock, one receive and one send) the later of their two ready clocks."""
-    start = ks["ready_ns"].astype(np.int64)
-    if len(ks) < 2:
-        return start
-    o = np.lexsort((ks["done_ns"], ks["channel"], ks["op"], ks["rank"]))
-    s = ks[o]
-    eq = ((s["rank"][1:] == s["rank"][:-1]) & (s["op"][1:] == s["op"][:-1])
-          & (s["channel"][1:] == s["channel"][:-1]) & (s["done_ns"][1:] == s["done_ns"][:-1]))
-    alone = np.concatenate(([True], ~eq[:-1])) & np.concatenate((~eq[1:], [True]))   # a group of exactly two
-    i = np.flatnonzero(eq & alone & (s["is_send"][1:] != s["is_send"][:-1]))
-    later = np.maximum(s["ready_ns"][i], s["ready_ns"][i + 1])
-    start[o[i]] = later
-    start[o[i + 1]] = later
-    return start
-
-
 def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.ndarray | None = None) -> Report:
     if ks.dtype.names is None or "ready_ns" not in ks.dtype.names:
         raise TraceFormatError("expected the KernelStep table of slicetrace.analyze.trace.kernel_steps()")
     wait = (ks["ready_ns"] - ks["wait_ns"]).astype(np.float64)
-    xfer = (ks["done_ns"] - moving_from(ks)).astype(np.float64)
+    xfer = (ks["done_ns"] - moving_from(ks, ks["rank"], ks["op"], ks["channel"])).astype(np.float64)
     send = ks["is_send"] == 1
     links = []
     for src, dst in sorted({(int(r), int(p)) for r, p in zip(ks["rank"][send], ks["peer"][send])}):
