@@ -1,11 +1,11 @@
-"""A small always-on plugin: per-link bytes and time, no trace file (the "metrics" built-in).
+"""A small plugin: per-link bytes and time, no trace file (the "metrics" built-in).
 
 Keeps, per (channel, direction, peer): slices, bytes, time spent waiting (ready - wait) and moving data
-(done - ready; a fused slice from the later ready of its two directions, events.abi.moving_from). Its own work is one call per drain poll; `snapshot()` returns the table, `finalize` logs a summary. With
-`linkstats_file` set it also writes the table as Prometheus text (`<prefix>_<commHash>_<rank>.prom`, for
-node_exporter's textfile collector), every `linkstats_interval_s` while ops run and at finalize, with the
-host's loss counters then. It is also the reference for writing a plugin: native version 8, batch path for
-KernelSteps, nothing else recorded.
+(done - ready; a fused slice from the later ready of its two directions, events.abi.moving_from). Its own work
+is one call per drain poll; `snapshot()` returns the table, `finalize` logs a summary. With `linkstats_file` set
+it also writes the table as Prometheus text (`<prefix>_<commHash>_<rank>.prom`, for node_exporter's textfile
+collector), every `linkstats_interval_s` while ops run and at finalize, with the host's loss counters then. It
+is also the reference for writing a plugin: native version 8, batch paths for KernelSteps, nothing else recorded.
 """
 from __future__ import annotations
 
