@@ -75,3 +75,31 @@ def test_a_fused_slice_moves_from_the_later_of_its_two_readies():
     assert link["send_transfer_us"] == pytest.approx((10 + 150) / 1e3)
     assert {r["rank"]: r["transfer_us"] for r in rep.ranks}[0] == pytest.approx((10 + 10 + 150) / 1e3)
     assert moving_from(ks[:1]).tolist() == [0]
+
+
+def test_slow_links_tell_a_slow_link_from_a_slow_channel():
+    """4-rank ring, 4 channels, 1 MB per slice. 2->3 takes 4x longer on every channel (a degraded link); 0->1 only
+    on channel 2 (one channel's program). Both are well below the median link; the channel counts say which."""
+    rows, step = [], 0
+    for src in range(4):
+        dst = (src + 1) % 4
+        for ch in range(4):
+            dur = 100_000 if src == 2 or (src == 0 and ch == 2) else 25_000
+            rows.append((src, ch, 1, dst, step, 1_000_000, 0, 0, dur))
+            step += 1
+    rep = build(_rows([r[:9] for r in rows]))
+    got = [(ln["src"], ln["dst"], ln["channels_slow"], ln["channels"]) for ln in rep.slow_links]
+    assert got == [(2, 3, 4, 4), (0, 1, 1, 4)]
+    assert rep.slow_links[0]["gbps"] == pytest.approx(10.0)
+    assert rep.slow_links[0]["median_gbps"] == pytest.approx((40 + 4e6 / 175e3) / 2)
+    assert rep.to_dict()["slow_links"] == rep.slow_links
+    from rich.console import Console
+    from slicetrace.analyze.report import render
+    con = Console(record=True, width=200)
+    render(rep, console=con)
+    assert "slow link: 2->3 moves 10.00 GB/s, 68 % below the median link (31.43), slower than the other links on " \
+        "4 of 4 channels" in con.export_text()
+    even = build(_rows([r[:8] + (25_000,) for r in rows]))                 # all links alike: none is slow
+    assert even.slow_links == []
+    two = build(_rows([r[:9] for r in rows if r[0] < 2]))                  # fewer than 3 links: no median to judge
+    assert two.slow_links == []

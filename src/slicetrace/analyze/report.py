@@ -26,10 +26,12 @@ class Report:
     counters: dict
     stragglers: list[dict] = field(default_factory=list)   # per rank: collectives it started last, lateness
     late_ops: list[dict] = field(default_factory=list)     # the collectives with the largest start skew
+    slow_links: list[dict] = field(default_factory=list)   # links well below the median link, and on how many channels
 
     def to_dict(self) -> dict:
         return {"links": self.links, "ranks": self.ranks, "waited_on": self.waited_on, "slowest": self.slowest,
-                "counters": self.counters, "stragglers": self.stragglers, "late_ops": self.late_ops}
+                "counters": self.counters, "stragglers": self.stragglers, "late_ops": self.late_ops,
+                "slow_links": self.slow_links}
 
 
 def stragglers(chs: np.ndarray, top: int = 10) -> tuple[list[dict], list[dict]]:
@@ -94,7 +96,41 @@ def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.n
                 "is_send": bool(ks["is_send"][i]), "step": int(ks["step"][i]), "bytes": int(ks["size"][i]),
                 "transfer_us": float(xfer[i]) / 1e3, "gbps": float(bw[i])} for i in order if np.isfinite(bw[i])]
     late_ranks, late_ops = stragglers(chs, top) if chs is not None else ([], [])
-    return Report(links, ranks, waited_on, slowest, counters or {}, late_ranks, late_ops)
+    return Report(links, ranks, waited_on, slowest, counters or {}, late_ranks, late_ops,
+                  slow_links(ks[send], xfer[send]))
+
+
+def slow_links(sends: np.ndarray, xfer: np.ndarray, below: float = 0.25) -> list[dict]:
+    """Links whose transfer GB/s is more than `below` under the median link's (3 links or more), with the channels
+    on which the link is also slower than that channel's median over links: on every channel points at the link
+    (a degraded NVLink or path), on one at that channel's program (its SM, its block)."""
+    link = sends["rank"].astype(np.int64) << 32 | sends["peer"].astype(np.int64) & 0xFFFFFFFF
+    size = sends["size"].astype(np.float64)
+    per: dict[int, tuple[float, float]] = {}
+    per_ch: dict[tuple[int, int], tuple[float, float]] = {}
+    for k, c, b, t in zip(link.tolist(), sends["channel"].tolist(), size.tolist(), xfer.tolist()):
+        pb, pt = per.get(k, (0.0, 0.0))
+        per[k] = (pb + b, pt + t)
+        cb, ct = per_ch.get((k, c), (0.0, 0.0))
+        per_ch[(k, c)] = (cb + b, ct + t)
+    gbps = {k: b / t for k, (b, t) in per.items() if t > 0 and b > 0}
+    if len(gbps) < 3:
+        return []
+    med = float(np.median(list(gbps.values())))
+    ch_gbps: dict[int, dict[int, float]] = {}
+    for (k, c), (b, t) in per_ch.items():
+        if t > 0 and b > 0:
+            ch_gbps.setdefault(c, {})[k] = b / t
+    ch_med = {c: float(np.median(list(v.values()))) for c, v in ch_gbps.items() if len(v) >= 3}
+    out = []
+    for k, g in sorted(gbps.items(), key=lambda kv: kv[1]):
+        if g >= (1 - below) * med:
+            break
+        chans = [c for c, v in ch_gbps.items() if k in v and c in ch_med]
+        out.append({"src": k >> 32, "dst": k & 0xFFFFFFFF, "gbps": g, "median_gbps": med,
+                    "below_pct": 100 * (1 - g / med), "channels": len(chans),
+                    "channels_slow": sum(ch_gbps[c][k] < ch_med[c] for c in chans)})
+    return out
 
 
 def render(rep: Report, console=None) -> None:
@@ -125,6 +161,10 @@ def render(rep: Report, console=None) -> None:
         w = rep.late_ops[0]
         con.print(f"largest skew: {w['func']} #{w['seq']}, rank {w['rank']} started {w['late_us']:.1f} us after the "
                   f"first of {w['ranks']} ranks")
+    for ln in rep.slow_links:
+        con.print(f"slow link: {ln['src']}->{ln['dst']} moves {ln['gbps']:.2f} GB/s, {ln['below_pct']:.0f} % below the "
+                  f"median link ({ln['median_gbps']:.2f}), slower than the other links on {ln['channels_slow']} of "
+                  f"{ln['channels']} channels")
     if rep.waited_on:
         w = rep.waited_on[0]
         con.print(f"most waited on: rank {w['rank']} waited {w['wait_us']:.1f} us for data from rank {w['peer']}")
