@@ -295,7 +295,6 @@ DATATYPE_NAMES = {"int8": "ncclInt8", "uint8": "ncclUint8", "int32": "ncclInt32"
                   "float32": "ncclFloat32", "float64": "ncclFloat64", "bfloat16": "ncclBfloat16"}
 
 
-
 def moving_from(recs: np.ndarray, *keys: np.ndarray) -> np.ndarray:
     """When each KernelStep's slice could move: its ready_ns, or for the two directions of a fused slice (one
     primitive's receive and send: equal `keys` and done clock) the later of their two ready clocks. On the GPU a
