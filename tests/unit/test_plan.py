@@ -221,3 +221,9 @@ def test_halo_exchange_pieces_match_between_a_boundary_and_an_interior_rank():
     chans = lambda nbytes: 64
     split = [split_p2p(tuple(g), r, n, 4, chans)[1] for r, g in enumerate(groups)]
     assert split == [[16, 16], [16, 16, 16, 16], [16, 16]]
+
+
+def test_the_p2p_program_budget_is_what_one_cuda_launch_runs():
+    from slicetrace.backend.cuda.layout import MAXP
+    from slicetrace.plan.schedule import MAX_P2P_PROGRAMS
+    assert MAX_P2P_PROGRAMS == MAXP
