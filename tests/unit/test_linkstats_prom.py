@@ -85,3 +85,25 @@ def test_a_fused_slice_counts_as_moving_once_both_its_data_and_room_were_there(t
     rows = {r["is_send"]: r for r in p.snapshot(ctx)}
     assert rows[True]["transfer_us"] == pytest.approx(0.1) and rows[True]["wait_us"] == 0
     assert rows[False]["transfer_us"] == pytest.approx(0.1) and rows[False]["wait_us"] == pytest.approx(0.9)
+
+
+def test_a_polls_runs_sum_like_their_batches_contiguous_or_not(tmp_path):
+    """kernel_step_runs (one call per drain poll) keeps the table kernel_step_batch (one call per op) would: with
+    the runs back to back and with rows between them that belong to no run."""
+    rows = [(c % 3, c % 2, 1, 100 + c, 10 * c, 10 * c + 3, 10 * c + 9) for c in range(12)]
+    recs = _recs(rows)
+    runs = [(0, 4), (4, 9), (9, 12)]
+    p1, c1 = _plugin(tmp_path)
+    for a, b in runs:
+        p1.kernel_step_batch(c1, None, recs[a:b])
+    for starts, stops in (([0, 4, 9], [4, 9, 12]), ([0, 5, 9], [4, 8, 12])):
+        p2, c2 = _plugin(tmp_path)
+        n = p2.kernel_step_runs(c2, [None] * 3, recs, starts, stops)
+        assert n == sum(b - a for a, b in zip(starts, stops))
+        if starts == [0, 4, 9]:
+            assert p2.snapshot(c2) == p1.snapshot(c1)
+        else:
+            p3, c3 = _plugin(tmp_path)
+            for a, b in zip(starts, stops):
+                p3.kernel_step_batch(c3, None, recs[a:b])
+            assert p2.snapshot(c2) == p3.snapshot(c3) and sum(r["slices"] for r in p2.snapshot(c2)) == 10
