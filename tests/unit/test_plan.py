@@ -151,6 +151,16 @@ def test_p2p_channels_keep_a_ranks_send_and_receive_apart_at_two_ranks():
         assert sorted(q.channel for q in plan_p2p(parts_r, 2, r, 4, 1 << 19, 1 << 19, 64).programs) == list(range(16))
 
 
+@pytest.mark.parametrize("n", [2, 4, 6, 8])
+def test_a_ring_of_sends_keeps_each_ranks_send_and_receive_on_two_channels(n):
+    """Pipeline and ring patterns (send to r + 1, receive from r - 1) with an even number of ranks: no rank runs its
+    send and its receive in one block."""
+    for r in range(n):
+        parts = [P2pPart((r + 1) % n, True, 10, 0), P2pPart((r - 1) % n, False, 10, 1)]
+        send, recv = (q.channel for q in plan_p2p(parts, n, r, 4, 1 << 19, 1 << 19, 64).programs)
+        assert send != recv, (n, r)
+
+
 @pytest.mark.parametrize("self_parts, words", [
     ([(True, 4), (True, 4), (False, 4)], "2 send(s) to itself and 1 recv(s)"),
     ([(False, 4)], "0 send(s) to itself and 1 recv(s)"),

@@ -283,9 +283,10 @@ def p2p_channel(src: int, dst: int, conn: int, nranks: int, nchannels: int) -> i
     """The channel of the connection src -> dst numbered `conn` (a send/recv split in pieces uses connections
     0, 1, ... to one peer). Both ranks compute the same channel from the pair, so a send and the receive that takes
     its data run on one channel, as in NCCL, and (channel, step) names the connection in a trace. Spread by the
-    ring distance as NCCL does; the low bit keeps a rank's send to and receive from one peer apart at 2 ranks."""
+    ring distance d as NCCL does; the low bit, (src // d) % 2, differs between a rank's send to r + d and its
+    receive from r - d (away from the wrap), so each gets a block of its own on the GPU."""
     d = (dst - src) % nranks
-    return (2 * (conn * max(1, nranks - 1) + max(0, d - 1)) + (src > dst)) % max(1, nchannels)
+    return (2 * (conn * max(1, nranks - 1) + max(0, d - 1)) + (src // max(1, d)) % 2) % max(1, nchannels)
 
 
 def plan_p2p(parts, nranks: int, rank: int, itemsize: int, chunk_bytes: int,
