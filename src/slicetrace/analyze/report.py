@@ -97,39 +97,35 @@ def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.n
                 "transfer_us": float(xfer[i]) / 1e3, "gbps": float(bw[i])} for i in order if np.isfinite(bw[i])]
     late_ranks, late_ops = stragglers(chs, top) if chs is not None else ([], [])
     return Report(links, ranks, waited_on, slowest, counters or {}, late_ranks, late_ops,
-                  slow_links(ks[send], xfer[send]))
+                  slow_links(links, ks[send], xfer[send]))
 
 
-def slow_links(sends: np.ndarray, xfer: np.ndarray, below: float = 0.25) -> list[dict]:
-    """Links whose transfer GB/s is more than `below` under the median link's (3 links or more), with the channels
-    on which the link is also slower than that channel's median over links: on every channel points at the link
-    (a degraded NVLink or path), on one at that channel's program (its SM, its block)."""
-    link = sends["rank"].astype(np.int64) << 32 | sends["peer"].astype(np.int64) & 0xFFFFFFFF
-    size = sends["size"].astype(np.float64)
-    per: dict[int, tuple[float, float]] = {}
-    per_ch: dict[tuple[int, int], tuple[float, float]] = {}
-    for k, c, b, t in zip(link.tolist(), sends["channel"].tolist(), size.tolist(), xfer.tolist()):
-        pb, pt = per.get(k, (0.0, 0.0))
-        per[k] = (pb + b, pt + t)
-        cb, ct = per_ch.get((k, c), (0.0, 0.0))
-        per_ch[(k, c)] = (cb + b, ct + t)
-    gbps = {k: b / t for k, (b, t) in per.items() if t > 0 and b > 0}
+def slow_links(links: list[dict], sends: np.ndarray, xfer: np.ndarray, below: float = 0.25) -> list[dict]:
+    """Of `links` (build's, with their GB/s), those more than `below` under the median link's (3 links or more),
+    with the channels on which the link is also slower than that channel's median over links (sends and xfer:
+    the send records and their transfer ns): on every channel points at the link (a degraded NVLink or path), on
+    one at that channel's program (its SM, its block)."""
+    gbps = {(ln["src"], ln["dst"]): ln["gbps"] for ln in links if ln["gbps"] > 0}    # NaN (no time) fails too
     if len(gbps) < 3:
         return []
     med = float(np.median(list(gbps.values())))
-    ch_gbps: dict[int, dict[int, float]] = {}
-    for (k, c), (b, t) in per_ch.items():
-        if t > 0 and b > 0:
-            ch_gbps.setdefault(c, {})[k] = b / t
+    keys, inv = np.unique(np.stack([sends["rank"], sends["peer"], sends["channel"]]).astype(np.int64), axis=1,
+                          return_inverse=True)
+    inv = inv.ravel()
+    b = np.bincount(inv, weights=sends["size"].astype(np.float64), minlength=keys.shape[1])
+    t = np.bincount(inv, weights=xfer, minlength=keys.shape[1])
+    ch_gbps: dict[int, dict[tuple[int, int], float]] = {}
+    for (src, dst, c), bb, tt in zip(keys.T.tolist(), b.tolist(), t.tolist()):
+        if bb > 0 and tt > 0:
+            ch_gbps.setdefault(c, {})[(src, dst)] = bb / tt
     ch_med = {c: float(np.median(list(v.values()))) for c, v in ch_gbps.items() if len(v) >= 3}
     out = []
     for k, g in sorted(gbps.items(), key=lambda kv: kv[1]):
         if g >= (1 - below) * med:
             break
         chans = [c for c, v in ch_gbps.items() if k in v and c in ch_med]
-        out.append({"src": k >> 32, "dst": k & 0xFFFFFFFF, "gbps": g, "median_gbps": med,
-                    "below_pct": 100 * (1 - g / med), "channels": len(chans),
-                    "channels_slow": sum(ch_gbps[c][k] < ch_med[c] for c in chans)})
+        out.append({"src": k[0], "dst": k[1], "gbps": g, "median_gbps": med, "below_pct": 100 * (1 - g / med),
+                    "channels": len(chans), "channels_slow": sum(ch_gbps[c][k] < ch_med[c] for c in chans)})
     return out
 
 
