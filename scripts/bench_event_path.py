@@ -81,13 +81,13 @@ def run(args, dump: str | None) -> dict[str, float]:
             b = pc()
             for w in ws if gw is None else ():
                 t = clock()
-                recs = [t, t, t, tag, tail(0, KIND_CHANNEL, 0)]
+                recs = [t, t, t, tag, 0, tail(0, KIND_CHANNEL, 0)]
                 for k in range(args.slices // 2):
                     t = clock()
-                    recs += (t, t + 10, t + 50, tag | (2 * k) << 32, 65536 | tail(1, KIND_STEP, 0),
-                             t + 10, t + 10, t + 50, tag | (2 * k) << 32, 65536 | tail(1, KIND_STEP, FLAG_SEND))
+                    recs += (t, t + 10, t + 50, tag, 2 * k, 65536 | tail(1, KIND_STEP, 0),
+                             t + 10, t + 10, t + 50, tag, 2 * k, 65536 | tail(1, KIND_STEP, FLAG_SEND))
                 t = clock()
-                recs += (t, t, t, tag, tail(0, KIND_CHANNEL, FLAG_CH_STOP))
+                recs += (t, t, t, tag, 0, tail(0, KIND_CHANNEL, FLAG_CH_STOP))
                 w.stage(recs)
             if gw is not None:
                 gw.op(tag, clock())

@@ -37,7 +37,7 @@ def calibrate(acc: dict) -> tuple[float, float]:
     w = stamper.FastRingWriter(v, 0)
     src = np.ones(1 << 16, np.float32)
     dst = np.empty_like(src)
-    words = [1 << 60, 1 << 60, 1 << 60, 5 | 7 << 32, 262144 | 1 << 32] * 14
+    words = [1 << 60, 1 << 60, 1 << 60, 5, 7, 262144 | 1 << 32] * 14
     out = []
     for cold in (False, True):
         acc.clear()

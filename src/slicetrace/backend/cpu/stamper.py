@@ -5,9 +5,11 @@ reserved as one block when it ends, and publish() writes what is staged with a f
 rank's own thread, before the drain reads the ring (the backend's fetch_stamps; stamps.layout, "staged records").
 Any Python call made right after a slice's copy runs several times slower than hot (the copy evicted what it
 touches): writing records between slices cost ~1.2 us per call, publishing at each program's end as much; once
-per drain poll it is ~0.1 us per record. Identity words are pre-combined the way the drain reads them (word 4 =
-op | step << 32, word 5 = size | peer << 32 | kind << 48 | flags << 56). One writer thread per channel ring at a
-time (the contract); the lock only keeps a flush from another thread off a program that is staging.
+per drain poll it is ~0.1 us per record. A staged record is 6 words: wait, ready, done, op, step and word 5
+pre-combined the way the drain reads it (size | peer << 32 | kind << 48 | flags << 56); publish() joins op and step
+into word 4 (op | step << 32) for all of a poll at once, which costs the ring loop ~1 us less per 1 MiB op than
+joining them per slice (scripts/cpu_ks_loopback.py). One writer thread per channel ring at a time (the contract);
+the lock only keeps a flush from another thread off a program that is staging.
 """
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ from ...stamps.layout import HEADER_DTYPE, STAMP_DTYPE, RingViews
 
 _E = STAMP_DTYPE.itemsize // 8              # u64 words per entry
 _H = HEADER_DTYPE.itemsize // 8             # u64 words per header
+_W = 6                                      # words per staged record: wait, ready, done, op, step, w5
+_LO32 = np.uint64(0xFFFFFFFF)
 assert _E == 6 and STAMP_DTYPE.fields["op"][1] == 32 and STAMP_DTYPE.fields["size"][1] == 40
 
 
@@ -36,14 +40,15 @@ class FastRingWriter:
         self.st_rows = np.frombuffer(views.started[channel], np.uint64).reshape(views.slots, _E)
         self.co_rows = np.frombuffer(views.completed[channel], np.uint64).reshape(views.slots, _E)
         self.mask = views.slots - 1
-        self.staged: list[int] = []     # [wait, ready, done, w4, w5] per record, seqs first.. (contiguous)
+        self.staged: list[int] = []     # [wait, ready, done, op, step, w5] per record, seqs first.. (contiguous)
         self.first = 0
         self.lock = threading.Lock()
 
     def stage(self, words: list) -> None:
-        """A channel program's records, 5 words each (wait, ready, done, w4, w5), in order: their seqs are reserved
-        now, as one block right after every record reserved before (all of this ring's); publish() writes them."""
-        k = len(words) // 5
+        """A channel program's records, 6 words each (wait, ready, done, op, step, w5; op and step as the
+        entry's 32-bit fields take them), in order: their seqs are reserved now, as one block right after every
+        record reserved before (all of this ring's); publish() writes them."""
+        k = len(words) // _W
         if not k:
             return
         with self.lock:
@@ -64,9 +69,12 @@ class FastRingWriter:
                 return 0
             self.staged = []
             last = self.hdr[self.ri] + 1                            # one past the newest seq: the last staged
-        recs = np.fromiter(words, np.uint64, len(words)).reshape(-1, 5)
         first = max(first, last - self.mask - 1)
-        recs = recs[len(recs) - (last - first):]
+        staged = np.fromiter(words, np.uint64, len(words)).reshape(-1, _W)[len(words) // _W - (last - first):]
+        recs = np.empty((len(staged), _E - 1), np.uint64)          # an entry's words 1..5
+        recs[:, :3] = staged[:, :3]
+        recs[:, 3] = (staged[:, 3] & _LO32) | (staged[:, 4] & _LO32) << np.uint64(32)
+        recs[:, 4] = staged[:, 5]
         n = 0
         while first < last:                                         # at most two pieces: the ring's end
             i = first & self.mask

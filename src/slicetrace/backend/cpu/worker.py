@@ -28,7 +28,6 @@ K_SEND, K_COPYSEND, K_RECV, K_RCS, K_RRS, K_RRCS, K_RRC = range(7)
 KINDS = {"send": K_SEND, "copySend": K_COPYSEND, "recv": K_RECV, "recvCopySend": K_RCS,
          "recvReduceSend": K_RRS, "recvReduceCopySend": K_RRCS, "recvReduceCopy": K_RRC}
 NSTEPS = 8
-M32 = 0xFFFFFFFF
 _CH_START, _CH_STOP = tail(0, KIND_CHANNEL, 0), tail(0, KIND_CHANNEL, FLAG_CH_STOP)   # a ring program's KernelCh
 
 
@@ -56,17 +55,17 @@ class RingJob:
 def run_ring(prog, job: RingJob) -> None:
     """One channel program; its records are staged (FastRingWriter.stage), also when a wait fails."""
     work, w = job.work, job.writer
-    recs: list[int] = []        # wait, ready, done, w4, w5 per record, in seq order
+    recs: list[int] = []        # wait, ready, done, op, step, w5 per record, in seq order (stamper.stage)
     chans = w is not None and work.stamp_channels
     op = work.tag & 0xFFFFFFFF
     if chans:
         t = time.monotonic_ns()
-        recs += (t, t, t, op, _CH_START)
+        recs += (t, t, t, op, 0, _CH_START)
     try:
         _ring_slices(prog, job, recs)
         if chans:
             t = time.monotonic_ns()
-            recs += (t, t, t, op, _CH_STOP)
+            recs += (t, t, t, op, 0, _CH_STOP)
     finally:
         if recs:
             w.stage(recs)
@@ -99,6 +98,7 @@ def _ring_slices(prog, job: RingJob, recs: list) -> None:
     clock = time.monotonic_ns
     rtail, stail = tail(rpeer, KIND_STEP, 0), tail(speer, KIND_STEP, FLAG_SEND)
     tw = tr = ts = t0 = td = 0
+    last_n = nbr = nbs = 0
     k = 0
     for prim in prog.prims:
         kind = KINDS[prim.name]
@@ -188,16 +188,16 @@ def _ring_slices(prog, job: RingJob, recs: list) -> None:
                 else:
                     rctl[H_HEAD] = rstep + ss
             if stamp and n:
-                nb = n * isz
+                if n != last_n:                        # word 5 changes with the slice size only
+                    last_n, nbr, nbs = n, n * isz | rtail, n * isz | stail
                 if k % rate:
                     w.sampled_out(hr + hs)
                 elif hr and hs:
-                    recs += (t0, tr, td, op | (rstep & M32) << 32, nb | rtail,
-                             tw, ts, td, op | (sstep & M32) << 32, nb | stail)
+                    recs += (t0, tr, td, op, rstep, nbr, tw, ts, td, op, sstep, nbs)
                 elif hr:
-                    recs += (t0, tr, td, op | (rstep & M32) << 32, nb | rtail)
+                    recs += (t0, tr, td, op, rstep, nbr)
                 else:
-                    recs += (tw, ts, td, op | (sstep & M32) << 32, nb | stail)
+                    recs += (tw, ts, td, op, sstep, nbs)
             if hs:
                 sstep += ss
             if hr:
@@ -299,7 +299,7 @@ def _progress(lanes, bufs, writers, op, stamp_ch, stamp, rate, dcode, se, guard,
                 ctl[H_TAIL if conn.is_send else H_HEAD] = step + 1
                 if stamp and n:
                     if ln.k % rate == 0:
-                        ln.recs += (ln.twait, tr, td, op | (step & M32) << 32, n * ln.buf.itemsize | ln.ktail)
+                        ln.recs += (ln.twait, tr, td, op, step, n * ln.buf.itemsize | ln.ktail)
                     else:
                         ln.writer.sampled_out(1)
                     ln.twait = td
@@ -341,7 +341,7 @@ def _next_part(ln: _Lane, bufs, writers, op, stamp_ch, dcode, guard, clock) -> b
         t = clock()
         ln.twait = t
         if stamp_ch:
-            ln.recs += (t, t, t, op, ln.ch_tails[0])
+            ln.recs += (t, t, t, op, 0, ln.ch_tails[0])
         if prog.prims:
             return True
         _end_part(ln, op, stamp_ch, clock)
@@ -352,7 +352,7 @@ def _next_part(ln: _Lane, bufs, writers, op, stamp_ch, dcode, guard, clock) -> b
 def _end_part(ln: _Lane, op, stamp_ch, clock) -> None:
     if stamp_ch:
         t = clock()
-        ln.recs += (t, t, t, op, ln.ch_tails[1])
+        ln.recs += (t, t, t, op, 0, ln.ch_tails[1])
     if ln.recs:
         ln.writer.stage(ln.recs)
         ln.recs = []
