@@ -6,7 +6,8 @@ alternating blocks (2 ranks by default).
     PYTHONPATH=src python scripts/cpu_stage_timers.py [--bytes 4M] [--ops 300] [--ranks 2] [--steps-delta] [--rounds 2]
         [--drain-stages]
 
---drain-stages also times the inline poll's parts (drain gather, delivery, the host's KernelStep runs, the plugin).
+--drain-stages also times the inline poll's parts (publish, drain gather, delivery, the host's KernelStep runs, the plugin
+and its fold into chunks).
 """
 from __future__ import annotations
 
@@ -22,12 +23,15 @@ from slicetrace.cli.bench import _NO_STEPS
 from slicetrace.events import host as ev_host
 from slicetrace.events import plugin as ev_plugin
 from slicetrace.events import runs as ev_runs
+from slicetrace.backend.cpu import stamper as cpu_stamper
+from slicetrace.sinks import chrome_store
 from slicetrace.stamps import drain as st_drain
 
 _DRAIN_STAGES = ((st_drain.Drain, "_drain_many"), (st_drain.Drain, "_deliver"), (st_drain, "pair_channels"),
                  (ev_host.EventHost, "batch"), (ev_host.EventHost, "_steps_runs"),
                  (ev_host.EventHost, "_channel_runs"), (ev_runs, "to_kernel_steps"),
-                 (ev_plugin.LoadedPlugin, "kernel_step_runs"))
+                 (ev_plugin.LoadedPlugin, "kernel_step_runs"), (cpu_stamper.FastRingWriter, "publish"),
+                 (chrome_store.Ctx, "fold"))
 
 
 def parse_size(s: str) -> int:
