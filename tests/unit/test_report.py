@@ -1,3 +1,5 @@
+import re
+
 import numpy as np
 import pytest
 
@@ -97,8 +99,10 @@ def test_slow_links_tell_a_slow_link_from_a_slow_channel():
     from slicetrace.analyze.report import render
     con = Console(record=True, width=200)
     render(rep, console=con)
+    text = con.export_text()
+    assert re.search(r"2->3 │\s+3\.8 │\s+4 │\s+10\.00 │", text)     # 4 x 1 MB in MiB, 4 slices
     assert "slow link: 2->3 moves 10.00 GB/s, 68 % below the median link (31.43), slower than the other links on " \
-        "4 of 4 channels" in con.export_text()
+        "4 of 4 channels" in text
     even = build(_rows([r[:8] + (25_000,) for r in rows]))                 # all links alike: none is slow
     assert even.slow_links == []
     two = build(_rows([r[:9] for r in rows if r[0] < 2]))                  # fewer than 3 links: no median to judge

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import copy
+import os
 import json
 
 import numpy as np
 import pytest
 
 from slicetrace.analyze import check_trace, counters, kernel_steps, load_trace, load_traces
+from slicetrace.analyze.trace import trace_files
 from slicetrace.config import Settings
 from slicetrace.errors import TraceFormatError
 from slicetrace.events import abi
@@ -61,6 +63,15 @@ def test_load_traces_merges_ranks_by_prefix_glob_or_list(traces):
     assert set(counters(merged)) == {0, 1} and counters(merged)[0]["overrun"] == 0
     with pytest.raises(TraceFormatError, match=r"no trace files match '.*nothing'"):
         load_traces(prefix + "nothing")
+
+
+def test_a_folder_means_the_dump_files_in_it(traces, tmp_path):
+    prefix, _, _ = traces
+    folder = os.path.dirname(prefix)
+    assert trace_files(folder) == trace_files(prefix) and len(trace_files(folder)) == 2
+    (tmp_path / "bench.json").write_text("{}")             # bench --json output beside the traces is no trace
+    with pytest.raises(TraceFormatError, match=r"no trace files match .*a folder of"):
+        trace_files(str(tmp_path))
 
 
 def test_bad_json_and_shapes_are_reported(tmp_path):

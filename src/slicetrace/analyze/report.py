@@ -134,10 +134,10 @@ def render(rep: Report, console=None) -> None:
     from rich.table import Table
     con = console or Console()
     t = Table(title="links (sender side transfer; receiver side wait)")
-    for c in ("src->dst", "bytes", "slices", "GB/s", "transfer us", "credit wait us", "data wait us"):
+    for c in ("src->dst", "MiB", "slices", "GB/s", "transfer us", "credit wait us", "data wait us"):
         t.add_column(c, justify="right")
-    for ln in rep.links:
-        t.add_row(f"{ln['src']}->{ln['dst']}", f"{ln['bytes']:,}", str(ln["slices"]), f"{ln['gbps']:.2f}",
+    for ln in rep.links:                # exact bytes are in --json; MiB keeps the row within 80 columns
+        t.add_row(f"{ln['src']}->{ln['dst']}", f"{ln['bytes'] / 2**20:,.1f}", str(ln["slices"]), f"{ln['gbps']:.2f}",
                   f"{ln['send_transfer_us']:.1f}", f"{ln['send_credit_wait_us']:.1f}", f"{ln['recv_data_wait_us']:.1f}")
     con.print(t)
     t = Table(title="ranks")

@@ -49,14 +49,20 @@ def load_trace(path: str | os.PathLike) -> list[dict]:
 
 
 def trace_files(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str]:
-    """A file, a glob pattern or a dump prefix (`<prefix>_*_*.json`), or a list of these -> the files."""
+    """A file, a folder (the dump files in it: `bench --trace DIR`), a glob pattern or a dump prefix
+    (`<prefix>_*_*.json`), or a list of these -> the files."""
     if not isinstance(paths, (str, os.PathLike)):
         return [f for p in paths for f in trace_files(p)]
     p = os.fspath(paths)
-    files = [p] if os.path.isfile(p) else (       # a file first: its name may hold '[' or '*'
-        sorted(glob.glob(p)) if any(c in p for c in "*?[") else sorted(glob.glob(f"{p}_*_*.json")))
+    if os.path.isfile(p):                          # a file first: its name may hold '[' or '*'
+        files = [p]
+    elif os.path.isdir(p):
+        files = sorted(glob.glob(os.path.join(glob.escape(p), "*_*_*.json")))
+    else:
+        files = sorted(glob.glob(p)) if any(c in p for c in "*?[") else sorted(glob.glob(f"{p}_*_*.json"))
     if not files:
-        raise TraceFormatError(f"no trace files match {p!r} (a file, a glob, or a dump prefix)")
+        raise TraceFormatError(f"no trace files match {p!r} (a file, a folder of <prefix>_<commHash>_<rank>.json "
+                               f"files, a glob, or a dump prefix)")
     return files
 
 

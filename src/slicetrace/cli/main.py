@@ -239,7 +239,8 @@ def run_bench(a: argparse.Namespace) -> int:
                                        "summary": summary})
     if a.trace:
         say(f"# traces: {a.trace}/trace_<commHash>_<rank>.json (open in https://ui.perfetto.dev; all ranks in one, "
-            f"with send -> receive arrows: slicetrace convert {a.trace}/trace -o run.pftrace)")
+            f"with send -> receive arrows: slicetrace convert {a.trace} -o run.pftrace; links, waits and "
+            f"stragglers: slicetrace report {a.trace})")
     if bad_rows:
         print(f"# {len(bad_rows)} size(s) had wrong results", file=sys.stderr)
         return 1
@@ -292,13 +293,13 @@ def main(argv: list[str] | None = None) -> int:
     _bench_parser(sub)
     sub.add_parser("config", help="every SLICETRACE_* variable: effective value, raw value, meaning")
     rp = sub.add_parser("report", help="per-link bandwidth, waits and stragglers from trace files")
-    rp.add_argument("traces", nargs="+", help="trace files, a glob, or the dump prefix")
+    rp.add_argument("traces", nargs="+", help="trace files, their folder, a glob, or the dump prefix")
     rp.add_argument("--top", type=int, default=10, help="slowest slices to list")
     rp.add_argument("--json", metavar="FILE", help="write the report as JSON")
     rp.add_argument("--csv", metavar="FILE", help="write every KernelStep as a CSV row (rank, channel, peer, step, "
                     "size, clocks, wait_us, transfer_us, gbps), for pandas or a spreadsheet")
     cp = sub.add_parser("convert", help="trace files -> one Perfetto protobuf trace, with send -> receive flows")
-    cp.add_argument("traces", nargs="+", help="trace files, a glob, or the dump prefix")
+    cp.add_argument("traces", nargs="+", help="trace files, their folder, a glob, or the dump prefix")
     cp.add_argument("-o", "--output", required=True, metavar="FILE", help="the .pftrace file to write")
     a = parser.parse_args(argv)
     try:
