@@ -56,7 +56,7 @@ VARIABLES: tuple[Var, ...] = (
     Var("SLICETRACE_TIMEOUT", "timeout_s", float, "seconds any wait may take before it becomes an error, default 60"),
     Var("SLICETRACE_STAMP_RING_SLOTS", "ring_slots", _int, "entries in each started/completed stamp ring per channel (power of two), default 16384"),
     Var("SLICETRACE_KERNEL_STEP_SAMPLE_RATE", "sample_rate", _int, "keep slice 0 and every k-th slice of each work (1..255), default 1"),
-    Var("SLICETRACE_DRAIN_INTERVAL_US", "drain_interval_us", _int, "drain thread poll period in microseconds (adaptive, backs off to 16 ms; cuda: the cpu backend drains between ops), default 500"),
+    Var("SLICETRACE_DRAIN_INTERVAL_US", "drain_interval_us", _int, "drain thread poll period in microseconds, cuda backend (adaptive, backs off to 16 ms; the cpu backend drains inline between ops), default 500"),
     Var("SLICETRACE_PROFILER_PLUGIN", "profiler_plugin", _opt_str, "plugins: 'example', 'linkstats', 'module:attr', an entry point in group slicetrace.profilers, comma-separated for several, 'none' to disable"),
     Var("SLICETRACE_PROFILE_EVENT_MASK", "profile_event_mask", _int, "event mask the example plugin asks for; default Coll|P2p|KernelCh|KernelStep = 65606"),
     Var("SLICETRACE_PROFILE_DUMP_FILE", "profile_dump_file", _opt_str, "example plugin: trace path prefix, files are <prefix>_<commHash>_<rank>.json"),
