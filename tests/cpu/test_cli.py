@@ -100,6 +100,8 @@ def test_bad_values_name_the_flag_the_value_and_what_is_accepted(capsys):
         (["-N", "-1"], "-N -1 must be >= 0 (0: until interrupted)"),
         (["-T", "0"], "-T 0.0 must be > 0 seconds"),
         (["-N", "0", "--json", "r.json"], "--json 'r.json' with -N 0: a run without end never writes it"),
+        (["--compare", "nccl"], "--compare nccl runs beside --backend cuda, not 'cpu'"),
+        (["--backend", "null", "--compare", "gloo"], "--compare gloo runs beside --backend cpu, not 'null'"),
     ):
         assert main(["bench", *argv]) == 2, argv
         assert want in capsys.readouterr().err, argv

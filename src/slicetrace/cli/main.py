@@ -207,6 +207,10 @@ def run_bench(a: argparse.Namespace) -> int:
             raise SliceTraceError(f"--trace {a.trace!r}: the folder is not writable")
         overrides["profile_dump_file"] = os.path.join(a.trace, "trace")
     s = Settings.from_env(**overrides)
+    want = {"gloo": "cpu", "nccl": "cuda"}.get(a.compare or "")
+    if want and s.backend != want:              # each reference runs where its library runs: same buffers, same device
+        raise SliceTraceError(f"--compare {a.compare} runs beside --backend {want}, not {s.backend!r} "
+                              f"(--compare gloo with cpu, --compare nccl with cuda)")
     load_plugins(s.profiler_plugin, s)          # a bad plugin spec is one line here, not a traceback per rank
     nranks = a.ranks
     if nranks is None:
