@@ -14,6 +14,6 @@ SLICETRACE_PROFILER_PLUGIN=example,linkstats SLICETRACE_LINKSTATS_FILE="$OUT/gtr
   -b 64K -e 16M -f 4 -n 5 -w 2 -T 30 --trace "$OUT/gtr" 2>&1 | tee "$OUT/bench.log" || rc=1
 ls -la "$OUT/gtr" | tee -a "$OUT/bench.log"
 timeout 120 python3 scripts/convert_check.py "$OUT/gtr/trace" "$OUT/g.pftrace" 2>&1 | tee "$OUT/convert.log" || rc=1
-timeout 120 python3 -m slicetrace.cli.main report "$OUT/gtr/trace" 2>&1 | head -60 | tee "$OUT/report.log" || rc=1
+timeout 120 python3 -m slicetrace.cli.main report "$OUT/gtr" 2>&1 | head -60 | tee "$OUT/report.log" || rc=1
 head -12 "$OUT"/gtr/links_*_0.prom >> "$OUT/convert.log" 2>&1
 exit $rc
