@@ -49,7 +49,7 @@ def main() -> None:
     prog = plan.programs[0]
 
     def drop() -> None:
-        w.staged = []
+        del w.staged[:]
     publish = drop if a.no_publish else w.publish
     tag = [0]
 

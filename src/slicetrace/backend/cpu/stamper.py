@@ -8,12 +8,15 @@ touches): writing records between slices cost ~1.2 us per call, publishing at ea
 per drain poll it is ~0.1 us per record. A staged record is 6 words: wait, ready, done, op, step and word 5
 pre-combined the way the drain reads it (size | peer << 32 | kind << 48 | flags << 56); publish() joins op and step
 into word 4 (op | step << 32) for all of a poll at once, which costs the ring loop ~1 us less per 1 MiB op than
-joining them per slice (scripts/cpu_ks_loopback.py). One writer thread per channel ring at a time (the contract);
-the lock only keeps a flush from another thread off a program that is staging.
+joining them per slice (scripts/cpu_ks_loopback.py). stage() packs a program's words into a u64 array while they
+are still in cache: converting them at publish, after 32 ops of copies, cost ~1 us more per op. One writer thread
+per channel ring at a time (the contract); the lock only keeps a flush from another thread off a program that is
+staging.
 """
 from __future__ import annotations
 
 import threading
+from array import array
 
 import numpy as np
 
@@ -40,7 +43,7 @@ class FastRingWriter:
         self.st_rows = np.frombuffer(views.started[channel], np.uint64).reshape(views.slots, _E)
         self.co_rows = np.frombuffer(views.completed[channel], np.uint64).reshape(views.slots, _E)
         self.mask = views.slots - 1
-        self.staged: list[int] = []     # [wait, ready, done, op, step, w5] per record, seqs first.. (contiguous)
+        self.staged = array("Q")        # [wait, ready, done, op, step, w5] per record, seqs first.. (contiguous)
         self.first = 0
         self.lock = threading.Lock()
 
@@ -51,13 +54,14 @@ class FastRingWriter:
         k = len(words) // _W
         if not k:
             return
+        packed = array("Q", words)      # before any seq is reserved: a word outside u64 reserves nothing
         with self.lock:
             hdr, ri = self.hdr, self.ri
             seq = hdr[ri] + 1
             hdr[ri] = seq + k - 1
             if not self.staged:
                 self.first = seq
-            self.staged += words
+            self.staged += packed
 
     def publish(self) -> int:
         """Write every staged record into both rings (seq word 0, payload, then the seqs), as the reference
@@ -67,10 +71,10 @@ class FastRingWriter:
             words, first = self.staged, self.first
             if not words:
                 return 0
-            self.staged = []
+            self.staged = array("Q")
             last = self.hdr[self.ri] + 1                            # one past the newest seq: the last staged
         first = max(first, last - self.mask - 1)
-        staged = np.fromiter(words, np.uint64, len(words)).reshape(-1, _W)[len(words) // _W - (last - first):]
+        staged = np.frombuffer(words, np.uint64).reshape(-1, _W)[len(words) // _W - (last - first):]
         recs = np.empty((len(staged), _E - 1), np.uint64)          # an entry's words 1..5
         recs[:, :3] = staged[:, :3]
         recs[:, 3] = (staged[:, 3] & _LO32) | (staged[:, 4] & _LO32) << np.uint64(32)
