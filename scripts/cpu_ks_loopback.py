@@ -68,10 +68,15 @@ def main() -> None:
     block(True)
     block(False)
     base, delta = [], []
-    for r in range(a.rounds):
-        pair = (block(False), block(True)) if r % 2 else tuple(reversed((block(True), block(False))))
-        base.append(pair[0])
-        delta.append(pair[1] - pair[0])
+    for r in range(a.rounds):                       # which goes first alternates
+        if r % 2:
+            without = block(False)
+            with_ks = block(True)
+        else:
+            with_ks = block(True)
+            without = block(False)
+        base.append(without)
+        delta.append(with_ks - without)
     q1, q3 = np.percentile(delta, [25, 75])
     print(f"{a.bytes} B, {len(prog.prims)} primitives: {statistics.median(base):.1f} us per op without KernelStep, "
           f"KernelStep {statistics.median(delta):+.2f} us per op [{q1:+.2f}, {q3:+.2f}] (median of {a.rounds} "

@@ -18,12 +18,12 @@ import time
 import numpy as np
 
 import slicetrace
+from slicetrace.backend.cpu import stamper as cpu_stamper
 from slicetrace.cli import sweep
 from slicetrace.cli.bench import _NO_STEPS
 from slicetrace.events import host as ev_host
 from slicetrace.events import plugin as ev_plugin
 from slicetrace.events import runs as ev_runs
-from slicetrace.backend.cpu import stamper as cpu_stamper
 from slicetrace.sinks import chrome_store
 from slicetrace.stamps import drain as st_drain
 
