@@ -137,7 +137,7 @@ class Communicator:
         itemsize = send.itemsize
         plan = plan_collective(func, self.world_size, self.rank, count, itemsize, root,
                                self._session.backend.channels_for(count * itemsize), self.settings.step_bytes)
-        mask = self._session.op_mask()
+        mask = self._session.op_mask_for(count * itemsize)
         seq = self._next_seq(func)
         info = None
         if mask:                    # events only when a plugin listens: nothing to build otherwise
@@ -246,7 +246,8 @@ class Communicator:
             hit = self._p2p_plans[key] = self._p2p_layout(*key)
         pieces, plan, nprog, chans = hit
         parts = [(part, entries[ei][1]) for part, ei in pieces]
-        mask = self._session.op_mask()
+        sess = self._session                    # threshold on the group's largest message
+        mask = sess.op_mask_for(max(p.count for p, _, _, _ in entries) * itemsize if sess.profiling else 0)
         tasks = []
         if mask:                                # events only when a plugin listens
             for (p, buf, _, _), n, ch in zip(entries, nprog, chans):

@@ -56,6 +56,8 @@ VARIABLES: tuple[Var, ...] = (
     Var("SLICETRACE_TIMEOUT", "timeout_s", float, "seconds any wait may take before it becomes an error, default 60"),
     Var("SLICETRACE_STAMP_RING_SLOTS", "ring_slots", _int, "entries in each started/completed stamp ring per channel (power of two), default 16384"),
     Var("SLICETRACE_KERNEL_STEP_SAMPLE_RATE", "sample_rate", _int, "keep slice 0 and every k-th slice of each work (1..255), default 1"),
+    Var("SLICETRACE_PROFILE_OP_SAMPLE_RATE", "op_sample_rate", _int, "profile the first op and every k-th op of a communicator (1..1000000, default 1 = every op); the others run unprofiled and are counted (ops_sampled_out)"),
+    Var("SLICETRACE_PROFILE_MIN_BYTES", "profile_min_bytes", _int, "ops smaller than this (count x element size, as NCCL counts) run unprofiled and are counted (ops_below_min_bytes); default 0"),
     Var("SLICETRACE_DRAIN_INTERVAL_US", "drain_interval_us", _int, "drain thread poll period in microseconds, cuda backend (adaptive, backs off to 16 ms; the cpu backend drains inline between ops), default 500"),
     Var("SLICETRACE_PROFILER_PLUGIN", "profiler_plugin", _opt_str, "plugins: 'example', 'linkstats', 'module:attr', an entry point in group slicetrace.profilers, comma-separated for several, 'none' to disable"),
     Var("SLICETRACE_PROFILE_EVENT_MASK", "profile_event_mask", _int, "event mask the example plugin asks for; default Coll|P2p|KernelCh|KernelStep = 65606"),
@@ -85,6 +87,8 @@ class Settings:
     timeout_s: float = 60.0
     ring_slots: int = 16384
     sample_rate: int = 1
+    op_sample_rate: int = 1
+    profile_min_bytes: int = 0
     drain_interval_us: int = 500
     profiler_plugin: str | None = None
     profile_event_mask: int | None = None
@@ -119,6 +123,10 @@ class Settings:
             raise ConfigError(f"ring_slots={self.ring_slots} must be a power of two >= 64")
         if not 1 <= self.sample_rate <= 255:
             raise ConfigError(f"sample_rate={self.sample_rate} must be in 1..255 (1 keeps every slice)")
+        if not 1 <= self.op_sample_rate <= 1_000_000:
+            raise ConfigError(f"op_sample_rate={self.op_sample_rate} must be in 1..1000000 (1 profiles every op)")
+        if self.profile_min_bytes < 0:
+            raise ConfigError(f"profile_min_bytes={self.profile_min_bytes} must be >= 0 bytes (0 profiles every size)")
         if not 10 <= self.drain_interval_us <= 1_000_000:
             raise ConfigError(f"drain_interval_us={self.drain_interval_us} must be in 10..1000000")
         if self.profile_event_mask is not None and not 0 <= self.profile_event_mask < (1 << 32):

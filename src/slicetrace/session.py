@@ -45,6 +45,9 @@ class Session:
         self.drain: Drain | None = None
         self.paused = False
         self.mask_limit = -1        # ANDed into every op's event mask (Communicator.profiling(mask=...))
+        self._every, self._min_bytes = settings.op_sample_rate, settings.profile_min_bytes
+        self._eligible = 0          # profiled ops that passed the size threshold (op sampling counts these)
+        self.ops_sampled_out = self.ops_below_min_bytes = 0
         self._inline = False
         self._closed = False
         self._resync_at = 0.0
@@ -75,6 +78,25 @@ class Session:
 
     def op_mask(self) -> int:
         return self.host.op_mask() & self.mask_limit if self.profiling else 0
+
+    def op_mask_for(self, nbytes: int) -> int:
+        """The event mask of the next op, which moves nbytes (count x element size): 0 with profiling off, and
+        for ops the settings leave unprofiled (counted): below profile_min_bytes, or not the first of every
+        op_sample_rate ops above it. Ranks that issue the same ops profile the same ones."""
+        if self.host is None or self.paused:
+            return 0
+        if nbytes < self._min_bytes:
+            self.ops_below_min_bytes += 1
+            return 0
+        self._eligible += 1
+        if self._every > 1 and (self._eligible - 1) % self._every:
+            self.ops_sampled_out += 1
+            return 0
+        return self.host.op_mask() & self.mask_limit
+
+    def _op_counts(self) -> dict[str, int]:
+        return {k: v for k, v in (("ops_sampled_out", self.ops_sampled_out),
+                                  ("ops_below_min_bytes", self.ops_below_min_bytes)) if v}
 
     def _resync(self) -> None:
         off, unc = self.backend.clock_sync()
@@ -137,7 +159,7 @@ class Session:
         self.backend.wait(token, self.settings.timeout_s)
 
     def counters(self) -> dict[str, int]:
-        return self.host.counters() if self.host is not None else {}
+        return {**self.host.counters(), **self._op_counts()} if self.host is not None else {}
 
     def flush(self, timeout_s: float | None = None) -> None:
         if self.drain is not None and not self.drain.flush(timeout_s or self.settings.timeout_s):
@@ -154,6 +176,8 @@ class Session:
                 if self.drain.error is not None:
                     log.error("slicetrace drain thread failed: %r", self.drain.error)
             if self.host is not None:
+                for k, v in self._op_counts().items():      # into the plugins' counters (trace, .prom)
+                    self.host.note(k, v)
                 self.host.close()
         finally:
             self.backend.close()

@@ -184,3 +184,37 @@ def test_a_mask_limit_drops_kernel_step_alone_and_is_checked():
         assert not {k: v for k, v in b.items() if not k.startswith("delivered") and v
                     and k not in ("clock_offset_ns", "clock_uncertainty_ns")}
         assert len(errs) == 3 and all("must be an int >= 0 of EventType bits" in e for e in errs), errs
+
+
+def _sampled(comm):
+    big, small = np.ones(3000, np.float32), np.ones(10, np.float32)
+    for i in range(7):
+        comm.all_reduce(big)
+        if i % 2:
+            comm.all_reduce(small)                       # 40 bytes: under profile_min_bytes
+    with comm.group():                                   # the 8th op above the threshold: sampled out
+        comm.send(big, (comm.rank + 1) % comm.world_size)
+        comm.recv(np.empty_like(big), (comm.rank - 1) % comm.world_size)
+    comm.flush_profiler()
+    return comm.drop_counters()
+
+
+def test_op_sampling_and_min_bytes_profile_the_same_ops_on_every_rank_and_count_the_rest(tmp_path):
+    prefix = str(tmp_path / "sampled")
+    counters = slicetrace.launch(_sampled, 2, profile_dump_file=prefix, op_sample_rate=3, profile_min_bytes=1024,
+                                 **KW)
+    files = sorted(glob.glob(prefix + "_*.json"))
+    assert len(files) == 2
+    recs = load_traces(files)
+    ks = kernel_steps(recs)
+    for rank, (f, c) in enumerate(zip(files, counters)):
+        assert check_trace(f) == []
+        assert (c["ops_sampled_out"], c["ops_below_min_bytes"]) == (5, 3), c
+        lost = {k: v for k, v in c.items() if v and not k.startswith(("delivered", "ops_"))}
+        assert lost == {}, lost
+        colls = [r for r in recs if r.get("ph") == "b" and r.get("pid") == rank and r.get("cat") in ("COLL", "P2P")]
+        # ops 1, 4 and 7 of those >= 1 KiB; seq numbers count every all_reduce (the small ones too)
+        assert sorted(r["args"]["SeqNum"] for r in colls) == [0, 4, 9], colls
+        assert int((ks["rank"] == rank).sum()) == c["delivered_kernel_step"] > 0
+        meta = [r for r in recs if r.get("name") == "slicetrace_counters" and r.get("pid") == rank]
+        assert meta and meta[0]["args"]["ops_sampled_out"] == 5 and meta[0]["args"]["ops_below_min_bytes"] == 3

@@ -22,6 +22,8 @@ def test_env_is_parsed_and_arguments_win():
     ({"sample_rate": 0}, r"^sample_rate=0 must be in 1\.\.255"),
     ({"nchannels": 65}, r"^nchannels=65 must be in 0\.\.64"),
     ({"buffsize": 1000}, r"^buffsize=1000 must be"),
+    ({"op_sample_rate": 0}, r"^op_sample_rate=0 must be in 1\.\.1000000"),
+    ({"profile_min_bytes": -1}, r"^profile_min_bytes=-1 must be >= 0 bytes"),
 ])
 def test_bad_values_name_parameter_value_and_accepted(kw, msg):
     with pytest.raises(ConfigError, match=msg):

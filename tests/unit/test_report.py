@@ -107,3 +107,15 @@ def test_slow_links_tell_a_slow_link_from_a_slow_channel():
     assert even.slow_links == []
     two = build(_rows([r[:9] for r in rows if r[0] < 2]))                  # fewer than 3 links: no median to judge
     assert two.slow_links == []
+
+
+def test_ops_left_out_by_the_settings_are_not_called_losses():
+    from rich.console import Console
+    from slicetrace.analyze.report import render
+    ks = _rows([(0, 0, 1, 1, 0, 1_000_000, 0, 10, 10_010), (1, 0, 0, 0, 0, 1_000_000, 5, 10_020, 10_030)])
+    rep = build(ks, counters={0: {"overrun": 2, "ops_sampled_out": 9, "delivered_coll": 1}, 1: {"ops_below_min_bytes": 4}})
+    con = Console(record=True, width=200)
+    render(rep, console=con)
+    text = con.export_text()
+    assert "loss counters: {'rank 0': {'overrun': 2}, 'rank 1': {}}" in text
+    assert "ops not profiled by the settings: {'rank 0': {'ops_sampled_out': 9}, 'rank 1': {'ops_below_min_bytes': 4}}" in text

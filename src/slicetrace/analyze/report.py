@@ -165,6 +165,11 @@ def render(rep: Report, console=None) -> None:
         w = rep.waited_on[0]
         con.print(f"most waited on: rank {w['rank']} waited {w['wait_us']:.1f} us for data from rank {w['peer']}")
     if rep.counters:
-        lost = {f"rank {r}": {k: v for k, v in c.items() if v and not k.startswith(("delivered", "plugin_written", "clock_"))}
+        lost = {f"rank {r}": {k: v for k, v in c.items()
+                              if v and not k.startswith(("delivered", "plugin_written", "clock_", "ops_"))}
                 for r, c in rep.counters.items()}
         con.print(f"loss counters: {lost}")
+        skipped = {f"rank {r}": {k: v for k, v in c.items() if v and k.startswith("ops_")}
+                   for r, c in rep.counters.items()}
+        if any(skipped.values()):       # left out on purpose (SLICETRACE_PROFILE_OP_SAMPLE_RATE / _MIN_BYTES)
+            con.print(f"ops not profiled by the settings: {skipped}")

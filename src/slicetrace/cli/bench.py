@@ -165,6 +165,10 @@ def bench_rank(comm, o: dict) -> list[dict]:
         chans = comm.settings.nchannels or ("auto" if comm.backend_name == "cuda" else 1)
         say(f"# slicetrace bench: backend {comm.backend_name}, {n} ranks, channels {chans}, "
             f"profiling {'on' if comm.profiler_enabled else 'off'}"
+            + (f" (1 op in {comm.settings.op_sample_rate})" if comm.profiler_enabled
+               and comm.settings.op_sample_rate > 1 else "")
+            + (f" (ops from {comm.settings.profile_min_bytes} B)" if comm.profiler_enabled
+               and comm.settings.profile_min_bytes else "")
             + (", in place" if o["inplace"] else "") + (f", compare {o['compare']}" if ref else "")
             + (f", time: {AVERAGE[o['average']]} timings" if o.get("average", 3) != 3 else "")
             + (", overhead of KernelStep (profiled with it / without it)" if o["overhead"]
