@@ -46,7 +46,7 @@ class Session:
         self.paused = False
         self.mask_limit = -1        # ANDed into every op's event mask (Communicator.profiling(mask=...))
         self._every, self._min_bytes = settings.op_sample_rate, settings.profile_min_bytes
-        self._eligible = 0          # profiled ops that passed the size threshold (op sampling counts these)
+        self._eligible = 0          # ops, profiling on, at or above the size threshold: op sampling counts these
         self.ops_sampled_out = self.ops_below_min_bytes = 0
         self._inline = False
         self._closed = False
