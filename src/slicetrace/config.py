@@ -35,6 +35,16 @@ def _int(v: str) -> int:
     return int(v, 0)
 
 
+def _bytes(v: str) -> int:
+    """An integer, or one with a binary suffix K, M or G (64K = 65536), as the bench's -b/-e take."""
+    t = v.strip().upper()
+    if not t.startswith("0X"):               # hex digits include B
+        for i, suffix in enumerate("KMG"):
+            if t.endswith((suffix, suffix + "B")):
+                return int(t[:t.rindex(suffix)]) << (10 * (i + 1))
+    return int(t, 0)
+
+
 def _opt_str(v: str) -> str | None:
     return v or None
 
@@ -57,7 +67,7 @@ VARIABLES: tuple[Var, ...] = (
     Var("SLICETRACE_STAMP_RING_SLOTS", "ring_slots", _int, "entries in each started/completed stamp ring per channel (power of two), default 16384"),
     Var("SLICETRACE_KERNEL_STEP_SAMPLE_RATE", "sample_rate", _int, "keep slice 0 and every k-th slice of each work (1..255), default 1"),
     Var("SLICETRACE_PROFILE_OP_SAMPLE_RATE", "op_sample_rate", _int, "profile the first op and every k-th op of a communicator (1..1000000, default 1 = every op); the others run unprofiled and are counted (ops_sampled_out)"),
-    Var("SLICETRACE_PROFILE_MIN_BYTES", "profile_min_bytes", _int, "ops smaller than this (count x element size, as NCCL counts) run unprofiled and are counted (ops_below_min_bytes); default 0"),
+    Var("SLICETRACE_PROFILE_MIN_BYTES", "profile_min_bytes", _bytes, "bytes, e.g. 65536 or 64K: ops smaller than this (count x element size, as NCCL counts) run unprofiled and are counted (ops_below_min_bytes); default 0"),
     Var("SLICETRACE_DRAIN_INTERVAL_US", "drain_interval_us", _int, "drain thread poll period in microseconds, cuda backend (adaptive, backs off to 16 ms; the cpu backend drains inline between ops), default 500"),
     Var("SLICETRACE_PROFILER_PLUGIN", "profiler_plugin", _opt_str, "plugins: 'example', 'linkstats', 'module:attr', an entry point in group slicetrace.profilers, comma-separated for several, 'none' to disable"),
     Var("SLICETRACE_PROFILE_EVENT_MASK", "profile_event_mask", _int, "event mask the example plugin asks for; default Coll|P2p|KernelCh|KernelStep = 65606"),

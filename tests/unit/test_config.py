@@ -63,3 +63,12 @@ def test_config_command_prints_every_variable(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert all(v.name in out for v in VARIABLES)
     assert "SLICETRACE_TIMEOUT" in out and "12.5" in out and "env=12.5" in out
+
+
+def test_profile_min_bytes_takes_sizes_with_binary_suffixes():
+    parse = lambda v: Settings.from_env({"SLICETRACE_PROFILE_MIN_BYTES": v}).profile_min_bytes   # noqa: E731
+    assert [parse(v) for v in ("64K", "64kb", "1M", "4096", "0x1B")] == [65536, 65536, 1 << 20, 4096, 27]
+    with pytest.raises(ConfigError, match=r"^SLICETRACE_PROFILE_MIN_BYTES='1.5M' cannot be parsed: bytes, e\.g\."):
+        parse("1.5M")
+    with pytest.raises(ConfigError, match=r"^SLICETRACE_PROFILE_MIN_BYTES='-1K': profile_min_bytes=-1024 must be >= 0"):
+        parse("-1K")
