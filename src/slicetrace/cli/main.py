@@ -135,7 +135,7 @@ def _bench_parser(sub) -> None:
                    help=f"comma list of {OPS} or 'all'")
     p.add_argument("--ranks", type=int, default=None, help="ranks to spawn (cpu default 2; cuda: GPUs)")
     p.add_argument("--backend", default=None, help="cpu (default) or cuda")
-    p.add_argument("--channels", type=int, default=None, help="channels per collective")
+    p.add_argument("--channels", type=int, default=None, help="channels per collective (0: the backend chooses)")
     p.add_argument("--inplace", action="store_true", help="run in place as nccl-tests does (all_gather: input = "
                    "this rank's block of the output; reduce_scatter: output = this rank's block of the input; "
                    "all_reduce, broadcast, reduce: one buffer); all_to_all and send_recv stay out of place")
