@@ -175,13 +175,15 @@ def test_all_types_and_reductions_as_nccl_tests_runs_them(tmp_path):
     assert all(r["wrong"] == 0 for r in rows)
 
 
-def test_cycles_repeat_the_sweep_and_the_timeout_reaches_the_ranks(tmp_path, capfd):
+def test_cycles_repeat_the_sweep_and_the_timeout_reaches_the_ranks(tmp_path, capfd, monkeypatch):
+    monkeypatch.setenv("SLICETRACE_PROFILE_OP_SAMPLE_RATE", "3")     # the JSON keeps every effective setting
     out = tmp_path / "r.json"
     assert main(["bench", "-b", "4K", "-e", "16K", "-f", "4", "-n", "2", "-w", "1", "-N", "2", "-T", "7",
                  "-a", "1", "--json", str(out)]) == 0
     doc = json.load(open(out))
     assert [(r["cycle"], r["size"]) for r in doc["rows"]] == [(0, 4096), (0, 16384), (1, 4096), (1, 16384)]
     assert all(r["wrong"] == 0 for r in doc["rows"]) and doc["settings"]["timeout_s"] == "7.0"
+    assert doc["settings"]["op_sample_rate"] == "3" and doc["settings"]["buffsize"] == str(1 << 22)
     text = capfd.readouterr().out
     assert "# cycle 0" in text and "# cycle 1" in text and "time: the mean over ranks of the timings" in text
 

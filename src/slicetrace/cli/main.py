@@ -5,6 +5,7 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import fields
 
 from ..backend.base import REDOPS
 from .. import errors
@@ -238,7 +239,8 @@ def run_bench(a: argparse.Namespace) -> int:
     for line in format_summary(summary, a.compare):
         say(line)
     if a.json:
-        _write_json("--json", a.json, {"settings": {k: str(v) for k, v in overrides.items()}, "ranks": nranks,
+        _write_json("--json", a.json, {"settings": {f.name: str(getattr(s, f.name)) for f in fields(s)},  # effective
+                                       "ranks": nranks,
                                        "env": _provenance(s.backend, nranks, a.compare), "rows": rows,
                                        "summary": summary})
     if a.trace:
