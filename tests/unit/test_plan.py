@@ -181,7 +181,8 @@ def test_p2p_pieces_one_per_512_kib_within_the_channel_and_peer_budgets():
     assert p2p_pieces(1 << 30, 64, 2, 2) == 32                  # at most 32
     assert p2p_pieces(1 << 30, 16, 2, 2) == 8                   # half the channels
     assert p2p_pieces(1 << 30, 64, 8, 2) == 8                   # 64 programs shared by 8 parts with the peer
-    assert p2p_pieces(1 << 30, 64, 2, 5) == 8                   # ... and by every peer a rank may have
+    assert p2p_pieces(1 << 30, 64, 2, 4) == 10                  # ... and by every peer a rank may have
+    assert p2p_pieces(1 << 30, 64, 2, 5) == 5                   # 5 ranks: d = 2 and 3 need 3 colours, 12 channels
 
 
 def _matched_groups(n, msgs):
@@ -223,17 +224,39 @@ def test_both_ends_cut_a_message_into_the_same_pieces(n, data):
 
 def test_halo_exchange_pieces_match_between_a_boundary_and_an_interior_rank():
     """Rank 0 of a line 0-1-2 talks to rank 1 only, rank 1 to both: 16 MiB each way is cut alike at both ends
-    (with the budget of each rank's own peer count, rank 0 cut 32 pieces and rank 1 expected 16)."""
+    (with the budget of each rank's own peer count, rank 0 cut 32 pieces and rank 1 expected 16; 3 ranks take 6
+    channels per connection number, so 10 pieces of 2 parts per peer fill 60 of the 64)."""
     n, count = 3, 4 << 20
     groups = [[(1, True, count, 0), (1, False, count, 0)],
               [(0, True, count, 0), (2, True, count, 0), (0, False, count, 0), (2, False, count, 0)],
               [(1, True, count, 0), (1, False, count, 0)]]
     chans = lambda nbytes: 64
     split = [split_p2p(tuple(g), r, n, 4, chans)[1] for r, g in enumerate(groups)]
-    assert split == [[16, 16], [16, 16, 16, 16], [16, 16]]
+    assert split == [[10, 10], [10, 10, 10, 10], [10, 10]]
 
 
 def test_the_p2p_program_budget_is_what_one_cuda_launch_runs():
     from slicetrace.backend.cuda.layout import MAXP
     from slicetrace.plan.schedule import MAX_P2P_PROGRAMS
     assert MAX_P2P_PROGRAMS == MAXP
+
+
+@pytest.mark.parametrize("n", range(2, 10))
+def test_all_to_all_never_puts_a_ranks_send_and_receive_on_one_channel(n):
+    """Any rank count, odd ones included (a cycle of d-steps of odd length cannot be coloured with 2): every
+    program of a rank's all_to_all gets a channel of its own, also split into pieces, and both ends agree."""
+    k = p2p_pieces(64 << 20, 64, 2, n)
+    chans = {}
+    for r in range(n):
+        parts = []
+        for d in range(1, n):
+            for i in range(k):
+                parts.append(P2pPart((r + d) % n, True, 10, len(parts)))
+                parts.append(P2pPart((r - d) % n, False, 10, len(parts)))
+        progs = plan_p2p(parts, n, r, 4, 1 << 19, 1 << 19, 64).programs
+        used = [q.channel for q in progs]
+        assert len(set(used)) == len(used) == 2 * (n - 1) * k, (n, r, k)
+        for q in progs:
+            src, dst = (r, q.params["peer"]) if q.params["is_send"] else (q.params["peer"], r)
+            chans.setdefault((src, dst, q.params["conn"]), set()).add(q.channel)
+    assert all(len(c) == 1 for c in chans.values())

@@ -255,7 +255,7 @@ def p2p_pieces(nbytes: int, channels: int, pair_parts: int, nranks: int) -> int:
     count for nbytes. Both ends must cut a message alike, so the budget uses only what they share: the group's
     parts between the two ranks (equal at both ends of a matched group) and the world size, as NCCL's channels per
     peer follow the rank count; every peer at that budget keeps a rank within MAX_P2P_PROGRAMS."""
-    budget = MAX_P2P_PROGRAMS // max(1, pair_parts * (nranks - 1))
+    budget = 2 * MAX_P2P_PROGRAMS // max(1, pair_parts * _p2p_layout(nranks)[2])   # k connections fill k * width
     return max(1, min(32, channels // 2, nbytes >> 19, budget))
 
 
@@ -282,11 +282,42 @@ def split_p2p(shape: tuple, rank: int, nranks: int, itemsize: int, channels_for)
 def p2p_channel(src: int, dst: int, conn: int, nranks: int, nchannels: int) -> int:
     """The channel of the connection src -> dst numbered `conn` (a send/recv split in pieces uses connections
     0, 1, ... to one peer). Both ranks compute the same channel from the pair, so a send and the receive that takes
-    its data run on one channel, as in NCCL, and (channel, step) names the connection in a trace. Spread by the
-    ring distance d as NCCL does; the low bit, (src // d) % 2, differs between a rank's send to r + d and its
-    receive from r - d (away from the wrap), so each gets a block of its own on the GPU."""
+    its data run on one channel, as in NCCL, and (channel, step) names the connection in a trace. Spread by the ring
+    distance d as NCCL does, with a colour per connection so that a rank's send to r + d and its receive from r - d
+    never share a channel (a block on the GPU): sources one d-step apart get different colours, 2 of them where
+    the cycle of d-steps has even length, 3 where it is odd (3 ranks, or d = 2 of 6), which 2 cannot colour."""
+    base, color, width = _p2p_layout(nranks)
     d = (dst - src) % nranks
-    return (2 * (conn * max(1, nranks - 1) + max(0, d - 1)) + (src // max(1, d)) % 2) % max(1, nchannels)
+    return (conn * width + base[d] + color[d][src]) % max(1, nchannels)
+
+
+@lru_cache(maxsize=256)
+def _p2p_layout(nranks: int) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...], int]:
+    """Per distance d: its first channel (base), each source rank's colour, and the channels of one connection
+    number across all distances (width)."""
+    n = max(1, nranks)
+    base, color, width = [0] * n, [(0,) * n], 0
+    for d in range(1, n):
+        col = [0] * n
+        seen = [False] * n
+        odd = False
+        for start in range(n):                   # each cycle start, start + d, start + 2d, ...
+            if seen[start]:
+                continue
+            cyc, x = [], start
+            while not seen[x]:
+                seen[x] = True
+                cyc.append(x)
+                x = (x + d) % n
+            for i, x in enumerate(cyc):
+                col[x] = i % 2
+            if len(cyc) % 2:                     # odd cycle: its last source would clash with its first
+                col[cyc[-1]] = 2 if len(cyc) > 1 else 0
+                odd = True
+        base[d] = width
+        width += 3 if odd else 2
+        color.append(tuple(col))
+    return tuple(base), tuple(color), max(1, width)
 
 
 def plan_p2p(parts, nranks: int, rank: int, itemsize: int, chunk_bytes: int,
