@@ -4,12 +4,7 @@
 # prev), alternating. Logs in $OUT.   ROUNDS=2 SIZES="-b 1M -e 256M -f 4" bash scripts/gpu_p2p_ab.sh
 # SKIP_CONVERT=1: the tests alone instead of the convert check; ITERS, AB_TIMEOUT, AB_LOG: the A/B runs' -n/-w,
 # time limit and log name (scripts/gpu_final.sh sets them).
-set -o pipefail
-cd "$(dirname "$0")/.."
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export SLICETRACE_CACHE_DIR=$PWD/.kcache
-OUT=${OUT:-out}; mkdir -p "$OUT"
-rc=0
+source "$(dirname "$0")/gpu_env.sh"
 if [ -z "$SKIP_CONVERT" ]; then
   bash scripts/gpu_convert_check.sh || rc=1        # tests, traced bench, convert, report (its own logs)
   rm -rf "$OUT/gtr"

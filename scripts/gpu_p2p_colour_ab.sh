@@ -2,12 +2,7 @@
 # One device call on 4 GPUs after a p2p channel-placement change: the CUDA tests and the trace check (3 ranks) on
 # this tree, then all_to_all and send_recv against NCCL at 3 and 4 ranks for this tree and the trees in ./prev and
 # ./prevb (git archive REV src | tar -x -C prev), alternating, checked (#wrong). Logs in $OUT.
-set -o pipefail
-cd "$(dirname "$0")/.."
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export SLICETRACE_CACHE_DIR=$PWD/.kcache
-OUT=${OUT:-out}; mkdir -p "$OUT"
-rc=0
+source "$(dirname "$0")/gpu_env.sh"
 PYTHONPATH=src timeout 300 python3 -m pytest -q -x -rs tests/cuda 2>&1 | tail -3 | tee "$OUT/pytest.log" || rc=1
 rm -rf /tmp/st_tr3
 PYTHONPATH=src timeout 120 python3 scripts/gpu_trace_check.py /tmp/st_tr3 --ranks 3 --seconds 2 --timeout 30 \

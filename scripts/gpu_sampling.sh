@@ -3,12 +3,8 @@
 # profiled and with one op in 10 and in 100 (SLICETRACE_PROFILE_OP_SAMPLE_RATE), and a traced, checked, sampled
 # run through report and convert. Logs in $OUT.
 #     [SKIP_TESTS=1] [RATES="10 100"] [ITERS="-n 2000"] [SIZES="-b 1M -e 16M -f 4"] bash scripts/gpu_sampling.sh
-set -o pipefail
-cd "$(dirname "$0")/.."
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export SLICETRACE_CACHE_DIR=$PWD/.kcache PYTHONPATH=src
-OUT=${OUT:-out}; mkdir -p "$OUT"
-rc=0
+source "$(dirname "$0")/gpu_env.sh"
+export PYTHONPATH=src
 { date -u; nvidia-smi -L; } > "$OUT/env.txt" 2>&1
 [ -z "$SKIP_TESTS" ] && { timeout 330 python3 -m pytest -q -x -rs tests/cuda 2>&1 | tail -8 | tee "$OUT/pytest.log" || rc=1; }
 for k in ${RATES:-1 10 100}; do

@@ -2,12 +2,8 @@
 # One device call on a 4-GPU machine (nvidia-h200-x4): every operation at 3 and 4 ranks against NCCL (#wrong and
 # busbw ratio), the trace check (exact traffic, cross-GPU causality, nesting) at 3 and 4 ranks, and a traced
 # 4-rank bench through convert and report. Logs in $OUT.     bash scripts/gpu_x4.sh
-set -o pipefail
-cd "$(dirname "$0")/.."
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export SLICETRACE_CACHE_DIR=$PWD/.kcache PYTHONPATH=src
-OUT=${OUT:-out}; mkdir -p "$OUT"
-rc=0
+source "$(dirname "$0")/gpu_env.sh"
+export PYTHONPATH=src
 { date -u; nvidia-smi -L; nvidia-smi topo -m; } > "$OUT/env.txt" 2>&1
 for n in 4 3; do
   echo "== $n ranks $(date -u +%T)"
