@@ -5,6 +5,7 @@ Every backend runs these plans. The CUDA kernels compute the same schedule on th
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -294,28 +295,18 @@ def p2p_channel(src: int, dst: int, conn: int, nranks: int, nchannels: int) -> i
 @lru_cache(maxsize=256)
 def _p2p_layout(nranks: int) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...], int]:
     """Per distance d: its first channel (base), each source rank's colour, and the channels of one connection
-    number across all distances (width)."""
+    number across all distances (width). The d-steps split the ranks into gcd(n, d) cycles, all n / gcd long; a
+    source's colour is its position in its cycle, mod 2."""
     n = max(1, nranks)
     base, color, width = [0] * n, [(0,) * n], 0
     for d in range(1, n):
+        cycle = n // math.gcd(n, d)
         col = [0] * n
-        seen = [False] * n
-        odd = False
-        for start in range(n):                   # each cycle start, start + d, start + 2d, ...
-            if seen[start]:
-                continue
-            cyc, x = [], start
-            while not seen[x]:
-                seen[x] = True
-                cyc.append(x)
-                x = (x + d) % n
-            for i, x in enumerate(cyc):
-                col[x] = i % 2
-            if len(cyc) % 2:                     # odd cycle: its last source would clash with its first
-                col[cyc[-1]] = 2 if len(cyc) > 1 else 0
-                odd = True
+        for start in range(n // cycle):
+            for i in range(cycle):               # odd cycle: its last source would clash with its first
+                col[(start + i * d) % n] = 2 if cycle % 2 and i == cycle - 1 else i % 2
         base[d] = width
-        width += 3 if odd else 2
+        width += 3 if cycle % 2 else 2
         color.append(tuple(col))
     return tuple(base), tuple(color), max(1, width)
 
