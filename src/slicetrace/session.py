@@ -76,9 +76,6 @@ class Session:
     def profiling(self) -> bool:
         return self.host is not None and not self.paused
 
-    def op_mask(self) -> int:
-        return self.host.op_mask() & self.mask_limit if self.profiling else 0
-
     def op_mask_for(self, nbytes: int) -> int:
         """The event mask of the next op, which moves nbytes (count x element size): 0 with profiling off, and
         for ops the settings leave unprofiled (counted): below profile_min_bytes, or not the first of every

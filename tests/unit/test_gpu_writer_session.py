@@ -135,7 +135,7 @@ def session(tmp_path, monkeypatch, request):
 
 
 def _op(s, tag, func, tasks):
-    return OpInfo(tag=tag, func=func, tasks=tasks, seq_number=tag, mask=s.op_mask(), ts_ns=time.monotonic_ns())
+    return OpInfo(tag=tag, func=func, tasks=tasks, seq_number=tag, mask=s.op_mask_for(0), ts_ns=time.monotonic_ns())
 
 
 @pytest.mark.parametrize("p2p_channels", [2, 4])
