@@ -13,6 +13,7 @@ import time
 
 import slicetrace
 from slicetrace.analyze.trace import check_trace, kernel_steps, load_traces
+from slicetrace.cli.sweep import parse_size
 from slicetrace.plan.schedule import plan_collective
 from slicetrace.plan.traffic import expected_slices
 
@@ -80,7 +81,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--seconds", type=float, default=10.0)
-    ap.add_argument("--size", type=int, default=256 << 20)
+    ap.add_argument("--size", type=lambda s: parse_size(s, "--size"), default=256 << 20)
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=120.0, help="the library's timeout_s")
     a = ap.parse_args()

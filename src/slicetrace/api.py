@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import contextlib
+import logging
+import math
+import operator
 import threading
 import time
 from typing import Any, Iterator
@@ -10,18 +13,40 @@ import numpy as np
 
 from .backend.base import REDOPS, Work, host_pointer
 from .config import Settings
-from .errors import UsageError
+from .errors import SliceTraceError, UsageError
 from .events.abi import DATATYPE_NAMES, FUNC_NAMES
 from .events.host import OpInfo, TaskInfo
 from .plan.schedule import P2pPart, plan_collective, plan_p2p, split_p2p
 from .rendezvous import Store
 from .session import Session
 
+log = logging.getLogger("slicetrace")
+
 
 def _writable(buf: Any, what: str) -> None:
     """Results land in it: a read-only numpy array is refused before the op, not half way through it."""
     if not getattr(getattr(buf, "flags", None), "writeable", True):
         raise UsageError(f"{what} is read-only (flags.writeable is False); results are written into it")
+
+
+_TAG_LIMIT = 1 << 63        # user tags with the top bit set are NCCL's own (ncclCollConfig_t.userProfilerTag)
+
+
+def _index(v: Any, name: str, limit: int, accepted: str = "") -> int:
+    """An integer (Python or numpy, not bool) in 0..limit-1, else a UsageError naming it."""
+    if not isinstance(v, bool):
+        try:
+            i = operator.index(v)
+        except TypeError:
+            i = -1
+        if 0 <= i < limit:
+            return i
+    raise UsageError(f"{name}={v!r} must be an int in 0..{limit - 1}{accepted}")
+
+
+def _user_tag(v: Any) -> int:
+    return v if v.__class__ is int and 0 <= v < _TAG_LIMIT else _index(
+        v, "user_tag", _TAG_LIMIT, " (2**63 - 1; tags with the top bit set are reserved, as in NCCL)")
 
 
 def _ptr(buf: Any) -> int:
@@ -70,9 +95,29 @@ class Communicator:
         return op
 
     def _root(self, root: int) -> int:
-        if not isinstance(root, int) or not 0 <= root < self.world_size:
-            raise UsageError(f"root={root!r} must be an int in 0..{self.world_size - 1}")
-        return root
+        return root if root.__class__ is int and 0 <= root < self.world_size else _index(
+            root, "root", self.world_size)
+
+    def _check_overlap(self, func: str, send: Any, recv: Any, count: int) -> None:
+        """x and out that share memory must be NCCL's in-place layout: any other overlap gives wrong results."""
+        if not send.size or not recv.size:
+            return
+        sp, rp = _ptr(send), _ptr(recv)
+        if not (sp < rp + recv.nbytes and rp < sp + send.nbytes):
+            return
+        lo, hi = self.rank * count, (self.rank + 1) * count
+        if func == "all_gather":
+            ok, want = sp == rp + lo * send.itemsize, f"x is out[{lo}:{hi}] (this rank's block)"
+        elif func == "reduce_scatter":
+            ok, want = rp == sp + lo * send.itemsize, f"out is x[{lo}:{hi}] (this rank's block)"
+        elif func == "all_to_all":
+            raise UsageError("all_to_all: x and out overlap; it has no in-place form (a block could be overwritten "
+                             "before it is sent): pass an out that does not overlap x, or none")
+        else:
+            ok, want = sp == rp, "out is x"
+        if not ok:
+            raise UsageError(f"{func}: x and out overlap without being in place (x starts {sp - rp:+d} bytes from "
+                             f"out); in place means {want}; otherwise pass buffers that do not overlap")
 
     def _out(self, out: Any, like: Any, dtype: str, count: int, what: str = "out"):
         if out is None:
@@ -133,6 +178,9 @@ class Communicator:
         root = self._root(root)
         count, out_n = out_count_of(n)
         user_out, recv = self._out(out, send, dtype, out_n)
+        if user_out is not None:
+            self._check_overlap(func, send, recv, count)
+        user_tag = _user_tag(user_tag)
         self._tag += 1
         itemsize = send.itemsize
         plan = plan_collective(func, self.world_size, self.rank, count, itemsize, root,
@@ -195,8 +243,8 @@ class Communicator:
 
     def _p2p(self, x: Any, peer: int, is_send: bool, user_tag: int) -> None:
         self._check_open()
-        if not isinstance(peer, int) or not 0 <= peer < self.world_size:
-            raise UsageError(f"peer={peer!r} must be an int in 0..{self.world_size - 1}")
+        peer = _index(peer, "peer", self.world_size)
+        user_tag = _user_tag(user_tag)
         flat, dtype, n = self._buf(x, "x" if is_send else "out")
         if not is_send:
             _writable(x, "out")
@@ -230,6 +278,7 @@ class Communicator:
         return pieces, plan, nprog, [tuple(sorted(c)) for c in chans]
 
     def _run_p2p(self, entries: list) -> None:
+        self._check_open()                      # closed inside its group()
         self._guarded("send/recv", self._run_p2p_one, entries)
 
     def _run_p2p_one(self, entries: list) -> None:
@@ -250,12 +299,12 @@ class Communicator:
         mask = sess.op_mask_for(max(p.count for p, _, _, _ in entries) * itemsize if sess.profiling else 0)
         tasks = []
         if mask:                                # events only when a plugin listens
-            for (p, buf, _, _), n, ch in zip(entries, nprog, chans):
+            for (p, buf, _, ut), n, ch in zip(entries, nprog, chans):
                 tasks.append(TaskInfo(func="Send" if p.is_send else "Recv", peer=p.peer, is_send=p.is_send,
                                       count=p.count, datatype=DATATYPE_NAMES.get(dtype, dtype), root=0,
                                       send_buff=_ptr(buf) + p.offset * itemsize if p.is_send else 0,
                                       recv_buff=0 if p.is_send else _ptr(buf) + p.offset * itemsize,
-                                      n_programs=n, channels=ch))
+                                      n_programs=n, channels=ch, user_tag=ut))
         self._tag += 1
         info = self._info("send_recv", tasks, entries[0][3], mask, self._next_seq("send_recv"))
         work = Work(self._tag, plan, dtype, "sum", parts=parts, stream=self._stream)
@@ -266,7 +315,10 @@ class Communicator:
         flat, dtype, n = self._buf(x, "x")
         if n % self.world_size:
             raise UsageError(f"all_to_all input has {n} elements, not a multiple of world_size={self.world_size}")
+        user_tag = _user_tag(user_tag)
         user_out, recv = self._on_device(self._out, out, flat, dtype, n)   # out=None: allocated on its device
+        if user_out is not None:
+            self._check_overlap("all_to_all", flat, recv, n // self.world_size)
         k = n // self.world_size
         self._check_open()
         entries = []            # block j as an offset into x / out: no per-block views (a CuPy slice costs µs)
@@ -287,6 +339,8 @@ class Communicator:
         """Turn event collection off (or back on) for the ops inside the block (as exampleProfilerStart/Stop).
         mask: event types (events.abi.EventType bits) the block's ops may carry at most, e.g. everything but
         KernelStep to measure what KernelStep alone costs; the plugins' own masks still apply."""
+        if not isinstance(enabled, bool):       # "no" would be truthy
+            raise UsageError(f"enabled={enabled!r} must be True or False")
         if mask is not None and (isinstance(mask, bool) or not isinstance(mask, int) or mask < 0):
             raise UsageError(f"mask={mask!r} must be an int >= 0 of EventType bits, or None for no limit")
         s = self._session
@@ -308,6 +362,10 @@ class Communicator:
 
     def flush_profiler(self, timeout_s: float | None = None) -> None:
         """Wait until every stamp of every finished op reached the plugins."""
+        if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
+                                      or not 0 < timeout_s < math.inf):
+            raise UsageError(f"timeout_s={timeout_s!r} must be a finite number of seconds > 0, or None for the "
+                             f"communicator's timeout_s")
         self._session.flush(timeout_s)
 
     def synchronize(self) -> None:
@@ -323,4 +381,10 @@ class Communicator:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.close()
+        if exc[0] is None:
+            self.close()
+            return
+        try:                                    # the block's own error is the one to see
+            self.close()
+        except SliceTraceError as e:
+            log.error("slicetrace: closing after %s: %s", exc[0].__name__, e)

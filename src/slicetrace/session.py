@@ -12,7 +12,7 @@ from typing import Any
 
 from .backend.base import Backend, Work, create
 from .config import Settings
-from .errors import SliceTraceError
+from .errors import SliceTraceError, UsageError
 from .events.abi import CommInfo, EventType
 from .events.host import EventHost, OpInfo
 from .events.plugin import load_plugins
@@ -29,6 +29,8 @@ def _done() -> bool:
 
 
 def comm_hash(job: str) -> int:
+    if not isinstance(job, str) or not job:
+        raise UsageError(f"job={job!r} must be a non-empty str (the id every rank of one job shares)")
     return int.from_bytes(hashlib.blake2b(job.encode(), digest_size=8).digest(), "little") & ((1 << 63) - 1)
 
 
@@ -37,10 +39,10 @@ class Session:
         self.settings, self.rank, self.world, self.job = settings, rank, world, job
         log.setLevel(getattr(logging, settings.debug.upper(), logging.WARNING))   # our logger only, not root
         self.store = store
+        self.comm_hash = comm_hash(job)             # before the backend: a bad job leaves nothing behind
         self.backend: Backend = create(settings, rank, world, store, job)
         self._last: Any = None
         self._barriers = 0
-        self.comm_hash = comm_hash(job)
         self.host: EventHost | None = None
         self.drain: Drain | None = None
         self.paused = False
@@ -150,7 +152,8 @@ class Session:
     def barrier(self) -> None:
         self.synchronize()
         self._barriers += 1
-        self.store.barrier(f"st/{self.job}/barrier/{self._barriers}", self.rank, self.world, self.settings.timeout_s)
+        self.store.barrier(f"st/{self.job}/barrier/{self._barriers}", self.rank, self.world, self.settings.timeout_s,
+                           check=self.backend.check_peers)
 
     def wait(self, token: Any) -> None:
         self.backend.wait(token, self.settings.timeout_s)
@@ -178,4 +181,8 @@ class Session:
                 self.host.close()
         finally:
             self.backend.close()
+        lost = self.backend.unreceived()
+        if lost:
+            raise UsageError(f"rank {self.rank} closed its communicator with messages it never received: "
+                             f"{'; '.join(lost)}; they are lost (every send needs a matching recv)")
 

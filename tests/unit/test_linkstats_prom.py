@@ -47,7 +47,7 @@ def test_the_file_is_rewritten_each_interval_and_at_finalize_with_the_counters(t
     p, ctx = _plugin(tmp_path, interval_s=5.0, name="c")
     path = tmp_path / "m_42_1.prom"
     p.kernel_step_batch(ctx, None, _recs([(0, 1, 0, 100, 0, 0, 10)]))
-    assert not path.exists()                          # the first interval has not passed
+    assert "slicetrace_link_bytes_total{" not in path.read_text()   # the init's empty table: no interval yet
     now[0] += 6
     p.kernel_step_batch(ctx, None, _recs([(0, 1, 0, 100, 0, 0, 10)]))
     assert 'direction="send",peer="0"} 200' in path.read_text()
@@ -60,10 +60,21 @@ def test_the_file_is_rewritten_each_interval_and_at_finalize_with_the_counters(t
     assert [f.name for f in tmp_path.iterdir()] == ["m_42_1.prom"]      # no temporary file left
 
 
-def test_a_file_that_cannot_be_written_is_logged_once_and_the_job_goes_on(tmp_path, caplog):
-    s = Settings(linkstats_file=str(tmp_path / "missing" / "m"), linkstats_interval_s=1e-9)
+def test_a_file_that_cannot_be_written_at_init_is_refused(tmp_path):
+    s = Settings(linkstats_file=str(tmp_path / "missing" / "m"))
+    with pytest.raises(ConfigError, match=r"linkstats_file \(SLICETRACE_LINKSTATS_FILE\)=.*missing/m_7_0.prom: No "):
+        LinkStatsPlugin(s).init(CommInfo(7, "c", 1, 2, 0), ActivationMask())
+    assert not (tmp_path / "missing").exists()
+
+
+def test_a_file_that_cannot_be_written_later_is_logged_once_and_the_job_goes_on(tmp_path, caplog):
+    (tmp_path / "d").mkdir()
+    s = Settings(linkstats_file=str(tmp_path / "d" / "m"), linkstats_interval_s=1e-9)
     p = LinkStatsPlugin(s)
     ctx = p.init(CommInfo(7, "c", 1, 2, 0), ActivationMask())
+    assert (tmp_path / "d" / "m_7_0.prom").read_text().startswith("# HELP")     # written at init, empty table
+    (tmp_path / "d" / "m_7_0.prom").unlink()
+    (tmp_path / "d").rmdir()                    # e.g. the folder removed under the job
     with caplog.at_level(logging.ERROR, logger="slicetrace"):
         assert p.kernel_step_batch(ctx, None, _recs([(0, 1, 1, 8, 0, 0, 1)])) == 1
         assert p.kernel_step_batch(ctx, None, _recs([(0, 1, 1, 8, 0, 0, 1)])) == 1

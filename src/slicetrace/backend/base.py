@@ -122,6 +122,13 @@ class Backend(abc.ABC):
         """(offset_ns, uncertainty_ns) with host_ns = device_ns + offset_ns. The cpu clock is the host clock."""
         return 0, 0
 
+    def check_peers(self) -> None:
+        """Raise (PeerError) if waiting for the peers is pointless: aborted, or a peer died or closed."""
+
+    def unreceived(self) -> list[str]:
+        """At close: messages peers sent to this rank that it never received (lost), described; [] if none."""
+        return []
+
     @abc.abstractmethod
     def abort(self, reason: str) -> None:
         """Make every wait on every rank fail with `reason` (used when a peer dies or a rank errors)."""
@@ -165,7 +172,9 @@ def numpy_buffer(x: Any, what: str, backend: str) -> tuple[Any, str, int]:
         raise UsageError(f"{what} dtype {x.dtype.str!r} is not in this machine's byte order; pass "
                          f"x.astype(x.dtype.newbyteorder('='))")
     if not x.flags.c_contiguous:
-        raise UsageError(f"{what} must be C-contiguous (got strides {x.strides}); pass np.ascontiguousarray(x)")
+        fix = ("a C-contiguous array (results are written into it: np.ascontiguousarray would be a copy)"
+               if what.startswith("out") else f"np.ascontiguousarray({what})")
+        raise UsageError(f"{what} must be C-contiguous (got strides {x.strides}); pass {fix}")
     return x.reshape(-1), name, x.size
 
 

@@ -21,6 +21,13 @@ _B = SimpleNamespace(**{t.name: int(t) for t in T})   # bits as ints: IntFlag ar
 _GA, _CA, _PA, _KL = _B.GROUP_API, _B.COLL_API, _B.P2P_API, _B.KERNEL_LAUNCH
 _PARENTS = _GA | _CA | _PA | _KL | _B.GROUP      # the types above Coll/P2p
 _DELIVERED = {t: f"delivered_{t.name.lower()}" for t in T}
+
+
+def _tag(info: Any, ti: Any) -> int:
+    """A task's user tag: its own (each send/recv of a group has one), else its op's."""
+    return info.user_tag if ti.user_tag is None else ti.user_tag
+
+
 # By descriptor class: hashing an IntFlag member runs Python code.
 _DELIVERED_CLS = {c: _DELIVERED[t] for c, t in (
     (GroupApiDescr, T.GROUP_API), (CollApiDescr, T.COLL_API), (P2pApiDescr, T.P2P_API),
@@ -121,12 +128,12 @@ class Emitter:
             if t.p2p and pm & _PA:
                 api = (self._start(i, P2pApiDescr(T.P2P_API, None, rank, ts, func=ti.func, count=ti.count,
                                                   datatype=ti.datatype, stream=info.stream,
-                                                  user_tag=info.user_tag), ga)
+                                                  user_tag=_tag(info, ti)), ga)
                        if real & _PA else self._skip(i, "delivered_p2p_api", ga))
             elif not t.p2p and pm & _CA:
                 api = (self._start(i, CollApiDescr(T.COLL_API, None, rank, ts, func=ti.func, count=ti.count,
                                                    datatype=ti.datatype, root=ti.root, stream=info.stream,
-                                                   user_tag=info.user_tag), ga)
+                                                   user_tag=_tag(info, ti)), ga)
                        if real & _CA else self._skip(i, "delivered_coll_api", ga))
             apis.append(api)
             self._stop(i, api, ts)        # API events stop once enqueued (NCCL semantics)
@@ -199,8 +206,8 @@ class Emitter:
         if p2p:
             return P2pDescr(T.P2P, None, rank, ts, func=ti.func, buff=ti.send_buff or ti.recv_buff,
                             datatype=ti.datatype, count=ti.count, peer=ti.peer, n_channels=ti.n_programs,
-                            parent_group=pg, user_tag=info.user_tag, comm_hash=self.comm.comm_hash)
+                            parent_group=pg, user_tag=_tag(info, ti), comm_hash=self.comm.comm_hash)
         return CollDescr(T.COLL, None, rank, ts, seq_number=info.seq_number, func=ti.func, send_buff=ti.send_buff,
                          recv_buff=ti.recv_buff, count=ti.count, root=ti.root, datatype=ti.datatype,
-                         n_channels=ti.n_programs, n_warps=info.n_warps, parent_group=pg, user_tag=info.user_tag,
+                         n_channels=ti.n_programs, n_warps=info.n_warps, parent_group=pg, user_tag=_tag(info, ti),
                          comm_hash=self.comm.comm_hash)

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import ConfigError
 from ..stamps.layout import take_rows
 from .abi import CommInfo, EventType, ProxyCtrlDescr, State, StateArgs, effective_mask
 from .emit import _B, _DELIVERED, Emitter
@@ -53,6 +54,8 @@ class EventHost(Emitter, PollRuns):
         for lp in plugins:
             try:
                 lp.init(comm, 0)
+            except ConfigError:
+                raise                   # a setting the user must fix (a dump path that cannot be written), not a bug
             except Exception:
                 # NCCL unloads a plugin whose init fails; communication goes on without it.
                 log.exception("slicetrace: profiler plugin %r failed in init and is unloaded", lp.name)

@@ -35,6 +35,7 @@ class TaskInfo:
     n_programs: int = 1      # KernelCh records that complete this task (0: completes at end_op)
     channels: tuple = ()     # p2p: the stamp channels of this task's programs (() = any); tells apart the
                              # records of two parts of one group to the same peer in the same direction
+    user_tag: int | None = None     # this call's own tag (a group's send/recv each have one); None: the op's
 
 
 @dataclass(slots=True)

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..config import DEFAULT_POOL_SIZES, Settings
+from ..errors import ConfigError
 from ..events.abi import (ActivationMask, CollApiDescr, CollDescr, CommInfo, EventType, GroupApiDescr, GroupDescr,
                           KernelChDescr, KernelLaunchDescr, KernelStepDescr, P2pApiDescr, P2pDescr, ProxyCtrlDescr,
                           State, StateArgs)
@@ -109,7 +110,14 @@ class ChromePlugin:
 
     def init(self, comm: CommInfo, mask: ActivationMask) -> Ctx:
         mask.value = self.mask_value
-        return Ctx(self, comm, mask)
+        ctx = Ctx(self, comm, mask)
+        if ctx.path is not None:
+            try:
+                ctx.write(b"")          # create the file now: a path that cannot be written is refused before any op
+            except OSError as e:
+                raise ConfigError(f"profile_dump_file (SLICETRACE_PROFILE_DUMP_FILE)={self.dump!r}: cannot create "
+                                  f"{ctx.path}: {e.strerror or e}; give a prefix in a writable folder") from e
+        return ctx
 
     def start_event(self, ctx: Ctx, descr: Any) -> Ev | None:
         pool, bit = _BY_CLASS.get(type(descr), (None, 0))    # by class: IntFlag arithmetic is slow

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..config import Settings
+from ..errors import ConfigError
 from ..events.abi import ActivationMask, CommInfo, EventType, moving_from
 
 log = logging.getLogger("slicetrace")
@@ -90,7 +91,14 @@ class LinkStatsPlugin:
     def init(self, comm: CommInfo, mask: ActivationMask) -> _Ctx:
         mask.value = int(EventType.KERNEL_STEP)          # parents (Coll/P2p) are added by the host
         s = self.settings or Settings()
-        return _Ctx(comm, s.linkstats_file, s.linkstats_interval_s)
+        ctx = _Ctx(comm, s.linkstats_file, s.linkstats_interval_s)
+        if ctx.path is not None:
+            try:                        # an empty table now: a path that cannot be written is refused before any op
+                write_atomic(ctx.path, prometheus_text(comm, ctx.table, ctx.host_counters))
+            except OSError as e:
+                raise ConfigError(f"linkstats_file (SLICETRACE_LINKSTATS_FILE)={s.linkstats_file!r}: cannot write "
+                                  f"{ctx.path}: {e.strerror or e}; give a prefix in a writable folder") from e
+        return ctx
 
     def start_event(self, ctx: _Ctx, descr: Any) -> Any:
         return ctx                                       # a handle for parents; nothing is recorded

@@ -21,7 +21,7 @@ from ...stamps.layout import RingViews, ring_bytes
 from ..base import HostBackend, Work, host_pointer, part_views
 from ..procs import proc_start_time
 from .shm import (ABORT_PEER, C_BUFFSIZE, C_CLOSED, C_FUTEX, C_HEARTBEAT, C_MAGIC, C_NCH, C_PID, C_SLOTS, C_START,
-                  C_WORLD, MAGIC, PAGE, REASON_MAX, REASON_OFF, Segment, layout, segment_size,
+                  C_WORLD, H_MSG, MAGIC, NSIG, PAGE, REASON_MAX, REASON_OFF, Segment, layout, segment_size,
                   unlink_name)
 from . import affinity, futex
 from .stamper import FastRingWriter
@@ -175,6 +175,24 @@ class CpuBackend(HostBackend):
         if self.guard.aborted():
             raise self.guard.abort_error()
 
+    def _pending_messages(self) -> list[str]:
+        """Messages whose header a peer posted to this rank past the last one it received (shm.H_MSG slots)."""
+        lost = []
+        for p, conn in sorted(getattr(self, "p2p_recv", {}).items()):
+            ctl, m, k = conn.ctl, conn.msg_seq, 0
+            while k < NSIG and ctl[H_MSG + (m + k) % NSIG * 4] == m + k + 1:
+                k += 1
+            if k:
+                lost.append(f"{k}{'+' if k == NSIG else ''} from rank {p} (the first #{m}: "
+                            f"{ctl[H_MSG + m % NSIG * 4 + 1]} elements)")
+        return lost
+
+    def check_peers(self) -> None:
+        self.guard.check(tuple(self.guard.peers))
+
+    def unreceived(self) -> list[str]:
+        return getattr(self, "_lost", [])
+
     def abort(self, reason: str) -> None:
         if not self._closed:
             self.guard.abort_all(ABORT_PEER, reason)
@@ -182,6 +200,8 @@ class CpuBackend(HostBackend):
     def close(self) -> None:
         if self._closed:
             return
+        g = getattr(self, "guard", None)            # absent when set-up failed
+        self._lost = [] if g is None or g.aborted() else self._pending_messages()
         self._closed = True
         self._stop.set()
         if getattr(self, "_bound", None) is not None:

@@ -18,7 +18,8 @@ import numpy as np
 
 from ...stamps.layout import FLAG_CH_STOP, FLAG_SEND, KIND_CHANNEL, KIND_STEP
 from ..base import DTYPES
-from .shm import ABORT_MISMATCH, H_HEAD, H_MSG, H_TAIL, NSIG
+from ...errors import PeerError
+from .shm import ABORT_MISMATCH, C_CLOSED, H_HEAD, H_MSG, H_TAIL, NSIG
 from .stamper import FastRingWriter, tail
 from .transport import RECLAIM_MIN
 
@@ -332,6 +333,10 @@ def _next_part(ln: _Lane, bufs, writers, op, stamp_ch, dcode, guard, clock) -> b
         conn.msg_seq = m + 1
         base = H_MSG + (m % NSIG) * 4
         if conn.is_send:             # describe the message before any of its data is posted
+            peer = guard.peers.get(conn.peer)
+            if peer is not None and peer[0][C_CLOSED]:      # else a message that fits the FIFO would vanish
+                raise PeerError(f"rank {guard.rank} sends message #{m} to rank {conn.peer}, which has closed its "
+                                f"communicator: it would never be received")
             conn.ctl[base + 1], conn.ctl[base + 2] = pr["count"], dcode
             conn.ctl[base] = m + 1
         elif pr["count"] == 0 and conn.ctl[base] == m + 1 and conn.ctl[base + 1] != 0:

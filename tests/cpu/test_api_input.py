@@ -1,0 +1,186 @@
+"""The API refuses what would give wrong results or lose data, naming the parameter, the value and what it accepts:
+overlapping buffers that are not in place, bad tags and roots, messages never received, and a barrier whose
+peer has failed (an error at once, not after the timeout)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import slicetrace
+from slicetrace.errors import ConfigError, LaunchError, UsageError
+from slicetrace.events.abi import P2pApiDescr, P2pDescr
+
+
+@pytest.fixture
+def comm():
+    c = slicetrace.init(backend="null")
+    yield c
+    c.close()
+
+
+@pytest.mark.parametrize("func,shift", [("all_reduce", 1), ("all_reduce", 600), ("broadcast", 3), ("reduce", 1),
+                                        ("all_gather", 1), ("reduce_scatter", 2)])
+def test_partial_overlap_is_refused(comm, func, shift):
+    buf = np.arange(4000, dtype=np.float32)
+    before = buf.copy()
+    x, out = buf[:1000], buf[shift:shift + 1000]
+    with pytest.raises(UsageError, match=f"{func}: x and out overlap without being in place") as e:
+        getattr(comm, func)(x, out)
+    assert "in place means" in str(e.value)
+    assert (buf == before).all()                            # refused before anything ran
+
+
+def test_in_place_layouts_are_accepted(comm):
+    x = np.arange(1000, dtype=np.float32)
+    assert comm.all_reduce(x, x) is x and (x == np.arange(1000)).all()     # one rank: sum of one
+    out = np.arange(1000, dtype=np.float32)
+    comm.all_gather(out[:1000], out)                       # rank 0's block of out
+    comm.reduce_scatter(out, out[:1000])
+
+
+def test_all_to_all_has_no_in_place_form(comm):
+    x = np.arange(8, dtype=np.int32)
+    with pytest.raises(UsageError, match="all_to_all: x and out overlap; it has no in-place form"):
+        comm.all_to_all(x, x)
+    assert (comm.all_to_all(x, np.empty(8, np.int32)) == x).all()
+
+
+@pytest.mark.parametrize("tag", ["abc", 1.5, 2 ** 63, -1, True, None])
+def test_bad_user_tag(comm, tag):
+    with pytest.raises(UsageError, match=r"user_tag=.* must be an int in 0\.\.9223372036854775807"):
+        comm.all_reduce(np.ones(4, np.float32), user_tag=tag)
+    with pytest.raises(UsageError, match="user_tag="):
+        comm.send(np.ones(4, np.float32), 0, user_tag=tag)
+
+
+def test_numpy_integers_are_ints(comm):
+    x = np.ones(4, np.float32)
+    comm.broadcast(x, root=np.int64(0), user_tag=np.uint32(7))
+    with pytest.raises(UsageError, match=r"root=True must be an int in 0\.\.0"):
+        comm.broadcast(x, root=True)
+    with pytest.raises(UsageError, match=r"peer=np.int32\(1\) must be an int in 0\.\.0"):
+        comm.send(x, np.int32(1))
+
+
+def test_misc_arguments(comm):
+    with pytest.raises(UsageError, match="enabled='no' must be True or False"):
+        with comm.profiling("no"):
+            pass
+    for bad in ("x", 0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(UsageError, match="timeout_s=.* must be a finite number of seconds > 0"):
+            comm.flush_profiler(bad)
+    with pytest.raises(UsageError, match=r"out must be C-contiguous .*results are written into it"):
+        comm.all_reduce(np.ones(4, np.float32), np.ones(8, np.float32)[::2])
+
+
+class TagRecorder:
+    """Records the user tag of every P2p and P2pApi descriptor it is shown."""
+    name, version = "tagrec", 8
+    seen: list = []
+
+    def __init__(self, settings=None):
+        pass
+
+    def init(self, comm, mask):
+        mask.value = (1 << 3) | (1 << 5)       # P2p | P2pApi
+        return None
+
+    def start_event(self, ctx, descr):
+        if isinstance(descr, (P2pDescr, P2pApiDescr)):
+            TagRecorder.seen.append((type(descr).__name__, descr.func, descr.user_tag))
+        return object()
+
+    def stop_event(self, handle, ts_ns):
+        pass
+
+    def record_event_state(self, handle, state, args):
+        pass
+
+    def finalize(self, ctx):
+        pass
+
+
+def test_each_call_of_a_group_keeps_its_user_tag():
+    TagRecorder.seen = []
+    c = slicetrace.init(backend="null", profiler_plugin="tests.cpu.test_api_input:TagRecorder")
+    x, y = np.arange(6, dtype=np.int32), np.zeros(6, np.int32)
+    with c.group():
+        c.send(x, 0, user_tag=5)
+        c.recv(y, 0, user_tag=9)
+    c.flush_profiler()
+    c.close()
+    assert (y == x).all()
+    assert sorted(TagRecorder.seen) == [("P2pApiDescr", "Recv", 9), ("P2pApiDescr", "Send", 5),
+                                        ("P2pDescr", "Recv", 9), ("P2pDescr", "Send", 5)]
+
+
+def test_closing_after_a_group_error_names_the_closed_communicator(comm):
+    with pytest.raises(UsageError, match="communicator is closed"):
+        with comm.group():
+            comm.send(np.ones(4, np.float32), 0)
+            comm.close()
+
+
+# ---- two ranks (cpu backend) ----
+
+def _unreceived(comm, twice: bool):
+    if comm.rank == 0:
+        comm.send(np.arange(1000, dtype=np.float32), 1)
+        if twice:
+            comm.send(np.arange(8, dtype=np.float32), 1)
+    elif twice:
+        comm.recv(np.zeros(1000, np.float32), 0)
+    comm.barrier()
+    return "returned"
+
+
+@pytest.mark.parametrize("twice", [False, True])
+def test_a_message_never_received_is_an_error(twice):
+    with pytest.raises(LaunchError) as e:
+        slicetrace.launch(_unreceived, 2, twice, backend="cpu", timeout_s=20, join_timeout_s=120)
+    first = "#1: 8 elements" if twice else "#0: 1000 elements"
+    assert (f"rank 1 failed: UsageError: rank 1 closed its communicator with messages it never received: 1 from "
+            f"rank 0 (the first {first})") in str(e.value)
+
+
+def _send_to_closed(comm):
+    import time
+
+    from slicetrace.backend.cpu.shm import C_CLOSED
+    if comm.rank == 1:
+        comm.close()
+        return "closed"
+    deadline = time.monotonic() + 30
+    while not comm._session.backend.guard.peers[1][0][C_CLOSED] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    comm.send(np.ones(4, np.float32), 1)       # fits the FIFO: without the check it would just vanish
+    return "sent"
+
+
+def test_a_send_to_a_closed_rank_is_an_error():
+    with pytest.raises(LaunchError, match="rank 0 sends message #0 to rank 1, which has closed its communicator"):
+        slicetrace.launch(_send_to_closed, 2, backend="cpu", timeout_s=20, join_timeout_s=120)
+
+
+def _bail_or_barrier(comm):
+    if comm.rank == 1:
+        raise RuntimeError("rank 1 bails out")
+    comm.barrier()
+    return "passed"
+
+
+def test_a_barrier_ends_when_a_peer_fails():
+    # timeout_s is 600: rank 0's own error can only come from rank 1's abort (join_timeout_s would say "still
+    # running")
+    with pytest.raises(LaunchError) as e:
+        slicetrace.launch(_bail_or_barrier, 2, backend="cpu", timeout_s=600, join_timeout_s=60)
+    assert "rank 0 failed: PeerError: rank 1 failed: RuntimeError: rank 1 bails out" in str(e.value)
+
+
+def test_a_dump_file_that_cannot_be_written_is_refused_before_any_op(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(ConfigError, match=r"profile_dump_file \(SLICETRACE_PROFILE_DUMP_FILE\)=.*cannot create"):
+        slicetrace.init(backend="null", profiler_plugin="example", profile_dump_file=str(afile / "t"))
+    with pytest.raises(ConfigError, match=r"linkstats_file \(SLICETRACE_LINKSTATS_FILE\)=.*cannot write"):
+        slicetrace.init(backend="null", profiler_plugin="linkstats", linkstats_file=str(afile / "m"))
