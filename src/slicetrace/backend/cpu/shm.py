@@ -70,7 +70,7 @@ class Segment:
                 os.ftruncate(fd, size)
             self.size = os.fstat(fd).st_size
             self.mm = mmap.mmap(fd, self.size)
-        except OSError:
+        except BaseException:          # any failure (a bad size, an interrupt) must not leave the name behind
             if create:
                 _posixshmem.shm_unlink("/" + name)
             raise
