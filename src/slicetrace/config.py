@@ -1,16 +1,21 @@
 """The only module that reads os.environ.
 
 `Settings.from_env()` builds one frozen Settings; explicit keyword arguments beat the environment.
-`VARIABLES` is the single table of every SLICETRACE_* variable (the README and `slicetrace config` print it).
+`VARIABLES` is the single table of every SLICETRACE_* variable (`slicetrace config` prints it; the README's
+table is written by hand: change both together).
 """
 from __future__ import annotations
 
+import difflib
+import logging
+import numbers
 import os
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Mapping
 
 from .errors import ConfigError
 
+log = logging.getLogger("slicetrace")
 BACKENDS = ("null", "cpu", "cuda")
 NCCL_STEPS = 8                       # FIFO slots per connection, as NCCL_STEPS
 MAXCHANNELS = 64
@@ -21,6 +26,8 @@ POOL_NAMES = ("GROUP_API", "COLL_API", "P2P_API", "KERNEL_LAUNCH", "GROUP", "COL
 DEFAULT_POOL_SIZES = {"GROUP_API": 4096, "COLL_API": 4096, "P2P_API": 4096, "KERNEL_LAUNCH": 4096,
                       "GROUP": 4096, "COLL": 4096, "P2P": 16384, "KERNEL_CH": 65536,
                       "KERNEL_STEP": 1 << 20, "PROXY_CTRL": 16}
+MAX_SECONDS = 86400.0                # any time setting: a day at most (an infinite wait would hang)
+MAX_RING_SLOTS = 1 << 24             # 1.5 GiB of stamps per channel; more fails later as a bare OSError
 
 
 def _bool(v: str) -> bool:
@@ -28,7 +35,7 @@ def _bool(v: str) -> bool:
         return True
     if v.strip().lower() in ("0", "false", "no", "off", ""):
         return False
-    raise ValueError("expected 0/1/true/false")
+    raise ValueError(v)
 
 
 def _int(v: str) -> int:
@@ -45,8 +52,23 @@ def _bytes(v: str) -> int:
     return int(t, 0)
 
 
+def _mask(v: str) -> int:
+    return int(v, 0)
+
+
 def _opt_str(v: str) -> str | None:
     return v or None
+
+
+# what each parser accepts, for its error message
+_FORMATS: dict[Callable[[str], Any], str] = {
+    _bool: "one of 0/1/true/false/yes/no/on/off (any case; empty = off)",
+    _int: "an integer, decimal or 0x hex",
+    _bytes: "bytes: an integer, or one with a binary suffix K, M or G (e.g. 65536, 64K, 4M)",
+    float: "a number of seconds, e.g. 60 or 2.5",
+    _mask: "an integer, decimal or 0x hex, e.g. 65606 or 0x10046 (= Coll|P2p|KernelCh|KernelStep); "
+           "event type names are taken by `bench --profile`, not here",
+}
 
 
 @dataclass(frozen=True)
@@ -60,31 +82,83 @@ class Var:
 VARIABLES: tuple[Var, ...] = (
     Var("SLICETRACE_BACKEND", "backend", str, "engine backend: cpu (default), cuda, or null (tests)"),
     Var("SLICETRACE_NCHANNELS", "nchannels", _int, "channels per collective; 0 = backend default (cpu 1; cuda picks by size as NCCL does, up to 64)"),
-    Var("SLICETRACE_BUFFSIZE", "buffsize", _int, "Simple-protocol FIFO bytes per connection (NCCL_BUFFSIZE), default 4194304"),
-    Var("SLICETRACE_P2P_CHUNKSIZE", "p2p_chunksize", _int, "send/recv chunk bytes (NCCL_P2P_NVL_CHUNKSIZE), default 524288"),
-    Var("SLICETRACE_NTHREADS", "nthreads", _int, "CUDA threads per block (NCCL_NTHREADS), default 512"),
-    Var("SLICETRACE_TIMEOUT", "timeout_s", float, "seconds any wait may take before it becomes an error, default 60"),
-    Var("SLICETRACE_STAMP_RING_SLOTS", "ring_slots", _int, "entries in each started/completed stamp ring per channel (power of two), default 16384"),
+    Var("SLICETRACE_BUFFSIZE", "buffsize", _bytes, "Simple-protocol FIFO bytes per connection (NCCL_BUFFSIZE), e.g. 4194304 or 4M (>= 32768, a multiple of 4096), default 4M"),
+    Var("SLICETRACE_P2P_CHUNKSIZE", "p2p_chunksize", _bytes, "send/recv chunk bytes (NCCL_P2P_NVL_CHUNKSIZE), e.g. 524288 or 512K (>= 4096, a multiple of 512; capped at BUFFSIZE/8), default 512K"),
+    Var("SLICETRACE_NTHREADS", "nthreads", _int, "CUDA threads per block (NCCL_NTHREADS): 64, 128, 256, 512 or 640, default 512"),
+    Var("SLICETRACE_TIMEOUT", "timeout_s", float, "seconds any wait may take before it becomes an error (> 0, <= 86400), default 60"),
+    Var("SLICETRACE_STAMP_RING_SLOTS", "ring_slots", _int, "entries in each stamp ring of a channel (a power of two in 64..16777216), default 16384"),
     Var("SLICETRACE_KERNEL_STEP_SAMPLE_RATE", "sample_rate", _int, "keep slice 0 and every k-th slice of each work (1..255), default 1"),
     Var("SLICETRACE_PROFILE_OP_SAMPLE_RATE", "op_sample_rate", _int, "profile the first op and every k-th op of a communicator (1..1000000, default 1 = every op); the others run unprofiled and are counted (ops_sampled_out)"),
     Var("SLICETRACE_PROFILE_MIN_BYTES", "profile_min_bytes", _bytes, "bytes, e.g. 65536 or 64K: ops smaller than this (count x element size, as NCCL counts) run unprofiled and are counted (ops_below_min_bytes); default 0"),
-    Var("SLICETRACE_DRAIN_INTERVAL_US", "drain_interval_us", _int, "drain thread poll period in microseconds, cuda backend (adaptive, backs off to 16 ms; the cpu backend drains inline between ops), default 500"),
+    Var("SLICETRACE_DRAIN_INTERVAL_US", "drain_interval_us", _int, "drain thread poll period in microseconds (10..1000000), cuda backend (adaptive, backs off to 16 ms; the cpu backend drains inline between ops), default 500"),
     Var("SLICETRACE_PROFILER_PLUGIN", "profiler_plugin", _opt_str, "plugins: 'example', 'linkstats', 'module:attr', an entry point in group slicetrace.profilers, comma-separated for several, 'none' to disable"),
-    Var("SLICETRACE_PROFILE_EVENT_MASK", "profile_event_mask", _int, "event mask the example plugin asks for; default Coll|P2p|KernelCh|KernelStep = 65606"),
+    Var("SLICETRACE_PROFILE_EVENT_MASK", "profile_event_mask", _mask, "event mask the example plugin asks for: an integer in 0..2**32-1, e.g. 65606 = 0x10046 (Coll|P2p|KernelCh|KernelStep bits, its default)"),
     Var("SLICETRACE_PROFILE_DUMP_FILE", "profile_dump_file", _opt_str, "example plugin: trace path prefix, files are <prefix>_<commHash>_<rank>.json"),
     Var("SLICETRACE_LINKSTATS_FILE", "linkstats_file", _opt_str, "linkstats plugin: Prometheus text file prefix, files are <prefix>_<commHash>_<rank>.prom (node_exporter textfile collector); unset = no file"),
-    Var("SLICETRACE_LINKSTATS_INTERVAL_S", "linkstats_interval_s", float, "linkstats plugin: seconds between rewrites of its .prom file while ops run (and once at close), default 10"),
-    Var("SLICETRACE_PLUGIN_MAX_FAILURES", "plugin_max_failures", _int, "plugin exceptions before that plugin is disabled, default 16"),
+    Var("SLICETRACE_LINKSTATS_INTERVAL_S", "linkstats_interval_s", float, "linkstats plugin: seconds between rewrites of its .prom file while ops run (and once at close) (> 0, <= 86400), default 10"),
+    Var("SLICETRACE_PLUGIN_MAX_FAILURES", "plugin_max_failures", _int, "plugin exceptions before that plugin is disabled (>= 1), default 16"),
     Var("SLICETRACE_CPU_RECLAIM", "cpu_reclaim", str, "cpu: after reading a FIFO slot the receiver stores once per cache line so the sender's next write does not stall on lines shared across L3 caches: auto (default: measured per connection), on, off"),
     Var("SLICETRACE_CPU_WAIT", "cpu_wait", str, "cpu: how a rank waits for its ring neighbour: auto (default: sleep in the kernel (futex) when ranks outnumber this process's CPUs, else spin then yield), futex, spin"),
     Var("SLICETRACE_CPU_BIND", "cpu_bind", str, "cpu: bind the thread that runs a communicator's ops to a CPU of its own while it is open, when every rank can have one and runs one channel (as mpirun binds to cores): auto (default: in the rank processes slicetrace.launch and the CLI start, when they fill more than half of the CPUs; not in processes started otherwise, whose later threads and children would inherit it), on, off"),
     Var("SLICETRACE_CACHE_DIR", "cache_dir", str, "compiled-kernel cache folder, default ~/.cache/slicetrace"),
-    Var("SLICETRACE_ASSERT_WARM", "assert_warm", _bool, "1 = a kernel compile during timed work is an error"),
-    Var("SLICETRACE_CLOCK_RESYNC_S", "clock_resync_s", float, "cuda: seconds between GPU/host clock offset re-measurements, default 1.0"),
+    Var("SLICETRACE_ASSERT_WARM", "assert_warm", _bool, "1 = a kernel compile during timed work is an error (0/1/true/false/yes/no/on/off), default off"),
+    Var("SLICETRACE_CLOCK_RESYNC_S", "clock_resync_s", float, "cuda: seconds between GPU/host clock offset re-measurements (> 0, <= 86400), default 1.0"),
     Var("SLICETRACE_DEBUG", "debug", str, "log level: WARN (default), INFO, DEBUG"),
 )
 POOL_VARIABLES = tuple(f"SLICETRACE_PROFILE_{n}_POOL_SIZE" for n in POOL_NAMES)
 DIST_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+_warned: set[tuple[str, str]] = set()      # unknown variables already reported by this process
+
+
+def _secs(v: float) -> bool:
+    return 0 < v <= MAX_SECONDS            # nan and inf fail too: an endless wait would hang
+
+
+_SECS = f"> 0 seconds and <= {MAX_SECONDS:.0f}"
+# field -> (test of a value of the right type, what is accepted); "one of" rules say "is not one of"
+RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "backend": (lambda v: v in BACKENDS, f"one of {BACKENDS}"),
+    "nchannels": (lambda v: 0 <= v <= MAXCHANNELS, f"in 0..{MAXCHANNELS} (0 = backend default)"),
+    "buffsize": (lambda v: v >= NCCL_STEPS * 4096 and v % (NCCL_STEPS * 512) == 0,
+                 f">= {NCCL_STEPS * 4096} and a multiple of {NCCL_STEPS * 512} "
+                 f"(8 FIFO steps of whole 512-byte grains)"),
+    "p2p_chunksize": (lambda v: v >= 4096 and v % 512 == 0, "a multiple of 512, >= 4096"),
+    "nthreads": (lambda v: v in (64, 128, 256, 512, 640), "one of (64, 128, 256, 512, 640)"),
+    "timeout_s": (_secs, _SECS),
+    "ring_slots": (lambda v: 64 <= v <= MAX_RING_SLOTS and not v & (v - 1),
+                   f"a power of two in 64..{MAX_RING_SLOTS} (2**24)"),
+    "sample_rate": (lambda v: 1 <= v <= 255, "in 1..255 (1 keeps every slice)"),
+    "op_sample_rate": (lambda v: 1 <= v <= 1_000_000, "in 1..1000000 (1 profiles every op)"),
+    "profile_min_bytes": (lambda v: v >= 0, ">= 0 bytes (0 profiles every size)"),
+    "drain_interval_us": (lambda v: 10 <= v <= 1_000_000, "in 10..1000000"),
+    "profile_event_mask": (lambda v: 0 <= v < 1 << 32, "in 0..2**32-1"),
+    "plugin_max_failures": (lambda v: v >= 1, ">= 1"),
+    "linkstats_interval_s": (_secs, _SECS),
+    "clock_resync_s": (_secs, _SECS),
+    "cpu_reclaim": (lambda v: v in ("auto", "on", "off"), "one of ('auto', 'on', 'off')"),
+    "cpu_wait": (lambda v: v in ("auto", "futex", "spin"), "one of ('auto', 'futex', 'spin')"),
+    "cpu_bind": (lambda v: v in ("auto", "on", "off"), "one of ('auto', 'on', 'off')"),
+    "debug": (lambda v: v.upper() in ("WARN", "INFO", "DEBUG"), "one of ('WARN', 'INFO', 'DEBUG')"),
+}
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _is_real(v: Any) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+# Settings annotation -> (type test, what it accepts)
+_TYPES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "str": (lambda v: isinstance(v, str), "a str"),
+    "str | None": (lambda v: v is None or isinstance(v, str), "a str or None"),
+    "int": (_is_int, "an int (not a bool)"),
+    "int | None": (lambda v: v is None or _is_int(v), "an int (not a bool) or None"),
+    "float": (_is_real, "a number (int or float, not a bool)"),
+    "bool": (lambda v: isinstance(v, bool), "a bool (True or False)"),
+}
 
 
 @dataclass(frozen=True)
@@ -116,48 +190,31 @@ class Settings:
     debug: str = "WARN"
 
     def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise ConfigError(f"backend={self.backend!r} is not one of {BACKENDS}")
-        if not 0 <= self.nchannels <= MAXCHANNELS:
-            raise ConfigError(f"nchannels={self.nchannels} must be in 0..{MAXCHANNELS} (0 = backend default)")
-        if self.buffsize < NCCL_STEPS * 4096 or self.buffsize % (NCCL_STEPS * 512):
-            raise ConfigError(f"buffsize={self.buffsize} must be >= {NCCL_STEPS * 4096} and a multiple of "
-                              f"{NCCL_STEPS * 512} (8 FIFO steps of whole 512-byte grains)")
-        if self.p2p_chunksize < 4096 or self.p2p_chunksize % 512:
-            raise ConfigError(f"p2p_chunksize={self.p2p_chunksize} must be a multiple of 512, >= 4096")
-        if self.nthreads not in (64, 128, 256, 512, 640):
-            raise ConfigError(f"nthreads={self.nthreads} is not one of (64, 128, 256, 512, 640)")
-        if not self.timeout_s > 0:
-            raise ConfigError(f"timeout_s={self.timeout_s} must be > 0")
-        if self.ring_slots < 64 or self.ring_slots & (self.ring_slots - 1):
-            raise ConfigError(f"ring_slots={self.ring_slots} must be a power of two >= 64")
-        if not 1 <= self.sample_rate <= 255:
-            raise ConfigError(f"sample_rate={self.sample_rate} must be in 1..255 (1 keeps every slice)")
-        if not 1 <= self.op_sample_rate <= 1_000_000:
-            raise ConfigError(f"op_sample_rate={self.op_sample_rate} must be in 1..1000000 (1 profiles every op)")
-        if self.profile_min_bytes < 0:
-            raise ConfigError(f"profile_min_bytes={self.profile_min_bytes} must be >= 0 bytes (0 profiles every size)")
-        if not 10 <= self.drain_interval_us <= 1_000_000:
-            raise ConfigError(f"drain_interval_us={self.drain_interval_us} must be in 10..1000000")
-        if self.profile_event_mask is not None and not 0 <= self.profile_event_mask < (1 << 32):
-            raise ConfigError(f"profile_event_mask={self.profile_event_mask} must be in 0..2**32-1")
-        for name, size in self.pool_sizes.items():
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name == "pool_sizes":
+                self._check_pools(v)
+                continue
+            is_type, want = _TYPES[f.type]
+            ok, accepted = RULES.get(f.name, (None, ""))
+            if not is_type(v):
+                raise ConfigError(f"{f.name}={v!r} (type {type(v).__name__}) is not accepted: {f.name} must be "
+                                  f"{want}" + (f", {accepted}" if accepted else ""))
+            if ok is not None and v is not None and not ok(v):
+                verb = "is not" if accepted.startswith("one of") else "must be"
+                raise ConfigError(f"{f.name}={v!r} {verb} {accepted}")
+
+    @staticmethod
+    def _check_pools(pools: Any) -> None:
+        if not isinstance(pools, Mapping):
+            raise ConfigError(f"pool_sizes={pools!r} (type {type(pools).__name__}) is not accepted: pool_sizes must "
+                              f"be a dict of pool name -> int >= 1; names: {', '.join(POOL_NAMES)}")
+        for name, size in pools.items():
             if name not in POOL_NAMES:
-                raise ConfigError(f"pool {name!r} is not one of {POOL_NAMES}")
-            if size < 1:
-                raise ConfigError(f"SLICETRACE_PROFILE_{name}_POOL_SIZE={size} must be >= 1")
-        if not self.linkstats_interval_s > 0:
-            raise ConfigError(f"linkstats_interval_s={self.linkstats_interval_s} must be > 0 seconds")
-        if self.plugin_max_failures < 1:
-            raise ConfigError(f"plugin_max_failures={self.plugin_max_failures} must be >= 1")
-        if self.cpu_reclaim not in ("auto", "on", "off"):
-            raise ConfigError(f"cpu_reclaim={self.cpu_reclaim!r} is not one of ('auto', 'on', 'off')")
-        if self.cpu_wait not in ("auto", "futex", "spin"):
-            raise ConfigError(f"cpu_wait={self.cpu_wait!r} is not one of ('auto', 'futex', 'spin')")
-        if self.cpu_bind not in ("auto", "on", "off"):
-            raise ConfigError(f"cpu_bind={self.cpu_bind!r} is not one of ('auto', 'on', 'off')")
-        if self.debug.upper() not in ("WARN", "INFO", "DEBUG"):
-            raise ConfigError(f"debug={self.debug!r} is not one of ('WARN', 'INFO', 'DEBUG')")
+                raise ConfigError(f"pool_sizes: pool {name!r} is not one of {POOL_NAMES}")
+            if not _is_int(size) or size < 1:
+                raise ConfigError(f"pool_sizes[{name!r}]={size!r} must be an int >= 1 "
+                                  f"(as SLICETRACE_PROFILE_{name}_POOL_SIZE)")
 
     @property
     def step_bytes(self) -> int:
@@ -178,6 +235,7 @@ class Settings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
         env = os.environ if env is None else env
+        _warn_unknown(env)
         vals: dict[str, Any] = {}
         for var in VARIABLES:
             raw = env.get(var.name)
@@ -186,14 +244,16 @@ class Settings:
             try:
                 vals[var.attr] = var.parse(raw)
             except ValueError:
-                raise ConfigError(f"{var.name}={raw!r} cannot be parsed: {var.doc}") from None
+                raise ConfigError(f"{var.name}={raw!r} cannot be parsed: expected {_FORMATS[var.parse]}") from None
         pools = dict(DEFAULT_POOL_SIZES)
         for name, var in zip(POOL_NAMES, POOL_VARIABLES):
             if var in env:
                 try:
-                    pools[name] = int(env[var], 0)
+                    pools[name] = _int(env[var])
                 except ValueError:
-                    raise ConfigError(f"{var}={env[var]!r} must be an integer >= 1") from None
+                    pools[name] = 0
+                if pools[name] < 1:
+                    raise ConfigError(f"{var}={env[var]!r} must be an integer >= 1 (decimal or 0x hex)")
         vals["pool_sizes"] = pools
         overrides = {k: v for k, v in overrides.items() if v is not None}
         known = {f.name for f in fields(cls)}
@@ -210,6 +270,19 @@ class Settings:
             raise ConfigError(f"{var}={env[var]!r}: {e}") from None
 
 
+def _warn_unknown(env: Mapping[str, str]) -> None:
+    """A misspelled variable would silently do nothing; warn, not raise: other tools may share the prefix."""
+    known = [v.name for v in VARIABLES] + list(POOL_VARIABLES)
+    n = len("SLICETRACE_")
+    for name in sorted(k for k in env if k.startswith("SLICETRACE_") and k not in known):
+        if (name, env[name]) in _warned:
+            continue
+        _warned.add((name, env[name]))
+        close = difflib.get_close_matches(name[n:], [k[n:] for k in known], 1)
+        log.warning("slicetrace: %s=%r is not a slicetrace variable and is ignored; %s", name, env[name],
+                    f"did you mean SLICETRACE_{close[0]}?" if close else "`slicetrace config` lists them all")
+
+
 @dataclass(frozen=True)
 class DistEnv:
     """torchrun's variables, when present."""
@@ -221,16 +294,24 @@ class DistEnv:
 
 
 def dist_env(env: Mapping[str, str] | None = None) -> DistEnv:
+    """torchrun's variables, each checked here so an error names it. LOCAL_RANK is only checked: the cuda
+    backend picks device rank % devices."""
     env = os.environ if env is None else env
 
-    def num(name: str) -> int | None:
+    def num(name: str, lo: int, hi: int | None = None, note: str = "") -> int | None:
         if name not in env:
             return None
+        accepted = (f"an integer in {lo}..{hi}" if hi is not None else f"an integer >= {lo}") + note
         try:
-            return int(env[name])
+            v = int(env[name])
         except ValueError:
-            raise ConfigError(f"{name}={env[name]!r} must be an integer") from None
-    return DistEnv(num("RANK"), num("WORLD_SIZE"), num("LOCAL_RANK"), env.get("MASTER_ADDR"), num("MASTER_PORT"))
+            raise ConfigError(f"{name}={env[name]!r} must be {accepted}") from None
+        if v < lo or (hi is not None and v > hi):
+            raise ConfigError(f"{name}={env[name]!r} must be {accepted}")
+        return v
+    world = num("WORLD_SIZE", 1)
+    rank = num("RANK", 0, None if world is None else world - 1, "" if world is None else f" (WORLD_SIZE={world})")
+    return DistEnv(rank, world, num("LOCAL_RANK", 0), env.get("MASTER_ADDR"), num("MASTER_PORT", 0, 65535))
 
 
 def describe(settings: Settings, env: Mapping[str, str] | None = None) -> list[tuple[str, str, str, str]]:

@@ -1,6 +1,14 @@
+import logging
+import math
+import os
+import re
+import secrets
+from pathlib import Path
+
 import pytest
 
-from slicetrace.config import VARIABLES, Settings, describe, dist_env
+from slicetrace import config
+from slicetrace.config import POOL_VARIABLES, VARIABLES, Settings, describe, dist_env
 from slicetrace.errors import ConfigError
 
 
@@ -18,7 +26,7 @@ def test_env_is_parsed_and_arguments_win():
 
 @pytest.mark.parametrize("kw,msg", [
     ({"backend": "tpu"}, r"^backend='tpu' is not one of \('null', 'cpu', 'cuda'\)$"),
-    ({"ring_slots": 100}, r"^ring_slots=100 must be a power of two >= 64$"),
+    ({"ring_slots": 100}, r"^ring_slots=100 must be a power of two in 64\.\.16777216 \(2\*\*24\)$"),
     ({"sample_rate": 0}, r"^sample_rate=0 must be in 1\.\.255"),
     ({"nchannels": 65}, r"^nchannels=65 must be in 0\.\.64"),
     ({"buffsize": 1000}, r"^buffsize=1000 must be"),
@@ -68,7 +76,210 @@ def test_config_command_prints_every_variable(capsys, monkeypatch):
 def test_profile_min_bytes_takes_sizes_with_binary_suffixes():
     parse = lambda v: Settings.from_env({"SLICETRACE_PROFILE_MIN_BYTES": v}).profile_min_bytes   # noqa: E731
     assert [parse(v) for v in ("64K", "64kb", "1M", "4096", "0x1B")] == [65536, 65536, 1 << 20, 4096, 27]
-    with pytest.raises(ConfigError, match=r"^SLICETRACE_PROFILE_MIN_BYTES='1.5M' cannot be parsed: bytes, e\.g\."):
+    with pytest.raises(ConfigError, match=r"^SLICETRACE_PROFILE_MIN_BYTES='1.5M' cannot be parsed: expected bytes: an "
+                                          r"integer, or one with a binary suffix K, M or G"):
         parse("1.5M")
     with pytest.raises(ConfigError, match=r"^SLICETRACE_PROFILE_MIN_BYTES='-1K': profile_min_bytes=-1024 must be >= 0"):
         parse("-1K")
+
+
+# ---- time settings: finite, in a stated range (an infinite timeout made launch() wait forever) ----
+
+@pytest.mark.parametrize("name", ["timeout_s", "linkstats_interval_s", "clock_resync_s"])
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan, 0, 0.0, -1, 86400.5, 1e400])
+def test_time_settings_must_be_finite_and_in_range(name, value):
+    with pytest.raises(ConfigError) as e:
+        Settings(**{name: value})
+    assert str(e.value) == f"{name}={value!r} must be > 0 seconds and <= 86400"
+
+
+@pytest.mark.parametrize("var", ["SLICETRACE_TIMEOUT", "SLICETRACE_LINKSTATS_INTERVAL_S", "SLICETRACE_CLOCK_RESYNC_S"])
+@pytest.mark.parametrize("raw", ["inf", "1e400", "nan", "-1", "0"])
+def test_time_variables_must_be_finite_and_in_range(var, raw):
+    with pytest.raises(ConfigError, match=rf"^{var}='{raw}': \w+=\S+ must be > 0 seconds and <= 86400$"):
+        Settings.from_env({var: raw})
+
+
+def test_time_settings_take_ints_and_the_bounds():
+    s = Settings(timeout_s=86400, linkstats_interval_s=0.001, clock_resync_s=3)
+    assert (s.timeout_s, s.linkstats_interval_s, s.clock_resync_s) == (86400, 0.001, 3)
+
+
+def test_bench_refuses_an_infinite_timeout(capsys):
+    from slicetrace.cli.main import main
+    assert main(["bench", "-T", "inf", "-b", "1K", "-e", "1K"]) == 2        # before any rank starts
+    assert "timeout_s=inf must be > 0 seconds and <= 86400" in capsys.readouterr().err
+
+
+# ---- types: each field says its type and what it accepts ----
+
+@pytest.mark.parametrize("kw,msg", [
+    ({"timeout_s": "5"}, "timeout_s='5' (type str) is not accepted: timeout_s must be a number (int or float, not a "
+                         "bool), > 0 seconds and <= 86400"),
+    ({"timeout_s": True}, "timeout_s=True (type bool) is not accepted: timeout_s must be a number"),
+    ({"debug": 5}, "debug=5 (type int) is not accepted: debug must be a str, one of ('WARN', 'INFO', 'DEBUG')"),
+    ({"assert_warm": "no"}, "assert_warm='no' (type str) is not accepted: assert_warm must be a bool (True or False)"),
+    ({"assert_warm": 1}, "assert_warm=1 (type int) is not accepted: assert_warm must be a bool"),
+    ({"nchannels": True}, "nchannels=True (type bool) is not accepted: nchannels must be an int (not a bool), "
+                          "in 0..64 (0 = backend default)"),
+    ({"nchannels": 2.5}, "nchannels=2.5 (type float) is not accepted: nchannels must be an int (not a bool), in 0..64"),
+    ({"buffsize": 4194304.0}, "buffsize=4194304.0 (type float) is not accepted: buffsize must be an int (not a "
+                              "bool), >= 32768 and a multiple of 4096"),
+    ({"profiler_plugin": 5}, "profiler_plugin=5 (type int) is not accepted: profiler_plugin must be a str or None"),
+    ({"profile_event_mask": "Coll"}, "profile_event_mask='Coll' (type str) is not accepted: profile_event_mask must "
+                                     "be an int (not a bool) or None, in 0..2**32-1"),
+    ({"backend": None}, "backend=None (type NoneType) is not accepted: backend must be a str, one of ('null', 'cpu', "
+                        "'cuda')"),
+    ({"cache_dir": Path("/tmp")}, "cache_dir=PosixPath('/tmp') (type PosixPath) is not accepted: cache_dir must be a "
+                                  "str"),
+    ({"pool_sizes": 5}, "pool_sizes=5 (type int) is not accepted: pool_sizes must be a dict of pool name -> int >= 1; "
+                        "names: GROUP_API, COLL_API"),
+    ({"pool_sizes": {"COLL": 2.0}}, "pool_sizes['COLL']=2.0 must be an int >= 1 (as SLICETRACE_PROFILE_COLL_POOL_SIZE)"),
+    ({"pool_sizes": {"COLL": 0}}, "pool_sizes['COLL']=0 must be an int >= 1"),
+    ({"pool_sizes": {"COL": 4}}, "pool_sizes: pool 'COL' is not one of ('GROUP_API', "),
+])
+def test_wrong_types_name_field_value_type_and_accepted(kw, msg):
+    with pytest.raises(ConfigError) as e:
+        Settings(**kw)
+    assert str(e.value).startswith(msg)
+
+
+def test_every_field_is_type_checked():
+    """A field added without a type rule would fail here (and in every Settings())."""
+    for f in config.fields(Settings):
+        if f.name != "pool_sizes":
+            assert f.type in config._TYPES, f.name
+    assert set(config.RULES) <= {f.name for f in config.fields(Settings)}
+
+
+def test_right_types_are_kept():
+    import numpy as np
+    s = Settings(nchannels=np.int64(2), timeout_s=np.float64(1.5), assert_warm=True, pool_sizes={"COLL": 7},
+                 profile_event_mask=0x10046)
+    assert (s.nchannels, s.timeout_s, s.assert_warm, s.pool_sizes["COLL"]) == (2, 1.5, True, 7)
+
+
+def test_a_failed_segment_creation_leaves_no_name_behind():
+    from slicetrace.backend.cpu.shm import Segment
+    name = f"st_test_{secrets.token_hex(4)}"
+    with pytest.raises(TypeError):
+        Segment(name, 4194304.0, create=True)           # ftruncate refuses a float size after shm_open
+    assert not os.path.exists(f"/dev/shm/{name}")
+
+
+# ---- environment parse errors: variable, value and the accepted format ----
+
+def _parsed(var):
+    return var.parse not in (str, config._opt_str)
+
+
+@pytest.mark.parametrize("var", [v for v in VARIABLES if _parsed(v)], ids=lambda v: v.name)
+def test_every_parse_error_names_variable_value_and_format(var):
+    with pytest.raises(ConfigError) as e:
+        Settings.from_env({var.name: "?x"})
+    assert str(e.value) == f"{var.name}='?x' cannot be parsed: expected {config._FORMATS[var.parse]}"
+
+
+@pytest.mark.parametrize("raw,msg", [
+    ("SLICETRACE_ASSERT_WARM=maybe", "SLICETRACE_ASSERT_WARM='maybe' cannot be parsed: expected one of "
+                                     "0/1/true/false/yes/no/on/off"),
+    ("SLICETRACE_BUFFSIZE=4Q", "SLICETRACE_BUFFSIZE='4Q' cannot be parsed: expected bytes: an integer, or one with a "
+                               "binary suffix K, M or G"),
+    ("SLICETRACE_PROFILE_EVENT_MASK=Coll", "SLICETRACE_PROFILE_EVENT_MASK='Coll' cannot be parsed: expected an "
+                                           "integer, decimal or 0x hex, e.g. 65606 or 0x10046"),
+    ("SLICETRACE_TIMEOUT=soon", "SLICETRACE_TIMEOUT='soon' cannot be parsed: expected a number of seconds"),
+    ("SLICETRACE_NCHANNELS=2.5", "SLICETRACE_NCHANNELS='2.5' cannot be parsed: expected an integer, decimal or 0x hex"),
+    ("SLICETRACE_PROFILE_COLL_POOL_SIZE=x", "SLICETRACE_PROFILE_COLL_POOL_SIZE='x' must be an integer >= 1"),
+    ("SLICETRACE_PROFILE_COLL_POOL_SIZE=0", "SLICETRACE_PROFILE_COLL_POOL_SIZE='0' must be an integer >= 1"),
+])
+def test_parse_errors_say_what_is_accepted(raw, msg):
+    name, value = raw.split("=", 1)
+    with pytest.raises(ConfigError) as e:
+        Settings.from_env({name: value})
+    assert str(e.value).startswith(msg)
+
+
+def test_sizes_take_binary_suffixes_everywhere():
+    s = Settings.from_env({"SLICETRACE_BUFFSIZE": "4M", "SLICETRACE_P2P_CHUNKSIZE": "256K"})
+    assert (s.buffsize, s.p2p_chunksize) == (4 << 20, 256 << 10)
+    with pytest.raises(ConfigError, match=r"^SLICETRACE_BUFFSIZE='1K': buffsize=1024 must be >= 32768 and a multiple"):
+        Settings.from_env({"SLICETRACE_BUFFSIZE": "1K"})
+
+
+def test_event_mask_takes_decimal_and_hex():
+    assert Settings.from_env({"SLICETRACE_PROFILE_EVENT_MASK": "0x10046"}).profile_event_mask == 65606
+    assert Settings.from_env({"SLICETRACE_PROFILE_EVENT_MASK": "65606"}).profile_event_mask == 65606
+    with pytest.raises(ConfigError, match=r"^SLICETRACE_PROFILE_EVENT_MASK='0x100000000': profile_event_mask="
+                                          r"4294967296 must be in 0\.\.2\*\*32-1$"):
+        Settings.from_env({"SLICETRACE_PROFILE_EVENT_MASK": "0x100000000"})
+
+
+@pytest.mark.parametrize("env,msg", [
+    ({"RANK": "x"}, "RANK='x' must be an integer >= 0"),
+    ({"RANK": "-1"}, "RANK='-1' must be an integer >= 0"),
+    ({"RANK": "3", "WORLD_SIZE": "2"}, "RANK='3' must be an integer in 0..1 (WORLD_SIZE=2)"),
+    ({"WORLD_SIZE": "0"}, "WORLD_SIZE='0' must be an integer >= 1"),
+    ({"LOCAL_RANK": "-2"}, "LOCAL_RANK='-2' must be an integer >= 0"),
+    ({"MASTER_PORT": "70000"}, "MASTER_PORT='70000' must be an integer in 0..65535"),
+])
+def test_torchrun_variables_are_checked_by_name(env, msg):
+    with pytest.raises(ConfigError) as e:
+        dist_env(env)
+    assert str(e.value) == msg
+
+
+# ---- unknown SLICETRACE_* variables: a warning with the closest known name, never an error ----
+
+def test_misspelled_variables_are_reported_with_the_closest_name(caplog, monkeypatch):
+    monkeypatch.setattr(config, "_warned", set())
+    env = {"SLICETRACE_TIMEOUTS": "5", "SLICETRACE_NCHANNEL": "4", "SLICETRACE_XYZZY": "1", "SLICETRACE_TIMEOUT": "7"}
+    with caplog.at_level(logging.WARNING, logger="slicetrace"):
+        s = Settings.from_env(env)
+        Settings.from_env(env)                           # once per process, not per call
+    assert (s.timeout_s, s.nchannels) == (7.0, 0)
+    msgs = [r.getMessage() for r in caplog.records]
+    assert msgs == [
+        "slicetrace: SLICETRACE_NCHANNEL='4' is not a slicetrace variable and is ignored; did you mean "
+        "SLICETRACE_NCHANNELS?",
+        "slicetrace: SLICETRACE_TIMEOUTS='5' is not a slicetrace variable and is ignored; did you mean "
+        "SLICETRACE_TIMEOUT?",
+        "slicetrace: SLICETRACE_XYZZY='1' is not a slicetrace variable and is ignored; `slicetrace config` lists "
+        "them all"]
+
+
+def test_every_known_variable_round_trips_without_a_warning(caplog, monkeypatch):
+    monkeypatch.setattr(config, "_warned", set())
+    d = Settings()
+    raw = {a: "" if getattr(d, a) is None else str(getattr(d, a)) for a in (v.attr for v in VARIABLES)}
+    env = {v.name: "65606" if v.attr == "profile_event_mask" else raw[v.attr] for v in VARIABLES}
+    env.update({var: str(d.pool_sizes[n]) for n, var in zip(config.POOL_NAMES, POOL_VARIABLES)})
+    with caplog.at_level(logging.WARNING, logger="slicetrace"):
+        s = Settings.from_env(env)
+    assert caplog.records == []
+    assert s == d.with_(profile_event_mask=65606)
+
+
+# ---- ring slots: an upper bound, named ----
+
+def test_ring_slots_have_an_upper_bound():
+    assert Settings(ring_slots=1 << 24).ring_slots == 1 << 24
+    with pytest.raises(ConfigError, match=r"^SLICETRACE_STAMP_RING_SLOTS='1099511627776': ring_slots=1099511627776 "
+                                          r"must be a power of two in 64\.\.16777216"):
+        Settings.from_env({"SLICETRACE_STAMP_RING_SLOTS": str(1 << 40)})
+    with pytest.raises(ConfigError, match=r"^ring_slots=33554432 must be a power of two in 64\.\.16777216"):
+        Settings(ring_slots=1 << 25)
+
+
+# ---- the README's hand-written table ----
+
+def test_readme_lists_every_variable_and_its_ranges():
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme[readme.index("## Environment variables"):]
+    section = section[:section.index("\n## ", 3)]
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `(SLICETRACE_\w+)` \|.*$", section, re.M)}
+    assert {v.name for v in VARIABLES} <= set(rows)
+    for var, needle in [("SLICETRACE_TIMEOUT", "86400"), ("SLICETRACE_STAMP_RING_SLOTS", "16777216"),
+                        ("SLICETRACE_NCHANNELS", "0..64"), ("SLICETRACE_BUFFSIZE", "32768"),
+                        ("SLICETRACE_NTHREADS", "640"), ("SLICETRACE_DRAIN_INTERVAL_US", "10..1000000"),
+                        ("SLICETRACE_PLUGIN_MAX_FAILURES", ">= 1")]:
+        assert needle in rows[var], var
