@@ -291,6 +291,14 @@ class CudaBackend(Backend, KernelArgs):
             self._fail(PeerError(f"rank {self.rank}: op {token.tag} was aborted"
                                  + (f": {why.decode(errors='replace')}" if why else " (abort word raised)")), token)
 
+    def check_peers(self) -> None:
+        why = self.store.try_get(f"{self._prefix}/abort")
+        if why is not None:
+            raise PeerError(f"rank {self.rank}: a peer aborted: {why.decode(errors='replace')}")
+        gone = self.watch.gone(tuple(p for p in range(self.world) if p != self.rank))
+        if gone is not None:
+            raise PeerError(f"rank {self.rank}: {gone}")
+
     def _fail(self, err: Exception, token: Token) -> None:
         self.abort(str(err))
         end = time.monotonic() + 10.0
