@@ -41,12 +41,23 @@ def init(backend: str | None = None, rank: int | None = None, world_size: int | 
     torchrun's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT are used; without those, a world of one."""
     s = Settings.from_env(backend=backend, **settings)
     env = dist_env()
+    # checked before any store is used: a bad rank would otherwise wait out the rendezvous timeout
+    for arg, v, want in (("rank", rank, "in 0..world_size-1"), ("world_size", world_size, ">= 1")):
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
+            raise UsageError(f"{arg}={v!r} (type {type(v).__name__}) must be an int {want}")
+    rank_name = "RANK" if rank is None and env.rank is not None else "rank"       # upper case: from the environment
+    world_name = "WORLD_SIZE" if world_size is None and env.world_size is not None else "world_size"
     rank = env.rank if rank is None else rank
     world_size = env.world_size if world_size is None else world_size
     if rank is None or world_size is None:
         if rank not in (None, 0) or world_size not in (None, 1):
-            raise UsageError(f"rank={rank!r} and world_size={world_size!r}: give both, or neither for one rank")
+            raise UsageError(f"{rank_name}={rank!r} and {world_name}={world_size!r}: give both, or neither for one "
+                             f"rank")
         rank, world_size = 0, 1
+    if world_size < 1:
+        raise UsageError(f"{world_name}={world_size} must be an int >= 1")
+    if not 0 <= rank < world_size:
+        raise UsageError(f"{rank_name}={rank} must be an int in 0..{world_size - 1} ({world_name}={world_size})")
     if store is None:
         store = DictStore({}) if world_size == 1 else _torch_store(env.master_addr, env.master_port, rank,
                                                                   world_size, s.timeout_s)

@@ -10,7 +10,10 @@ import time
 
 import pytest
 
+import slicetrace
 from slicetrace.backend.procs import proc_dead
+from slicetrace.errors import ConfigError, UsageError
+from slicetrace.rendezvous import Store
 
 DRIVER = textwrap.dedent("""
     import os, sys, numpy as np, slicetrace
@@ -81,3 +84,59 @@ def test_ctrl_c_stops_bench_with_a_message_and_no_traceback():
     assert p.returncode == 130
     assert "slicetrace: interrupted" in err.decode() and "Traceback" not in err.decode()
     assert set(glob.glob("/dev/shm/st_*")) - shm_before == set()
+
+
+# ---- init() checks rank and world_size before any store is used (a bad rank used to wait out the timeout) ----
+
+class _UnusedStore(Store):
+    def set(self, key, value):
+        raise AssertionError(f"store used (set {key!r}) before rank/world_size were checked")
+
+    def try_get(self, key):
+        raise AssertionError(f"store used (get {key!r}) before rank/world_size were checked")
+
+
+@pytest.mark.parametrize("kw,msg", [
+    ({"rank": 1, "world_size": 1}, "rank=1 must be an int in 0..0 (world_size=1)"),
+    ({"rank": -1, "world_size": 1}, "rank=-1 must be an int in 0..0 (world_size=1)"),
+    ({"rank": 2, "world_size": 2}, "rank=2 must be an int in 0..1 (world_size=2)"),
+    ({"rank": "0", "world_size": 1}, "rank='0' (type str) must be an int in 0..world_size-1"),
+    ({"rank": True, "world_size": 1}, "rank=True (type bool) must be an int in 0..world_size-1"),
+    ({"rank": 0, "world_size": 0}, "world_size=0 must be an int >= 1"),
+    ({"rank": 0, "world_size": "1"}, "world_size='1' (type str) must be an int >= 1"),
+    ({"rank": 0, "world_size": 1.0}, "world_size=1.0 (type float) must be an int >= 1"),
+])
+def test_init_checks_rank_and_world_size_first(monkeypatch, kw, msg):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(UsageError) as e:
+        slicetrace.init("null", store=_UnusedStore(), timeout_s=1, **kw)
+    assert str(e.value) == msg
+
+
+@pytest.mark.parametrize("env,kw,err,msg", [
+    ({"RANK": "3", "WORLD_SIZE": "2"}, {}, ConfigError, "RANK='3' must be an integer in 0..1 (WORLD_SIZE=2)"),
+    ({"RANK": "-1", "WORLD_SIZE": "2"}, {}, ConfigError, "RANK='-1' must be an integer in 0..1 (WORLD_SIZE=2)"),
+    ({"RANK": "0", "WORLD_SIZE": "0"}, {}, ConfigError, "WORLD_SIZE='0' must be an integer >= 1"),
+    ({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "x"}, {}, ConfigError, "LOCAL_RANK='x' must be an integer >= 0"),
+    ({"WORLD_SIZE": "2"}, {"rank": 2}, UsageError, "rank=2 must be an int in 0..1 (WORLD_SIZE=2)"),
+    ({"RANK": "1"}, {"world_size": 1}, UsageError, "RANK=1 must be an int in 0..0 (world_size=1)"),
+])
+def test_init_names_the_environment_variable(monkeypatch, env, kw, err, msg):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    with pytest.raises(err) as e:                    # not "torch is not installed", not a rendezvous timeout
+        slicetrace.init("null", timeout_s=1, **kw)
+    assert str(e.value) == msg
+
+
+def _never_run(comm):
+    raise AssertionError("a rank started")
+
+
+def test_launch_refuses_an_infinite_timeout_before_starting_ranks():
+    with pytest.raises(ConfigError) as e:             # its join bound is timeout_s + 5: inf waited forever
+        slicetrace.launch(_never_run, 2, timeout_s=float("inf"))
+    assert str(e.value) == "timeout_s=inf must be > 0 seconds and <= 86400"
