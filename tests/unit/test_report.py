@@ -119,3 +119,22 @@ def test_ops_left_out_by_the_settings_are_not_called_losses():
     text = con.export_text()
     assert "loss counters: {'rank 0': {'overrun': 2}, 'rank 1': {}}" in text
     assert "ops not profiled by the settings: {'rank 0': {'ops_sampled_out': 9}, 'rank 1': {'ops_below_min_bytes': 4}}" in text
+
+
+def test_the_text_report_lists_the_slowest_slices_up_to_top():
+    from rich.console import Console
+    from slicetrace.analyze.report import render
+    ks = _rows([(0, 0, 1, 1, 0, 1_000_000, 0, 10, 10_010),       # 100 GB/s
+                (1, 0, 1, 0, 3, 1_000_000, 0, 0, 100_000),       # 10 GB/s: the slowest
+                (0, 2, 0, 1, 5, 500_000, 0, 10, 25_010)])        # 20 GB/s
+    con = Console(record=True, width=200)
+    render(build(ks, top=2), console=con)
+    text = con.export_text()
+    assert "the 2 slowest slices (by transfer GB/s)" in text
+    cell = r"│\s+([\w,.]+) "
+    rows = re.findall(cell * 8 + "│", text[text.index("slowest slices"):])
+    assert rows == [("1", "send", "0", "0", "3", "1,000,000", "100.0", "10"),
+                    ("0", "recv", "1", "2", "5", "500,000", "25.0", "20")]
+    con = Console(record=True, width=200)
+    render(build(ks, top=0), console=con)
+    assert "slowest" not in con.export_text()

@@ -164,3 +164,70 @@ def test_written_file_is_one_json_array(traces):
         text = f.read()
     assert text.startswith("[\n") and text.rstrip().endswith("]")
     assert isinstance(json.loads(text), list)
+
+
+_STEP = {"name": "KernelStep", "cat": "GPU", "ph": "X", "pid": 0, "tid": 1, "ts": 1.0, "dur": 2.0,
+         "args": {"Channel": 0, "IsSend": 1, "Peer": 1, "Step": 0, "Size": 8, "WaitGpuClk": 0, "StartGpuClk": 1,
+                  "StopGpuClk": 2}}
+
+
+@pytest.mark.parametrize("record, field, want", [
+    ({**_STEP, "ts": "abc"}, "'ts'", "must be a finite number, not 'abc'"),
+    ({**_STEP, "ts": float("nan")}, "'ts'", "must be a finite number, not nan"),
+    ({"name": "AllReduce", "cat": "COLL", "ph": "b", "id": 1, "pid": 0}, "'ts'", "has no 'ts'"),
+    ({"name": "x", "ph": "X", "ts": 1, "args": 5}, "'args'", "must be an object, not 5"),
+    ({"name": "x", "cat": "c", "ph": "i", "ts": 1, "pid": "abc"}, "'pid'", "must be an integer (the rank)"),
+    ({**_STEP, "args": {**_STEP["args"], "Channel": {"a": 1}}}, "'args.Channel'", "must be an integer"),
+    ({**_STEP, "tid": [1]}, "'tid'", "must be an integer or a string"),
+])
+def test_a_malformed_record_is_refused_naming_the_file_the_record_and_the_field(tmp_path, record, field, want):
+    """What used to end in KeyError/ValueError/TypeError tracebacks in report and convert."""
+    path = tmp_path / "t_1_0.json"
+    path.write_text(json.dumps([{"name": "process_name", "ph": "M", "pid": 0, "args": {"name": "rank 0"}}, record]))
+    with pytest.raises(TraceFormatError) as e:
+        load_trace(path)
+    msg = str(e.value)
+    assert f"trace file {str(path)!r}, record 1" in msg and field in msg and want in msg
+    assert any(field in p for p in check_trace(path))       # the checker lists it instead of failing on it
+
+
+def test_report_needs_every_kernel_step_arg_and_convert_does_not(tmp_path):
+    from slicetrace.analyze.trace import load_run
+    path = tmp_path / "t_1_0.json"
+    path.write_text(json.dumps([{**_STEP, "args": {"Channel": 0, "IsSend": 1, "Peer": 1, "Step": 0}}]))
+    assert len(load_trace(path)) == 1                      # convert draws a KernelStep without its clocks
+    with pytest.raises(TraceFormatError, match=r"record 0 \(KernelStep\): 'args' lacks \['Size', 'WaitGpuClk'"):
+        load_run(str(path))
+    with pytest.raises(TraceFormatError, match=r"record 0 \(KernelStep\): 'args' lacks \['StartGpuClk'"):
+        kernel_steps([{**_STEP, "args": {k: v for k, v in _STEP["args"].items() if k != "StartGpuClk"}}])
+    with pytest.raises(TraceFormatError, match=r"KernelStep values do not fit .*'channel', 'int32'"):
+        kernel_steps([{**_STEP, "args": {**_STEP["args"], "Channel": 1 << 40}}])
+
+
+def _run_files(folder, comm, ranks=2):
+    for rank in range(ranks):
+        recs = [{"name": "AllReduce", "cat": "COLL", "ph": "b", "id": 1, "pid": rank, "ts": 0.0,
+                 "args": {"CommHash": comm, "SeqNum": 0}},
+                {**_STEP, "pid": rank, "args": {**_STEP["args"], "Peer": 1 - rank, "ParentId": 1}},
+                {"name": "AllReduce", "cat": "COLL", "ph": "e", "id": 1, "pid": rank, "ts": 9.0}]
+        (folder / f"trace_{comm}_{rank}.json").write_text(json.dumps(recs))
+
+
+def test_report_refuses_two_runs_in_one_folder_and_names_how_to_pick_each(tmp_path, monkeypatch):
+    from slicetrace.analyze.trace import load_run
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tr").mkdir()
+    _run_files(tmp_path / "tr", 111)
+    assert len(load_run("tr")) == 6
+    _run_files(tmp_path / "tr", 222)                        # a second run beside the first
+    with pytest.raises(TraceFormatError) as e:
+        load_run("tr")
+    msg = str(e.value)
+    assert "2 communicators (runs)" in msg
+    assert "commHash 111 (2 file(s)): slicetrace report tr/trace_111" in msg and "tr/trace_222" in msg
+    assert {r["pid"] for r in load_run("tr/trace_222")} == {0, 1}       # the prefix the message names selects it
+    assert len(load_run(["tr/trace_111", "tr/trace_111_0.json"])) == 6  # one file named twice counts once
+    (tmp_path / "copy").mkdir()
+    (tmp_path / "copy" / "trace_111_0.json").write_text((tmp_path / "tr" / "trace_111_0.json").read_text())
+    with pytest.raises(TraceFormatError, match=r"are both rank 0 of commHash 111; pass one of them"):
+        load_run(["tr/trace_111", "copy"])

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import struct
 from typing import Any, Iterable
 
 from ..errors import TraceFormatError
-from .trace import load_trace
+from .trace import comm_of, load_trace
 
 # field numbers of perfetto/trace/*.proto
 _TRACE_PACKET = 1
@@ -72,21 +71,13 @@ def _uuid(*parts: Any) -> int:
     return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest(), "little") or 1
 
 
-def _comm_of(path: str, records: list[dict]) -> str:
-    for r in records:
-        h = r.get("args", {}).get("CommHash") if isinstance(r.get("args"), dict) else None
-        if h is not None:
-            return str(h)
-    m = re.search(r"_(\d+)_\d+\.json$", path)
-    return m.group(1) if m else os.path.basename(path)
-
-
 class _File:
     """One rank's trace: its slices, grouped by the track they go on."""
 
     def __init__(self, path: str):
         recs = load_trace(path)
-        self.comm = _comm_of(path, recs)
+        self.path, self.records = path, len(recs)
+        self.comm = comm_of(path, recs)
         self.rank = next((int(r["pid"]) for r in recs if "pid" in r), 0)
         names = {r.get("tid"): r.get("args", {}).get("name", "") for r in recs
                  if r.get("ph") == "M" and r.get("name") == "thread_name"}
@@ -149,6 +140,11 @@ def convert(paths: Iterable[str], out_path: str) -> dict[str, int]:
     files = [_File(os.fspath(p)) for p in paths]
     if not files:
         raise TraceFormatError("convert: no trace files given")
+    if not any(f.slices for f in files):        # a viewer would show nothing: not what the user meant to convert
+        names = ", ".join(repr(f.path) for f in files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+        raise TraceFormatError(f"{names}: no slices to convert ({sum(f.records for f in files)} records, none a "
+                               f"complete 'X' event or 'b'/'e' pair); give per-rank trace files, e.g. those of "
+                               f"`slicetrace bench --trace DIR`")
     flow_s, flow_r = _flows(files)
     # (ns, order, packet), sorted later: at one instant ends come first (a lane's next slice may begin when the last
     # one ends), then begins, then the ends of zero-length slices (after their own begin; 32 ns GPU clock ticks)

@@ -157,6 +157,14 @@ def render(rep: Report, console=None) -> None:
         w = rep.late_ops[0]
         con.print(f"largest skew: {w['func']} #{w['seq']}, rank {w['rank']} started {w['late_us']:.1f} us after the "
                   f"first of {w['ranks']} ranks")
+    if rep.slowest:                     # build kept the top N (--top)
+        t = Table(title=f"the {len(rep.slowest)} slowest slices (by transfer GB/s)")
+        for c in ("rank", "dir", "peer", "ch", "step", "bytes", "transfer us", "GB/s"):
+            t.add_column(c, justify="right")
+        for sl in rep.slowest:
+            t.add_row(str(sl["rank"]), "send" if sl["is_send"] else "recv", str(sl["peer"]), str(sl["channel"]),
+                      str(sl["step"]), f"{sl['bytes']:,}", f"{sl['transfer_us']:.1f}", f"{sl['gbps']:.3g}")
+        con.print(t)
     for ln in rep.slow_links:
         con.print(f"slow link: {ln['src']}->{ln['dst']} moves {ln['gbps']:.2f} GB/s, {ln['below_pct']:.0f} % below the "
                   f"median link ({ln['median_gbps']:.2f}), slower than the other links on {ln['channels_slow']} of "

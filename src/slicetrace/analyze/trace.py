@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
+import re
 from typing import Any, Iterable
 
 import numpy as np
@@ -34,8 +36,58 @@ KERNEL_CH_TABLE = np.dtype([
 _EPS_US = 1e-3      # ts are written with 3 decimals (exact ns); allow one ns of float noise
 
 
-def load_trace(path: str | os.PathLike) -> list[dict]:
-    """One trace file as a list of records; TraceFormatError if it is not a JSON array of objects."""
+_TIMED = ("b", "e", "X", "i")
+_INT_ARGS = frozenset(("Channel", "IsSend", "Peer", "Step", "Size", "WaitGpuClk", "StartGpuClk", "StopGpuClk",
+                       "SeqNum", "Rank", "Count", "nChannels", "CommHash"))
+_STEP_ARGS = REQUIRED_ARGS[("GPU", "KernelStep")]
+
+
+def _number(v: Any) -> bool:
+    return (type(v) is float and math.isfinite(v)) or type(v) is int      # type(): a bool is no number here
+
+
+def record_problem(r: dict, need_args: bool = False) -> str | None:
+    """The first field of one record that the analyzers cannot use (named, with its value), or None. need_args:
+    a KernelStep must also carry every arg kernel_steps() reads (convert draws one without its clocks)."""
+    ph = r.get("ph")
+    for k in ("ph", "name", "cat"):
+        if k in r and type(r[k]) is not str:
+            return f"{k!r} must be a string, not {r[k]!r}"
+    if "pid" in r and type(r["pid"]) is not int:
+        return f"'pid' must be an integer (the rank), not {r['pid']!r}"
+    for k in ("tid", "id"):
+        if k in r and type(r[k]) not in (int, str):
+            return f"{k!r} must be an integer or a string, not {r[k]!r}"
+    if "ts" in r or ph in _TIMED:
+        if "ts" not in r:
+            return "has no 'ts'"
+        if not _number(r["ts"]):
+            return f"'ts' must be a finite number, not {r['ts']!r}"
+    if "dur" in r and not _number(r["dur"]):
+        return f"'dur' must be a finite number, not {r['dur']!r}"
+    a = r.get("args")
+    if a is None:
+        a = {}
+    elif type(a) is not dict:
+        return f"'args' must be an object, not {a!r}"
+    if need_args and ph == "X" and r.get("name") == "KernelStep":
+        missing = [k for k in _STEP_ARGS if k not in a]
+        if missing:
+            return f"'args' lacks {missing}, which every KernelStep carries"
+    for k, v in a.items():
+        if k in _INT_ARGS and type(v) is not int:
+            return f"'args.{k}' must be an integer, not {v!r}"
+    if a.get("ParentId") is not None and type(a["ParentId"]) is not int:
+        return f"'args.ParentId' must be an integer or null, not {a['ParentId']!r}"
+    if ph == "M" and r.get("name") == "thread_name" and type(a.get("name", "")) is not str:
+        return f"'args.name' must be a string, not {a['name']!r}"
+    return None
+
+
+def load_trace(path: str | os.PathLike, validate: bool = True, need_args: bool = False) -> list[dict]:
+    """One trace file as a list of records; TraceFormatError if it is not a JSON array of objects, or (validate)
+    if a record has a field the analyzers cannot use (record_problem): the error names the file, the record's
+    index and the field."""
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
@@ -45,6 +97,13 @@ def load_trace(path: str | os.PathLike) -> list[dict]:
         data = data["traceEvents"]
     if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
         raise TraceFormatError(f"trace file {os.fspath(path)!r} is not a JSON array of objects")
+    if validate:
+        for i, r in enumerate(data):
+            problem = record_problem(r, need_args)
+            if problem:
+                raise TraceFormatError(f"trace file {os.fspath(path)!r}, record {i}"
+                                       f"{' (' + str(r['name']) + ')' if isinstance(r.get('name'), str) else ''}: "
+                                       f"{problem}")
     return [r for r in data if r]           # NCCL's example plugin ends with an empty object
 
 
@@ -58,12 +117,59 @@ def trace_files(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[
         files = [p]
     elif os.path.isdir(p):
         files = sorted(glob.glob(os.path.join(glob.escape(p), "*_*_*.json")))
-    else:
-        files = sorted(glob.glob(p)) if any(c in p for c in "*?[") else sorted(glob.glob(f"{p}_*_*.json"))
+    elif any(c in p for c in "*?["):
+        files = sorted(glob.glob(p))
+    else:                                          # a dump prefix, or one run's: <prefix>_<commHash>
+        files = sorted(glob.glob(f"{p}_*_*.json")) or sorted(glob.glob(f"{p}_*.json"))
     if not files:
         raise TraceFormatError(f"no trace files match {p!r} (a file, a folder of <prefix>_<commHash>_<rank>.json "
                                f"files, a glob, or a dump prefix)")
     return files
+
+
+def comm_of(path: str, records: list[dict]) -> str:
+    """A file's communicator: its records' CommHash, else the <commHash> of its name, else the name."""
+    for r in records:
+        h = r.get("args", {}).get("CommHash")
+        if h is not None:
+            return str(h)
+    m = re.search(r"_(\d+)_\d+\.json$", path)
+    return m.group(1) if m else os.path.basename(path)
+
+
+def load_run(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[dict]:
+    """load_traces for the analyses that key ranks by pid: files of more than one communicator (two runs in one
+    folder) or one rank's file twice would pool different runs, so they are refused, saying how to pick one."""
+    files: dict[str, list[str]] = {}                # commHash -> its files
+    seen: dict[tuple, str] = {}
+    out: list[dict] = []
+    unique: dict[str, str] = {}
+    for p in trace_files(paths):
+        unique.setdefault(os.path.realpath(p), p)     # one file named twice (a folder and its file) counts once
+    for f in unique.values():
+        recs = load_trace(f, need_args=True)
+        comm = comm_of(f, recs)
+        rank = next((r["pid"] for r in recs if "pid" in r), None)
+        if rank is not None and (comm, rank) in seen:
+            raise TraceFormatError(f"{seen[(comm, rank)]!r} and {f!r} are both rank {rank} of commHash {comm}; "
+                                   f"pass one of them")
+        seen[(comm, rank)] = f
+        files.setdefault(comm, []).append(f)
+        out.extend(recs)
+    if len(files) > 1:
+        picks = "; ".join(f"commHash {c} ({len(fs)} file(s)): slicetrace report {_run_prefix(fs)}"
+                          for c, fs in files.items())
+        raise TraceFormatError(f"the trace files hold {len(files)} communicators (runs), which one report does "
+                               f"not pool; report one at a time: {picks}")
+    return out
+
+
+def _run_prefix(files: list[str]) -> str:
+    """What selects these files on the command line: their <prefix>_<commHash>, else the files themselves."""
+    prefixes = {re.sub(r"_\d+\.json$", "", f) for f in files}
+    if len(prefixes) == 1 and all(re.search(r"_\d+_\d+\.json$", f) for f in files):
+        return os.path.relpath(prefixes.pop())
+    return " ".join(os.path.relpath(f) for f in files)
 
 
 def load_traces(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[dict]:
@@ -113,7 +219,7 @@ def check_trace(path_or_records: str | os.PathLike | list[dict]) -> list[str]:
     """Problems found in one trace (a path or loaded records); [] means every invariant holds."""
     if isinstance(path_or_records, (str, os.PathLike)):
         try:
-            records = load_trace(path_or_records)
+            records = load_trace(path_or_records, validate=False)
         except TraceFormatError as e:
             return [str(e)]
     else:
@@ -124,6 +230,10 @@ def check_trace(path_or_records: str | os.PathLike | list[dict]) -> list[str]:
             problems.append(f"record {i} has no 'ph' or 'name': {r}")
         elif r["ph"] in ("b", "e", "X", "i") and not isinstance(r.get("ts"), (int, float)):
             problems.append(f"record {i} ({r['name']}) has no numeric 'ts'")
+        else:                               # wrong types would break the checks below
+            problem = record_problem(r)
+            if problem:
+                problems.append(f"record {i} ({r['name']}): {problem}")
     if problems:
         return problems
     pairs = _pairs(records, problems)
@@ -173,16 +283,28 @@ def check_trace(path_or_records: str | os.PathLike | list[dict]) -> list[str]:
 def kernel_steps(records: list[dict]) -> np.ndarray:
     """KernelStep records -> KERNEL_STEP_TABLE rows (host-timeline ns; ready derived from the clock deltas)."""
     rows = []
-    for r in records:
+    for i, r in enumerate(records):
         if r.get("name") != "KernelStep" or r.get("ph") != "X":
             continue
-        a = r["args"]
-        wait_ns = round(float(r["ts"]) * 1000)
-        done_ns = wait_ns + round(float(r.get("dur", 0)) * 1000)
-        ready_ns = wait_ns + int(a["StartGpuClk"]) - int(a["WaitGpuClk"])
-        rows.append((r.get("pid", 0), a["Channel"], a["IsSend"], a["Peer"], a["Step"], a["Size"], wait_ns,
-                     ready_ns, done_ns, a.get("SeqNum", -1), a.get("ParentId", -1)))
-    return np.array(rows, KERNEL_STEP_TABLE)
+        try:
+            a = r["args"]
+            wait_ns = round(r["ts"] * 1000)
+            done_ns = wait_ns + round(r.get("dur", 0) * 1000)
+            ready_ns = wait_ns + a["StartGpuClk"] - a["WaitGpuClk"]
+            parent = a.get("ParentId")
+            rows.append((r.get("pid", 0), a["Channel"], a["IsSend"], a["Peer"], a["Step"], a["Size"], wait_ns,
+                         ready_ns, done_ns, a.get("SeqNum", -1), -1 if parent is None else parent))
+        except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as e:   # records not from load_trace
+            raise TraceFormatError(f"record {i} (KernelStep): {record_problem(r, need_args=True) or e}") from e
+    return _table(rows, KERNEL_STEP_TABLE, "KernelStep")
+
+
+def _table(rows: list[tuple], dtype: np.dtype, what: str) -> np.ndarray:
+    try:
+        return np.array(rows, dtype)
+    except (OverflowError, TypeError, ValueError) as e:        # e.g. a Channel past int32
+        raise TraceFormatError(f"{what} values do not fit the table's columns "
+                               f"{[(n, str(dtype[n])) for n in dtype.names]}: {e}") from e
 
 
 def kernel_chs(records: list[dict]) -> np.ndarray:
@@ -202,7 +324,7 @@ def kernel_chs(records: list[dict]) -> np.ndarray:
             continue
         rows.append((pid or 0, a.get("Channel", 0), parent[1], parent[0], round(float(b["ts"]) * 1000),
                      round(e_ts * 1000)))
-    return np.array(rows, KERNEL_CH_TABLE)
+    return _table(rows, KERNEL_CH_TABLE, "KernelCh")
 
 
 STEPS_CSV_COLUMNS = KERNEL_STEP_TABLE.names + ("wait_us", "transfer_us", "gbps")
