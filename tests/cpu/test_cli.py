@@ -95,7 +95,12 @@ def test_bad_values_name_the_flag_the_value_and_what_is_accepted(capsys):
     for argv, want in (
         (["-o", "bogus"], "-o 'bogus' is not one of ('sum', 'prod', 'min', 'max', 'avg')"),
         (["--ranks", "0"], "--ranks 0 must be >= 1"),
-        (["--channels", "-1"], "--channels -1 must be >= 0 (0: the backend chooses)"),
+        (["--channels", "-1"], "--channels -1 must be in 0..64 (0: the backend chooses)"),
+        (["--channels", "65"], "--channels 65 must be in 0..64 (0: the backend chooses)"),
+        (["--backend", "gpu"], "--backend 'gpu' is not one of ('null', 'cpu', 'cuda')"),
+        (["--seed", "-1"], "--seed -1 must be >= 0"),
+        (["-r", "5", "--op", "broadcast"], "-r 5 must be a rank, 0..1 (the run has 2 rank(s): --ranks)"),
+        (["-r", "-1", "--ranks", "3"], "-r -1 must be a rank, 0..2 (the run has 3 rank(s): --ranks)"),
         (["-n", "0"], "-n 0 must be >= 1"),
         (["-N", "-1"], "-N -1 must be >= 0 (0: until interrupted)"),
         (["-T", "0"], "-T 0.0 must be > 0 seconds"),
@@ -111,6 +116,11 @@ def test_bad_values_name_the_flag_the_value_and_what_is_accepted(capsys):
     err = capsys.readouterr().err
     assert "'abc' is not an event mask: give an integer, e.g. 65606 or 0x10046" in err
     assert "'abc' is not one of GROUP, COLL, P2P" in err
+    for bad in ("5", "-1"):                              # -c is a switch: 0 or 1
+        with pytest.raises(SystemExit) as e:
+            main(["bench", "-c", bad])
+        assert e.value.code == 2
+        assert f"argument -c/--check: invalid choice: {bad} (choose from 0, 1)" in capsys.readouterr().err
 
 
 def test_profile_mask_takes_event_type_names():
@@ -209,3 +219,106 @@ def test_a_reader_that_leaves_early_stops_the_table_not_the_run(tmp_path):
     assert p.returncode == 0, err.decode()
     assert b"Traceback" not in err and b"BrokenPipe" not in err
     assert [r["size"] for r in json.load(open(out))["rows"]] == [4096, 16384, 65536, 262144, 1048576]
+
+
+def _trace_files(folder, comm):
+    """A small two-rank run as the example plugin writes it: one AllReduce, one send and one receive per rank."""
+    folder.mkdir(exist_ok=True)
+    for rank in (0, 1):
+        steps = [{"name": "KernelStep", "cat": "GPU", "ph": "X", "pid": rank, "tid": 1, "ts": 1.0 + s, "dur": 2.0,
+                  "args": {"Channel": 0, "IsSend": s, "Peer": 1 - rank, "Step": 0, "Size": 4096, "WaitGpuClk": 0,
+                           "StartGpuClk": 500, "StopGpuClk": 2000, "SeqNum": 0, "ParentId": 1}} for s in (1, 0)]
+        recs = [{"name": "AllReduce", "cat": "COLL", "ph": "b", "id": 1, "pid": rank, "tid": 0, "ts": 0.0,
+                 "args": {"SeqNum": 0, "CommHash": comm, "Rank": rank, "Count": 1024, "Datatype": "float32",
+                          "Algorithm": "RING", "Protocol": "SIMPLE", "nChannels": 1, "ParentId": -1}},
+                *steps, {"name": "AllReduce", "cat": "COLL", "ph": "e", "id": 1, "pid": rank, "tid": 0, "ts": 9.0},
+                {"name": "slicetrace_counters", "ph": "M", "pid": rank, "tid": 0, "args": {"overrun": rank}}]
+        (folder / f"trace_{comm}_{rank}.json").write_text(json.dumps(recs))
+    return str(folder / "trace")
+
+
+@pytest.mark.parametrize("plugins", ["none", "linkstats"])
+def test_trace_writes_through_the_example_plugin_whatever_the_environment_lists(tmp_path, capfd, monkeypatch,
+                                                                                plugins):
+    """SLICETRACE_PROFILER_PLUGIN=none or =linkstats used to leave --trace's folder empty while it named files."""
+    monkeypatch.setenv("SLICETRACE_PROFILER_PLUGIN", plugins)
+    tr = tmp_path / "trA"
+    assert main(["bench", "-b", "8", "-e", "64", "-n", "1", "-w", "0", "--trace", str(tr)]) == 0
+    files = sorted(glob.glob(str(tr / "trace_*_*.json")))
+    assert len(files) == 2 and all(check_trace(f) == [] for f in files)
+    run = files[0].rsplit("_", 1)[0]
+    out = capfd.readouterr().out
+    assert "profiling on" in out
+    assert f"# traces: {run}_<rank>.json (2 file(s);" in out and f"slicetrace report {run})" in out
+
+
+def test_the_example_plugin_joins_the_environments_list_once():
+    from slicetrace.cli.main import _with_example
+    assert _with_example(None) == _with_example("none") == _with_example(" None ") == "example"
+    assert _with_example("linkstats") == "linkstats,example"
+    assert _with_example("example,linkstats") == "example,linkstats"
+    assert _with_example("slicetrace.sinks.chrome:ChromePlugin") == "slicetrace.sinks.chrome:ChromePlugin"
+
+
+def test_the_trace_line_names_only_files_the_run_wrote(tmp_path):
+    from slicetrace.cli.outputs import dump_files, trace_note
+    from slicetrace.errors import SliceTraceError
+    old = _trace_files(tmp_path / "tr", 7)
+    before = dump_files(str(tmp_path / "tr"))
+    with pytest.raises(SliceTraceError, match=rf"--trace '{tmp_path / 'tr'}': the run wrote no trace file there; "
+                                              r"was profiling off\? \(profiler plugins 'example', event mask 0:"):
+        trace_note(str(tmp_path / "tr"), before, "example", 0)
+    _trace_files(tmp_path / "tr", 8)
+    note = trace_note(str(tmp_path / "tr"), before, "example", None)
+    assert note.startswith(f"# traces: {old[:-len('trace')]}trace_8_<rank>.json (2 file(s);")
+
+
+def test_outputs_that_only_root_seems_able_to_write_fail_before_any_work(tmp_path, capfd):
+    """os.access says yes to root for /proc: the file is opened first, so nothing runs and nothing is printed."""
+    prefix = _trace_files(tmp_path / "tr", 5)
+    for argv, flag in ((["report", prefix, "--csv", "/proc/x.csv"], "--csv '/proc/x.csv'"),
+                       (["report", prefix, "--json", "/proc/x.json"], "--json '/proc/x.json'"),
+                       (["bench", "-b", "8", "-e", "8", "-n", "1", "-w", "0", "--json", "/proc/x.json"],
+                        "--json '/proc/x.json'")):
+        assert main(argv) == 2, argv
+        out, err = capfd.readouterr()
+        assert out == ""
+        assert err == f"slicetrace: error: {flag}: cannot write a file there (No such file or directory)\n"
+    assert main(["report", prefix, "--csv", str(tmp_path / "s.csv"), "--json", str(tmp_path / "r.json")]) == 0
+    assert (tmp_path / "s.csv").read_text().startswith("rank,channel,is_send,peer,step,size,wait_ns,ready_ns,done_ns,"
+                                                       "seq_number,op,wait_us,transfer_us,gbps\n")
+    assert json.load(open(tmp_path / "r.json"))["links"]
+
+
+def test_report_refuses_two_runs_in_one_folder_and_reports_either_by_its_prefix(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _trace_files(tmp_path / "trC", 11)
+    _trace_files(tmp_path / "trC", 22)
+    assert main(["report", "trC"]) == 2
+    err = capsys.readouterr().err
+    assert "the trace files hold 2 communicators (runs)" in err and "Traceback" not in err
+    assert "commHash 11 (2 file(s)): slicetrace report trC/trace_11;" in err and "slicetrace report trC/trace_22" in err
+    assert main(["report", "trC/trace_22", "--json", "r.json"]) == 0
+    rep = json.load(open("r.json"))
+    assert [(ln["src"], ln["dst"], ln["slices"]) for ln in rep["links"]] == [(0, 1, 1), (1, 0, 1)]
+    assert set(rep["counters"]) == {"0", "1"} and rep["counters"]["1"] == {"overrun": 1}
+
+
+def test_report_names_the_file_record_and_field_of_a_malformed_record(tmp_path, capsys):
+    for rec, want in (({"name": "KernelStep", "ph": "X", "ts": 1, "args": {}}, "'args' lacks ['Channel'"),
+                      ({"name": "KernelStep", "ph": "X"}, "has no 'ts'"),
+                      ({"name": "KernelStep", "ph": "X", "ts": "abc"}, "'ts' must be a finite number, not 'abc'")):
+        path = tmp_path / "t_1_0.json"
+        path.write_text(json.dumps([rec]))
+        assert main(["report", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"slicetrace: error: trace file {str(path)!r}, record 0 (KernelStep): {want}"), err
+
+
+def test_a_size_past_the_hosts_memory_is_one_line_per_rank_naming_e(capfd):
+    """1000000G is past any address space: each rank's allocation fails at once (no swapping, no OOM killer)."""
+    assert main(["bench", "-b", "1000000G", "-e", "1000000G", "-n", "1", "-w", "0", "-c", "0"]) == 2
+    err = capfd.readouterr().err
+    assert "rank 0: UsageError: -e 1073741824000000: all_reduce of 1,073,741,824,000,000 B (float32) ran out of " \
+        "memory on rank 0: each rank needs at least 2,147,483,648,000,000 B for its buffers" in err
+    assert "Traceback" not in err and "MemoryError" not in err

@@ -172,3 +172,39 @@ def test_wire_fields_reads_every_type_convert_writes_and_names_others():
     assert _fields(buf) == [(1, 150), (2, 7), (3, b"hi")]
     with pytest.raises(TraceFormatError, match="protobuf wire type 5 at byte 1"):
         _fields(bytes([13, 0, 0, 0, 0]))
+
+
+def test_convert_refuses_files_without_slices_and_writes_nothing(tmp_path, capsys):
+    import pytest
+    from slicetrace.errors import TraceFormatError
+    out = tmp_path / "x.pftrace"
+    for name, text in (("objs_1_0.json", '[{"a":1},{"b":2}]'), ("empty_1_0.json", "[]")):
+        path = tmp_path / name
+        path.write_text(text)
+        with pytest.raises(TraceFormatError, match=r"no slices to convert \(\d records, none a complete 'X' event"):
+            convert([str(path)], str(out))
+        assert main(["convert", str(path), "-o", str(out)]) == 2
+        assert f"{str(path)!r}: no slices to convert" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_convert_names_the_file_record_and_field_of_a_malformed_record(tmp_path, capsys):
+    for rec, field in (({"name": "x", "ph": "X", "ts": 1, "args": 5}, "'args' must be an object, not 5"),
+                       ({"name": "x", "cat": "c", "ph": "i", "ts": 1, "pid": "abc"}, "'pid' must be an integer"),
+                       ({"name": "AllReduce", "cat": "COLL", "ph": "b", "id": 1, "pid": 0}, "has no 'ts'"),
+                       ({"name": "KernelStep", "ph": "X", "ts": 1, "pid": 0,
+                         "args": {"Peer": 1, "Step": 0, "IsSend": 1, "Channel": {"a": 1}}}, "'args.Channel'")):
+        path = tmp_path / "t_1_0.json"
+        path.write_text(json.dumps([rec]))
+        assert main(["convert", str(path), "-o", str(tmp_path / "x.pftrace")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"slicetrace: error: trace file {str(path)!r}, record 0") and field in err, err
+        assert "Traceback" not in err
+
+
+def test_convert_refuses_an_output_it_cannot_write_before_reading_the_traces(tmp_path, capsys):
+    path = tmp_path / "t_1_0.json"
+    path.write_text("not json")                 # never read: the output is checked first
+    assert main(["convert", str(path), "-o", "/proc/x.pftrace"]) == 2    # os.access passes as root; open does not
+    assert capsys.readouterr().err == "slicetrace: error: -o '/proc/x.pftrace': cannot write a file there (No such " \
+                                      "file or directory)\n"

@@ -36,3 +36,17 @@ def test_rank_values_combine_as_nccl_tests_a_says_and_wrong_values_add_up(averag
         assert _gather(_Comm(store, r, 3), "k", per_rank[r], (0, 2), average) == per_rank[r]
     got = _gather(_Comm(store, 0, 3), "k", per_rank[0], (0, 2), average)
     assert got == [time, 3.0, ref, 9.0]               # times per -a, wrong summed, the rest the max
+
+
+@pytest.mark.parametrize("check, more", [(1, "and about 1,200 B more to check it (-c 0 skips the check)"), (0, None)])
+def test_a_size_past_the_hosts_memory_is_a_usage_error_naming_e_and_the_bytes_per_rank(check, more):
+    import numpy as np
+    from slicetrace.cli.bench import _memory
+    from slicetrace.errors import UsageError
+    o = {"sizes": [40, 400], "check": check}
+    with pytest.raises(UsageError) as e, _memory(o, "all_gather", 400, np.dtype("float32"), 2, 1):
+        raise MemoryError()
+    msg = str(e.value)
+    assert msg.startswith("-e 400: all_gather of 400 B (float32) ran out of memory on rank 1: each rank needs at "
+                          "least 600 B for its buffers")          # 50 elements in, 100 out
+    assert (more in msg) if more else "check" not in msg

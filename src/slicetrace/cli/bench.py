@@ -1,6 +1,7 @@
 """`slicetrace bench`: nccl-tests' sweep, columns and busbw factors, with the reference library side by side."""
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
 import json
@@ -12,6 +13,7 @@ import time
 
 import numpy as np
 
+from ..errors import UsageError
 from ..events.abi import EventType
 from .sweep import busbw_factor, counts, make_input, np_dtype, reference, wrong
 
@@ -196,10 +198,12 @@ def bench_rank(comm, o: dict) -> list[dict]:
                 for dtype, redop in combos[op]:
                     if cyc == 0:
                         for nbytes in (o["sizes"][-1], o["sizes"][0]):    # nccl-tests' warm-up: largest, smallest
-                            _warm(comm, op, nbytes, dtype, redop, o, xp, to_dev, sync, ref)
+                            with _memory(o, op, nbytes, dtype, n, comm.rank):
+                                _warm(comm, op, nbytes, dtype, redop, o, xp, to_dev, sync, ref)
                     for i, nbytes in enumerate(o["sizes"]):
-                        row = _one(comm, op, nbytes, dtype, {**o, "redop": redop}, xp, to_dev, to_host, sync, ref,
-                                   f"{cyc}/{op}/{dtype}/{redop}/{i}")
+                        with _memory(o, op, nbytes, dtype, n, comm.rank):
+                            row = _one(comm, op, nbytes, dtype, {**o, "redop": redop}, xp, to_dev, to_host, sync,
+                                       ref, f"{cyc}/{op}/{dtype}/{redop}/{i}")
                         if row is not None and comm.rank == 0:
                             if cycles != 1:
                                 row["cycle"] = cyc
@@ -213,6 +217,21 @@ def bench_rank(comm, o: dict) -> list[dict]:
         if ref is not None:
             ref.close()
     return rows
+
+
+@contextlib.contextmanager
+def _memory(o: dict, op: str, nbytes: int, dtype, n: int, rank: int):
+    """A size too large for this host is a usage error naming the size and what it needs, not a MemoryError
+    traceback per rank."""
+    try:
+        yield
+    except MemoryError:
+        cin, cout = counts(op, nbytes, dtype.itemsize, n)
+        check = (f" and about {n * cin * (dtype.itemsize + 8):,} B more to check it (-c 0 skips the check)"
+                 if o["check"] else "")
+        raise UsageError(f"-e {o['sizes'][-1]}: {op} of {nbytes:,} B ({dtype}) ran out of memory on rank {rank}: "
+                         f"each rank needs at least {(cin + cout) * dtype.itemsize:,} B for its buffers{check}; "
+                         f"give a smaller -e (or -b)") from None
 
 
 def _warm(comm, op, nbytes, dtype, redop, o, xp, to_dev, sync, ref) -> None:

@@ -2,17 +2,17 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from dataclasses import fields
 
 from ..backend.base import REDOPS
 from .. import errors
-from ..config import Settings, describe
-from ..errors import BackendError, SliceTraceError
+from ..config import MAXCHANNELS, Settings, describe
+from ..errors import BackendError, ConfigError, SliceTraceError, UsageError
 from ..events.abi import EventType
-from ..events.plugin import load_plugins
+from ..events.plugin import BUILTINS, load_plugins, resolve
+from .outputs import dump_files, trace_note, writable_file, writable_folder, write_json
 from .sweep import DTYPE_ALIASES, OPS, all_dtypes, bench_dtype, parse_size, sizes
 
 
@@ -42,22 +42,16 @@ def _mask(v: str) -> int:
     return m
 
 
-def _writable_file(flag: str, path: str) -> None:
-    """Fail before the work, not after it: an output file needs an existing, writable folder."""
-    if os.path.isdir(path):
-        raise SliceTraceError(f"{flag} {path!r} is a folder; give a file name")
-    d = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(d) or not os.access(d, os.W_OK):
-        raise SliceTraceError(f"{flag} {path!r}: cannot write a file there ({d!r} is not an existing, writable "
-                              f"folder)")
-
-
-def _write_json(flag: str, path: str, obj) -> None:
-    try:
-        with open(path, "w") as f:
-            json.dump(obj, f, indent=1)
-    except OSError as e:
-        raise SliceTraceError(f"{flag} {path!r}: {e.strerror or e}") from None
+def _with_example(spec: str | None) -> str:
+    """SLICETRACE_PROFILER_PLUGIN with the example plugin in it, which --trace and --profile write through ('none'
+    or unset: the example plugin alone; a list without it: the list and it)."""
+    items = [x.strip() for x in (spec or "").split(",") if x.strip()]
+    if [x.lower() for x in items] in ([], ["none"]):
+        return "example"
+    chrome = resolve("example")
+    if any(x == "example" or (x not in BUILTINS and ":" in x and resolve(x) is chrome) for x in items):
+        return ",".join(items)
+    return ",".join(items + ["example"])
 
 
 def _provenance(backend: str, nranks: int, compare: str | None) -> dict:
@@ -121,7 +115,8 @@ def _bench_parser(sub) -> None:
     p.add_argument("-i", "--stepbytes", default=None, help="size increment instead of -f (e.g. 1M)")
     p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations per size (default 20)")
     p.add_argument("-w", "--warmup_iters", type=int, default=5, help="warmup iterations (default 5)")
-    p.add_argument("-c", "--check", type=int, default=1, help="1 = check results against numpy (default 1)")
+    p.add_argument("-c", "--check", type=int, choices=(0, 1), default=1,
+                   help="1 = check results against numpy (default 1), 0 = do not")
     p.add_argument("-d", "--datatype", default="float", help=f"one of {sorted(DTYPE_ALIASES)}, or all")
     p.add_argument("-o", "--redop", dest="redop", default="sum", help="reduction: sum prod min max avg, or all")
     p.add_argument("-r", "--root", type=int, default=0, help="root for broadcast/reduce")
@@ -153,7 +148,7 @@ def _bench_parser(sub) -> None:
                    "whose ratio is one sample (odd counts round up; default 10)")
     p.add_argument("--compare", choices=("gloo", "nccl"), help="run the reference library side by side")
     p.add_argument("--json", metavar="FILE", help="write results as JSON")
-    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--seed", type=int, default=1234, help="seed of the inputs, >= 0 (default 1234)")
 
 
 def run_bench(a: argparse.Namespace) -> int:
@@ -178,10 +173,12 @@ def run_bench(a: argparse.Namespace) -> int:
         raise SliceTraceError(f"--json {a.json!r} with -N 0: a run without end never writes it; give -N a count")
     if a.timeout is not None and not a.timeout > 0:
         raise SliceTraceError(f"-T {a.timeout} must be > 0 seconds")
-    if a.channels is not None and a.channels < 0:
-        raise SliceTraceError(f"--channels {a.channels} must be >= 0 (0: the backend chooses)")
+    if a.channels is not None and not 0 <= a.channels <= MAXCHANNELS:
+        raise UsageError(f"--channels {a.channels} must be in 0..{MAXCHANNELS} (0: the backend chooses)")
+    if a.seed < 0:
+        raise UsageError(f"--seed {a.seed} must be >= 0 (numpy's generators take no negative seed)")
     if a.json:
-        _writable_file("--json", a.json)
+        writable_file("--json", a.json)
     if a.overhead_of == "kernel_step":
         if not a.overhead:
             raise SliceTraceError("--overhead-of kernel_step needs --overhead")
@@ -195,19 +192,25 @@ def run_bench(a: argparse.Namespace) -> int:
         overrides["nchannels"] = a.channels
     if a.timeout is not None:
         overrides["timeout_s"] = a.timeout
-    if a.trace or a.profile is not None or a.overhead:
-        overrides["profiler_plugin"] = Settings.from_env().profiler_plugin or "example"
-        if a.profile is not None:
-            overrides["profile_event_mask"] = a.profile
+    env_plugins = Settings.from_env().profiler_plugin
+    if a.trace or a.profile is not None:        # both ask for the example plugin: the environment's may lack it
+        overrides["profiler_plugin"] = _with_example(env_plugins)
+    elif a.overhead:                            # the environment's plugins are what --overhead measures, if any
+        overrides["profiler_plugin"] = _with_example(None) if (env_plugins or "none").strip().lower() == "none" \
+            else env_plugins
+    if a.profile is not None:
+        overrides["profile_event_mask"] = a.profile
     if a.trace:
-        try:
-            os.makedirs(a.trace, exist_ok=True)
-        except OSError as e:
-            raise SliceTraceError(f"--trace {a.trace!r}: cannot create the folder ({e.strerror or e})") from None
-        if not os.access(a.trace, os.W_OK):
-            raise SliceTraceError(f"--trace {a.trace!r}: the folder is not writable")
+        writable_folder("--trace", a.trace)
         overrides["profile_dump_file"] = os.path.join(a.trace, "trace")
-    s = Settings.from_env(**overrides)
+    try:
+        s = Settings.from_env(**overrides)
+    except ConfigError as e:                    # a flag's value: name the flag, not the setting it sets
+        attr, _, rest = str(e).partition("=")
+        flag = {"backend": "--backend", "nchannels": "--channels", "timeout_s": "-T"}.get(attr)
+        if flag is None or attr not in overrides:
+            raise
+        raise UsageError(f"{flag} {rest}") from None
     want = {"gloo": "cpu", "nccl": "cuda"}.get(a.compare or "")
     if want and s.backend != want:              # each reference runs where its library runs: same buffers, same device
         raise SliceTraceError(f"--compare {a.compare} runs beside --backend {want}, not {s.backend!r} "
@@ -222,6 +225,8 @@ def run_bench(a: argparse.Namespace) -> int:
                 nranks = cupy.cuda.runtime.getDeviceCount()
             except Exception as e:      # no CuPy, no driver, no device: say so plainly
                 raise BackendError(f"--backend cuda: no usable CUDA device ({type(e).__name__}: {e})") from None
+    if not 0 <= a.root < nranks:
+        raise UsageError(f"-r {a.root} must be a rank, 0..{nranks - 1} (the run has {nranks} rank(s): --ranks)")
     dtypes = (all_dtypes(s.backend) if a.datatype == "all"
               else [bench_dtype(DTYPE_ALIASES[a.datatype], s.backend)])
     step = None if a.stepbytes is None else parse_size(a.stepbytes, "-i")
@@ -232,6 +237,7 @@ def run_bench(a: argparse.Namespace) -> int:
             "overhead_of": a.overhead_of,
             "rounds": a.rounds, "seed": a.seed, "inplace": a.inplace,
             "average": a.average, "cycles": a.run_cycles}
+    traces_before = dump_files(a.trace) if a.trace else {}
     results = launch(bench_rank, nranks, opts, **overrides)
     rows = results[0]
     bad_rows = [r for r in rows if r["wrong"] > 0]
@@ -239,14 +245,12 @@ def run_bench(a: argparse.Namespace) -> int:
     for line in format_summary(summary, a.compare):
         say(line)
     if a.json:
-        _write_json("--json", a.json, {"settings": {f.name: str(getattr(s, f.name)) for f in fields(s)},  # effective
+        write_json("--json", a.json, {"settings": {f.name: str(getattr(s, f.name)) for f in fields(s)},  # effective
                                        "ranks": nranks,
                                        "env": _provenance(s.backend, nranks, a.compare), "rows": rows,
                                        "summary": summary})
     if a.trace:
-        say(f"# traces: {a.trace}/trace_<commHash>_<rank>.json (open in https://ui.perfetto.dev; all ranks in one, "
-            f"with send -> receive arrows: slicetrace convert {a.trace} -o run.pftrace; links, waits and "
-            f"stragglers: slicetrace report {a.trace})")
+        say(trace_note(a.trace, traces_before, s.profiler_plugin, s.profile_event_mask))
     if bad_rows:
         print(f"# {len(bad_rows)} size(s) had wrong results", file=sys.stderr)
         return 1
@@ -262,13 +266,13 @@ def run_config(a: argparse.Namespace) -> int:
 
 def run_report(a: argparse.Namespace) -> int:
     from ..analyze.report import build, render
-    from ..analyze.trace import counters, kernel_chs, kernel_steps, load_traces, write_steps_csv
+    from ..analyze.trace import counters, kernel_chs, kernel_steps, load_run, write_steps_csv
     if a.top < 0:
-        raise SliceTraceError(f"--top {a.top} must be >= 0")
+        raise UsageError(f"--top {a.top} must be >= 0")
     for flag, path in (("--json", a.json), ("--csv", a.csv)):
         if path:
-            _writable_file(flag, path)
-    recs = load_traces(a.traces)
+            writable_file(flag, path)
+    recs = load_run(a.traces)
     ks, chs = kernel_steps(recs), kernel_chs(recs)
     if not len(ks) and not len(chs):
         raise SliceTraceError(f"{' '.join(a.traces)}: no KernelStep or KernelCh events to analyse ({len(recs)} "
@@ -277,17 +281,25 @@ def run_report(a: argparse.Namespace) -> int:
     rep = build(ks, counters(recs), top=a.top, chs=chs)
     render(rep)
     if a.json:
-        _write_json("--json", a.json, rep.to_dict())
+        write_json("--json", a.json, rep.to_dict())
     if a.csv:
-        print(f"# {write_steps_csv(ks, a.csv)} KernelStep rows: {a.csv}")
+        try:
+            n = write_steps_csv(ks, a.csv)
+        except OSError as e:
+            raise UsageError(f"--csv {a.csv!r}: cannot write the file ({e.strerror or e})") from None
+        print(f"# {n} KernelStep rows: {a.csv}")
     return 0
 
 
 def run_convert(a: argparse.Namespace) -> int:
     from ..analyze.perfetto import convert
     from ..analyze.trace import trace_files
-    _writable_file("-o", a.output)
-    got = convert(trace_files(a.traces), a.output)
+    writable_file("-o", a.output)
+    files = trace_files(a.traces)
+    try:
+        got = convert(files, a.output)
+    except OSError as e:            # reading is TraceFormatError: an OSError here is the write
+        raise UsageError(f"-o {a.output!r}: cannot write the file ({e.strerror or e})") from None
     print(f"# {a.output}: {got['files']} rank file(s), {got['slices']} slices on {got['tracks']} tracks, "
           f"{got['flows']} send -> receive flows (open in https://ui.perfetto.dev)")
     return 0
@@ -300,10 +312,12 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("config", help="every SLICETRACE_* variable: effective value, raw value, meaning")
     rp = sub.add_parser("report", help="per-link bandwidth, waits and stragglers from trace files")
     rp.add_argument("traces", nargs="+", help="trace files, their folder, a glob, or the dump prefix")
-    rp.add_argument("--top", type=int, default=10, help="slowest slices to list")
+    rp.add_argument("--top", type=int, default=10,
+                    help="slowest slices (and most skewed collectives) to list, default 10")
     rp.add_argument("--json", metavar="FILE", help="write the report as JSON")
-    rp.add_argument("--csv", metavar="FILE", help="write every KernelStep as a CSV row (rank, channel, peer, step, "
-                    "size, clocks, wait_us, transfer_us, gbps), for pandas or a spreadsheet")
+    rp.add_argument("--csv", metavar="FILE", help="write every KernelStep as a CSV row (rank, channel, is_send, peer, "
+                    "step, size, wait_ns, ready_ns, done_ns, seq_number, op, wait_us, transfer_us, gbps), for pandas "
+                    "or a spreadsheet")
     cp = sub.add_parser("convert", help="trace files -> one Perfetto protobuf trace, with send -> receive flows")
     cp.add_argument("traces", nargs="+", help="trace files, their folder, a glob, or the dump prefix")
     cp.add_argument("-o", "--output", required=True, metavar="FILE", help="the .pftrace file to write")

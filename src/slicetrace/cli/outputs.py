@@ -1,0 +1,78 @@
+"""Output files of the CLI: checked by really opening them before the work runs (nothing is lost at the end), and
+--trace's files named from what the run wrote."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import tempfile
+
+from ..errors import SliceTraceError, UsageError
+
+
+def writable_file(flag: str, path: str) -> None:
+    """Fail before the work, not after it: open the file for appending (os.access says yes to root everywhere,
+    /proc included), and remove it again if this made it."""
+    if os.path.isdir(path):
+        raise UsageError(f"{flag} {path!r} is a folder; give a file name")
+    existed = os.path.lexists(path)
+    try:
+        with open(path, "a"):               # "a": an existing file keeps its content until the real write
+            pass
+    except OSError as e:
+        raise UsageError(f"{flag} {path!r}: cannot write a file there ({e.strerror or e})") from None
+    if not existed:
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+
+
+def writable_folder(flag: str, path: str) -> None:
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"{flag} {path!r}: cannot create the folder ({e.strerror or e})") from None
+    try:                                    # a real file, as for writable_file
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".slicetrace_probe_")
+        os.close(fd)
+        os.remove(probe)
+    except OSError as e:
+        raise UsageError(f"{flag} {path!r}: cannot write files in the folder ({e.strerror or e})") from None
+
+
+def write_json(flag: str, path: str, obj) -> None:
+    try:
+        with open(path, "w") as f:
+            json.dump(obj, f, indent=1)
+    except OSError as e:
+        raise UsageError(f"{flag} {path!r}: cannot write the file ({e.strerror or e})") from None
+
+
+def dump_files(folder: str) -> dict[str, tuple[int, int]]:
+    """The dump files in --trace's folder, with what tells a rewritten one (mtime, size)."""
+    out = {}
+    for f in glob.glob(os.path.join(glob.escape(folder), "trace_*_*.json")):
+        try:
+            st = os.stat(f)
+        except OSError:
+            continue
+        out[f] = (st.st_mtime_ns, st.st_size)
+    return out
+
+
+def trace_note(folder: str, before: dict[str, tuple[int, int]], plugins: str | None, mask: int | None) -> str:
+    """The line naming the trace files this run wrote (those new or changed since `before`); none is an error,
+    naming the effective plugins and event mask (SLICETRACE_PROFILER_PLUGIN, SLICETRACE_PROFILE_EVENT_MASK)."""
+    written = sorted(f for f, st in dump_files(folder).items() if before.get(f) != st)
+    if not written:
+        raise SliceTraceError(f"--trace {folder!r}: the run wrote no trace file there; was profiling off? "
+                              f"(profiler plugins {plugins!r}, event mask {mask}: SLICETRACE_PROFILER_PLUGIN, "
+                              f"SLICETRACE_PROFILE_EVENT_MASK)")
+    runs = sorted({re.sub(r"_\d+\.json$", "", f) for f in written})
+    names = ", ".join(f"{r}_<rank>.json" for r in runs)
+    sel = runs[0] if len(runs) == 1 else folder
+    return (f"# traces: {names} ({len(written)} file(s); open in https://ui.perfetto.dev; all ranks in one, with "
+            f"send -> receive arrows: slicetrace convert {sel} -o run.pftrace; links, waits and stragglers: "
+            f"slicetrace report {sel})")
