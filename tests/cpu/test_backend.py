@@ -15,6 +15,7 @@ DTYPES = ["int8", "uint8", "int32", "int64", "float16", "float32", "float64", "b
 REDOPS = ["sum", "prod", "min", "max", "avg"]
 FUNCS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce"]
 SMALL = dict(buffsize=64 * 1024, p2p_chunksize=4096)          # 8 KiB FIFO steps: many slices, cheap data
+SENTINEL = 99             # out-of-place outputs start as this: no input (-4..4) or (partial) result here is 99
 
 
 # ---------------------------------------------------------------- rank side
@@ -79,7 +80,8 @@ def run_case(ctx, key: str, kw: dict, case: dict, stamps: bool = False):
         else:
             y = x
     else:
-        y = np.full(nout, 7, x.dtype)
+        y = np.full(nout, SENTINEL, x.dtype)
+    before_y = y.copy()                  # a non-root reduce must leave its output untouched (NCCL: recvbuff unused)
     plan = plan_collective(func, n, r, count, x.dtype.itemsize, root, be.nch, be.settings.step_bytes)
     work = Work(case.get("tag", 1), plan, dtype, redop, x, y, stamp_steps=stamps, stamp_channels=stamps,
                 sample_rate=case.get("rate", 1))
@@ -94,7 +96,7 @@ def run_case(ctx, key: str, kw: dict, case: dict, stamps: bool = False):
     elif func == "broadcast":
         exp = xs[root]
     else:
-        exp = reduce_ref(xs, redop, n) if r == root else y
+        exp = reduce_ref(xs, redop, n) if r == root else before_y
     ok = np.array_equal(y.astype(np.float64), exp.astype(np.float64))
     detail = "" if ok else f"rank {r}: got {y[:8]}... expected {exp[:8]}..."
     out = {"ok": ok, "detail": detail}
@@ -182,9 +184,27 @@ def test_dtypes_and_redops(pools, n):
     check(pools(n), "small", dict(SMALL, nchannels=2), cases)
 
 
-def test_avg_integer_truncates_toward_zero():
-    xs = [np.array([-7, 7, -1], np.int32), np.array([0, 0, 0], np.int32)]
-    assert reduce_ref(xs, "avg", 2).tolist() == [-3, 3, 0]
+def run_given(ctx, key: str, kw: dict, func: str, dtype: str, redop: str, rows: list) -> list:
+    """One collective on this rank's row of `rows` (given values, not generated); the output as a list."""
+    from slicetrace.backend.base import Work
+    from slicetrace.plan.schedule import plan_collective
+    be = backend(ctx, key, **kw)
+    r, n = ctx["rank"], ctx["world"]
+    x = np.array(rows[r], np_dtype(dtype))
+    count = x.size // n if func == "reduce_scatter" else x.size
+    y = np.full(count, SENTINEL, x.dtype)
+    plan = plan_collective(func, n, r, count, x.dtype.itemsize, 0, be.nch, be.settings.step_bytes)
+    be.submit(Work(1, plan, dtype, redop, x, y))
+    return y.tolist()
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int32", "int64"])
+def test_integer_avg_truncates_toward_zero(pools, dtype):
+    """NCCL's SumPostDiv for integers: the sum, then C division (toward zero, not floor)."""
+    rows = [[-7, 7, -1, -8, 9, 5], [0, 0, 0, 1, -2, 0]]
+    kw = dict(SMALL, nchannels=2)
+    assert pools(2).run(run_given, "small", kw, "all_reduce", dtype, "avg", rows) == [[-3, 3, 0, -3, 3, 2]] * 2
+    assert pools(2).run(run_given, "small", kw, "reduce_scatter", dtype, "avg", rows) == [[-3, 3, 0], [-3, 3, 2]]
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -235,6 +255,7 @@ def test_alltoall_larger_than_fifo_no_deadlock(pools, n):
 def check_stamps(res: list) -> None:
     """Counts/sizes/directions as plan.traffic.expected_slices, KernelCh per program, causality on a shared clock."""
     sends, recvs = {}, {}
+    nsend = nrecv = 0
     for rank, out in enumerate(res):
         steps = [s for s in out["stamps"] if s[0] == 0]
         chans = [s for s in out["stamps"] if s[0] == 1]
@@ -247,6 +268,9 @@ def check_stamps(res: list) -> None:
             assert w <= rd <= d
             key = (rank, p, step, ch) if f & 1 else (p, rank, step, ch)     # p2p too: one channel both ends
             (sends if f & 1 else recvs)[key] = (rd, d, sz)
+        nsend += sum(1 for s in steps if s[2] & 1)
+        nrecv += sum(1 for s in steps if not s[2] & 1)
+    assert (len(sends), len(recvs)) == (nsend, nrecv), "two stamps of one direction share (src, dst, step, channel)"
     assert sends.keys() == recvs.keys()
     for key, (_, done, size) in sends.items():
         ready, _, rsize = recvs[key]

@@ -50,12 +50,14 @@ def run_case(comm, op, dtype, redop, count, root, inplace, seed):
         comm.all_to_all(x, out)
     else:
         out = x if inplace else np.full(count, 55, dtype=dt)
+        before = out.copy()                  # a non-root reduce must leave it so
         if op == "all_reduce":
             comm.all_reduce(x, out, op=redop)
         elif op == "broadcast":
             comm.broadcast(x, out, root=root)
         else:
             comm.reduce(x, out, root=root, op=redop)
+        return mismatches(out, expected(op, xs, r, root, redop, dt), dt, before)
     return mismatches(out, expected(op, xs, r, root, redop, dt), dt)
 
 

@@ -45,5 +45,7 @@ def test_long_profiled_run_loses_nothing_and_stays_bounded(tmp_path):
                 if v and not k.startswith(("delivered", "plugin_written", "clock_"))}
         assert ops > 1000 and lost == {}, (ops, lost)
         assert rss1 - rss0 < 200 * 1024, (rss0, rss1)            # KiB: memory does not grow with the run
-    for f in glob.glob(prefix + "_*.json"):
+    files = sorted(glob.glob(prefix + "_*.json"))
+    assert len(files) == 2, files                                # one trace per rank
+    for f in files:
         assert check_trace(f) == []

@@ -35,6 +35,8 @@ def combine(xs, redop: str, dt) -> np.ndarray:
 
 
 def expected(op: str, xs: list[np.ndarray], rank: int, root: int, redop: str, dt) -> np.ndarray | None:
+    """The output `rank` must hold; None where it must keep what it held before the op (a non-root reduce:
+    NCCL uses recvbuff only on the root)."""
     n = len(xs)
     if op == "all_reduce":
         return combine(xs, redop, dt)
@@ -54,9 +56,14 @@ def expected(op: str, xs: list[np.ndarray], rank: int, root: int, redop: str, dt
     raise ValueError(op)
 
 
-def mismatches(got: np.ndarray, ref: np.ndarray | None, dt) -> int:
+def mismatches(got: np.ndarray, ref: np.ndarray | None, dt, before: np.ndarray | None = None) -> int:
+    """Wrong elements of `got`. ref None (see expected): every element must still equal `before`, the output's
+    copy made before the op, bit for bit."""
     if ref is None:
-        return 0
+        if before is None or before.shape != got.shape:
+            raise ValueError("an output that must stay untouched needs its copy from before the op")
+        return int((got.view(np.uint8).reshape(got.size, -1) != before.view(np.uint8).reshape(got.size, -1))
+                   .any(axis=1).sum()) if got.size else 0
     dt = np.dtype(dt)
     g = got.astype(np.float64)
     if dt.kind in "iu":

@@ -1,20 +1,75 @@
 """backend.base helpers shared by the backends and the API."""
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pytest
 
 from slicetrace.api import _ptr
 from slicetrace.backend.base import host_pointer
 
+_BYTES = b"abcdefgh" * 8
 
-@pytest.mark.parametrize("make", [
-    lambda: np.arange(1000, dtype=np.float32),
-    lambda: np.arange(1000, dtype=np.int8)[7:],                    # offset view
-    lambda: np.zeros(0, np.float64),                               # empty: no buffer to wrap
-    lambda: np.arange(1000, dtype=np.int64)[::3],                  # strided
-    lambda: np.frombuffer(b"abcdefgh" * 8, dtype=np.uint8),        # read-only
-], ids=["plain", "offset", "empty", "strided", "readonly"])
-def test_host_pointer_is_the_array_address_for_any_numpy_array(make):
-    a = make()
-    assert host_pointer(a) == a.ctypes.data == _ptr(a)
+
+def _c_buffer(nbytes: int):
+    """Memory whose address ctypes tells us (not numpy): the arrays below are views into it."""
+    buf = (ctypes.c_char * nbytes)()
+    return buf, ctypes.addressof(buf)
+
+
+def _plain():
+    buf, addr = _c_buffer(4000)
+    return np.frombuffer(buf, np.float32), addr, buf
+
+
+def _offset():
+    buf, addr = _c_buffer(1000)
+    return np.frombuffer(buf, np.int8)[7:], addr + 7, buf
+
+
+def _empty():
+    buf, addr = _c_buffer(80)
+    a = np.frombuffer(buf, np.float64)[4:4]          # no element: numpy may place it anywhere in its base
+    want = a.__array_interface__["data"][0]
+    assert addr <= want <= addr + 80
+    return a, want, buf
+
+
+def _strided():
+    buf, addr = _c_buffer(8000)
+    return np.frombuffer(buf, np.int64)[5::3], addr + 5 * 8, buf
+
+
+def _readonly():
+    a = np.frombuffer(_BYTES, np.uint8)[3:]                                  # bytes: read-only
+    return a, ctypes.cast(ctypes.c_char_p(_BYTES), ctypes.c_void_p).value + 3, _BYTES
+
+
+def _readonly_flag():
+    buf, addr = _c_buffer(64)
+    a = np.frombuffer(buf, np.uint8)[9:]
+    a.setflags(write=False)
+    return a, addr + 9, buf
+
+
+@pytest.mark.parametrize("make", [_plain, _offset, _empty, _strided, _readonly, _readonly_flag],
+                         ids=["plain", "offset", "empty", "strided", "readonly", "readonly-flag"])
+def test_host_pointer_is_the_address_of_the_first_element_for_any_numpy_array(make):
+    """The address is checked against ctypes' own for the memory under the array (base + byte offset), so the
+    fallback paths (empty, strided, read-only arrays cannot be wrapped by ctypes) are checked too."""
+    a, want, keep = make()
+    assert host_pointer(a) == want
+    assert _ptr(a) == want
+    assert a.base is not None and keep is not None
+
+
+def test_views_of_one_buffer_differ_by_their_byte_offsets():
+    buf, addr = _c_buffer(4096)
+    whole = np.frombuffer(buf, np.int32)
+    assert host_pointer(whole) == addr
+    assert host_pointer(whole[3:]) - host_pointer(whole) == 12
+    assert host_pointer(whole[10::2]) - host_pointer(whole) == 40           # strided: the fallback path
+    ro = whole[7:]
+    ro.setflags(write=False)
+    assert host_pointer(ro) - host_pointer(whole) == 28                     # read-only: the fallback path
