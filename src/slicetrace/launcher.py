@@ -184,14 +184,6 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
     with mgr:
         store_map = mgr.dict()
         pipes, procs = [], []
-        for r in range(nranks):
-            a, b = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_child, args=(fn, r, nranks, store_map, job, settings, args, b, os.getpid()),
-                            name=f"slicetrace-rank{r}")
-            p.start()
-            b.close()
-            pipes.append(a)
-            procs.append(p)
         results: dict[int, Any] = {}
         errors: dict[int, str] = {}
         started: set[int] = set()
@@ -211,12 +203,21 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
                 errors[r] = f"{val[0]}\n{val[1]}"
             return False
 
-        pending = {p.sentinel: r for r, p in enumerate(procs)}
-        readers = {pipes[r]: r for r in range(nranks)}
-        start = time.monotonic()
         first_fail = None
         restore = _terminate_as_exit()
         try:
+            # spawned inside the try: an interrupt between two starts still kills the first and removes its memory
+            for r in range(nranks):
+                a, b = ctx.Pipe(duplex=False)
+                p = ctx.Process(target=_child, args=(fn, r, nranks, store_map, job, settings, args, b, os.getpid()),
+                                name=f"slicetrace-rank{r}")
+                p.start()
+                b.close()
+                pipes.append(a)
+                procs.append(p)
+            pending = {p.sentinel: r for r, p in enumerate(procs)}
+            readers = {pipes[r]: r for r in range(nranks)}
+            start = time.monotonic()
             while pending or readers:
                 ready = mpc.wait(list(readers) + list(pending), timeout=0.5)
                 for obj in ready:

@@ -1,7 +1,11 @@
 """The launcher's ranks never outlive it: killed (SIGKILL) or terminated (SIGTERM), its ranks and its store
-server stop within seconds and the job's shared memory is removed."""
+server stop within seconds and the job's shared memory is removed.
+
+Other test runs on the machine create and remove st_* segments at the same time, so the checks look only at the
+segments this job's ranks have mapped (/proc/<pid>/maps), never at every st_* segment that appeared meanwhile."""
 import glob
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,10 +31,41 @@ DRIVER = textwrap.dedent("""
 """)
 
 
+def _session_pids(sid):
+    """Processes of session sid (the launcher runs as a session leader; its ranks are in its session)."""
+    pids = []
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                stat = f.read()
+        except OSError:                                  # gone meanwhile
+            continue
+        if int(stat[stat.rindex(")") + 2:].split()[3]) == sid:     # fields after "(comm) ": state ppid pgrp session
+            pids.append(int(d))
+    return pids
+
+
+def _mapped_segments(pids):
+    """Names of the st_* segments these processes have mapped: each rank maps its own and its peers'."""
+    names = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                names.update(re.findall(r"/dev/shm/(st_\S+)", f.read()))
+        except OSError:
+            pass
+    return names
+
+
+def _left_of_job(segments):
+    """Segments still there of the launcher jobs these belong to (st_<10-hex job id>..., as launch() names them)."""
+    jobs = {name[3:13] for name in segments}
+    return {os.path.basename(f) for j in jobs for f in glob.glob(f"/dev/shm/st_{j}*")}
+
+
 def _run_and_signal(tmp_path, sig):
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
-    shm_before = set(glob.glob("/dev/shm/st_*"))
     p = subprocess.Popen([sys.executable, str(script), str(tmp_path)], stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, start_new_session=True)
     pids, err = [], b""
@@ -41,14 +76,14 @@ def _run_and_signal(tmp_path, sig):
             time.sleep(0.1)
         assert len(pids) == 2, "ranks did not start"
         time.sleep(0.5)                                  # ranks busy in all_reduce
-        ours = set(glob.glob("/dev/shm/st_*")) - shm_before     # this job's segments (others may come and go)
+        ours = _mapped_segments(pids)                    # this job's segments, whatever other runs make
         os.kill(p.pid, sig)
         rc = p.wait(timeout=30)
         deadline = time.monotonic() + 15
         while any(proc_dead(q, 0) is None for q in pids) and time.monotonic() < deadline:
             time.sleep(0.1)
         survivors = [q for q in pids if proc_dead(q, 0) is None]
-        leaked = ours & set(glob.glob("/dev/shm/st_*"))
+        leaked = _left_of_job(ours)
     finally:
         try:
             os.killpg(p.pid, signal.SIGKILL)             # whatever is left of the group, before asserting
@@ -67,12 +102,19 @@ def test_ranks_and_shared_memory_do_not_outlive_the_launcher(tmp_path, sig, want
 
 
 def test_ctrl_c_stops_bench_with_a_message_and_no_traceback():
-    shm_before = set(glob.glob("/dev/shm/st_*"))
     p = subprocess.Popen([sys.executable, "-m", "slicetrace.cli.main", "bench", "-b", "1M", "-e", "1M", "-n",
                           "1000000", "-w", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          start_new_session=True)
+    ours = set()
     try:
-        time.sleep(4)                                    # ranks spawned and timing
+        # not a fixed sleep: under load the ranks may still be importing after seconds (an interrupt there is
+        # their own traceback); two mapped segments mean both ranks are past start-up
+        deadline = time.monotonic() + 60
+        while len(ours) < 2 and p.poll() is None and time.monotonic() < deadline:
+            ours = _mapped_segments(_session_pids(p.pid))
+            time.sleep(0.1)
+        assert len(ours) == 2, f"the bench's ranks did not map their segments: {ours}"
+        time.sleep(0.5)                                  # timing
         os.killpg(p.pid, signal.SIGINT)                  # what a terminal's Ctrl-C does: the whole group
         out, err = p.communicate(timeout=30)
     finally:
@@ -83,7 +125,7 @@ def test_ctrl_c_stops_bench_with_a_message_and_no_traceback():
         p.wait(timeout=10)
     assert p.returncode == 130
     assert "slicetrace: interrupted" in err.decode() and "Traceback" not in err.decode()
-    assert set(glob.glob("/dev/shm/st_*")) - shm_before == set()
+    assert _left_of_job(ours) == set()                   # removed before the launcher exited: no waiting
 
 
 # ---- init() checks rank and world_size before any store is used (a bad rank used to wait out the timeout) ----
