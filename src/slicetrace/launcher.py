@@ -25,8 +25,9 @@ def _torch_store(addr: str | None, port: int | None, rank: int, world: int, time
 
         import torch.distributed as dist
     except ImportError:
-        raise ConfigError("RANK/WORLD_SIZE are set (torchrun) but torch is not installed: rendezvous needs "
-                          "torch.distributed's TCPStore, or call slicetrace.launch() instead") from None
+        raise ConfigError(f"world_size={world} without store=: the rendezvous needs torch.distributed's TCPStore "
+                          f"(torchrun), and torch is not installed; pass store=, or call slicetrace.launch() "
+                          f"instead") from None
     if dist.is_available() and dist.is_initialized():
         from torch.distributed.distributed_c10d import _get_default_store
         return TorchStore(_get_default_store())
@@ -54,6 +55,9 @@ def init(backend: str | None = None, rank: int | None = None, world_size: int | 
             raise UsageError(f"{rank_name}={rank!r} and {world_name}={world_size!r}: give both, or neither for one "
                              f"rank")
         rank, world_size = 0, 1
+    if store is not None and not isinstance(store, Store):
+        raise UsageError(f"store={store!r} (type {type(store).__name__}) must be a slicetrace.rendezvous.Store, "
+                         f"e.g. DictStore(a dict shared by the ranks)")
     if world_size < 1:
         raise UsageError(f"{world_name}={world_size} must be an int >= 1")
     if not 0 <= rank < world_size:

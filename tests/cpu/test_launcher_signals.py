@@ -182,3 +182,22 @@ def test_launch_refuses_an_infinite_timeout_before_starting_ranks():
     with pytest.raises(ConfigError) as e:             # its join bound is timeout_s + 5: inf waited forever
         slicetrace.launch(_never_run, 2, timeout_s=float("inf"))
     assert str(e.value) == "timeout_s=inf must be > 0 seconds and <= 86400"
+
+
+def test_init_refuses_a_store_that_is_not_one(monkeypatch):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(UsageError) as e:
+        slicetrace.init("null", rank=0, world_size=1, store={})
+    assert str(e.value) == ("store={} (type dict) must be a slicetrace.rendezvous.Store, e.g. DictStore(a dict "
+                            "shared by the ranks)")
+
+
+def test_init_without_a_store_or_torch_says_what_is_missing(monkeypatch):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setitem(sys.modules, "torch", None)          # as if torch were not installed
+    monkeypatch.setitem(sys.modules, "torch.distributed", None)
+    with pytest.raises(ConfigError) as e:
+        slicetrace.init("null", rank=0, world_size=2, timeout_s=1)
+    assert str(e.value).startswith("world_size=2 without store=: the rendezvous needs torch.distributed's TCPStore")
