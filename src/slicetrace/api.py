@@ -68,6 +68,8 @@ class Communicator:
             raise UsageError(f"world_size={world_size} must be >= 1")
         if not 0 <= rank < world_size:
             raise UsageError(f"rank={rank} must be in 0..{world_size - 1} (world_size={world_size})")
+        if not isinstance(name, str):
+            raise UsageError(f"name={name!r} must be a str (the communicator's name in traces and metrics)")
         self.settings, self.rank, self.world_size = settings, rank, world_size
         self.backend_name = settings.backend
         self._session = Session(settings, rank, world_size, store, job, name)

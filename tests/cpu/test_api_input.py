@@ -63,6 +63,8 @@ def test_numpy_integers_are_ints(comm):
 
 
 def test_misc_arguments(comm):
+    with pytest.raises(UsageError, match="name=5 must be a str"):
+        slicetrace.init(backend="null", name=5)
     with pytest.raises(UsageError, match="enabled='no' must be True or False"):
         with comm.profiling("no"):
             pass
