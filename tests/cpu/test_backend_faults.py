@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import signal
 import threading
 import time
@@ -16,13 +17,12 @@ from tests.helpers.procs import RankError, RankPool
 
 
 def submit_case(ctx, key: str, kw: dict, case: dict, then_ok: bool = False):
-    """Submit one collective or send/recv; return (error type, message, seconds) instead of raising."""
+    """Submit one collective or send/recv; return (error type, message) instead of raising."""
     from slicetrace.backend.base import Work
     from slicetrace.plan.schedule import P2pPart, plan_collective, plan_p2p
     be = backend(ctx, key, **kw)
     r, n = ctx["rank"], ctx["world"]
     c = case[r] if isinstance(case, list) else case
-    t0 = time.monotonic()
     try:
         for i in range(2 if then_ok else 1):          # then_ok: a follow-up all_reduce must fail too
             c = dict(func="all_reduce", count=1, dtype=c["dtype"]) if i else c
@@ -37,9 +37,9 @@ def submit_case(ctx, key: str, kw: dict, case: dict, then_ok: bool = False):
                 plan = plan_collective(c["func"], n, r, c["count"], x.itemsize, c.get("root", 0), be.nch,
                                        be.settings.step_bytes)
                 be.submit(Work(1, plan, c["dtype"], c.get("redop", "sum"), x, y))
-        return ("ok", "", time.monotonic() - t0)
+        return ("ok", "")
     except Exception as e:  # noqa: BLE001 - reported to the test
-        return (type(e).__name__, str(e), time.monotonic() - t0)
+        return (type(e).__name__, str(e))
     finally:
         ctx["state"]["backends"].pop(key).close()
 
@@ -89,8 +89,8 @@ def test_abort_reaches_every_rank(pool3):
     case = dict(func="all_reduce", count=5000, dtype="float32")
     res = _results(pool3, [(idle_then, ("abort", kw, "abort", 0.3)), (submit_case, ("abort", kw, case)),
                            (submit_case, ("abort", kw, case))])
-    for kind, msg, secs in res[1:]:
-        assert kind == "PeerError" and "boom from the test" in msg and secs < 5, (kind, msg, secs)
+    for kind, msg in res[1:]:     # the abort word, not a timeout: its reason and who posted it
+        assert (kind, msg) == ("PeerError", "boom from the test (abort posted by rank 0)"), (kind, msg)
     assert pool3.run(shm_left, "abort") == [[], [], []]
 
 
@@ -98,9 +98,9 @@ def test_timeout_when_a_rank_never_submits(pool2):
     kw = dict(SMALL, timeout_s=1.0)
     res = _results(pool2, [(submit_case, ("tmo", kw, dict(func="all_reduce", count=100, dtype="int32"))),
                            (idle_then, ("tmo", kw, "idle", 2.0))])
-    kind, msg, secs = res[0]
-    assert kind == "CommTimeoutError" and "timeout_s" in msg and 0.9 < secs < 3, res[0]
-    assert "for data from rank 1 on channel 0 (step " in msg, msg          # the wait says what it waited for
+    # the deadline of rank 0's first wait ran out (rank 1 is alive, so no peer check fires): it says what it
+    # waited for and how long
+    assert res[0] == ("CommTimeoutError", "rank 0 waited 1.0s (timeout_s) for data from rank 1 on channel 0 (step 0)")
 
 
 def stamped_until_timeout(ctx, key: str, kw: dict):
@@ -159,8 +159,8 @@ MISMATCHES = {
 def test_mismatch_raises_on_every_rank(pool3, what):
     a, b = MISMATCHES[what]
     res = pool3.run(submit_case, f"mm{what}", dict(SMALL, timeout_s=10), [a, a, b])
-    for kind, msg, secs in res:
-        assert kind == "MismatchError" and "differs across ranks" in msg and secs < 5, (kind, msg)
+    for kind, msg in res:
+        assert kind == "MismatchError" and "differs across ranks" in msg, (kind, msg)
     assert "rank 2 runs" in res[0][1] or "rank 2 runs" in res[1][1] or "rank 2 (" in res[0][1]
 
 
@@ -169,8 +169,12 @@ def test_p2p_count_mismatch(pool2):
     cases = [dict(func="send_recv", peer=1, is_send=True, count=1000, dtype="int64"),
              dict(func="send_recv", peer=0, is_send=False, count=1500, dtype="int64")]
     res = pool2.run(submit_case, "p2pmm", dict(SMALL, timeout_s=10), cases, True)
-    for kind, msg, _ in res:
+    for kind, msg in res:
         assert kind == "MismatchError" and "point-to-point mismatch" in msg, (kind, msg)
+
+
+PEER_GONE = re.compile(r"rank 2 \(pid \d+\) (exited|exited \(pid reused\)|died \(zombie\)); detected by rank [013]"
+                       r"( \(abort posted by rank [013]\))?")
 
 
 def killed_mid_op(ctx, key: str, kw: dict, victim: int):
@@ -181,13 +185,11 @@ def killed_mid_op(ctx, key: str, kw: dict, victim: int):
         threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
     x = np.ones(200_000, np.float32)
     plan = plan_collective("all_reduce", ctx["world"], ctx["rank"], x.size, 4, 0, be.nch, be.settings.step_bytes)
-    t_fail = None
     try:
         while True:
             be.submit(Work(1, plan, "float32", "sum", x, np.empty_like(x)))
-            t_fail = time.monotonic()
     except Exception as e:  # noqa: BLE001
-        res = (type(e).__name__, str(e), time.monotonic() - (t_fail or 0))
+        res = (type(e).__name__, str(e))
     ctx["state"]["backends"].pop(key).close()
     return res + (shm_left(ctx, key),)
 
@@ -201,7 +203,8 @@ def test_peer_killed_mid_op():
         pool.close()
     assert isinstance(res[2], RankError) and res[2].name == "EOFError"
     for r in (0, 1, 3):
-        kind, msg, secs, _ = res[r]
-        assert kind in ("PeerError", "CommTimeoutError") and "rank 2" in msg, res[r]
-        assert secs < 3, f"rank {r} noticed the death after {secs:.1f}s"
+        kind, msg, _ = res[r]
+        # found by a liveness check of rank 2's process (its own, or one that another survivor's abort carries),
+        # not by running out of time: that would be a CommTimeoutError
+        assert kind == "PeerError" and PEER_GONE.fullmatch(msg), res[r]
     assert left == []

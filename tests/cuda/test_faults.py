@@ -3,11 +3,15 @@ timeout) and their GPU is usable again."""
 from __future__ import annotations
 
 import contextlib
+import re
 
 import pytest
 
 from tests.cuda import ranks
 from tests.helpers.procs import RankPool
+
+# cuda backend wait(): "rank 0: op N cannot finish: rank 1 <why>" (procs.PeerWatch.gone, procs.proc_dead)
+PEER_GONE = re.compile(r"PeerError: rank 0: op \d+ cannot finish: rank 1 (exited|exited \(pid reused\)|died \(zombie\))")
 
 
 @contextlib.contextmanager
@@ -33,9 +37,9 @@ def test_peer_killed_mid_collective(gpu, kcache):
         code = pool.procs[1].exitcode
     assert code == 3, f"rank 1 exit code {code}"
     print(f"\nsurvivor: {res}")
-    assert res["err"] is not None and res["err"].startswith("PeerError") and "rank 1 " in res["err"], res
-    assert res["elapsed"] < 4.0          # the process check, well before the 5 s timeout
-    assert res["free_s"] < 5.0 and res["z"] == 499500.0
+    # found by the process check of rank 1 (PeerWatch), not by the 5 s timeout (that is a CommTimeoutError)
+    assert res["err"] is not None and PEER_GONE.fullmatch(res["err"]), res
+    assert res["z"] == 499500.0          # and the GPU runs work again
 
 
 @pytest.mark.cuda
@@ -46,7 +50,7 @@ def test_a_peer_that_never_arrives_times_out_and_says_where_each_connection_stan
     print(f"\nrank 0: {res}")
     assert res["err"] is not None and res["err"].startswith("CommTimeoutError"), res
     assert "connection steps: channels" in res["err"] and "from rank 1 posted" in res["err"], res["err"]
-    assert res["free_s"] < 5.0 and res["z"] == 499500.0
+    assert res["z"] == 499500.0
 
 
 @pytest.mark.cuda
@@ -57,5 +61,5 @@ def test_a_peer_that_closed_its_communicator_fails_the_op_that_needs_it_at_once(
         res = pool.run(ranks.wait_last, 30.0, ranks=[1])[0]
     print(f"\nrank 1: {res}")
     assert res["err"] is not None and res["err"].startswith("PeerError"), res
-    assert "rank 0 closed its communicator" in res["err"], res["err"]
-    assert res["elapsed"] < 5.0 and res["free_s"] < 5.0 and res["z"] == 499500.0
+    assert "rank 0 closed its communicator" in res["err"], res["err"]      # not the 30 s timeout
+    assert res["z"] == 499500.0
