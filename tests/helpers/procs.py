@@ -61,9 +61,16 @@ class RankPool:
 
     def run(self, fn: Callable, *args: Any, timeout: float | None = None, ranks=None) -> list[Any]:
         """Run fn on every rank (or `ranks`); raise RankError for the first failing rank."""
-        timeout = timeout or self.timeout
         ranks = list(range(self.world)) if ranks is None else list(ranks)
-        for r in ranks:
+        return self.run_each([(fn, args)] * len(ranks), timeout=timeout, ranks=ranks)
+
+    def run_each(self, calls: list, timeout: float | None = None, ranks=None) -> list[Any]:
+        """calls[i] = (fn, args) runs on rank ranks[i] (default: rank i), all at once; results in that order.
+        A rank with no answer within the timeout gets the pool killed before TimeoutError is raised; otherwise
+        every rank has answered (none is left running) when the first failing rank's RankError is raised."""
+        timeout = timeout or self.timeout
+        ranks = list(range(len(calls))) if ranks is None else list(ranks)
+        for r, (fn, args) in zip(ranks, calls):
             self.conns[r].send((fn, args))
         out: dict[int, Any] = {}
         errors = []
