@@ -14,6 +14,7 @@ from tests.helpers.ref import DTYPES, REDOPS, data, expected, mismatches, npdtyp
 
 COUNTS = [0, 1, 7919, 100_003]
 SMALL = dict(buffsize=1 << 16, nchannels=2, timeout_s=30.0)
+JOIN = 120          # launch() bound: a hang fails the test
 
 
 def _comm(ctx, kw):
@@ -201,7 +202,7 @@ def test_large_all_to_all_split_into_offset_pieces_arrives_whole():
     import slicetrace
     block = 3 * (1 << 20) // 4 + 5                # 3 MiB per peer and an odd tail
     res = slicetrace.launch(_big_all_to_all, 3, block, nchannels=16, buffsize=1 << 16, profiler_plugin="example",
-                            timeout_s=60.0)
+                            timeout_s=60.0, join_timeout_s=JOIN)
     for wrong, counters in res:
         assert wrong == 0
         lost = {k: v for k, v in counters.items() if v and not k.startswith(("delivered", "clock_"))}
@@ -216,7 +217,7 @@ def test_large_send_recv_split_over_channels_arrives_whole():
     import slicetrace
     count = 5 * (1 << 20) // 4 + 3                # 5 MiB and an odd tail: 8 pieces (at most nchannels / 2)
     res = slicetrace.launch(_big_sendrecv, 2, count, nchannels=16, buffsize=1 << 16, profiler_plugin="example",
-                            timeout_s=60.0)
+                            timeout_s=60.0, join_timeout_s=JOIN)
     for wrong, counters, nch in res:
         assert wrong == 0 and nch == 16
         lost = {k: v for k, v in counters.items() if v and not k.startswith(("delivered", "clock_"))}

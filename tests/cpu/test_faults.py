@@ -16,6 +16,7 @@ from slicetrace.errors import PeerError
 from tests.helpers.procs import RankPool
 
 TIMEOUT = 6.0
+JOIN = 120          # every launch() is bounded: a hang fails the test instead of stalling the suite
 
 
 def _shm():
@@ -40,7 +41,7 @@ PEER_GONE = re.compile(r"slicetrace\.errors\.PeerError: rank 1 \(pid \d+\) (exit
 def test_killed_rank_fails_every_other_rank_with_the_peer_death():
     before = _shm()
     with pytest.raises(slicetrace.LaunchError) as e:
-        slicetrace.launch(_die_mid_op, 3, timeout_s=TIMEOUT, join_timeout_s=120)
+        slicetrace.launch(_die_mid_op, 3, timeout_s=TIMEOUT, join_timeout_s=JOIN)
     errs = e.value.errors
     assert str(e.value).startswith("rank 1 failed: rank 1 died with exit code -9"), str(e.value)
     assert sorted(errs) == [0, 1, 2] and errs[1] == "rank 1 died with exit code -9", errs
@@ -97,7 +98,7 @@ def _mismatch(comm, what):
 @pytest.mark.parametrize("what", ["count", "dtype", "op", "root"])
 def test_mismatched_operations_are_detected_and_reported(what):
     with pytest.raises(PeerError, match="Mismatch"):
-        slicetrace.launch(_mismatch, 2, what, timeout_s=TIMEOUT)
+        slicetrace.launch(_mismatch, 2, what, timeout_s=TIMEOUT, join_timeout_s=JOIN)
 
 
 def _bad_input(comm):
@@ -128,7 +129,7 @@ def _read_only(n):
 
 
 def test_bad_input_gets_a_clear_error_naming_the_parameter():
-    msgs = slicetrace.launch(_bad_input, 2, timeout_s=TIMEOUT)[0]
+    msgs = slicetrace.launch(_bad_input, 2, timeout_s=TIMEOUT, join_timeout_s=JOIN)[0]
     assert None not in msgs, msgs
     keys = ["op='mean'", "root=7", "x", "complex64", "5 elements", "reduce_scatter", "peer=-1", "out is read-only",
             "out is read-only", "'>f4' is not in this machine's byte order"]
@@ -159,7 +160,7 @@ def _two_threads(comm):
 
 
 def test_a_second_thread_inside_an_op_gets_an_error_and_the_comm_goes_on():
-    res = slicetrace.launch(_two_threads, 2, timeout_s=TIMEOUT)
+    res = slicetrace.launch(_two_threads, 2, timeout_s=TIMEOUT, join_timeout_s=JOIN)
     err, alive, total = res[0]
     assert err is not None and "another thread is inside an operation of this communicator" in err
     assert alive is False and total == 2.0 and res[1] == ("peer", 2.0)
@@ -172,11 +173,11 @@ def test_launch_refuses_a_function_the_ranks_cannot_import(tmp_path, monkeypatch
     import importlib
     import sys
     with pytest.raises(slicetrace.UsageError, match="not a lambda or a nested function"):
-        slicetrace.launch(lambda comm: 0, 2)
+        slicetrace.launch(lambda comm: 0, 2, join_timeout_s=JOIN)
     (tmp_path / "st_vanishing_mod.py").write_text("def job(comm):\n    return comm.rank\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "st_vanishing_mod", raising=False)     # teardown drops what the import adds
     job = importlib.import_module("st_vanishing_mod").job
     (tmp_path / "st_vanishing_mod.py").unlink()                # the parent still has it; a fresh rank cannot
     with pytest.raises(slicetrace.LaunchError, match="before running fn: could it import fn"):
-        slicetrace.launch(job, 2, timeout_s=TIMEOUT, join_timeout_s=60)
+        slicetrace.launch(job, 2, timeout_s=TIMEOUT, join_timeout_s=JOIN)

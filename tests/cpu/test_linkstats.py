@@ -32,7 +32,8 @@ def _prom(path: str) -> dict:
 def test_linkstats_and_trace_fan_out_agree(tmp_path):
     prefix = str(tmp_path / "t")
     tables = slicetrace.launch(_job, 3, profiler_plugin="example,linkstats", profile_dump_file=prefix,
-                               buffsize=1 << 16, nchannels=2, linkstats_file=str(tmp_path / "m"))
+                               buffsize=1 << 16, nchannels=2, linkstats_file=str(tmp_path / "m"),
+                               join_timeout_s=120)
     ks = kernel_steps(load_traces(sorted(glob.glob(prefix + "_*.json"))))
     for rank, table in enumerate(tables):
         mine = ks[ks["rank"] == rank]

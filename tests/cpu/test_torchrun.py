@@ -1,5 +1,6 @@
 """slicetrace.init() inside processes started by torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)."""
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -26,9 +27,17 @@ def test_init_under_torchrun(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "3",
-                          "--master_port", str(port), str(script)], capture_output=True, text=True, timeout=180,
-                         env=env)
-    assert out.returncode == 0, out.stderr[-2000:]
+    # torchrun and its 3 workers in a process group of their own: on a timeout the whole group is killed (killing
+    # torchrun alone, as subprocess.run does, would leave the workers running)
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "3",
+                             "--master_port", str(port), str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        _, stderr = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, stderr = proc.communicate(timeout=30)
+        pytest.fail(f"torchrun did not finish within 180 s (its process group was killed): {stderr[-2000:]}")
+    assert proc.returncode == 0, stderr[-2000:]
     assert sorted((tmp_path / f"rank{r}.txt").read_text() for r in range(3)) == [
         "rank 0/3 sum 6.0", "rank 1/3 sum 6.0", "rank 2/3 sum 6.0"]

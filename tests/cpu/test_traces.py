@@ -16,7 +16,8 @@ from slicetrace.plan.traffic import expected_slices
 
 FUNCS = {"AllReduce": "all_reduce", "AllGather": "all_gather", "ReduceScatter": "reduce_scatter",
          "Broadcast": "broadcast", "Reduce": "reduce"}
-KW = dict(buffsize=1 << 16, nchannels=2, timeout_s=30.0, profiler_plugin="example")
+KW = dict(buffsize=1 << 16, nchannels=2, timeout_s=30.0, profiler_plugin="example",
+          join_timeout_s=120)       # launch() bound: a hang fails the test
 
 
 def _ops(comm, count):
