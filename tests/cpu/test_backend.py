@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tests.helpers.procs import RankPool
+from tests.helpers.ref import DTYPES, npdtype as np_dtype, skip_without_bf16
 
-DTYPES = ["int8", "uint8", "int32", "int64", "float16", "float32", "float64", "bfloat16"]
 REDOPS = ["sum", "prod", "min", "max", "avg"]
 FUNCS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce"]
 SMALL = dict(buffsize=64 * 1024, p2p_chunksize=4096)          # 8 KiB FIFO steps: many slices, cheap data
@@ -32,13 +32,6 @@ def backend(ctx, key: str, **kw):
                           f"{ctx['job']}{key}")
         st_["close"] = lambda: [b.close() for b in bes.values()]
     return bes[key]
-
-
-def np_dtype(name: str):
-    if name == "bfloat16":
-        import ml_dtypes
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
 
 
 def make_input(seed: int, rank: int, n: int, dtype: str, redop: str) -> np.ndarray:
@@ -176,12 +169,21 @@ def test_collectives_default_geometry(pools, n):
     check(pools(n), "default", {}, cases_for(n, [1_100_003, 4099]))
 
 
+def redop_cases(n: int, dtypes) -> list:
+    return [dict(func=f, count=c, dtype=d, redop=o, root=n - 1, seed=7, inplace=False)
+            for f in ("all_reduce", "reduce_scatter", "reduce") for d in dtypes for o in REDOPS
+            for c in ((1031,) if f == "all_reduce" else (257,))]
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_dtypes_and_redops(pools, n):
-    cases = [dict(func=f, count=c, dtype=d, redop=o, root=n - 1, seed=7, inplace=False)
-             for f in ("all_reduce", "reduce_scatter", "reduce") for d in DTYPES for o in REDOPS
-             for c in ((1031,) if f == "all_reduce" else (257,))]
-    check(pools(n), "small", dict(SMALL, nchannels=2), cases)
+    check(pools(n), "small", dict(SMALL, nchannels=2), redop_cases(n, DTYPES))
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_bfloat16_redops(pools, n):
+    skip_without_bf16()
+    check(pools(n), "small", dict(SMALL, nchannels=2), redop_cases(n, ["bfloat16"]))
 
 
 def run_given(ctx, key: str, kw: dict, func: str, dtype: str, redop: str, rows: list) -> list:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tests.helpers.procs import RankPool
-from tests.helpers.ref import DTYPES, REDOPS, data, expected, mismatches, npdtype
+from tests.helpers.ref import DTYPES, REDOPS, data, expected, mismatches, npdtype, skip_without_bf16
 
 COUNTS = [0, 1, 7919, 100_003]
 SMALL = dict(buffsize=1 << 16, nchannels=2, timeout_s=30.0)
@@ -79,10 +79,14 @@ def pool(request):
     p.close()
 
 
-def _cases(op, world):
+OPS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all"]
+ALL_DTYPES = DTYPES + ["bfloat16"]      # a dtype's index picks its roots, modes and seed
+
+
+def _cases(op, world, dtypes):
     reduces = op in ("all_reduce", "reduce", "reduce_scatter")
     out = []
-    for i, dtype in enumerate(DTYPES):
+    for i, dtype in ((ALL_DTYPES.index(d), d) for d in dtypes):
         for redop in (REDOPS if reduces else ["sum"]):
             for count in COUNTS:
                 if count == 100_003 and dtype not in ("float32", "int8", "bfloat16"):
@@ -92,10 +96,16 @@ def _cases(op, world):
     return out
 
 
-@pytest.mark.parametrize("op", ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce",
-                                "all_to_all"])
+@pytest.mark.parametrize("op", OPS)
 def test_matches_numpy(pool, op):
-    bad = pool.run(run_cases, SMALL, _cases(op, pool.world))
+    bad = pool.run(run_cases, SMALL, _cases(op, pool.world, DTYPES))
+    assert bad == [[]] * pool.world
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_bfloat16_matches_numpy(pool, op):
+    skip_without_bf16()
+    bad = pool.run(run_cases, SMALL, _cases(op, pool.world, ["bfloat16"]))
     assert bad == [[]] * pool.world
 
 

@@ -3,13 +3,30 @@ from __future__ import annotations
 
 import numpy as np
 
-DTYPES = ["int8", "uint8", "int32", "int64", "float16", "float32", "float64", "bfloat16"]
+try:                                    # numpy has no bfloat16: ml_dtypes (the test extra) brings it
+    import ml_dtypes
+    BF16_MISSING = None
+except ImportError as e:
+    ml_dtypes = None
+    BF16_MISSING = f"bfloat16 cases skipped: ml_dtypes is not importable ({type(e).__name__}: {e})"
+
+DTYPES = ["int8", "uint8", "int32", "int64", "float16", "float32", "float64"]       # bfloat16: BF16_DTYPES
+BF16_DTYPES = [] if BF16_MISSING else ["bfloat16"]
 REDOPS = ["sum", "prod", "min", "max", "avg"]
+
+
+def skip_without_bf16() -> None:
+    """Skip the calling bfloat16 test, printing why, when ml_dtypes is missing."""
+    if BF16_MISSING:
+        import pytest
+        print(f"\n{BF16_MISSING}")
+        pytest.skip(BF16_MISSING)
 
 
 def npdtype(name: str):
     if name == "bfloat16":
-        import ml_dtypes
+        if ml_dtypes is None:
+            raise RuntimeError(BF16_MISSING)
         return np.dtype(ml_dtypes.bfloat16)
     return np.dtype(name)
 
