@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 
 import numpy as np
+import pytest
 
 COUNT = 4 << 20                       # 16 MiB of float32: split into pieces on the GPU
 
@@ -30,6 +31,7 @@ def _halo(comm):
         return {p: bool(np.array_equal(outs[p].get(), base + 1000 * p + r)) for p in nbrs}
 
 
+@pytest.mark.cuda
 def test_halo_exchange_between_ranks_of_different_degree(gpu, kcache, tmp_path):
     import slicetrace
     from slicetrace.analyze.trace import check_trace, kernel_steps, load_traces

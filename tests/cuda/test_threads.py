@@ -37,6 +37,7 @@ def _from_a_fresh_thread(comm):
     return out
 
 
+@pytest.mark.cuda
 def test_ops_from_a_thread_on_another_device_run_on_the_communicators(gpu, kcache):
     import slicetrace
     res = slicetrace.launch(_from_a_fresh_thread, 2, backend="cuda", cache_dir=kcache, timeout_s=60.0,
