@@ -81,6 +81,7 @@ def pool(request):
 
 OPS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all"]
 ALL_DTYPES = DTYPES + ["bfloat16"]      # a dtype's index picks its roots, modes and seed
+BOTH_MODES = ("int8", "float32")        # run in place and out of place alike
 
 
 def _cases(op, world, dtypes):
@@ -92,7 +93,10 @@ def _cases(op, world, dtypes):
                 if count == 100_003 and dtype not in ("float32", "int8", "bfloat16"):
                     continue            # the large count on a few dtypes keeps CI fast
                 root = (i + count) % world
-                out.append((op, dtype, redop, count, root, (i + len(redop)) % 2 == 0, 11 + i))
+                parity = (i + len(redop)) % 2 == 0
+                # both modes for a few dtypes (every redop and count); the others alternate by parity
+                modes = (parity, not parity) if dtype in BOTH_MODES and op != "all_to_all" else (parity,)
+                out += [(op, dtype, redop, count, root, inplace, 11 + i) for inplace in modes]
     return out
 
 

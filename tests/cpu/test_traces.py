@@ -20,7 +20,11 @@ KW = dict(buffsize=1 << 16, nchannels=2, timeout_s=30.0, profiler_plugin="exampl
           join_timeout_s=120)       # launch() bound: a hang fails the test
 
 
-def _ops(comm, count):
+A2A_BLOCK = 30_011            # all_to_all elements per peer: no other op of _ops has this count
+ALIGN = 16                    # plan.schedule.ALIGN_BYTES: channel ranges and last-loop chunks round to it
+
+
+def _ops(comm, count, a2a_block=0):
     n, r = comm.world_size, comm.rank
     x = np.full(count, r + 1, dtype=np.float32)
     comm.all_reduce(x)
@@ -32,21 +36,40 @@ def _ops(comm, count):
     with comm.group():
         comm.send(x, (r + 1) % n)
         comm.recv(np.empty_like(x), (r - 1) % n)
+    ok = True
+    if a2a_block:                # block j of rank r's input goes to rank j; exact in float32 (values < 2**24)
+        k = a2a_block
+        out = comm.all_to_all(np.arange(n * k, dtype=np.float32) + 1_000_000 * r)
+        want = np.concatenate([np.arange(r * k, (r + 1) * k, dtype=np.float32) + 1_000_000 * j for j in range(n)])
+        ok = bool((out == want).all())
     comm.flush_profiler()
-    return comm.drop_counters()
+    return comm.drop_counters(), ok
 
 
-def _run(tmp_path, world, count, **kw):
+def _run(tmp_path, world, count, a2a_block=0, **kw):
     prefix = str(tmp_path / f"w{world}")
-    counters = slicetrace.launch(_ops, world, count, profile_dump_file=prefix, **{**KW, **kw})
+    res = slicetrace.launch(_ops, world, count, a2a_block, profile_dump_file=prefix, **{**KW, **kw})
+    assert [ok for _, ok in res] == [True] * world          # the all_to_all results, where there is one
     files = sorted(glob.glob(prefix + "_*.json"))
-    return counters, files
+    return [c for c, _ in res], files
+
+
+def closed_form(name: str, n: int, rank: int, nbytes: int, root: int = 0) -> tuple[int, int] | None:
+    """(bytes sent, bytes received) by `rank` in a ring algorithm, from the algorithm alone (not the plan);
+    None for all_reduce, whose per-rank share depends on chunk rounding (checked within alignment)."""
+    if name in ("AllGather", "ReduceScatter"):        # n - 1 blocks of the per-rank count pass each rank
+        return (n - 1) * nbytes, (n - 1) * nbytes
+    if name == "Broadcast":                            # root -> root+1 -> ... -> root-1
+        return (0 if rank == (root - 1) % n else nbytes), (0 if rank == root else nbytes)
+    if name == "Reduce":                               # root+1 -> ... -> root
+        return (0 if rank == root else nbytes), (0 if rank == (root + 1) % n else nbytes)
+    return None
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_trace_invariants_hold_on_real_runs(tmp_path, world):
     count = 70_001
-    counters, files = _run(tmp_path, world, count)
+    counters, files = _run(tmp_path, world, count, A2A_BLOCK)
     assert len(files) == world
     for f in files:
         assert check_trace(f) == [], f
@@ -59,9 +82,14 @@ def test_trace_invariants_hold_on_real_runs(tmp_path, world):
     assert len(ks) > 0 and set(np.unique(ks["rank"])) == set(range(world))
 
     # bytes per direction (and every slice size) equal the plan's traffic, per rank and op
+    a2a = {}                                           # rank -> [(Send/Recv, peer, KernelSteps)] of the all_to_all
+    ring_totals = Counter()                            # (func, SeqNum, direction) -> bytes over all ranks
     for (rank, op_id), coll in parents.items():
         mine = ks[(ks["rank"] == rank) & (ks["op"] == op_id)]
         a = coll["args"]
+        if coll["cat"] == "P2P" and a["Count"] == A2A_BLOCK:
+            a2a.setdefault(rank, []).append((coll["name"], a["Peer"], mine))
+            continue
         if coll["cat"] == "COLL":
             plan = plan_collective(FUNCS[coll["name"]], world, rank, a["Count"], 4, 0, 2, (1 << 16) // 8)
         else:
@@ -70,6 +98,39 @@ def test_trace_invariants_hold_on_real_runs(tmp_path, world):
         want = Counter((c, s, p, b) for c, s, p, _, b in expected_slices(plan))
         got = Counter((int(r["channel"]), bool(r["is_send"]), int(r["peer"]), int(r["size"])) for r in mine)
         assert got == want, (rank, coll["name"], a)
+        if coll["cat"] != "COLL":
+            continue
+        # ... and the algorithm's closed form, independent of the plan
+        sent, recv = int(mine["size"][mine["is_send"] == 1].sum()), int(mine["size"][mine["is_send"] == 0].sum())
+        nbytes = 4 * a["Count"]
+        assert a["Count"] in (count, count // 3), a           # Count is the per-rank count, as NCCL's
+        exact = closed_form(coll["name"], world, rank, nbytes)
+        if exact is not None:
+            assert (sent, recv) == exact, (rank, coll["name"], a, sent, recv)
+        else:          # a rank skips one chunk per phase; in a channel's last loop chunks round up to ALIGN
+            ideal, slack = 2 * (world - 1) / world * nbytes, 2 * (world - 1) * KW["nchannels"] * ALIGN
+            assert abs(sent - ideal) <= slack and abs(recv - ideal) <= slack, (rank, a, sent, recv, ideal)
+            ring_totals[(a["SeqNum"], True)] += sent
+            ring_totals[(a["SeqNum"], False)] += recv
+    # over all ranks an all_reduce moves exactly 2 (n - 1) x its buffer each way
+    assert len(ring_totals) == 4 and all(
+        v == 2 * (world - 1) * 4 * (count if seq == 0 else count // 3) for (seq, _), v in ring_totals.items()), \
+        ring_totals
+
+    # all_to_all: each rank sends (n - 1) / n of its input, one block to each other rank, and receives as much;
+    # the block to itself is a copy (no KernelStep)
+    assert sorted(a2a) == list(range(world))
+    for rank, entries in a2a.items():
+        assert sorted((name, peer) for name, peer, _ in entries) == sorted(
+            (name, p) for name in ("Send", "Recv") for p in range(world))
+        for name, peer, mine in entries:
+            want_bytes = 0 if peer == rank else 4 * A2A_BLOCK
+            assert int(mine["size"].sum()) == want_bytes, (rank, name, peer)
+            assert set(mine["is_send"].tolist()) <= {int(name == "Send")} and set(mine["peer"].tolist()) <= {peer}
+        total = Counter()
+        for name, _, mine in entries:
+            total[name] += int(mine["size"].sum())
+        assert total == {"Send": (world - 1) * 4 * A2A_BLOCK, "Recv": (world - 1) * 4 * A2A_BLOCK}
 
     # causality, exact on the shared clock: a receive is ready no earlier than the matching send is done. Ring and
     # p2p connections count steps apart; a p2p send and its receive share a channel on both ranks, as rings do.
