@@ -170,6 +170,20 @@ PEER_GONE = re.compile(r"rank 2 \(pid \d+\) (exited|exited \(pid reused\)|died \
                        r"( \(abort posted by rank [013]\))?")
 
 
+@pytest.mark.parametrize("send, recv", [(("float32", 1000), ("int32", 1000)), (("int64", 1000), ("int32", 2000))],
+                         ids=["same-size", "same-bytes"])
+def test_p2p_dtype_mismatch(pool2, send, recv):
+    """A receive of another dtype is refused even where the bytes would fit exactly: the receiver checks the
+    sender's (count, dtype) on the first data, and its abort reaches the sender."""
+    (sdt, sn), (rdt, rn) = send, recv
+    cases = [dict(func="send_recv", peer=1, is_send=True, count=sn, dtype=sdt),
+             dict(func="send_recv", peer=0, is_send=False, count=rn, dtype=rdt)]
+    res = pool2.run(submit_case, "p2pdt", dict(SMALL, timeout_s=10), cases, True)
+    detail = (f"point-to-point mismatch: rank 1 expects message #0 of {rn} x {rdt} from rank 0, rank 0 sends "
+              f"message #0 of {sn} x {sdt}")
+    assert res == [("MismatchError", detail + " (abort posted by rank 1)"), ("MismatchError", detail)], res
+
+
 def killed_mid_op(ctx, key: str, kw: dict, victim: int):
     be = backend(ctx, key, **kw)
     from slicetrace.backend.base import Work
