@@ -9,6 +9,7 @@ import pytest
 import slicetrace
 from slicetrace.errors import ConfigError, LaunchError, UsageError
 from slicetrace.events.abi import P2pApiDescr, P2pDescr
+from tests.cpu.test_backend_null import SeqRecorder
 
 
 @pytest.fixture
@@ -75,13 +76,10 @@ def test_misc_arguments(comm):
         comm.all_reduce(np.ones(4, np.float32), np.ones(8, np.float32)[::2])
 
 
-class TagRecorder:
-    """Records the user tag of every P2p and P2pApi descriptor it is shown."""
-    name, version = "tagrec", 8
+class TagRecorder(SeqRecorder):
+    """Records the user tag of every P2p and P2pApi descriptor it is shown (SeqRecorder's no-op rest)."""
+    name = "tagrec"
     seen: list = []
-
-    def __init__(self, settings=None):
-        pass
 
     def init(self, comm, mask):
         mask.value = (1 << 3) | (1 << 5)       # P2p | P2pApi
@@ -91,15 +89,6 @@ class TagRecorder:
         if isinstance(descr, (P2pDescr, P2pApiDescr)):
             TagRecorder.seen.append((type(descr).__name__, descr.func, descr.user_tag))
         return object()
-
-    def stop_event(self, handle, ts_ns):
-        pass
-
-    def record_event_state(self, handle, state, args):
-        pass
-
-    def finalize(self, ctx):
-        pass
 
 
 def test_each_call_of_a_group_keeps_its_user_tag():
