@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Mapping
 
 from .errors import ConfigError
+from .events.abi import parse_mask
 
 log = logging.getLogger("slicetrace")
 BACKENDS = ("null", "cpu", "cuda")
@@ -53,7 +54,7 @@ def _bytes(v: str) -> int:
 
 
 def _mask(v: str) -> int:
-    return int(v, 0)
+    return parse_mask(v)
 
 
 def _opt_str(v: str) -> str | None:
@@ -66,8 +67,8 @@ _FORMATS: dict[Callable[[str], Any], str] = {
     _int: "an integer, decimal or 0x hex",
     _bytes: "bytes: an integer, or one with a binary suffix K, M or G (e.g. 65536, 64K, 4M)",
     float: "a number of seconds, e.g. 60 or 2.5",
-    _mask: "an integer, decimal or 0x hex, e.g. 65606 or 0x10046 (= Coll|P2p|KernelCh|KernelStep); "
-           "event type names are taken by `bench --profile`, not here",
+    _mask: "an integer, decimal or 0x hex, e.g. 65606 or 0x10046, or event type names joined by '|' or ',', "
+           "e.g. Coll|P2p|KernelCh|KernelStep (the same mask)",
 }
 
 
@@ -92,7 +93,7 @@ VARIABLES: tuple[Var, ...] = (
     Var("SLICETRACE_PROFILE_MIN_BYTES", "profile_min_bytes", _bytes, "bytes, e.g. 65536 or 64K: ops smaller than this (count x element size, as NCCL counts) run unprofiled and are counted (ops_below_min_bytes); default 0"),
     Var("SLICETRACE_DRAIN_INTERVAL_US", "drain_interval_us", _int, "drain thread poll period in microseconds (10..1000000), cuda backend (adaptive, backs off to 16 ms; the cpu backend drains inline between ops), default 500"),
     Var("SLICETRACE_PROFILER_PLUGIN", "profiler_plugin", _opt_str, "plugins: 'example', 'linkstats', 'module:attr', an entry point in group slicetrace.profilers, comma-separated for several, 'none' to disable"),
-    Var("SLICETRACE_PROFILE_EVENT_MASK", "profile_event_mask", _mask, "event mask the example plugin asks for: an integer in 0..2**32-1, e.g. 65606 = 0x10046 (Coll|P2p|KernelCh|KernelStep bits, its default)"),
+    Var("SLICETRACE_PROFILE_EVENT_MASK", "profile_event_mask", _mask, "event mask the example plugin asks for: an integer in 0..2**32-1 or event type names, e.g. 65606 = 0x10046 = Coll|P2p|KernelCh|KernelStep (its default)"),
     Var("SLICETRACE_PROFILE_DUMP_FILE", "profile_dump_file", _opt_str, "example plugin: trace path prefix, files are <prefix>_<commHash>_<rank>.json"),
     Var("SLICETRACE_LINKSTATS_FILE", "linkstats_file", _opt_str, "linkstats plugin: Prometheus text file prefix, files are <prefix>_<commHash>_<rank>.prom (node_exporter textfile collector); unset = no file"),
     Var("SLICETRACE_LINKSTATS_INTERVAL_S", "linkstats_interval_s", float, "linkstats plugin: seconds between rewrites of its .prom file while ops run (and once at close) (> 0, <= 86400), default 10"),
@@ -243,8 +244,10 @@ class Settings:
                 continue
             try:
                 vals[var.attr] = var.parse(raw)
-            except ValueError:
-                raise ConfigError(f"{var.name}={raw!r} cannot be parsed: expected {_FORMATS[var.parse]}") from None
+            except ValueError as e:
+                why = f" ({e})" if var.parse is _mask else ""      # names the unknown event type
+                raise ConfigError(f"{var.name}={raw!r} cannot be parsed{why}: expected {_FORMATS[var.parse]}") \
+                    from None
         pools = dict(DEFAULT_POOL_SIZES)
         for name, var in zip(POOL_NAMES, POOL_VARIABLES):
             if var in env:

@@ -10,7 +10,7 @@ from ..backend.base import REDOPS
 from .. import errors
 from ..config import MAXCHANNELS, Settings, describe
 from ..errors import BackendError, ConfigError, SliceTraceError, UsageError
-from ..events.abi import EventType
+from ..events.abi import EventType, parse_mask
 from ..events.plugin import BUILTINS, load_plugins, resolve
 from .outputs import dump_files, trace_note, writable_file, writable_folder, write_json
 from .sweep import DTYPE_ALIASES, OPS, all_dtypes, bench_dtype, parse_size, sizes
@@ -19,24 +19,14 @@ from .sweep import DTYPE_ALIASES, OPS, all_dtypes, bench_dtype, parse_size, size
 KERNEL_STEP = int(EventType.KERNEL_STEP)
 
 
-_MASK_NAMES = {t.name.replace("_", "").lower(): int(t) for t in EventType}
-
-
 def _mask(v: str) -> int:
-    """--profile MASK: an event mask, decimal or 0x hex, or event type names joined by ',' or '|'
-    (Coll|KernelStep, coll,kernel_step: case and '_' do not matter)."""
+    """--profile MASK: an event mask, decimal or 0x hex, or event type names (events.abi.parse_mask)."""
     try:
-        m = int(v, 0)
-    except ValueError:
-        m = 0
-        for name in v.replace("|", ",").split(","):
-            bit = _MASK_NAMES.get(name.strip().replace("_", "").lower())
-            if bit is None:
-                raise argparse.ArgumentTypeError(
-                    f"{v!r} is not an event mask: give an integer, e.g. 65606 or 0x10046, or event types joined by "
-                    f"',' or '|', e.g. Coll|P2p|KernelCh|KernelStep; {name.strip()!r} is not one of "
-                    f"{', '.join(t.name for t in EventType)}") from None
-            m |= bit
+        m = parse_mask(v)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{v!r} is not an event mask: {e}; give an integer, e.g. 65606 or "
+                                         f"0x10046, or event types joined by ',' or '|', e.g. "
+                                         f"Coll|P2p|KernelCh|KernelStep") from None
     if not 0 <= m < 1 << 32:
         raise argparse.ArgumentTypeError(f"{v!r} must be in 0..0xFFFFFFFF")
     return m

@@ -37,6 +37,26 @@ class EventType(enum.IntFlag):
     KERNEL_STEP = 1 << 16
 
 
+_TYPE_NAMES = {t.name.replace("_", "").lower(): int(t) for t in EventType}
+
+
+def parse_mask(text: str) -> int:
+    """An event mask: an integer (decimal or 0x hex), or event type names joined by ',' or '|'
+    (Coll|KernelStep, coll,kernel_step: case and '_' do not matter). ValueError names what is accepted."""
+    try:
+        return int(text, 0)
+    except ValueError:
+        pass
+    m = 0
+    for name in text.replace("|", ",").split(","):
+        bit = _TYPE_NAMES.get(name.strip().replace("_", "").lower())
+        if bit is None:
+            raise ValueError(f"{name.strip()!r} is not an event type, which are "
+                             f"{', '.join(t.name for t in EventType)}")
+        m |= bit
+    return m
+
+
 class State(enum.IntEnum):
     PROXY_OP_SEND_POSTED = 0
     PROXY_OP_SEND_REM_FIFO_WAIT = 1
