@@ -48,3 +48,30 @@ def test_halo_exchange_between_ranks_of_different_degree(gpu, kcache, tmp_path):
              for k in ks if not k["is_send"]}
     assert len(sends) == int(ks["is_send"].sum()) > 16 and sends == recvs
     assert sum(sends.values()) == 2 * 4 * COUNT * 4          # 2 rounds, 4 messages of 16 MiB
+
+
+def _unreceived(comm, n):
+    import cupy
+    with cupy.cuda.Device(comm._session.backend.device):
+        x = cupy.arange(n, dtype=cupy.float32)
+        if comm.rank == 0:
+            comm.send(x, 1)              # fits the FIFO: it completes with no receive
+            comm.send(x, 1)
+        else:
+            comm.recv(x, 0)              # the first is received, the second never is
+    comm.all_reduce(x, x)                # a collective after it: ring connections are not counted as lost
+    comm.barrier()
+    return "returned"
+
+
+@pytest.mark.cuda
+def test_a_message_never_received_is_an_error_at_close(gpu, kcache):
+    import slicetrace
+    from slicetrace.errors import LaunchError
+    with pytest.raises(LaunchError) as e:
+        slicetrace.launch(_unreceived, 2, 1000, backend="cuda", cache_dir=kcache, timeout_s=30.0,
+                          join_timeout_s=240)
+    msg = str(e.value)
+    assert ("rank 1 failed: UsageError: rank 1 closed its communicator with messages it never received: 1 from "
+            "rank 0 (1000 elements: it sent 2, this rank received 1); they are lost") in msg, msg
+    assert "rank 0 failed" not in msg, msg

@@ -73,3 +73,29 @@ def test_views_of_one_buffer_differ_by_their_byte_offsets():
     ro = whole[7:]
     ro.setflags(write=False)
     assert host_pointer(ro) - host_pointer(whole) == 28                     # read-only: the fallback path
+
+
+def test_p2p_ledger_finds_the_messages_a_peer_sent_that_were_never_received():
+    """Three ranks' ledgers through one store: rank 0 sends rank 1 two messages (the second split into two parts of
+    one index, as a large message over two channels) and rank 2 one; rank 1 receives only the first."""
+    from types import SimpleNamespace
+
+    from slicetrace.backend.base import P2pLedger
+    from slicetrace.plan.schedule import P2pPart
+    from slicetrace.rendezvous import DictStore
+
+    def work(*parts):
+        return SimpleNamespace(parts=[(p, None) for p in parts])
+
+    books = [P2pLedger() for _ in range(3)]
+    books[0].count(work(P2pPart(1, True, 10, 0), P2pPart(0, True, 4, 1), P2pPart(0, False, 4, 2)), 0)  # a self pair
+    books[0].count(work(P2pPart(1, True, 6, 0), P2pPart(1, True, 6, 0, offset=6), P2pPart(2, True, 3, 1)), 0)
+    books[1].count(work(P2pPart(0, False, 10, 0)), 1)
+    books[2].count(work(P2pPart(0, False, 3, 0)), 2)
+    assert books[0].sent == {1: [2, 22], 2: [1, 3]} and books[0].got == {}
+    store = DictStore({})
+    keys = {r: f"sent/{r}" for r in range(3)}
+    for r, b in enumerate(books):
+        b.publish(store, keys[r])
+    lost = [b.lost(store, {p: k for p, k in keys.items() if p != r}, r, 1.0) for r, b in enumerate(books)]
+    assert lost == [[], ["1 from rank 0 (12 elements: it sent 2, this rank received 1)"], []]

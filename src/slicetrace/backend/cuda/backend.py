@@ -8,6 +8,7 @@ free again.
 from __future__ import annotations
 
 import ctypes
+import logging
 import time
 from typing import Any
 
@@ -17,7 +18,7 @@ from ...config import Settings
 from ...errors import BackendError, CommTimeoutError, PeerError, UsageError
 from ...rendezvous import Store
 from ...stamps.layout import RingViews
-from ..base import DTYPES, Backend, Work
+from ..base import DTYPES, Backend, P2pLedger, Work
 from ..procs import PeerWatch
 from . import buffers, clock
 from .args import KernelArgs
@@ -25,6 +26,8 @@ from .compile import Kernels, arch_of
 from .ipc import CommMemory
 from .seqs import SeqRanges
 from .layout import ARGS_DTYPE, CTYPES, MAX_THREADS
+
+log = logging.getLogger("slicetrace")
 
 
 def _cupy():
@@ -84,6 +87,8 @@ class CudaBackend(Backend, KernelArgs):
         self._fns: dict[tuple[str, bool], int] = {}
         self._broken: str | None = None
         self._closed = False
+        self._lost: list[str] = []                      # sends to this rank it never received (close)
+        self.ledger = P2pLedger()
         self._last: Token | None = None
         self._clock: tuple[int, int] = (0, 1 << 62)
         self._probe_busy = False
@@ -201,6 +206,8 @@ class CudaBackend(Backend, KernelArgs):
             self._rt.streamWaitEvent(stream, self._join, 0)
         ev = _cupy().cuda.Event(block=False, disable_timing=True, interprocess=False)
         self._rt.eventRecord(ev.ptr, stream)
+        if plan.func == "send_recv":
+            self.ledger.count(work, self.rank)
         peers = self._all if plan.func != "send_recv" else tuple({p.peer for p, _ in work.parts} - {self.rank})
         self._last = Token(ev, work.tag, peers)
         return self._last
@@ -291,6 +298,9 @@ class CudaBackend(Backend, KernelArgs):
             self._fail(PeerError(f"rank {self.rank}: op {token.tag} was aborted"
                                  + (f": {why.decode(errors='replace')}" if why else " (abort word raised)")), token)
 
+    def unreceived(self) -> list[str]:
+        return self._lost
+
     def check_peers(self) -> None:
         why = self.store.try_get(f"{self._prefix}/abort")
         if why is not None:
@@ -352,10 +362,20 @@ class CudaBackend(Backend, KernelArgs):
             self._rt.streamSynchronize(self._side)
         except Exception:
             pass
+        met = False
         try:
+            if self._broken is None:
+                self.ledger.publish(self.store, f"{self._prefix}/sent/{self.rank}")
             self.store.barrier(f"{self._prefix}/close", self.rank, self.world, 5.0 if self._broken else 30.0)
+            met = True
         except Exception:
             pass
+        if met and self._broken is None:    # every rank's ops have ended and its sends are published
+            try:
+                keys = {p: f"{self._prefix}/sent/{p}" for p in self._all}
+                self._lost = self.ledger.lost(self.store, keys, self.rank, 5.0)
+            except Exception as e:          # a diagnostic: closing goes on
+                log.warning("rank %d: could not check for unreceived messages at close: %s", self.rank, e)
         self._cache.clear()
         self.mem.close()
         for destroy, h in ((self._rt.streamDestroy, self._side), (self._rt.streamDestroy, self._copy),
