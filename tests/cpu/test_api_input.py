@@ -3,6 +3,8 @@ overlapping buffers that are not in place, bad tags and roots, messages never re
 peer has failed (an error at once, not after the timeout)."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -175,3 +177,49 @@ def test_a_dump_file_that_cannot_be_written_is_refused_before_any_op(tmp_path):
         slicetrace.init(backend="null", profiler_plugin="example", profile_dump_file=str(afile / "t"))
     with pytest.raises(ConfigError, match=r"linkstats_file \(SLICETRACE_LINKSTATS_FILE\)=.*cannot write"):
         slicetrace.init(backend="null", profiler_plugin="linkstats", linkstats_file=str(afile / "m"))
+
+
+def _empty_receive_of_a_late_message(comm):
+    if comm.rank == 1:
+        time.sleep(0.5)                   # rank 0's empty receive starts before the message's header exists
+        comm.send(np.full(5, 1, np.int32), 0)
+        comm.send(np.full(5, 2, np.int32), 0)
+        return "sent"
+    b = np.zeros(5, np.int32)
+    with comm.group():
+        comm.recv(np.zeros(0, np.int32), 1)
+        comm.recv(b, 1)
+    return b.tolist()
+
+
+def test_an_empty_receive_waits_for_the_senders_header_and_refuses_a_message_with_data():
+    """Before, an empty receive checked the header only if it was already there: here it passed, and the next
+    receive silently took the first message's data (and every later message on the connection was off by one)."""
+    with pytest.raises(LaunchError) as e:
+        slicetrace.launch(_empty_receive_of_a_late_message, 2, backend="cpu", timeout_s=20, join_timeout_s=120)
+    assert ("rank 0 failed: MismatchError: point-to-point mismatch: rank 0 expects message #0 of 0 x int32 from "
+            "rank 1, rank 1 sends message #0 of 5 x int32") in str(e.value)
+
+
+def _empty_messages(comm):
+    p = 1 - comm.rank
+    for i in range(8):                    # both ways in one group: neither end may wait for the other's header
+        with comm.group():
+            comm.recv(np.zeros(0, np.float32), p)
+            comm.send(np.zeros(0, np.float32), p)
+        comm.all_to_all(np.zeros(0, np.int64), np.zeros(0, np.int64))
+    if comm.rank == 1:                    # 40 empty messages run ahead: their headers overwrite the first ones
+        for _ in range(40):
+            comm.send(np.zeros(0, np.uint8), 0)
+        comm.send(np.arange(3, dtype=np.int64), 0)
+        return "sent"
+    time.sleep(0.3)
+    for _ in range(40):
+        comm.recv(np.zeros(0, np.uint8), 1)
+    out = np.zeros(3, np.int64)
+    comm.recv(out, 1)
+    return out.tolist()
+
+
+def test_empty_messages_both_ways_and_far_ahead_neither_hang_nor_fail():
+    assert slicetrace.launch(_empty_messages, 2, backend="cpu", timeout_s=20, join_timeout_s=120) == [[0, 1, 2], "sent"]
