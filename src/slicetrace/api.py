@@ -375,9 +375,17 @@ class Communicator:
         self._session.synchronize()
 
     def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._on_device(self._session.close)    # from any thread: the backend frees on its own device
+        if self._closed:
+            return
+        if not self._busy.acquire(blocking=False):  # it would free the memory that op is using
+            raise UsageError("close: another thread is inside an operation of this communicator; close it once that "
+                             "operation has returned (one thread at a time, close included, as NCCL requires)")
+        try:
+            if not self._closed:
+                self._closed = True
+                self._on_device(self._session.close)    # from any thread: the backend frees on its own device
+        finally:
+            self._busy.release()
 
     def __enter__(self) -> "Communicator":
         return self

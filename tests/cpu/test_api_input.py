@@ -223,3 +223,32 @@ def _empty_messages(comm):
 
 def test_empty_messages_both_ways_and_far_ahead_neither_hang_nor_fail():
     assert slicetrace.launch(_empty_messages, 2, backend="cpu", timeout_s=20, join_timeout_s=120) == [[0, 1, 2], "sent"]
+
+
+def _close_during_an_op(comm):
+    import threading
+    x = np.ones(1 << 16, np.float32)
+    if comm.rank == 1:
+        time.sleep(1.5)                   # rank 0's op waits for this one meanwhile
+        comm.all_reduce(x, x)
+        return float(x[0])
+    t = threading.Thread(target=comm.all_reduce, args=(x, x))
+    t.start()
+    time.sleep(0.3)
+    try:
+        comm.close()
+        refused = None
+    except UsageError as e:
+        refused = str(e)
+    t.join(30)
+    alive = t.is_alive()
+    comm.close()                          # now it may
+    return refused, alive, float(x[0])
+
+
+def test_close_from_another_thread_while_an_op_runs_is_refused_and_the_op_completes():
+    """Before, close() freed the shared memory under the running op, which then failed with a bare ValueError,
+    and its abort never reached the peers."""
+    res = slicetrace.launch(_close_during_an_op, 2, backend="cpu", timeout_s=20, join_timeout_s=120)
+    assert res == [("close: another thread is inside an operation of this communicator; close it once that operation "
+                    "has returned (one thread at a time, close included, as NCCL requires)", False, 2.0), 2.0], res

@@ -35,7 +35,7 @@ def test_counts_per_op():
 
 
 def test_reference_and_wrong_count():
-    xs = [make_input(1, r, 8, np.int32, "all_reduce", "sum") for r in range(3)]
+    xs = [make_input(1, r, 8, np.int32, "sum") for r in range(3)]
     ref = reference("all_reduce", xs, 0, 0, "sum")
     assert wrong(sum(x.astype(np.int64) for x in xs).astype(np.int32), ref, np.int32) == 0
     bad = ref.astype(np.int32)

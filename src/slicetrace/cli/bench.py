@@ -256,7 +256,7 @@ def _one(comm, op, nbytes, dtype, o, xp, to_dev, to_host, sync, ref, key):
     n, rank = comm.world_size, comm.rank
     cin, cout = counts(op, nbytes, dtype.itemsize, n)
     redop, root = o["redop"], o["root"]        # bench_rank passes "sum" for the ops that do not reduce
-    host_in = make_input(o["seed"], rank, cin, dtype, op, redop)
+    host_in = make_input(o["seed"], rank, cin, dtype, redop)
     inplace = bool(o["inplace"]) and op in IN_PLACE
     x, out, reset = _buffers(op, inplace, host_in, cin, cout, rank, xp, to_dev, dtype)
     fn = (lambda: _call(comm, op, x, out, redop, root))
@@ -265,7 +265,7 @@ def _one(comm, op, nbytes, dtype, o, xp, to_dev, to_host, sync, ref, key):
         reset()
         fn()
         sync()
-        inputs = [make_input(o["seed"], r, cin, dtype, op, redop) for r in range(n)]
+        inputs = [make_input(o["seed"], r, cin, dtype, redop) for r in range(n)]
         n_wrong = wrong(to_host(out), reference(op, inputs, rank, root, redop), dtype)
         if inplace:
             reset()

@@ -106,7 +106,7 @@ def busbw_factor(op: str, n: int) -> float:
     return BUSBW_FACTOR[op](n)
 
 
-def make_input(seed: int, rank: int, count: int, dtype, op: str, redop: str) -> np.ndarray:
+def make_input(seed: int, rank: int, count: int, dtype, redop: str) -> np.ndarray:
     rng = np.random.default_rng([seed, rank, count])
     if redop == "prod":
         v = rng.choice(np.array([1, -1, 1, 2], dtype=np.int64), size=count)

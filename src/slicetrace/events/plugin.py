@@ -129,10 +129,6 @@ class LoadedPlugin:
         self.initialized = True
 
     @property
-    def activation_mask(self) -> ActivationMask:
-        return self._mask
-
-    @property
     def mask(self) -> int:
         """The plugin's live mask, with bits its version does not know stripped (again, if it set them)."""
         m = self._mask.value

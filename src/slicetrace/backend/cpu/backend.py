@@ -53,15 +53,15 @@ class CpuBackend(HostBackend):
         size = segment_size(nch, world, settings.buffsize, settings.ring_slots)
         self.seg = Segment(f"st_{job}_{gen}_{rank}_{secrets.token_hex(3)}", size, create=True)
         try:
-            self._setup(size)
+            self._setup()
         except BaseException:
             self.close()
             raise
 
     # ---- setup ----
-    def _setup(self, size: int) -> None:
+    def _setup(self) -> None:
         s, nch, rank, world = self.settings, self.nch, self.rank, self.world
-        conn0, stride, rings = layout(nch, world, s.buffsize, s.ring_slots)
+        conn0, stride, rings = layout(nch, world, s.buffsize)
         ctl = self.seg.words(0, PAGE)
         ctl[C_PID], ctl[C_START], ctl[C_HEARTBEAT] = os.getpid(), proc_start_time(os.getpid()), time.monotonic_ns()
         ctl[C_NCH], ctl[C_BUFFSIZE], ctl[C_WORLD], ctl[C_SLOTS] = nch, s.buffsize, world, s.ring_slots

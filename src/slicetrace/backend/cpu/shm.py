@@ -44,7 +44,7 @@ H_RECLAIM, H_RECLAIMED = 128, 136
 ABORT_PEER, ABORT_MISMATCH, ABORT_TIMEOUT = 1, 2, 3
 
 
-def layout(nch: int, world: int, buffsize: int, slots: int) -> tuple[int, int, int]:
+def layout(nch: int, world: int, buffsize: int) -> tuple[int, int, int]:
     """(offset of connection 0, connection stride, offset of the stamp rings); total = rings + ring_bytes."""
     stride = PAGE + buffsize
     rings = PAGE + (nch + world) * stride
@@ -52,7 +52,7 @@ def layout(nch: int, world: int, buffsize: int, slots: int) -> tuple[int, int, i
 
 
 def segment_size(nch: int, world: int, buffsize: int, slots: int) -> int:
-    _, _, rings = layout(nch, world, buffsize, slots)
+    _, _, rings = layout(nch, world, buffsize)
     return rings + -(-ring_bytes(nch, slots) // PAGE) * PAGE
 
 

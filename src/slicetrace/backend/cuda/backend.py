@@ -38,7 +38,7 @@ def _cupy():
     return cupy
 
 
-def auto_channels(nbytes: int, world: int, max_channels: int) -> int:
+def auto_channels(nbytes: int, max_channels: int) -> int:
     """NCCL's rule: fewer channels while each would carry less than 32 KiB (64 B x 512 threads)."""
     return max(1, min(max_channels, nbytes // (512 * 64)))
 
@@ -109,7 +109,7 @@ class CudaBackend(Backend, KernelArgs):
 
     def channels_for(self, nbytes: int) -> int:
         """Channel count this backend would pick for an op of nbytes (settings.nchannels wins)."""
-        return self.settings.nchannels or auto_channels(nbytes, self.world, self.max_channels)
+        return self.settings.nchannels or auto_channels(nbytes, self.max_channels)
 
     def p2p_channels(self) -> int:
         return self.max_channels
