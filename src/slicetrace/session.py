@@ -69,9 +69,13 @@ class Session:
                 self._reserved = self.backend.rings.header["reserved"]     # a view: copied after each op
                 self._since_poll, self._poll_at = 0, 0.0
                 if not self._inline:
-                    self.drain.start()
-        except BaseException:
-            self.backend.close()
+                    self.drain.start()          # last: no drain thread runs when the except below does
+        except BaseException as e:
+            # The plugins may have opened files already: finalize them, then free the backend.
+            errs: list[BaseException] = [e]
+            if self.host is not None:
+                _step(errs, "closing the event host", self.host.close)
+            _step(errs, "closing the backend", self.backend.close)
             raise
 
     @property
@@ -166,23 +170,42 @@ class Session:
             raise SliceTraceError(f"profiler drain did not catch up within {timeout_s or self.settings.timeout_s}s")
 
     def close(self) -> None:
+        """Flush and stop the drain, finalize the plugins, close the backend: every step runs even when an
+        earlier one failed (a plugin must still finish its file, the backend must still be freed); the first
+        error is raised at the end, and messages never received are an error only when nothing else failed."""
         if self._closed:
             return
         self._closed = True
-        try:
-            if self.drain is not None:
-                self.drain.flush(min(self.settings.timeout_s, 10.0))
-                self.drain.stop()
-                if self.drain.error is not None:
-                    log.error("slicetrace drain thread failed: %r", self.drain.error)
-            if self.host is not None:
-                for k, v in self._op_counts().items():      # into the plugins' counters (trace, .prom)
-                    self.host.note(k, v)
-                self.host.close()
-        finally:
-            self.backend.close()
+        errs: list[BaseException] = []
+        drain = self.drain
+        if drain is not None:
+            _step(errs, "flushing the profiler drain", lambda: drain.flush(min(self.settings.timeout_s, 10.0)))
+            _step(errs, "stopping the profiler drain", drain.stop)
+            if getattr(drain, "alive", False):
+                log.error("slicetrace: the drain thread did not stop; closing the plugins and backend regardless")
+            if drain.error is not None:
+                log.error("slicetrace drain thread failed: %r", drain.error)
+        if self.host is not None:
+            _step(errs, "finalizing the profiler plugins", self._close_host)
+        _step(errs, "closing the backend", self.backend.close)
+        if errs:
+            raise errs[0]
         lost = self.backend.unreceived()
         if lost:
             raise UsageError(f"rank {self.rank} closed its communicator with messages it never received: "
                              f"{'; '.join(lost)}; they are lost (every send needs a matching recv)")
 
+    def _close_host(self) -> None:
+        for k, v in self._op_counts().items():      # into the plugins' counters (trace, .prom)
+            self.host.note(k, v)
+        self.host.close()
+
+
+def _step(errs: list[BaseException], what: str, fn: Any) -> None:
+    """Run one teardown step; its error is kept in errs (the first is raised by the caller), later ones logged."""
+    try:
+        fn()
+    except BaseException as e:
+        if errs:
+            log.error("slicetrace: %s failed too (after %r): %r", what, errs[0], e, exc_info=e)
+        errs.append(e)

@@ -51,17 +51,23 @@ class EventHost(Emitter, PollRuns):
         self._skip_counts: dict[tuple, list[tuple[str, int]]] = {}
         self._closed = False
         self._slots: list[_Slot] = []
-        for lp in plugins:
-            try:
-                lp.init(comm, 0)
-            except ConfigError:
-                raise                   # a setting the user must fix (a dump path that cannot be written), not a bug
-            except Exception:
-                # NCCL unloads a plugin whose init fails; communication goes on without it.
-                log.exception("slicetrace: profiler plugin %r failed in init and is unloaded", lp.name)
-                self._counts["plugin_init_failed"] += 1
-                continue
-            self._slots.append(_Slot(lp))
+        try:
+            for lp in plugins:
+                try:
+                    lp.init(comm, 0)
+                except ConfigError:
+                    raise               # a setting the user must fix (a dump path that cannot be written), not a bug
+                except Exception:
+                    # NCCL unloads a plugin whose init fails; communication goes on without it.
+                    log.exception("slicetrace: profiler plugin %r failed in init and is unloaded", lp.name)
+                    self._counts["plugin_init_failed"] += 1
+                    continue
+                self._slots.append(_Slot(lp))
+        except BaseException:
+            # The plugins initialised before it may hold open files (a trace): finalize them, then refuse.
+            self._proxy = [_OFF] * len(self._slots)
+            self.close()
+            raise
         self._proxy = [_OFF] * len(self._slots)
 
     @property

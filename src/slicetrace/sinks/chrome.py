@@ -226,17 +226,20 @@ class ChromePlugin:
     def finalize(self, ctx: Ctx) -> None:
         if ctx.done:
             return
-        ctx.flush_slow()
-        ctx.flush_steps()
-        ctx.flush_chans()
-        for pool in ctx.lines:
-            ctx.flush_lines(pool)
-        ctx.done = True
-        if ctx.path is None:
-            return
-        ctx.write("".join(ctx.proxy))
-        ctx.write(metadata(ctx.rank, ctx.tids))
-        args = {**ctx.host_counters, **self.counters(ctx)}
-        ctx.write(json.dumps({"name": "slicetrace_counters", "ph": "M", "pid": ctx.rank, "tid": 0, "args": args},
-                             separators=(",", ":")) + "\n]\n")
-        ctx.file.close()
+        try:
+            ctx.flush_slow()
+            ctx.flush_steps()
+            ctx.flush_chans()
+            for pool in ctx.lines:
+                ctx.flush_lines(pool)
+            if ctx.path is None:
+                return
+            ctx.write("".join(ctx.proxy))
+            ctx.write(metadata(ctx.rank, ctx.tids))
+            args = {**ctx.host_counters, **self.counters(ctx)}
+            ctx.write(json.dumps({"name": "slicetrace_counters", "ph": "M", "pid": ctx.rank, "tid": 0,
+                                  "args": args}, separators=(",", ":")) + "\n]\n")
+        finally:
+            ctx.done = True             # a failed write (disk full) is not retried, and the file is closed anyway
+            if ctx.file is not None:
+                ctx.file.close()
