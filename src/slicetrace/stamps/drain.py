@@ -4,16 +4,19 @@ Reads each channel in seq order (one cursor per channel, the same rule the write
 and device can never disagree on which op a stamp belongs to: every stamp carries its op tag.
 KernelCh start and stop are separate records (stamps.layout); the drain keeps open starts aside and delivers
 one paired KernelCh record at the stop, which in seq order comes after every KernelStep of its program.
-Imports only stamps.layout; the consumer is anything with channel/steps/end_op/drop (the event host).
+Imports errors and stamps.layout only; the consumer is anything with channel/steps/end_op/drop (the event host).
 """
 from __future__ import annotations
 
+import sys
 import threading
 import time
+import traceback
 from typing import Callable, Protocol
 
 import numpy as np
 
+from ..errors import CommTimeoutError
 from .layout import FLAG_SEND, KIND_CHANNEL, PAIRED_DTYPE, SEQ_PROVISIONAL, RingViews, take_rows
 from .pairing import pair_channels
 from .scratch import Scratch
@@ -48,27 +51,23 @@ class Drain:
         self.views, self.consumer = views, consumer
         self.nch, self.slots = views.nchannels, views.slots
         self.cursor = np.zeros(self.nch, dtype=np.uint64)       # last consumed seq per channel
-        self._fetch = fetch
+        self._fetch, self._sampled = fetch, 0
         self._thread_init = thread_init       # run first in the drain thread (cuda: select this rank's device)
         self._fetched = np.zeros(self.nch, dtype=np.int64)      # seqs up to here are in views (fetch only)
-        self._sampled = 0
         self._hdr = views.header.view(np.uint64).reshape(self.nch, 8)          # [reserved, sampled_out, pad]
         self._st = views.started.view(np.uint64).reshape(self.nch, self.slots, 6)
         self._co = views.completed.view(np.uint64).reshape(self.nch, self.slots, 6)
         self._merged = views.completed is views.started         # one ring read as both: gather and check once
         self.offset_ns = 0                                      # host_ns = device_ns + offset_ns
-        self.interval = interval_us / 1e6
-        self._clock = clock
+        self.interval, self._clock = interval_us / 1e6, clock
         self._ops: dict[int, _Op] = {}                          # op low 32 bits -> op, in submit order
         self._open: dict[tuple[int, int, int, int], int] = {}   # (ch, op, peer, send) -> KernelCh start clock
         self._lock = threading.Lock()          # guards _ops (user thread vs drain thread)
         self._poll_lock = threading.Lock()     # one poller at a time (drain thread, or a flushing caller)
-        self._wake = threading.Event()
-        self._stop = False
-        self._thread: threading.Thread | None = None
+        self._wake, self._stop = threading.Event(), False
+        self._thread: threading.Thread | None = None      # kept after stop: `alive` tells whether it still runs
         self.error: BaseException | None = None
-        self.delivered = 0
-        self.rows_read = 0                      # ring entries gathered, delivered or not (the drain's own cost)
+        self.delivered, self.rows_read = 0, 0   # rows_read: ring entries gathered (the drain's own cost)
         self._scratch = Scratch()
 
     # ---- called by the session (user thread) ----
@@ -94,54 +93,67 @@ class Drain:
         with self._lock:
             return not self._ops
 
+    @property
+    def alive(self) -> bool:
+        """The drain thread still runs (after stop: stuck in a consumer or fetch call, see `error`)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def flush(self, timeout_s: float) -> bool:
         """Drain until every submitted op has ended; False if that took longer than timeout_s."""
         deadline = time.monotonic() + timeout_s
         while not self.idle():
-            self.poll_once()              # the caller polls too (serialised by the poll lock): no sleep latency
-            if self.idle():
-                break
-            if time.monotonic() > deadline:
+            # The caller polls too (no sleep latency), but waits no longer than the deadline for a stuck poller.
+            if (self.poll_once(False, max(0.0, deadline - time.monotonic())) is None
+                    or (time.monotonic() > deadline and not self.idle())):
                 return False
             time.sleep(20e-6)
         return True
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop the thread, then settle everything: what is still incomplete now is lost and counted."""
-        self._stop = True
+        """Stop the thread, then settle everything: what is still incomplete now is lost and counted. Returns
+        within timeout_s even if a poll hangs: then `error` says where, nothing is settled, `alive` tells."""
+        self._stop, stuck, t, deadline = True, None, self._thread, time.monotonic() + timeout_s
         self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            self._thread = None
+        if t is not None:
+            t.join(timeout_s)
+            if t.is_alive():              # stuck in a poll: name the call that does not return
+                f = sys._current_frames().get(t.ident)
+                stuck = "the drain thread is still running, in " + " <- ".join(
+                    f"{x.name} ({x.filename.rsplit('/', 1)[-1]}:{x.lineno})"
+                    for x in reversed(traceback.extract_stack(f, 3) if f else []))
         try:
-            self.poll_once(force=True)
+            if stuck is None and self.poll_once(True, max(0.0, deadline - time.monotonic())) is None:
+                stuck = "another poller holds the poll lock (a flush stuck in a consumer or fetch)"
         except BaseException as e:        # e.g. a device that is gone: reported at close, the rest still closes
             self.error = self.error or e
+        if stuck is not None:
+            self.error = self.error or CommTimeoutError(
+                f"slicetrace drain: stop(timeout_s={timeout_s}) gave up, the rings are not settled: {stuck}")
 
     # ---- drain thread ----
     def _run(self) -> None:
         # Poll rarely when little arrives (the engine shares the CPU with us), often when the rings fill.
         iv, busy = self.interval, self.slots // 8
-        if self._thread_init is not None:
-            try:
+        try:
+            if self._thread_init is not None:
                 self._thread_init()
-            except BaseException as e:    # reported at close, like any failure of this thread
-                self.error = e
-                return
-        while not self._stop:
-            try:
+            while not self._stop:
                 n = self.poll_once()
-            except BaseException as e:    # never kill the process from the drain thread; report at close
-                self.error = e
-                return
-            iv = max(self.interval, iv / 4) if n > busy else min(MAX_INTERVAL_S, iv * 2)
-            if self._wake.wait(iv):
-                self._wake.clear()
-                iv = self.interval
+                iv = max(self.interval, iv / 4) if n > busy else min(MAX_INTERVAL_S, iv * 2)
+                if self._wake.wait(iv):
+                    self._wake.clear()
+                    iv = self.interval
+        except BaseException as e:        # never kill the process from the drain thread; report at close
+            self.error = e
 
-    def poll_once(self, force: bool = False) -> int:
-        with self._poll_lock:
+    def poll_once(self, force: bool = False, timeout_s: float = -1) -> int | None:
+        """One poll; None if another poller held the lock for timeout_s (default: wait for it)."""
+        if not self._poll_lock.acquire(timeout=timeout_s):
+            return None
+        try:
             return self._poll(force)
+        finally:
+            self._poll_lock.release()
 
     def _poll(self, force: bool) -> int:
         with self._lock:
@@ -220,9 +232,10 @@ class Drain:
         if len(chs) == 1:                            # the common cpu case: scalar bookkeeping is cheaper
             c = int(chs[0])
             c0, t0 = int(self.cursor[c]), int(self._hdr[c, 0])
-            if t0 - c0 > N:                          # lapped: the oldest entries are gone
+            if t0 - c0 > N:                          # lapped: the oldest entries are gone; count them once
                 self.consumer.drop("overrun", t0 - c0 - N)
                 c0 = t0 - N
+                self.cursor[c] = c0                  # even if nothing past them is fetched yet (return 0 below)
             t1 = t0 if cap is None else min(t0, int(cap[c]))
             if t1 <= c0:
                 return 0
@@ -235,6 +248,7 @@ class Drain:
             if (lap > 0).any():                      # lapped: the oldest entries are gone
                 self.consumer.drop("overrun", int(lap[lap > 0].sum()))
                 cur = np.maximum(cur, top - N)
+                self.cursor[chs] = cur.astype(np.uint64)     # counted once, even for channels cut below
             cnt = (top if lim is None else np.minimum(top, lim)) - cur
             keep_ch = cnt > 0
             if not keep_ch.all():
@@ -339,11 +353,9 @@ class Drain:
                 return
         out["flags"] &= np.uint8(FLAG_SEND)           # PAIRED_DTYPE: FLAG_SEND only (the pairing read FLAG_CH_STOP)
         off = np.int64(self.offset_ns)
-        out["wait_ns"] = out["wait"].view(np.int64) + off
-        out["ready_ns"] = out["ready"].view(np.int64) + off
-        out["done_ns"] = out["done"].view(np.int64) + off
-        ops = out["op"]
-        kinds = out["kind"]
+        for f in ("wait", "ready", "done"):
+            out[f + "_ns"] = out[f].view(np.int64) + off
+        ops, kinds = out["op"], out["kind"]
         if not resort:                               # one op, one kind
             starts = [0]
         else:

@@ -1,0 +1,141 @@
+"""The drain under faults: a poll that never returns, and a ring lapped beyond what has been fetched."""
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from slicetrace.errors import CommTimeoutError
+from slicetrace.stamps.drain import Drain
+from slicetrace.stamps.layout import FLAG_SEND, KIND_STEP, RingWriter, provisional_word
+from tests.unit.test_drain import Recorder, _entry, gpu_program, rings
+
+SLACK_S = 2.0        # scheduling slack on a loaded machine; a hang is what these tests catch
+
+
+def _within(limit_s, fn, *args):
+    """fn(*args) in a helper thread; fails (instead of hanging the suite) if it does not return in limit_s."""
+    out = []
+    t = threading.Thread(target=lambda: out.append(fn(*args)), daemon=True)
+    t0 = time.monotonic()
+    t.start()
+    t.join(limit_s)
+    assert not t.is_alive(), f"{fn.__name__} still blocked after {limit_s} s"
+    return out[0], time.monotonic() - t0
+
+
+class Blocking(Recorder):
+    """A consumer whose steps() hangs (a stuck plugin) until the test releases it."""
+
+    def __init__(self):
+        super().__init__()
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def steps(self, tag, recs):
+        self.entered.set()
+        self.release.wait(60)
+        super().steps(tag, recs)
+
+
+def _blocked_drain():
+    v = rings(1, 64)
+    sink = Blocking()
+    d = Drain(v, sink, interval_us=100)
+    w = RingWriter(v, 0)
+    s = w.start(KIND_STEP, 0, 1, 0, 64, 1, 1, 2)
+    w.complete(s, KIND_STEP, 0, 1, 0, 64, 1, 3)
+    d.op_submitted(1, lambda: True, v.header["reserved"].copy())
+    return sink, d
+
+
+def test_stop_and_flush_return_in_time_while_the_drain_thread_is_stuck_in_a_consumer():
+    sink, d = _blocked_drain()
+    d.start()
+    try:
+        assert sink.entered.wait(10)
+        ok, took = _within(0.3 + SLACK_S, d.flush, 0.3)
+        assert ok is False and took >= 0.25
+        _within(0.5 + SLACK_S, d.stop, 0.5)
+        assert isinstance(d.error, CommTimeoutError) and d.alive
+        msg = str(d.error)
+        assert "drain thread" in msg and "timeout_s=0.5" in msg and "steps (test_drain_faults.py" in msg
+        assert sink.ended == [] and not sink.drops          # nothing settled behind the stuck thread's back
+    finally:
+        sink.release.set()
+    d._thread.join(10)
+    assert not d.alive and len(sink.step_calls) == 1      # the stuck call finished; the thread then ended
+    d.stop(5.0)                                             # a later stop settles what is left
+    assert sink.ended == [1] and isinstance(d.error, CommTimeoutError)
+
+
+def test_stop_gives_up_on_a_flush_stuck_in_another_thread():
+    """No drain thread (inline polling): the poller holding the lock is a caller's flush."""
+    sink, d = _blocked_drain()
+    flusher = threading.Thread(target=d.flush, args=(60,), daemon=True)
+    flusher.start()
+    try:
+        assert sink.entered.wait(10)
+        _within(0.3 + SLACK_S, d.stop, 0.3)
+        assert isinstance(d.error, CommTimeoutError) and "another poller" in str(d.error) and not d.alive
+    finally:
+        sink.release.set()
+    flusher.join(10)
+    assert not flusher.is_alive() and sink.ended == [1]
+
+
+def _device(nch, slots=64):
+    """Host rings the drain reads, 'device' rings the writer fills, and a fetch that copies and logs."""
+    v, dev, sink, calls = rings(nch, slots), rings(nch, slots), Recorder(), []
+
+    def fetch(lo, hi):
+        calls.append((lo.tolist(), hi.tolist()))
+        for c in range(nch):
+            for s in range(int(lo[c]) + 1, int(hi[c]) + 1):
+                i = s & (slots - 1)
+                v.started[c][i], v.completed[c][i] = dev.started[c][i], dev.completed[c][i]
+
+    return v, dev, sink, Drain(v, sink, fetch=fetch), calls
+
+
+@pytest.mark.parametrize("nch", [1, 2])
+def test_a_lap_beyond_the_fetched_range_is_counted_once_and_the_rest_delivered_once(nch):
+    """cuda: op 1 (10 seqs per channel) completed; op 2, still queued, reserved 200 more seqs on channel 0 (the
+    64-slot ring is lapped: seqs 1..146 are lost, op 1's among them) and 20 on channel 1. The loss is counted at
+    the first poll, although nothing past it is fetched until op 2 completes, and never again."""
+    v, dev, sink, d, calls = _device(nch)
+    done = {1: True, 2: False}
+
+    def submit(tag):                # the host reserved the op's seqs before its launch
+        v.header["reserved"][:] = dev.header["reserved"]
+        d.op_submitted(tag, lambda: done[tag], v.header["reserved"].copy())
+
+    for c in range(nch):
+        gpu_program(dev, 1, 8, ch=c)                    # op 1: seqs 1..10 on each channel
+    submit(1)
+    for s in range(11, 211):        # op 2, channel 0: 200 KernelSteps, in seq order as one warp writes them
+        _entry(dev, 0, s, KIND_STEP, FLAG_SEND, 2, s, 64, 1, s, s, s, provisional_word(s, 2))
+    dev.header["reserved"][0] = 210
+    if nch == 2:
+        gpu_program(dev, 2, 18, ch=1)                   # channel 1: seqs 11..30
+    submit(2)
+    for _ in range(4):
+        d.poll_once()
+        assert sink.drops == Counter(overrun=146)       # was 146, 292, 438, ...: the cursor stayed at 0
+    assert d.cursor[0] == 146 and sink.ended == [1]
+    assert [int(r["channel"]) for _, rs in sink.step_calls for r in rs] == [1] * 8 * (nch - 1)   # op 1, once
+    done[2] = True
+    for _ in range(3):
+        d.poll_once()
+    assert sink.drops == Counter(overrun=146) and sink.ended == [1, 2] and d.idle()
+    assert calls[-1] == ([146, 10][:nch], [210, 30][:nch])       # fetching resumed past the lost range
+    steps = [(int(r["channel"]), t, int(r["step"])) for t, rs in sink.step_calls for r in rs]
+    want = [(0, 2, s) for s in range(147, 211)]                    # the last N seqs of channel 0
+    if nch == 2:
+        want += [(1, 1, 2 * i) for i in range(8)] + [(1, 2, 2 * i) for i in range(18)]
+    assert sorted(steps) == sorted(want)                          # each delivered once
+    chans = sorted((int(r["channel"]), t) for t, rs in sink.channels for r in rs)
+    assert chans == [(1, 1), (1, 2)][:2 * (nch - 1)]              # channel 0's KernelCh (op 1) was lapped
+    written = 210 + 30 * (nch - 1)
+    assert len(steps) + 2 * len(chans) + sink.drops["overrun"] == written
