@@ -199,3 +199,32 @@ def close_backend(ctx: dict) -> None:
     """This rank leaves the communicator (its peers may still have work that needs it)."""
     ctx["state"].pop("close", None)
     ctx["state"].pop("be").close()
+
+
+def free_bytes(ctx: dict) -> int:
+    """Free memory of this rank's device (its context made first, so that is not counted as a change)."""
+    import cupy
+    cupy.cuda.Device(ctx["rank"] % cupy.cuda.runtime.getDeviceCount()).use()
+    cupy.cuda.runtime.free(cupy.cuda.runtime.malloc(1 << 20))
+    cupy.cuda.runtime.deviceSynchronize()
+    return cupy.cuda.runtime.memGetInfo()[0]
+
+
+def failed_setup(ctx: dict, kw: dict, how: str) -> str:
+    """A CudaBackend whose set-up fails: 'peer' (rank 0 alone: the peer's IPC handle never comes, inside
+    CommMemory) or 'late' (after CommMemory: the liveness record cannot be published). Returns the error."""
+    import cupy
+    from slicetrace.backend.cuda import backend as cb
+    cupy.cuda.Device(ctx["rank"] % cupy.cuda.runtime.getDeviceCount()).use()
+    orig = cb.PeerWatch.publish
+    if how == "late":
+        def refuse(self):
+            raise RuntimeError("publish refused by the test")
+        cb.PeerWatch.publish = refuse
+    try:
+        cb.CudaBackend(Settings(backend="cuda", **kw), ctx["rank"], ctx["world"], ctx["store"], ctx["job"] + how)
+        return "no error"
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        return f"{type(e).__name__}: {e}"
+    finally:
+        cb.PeerWatch.publish = orig

@@ -63,3 +63,26 @@ def test_a_peer_that_closed_its_communicator_fails_the_op_that_needs_it_at_once(
     assert res["err"] is not None and res["err"].startswith("PeerError"), res
     assert "rank 0 closed its communicator" in res["err"], res["err"]      # not the 30 s timeout
     assert res["z"] == 499500.0
+
+
+@pytest.mark.cuda
+def test_a_set_up_that_fails_frees_its_device_memory(gpu, kcache):
+    """Before, the FIFOs (64 channels x 4 MiB per peer) and the stamp ring stayed allocated after a failed set-up:
+    a retry loop around init() ran the GPU out of memory. Free memory is read once every rank has finished (a
+    peer's allocation that this rank opened through IPC is released only when both have let it go)."""
+    pool = RankPool(2, timeout=120)
+    try:
+        kw = {"cache_dir": kcache, "timeout_s": 2.0}
+        pool.run(ranks.free_bytes)                 # both ranks' contexts exist before the first reading
+        before = pool.run(ranks.free_bytes)
+        err = pool.run(ranks.failed_setup, kw, "peer", ranks=[0])[0]
+        mid = pool.run(ranks.free_bytes)
+        late = pool.run(ranks.failed_setup, kw, "late")
+        after = pool.run(ranks.free_bytes)
+    finally:
+        pool.close()
+    assert err.startswith("CommTimeoutError") and "rank 1" in err, err
+    assert late == ["RuntimeError: publish refused by the test"] * 2, late
+    for what, a, b in (("peer", before, mid), ("late", mid, after)):
+        held = max(x - y for x, y in zip(a, b))
+        assert held < 32 << 20, f"{held / 2**20:.0f} MiB still held after the {what!r} failure"

@@ -73,8 +73,17 @@ class CudaBackend(Backend, KernelArgs):
         self.n_warps = settings.nthreads // 32
         gen = _GEN[job] = _GEN.get(job, 0) + 1
         self._prefix = f"st/{job}/cuda{gen}"
+        self._side = self._copy = self._fetch = self._fork = self._join = None
         self.mem = CommMemory(rank, world, self.max_channels, settings.buffsize, self.max_channels,
-                              settings.ring_slots, store, self._prefix, settings.timeout_s)
+                              settings.ring_slots, store, self._prefix, settings.timeout_s)   # frees on failure
+        try:
+            self._setup(settings, rank, world, store)
+        except BaseException:               # e.g. a peer that never arrives: free what was made, then raise
+            self._free()
+            raise
+
+    def _setup(self, settings: Settings, rank: int, world: int, store: Store) -> None:
+        runtime = self._rt
         self.kernels = Kernels(settings.cache_dir, arch_of(self.device))
         self._extra: dict[str, str] = {}                  # measurement variants (scripts/bench_cuda.py --variants)
         self.seqs = SeqRanges(self.mem.rings)             # stamp seqs, reserved per program at submit
@@ -350,8 +359,8 @@ class CudaBackend(Backend, KernelArgs):
         if self._last is not None and self._broken is None:
             try:
                 self.wait(self._last, min(self.settings.timeout_s, 30.0))
-            except Exception:
-                pass
+            except Exception as e:          # an op never synchronized: say so, then free everything
+                log.warning("rank %d: its last op failed before close: %s", self.rank, e)
         if self._broken is not None:
             self.abort(self._broken)
         try:
@@ -368,8 +377,9 @@ class CudaBackend(Backend, KernelArgs):
                 self.ledger.publish(self.store, f"{self._prefix}/sent/{self.rank}")
             self.store.barrier(f"{self._prefix}/close", self.rank, self.world, 5.0 if self._broken else 30.0)
             met = True
-        except Exception:
-            pass
+        except Exception as e:
+            if self._broken is None:
+                log.warning("rank %d: the close barrier failed (unreceived messages not checked): %s", self.rank, e)
         if met and self._broken is None:    # every rank's ops have ended and its sends are published
             try:
                 keys = {p: f"{self._prefix}/sent/{p}" for p in self._all}
@@ -377,11 +387,16 @@ class CudaBackend(Backend, KernelArgs):
             except Exception as e:          # a diagnostic: closing goes on
                 log.warning("rank %d: could not check for unreceived messages at close: %s", self.rank, e)
         self._cache.clear()
+        self._free()
+
+    def _free(self) -> None:
+        """Device memory, streams and events (also of a set-up that failed part way)."""
         self.mem.close()
         for destroy, h in ((self._rt.streamDestroy, self._side), (self._rt.streamDestroy, self._copy),
                            (self._rt.streamDestroy, self._fetch),
                            (self._rt.eventDestroy, self._fork), (self._rt.eventDestroy, self._join)):
             try:
-                destroy(h)
+                if h is not None:
+                    destroy(h)
             except Exception:
                 pass

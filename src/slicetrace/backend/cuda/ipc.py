@@ -37,6 +37,16 @@ class CommMemory:
         self._opened: list[int] = []
         self._dev: list[int] = []
         self._host: list[int] = []
+        self.rings = self.ring_mem = self.ctrl = self.words = self.probe = None
+        try:
+            self._make(rank, world, nconn, buffsize, nring, slots, store, prefix, timeout_s)
+        except BaseException:           # e.g. a peer that never sent its handle: free what was made, then raise
+            self.close()
+            raise
+
+    def _make(self, rank: int, world: int, nconn: int, buffsize: int, nring: int, slots: int, store: Store,
+              prefix: str, timeout_s: float) -> None:
+        runtime = self._rt
         self.fifo_off, total = ipc_layout(world, nconn, buffsize)
         self.base = self._malloc(total)                  # its own allocation: an IPC handle names all of it
         runtime.memset(self.base, 0, total)
