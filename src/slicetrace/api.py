@@ -14,7 +14,7 @@ import numpy as np
 from .backend.base import REDOPS, Work, host_pointer
 from .config import Settings
 from .errors import SliceTraceError, UsageError
-from .events.abi import DATATYPE_NAMES, FUNC_NAMES
+from .events.abi import DATATYPE_NAMES, FUNC_NAMES, parse_mask
 from .events.host import OpInfo, TaskInfo
 from .plan.schedule import P2pPart, plan_collective, plan_p2p, split_p2p
 from .rendezvous import Store
@@ -337,14 +337,20 @@ class Communicator:
 
     # ---- profiling controls ----
     @contextlib.contextmanager
-    def profiling(self, enabled: bool, mask: int | None = None) -> Iterator[None]:
+    def profiling(self, enabled: bool, mask: int | str | None = None) -> Iterator[None]:
         """Turn event collection off (or back on) for the ops inside the block (as exampleProfilerStart/Stop).
-        mask: event types (events.abi.EventType bits) the block's ops may carry at most, e.g. everything but
-        KernelStep to measure what KernelStep alone costs; the plugins' own masks still apply."""
+        mask: event types (EventType bits, or names as 'Coll|KernelCh') the block's ops may carry at most, e.g.
+        everything but KernelStep to measure what KernelStep alone costs; the plugins' own masks still apply."""
         if not isinstance(enabled, bool):       # "no" would be truthy
             raise UsageError(f"enabled={enabled!r} must be True or False")
+        if isinstance(mask, str):
+            try:
+                mask = parse_mask(mask)
+            except ValueError as e:
+                raise UsageError(f"mask={mask!r}: {e}") from None
         if mask is not None and (isinstance(mask, bool) or not isinstance(mask, int) or mask < 0):
-            raise UsageError(f"mask={mask!r} must be an int >= 0 of EventType bits, or None for no limit")
+            raise UsageError(f"mask={mask!r} must be an int >= 0 of EventType bits, event type names such as "
+                             f"'Coll|KernelCh', or None for no limit")
         s = self._session
         prev = s.paused, s.mask_limit
         s.paused = not enabled

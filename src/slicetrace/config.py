@@ -259,6 +259,12 @@ class Settings:
                     raise ConfigError(f"{var}={env[var]!r} must be an integer >= 1 (decimal or 0x hex)")
         vals["pool_sizes"] = pools
         overrides = {k: v for k, v in overrides.items() if v is not None}
+        if isinstance(overrides.get("profile_event_mask"), str):     # type names, as the variable takes
+            try:
+                overrides["profile_event_mask"] = parse_mask(overrides["profile_event_mask"])
+            except ValueError as e:
+                raise ConfigError(f"profile_event_mask={overrides['profile_event_mask']!r}: {e}; expected "
+                                  f"{_FORMATS[_mask]}") from None
         known = {f.name for f in fields(cls)}
         bad = sorted(set(overrides) - known)
         if bad:

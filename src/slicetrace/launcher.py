@@ -7,6 +7,7 @@ import multiprocessing.connection as mpc
 from multiprocessing.managers import SyncManager
 import os
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -169,14 +170,41 @@ def _terminate_as_exit():
     return old
 
 
+def _hold_signals() -> dict | None:
+    """Defer SIGTERM and SIGINT while the ranks are killed and their memory removed: {signal: old handler} and
+    the signals that came, or None where handlers cannot be set (not the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    came: list[int] = []
+    old = {sig: signal.signal(sig, lambda n, f: came.append(n)) for sig in (signal.SIGTERM, signal.SIGINT)}
+    return {"old": old, "came": came}
+
+
+def _release_signals(held: dict | None) -> None:
+    """Put the handlers back, then deliver what came meanwhile (once each), unless the launcher is already on its
+    way out (SystemExit from the first SIGTERM, KeyboardInterrupt): the same request again."""
+    if held is None:
+        return
+    for sig, h in held["old"].items():
+        signal.signal(sig, h)
+    if isinstance(sys.exc_info()[1], (SystemExit, KeyboardInterrupt)):
+        return
+    for sig in dict.fromkeys(held["came"]):
+        signal.raise_signal(sig)
+
+
 def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None = None, **settings: Any) -> list[Any]:
     """Run fn(comm, *args) in `nranks` spawned processes; return the results in rank order.
 
     A failing or dead rank makes every other rank fail within settings.timeout_s; survivors are killed after
     that (or after join_timeout_s in all), shared memory of the job is removed, and the first error is raised.
     """
-    if not isinstance(nranks, int) or nranks < 1:
+    if not isinstance(nranks, int) or isinstance(nranks, bool) or nranks < 1:
         raise UsageError(f"nranks={nranks!r} must be an int >= 1")
+    if join_timeout_s is not None and (not isinstance(join_timeout_s, (int, float)) or isinstance(join_timeout_s, bool)
+                                       or not 0 < join_timeout_s < float("inf")):
+        raise UsageError(f"join_timeout_s={join_timeout_s!r} must be a finite number of seconds > 0, or None (no "
+                         f"limit: a failing rank still ends the others within timeout_s)")
     if "<" in getattr(fn, "__qualname__", ""):
         raise UsageError(f"fn={fn.__qualname__!r}: spawned ranks import fn by name, so it must be a function defined "
                          f"at the top level of a module (not a lambda or a nested function)")
@@ -258,15 +286,23 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
                             readers.pop(c)
                             errors.setdefault(r, f"rank {r} exited without a result")
         finally:
-            if restore is not None:
-                signal.signal(signal.SIGTERM, restore)
-            for p in procs:
-                if p.is_alive():
-                    p.kill()
-                p.join(10)
-            _remove_job_shm(job)
+            held = _hold_signals()      # timeout(1) signals the launcher and then its group: a 2nd TERM mid-cleanup
+            try:
+                for p in procs:
+                    if p.is_alive():
+                        p.kill()
+                    p.join(10)
+                _remove_job_shm(job)
+            finally:
+                if held is not None and restore is not None:
+                    held["old"][signal.SIGTERM] = restore       # not our SystemExit handler: the one before it
+                elif restore is not None:
+                    signal.signal(signal.SIGTERM, restore)
+                _release_signals(held)
     if errors:
-        r = min(errors, key=lambda k: (0 if "died" in errors[k] else 1, k))
+        # The rank where it began: one that died, then one whose own error it is (not a peer's failure relayed)
+        r = min(errors, key=lambda k: (0 if "died" in errors[k] else 1 if not errors[k].startswith("PeerError")
+                                       else 2, k))
         others = {k: v.splitlines()[0] for k, v in errors.items() if k != r}
         raise LaunchError(f"rank {r} failed: {errors[r]}" + (f"\nother ranks: {others}" if others else ""), errors)
     missing = [r for r in range(nranks) if r not in results]

@@ -3,6 +3,7 @@ overlapping buffers that are not in place, bad tags and roots, messages never re
 peer has failed (an error at once, not after the timeout)."""
 from __future__ import annotations
 
+import re
 import time
 
 import numpy as np
@@ -167,7 +168,8 @@ def test_a_barrier_ends_when_a_peer_fails():
     # running")
     with pytest.raises(LaunchError) as e:
         slicetrace.launch(_bail_or_barrier, 2, backend="cpu", timeout_s=600, join_timeout_s=60)
-    assert "rank 0 failed: PeerError: rank 1 failed: RuntimeError: rank 1 bails out" in str(e.value)
+    assert str(e.value).startswith("rank 1 failed: RuntimeError: rank 1 bails out"), str(e.value)
+    assert "other ranks: {0: 'PeerError: rank 1 failed: RuntimeError: rank 1 bails out" in str(e.value)
 
 
 def test_a_dump_file_that_cannot_be_written_is_refused_before_any_op(tmp_path):
@@ -252,3 +254,31 @@ def test_close_from_another_thread_while_an_op_runs_is_refused_and_the_op_comple
     res = slicetrace.launch(_close_during_an_op, 2, backend="cpu", timeout_s=20, join_timeout_s=120)
     assert res == [("close: another thread is inside an operation of this communicator; close it once that operation "
                     "has returned (one thread at a time, close included, as NCCL requires)", False, 2.0), 2.0], res
+
+
+def _one_rank_raises(comm):
+    if comm.rank == 1:
+        raise ValueError("boom from rank 1")
+    comm.all_reduce(np.ones(8, np.float32))     # rank 0 learns it as a PeerError
+    return "unreachable"
+
+
+def test_launch_error_leads_with_the_rank_where_the_failure_began():
+    """Before, rank 0's relayed PeerError came first and rank 1's own error was one line under 'other ranks'."""
+    with pytest.raises(LaunchError) as e:
+        slicetrace.launch(_one_rank_raises, 2, backend="cpu", timeout_s=20, join_timeout_s=120)
+    msg = str(e.value)
+    assert msg.startswith("rank 1 failed: ValueError: boom from rank 1\nTraceback"), msg
+    assert 'raise ValueError("boom from rank 1")' in msg and "other ranks: {0: 'PeerError: rank 1 failed" in msg
+
+
+@pytest.mark.parametrize("kw, msg", [
+    ({"nranks": True}, "nranks=True must be an int >= 1"),
+    ({"join_timeout_s": "x"}, "join_timeout_s='x' must be a finite number of seconds > 0, or None"),
+    ({"join_timeout_s": -1}, "join_timeout_s=-1 must be a finite number of seconds > 0"),
+    ({"join_timeout_s": float("inf")}, "join_timeout_s=inf must be a finite number of seconds > 0"),
+])
+def test_launch_checks_its_own_arguments_before_spawning(kw, msg):
+    kw = {"nranks": 2, **kw}
+    with pytest.raises(UsageError, match="^" + re.escape(msg)):
+        slicetrace.launch(_one_rank_raises, kw.pop("nranks"), backend="cpu", **kw)

@@ -63,7 +63,7 @@ def _left_of_job(segments):
     return {os.path.basename(f) for j in jobs for f in glob.glob(f"/dev/shm/st_{j}*")}
 
 
-def _run_and_signal(tmp_path, sig):
+def _run_and_signal(tmp_path, sig, twice=False):
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
     p = subprocess.Popen([sys.executable, str(script), str(tmp_path)], stdout=subprocess.DEVNULL,
@@ -78,6 +78,8 @@ def _run_and_signal(tmp_path, sig):
         time.sleep(0.5)                                  # ranks busy in all_reduce
         ours = _mapped_segments(pids)                    # this job's segments, whatever other runs make
         os.kill(p.pid, sig)
+        if twice:                                        # as timeout(1) does: the launcher, then its whole group
+            os.killpg(p.pid, sig)
         rc = p.wait(timeout=30)
         deadline = time.monotonic() + 15
         while any(proc_dead(q, 0) is None for q in pids) and time.monotonic() < deadline:
@@ -94,9 +96,12 @@ def _run_and_signal(tmp_path, sig):
     return rc, survivors, leaked, ours, err.decode(errors="replace")[-3000:]
 
 
-@pytest.mark.parametrize("sig, want_rc", [(signal.SIGTERM, 143), (signal.SIGKILL, -9)])
-def test_ranks_and_shared_memory_do_not_outlive_the_launcher(tmp_path, sig, want_rc):
-    rc, survivors, leaked, ours, err = _run_and_signal(tmp_path, sig)
+@pytest.mark.parametrize("sig, want_rc, twice", [(signal.SIGTERM, 143, False), (signal.SIGKILL, -9, False),
+                                                 (signal.SIGTERM, 143, True)], ids=["term", "kill", "term-group"])
+def test_ranks_and_shared_memory_do_not_outlive_the_launcher(tmp_path, sig, want_rc, twice):
+    """term-group: a second SIGTERM while the launcher cleans up (timeout(1), batch schedulers) used to kill it
+    with the default action before the shared memory was removed."""
+    rc, survivors, leaked, ours, err = _run_and_signal(tmp_path, sig, twice)
     assert len(ours) == 2, ours                          # one segment per rank existed before the signal
     assert (rc, survivors, leaked) == (want_rc, [], set()), err
 
@@ -201,3 +206,29 @@ def test_init_without_a_store_or_torch_says_what_is_missing(monkeypatch):
     with pytest.raises(ConfigError) as e:
         slicetrace.init("null", rank=0, world_size=2, timeout_s=1)
     assert str(e.value).startswith("world_size=2 without store=: the rendezvous needs torch.distributed's TCPStore")
+
+
+def test_signals_during_the_cleanup_are_held_and_delivered_after_it():
+    """The launcher's cleanup (kill the ranks, remove their shared memory) defers SIGTERM and SIGINT: before, a
+    second SIGTERM there (timeout(1) signals the launcher and then its group) killed it with the memory left."""
+    from slicetrace.launcher import _hold_signals, _release_signals
+    got = []
+    old = signal.signal(signal.SIGTERM, lambda n, f: got.append(n))
+    try:
+        held = _hold_signals()
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)                                 # a handler runs between bytecodes: give it the chance
+        assert got == [] and held["came"] == [signal.SIGTERM] * 2
+        _release_signals(held)                           # the application's handler again, and the signal once
+        assert got == [signal.SIGTERM]
+        held = _hold_signals()
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        try:
+            raise SystemExit(143)                        # already on its way out: the same request is not repeated
+        except SystemExit:
+            _release_signals(held)
+        assert got == [signal.SIGTERM] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGTERM, old)

@@ -235,11 +235,12 @@ def _mask_limited(comm, count):
     a = dict(comm.drop_counters())
     with comm.profiling(True, mask=~int(EventType.KERNEL_STEP) & 0xFFFFFFFF):     # all but KernelStep
         comm.all_reduce(x)
+    with comm.profiling(True, mask="Coll|KernelCh"):                              # the same, by name
         comm.all_reduce(x)
     comm.flush_profiler()
     b = dict(comm.drop_counters())
     errs = []
-    for bad in (-1, 1.5, True):
+    for bad in (-1, 1.5, True, "Coll|KernelStp"):
         try:
             with comm.profiling(True, mask=bad):
                 pass
@@ -257,7 +258,8 @@ def test_a_mask_limit_drops_kernel_step_alone_and_is_checked():
         assert b["delivered_coll"] == 3
         assert not {k: v for k, v in b.items() if not k.startswith("delivered") and v
                     and k not in ("clock_offset_ns", "clock_uncertainty_ns")}
-        assert len(errs) == 3 and all("must be an int >= 0 of EventType bits" in e for e in errs), errs
+        assert len(errs) == 4 and all("must be an int >= 0 of EventType bits" in e for e in errs[:3]), errs
+        assert errs[3].startswith("mask='Coll|KernelStp': 'KernelStp' is not an event type, which are GROUP,"), errs
 
 
 def _sampled(comm):

@@ -295,3 +295,10 @@ def test_readme_lists_every_variable_and_its_ranges():
                         ("SLICETRACE_NTHREADS", "640"), ("SLICETRACE_DRAIN_INTERVAL_US", "10..1000000"),
                         ("SLICETRACE_PLUGIN_MAX_FAILURES", ">= 1")]:
         assert needle in rows[var], var
+
+
+def test_the_event_mask_keyword_takes_type_names_as_the_variable_does():
+    assert Settings.from_env({}, profile_event_mask="Coll|KernelStep").profile_event_mask == (1 << 1) | (1 << 16)
+    with pytest.raises(ConfigError, match=r"^profile_event_mask='Coll\|Bogus': 'Bogus' is not an event type, which "
+                                          r"are GROUP, .*; expected an integer"):
+        Settings.from_env({}, profile_event_mask="Coll|Bogus")

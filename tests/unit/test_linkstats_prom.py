@@ -60,11 +60,14 @@ def test_the_file_is_rewritten_each_interval_and_at_finalize_with_the_counters(t
     assert [f.name for f in tmp_path.iterdir()] == ["m_42_1.prom"]      # no temporary file left
 
 
-def test_a_file_that_cannot_be_written_at_init_is_refused(tmp_path):
-    s = Settings(linkstats_file=str(tmp_path / "missing" / "m"))
-    with pytest.raises(ConfigError, match=r"linkstats_file \(SLICETRACE_LINKSTATS_FILE\)=.*missing/m_7_0.prom: No "):
+def test_a_missing_folder_is_made_and_a_file_that_cannot_be_written_at_init_is_refused(tmp_path):
+    LinkStatsPlugin(Settings(linkstats_file=str(tmp_path / "new" / "sub" / "m"))).init(CommInfo(7, "c", 1, 2, 0),
+                                                                                       ActivationMask())
+    assert (tmp_path / "new" / "sub" / "m_7_0.prom").read_text().startswith("#")   # as the example plugin does
+    (tmp_path / "file").write_text("")
+    s = Settings(linkstats_file=str(tmp_path / "file" / "m"))                        # a folder that is a file
+    with pytest.raises(ConfigError, match=r"linkstats_file \(SLICETRACE_LINKSTATS_FILE\)=.*file/m_7_0.prom: "):
         LinkStatsPlugin(s).init(CommInfo(7, "c", 1, 2, 0), ActivationMask())
-    assert not (tmp_path / "missing").exists()
 
 
 def test_a_file_that_cannot_be_written_later_is_logged_once_and_the_job_goes_on(tmp_path, caplog):

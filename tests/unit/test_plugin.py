@@ -208,6 +208,13 @@ def test_none_spec_loads_nothing():
     assert load_plugins(" None ", Settings()) == []
 
 
+def test_a_plugin_listed_twice_is_refused():
+    """Two example plugins would write the same <prefix>_<commHash>_<rank>.json, one over the other."""
+    with pytest.raises(PluginError, match=r"^profiler_plugin='example, linkstats,example': 'example' is listed "
+                                          r"twice; list each plugin once$"):
+        load_plugins("example, linkstats,example", Settings())
+
+
 def test_builtin_example_is_the_chrome_plugin_built_with_settings():
     s = Settings(profile_event_mask=6)
     (lp,) = load_plugins("example", s)

@@ -290,12 +290,14 @@ def load_plugins(spec: str | None, settings: Any) -> list[LoadedPlugin]:
     """
     if spec is None or spec.strip().lower() in ("", "none"):
         return []
-    out = []
+    out: list[LoadedPlugin] = []
     for item in (s.strip() for s in spec.split(",")):
         if not item:
             continue
         if item.lower() == "none":
             raise PluginError(f"profiler_plugin={spec!r}: 'none' cannot be combined with other plugins")
+        if any(lp.name == item for lp in out):          # two of one plugin would write the same files
+            raise PluginError(f"profiler_plugin={spec!r}: {item!r} is listed twice; list each plugin once")
         obj = resolve(item)
         if isinstance(obj, type) or not hasattr(obj, "init"):
             if not callable(obj):

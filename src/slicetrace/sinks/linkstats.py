@@ -94,6 +94,7 @@ class LinkStatsPlugin:
         ctx = _Ctx(comm, s.linkstats_file, s.linkstats_interval_s)
         if ctx.path is not None:
             try:                        # an empty table now: a path that cannot be written is refused before any op
+                os.makedirs(os.path.dirname(ctx.path) or ".", exist_ok=True)     # as the example plugin does
                 write_atomic(ctx.path, prometheus_text(comm, ctx.table, ctx.host_counters))
             except OSError as e:
                 raise ConfigError(f"linkstats_file (SLICETRACE_LINKSTATS_FILE)={s.linkstats_file!r}: cannot write "
