@@ -322,3 +322,18 @@ def test_a_size_past_the_hosts_memory_is_one_line_per_rank_naming_e(capfd):
     assert "rank 0: UsageError: -e 1073741824000000: all_reduce of 1,073,741,824,000,000 B (float32) ran out of " \
         "memory on rank 0: each rank needs at least 2,147,483,648,000,000 B for its buffers" in err
     assert "Traceback" not in err and "MemoryError" not in err
+
+
+def test_config_refuses_a_plugin_that_would_not_load(monkeypatch, capsys):
+    monkeypatch.setenv("SLICETRACE_PROFILER_PLUGIN", "bogus")
+    assert main(["config"]) == 2
+    assert "profiler_plugin='bogus' is not a built-in or entry point name" in capsys.readouterr().err
+
+
+def test_compare_without_torch_is_refused_before_any_rank_starts(capsys):
+    import importlib.util
+    if importlib.util.find_spec("torch") is not None:
+        pytest.skip("torch is installed here: the refusal cannot happen")
+    assert main(["bench", "--compare", "gloo", "-b", "4K", "-e", "4K"]) == 2
+    err = capsys.readouterr().err
+    assert "--compare gloo needs torch installed" in err and "rank 0" not in err     # not relayed from the ranks

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 from dataclasses import fields
@@ -205,6 +206,8 @@ def run_bench(a: argparse.Namespace) -> int:
     if want and s.backend != want:              # each reference runs where its library runs: same buffers, same device
         raise SliceTraceError(f"--compare {a.compare} runs beside --backend {want}, not {s.backend!r} "
                               f"(--compare gloo with cpu, --compare nccl with cuda)")
+    if want and importlib.util.find_spec("torch") is None:      # before any rank starts
+        raise UsageError(f"--compare {a.compare} needs torch installed (pip install torch)")
     load_plugins(s.profiler_plugin, s)          # a bad plugin spec is one line here, not a traceback per rank
     nranks = a.ranks
     if nranks is None:
@@ -251,6 +254,7 @@ def run_config(a: argparse.Namespace) -> int:
     s = Settings.from_env()
     for var, eff, raw, doc in describe(s):
         print(f"{var:40} {eff:24} env={raw:10} {doc}")
+    load_plugins(s.profiler_plugin, s)          # a plugin that would not load is an error here too, not at the run
     return 0
 
 
