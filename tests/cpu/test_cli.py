@@ -83,8 +83,10 @@ def test_a_bad_plugin_spec_is_one_line_before_any_rank_starts(monkeypatch, capsy
 
 def test_report_on_traces_without_slices_says_what_to_record(tmp_path, capsys):
     f = tmp_path / "t_1_0.json"
+    args = {"SeqNum": 0, "CommHash": 1, "Rank": 0, "Count": 1, "Datatype": "ncclFloat32", "Algorithm": "RING",
+            "Protocol": "SIMPLE", "nChannels": 1}
     f.write_text(json.dumps({"traceEvents": [{"name": "AllReduce", "ph": "b", "cat": "COLL", "id": 1, "ts": 0,
-                                              "pid": 0, "tid": 0}]}))
+                                              "pid": 0, "tid": 0, "args": args}]}))
     assert main(["report", str(f)]) == 2
     err = capsys.readouterr().err
     assert "no KernelStep or KernelCh events to analyse (1 events in all)" in err and "65606" in err

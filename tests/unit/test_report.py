@@ -138,3 +138,36 @@ def test_the_text_report_lists_the_slowest_slices_up_to_top():
     con = Console(record=True, width=200)
     render(build(ks, top=0), console=con)
     assert "slowest" not in con.export_text()
+
+
+def test_top_0_prints_the_rest_of_the_report_and_writes_the_json(tmp_path, capsys):
+    """--top 0 used to end in IndexError (render read the first of no late_ops) before --json was written."""
+    import json
+    from rich.console import Console
+    from slicetrace.analyze.report import render
+    from slicetrace.cli.main import main
+    rows = [(r, 0, seq, "AllReduce", seq * 1000 + (500 if r == 1 else 0), seq * 1000 + 900)
+            for seq in range(2) for r in range(2)]
+    rep = build(_rows([(0, 0, 1, 1, 0, 8, 0, 1, 2), (1, 0, 0, 0, 0, 8, 0, 1, 2)]), top=0, chs=_chs(rows))
+    assert rep.stragglers and rep.late_ops == [] and rep.slowest == []
+    con = Console(record=True, width=200)
+    render(rep, console=con)
+    text = con.export_text()
+    assert "stragglers" in text and "links" in text and "largest skew" not in text and "slowest" not in text
+    for rank in range(2):                       # the same, end to end: a two-rank trace with KernelCh records
+        recs = [{"name": "AllReduce", "cat": "COLL", "ph": "b", "id": 1, "pid": rank, "ts": 0.0,
+                 "args": {"SeqNum": 0, "CommHash": 7, "Rank": rank, "Count": 2, "Datatype": "ncclFloat32",
+                          "Algorithm": "RING", "Protocol": "SIMPLE", "nChannels": 1}},
+                {"name": "KernelCh", "cat": "GPU", "ph": "b", "id": 2, "pid": rank, "ts": 1.0 + rank,
+                 "args": {"Channel": 0, "StartGpuClk": 1000, "StopGpuClk": 5000, "ParentId": 1}},
+                {"name": "KernelStep", "cat": "GPU", "ph": "X", "pid": rank, "tid": 9, "ts": 3.0, "dur": 1.0,
+                 "args": {"Channel": 0, "IsSend": rank, "Peer": 1 - rank, "Step": 0, "Size": 8, "WaitGpuClk": 0,
+                          "StartGpuClk": 500, "StopGpuClk": 1000, "SeqNum": 0, "ParentId": 1}},
+                {"name": "KernelCh", "cat": "GPU", "ph": "e", "id": 2, "pid": rank, "ts": 5.0},
+                {"name": "AllReduce", "cat": "COLL", "ph": "e", "id": 1, "pid": rank, "ts": 9.0}]
+        (tmp_path / f"trace_7_{rank}.json").write_text(json.dumps(recs))
+    out = tmp_path / "r.json"
+    assert main(["report", str(tmp_path), "--top", "0", "--json", str(out)]) == 0
+    assert "stragglers" in capsys.readouterr().out
+    doc = json.loads(out.read_text())
+    assert doc["late_ops"] == doc["slowest"] == [] and doc["stragglers"][0]["rank"] == 1

@@ -169,6 +169,8 @@ def test_written_file_is_one_json_array(traces):
 _STEP = {"name": "KernelStep", "cat": "GPU", "ph": "X", "pid": 0, "tid": 1, "ts": 1.0, "dur": 2.0,
          "args": {"Channel": 0, "IsSend": 1, "Peer": 1, "Step": 0, "Size": 8, "WaitGpuClk": 0, "StartGpuClk": 1,
                   "StopGpuClk": 2}}
+_COLL_ARGS = {"SeqNum": 0, "CommHash": 1, "Rank": 0, "Count": 2, "Datatype": "ncclFloat32", "Algorithm": "RING",
+              "Protocol": "SIMPLE", "nChannels": 1}
 
 
 @pytest.mark.parametrize("record, field, want", [
@@ -191,23 +193,29 @@ def test_a_malformed_record_is_refused_naming_the_file_the_record_and_the_field(
     assert any(field in p for p in check_trace(path))       # the checker lists it instead of failing on it
 
 
-def test_report_needs_every_kernel_step_arg_and_convert_does_not(tmp_path):
+def test_report_and_convert_need_every_kernel_step_arg(tmp_path):
+    """Convert used to draw a KernelStep without its args (or drop it) that report refused: both read through
+    load_files now."""
+    from slicetrace.analyze.perfetto import convert
     from slicetrace.analyze.trace import load_run
     path = tmp_path / "t_1_0.json"
     path.write_text(json.dumps([{**_STEP, "args": {"Channel": 0, "IsSend": 1, "Peer": 1, "Step": 0}}]))
-    assert len(load_trace(path)) == 1                      # convert draws a KernelStep without its clocks
-    with pytest.raises(TraceFormatError, match=r"record 0 \(KernelStep\): 'args' lacks \['Size', 'WaitGpuClk'"):
-        load_run(str(path))
+    want = r"record 0 \(KernelStep\): 'args' lacks \['Size', 'WaitGpuClk'"
+    for read in (load_trace, load_run, lambda p: convert([p], str(tmp_path / "x.pftrace"))):
+        with pytest.raises(TraceFormatError, match=want):
+            read(str(path))
+    assert not (tmp_path / "x.pftrace").exists()
     with pytest.raises(TraceFormatError, match=r"record 0 \(KernelStep\): 'args' lacks \['StartGpuClk'"):
         kernel_steps([{**_STEP, "args": {k: v for k, v in _STEP["args"].items() if k != "StartGpuClk"}}])
-    with pytest.raises(TraceFormatError, match=r"KernelStep values do not fit .*'channel', 'int32'"):
-        kernel_steps([{**_STEP, "args": {**_STEP["args"], "Channel": 1 << 40}}])
+    with pytest.raises(TraceFormatError, match=r"record 1 \(KernelStep\): 'args.Channel' is 1099511627776: "
+                                               r"accepted 0..63 \(a channel\)"):
+        kernel_steps([_STEP, {**_STEP, "args": {**_STEP["args"], "Channel": 1 << 40}}])   # records not loaded
 
 
 def _run_files(folder, comm, ranks=2):
     for rank in range(ranks):
         recs = [{"name": "AllReduce", "cat": "COLL", "ph": "b", "id": 1, "pid": rank, "ts": 0.0,
-                 "args": {"CommHash": comm, "SeqNum": 0}},
+                 "args": {**_COLL_ARGS, "CommHash": comm, "Rank": rank}},
                 {**_STEP, "pid": rank, "args": {**_STEP["args"], "Peer": 1 - rank, "ParentId": 1}},
                 {"name": "AllReduce", "cat": "COLL", "ph": "e", "id": 1, "pid": rank, "ts": 9.0}]
         (folder / f"trace_{comm}_{rank}.json").write_text(json.dumps(recs))

@@ -15,7 +15,7 @@ import struct
 from typing import Any, Iterable
 
 from ..errors import TraceFormatError
-from .trace import comm_of, load_trace
+from .trace import comm_of, load_files
 
 # field numbers of perfetto/trace/*.proto
 _TRACE_PACKET = 1
@@ -74,8 +74,7 @@ def _uuid(*parts: Any) -> int:
 class _File:
     """One rank's trace: its slices, grouped by the track they go on."""
 
-    def __init__(self, path: str):
-        recs = load_trace(path)
+    def __init__(self, path: str, recs: list[dict]):
         self.path, self.records = path, len(recs)
         self.comm = comm_of(path, recs)
         self.rank = next((int(r["pid"]) for r in recs if "pid" in r), 0)
@@ -136,8 +135,10 @@ def _flows(files: list[_File]) -> tuple[dict, dict]:
 
 
 def convert(paths: Iterable[str], out_path: str) -> dict[str, int]:
-    """Write the Perfetto trace of `paths` (per-rank Chrome traces) to out_path; returns what it wrote."""
-    files = [_File(os.fspath(p)) for p in paths]
+    """Write the Perfetto trace of `paths` (per-rank Chrome traces of one run, read and checked as report reads
+    them: trace.load_files) to out_path; returns what it wrote."""
+    paths = [os.fspath(p) for p in paths]
+    files = [_File(f, recs) for f, recs in load_files(paths, "convert")] if paths else []
     if not files:
         raise TraceFormatError("convert: no trace files given")
     if not any(f.slices for f in files):        # a viewer would show nothing: not what the user meant to convert

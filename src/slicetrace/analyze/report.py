@@ -154,6 +154,7 @@ def render(rep: Report, console=None) -> None:
         for r in rep.stragglers:
             t.add_row(str(r["rank"]), str(r["times_last"]), f"{r['late_us']:.1f}", f"{r['worst_us']:.1f}")
         con.print(t)
+    if rep.late_ops:                    # build kept the top N (--top 0: none)
         w = rep.late_ops[0]
         con.print(f"largest skew: {w['func']} #{w['seq']}, rank {w['rank']} started {w['late_us']:.1f} us after the "
                   f"first of {w['ranks']} ranks")

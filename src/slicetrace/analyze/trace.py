@@ -4,13 +4,13 @@
 every async "b" has one "e" with the same pid + cat + id (and name), not earlier; the arg names of the NCCL
 example plugin are present; every KernelStep lies inside its Coll/P2p (by ParentId, else any op of the same
 rank) and inside a KernelCh of the same op and channel. `kernel_steps` turns KernelStep records into a
-structured array for causality and traffic checks.
+structured array for causality and traffic checks. `load_files` / `load_run` read one run's files for report
+and convert alike, refusing what the analyses cannot use (analyze/records.py says what a record may hold).
 """
 from __future__ import annotations
 
 import glob
 import json
-import math
 import os
 import re
 from typing import Any, Iterable
@@ -18,13 +18,8 @@ from typing import Any, Iterable
 import numpy as np
 
 from ..errors import TraceFormatError
+from .records import REQUIRED_ARGS, STEP_ARGS, Ranks, rank_problem, record_problem
 
-REQUIRED_ARGS: dict[tuple[str, str | None], tuple[str, ...]] = {
-    ("COLL", None): ("SeqNum", "CommHash", "Rank", "Count", "Datatype", "Algorithm", "Protocol", "nChannels"),
-    ("P2P", None): ("CommHash", "Rank", "Peer", "Count", "Datatype", "nChannels"),
-    ("GPU", "KernelCh"): ("Channel", "StartGpuClk", "StopGpuClk"),
-    ("GPU", "KernelStep"): ("Channel", "IsSend", "Peer", "Step", "Size", "WaitGpuClk", "StartGpuClk", "StopGpuClk"),
-}
 KERNEL_STEP_TABLE = np.dtype([
     ("rank", "<i4"), ("channel", "<i4"), ("is_send", "u1"), ("peer", "<i4"), ("step", "<i8"), ("size", "<i8"),
     ("wait_ns", "<i8"), ("ready_ns", "<i8"), ("done_ns", "<i8"), ("seq_number", "<i8"), ("op", "<i8"),
@@ -34,77 +29,33 @@ KERNEL_CH_TABLE = np.dtype([
     ("stop_ns", "<i8"),
 ])
 _EPS_US = 1e-3      # ts are written with 3 decimals (exact ns); allow one ns of float noise
+_RANK_FILE = re.compile(r"^(.*_\d+)_(\d+)\.json$")      # <prefix>_<commHash>_<rank>.json
 
 
-_TIMED = ("b", "e", "X", "i")
-_INT_ARGS = frozenset(("Channel", "IsSend", "Peer", "Step", "Size", "WaitGpuClk", "StartGpuClk", "StopGpuClk",
-                       "SeqNum", "Rank", "Count", "nChannels", "CommHash"))
-_STEP_ARGS = REQUIRED_ARGS[("GPU", "KernelStep")]
-
-
-def _number(v: Any) -> bool:
-    return (type(v) is float and math.isfinite(v)) or type(v) is int      # type(): a bool is no number here
-
-
-def record_problem(r: dict, need_args: bool = False) -> str | None:
-    """The first field of one record that the analyzers cannot use (named, with its value), or None. need_args:
-    a KernelStep must also carry every arg kernel_steps() reads (convert draws one without its clocks)."""
-    ph = r.get("ph")
-    for k in ("ph", "name", "cat"):
-        if k in r and type(r[k]) is not str:
-            return f"{k!r} must be a string, not {r[k]!r}"
-    if "pid" in r and type(r["pid"]) is not int:
-        return f"'pid' must be an integer (the rank), not {r['pid']!r}"
-    for k in ("tid", "id"):
-        if k in r and type(r[k]) not in (int, str):
-            return f"{k!r} must be an integer or a string, not {r[k]!r}"
-    if "ts" in r or ph in _TIMED:
-        if "ts" not in r:
-            return "has no 'ts'"
-        if not _number(r["ts"]):
-            return f"'ts' must be a finite number, not {r['ts']!r}"
-    if "dur" in r and not _number(r["dur"]):
-        return f"'dur' must be a finite number, not {r['dur']!r}"
-    a = r.get("args")
-    if a is None:
-        a = {}
-    elif type(a) is not dict:
-        return f"'args' must be an object, not {a!r}"
-    if need_args and ph == "X" and r.get("name") == "KernelStep":
-        missing = [k for k in _STEP_ARGS if k not in a]
-        if missing:
-            return f"'args' lacks {missing}, which every KernelStep carries"
-    for k, v in a.items():
-        if k in _INT_ARGS and type(v) is not int:
-            return f"'args.{k}' must be an integer, not {v!r}"
-    if a.get("ParentId") is not None and type(a["ParentId"]) is not int:
-        return f"'args.ParentId' must be an integer or null, not {a['ParentId']!r}"
-    if ph == "M" and r.get("name") == "thread_name" and type(a.get("name", "")) is not str:
-        return f"'args.name' must be a string, not {a['name']!r}"
-    return None
-
-
-def load_trace(path: str | os.PathLike, validate: bool = True, need_args: bool = False) -> list[dict]:
-    """One trace file as a list of records; TraceFormatError if it is not a JSON array of objects, or (validate)
-    if a record has a field the analyzers cannot use (record_problem): the error names the file, the record's
-    index and the field."""
+def _read(path: str) -> list[dict]:
+    """One file's records (NCCL's trailing {} left out); TraceFormatError unless it is a JSON array of objects."""
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
     except (OSError, ValueError) as e:
-        raise TraceFormatError(f"trace file {os.fspath(path)!r} cannot be read as JSON: {e}") from e
+        raise TraceFormatError(f"trace file {path!r} cannot be read as JSON: {e}") from e
     if isinstance(data, dict) and "traceEvents" in data:
         data = data["traceEvents"]
     if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
-        raise TraceFormatError(f"trace file {os.fspath(path)!r} is not a JSON array of objects")
-    if validate:
-        for i, r in enumerate(data):
-            problem = record_problem(r, need_args)
-            if problem:
-                raise TraceFormatError(f"trace file {os.fspath(path)!r}, record {i}"
-                                       f"{' (' + str(r['name']) + ')' if isinstance(r.get('name'), str) else ''}: "
-                                       f"{problem}")
+        raise TraceFormatError(f"trace file {path!r} is not a JSON array of objects")
     return [r for r in data if r]           # NCCL's example plugin ends with an empty object
+
+
+def _refuse(path: str, i: int, r: dict, problem: str) -> TraceFormatError:
+    name = f" ({r['name']})" if isinstance(r.get("name"), str) else ""
+    return TraceFormatError(f"trace file {path!r}, record {i}{name}: {problem}")
+
+
+def load_trace(path: str | os.PathLike, validate: bool = True) -> list[dict]:
+    """One trace file as a list of records; TraceFormatError if it is not a JSON array of objects, or (validate)
+    if it fails the checks of load_files (which also read the rank count of its run's files on disk)."""
+    p = os.fspath(path)
+    return _checked([p])[0][1] if validate else _read(p)
 
 
 def trace_files(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str]:
@@ -137,31 +88,86 @@ def comm_of(path: str, records: list[dict]) -> str:
     return m.group(1) if m else os.path.basename(path)
 
 
-def load_run(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[dict]:
-    """load_traces for the analyses that key ranks by pid: files of more than one communicator (two runs in one
-    folder) or one rank's file twice would pool different runs, so they are refused, saying how to pick one."""
-    files: dict[str, list[str]] = {}                # commHash -> its files
-    seen: dict[tuple, str] = {}
-    out: list[dict] = []
+def load_files(paths: str | os.PathLike | Iterable[str | os.PathLike],
+               command: str = "report") -> list[tuple[str, list[dict]]]:
+    """(file, records) for each file of one run, as trace_files takes them: what report and convert read, through
+    the same checks. Refused (TraceFormatError, naming the file, and the record's index and field): a file that
+    is not a JSON array of objects or holds no record (its rank would be silently left out), a record that fails
+    record_problem, a pid, Rank or Peer past the run's rank count (run_ranks), files of more than one communicator
+    (two runs in one folder, which would pool different runs: the message names the prefix of each, for
+    `slicetrace <command>`), and one rank's file twice."""
     unique: dict[str, str] = {}
     for p in trace_files(paths):
         unique.setdefault(os.path.realpath(p), p)     # one file named twice (a folder and its file) counts once
-    for f in unique.values():
-        recs = load_trace(f, need_args=True)
+    return _checked(list(unique.values()), command)
+
+
+def _checked(files: list[str], command: str = "report") -> list[tuple[str, list[dict]]]:
+    loaded = [(f, _read(f)) for f in files]
+    for f, recs in loaded:
+        if not recs:
+            raise TraceFormatError(f"trace file {f!r} holds no records: its rank's profiler wrote nothing, and "
+                                   f"analysing the run without it would silently leave that rank out; pass the "
+                                   f"other ranks' files by name if that is what you want")
+    ranks = run_ranks(loaded)
+    by_comm: dict[str, list[str]] = {}              # commHash -> its files
+    seen: dict[tuple, str] = {}
+    for f, recs in loaded:
+        for i, r in enumerate(recs):
+            problem = (ranks and rank_problem(r, ranks)) or record_problem(r)
+            if problem:
+                raise _refuse(f, i, r, problem)
         comm = comm_of(f, recs)
         rank = next((r["pid"] for r in recs if "pid" in r), None)
         if rank is not None and (comm, rank) in seen:
             raise TraceFormatError(f"{seen[(comm, rank)]!r} and {f!r} are both rank {rank} of commHash {comm}; "
                                    f"pass one of them")
         seen[(comm, rank)] = f
-        files.setdefault(comm, []).append(f)
-        out.extend(recs)
-    if len(files) > 1:
-        picks = "; ".join(f"commHash {c} ({len(fs)} file(s)): slicetrace report {_run_prefix(fs)}"
-                          for c, fs in files.items())
-        raise TraceFormatError(f"the trace files hold {len(files)} communicators (runs), which one report does "
-                               f"not pool; report one at a time: {picks}")
-    return out
+        by_comm.setdefault(comm, []).append(f)
+    if len(by_comm) > 1:
+        picks = "; ".join(f"commHash {c} ({len(fs)} file(s)): slicetrace {command} {_run_prefix(fs)}"
+                          for c, fs in by_comm.items())
+        raise TraceFormatError(f"the trace files hold {len(by_comm)} communicators (runs), which one {command} does "
+                               f"not pool; {command} one at a time: {picks}")
+    return loaded
+
+
+def load_run(paths: str | os.PathLike | Iterable[str | os.PathLike], command: str = "report") -> list[dict]:
+    """load_files' records, merged: for the analyses that key ranks by pid."""
+    return [r for _, recs in load_files(paths, command) for r in recs]
+
+
+def run_ranks(loaded: list[tuple[str, list[dict]]]) -> Ranks | None:
+    """The run's rank count: a "slicetrace_comm" metadata record's nRanks, else one past the highest rank among
+    its rank files (<prefix>_<commHash>_<rank>.json on disk beside the files given; the pid of a file not named
+    so), when that makes 2 or more ranks; else None (one rank's file alone tells nothing about its peers)."""
+    meta = [(f, r["args"]["nRanks"]) for f, recs in loaded for r in recs
+            if r.get("name") == "slicetrace_comm" and type(r.get("args")) is dict and "nRanks" in r["args"]]
+    if meta:
+        counts = {n for _, n in meta if type(n) is int and n >= 1}
+        if len(counts) != 1 or len(meta) != sum(type(n) is int and n >= 1 for _, n in meta):
+            said = ", ".join(f"{f!r}: {n!r}" for f, n in meta)
+            raise TraceFormatError(f"the slicetrace_comm records' nRanks ({said}): accepted one integer >= 1, the "
+                                   f"same in every file of the run")
+        return Ranks(counts.pop(), "nRanks of the trace's slicetrace_comm record")
+    ranks, prefixes = set(), set()
+    for f, recs in loaded:
+        m = _RANK_FILE.match(f)
+        if m:
+            prefixes.add(m.group(1))
+            for g in glob.glob(glob.escape(m.group(1)) + "_*.json"):
+                mg = _RANK_FILE.match(g)
+                if mg and mg.group(1) == m.group(1):
+                    ranks.add(int(mg.group(2)))
+            continue
+        pid = next((r["pid"] for r in recs if "pid" in r), None)      # a file not named by its rank: its pid
+        if type(pid) is int and 0 <= pid < 1 << 31:          # other pids are record_problem's to name
+            ranks.add(pid)
+    if len(ranks) < 2:
+        return None
+    where = ", ".join(sorted(f"{os.path.relpath(p)}_<rank>.json" for p in prefixes)) or "the files given (pids)"
+    return Ranks(max(ranks) + 1, f"{len(ranks)} rank files, the highest rank {max(ranks)}, of {where}; the trace "
+                                 f"does not record the rank count")
 
 
 def _run_prefix(files: list[str]) -> str:
@@ -173,7 +179,7 @@ def _run_prefix(files: list[str]) -> str:
 
 
 def load_traces(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[dict]:
-    """Many per-rank files (as trace_files takes them) merged."""
+    """Many per-rank files (as trace_files takes them) merged, each checked as load_trace checks it."""
     out: list[dict] = []
     for f in trace_files(paths):
         out.extend(load_trace(f))
@@ -231,7 +237,7 @@ def check_trace(path_or_records: str | os.PathLike | list[dict]) -> list[str]:
         elif r["ph"] in ("b", "e", "X", "i") and not isinstance(r.get("ts"), (int, float)):
             problems.append(f"record {i} ({r['name']}) has no numeric 'ts'")
         else:                               # wrong types would break the checks below
-            problem = record_problem(r)
+            problem = record_problem(r, need_args=False)
             if problem:
                 problems.append(f"record {i} ({r['name']}): {problem}")
     if problems:
@@ -258,7 +264,7 @@ def check_trace(path_or_records: str | os.PathLike | list[dict]) -> list[str]:
         if r.get("name") != "KernelStep" or r.get("ph") != "X":
             continue
         args = r.get("args", {})
-        missing = [a for a in REQUIRED_ARGS[("GPU", "KernelStep")] if a not in args]
+        missing = [a for a in STEP_ARGS if a not in args]
         if missing:
             problems.append(f"KernelStep at ts {r['ts']} lacks args {missing}")
             continue
@@ -281,7 +287,8 @@ def check_trace(path_or_records: str | os.PathLike | list[dict]) -> list[str]:
 
 
 def kernel_steps(records: list[dict]) -> np.ndarray:
-    """KernelStep records -> KERNEL_STEP_TABLE rows (host-timeline ns; ready derived from the clock deltas)."""
+    """KernelStep records -> KERNEL_STEP_TABLE rows (host-timeline ns; ready derived from the clock deltas). Records
+    from load_run / load_trace are checked already; others are checked only where they do not fit the table."""
     rows = []
     for i, r in enumerate(records):
         if r.get("name") != "KernelStep" or r.get("ph") != "X":
@@ -295,8 +302,15 @@ def kernel_steps(records: list[dict]) -> np.ndarray:
             rows.append((r.get("pid", 0), a["Channel"], a["IsSend"], a["Peer"], a["Step"], a["Size"], wait_ns,
                          ready_ns, done_ns, a.get("SeqNum", -1), -1 if parent is None else parent))
         except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as e:   # records not from load_trace
-            raise TraceFormatError(f"record {i} (KernelStep): {record_problem(r, need_args=True) or e}") from e
-    return _table(rows, KERNEL_STEP_TABLE, "KernelStep")
+            raise TraceFormatError(f"record {i} (KernelStep): {record_problem(r) or e}") from e
+    try:
+        return _table(rows, KERNEL_STEP_TABLE, "KernelStep")
+    except TraceFormatError:                # name the record, as the loaders do
+        for i, r in enumerate(records):
+            problem = r.get("name") == "KernelStep" and r.get("ph") == "X" and record_problem(r)
+            if problem:
+                raise TraceFormatError(f"record {i} (KernelStep): {problem}") from None
+        raise
 
 
 def _table(rows: list[tuple], dtype: np.dtype, what: str) -> np.ndarray:

@@ -113,7 +113,11 @@ class ChromePlugin:
         ctx = Ctx(self, comm, mask)
         if ctx.path is not None:
             try:
-                ctx.write(b"")          # create the file now: a path that cannot be written is refused before any op
+                # now: a path that cannot be written is refused before any op; the record makes the trace say
+                # how many ranks the run had (report and convert check peers against it)
+                ctx.write(json.dumps({"name": "slicetrace_comm", "ph": "M", "pid": comm.rank, "tid": 0,
+                                      "args": {"nRanks": comm.n_ranks, "CommHash": comm.comm_hash,
+                                               "commName": comm.comm_name}}, separators=(",", ":")) + ",\n")
             except OSError as e:
                 raise ConfigError(f"profile_dump_file (SLICETRACE_PROFILE_DUMP_FILE)={self.dump!r}: cannot create "
                                   f"{ctx.path}: {e.strerror or e}; give a prefix in a writable folder") from e

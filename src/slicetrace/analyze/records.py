@@ -1,0 +1,153 @@
+"""What one trace record may hold: the single check that report, convert and check_trace apply to every record.
+
+Fields are those the example plugin writes (sinks/chrome.py, chrome_text.py): KernelStep "X" records with the
+device clocks WaitGpuClk (wait began) <= StartGpuClk (ready) <= StopGpuClk (done); KernelCh "b" records with the
+channel program's StartGpuClk <= StopGpuClk; Coll/P2p "b" records with the op's args. Each problem names the field,
+its value and what is accepted, so the loader can add the file and the record's index.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+MAX_CHANNELS = 64           # config.MAXCHANNELS (analyze may not import config): channels are 0..63
+_I32, _I64, _U64 = (1 << 31) - 1, (1 << 63) - 1, (1 << 64) - 1     # the analysis tables' column types
+
+REQUIRED_ARGS: dict[tuple[str, str | None], tuple[str, ...]] = {
+    ("COLL", None): ("SeqNum", "CommHash", "Rank", "Count", "Datatype", "Algorithm", "Protocol", "nChannels"),
+    ("P2P", None): ("CommHash", "Rank", "Peer", "Count", "Datatype", "nChannels"),
+    ("GPU", "KernelCh"): ("Channel", "StartGpuClk", "StopGpuClk"),
+    ("GPU", "KernelStep"): ("Channel", "IsSend", "Peer", "Step", "Size", "WaitGpuClk", "StartGpuClk", "StopGpuClk"),
+}
+STEP_ARGS = REQUIRED_ARGS[("GPU", "KernelStep")]
+# integer args -> (lowest, highest, what the range is); Peer and Rank also stop below the run's rank count
+_BOUNDS: dict[str, tuple[int, int, str]] = {
+    "Channel": (0, MAX_CHANNELS - 1, "a channel"),
+    "IsSend": (0, 1, "1 for a send, 0 for a receive"),
+    "Peer": (0, _I32, "a rank"),
+    "Rank": (0, _I32, "a rank"),
+    "Step": (0, _I64, "a FIFO step"),
+    "Size": (0, _I64, "bytes"),
+    "Count": (0, _I64, "elements"),
+    "WaitGpuClk": (0, _I64, "a clock in ns"),
+    "StartGpuClk": (0, _I64, "a clock in ns"),
+    "StopGpuClk": (0, _I64, "a clock in ns"),
+    "SeqNum": (-1, _I64, "the op's sequence number, -1 for none"),
+    "nChannels": (0, MAX_CHANNELS, "a channel count"),
+    "CommHash": (0, _U64, "a 64-bit hash"),
+}
+_TIMED = ("b", "e", "X", "i")
+
+
+class Ranks(NamedTuple):
+    """A run's rank count and where it was learnt (for the error message)."""
+    n: int
+    source: str
+
+
+def _number(v: Any) -> bool:
+    return (type(v) is float and math.isfinite(v)) or type(v) is int      # type(): a bool is no number here
+
+
+def _kind(r: dict) -> tuple[str, str | None] | None:
+    """The REQUIRED_ARGS key of a record that carries args the analyses read (op and KernelCh "b", KernelStep)."""
+    ph, cat, name = r.get("ph"), r.get("cat"), r.get("name")
+    if ph == "X" and name == "KernelStep":
+        return "GPU", "KernelStep"
+    if ph == "b" and cat in ("COLL", "P2P"):
+        return cat, None
+    if ph == "b" and cat == "GPU" and name == "KernelCh":
+        return "GPU", "KernelCh"
+    return None
+
+
+def record_problem(r: dict, need_args: bool = True) -> str | None:
+    """The first field of one record that the analyzers cannot use (named, with its value and what is accepted),
+    or None. need_args: the args the analyses read must be there (check_trace lists missing ones its own way).
+    Ranks are checked against the run's rank count apart (rank_problem): it is known once all its files are read."""
+    ph = r.get("ph")
+    for k in ("ph", "name", "cat"):
+        if k in r and type(r[k]) is not str:
+            return f"{k!r} must be a string, not {r[k]!r}"
+    if "pid" in r:
+        if type(r["pid"]) is not int:
+            return f"'pid' must be an integer (the rank), not {r['pid']!r}"
+        if not 0 <= r["pid"] <= _I32:
+            return _out_of_range("pid", r["pid"], 0, _I32, "the rank", None)
+    for k in ("tid", "id"):
+        if k in r and type(r[k]) not in (int, str):
+            return f"{k!r} must be an integer or a string, not {r[k]!r}"
+    if "ts" in r or ph in _TIMED:
+        if "ts" not in r:
+            return "has no 'ts'"
+        if not _number(r["ts"]):
+            return f"'ts' must be a finite number, not {r['ts']!r}"
+    if "dur" in r and not (_number(r["dur"]) and r["dur"] >= 0):
+        return f"'dur' must be a finite number >= 0 (the slice ends after it begins), not {r['dur']!r}"
+    a = r.get("args")
+    if a is None:
+        a = {}
+    elif type(a) is not dict:
+        return f"'args' must be an object, not {a!r}"
+    kind = _kind(r)
+    if need_args and kind is not None:
+        missing = [k for k in REQUIRED_ARGS[kind] if k not in a]
+        if missing:
+            what = kind[1] or f"{kind[0]} 'b'"
+            return f"'args' lacks {missing}, which every {what} record carries"
+    for k, v in a.items():
+        b = _BOUNDS.get(k)
+        if b is None:
+            continue
+        if type(v) is not int:
+            return f"'args.{k}' must be an integer, not {v!r}"
+        if not b[0] <= v <= b[1]:
+            return _out_of_range(f"args.{k}", v, *b, None)
+    if a.get("ParentId") is not None and (type(a["ParentId"]) is not int or not -1 <= a["ParentId"] <= _I64):
+        return f"'args.ParentId' must be an integer in -1..{_I64} (-1: no parent) or null, not {a['ParentId']!r}"
+    if ph == "M" and r.get("name") == "thread_name" and type(a.get("name", "")) is not str:
+        return f"'args.name' must be a string, not {a['name']!r}"
+    if kind == ("COLL", None) and a.get("SeqNum", 0) < 0:        # stragglers match collectives by SeqNum
+        return f"'args.SeqNum' is {a['SeqNum']}: accepted 0..{_I64}, the collective's sequence number"
+    if kind is not None and kind[0] == "GPU":            # (a missing clock is need_args's to name)
+        step = kind[1] == "KernelStep"
+        start, stop = a.get("StartGpuClk"), a.get("StopGpuClk")
+        wait = a.get("WaitGpuClk", start) if step else start
+        if start is not None and stop is not None and not wait <= start <= stop:
+            return _clock_order(a, step)
+    return None
+
+
+def _out_of_range(field: str, v: int, lo: int, hi: int, what: str, ranks: Ranks | None) -> str | None:
+    if ranks is not None:
+        if lo <= v < ranks.n:
+            return None
+        return f"'{field}' is {v}: accepted {lo}..{ranks.n - 1}, the ranks of this run ({ranks.source})"
+    if lo <= v <= hi:
+        return None
+    return f"'{field}' is {v}: accepted {lo}..{hi} ({what})"
+
+
+def _clock_order(a: dict, step: bool) -> str:
+    """Clocks out of the order they are read in: wait <= ready (Start) <= done (Stop)."""
+    names = ("WaitGpuClk", "StartGpuClk", "StopGpuClk") if step else ("StartGpuClk", "StopGpuClk")
+    got = ", ".join(f"{n} {a.get(n)}" for n in names)
+    return f"clocks out of order ({got}): accepted {' <= '.join(names)}, the order they are read in"
+
+
+def rank_problem(r: dict, ranks: Ranks) -> str | None:
+    """record_problem's rank bounds alone (pid, args.Rank, args.Peer below the run's rank count), for a second
+    pass once every file of the run is read and the count is known."""
+    if type(r.get("pid")) is int:
+        bad = _out_of_range("pid", r["pid"], 0, _I32, "the rank", ranks)
+        if bad:
+            return bad
+    a = r.get("args")
+    if type(a) is dict:
+        for k in ("Rank", "Peer"):
+            if type(a.get(k)) is int:
+                bad = _out_of_range(f"args.{k}", a[k], 0, _I32, "a rank", ranks)
+                if bad:
+                    return bad
+    return None
+

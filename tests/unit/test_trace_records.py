@@ -1,0 +1,177 @@
+"""report and convert read a run through one set of checks (analyze.trace.load_files, analyze.records): a bad value
+is refused naming the file, the record's index, the field, the value and what is accepted, by both commands."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from slicetrace.analyze.perfetto import convert
+from slicetrace.analyze.trace import load_run, trace_files
+from slicetrace.cli.main import main
+from slicetrace.errors import TraceFormatError
+from tests.unit.test_trace_analyze import _run_files, write_ranks
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A two-rank run as the example plugin writes it (Coll, P2p, KernelCh, KernelStep); the files' folder."""
+    prefix, _ = write_ranks(tmp_path_factory.mktemp("rec"))
+    return prefix
+
+
+def _copy(run, tmp_path):
+    out = tmp_path / "tr"
+    shutil.copytree(run.rsplit("/", 1)[0], out)
+    return out, out / "tr_99_0.json"
+
+
+def _mutated(run, tmp_path, pred, fn):
+    """The run's copy with the first record of rank 0 matching pred changed by fn: (folder, file, its index)."""
+    folder, path = _copy(run, tmp_path)
+    recs = json.loads(path.read_text())
+    i = next(i for i, r in enumerate(recs) if r and pred(r))
+    fn(recs[i])
+    path.write_text(json.dumps(recs))
+    return folder, path, i
+
+
+def step(r):
+    return r.get("name") == "KernelStep"
+
+
+def coll_b(r):
+    return r.get("cat") == "COLL" and r["ph"] == "b"
+
+
+def p2p_b(r):
+    return r.get("cat") == "P2P" and r["ph"] == "b"
+
+
+def kch_b(r):
+    return r.get("name") == "KernelCh" and r["ph"] == "b"
+
+
+def _set(field, value):
+    return lambda r: r["args"].update({field: value})
+
+
+@pytest.mark.parametrize("pred, fn, want", [
+    (step, _set("Channel", 10**30), f"'args.Channel' is {10**30}: accepted 0..63 (a channel)"),
+    (step, lambda r: r.pop("args"), "'args' lacks ['Channel', 'IsSend', 'Peer', 'Step', 'Size', 'WaitGpuClk', "
+                                    "'StartGpuClk', 'StopGpuClk'], which every KernelStep record carries"),
+    (step, _set("Peer", 99), "'args.Peer' is 99: accepted 0..1, the ranks of this run (nRanks of the trace's "
+                             "slicetrace_comm record)"),
+    (step, _set("Size", -5), "'args.Size' is -5: accepted 0..9223372036854775807 (bytes)"),
+    (step, _set("IsSend", 2), "'args.IsSend' is 2: accepted 0..1 (1 for a send, 0 for a receive)"),
+    (step, lambda r: r["args"].update(StopGpuClk=r["args"]["WaitGpuClk"] - 1),
+     "clocks out of order (WaitGpuClk "),
+    (step, lambda r: r["args"].update(WaitGpuClk=r["args"]["StartGpuClk"] + 1),
+     "accepted WaitGpuClk <= StartGpuClk <= StopGpuClk"),
+    (step, lambda r: r.update(dur=-1.0), "'dur' must be a finite number >= 0"),
+    (step, lambda r: r.update(pid=7), "'pid' is 7: accepted 0..1, the ranks of this run"),
+    (kch_b, lambda r: r["args"].update(StopGpuClk=r["args"]["StartGpuClk"] - 1),
+     "accepted StartGpuClk <= StopGpuClk"),
+    (coll_b, lambda r: r.pop("args"), "'args' lacks ['SeqNum', 'CommHash', 'Rank', 'Count', 'Datatype', "
+                                      "'Algorithm', 'Protocol', 'nChannels'], which every COLL 'b' record carries"),
+    (coll_b, lambda r: r["args"].pop("SeqNum"), "'args' lacks ['SeqNum']"),
+    (coll_b, _set("SeqNum", -1), "'args.SeqNum' is -1: accepted 0..9223372036854775807"),
+    (coll_b, _set("Count", -1), "'args.Count' is -1: accepted 0..9223372036854775807 (elements)"),
+    (coll_b, _set("nChannels", 65), "'args.nChannels' is 65: accepted 0..64 (a channel count)"),
+    (p2p_b, _set("Peer", 5), "'args.Peer' is 5: accepted 0..1, the ranks of this run"),
+    (p2p_b, _set("Rank", -1), "'args.Rank' is -1: accepted 0..1"),
+])
+def test_report_and_convert_refuse_a_bad_value_naming_file_record_field_and_range(run, tmp_path, capsys, pred, fn,
+                                                                                   want):
+    folder, path, i = _mutated(run, tmp_path, pred, fn)
+    out = tmp_path / "x.pftrace"
+    for read in (lambda: load_run(str(folder)), lambda: convert(trace_files(str(folder)), str(out))):
+        with pytest.raises(TraceFormatError) as e:
+            read()
+        assert str(e.value).startswith(f"trace file {str(path)!r}, record {i} (") and want in str(e.value), e.value
+    for argv in (["report", str(folder)], ["convert", str(folder), "-o", str(out)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert want in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_the_rank_count_comes_from_the_runs_files_on_disk_or_its_metadata(run, tmp_path):
+    folder, path = _copy(run, tmp_path)
+    for name in ("tr_99_0.json", "tr_99_1.json"):     # as traces of earlier versions: no slicetrace_comm record
+        recs = [r for r in json.loads((folder / name).read_text()) if r.get("name") != "slicetrace_comm"]
+        (folder / name).write_text(json.dumps(recs))
+    recs = json.loads(path.read_text())
+    i = next(i for i, r in enumerate(recs) if r and step(r))
+    recs[i]["args"]["Peer"] = 99
+    path.write_text(json.dumps(recs))
+    with pytest.raises(TraceFormatError, match=r"'args.Peer' is 99: accepted 0..1, the ranks of this run \(2 rank "
+                                               r"files, the highest rank 1, of "):
+        load_run(str(path))                        # rank 0's file alone: rank 1's beside it still counts
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    shutil.copy(folder / "tr_99_1.json", alone)
+    assert {r["pid"] for r in load_run(str(alone))} == {1}      # one rank's file alone: its peers are not judged
+    # a slicetrace_comm record's nRanks, where the trace has one, is the count (here 4: peer 3 is fine, 4 is not)
+    for name in ("tr_99_0.json", "tr_99_1.json"):
+        recs = json.loads((folder / name).read_text())
+        recs.append({"name": "slicetrace_comm", "ph": "M", "pid": int(name[-6]), "tid": 0, "args": {"nRanks": 4}})
+        (folder / name).write_text(json.dumps(recs))
+    recs = json.loads(path.read_text())
+    recs[i]["args"]["Peer"] = 3
+    path.write_text(json.dumps(recs))
+    assert len(load_run(str(folder))) > 0
+    recs[i]["args"]["Peer"] = 4
+    path.write_text(json.dumps(recs))
+    with pytest.raises(TraceFormatError, match=rf"record {i} \(KernelStep\): 'args.Peer' is 4: accepted 0..3, the "
+                                               r"ranks of this run \(nRanks of the trace's slicetrace_comm record\)"):
+        load_run(str(folder))
+    recs[-1]["args"]["nRanks"] = 3
+    path.write_text(json.dumps(recs))
+    with pytest.raises(TraceFormatError, match=r"slicetrace_comm records' nRanks \(.*_0.json': 3, .*_1.json': 4\): "
+                                               r"accepted one integer >= 1, the same in every file of the run"):
+        load_run(str(folder))
+
+
+@pytest.mark.parametrize("text", ["[]", "[{}]", '{"traceEvents": []}'])
+def test_a_rank_file_without_records_is_refused_naming_it(run, tmp_path, capsys, text):
+    """It used to be skipped without a word: the report covered the other ranks only."""
+    folder, _ = _copy(run, tmp_path)
+    empty = folder / "tr_99_1.json"
+    empty.write_text(text)
+    want = f"trace file {str(empty)!r} holds no records"
+    for read in (lambda: load_run(str(folder)), lambda: convert(trace_files(str(folder)), str(tmp_path / "x.pf"))):
+        with pytest.raises(TraceFormatError, match="holds no records") as e:
+            read()
+        assert str(e.value).startswith(want)
+    assert main(["report", str(folder)]) == 2 and want in capsys.readouterr().err
+    assert {r["pid"] for r in load_run(str(folder / "tr_99_0.json"))} == {0}    # the other rank, asked for by name
+
+
+def test_convert_refuses_two_runs_in_one_folder_as_report_does(tmp_path, capsys, monkeypatch):
+    """It used to merge them into one trace, the ranks of both runs sharing processes and connections."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tr").mkdir()
+    _run_files(tmp_path / "tr", 111)
+    _run_files(tmp_path / "tr", 222)
+    with pytest.raises(TraceFormatError) as e:
+        convert(trace_files("tr"), "x.pftrace")
+    msg = str(e.value)
+    assert "the trace files hold 2 communicators (runs), which one convert does not pool" in msg
+    assert "commHash 111 (2 file(s)): slicetrace convert tr/trace_111;" in msg and "convert tr/trace_222" in msg
+    assert main(["convert", "tr", "-o", "x.pftrace"]) == 2
+    assert "slicetrace convert tr/trace_222" in capsys.readouterr().err
+    assert not (tmp_path / "x.pftrace").exists()
+    assert convert(trace_files("tr/trace_222"), "x.pftrace")["files"] == 2       # the prefix it names selects one
+    shutil.copy("tr/trace_111_0.json", "dup_111_0.json")
+    with pytest.raises(TraceFormatError, match="are both rank 0 of commHash 111; pass one of them"):
+        convert(trace_files(["tr/trace_111", "dup_111_0.json"]), "y.pftrace")
+
+
+def test_the_example_plugin_writes_the_runs_rank_count(run):
+    """So a trace says itself which peers exist (report and convert check Peer and Rank against it)."""
+    for name in ("tr_99_0.json", "tr_99_1.json"):
+        recs = json.loads(open(run.rsplit("/", 1)[0] + "/" + name).read())
+        comm = [r for r in recs if r and r.get("name") == "slicetrace_comm"]
+        assert len(comm) == 1 and comm[0]["args"]["nRanks"] == 2 and comm[0]["pid"] == int(name[-6]), comm
