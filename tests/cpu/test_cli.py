@@ -339,3 +339,11 @@ def test_compare_without_torch_is_refused_before_any_rank_starts(capsys):
     assert main(["bench", "--compare", "gloo", "-b", "4K", "-e", "4K"]) == 2
     err = capsys.readouterr().err
     assert "--compare gloo needs torch installed" in err and "rank 0" not in err     # not relayed from the ranks
+
+
+def test_report_on_a_one_rank_run_says_why_there_are_no_slices(tmp_path, capsys):
+    assert main(["bench", "--ranks", "1", "-b", "64K", "-e", "64K", "-n", "2", "-w", "1", "--trace",
+                 str(tmp_path)]) == 0
+    capsys.readouterr()
+    assert main(["report", str(tmp_path)]) == 2
+    assert "a 1-rank run moves no data between ranks, so it has no slices" in capsys.readouterr().err
