@@ -176,14 +176,25 @@ def test_p2p_sends_and_recvs_to_self_must_pair_up(self_parts, words):
     assert plan_p2p(ok, 2, 1, 4, 1 << 19, 1 << 19, 1).self_pairs == ((0, 1), (3, 2))
 
 
-def test_p2p_pieces_one_per_512_kib_within_the_channel_and_peer_budgets():
-    assert p2p_pieces(0, 1, 2, 2) == 1 and p2p_pieces(1 << 19, 64, 2, 2) == 1
-    assert p2p_pieces(8 << 20, 64, 2, 2) == 16                  # one per 512 KiB
-    assert p2p_pieces(1 << 30, 64, 2, 2) == 32                  # at most 32
-    assert p2p_pieces(1 << 30, 16, 2, 2) == 8                   # half the channels
-    assert p2p_pieces(1 << 30, 64, 8, 2) == 8                   # 64 programs shared by 8 parts with the peer
-    assert p2p_pieces(1 << 30, 64, 2, 4) == 10                  # ... and by every peer a rank may have
-    assert p2p_pieces(1 << 30, 64, 2, 5) == 5                   # 5 ranks: d = 2 and 3 need 3 colours, 12 channels
+def test_p2p_pieces_one_per_512_kib_within_the_channel_and_world_budgets():
+    assert p2p_pieces(0, 1, 2) == 1 and p2p_pieces(1 << 19, 64, 2) == 1
+    assert p2p_pieces(8 << 20, 64, 2) == 16                     # one per 512 KiB
+    assert p2p_pieces(1 << 30, 64, 2) == 32                     # at most 32
+    assert p2p_pieces(1 << 30, 16, 2) == 8                      # half the channels
+    assert p2p_pieces(1 << 30, 64, 4) == 10                     # an exchange with every peer fits 64 programs
+    assert p2p_pieces(1 << 30, 64, 5) == 5                      # 5 ranks: d = 2 and 3 need 3 colours, 12 channels
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_both_ends_cut_a_message_alike_however_each_groups_it(n):
+    """NCCL does not ask the two sides to group alike: three sends in one group on rank 0 against three single
+    receives on rank 1 must make the same pieces (before, the cut depended on the group's parts with the peer)."""
+    from slicetrace.plan.schedule import split_p2p
+    count, chans = 3 << 20, (lambda nbytes: 64)
+    grouped, _ = split_p2p(tuple((1, True, count, i * count) for i in range(3)), 0, n, 4, chans)
+    single = [split_p2p(((0, False, count, i * count),), 1, n, 4, chans)[0] for i in range(3)]
+    assert [(p.count, p.offset) for p, _ in grouped] == [(p.count, p.offset) for g in single for p, _ in g]
+    assert len(grouped) > 3
 
 
 def _matched_groups(n, msgs):
@@ -204,7 +215,8 @@ def _matched_groups(n, msgs):
 def test_both_ends_cut_a_message_into_the_same_pieces(n, data):
     """A halo exchange has ranks with one neighbour and ranks with two: the sender's piece k of a message must be
     the receiver's piece k (same connection, same count), whatever else each group holds; and no rank needs more
-    programs than one launch runs."""
+    programs than one launch runs when it exchanges at most one message each way with each peer (more large
+    messages per peer can need more: cuda refuses that group, naming the limit)."""
     msgs = data.draw(st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1),
                                         st.sampled_from([0, 1, 1000, 3 << 18, 5 << 20, 40 << 20])), max_size=10))
     groups = _matched_groups(n, msgs)
@@ -212,7 +224,9 @@ def test_both_ends_cut_a_message_into_the_same_pieces(n, data):
     cut = {}
     for r, shape in enumerate(groups):
         pieces, nprog = split_p2p(tuple(shape), r, n, 4, chans)
-        assert sum(nprog) <= 64
+        ways = [(peer, snd) for peer, snd, _, _ in shape if peer != r]
+        if len(ways) == len(set(ways)):
+            assert sum(nprog) <= 64
         plan = plan_p2p([p for p, _ in pieces], n, r, 4, 1 << 19, 1 << 19, 64)
         for prog in plan.programs:
             pr = prog.params
@@ -246,7 +260,7 @@ def test_the_p2p_program_budget_is_what_one_cuda_launch_runs():
 def test_all_to_all_never_puts_a_ranks_send_and_receive_on_one_channel(n):
     """Any rank count, odd ones included (a cycle of d-steps of odd length cannot be coloured with 2): every
     program of a rank's all_to_all gets a channel of its own, also split into pieces, and both ends agree."""
-    k = p2p_pieces(64 << 20, 64, 2, n)
+    k = p2p_pieces(64 << 20, 64, n)
     chans = {}
     for r in range(n):
         parts = []

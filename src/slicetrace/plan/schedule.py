@@ -250,28 +250,25 @@ class P2pPart:
 MAX_P2P_PROGRAMS = 64         # programs of one send/recv group per rank (the cuda backend's MAXP)
 
 
-def p2p_pieces(nbytes: int, channels: int, pair_parts: int, nranks: int) -> int:
+def p2p_pieces(nbytes: int, channels: int, nranks: int) -> int:
     """Programs for one send or recv: large ones spread over several channels (NCCL's p2p channels per peer),
     one per 512 KiB up to 32 (H200 pair, 64 MiB-1 GiB: 32 beat 16 by 7-17 %). `channels` is the backend's channel
-    count for nbytes. Both ends must cut a message alike, so the budget uses only what they share: the group's
-    parts between the two ranks (equal at both ends of a matched group) and the world size, as NCCL's channels per
-    peer follow the rank count; every peer at that budget keeps a rank within MAX_P2P_PROGRAMS."""
-    budget = 2 * MAX_P2P_PROGRAMS // max(1, pair_parts * _p2p_layout(nranks)[2])   # k connections fill k * width
+    count for nbytes. Both ends must cut a message alike whatever else each groups with it (NCCL does not ask the
+    two sides to group alike), so this depends on the message and the world size alone; the budget lets an
+    exchange (a send and a receive) with every peer fit MAX_P2P_PROGRAMS, as NCCL's channels per peer follow the
+    rank count. A group of more large messages per peer can need more programs (cuda refuses it, naming the limit)."""
+    budget = MAX_P2P_PROGRAMS // _p2p_layout(nranks)[2]       # 2 connections per peer fill 2 * width channels
     return max(1, min(32, channels // 2, nbytes >> 19, budget))
 
 
 def split_p2p(shape: tuple, rank: int, nranks: int, itemsize: int, channels_for) -> tuple[list, list[int]]:
     """A group's (peer, is_send, count, offset) entries -> (pieces as (P2pPart, entry index), programs per entry).
     Pieces are 16-byte aligned offsets into the entry's buffer; an entry to self stays whole (a copy)."""
-    pair_parts: dict[int, int] = {}
-    for peer, _, _, _ in shape:
-        if peer != rank:
-            pair_parts[peer] = pair_parts.get(peer, 0) + 1
     pieces: list = []
     nprog: list[int] = []
     for ei, (peer, is_send, count, base) in enumerate(shape):
         nbytes = count * itemsize
-        k = 1 if peer == rank else p2p_pieces(nbytes, channels_for(nbytes), pair_parts[peer], nranks)
+        k = 1 if peer == rank else p2p_pieces(nbytes, channels_for(nbytes), nranks)
         per = count if k == 1 else align_up(div_up(count, k), max(1, ALIGN_BYTES // itemsize))
         los = range(0, count, per) if count else (0,)
         for lo in los:

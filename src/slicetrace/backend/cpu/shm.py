@@ -25,7 +25,7 @@ except ImportError:  # pragma: no cover - not a POSIX system
     _posixshmem = None
 
 PAGE = 4096
-MAGIC = 0x53544350_55000003        # "STCPU" + layout version 3
+MAGIC = 0x53544350_55000004        # "STCPU" + layout version 4
 NSIG = 16                          # op-signature / message tables keep the last 16 entries
 
 # control block, u64 word indices
@@ -36,6 +36,7 @@ REASON_OFF, REASON_MAX = 256, 512          # bytes
 SIG_WORD = 1024 // 8                       # 16 entries x 4 words: seq, count, packed, cfg
 # connection header, u64 word indices (tail and head on separate cache lines)
 H_TAIL, H_HEAD, H_MSG = 0, 8, 16           # H_MSG: 16 entries x 4 words: seq+1, count, dtype code, spare
+H_MSGACK = 80                              # headers the receiver has checked: a sender stays < NSIG ahead of it
 H_SLEEP = 1                                # word after tail / head: 1 while its waiter sleeps on it (futex.py)
 # FIFO line reclaim (transport.Reclaim): the mode word the sender sets, then one word per slot that the
 # receiver writes when it frees the slot: 0 = not yet, 1 = freed as is, 2 + ns = lines reclaimed in ns

@@ -19,7 +19,7 @@ import numpy as np
 from ...stamps.layout import FLAG_CH_STOP, FLAG_SEND, KIND_CHANNEL, KIND_STEP
 from ..base import DTYPES
 from ...errors import PeerError
-from .shm import ABORT_MISMATCH, C_CLOSED, H_HEAD, H_MSG, H_TAIL, NSIG
+from .shm import ABORT_MISMATCH, C_CLOSED, H_HEAD, H_MSG, H_MSGACK, H_TAIL, NSIG
 from .stamper import FastRingWriter, tail
 from .transport import RECLAIM_MIN
 
@@ -213,7 +213,7 @@ class _Lane:
     """One connection's queue of parts (group order); only the head part moves."""
 
     __slots__ = ("conn", "queue", "prog", "buf", "i", "twait", "k", "writer", "first", "recs", "ktail", "ch_tails",
-                 "empty")
+                 "empty", "held")
 
     def __init__(self, conn, queue):
         self.conn, self.queue = conn, queue
@@ -221,6 +221,7 @@ class _Lane:
         self.i = self.twait = self.k = 0
         self.first = True
         self.empty = False              # a 0-element receive, done once the sender's header is there
+        self.held = False               # a send whose header would lap one the receiver has not checked yet
         self.recs: list[int] = []       # the current part's records, staged when it ends (as run_ring's)
         f = FLAG_SEND if conn.is_send else 0
         self.ktail = tail(conn.peer, KIND_STEP, f)
@@ -264,7 +265,7 @@ def run_p2p(work, send_conns, recv_conns, writers, guard) -> None:
 def _progress(lanes, bufs, writers, op, stamp_ch, stamp, rate, dcode, se, guard, clock) -> None:
     active = []
     for ln in lanes:
-        if _next_part(ln, bufs, writers, op, stamp_ch, dcode, guard, clock):
+        if _next_part(ln, bufs, writers, op, stamp_ch, dcode, guard, clock) or ln.held:
             active.append(ln)
     bo = None
     idle = 0
@@ -274,6 +275,13 @@ def _progress(lanes, bufs, writers, op, stamp_ch, stamp, rate, dcode, se, guard,
             conn = ln.conn
             ctl = conn.ctl
             while True:
+                if ln.held:                  # the receiver has checked enough headers: post the next one
+                    if conn.msg_seq >= ctl[H_MSGACK] + NSIG:
+                        break
+                    ln.held, moved = False, True
+                    if not _next_part(ln, bufs, writers, op, stamp_ch, dcode, guard, clock):
+                        break
+                    continue
                 if ln.empty:                 # no data to wait for: its header says whether the sender agrees
                     if ctl[H_MSG + (conn.msg_seq - 1) % NSIG * 4] < conn.msg_seq:
                         break
@@ -288,6 +296,8 @@ def _progress(lanes, bufs, writers, op, stamp_ch, stamp, rate, dcode, se, guard,
                     if ctl[H_HEAD] + NSTEPS < step + 1:
                         break
                 elif ctl[H_TAIL] < step + 1:
+                    if ln.first and ctl[H_MSG + (conn.msg_seq - 1) % NSIG * 4] >= conn.msg_seq:
+                        _check_msg(ln, dcode, guard)    # a header of 0 elements would leave us waiting for data
                     break
                 tr = clock() if stamp else 0
                 prim = ln.prog.prims[ln.i]
@@ -323,7 +333,7 @@ def _progress(lanes, bufs, writers, op, stamp_ch, stamp, rate, dcode, se, guard,
                     if not _next_part(ln, bufs, writers, op, stamp_ch, dcode, guard, clock):
                         break
         if moved:
-            active = [ln for ln in active if ln.prog is not None]
+            active = [ln for ln in active if ln.prog is not None or ln.held]
             bo, idle = None, 0
         else:
             idle += 1
@@ -337,9 +347,12 @@ def _progress(lanes, bufs, writers, op, stamp_ch, stamp, rate, dcode, se, guard,
 def _next_part(ln: _Lane, bufs, writers, op, stamp_ch, dcode, guard, clock) -> bool:
     """Make the next queued part current (KernelCh start, message header); False when the lane is done."""
     while ln.queue:
+        conn = ln.conn
+        if conn.is_send and conn.msg_seq >= conn.ctl[H_MSGACK] + NSIG:    # never wait here: the loop rechecks
+            ln.prog, ln.held = None, True
+            return False
         prog = ln.queue.pop(0)
         pr = prog.params
-        conn = ln.conn
         m = conn.msg_seq
         conn.msg_seq = m + 1
         base = H_MSG + (m % NSIG) * 4
@@ -378,11 +391,9 @@ def _check_msg(ln: _Lane, dcode: int, guard) -> None:
     conn = ln.conn
     m = conn.msg_seq - 1
     base = H_MSG + (m % NSIG) * 4
-    seq = conn.ctl[base]
-    if seq > m + 1:                  # 16 later headers overwrote it (empty messages need no credit): unverifiable
-        return
-    if seq != m + 1 or conn.ctl[base + 1] != ln.prog.params["count"] or conn.ctl[base + 2] != dcode:
+    if conn.ctl[base] != m + 1 or conn.ctl[base + 1] != ln.prog.params["count"] or conn.ctl[base + 2] != dcode:
         _mismatch(guard, conn, m, ln.prog.params["count"], dcode)
+    conn.ctl[H_MSGACK] = m + 1       # its slot may take a later header now
 
 
 def _mismatch(guard, conn, m: int, count: int, dcode: int) -> None:

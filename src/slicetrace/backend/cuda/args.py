@@ -63,7 +63,9 @@ class KernelArgs:
         offs = {p.index: p.offset for p, _ in work.parts}
         progs = sorted(plan.programs, key=lambda q: (q.channel, q.params["part"]))
         if len(progs) > MAXP:
-            raise UsageError(f"a send/recv group of {len(progs)} parts; the cuda backend runs at most {MAXP}")
+            raise UsageError(f"a send/recv group of {len(progs)} programs; the cuda backend runs at most {MAXP} in one "
+                             f"launch (a message from 1 MiB up is cut into pieces, one program each: send fewer large "
+                             f"messages per peer in one group)")
         chans = sorted({q.channel for q in progs})
         self._common(work, a, len(chans))
         for i, q in enumerate(progs):

@@ -1,0 +1,71 @@
+"""Point-to-point messages match in order whatever each side groups with them, and a message that does not match
+(count or dtype) is an error on both ranks at once, never a timeout or data taken as another message's."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import slicetrace
+from slicetrace.errors import LaunchError
+
+N = 3 << 20                   # float32 elements: 12 MiB, cut into pieces over the 64 channels
+
+
+def _grouped_against_single(comm):
+    if comm.rank == 0:
+        with comm.group():
+            for i in range(3):
+                comm.send(np.full(N, i, np.float32), 1)
+        return "sent"
+    ys = [np.full(N, -1, np.float32) for _ in range(3)]
+    for y in ys:
+        comm.recv(y, 0)
+    return [bool((y == i).all()) for i, y in enumerate(ys)]
+
+
+def test_a_grouped_send_matches_single_receives():
+    """NCCL does not ask both sides to group alike. Before, the cut into pieces depended on the group (21 pieces
+    against 24) and the receiver raised a MismatchError on valid use."""
+    res = slicetrace.launch(_grouped_against_single, 2, backend="cpu", nchannels=64, buffsize=32768, timeout_s=20,
+                            join_timeout_s=120)
+    assert res == ["sent", [True, True, True]]
+
+
+def _empty_send_against_a_receive(comm):
+    if comm.rank == 0:
+        comm.send(np.zeros(0, np.float32), 1)
+    else:
+        comm.recv(np.zeros(10, np.float32), 0)
+    comm.all_reduce(np.ones(4, np.float32))
+    return "ok"
+
+
+def test_an_empty_message_against_a_receive_of_data_is_a_mismatch_at_once():
+    """Before, the receiver waited for data that never came: a CommTimeoutError on both ranks after timeout_s."""
+    with pytest.raises(LaunchError) as e:
+        slicetrace.launch(_empty_send_against_a_receive, 2, backend="cpu", timeout_s=600, join_timeout_s=120)
+    want = ("MismatchError: point-to-point mismatch: rank 1 expects message #0 of 10 x float32 from rank 0, rank 0 "
+            "sends message #0 of 0 x float32")
+    errors = e.value.errors                                      # rank -> its error and traceback
+    assert sorted(errors) == [0, 1] and all(v.startswith(want) for v in errors.values()), errors
+
+
+def _many_empty_then_data(comm):
+    if comm.rank == 0:
+        with comm.group():
+            for _ in range(17):                # more headers than the 16 slots: they would lap the first
+                comm.send(np.zeros(0, np.int32), 1)
+            comm.send(np.arange(1, 6, dtype=np.int32), 1)
+        return "sent"
+    y = np.zeros(5, np.int32)
+    comm.recv(y, 0)
+    return y.tolist()
+
+
+def test_a_sender_never_laps_a_header_the_receiver_has_not_checked():
+    """Before, 17 empty messages overwrote message #0's header and the receive took message #17's data as its own,
+    with no error on either rank. Now the sender waits for the receiver's checks and the mismatch is found."""
+    with pytest.raises(LaunchError) as e:
+        slicetrace.launch(_many_empty_then_data, 2, backend="cpu", timeout_s=20, join_timeout_s=120)
+    assert ("MismatchError: point-to-point mismatch: rank 1 expects message #0 of 5 x int32 from rank 0, rank 0 sends "
+            "message #0 of 0 x int32") in str(e.value)
