@@ -13,7 +13,7 @@ from typing import Any
 from .abi import (CollApiDescr, CollDescr, EventType, GroupApiDescr, GroupDescr, KernelChDescr,
                   KernelLaunchDescr, P2pApiDescr, P2pDescr, ProxyCtrlDescr, State, StateArgs)
 from .ops import OFF as _OFF
-from .ops import _Op, _Slot
+from .ops import PartialDelivery, _Op, _Slot
 
 log = logging.getLogger("slicetrace")
 T = EventType
@@ -43,15 +43,29 @@ class Emitter:
     comm: Any
     max_failures: int
 
-    def _fail(self, s: _Slot, what: str, n: int) -> None:
-        s.failures += 1
+    def _fail(self, s: _Slot, what: str, n: int, errors: int = 1) -> None:
+        """n records lost to `errors` exceptions of plugin s."""
+        s.failures += errors
+        s.lp.error_budget = self.max_failures - s.failures    # per-record delivery stops where this disables
         self._counts["plugin_error"] += n
-        if s.failures == 1:
+        if s.failures == errors:            # the first failure (of one call's `errors`)
             log.exception("slicetrace: profiler plugin %r raised in %s (logged once; %d failures disable it)",
                           s.lp.name, what, self.max_failures)
         if s.failures >= self.max_failures and not s.disabled:
             s.disabled = True
             log.warning("slicetrace: profiler plugin %r disabled after %d exceptions", s.lp.name, s.failures)
+
+    def _failed_batch(self, s: _Slot, what: str, n: int, err: Exception, kept_key: str, short_key: str) -> None:
+        """A batch call for n records raised: per-record or per-run delivery (PartialDelivery) says which ones got
+        through (kept_key), failed, were not kept (short_key) or not offered (the plugin is now disabled)."""
+        if not isinstance(err, PartialDelivery):
+            self._fail(s, what, n)
+            return
+        c = self._counts
+        c[kept_key] = c.get(kept_key, 0) + err.kept
+        c[short_key] += n - err.kept - err.failed - err.left
+        c["plugin_disabled"] += err.left
+        self._fail(s, what, err.failed, err.errors)
 
     def _admit(self, s: _Slot, parent: Any) -> bool:
         """A child of a dropped parent, or for a disabled plugin, is dropped and counted."""

@@ -62,6 +62,7 @@ class EventHost(Emitter, PollRuns):
                     log.exception("slicetrace: profiler plugin %r failed in init and is unloaded", lp.name)
                     self._counts["plugin_init_failed"] += 1
                     continue
+                lp.error_budget = self.max_failures
                 self._slots.append(_Slot(lp))
         except BaseException:
             # The plugins initialised before it may hold open files (a trace): finalize them, then refuse.
@@ -116,6 +117,8 @@ class EventHost(Emitter, PollRuns):
         key = task_keys(recs)
         matched, out, taken = 0, [], None
         for t in tasks:                      # each record goes to one task: the first that claims it
+            if op.shared and t.mates is not None and t is not t.mates[0]:
+                continue                     # its records are its lead's (ops._Op._share)
             sel = key == t.key
             if op.shared:                    # (else keys are unique: the key alone decides)
                 if t.chans is not None:
@@ -184,8 +187,8 @@ class EventHost(Emitter, PollRuns):
         c = self._counts
         try:
             kept = min(max(int(call(s.lp)), 0), n)
-        except Exception:
-            self._fail(s, "kernel_ch_batch", n)
+        except Exception as e:
+            self._failed_batch(s, "kernel_ch_batch", n, e, _DKCH, "declined")
             return
         c[_DKCH] = c.get(_DKCH, 0) + kept
         c["declined"] += n - kept
@@ -208,11 +211,11 @@ class EventHost(Emitter, PollRuns):
                 self._steps(tag, recs, None)
 
     def _steps_op(self, tag: int, n: int) -> _Op | None:
-        """The op that n KernelSteps of `tag` belong to, if it takes them; else they are counted."""
+        """The op that n KernelSteps of `tag` belong to, if a plugin takes them; else they are counted."""
         op = self._ops.get(tag)
         if op is None:
             self._counts["no_parent"] += n
-        elif not op.info.mask & _KS:
+        elif not op.pm_any & _KS:           # also when every plugin dropped KernelStep after the op's mask snapshot
             self._counts["masked_out"] += n
             return None
         return op
@@ -243,8 +246,8 @@ class EventHost(Emitter, PollRuns):
                     ks = self._convert(to_kernel_steps, recs, whole, sel)
                 try:
                     kept = min(max(int(s.lp.kernel_step_batch(parent, ks)), 0), n)
-                except Exception:
-                    self._fail(s, "kernel_step_batch", n)
+                except Exception as e:
+                    self._failed_batch(s, "kernel_step_batch", n, e, "delivered_kernel_step", "pool_full")
                     continue
                 c["delivered_kernel_step"] = c.get("delivered_kernel_step", 0) + kept
                 c["pool_full"] += n - kept
@@ -332,8 +335,8 @@ class EventHost(Emitter, PollRuns):
             for i in range(len(self._slots)):
                 self._stop(i, self._proxy[i], ts)
             counts = dict(self._counts)
-            for s in self._slots:
-                for what, fn in (("report_counters", lambda: s.lp.report_counters(counts)),
+            for s in self._slots:                  # each its own copy: a plugin may change what it is handed
+                for what, fn in (("report_counters", lambda: s.lp.report_counters(dict(counts))),
                                  ("finalize", s.lp.finalize)):
                     try:
                         fn()

@@ -9,7 +9,10 @@ import numpy as np
 
 from ..stamps.layout import FLAG_SEND, PAIRED_DTYPE
 from .abi import KERNEL_CH_DTYPE, KERNEL_STEP_DTYPE
-from .plugin import LoadedPlugin
+from .plugin import LoadedPlugin, PartialDelivery
+
+# PartialDelivery is re-exported for emit, which may not import events.plugin (tests/unit/test_layers.py).
+__all__ = ["OpInfo", "TaskInfo", "PartialDelivery", "to_kernel_steps", "to_kernel_ch"]
 
 P2P_FUNCS = ("Send", "Recv")
 OFF = object()           # event type not emitted to this plugin (not in its mask)
@@ -75,10 +78,13 @@ class _Task:
 
 
 class _Op:
-    __slots__ = ("info", "pmasks", "tasks", "groups", "open", "shared", "n_p2p")
+    __slots__ = ("info", "pmasks", "pm_any", "tasks", "groups", "open", "shared", "n_p2p")
 
     def __init__(self, info: OpInfo, pmasks: list[int]):
         self.info, self.pmasks = info, pmasks
+        self.pm_any = 0                          # union of pmasks: records no plugin takes are masked_out
+        for pm in pmasks:
+            self.pm_any |= pm
         nslots = len(pmasks)
         self.tasks = tasks = [_Task(t, nslots) for t in info.tasks]
         self.open = n = len(tasks)
@@ -88,9 +94,10 @@ class _Op:
 
     def _share(self) -> bool:
         """True when two p2p parts share (peer, is_send), so records need their channels to find a task.
-        Parts of one group to the same peer in the same direction whose records cannot be told apart (a
-        channel in common, or channels unknown): the first takes every such record and all end together at
-        the last of their KernelCh records (no record delivered twice, every record inside its parent)."""
+        Parts of one group to the same peer in the same direction whose records cannot be told apart (linked by
+        channels in common, or channels unknown) are mates: the first (lead) takes every record on their
+        channels, counts all their KernelCh records, and they all end together at the last one (no record
+        delivered twice, every record inside its parent). _route skips the other mates."""
         by_key: dict[int, list[_Task]] = {}
         for t in self.tasks:
             if t.p2p:
@@ -100,18 +107,26 @@ class _Op:
             if len(same) < 2:
                 continue
             shared = True
-            for t in same:
-                t.chans = np.array(t.info.channels, dtype=np.int64) if t.info.channels else None
-            if all(t.chans is not None for t in same):
-                allc = np.concatenate([t.chans for t in same])
-                if len(np.unique(allc)) == len(allc):
-                    continue                 # disjoint channels: each part keeps its own records
-            lead = same[0]
-            lead.left = sum(t.info.n_programs for t in same)
-            for t in same:
-                t.mates = same
-                if t is not lead:
-                    t.left = 0
+            if not all(t.info.channels for t in same):
+                groups: list[tuple[list[_Task], set]] = [(same, set())]    # lead.chans None: all of the key
+            else:
+                groups = []                  # parts linked by a common channel, in task order
+                for t in same:
+                    members, chans = [t], set(t.info.channels)
+                    for g in [g for g in groups if g[1] & chans]:
+                        groups.remove(g)
+                        members, chans = g[0] + members, g[1] | chans
+                    groups.append((sorted(members, key=same.index), chans))
+            for members, chans in groups:
+                lead = members[0]
+                lead.chans = np.array(sorted(chans), dtype=np.int64) if chans else None
+                if len(members) == 1:
+                    continue
+                lead.left = sum(t.info.n_programs for t in members)
+                for t in members:
+                    t.mates = members
+                    if t is not lead:
+                        t.left = 0
         return shared
 
 

@@ -13,6 +13,9 @@ batch call):
     for each record: h = start_event(ctx, KernelStepDescr(...))        # KernelChDescr(ts=start_ns, p_timer=start_clk)
                      record_event_state(h, KERNEL_STEP_STOP, StateArgs(p_timer=done_clk, ts_ns=done_ns))
                      stop_event(h, done_ns)                            # KERNEL_CH_STOP, stop_clk, stop_ns
+
+A call that raises fails only its record (a started event is still stopped, before its parent is); the rest are
+still offered, and the batch call then raises PartialDelivery so the host counts each record where it went.
 """
 from __future__ import annotations
 
@@ -113,6 +116,7 @@ class LoadedPlugin:
         self.passthrough: Any = None      # the plugin's unrecorded_handle(ctx), if it declares one
         self.rank = 0
         self.initialized = False
+        self.error_budget = 1 << 62       # exceptions left before the host disables it (set by the host)
 
     def __repr__(self) -> str:
         return f"LoadedPlugin({self.name!r}, version={self.version})"
@@ -179,31 +183,32 @@ class LoadedPlugin:
         if self.has_batch:
             return int(self.plugin.kernel_step_batch(self.ctx, parent, recs))
         ctx, rank, p = self.ctx, self.rank, self.plugin
-        return _one_by_one(lambda d: p.start_event(ctx, d), p.record_event_state, p.stop_event, _KS_STOP, (
+        return _one_by_one(self, lambda d: p.start_event(ctx, d), p.record_event_state, p.stop_event, _KS_STOP, (
             (KernelStepDescr(_KS, parent, rank, wn, ch, bool(snd), peer, step, size, wc, rc, dc), dc, dn)
-            for ch, snd, peer, step, size, wc, rc, dc, wn, rn, dn in recs.tolist()))
+            for ch, snd, peer, step, size, wc, rc, dc, wn, rn, dn in recs.tolist()), len(recs))
 
     def kernel_step_runs(self, parents: list, recs: np.ndarray, starts: list[int], stops: list[int]) -> int:
         """Rows starts[k]:stops[k] of recs under parents[k], for several parents at once; returns how many were
         kept. Plugins without kernel_step_runs get kernel_step_batch per run (its reference semantics)."""
         if self.has_runs:
             return int(self.plugin.kernel_step_runs(self.ctx, parents, recs, starts, stops))
-        return _per_run(self.kernel_step_batch, parents, recs, starts, stops)
+        return _per_run(self, self.kernel_step_batch, parents, recs, starts, stops)
 
     def kernel_ch_batch(self, parent: Any, recs: np.ndarray) -> int:
         """Deliver whole KernelCh events (abi.KERNEL_CH_DTYPE) under `parent`; returns how many were kept."""
         if self.has_ch_batch:
             return int(self.plugin.kernel_ch_batch(self.ctx, parent, recs))
         rank = self.rank
-        return _one_by_one(self.start_event, self.record_event_state, self.plugin.stop_event, _KCH_STOP, (
-            (KernelChDescr(_KCH, parent, rank, t0, ch, c0), c1, t1) for ch, _, _, c0, c1, t0, t1 in recs.tolist()))
+        return _one_by_one(self, self.start_event, self.record_event_state, self.plugin.stop_event, _KCH_STOP, (
+            (KernelChDescr(_KCH, parent, rank, t0, ch, c0), c1, t1) for ch, _, _, c0, c1, t0, t1 in recs.tolist()),
+            len(recs))
 
     def kernel_ch_runs(self, parents: list, recs: np.ndarray, starts: list[int], stops: list[int]) -> int:
         """kernel_ch_batch for several parents at once (rows starts[k]:stops[k] under parents[k]); plugins
         without kernel_ch_runs get kernel_ch_batch per run."""
         if self.has_ch_runs:
             return int(self.plugin.kernel_ch_runs(self.ctx, parents, recs, starts, stops))
-        return _per_run(self.kernel_ch_batch, parents, recs, starts, stops)
+        return _per_run(self, self.kernel_ch_batch, parents, recs, starts, stops)
 
     def report_counters(self, counters: dict[str, int]) -> None:
         fn = getattr(self.plugin, "report_counters", None)
@@ -216,22 +221,70 @@ class LoadedPlugin:
             self.plugin.finalize(self.ctx)
 
 
-def _per_run(batch: Any, parents: list, recs: np.ndarray, starts: list[int], stops: list[int]) -> int:
-    """A *_runs call as one batch(parent, rows) call per run (its reference semantics); returns the rows kept."""
-    return sum(min(max(batch(p, recs[a:b]), 0), b - a) for p, a, b in zip(parents, starts, stops))
+class PartialDelivery(Exception):
+    """A per-record or per-run delivery in which plugin calls raised (the first is the __cause__): `kept` records
+    went through, `failed` had a call raise, `left` were not offered (the failure budget ran out), `errors` =
+    exceptions raised. Every started event was stopped."""
+
+    def __init__(self, kept: int, failed: int, left: int, errors: int):
+        super().__init__(f"{failed} record(s) failed, {left} not offered, {kept} kept")
+        self.kept, self.failed, self.left, self.errors = kept, failed, left, errors
 
 
-def _one_by_one(start: Any, state: Any, stop: Any, stop_state: State, events: Any) -> int:
-    """The reference semantics of a batch call: per (descriptor, stop clock, stop ns), start_event, the *Stop
-    state, stop_event; returns how many the plugin started."""
-    kept = 0
-    for descr, p_timer, ts in events:
-        h = start(descr)
-        if h is None:
+def _per_run(lp: LoadedPlugin, batch: Any, parents: list, recs: np.ndarray, starts: list[int],
+             stops: list[int]) -> int:
+    """A *_runs call as one batch(parent, rows) call per run (its reference semantics); returns the rows kept.
+    A run that raises costs only its own rows (PartialDelivery)."""
+    kept = failed = left = errors = 0
+    first: BaseException | None = None
+    for p, a, b in zip(parents, starts, stops):
+        if lp.error_budget <= 0:                  # the host disables the plugin at this failure: offer no more
+            left += b - a
             continue
-        kept += 1
-        state(h, stop_state, StateArgs(p_timer=p_timer, ts_ns=ts))
-        stop(h, ts)
+        try:
+            kept += min(max(int(batch(p, recs[a:b])), 0), b - a)
+        except PartialDelivery as e:
+            kept, failed, left, errors = kept + e.kept, failed + e.failed, left + e.left, errors + e.errors
+            first = first or e.__cause__
+        except Exception as e:
+            failed, errors, first = failed + b - a, errors + 1, first or e
+            lp.error_budget -= 1
+    if errors:
+        raise PartialDelivery(kept, failed, left, errors) from first
+    return kept
+
+
+def _one_by_one(lp: LoadedPlugin, start: Any, state: Any, stop: Any, stop_state: State, events: Any,
+                n: int) -> int:
+    """The reference semantics of a batch call: per (descriptor, stop clock, stop ns), start_event, the *Stop
+    state, stop_event; returns how many the plugin started. A raising call fails only its record, and a started
+    event is always stopped (its parent stops later); calls stop once lp.error_budget exceptions were raised."""
+    kept = failed = done = errors = 0
+    first: BaseException | None = None
+    for descr, p_timer, ts in events:
+        done += 1
+        bad = 0
+        try:
+            h = start(descr)
+            if h is None:
+                continue
+            try:
+                state(h, stop_state, StateArgs(p_timer=p_timer, ts_ns=ts))
+            except Exception as e:
+                bad, first = 1, first or e
+            finally:
+                stop(h, ts)
+        except Exception as e:
+            bad, first = bad + 1, first or e
+        if not bad:
+            kept += 1
+            continue
+        failed, errors = failed + 1, errors + bad
+        lp.error_budget -= bad
+        if lp.error_budget <= 0:
+            break
+    if errors:
+        raise PartialDelivery(kept, failed, n - done, errors) from first
     return kept
 
 

@@ -25,8 +25,8 @@ def task_keys(recs: np.ndarray) -> np.ndarray:
 
 
 class PollRuns:
-    """Mixed into EventHost: expects its _lock, _ops, _slots, _counts, _channel, _steps, _finish, _fail and the
-    KernelCh helpers _kch_parent, _kch_deliver, _kch_arrived."""
+    """Mixed into EventHost: expects its _lock, _ops, _slots, _counts, _channel, _steps, _finish, _failed_batch
+    and the KernelCh helpers _kch_parent, _kch_deliver, _kch_arrived."""
     _slots: list[_Slot]
     _counts: dict[str, int]
     _ops: dict[int, _Op]
@@ -111,7 +111,7 @@ class PollRuns:
         keys = cuts = None
         for tag, _, a, b in runs:
             op = get(tag)
-            if op is None or op.shared or not op.info.mask & _KS:
+            if op is None or op.shared or not op.pm_any & _KS:
                 self._steps(tag, recs[a:b], (box, recs, a, b))    # counts no_parent / masked_out; routes by channel
                 continue
             tasks = op.tasks
@@ -138,8 +138,8 @@ class PollRuns:
                 continue
             try:
                 kept = min(max(int(s.lp.kernel_step_runs(ps, box[0], st, sp)), 0), n)
-            except Exception:
-                self._fail(s, "kernel_step_batch", n)
+            except Exception as e:
+                self._failed_batch(s, "kernel_step_batch", n, e, "delivered_kernel_step", "pool_full")
                 continue
             c["delivered_kernel_step"] = c.get("delivered_kernel_step", 0) + kept
             c["pool_full"] += n - kept
