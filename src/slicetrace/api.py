@@ -77,7 +77,7 @@ class Communicator:
         self._tag = 0
         self._seq: dict[str, int] = {}
         self._group: list[tuple[P2pPart, Any, str, int]] | None = None
-        self._group_depth = 0
+        self._group_depth = self._group_max = self._run_depth = 0    # user group nesting: now, deepest, at run
         self._p2p_plans: dict[tuple, tuple] = {}
         self._stream: Any = None        # cuda: None = the current stream at each call
         self._closed = False
@@ -137,7 +137,7 @@ class Communicator:
             return None
         return OpInfo(tag=self._tag, func=func, tasks=tasks, seq_number=seq, user_tag=user_tag,
                       mask=mask, ts_ns=time.monotonic_ns(), n_warps=self._session.backend.n_warps,
-                      stream=None, group_depth=max(1, self._group_depth))
+                      stream=None, group_depth=1 + max(self._group_depth, self._run_depth))   # 1: implicit
 
     def _next_seq(self, func: str) -> int:
         """Per-function op counter of this communicator; every op counts, profiled or not (NCCL's seqNumber)."""
@@ -230,6 +230,7 @@ class Communicator:
         """Batch send/recv calls; they run concurrently when the outermost group ends (ncclGroupStart/End)."""
         self._check_open()
         self._group_depth += 1
+        self._group_max = max(self._group_max, self._group_depth)
         if self._group is None:
             self._group = []
         ok = False
@@ -239,9 +240,13 @@ class Communicator:
         finally:
             self._group_depth -= 1
             if self._group_depth == 0:
-                parts, self._group = self._group, None
+                parts, self._group, depth, self._group_max = self._group, None, self._group_max, 0
                 if ok and parts:
-                    self._run_p2p(parts)
+                    self._run_depth = depth     # the GroupApi event's groupDepth: 1 + the user's nesting
+                    try:
+                        self._run_p2p(parts)
+                    finally:
+                        self._run_depth = 0
 
     def _p2p(self, x: Any, peer: int, is_send: bool, user_tag: int) -> None:
         self._check_open()

@@ -11,7 +11,7 @@ import pytest
 
 import slicetrace
 from slicetrace.errors import ConfigError, LaunchError, UsageError
-from slicetrace.events.abi import P2pApiDescr, P2pDescr
+from slicetrace.events.abi import EventType, GroupApiDescr, P2pApiDescr, P2pDescr
 from tests.cpu.test_backend_null import SeqRecorder
 
 
@@ -85,13 +85,48 @@ class TagRecorder(SeqRecorder):
     seen: list = []
 
     def init(self, comm, mask):
-        mask.value = (1 << 3) | (1 << 5)       # P2p | P2pApi
+        mask.value = int(EventType.P2P | EventType.P2P_API)
         return None
 
     def start_event(self, ctx, descr):
         if isinstance(descr, (P2pDescr, P2pApiDescr)):
             TagRecorder.seen.append((type(descr).__name__, descr.func, descr.user_tag))
         return object()
+
+
+class GroupDepthRecorder(SeqRecorder):
+    """Records the groupDepth of every GroupApi event (SeqRecorder's no-op rest)."""
+    name = "gdrec"
+    seen: list = []
+
+    def init(self, comm, mask):
+        mask.value = int(EventType.GROUP_API)
+        return None
+
+    def start_event(self, ctx, descr):
+        if isinstance(descr, GroupApiDescr):
+            GroupDepthRecorder.seen.append(descr.group_depth)
+        return object()
+
+
+def test_group_depth_is_1_for_an_implicit_group_and_more_for_a_users():
+    """NCCL's groupDepth: 1 = the implicit group of a lone call, > 1 = inside ncclGroupStart (each level one more).
+    Before, it read 1 for every group: the group ran after its depth had dropped back to 0."""
+    GroupDepthRecorder.seen = []
+    c = slicetrace.init(backend="null", profiler_plugin="tests.cpu.test_api_input:GroupDepthRecorder")
+    x, y = np.arange(6, dtype=np.int32), np.zeros(6, np.int32)
+    c.all_reduce(x)
+    with c.group():
+        c.send(x, 0)
+        c.recv(y, 0)
+    with c.group():
+        with c.group():
+            c.send(x, 0)
+        c.recv(y, 0)
+    c.all_to_all(x, y)                    # a group of its own, not the user's
+    c.flush_profiler()
+    c.close()
+    assert GroupDepthRecorder.seen == [1, 2, 3, 1]
 
 
 def test_each_call_of_a_group_keeps_its_user_tag():
