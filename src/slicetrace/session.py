@@ -124,8 +124,9 @@ class Session:
         self.drain.expect(work.tag)                 # stamps may appear as soon as the work starts
         try:
             token = self.backend.submit(work)
-        except BaseException:
-            self.drain.op_submitted(work.tag, _done)
+        except BaseException:                       # its seqs are final too: later ops must still end
+            exact = self.backend.synchronous or self.backend.reserves_stamps
+            self.drain.op_submitted(work.tag, _done, self._reserved.copy() if exact else None)
             raise
         if self.backend.done(token):                # synchronous backend: the exact end of this op's seqs
             reserved = self._reserved.copy()

@@ -139,3 +139,41 @@ def test_a_lap_beyond_the_fetched_range_is_counted_once_and_the_rest_delivered_o
     assert chans == [(1, 1), (1, 2)][:2 * (nch - 1)]              # channel 0's KernelCh (op 1) was lapped
     written = 210 + 30 * (nch - 1)
     assert len(steps) + 2 * len(chans) + sink.drops["overrun"] == written
+
+
+def _program(op, nsl, stop=True):
+    """A cpu ring program's staged words: KernelCh start, nsl KernelSteps, and the stop unless the program raised."""
+    from slicetrace.backend.cpu.stamper import tail
+    from slicetrace.stamps.layout import FLAG_CH_STOP, FLAG_SEND, KIND_CHANNEL, KIND_STEP
+    t = 1000 * op
+    recs = [t, t, t, op, 0, tail(0, KIND_CHANNEL, 0)]
+    for i in range(nsl):
+        recs += [t + i, t + i, t + i + 1, op, i, 4096 | tail(1, KIND_STEP, FLAG_SEND)]
+    if stop:
+        recs += [t + 99, t + 99, t + 99, op, 0, tail(0, KIND_CHANNEL, FLAG_CH_STOP)]
+    return recs
+
+
+@pytest.mark.parametrize("failed_last", [False, True])
+def test_an_op_that_failed_mid_program_does_not_hold_back_the_ops_after_it(failed_last):
+    """A failed program publishes its KernelCh start but no stop. Before, that start stayed open for good: no later
+    op could end, flush_profiler() ran out its timeout and close() waited 10 s. Now, once the failed op's exact
+    range has been read (the session passes its snapshot like any op's), the start is counted unpaired."""
+    from slicetrace.backend.cpu.stamper import FastRingWriter
+    from slicetrace.stamps.layout import RingViews, ring_bytes
+    v = RingViews(bytearray(ring_bytes(1, 64)), 1, 64)
+    w = FastRingWriter(v, 0)
+    sink = Recorder()
+    d = Drain(v, sink, fetch=lambda lo, hi: w.publish())
+    ops = [(1, False), (2, True)] + ([] if failed_last else [(3, False), (4, False)])
+    for op, failed in ops:                       # as Session.run and CpuBackend.submit do it
+        d.expect(op)
+        w.stage(_program(op, 3, stop=not failed))
+        w.publish()
+        d.op_submitted(op, lambda: True, v.header["reserved"].copy())
+        d.poll_once()
+    assert d.flush(5.0)
+    assert sink.ended == [op for op, _ in ops]
+    assert dict(sink.drops) == {"unpaired": 1}
+    assert sum(len(r) for _, r in sink.step_calls) == 3 * len(ops)
+    d.stop()

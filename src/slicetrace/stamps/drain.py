@@ -170,7 +170,7 @@ class Drain:
         done = [o for o in ops if o.done]
         done_lows = [o.tag & 0xFFFFFFFF for o in done]
         running = len(done) < len(ops)
-        settled = done[-1].snapshot if done and done[-1].exact else None     # every seq up to it is final
+        settled = next((o.snapshot for o in reversed(done) if o.exact), None)   # every seq up to it is final
         if self._fetch is not None and settled is not None:
             hi = settled.astype(np.int64)
             lo = np.maximum(self._fetched, self.cursor.astype(np.int64))
@@ -191,6 +191,11 @@ class Drain:
             self.consumer.drop("sampled_out", sampled - self._sampled)
             self._sampled = sampled
         now = self._clock()
+        if self._open:      # an open start of an op read through to its exact end never gets its stop (it failed)
+            gone = {o.tag & 0xFFFFFFFF for o in done if o.exact and not (self.cursor < o.snapshot).any()}
+            for k in [k for k in self._open if k[1] in gone]:
+                del self._open[k]
+                self.consumer.drop("unpaired", 1)
         open_ch = {k[1] for k in self._open}
         ended = []
         if (done and len(done) == len(ops) and not force and not open_ch
