@@ -144,6 +144,8 @@ def test_overhead_reports_the_median_inside_the_rounds_spread(tmp_path):
     lo, hi = row["overhead_ci95_pct"]
     assert q1 <= row["overhead_pct"] <= q3 and row["overhead_of"] == "profiling"
     assert lo <= row["overhead_pct"] <= hi
+    # 5 rounds make 3 ratios: the interval is the whole sample, which covers the median 75 % of the time, and says so
+    assert row["overhead_ratios"] == 3 and row["overhead_ci_coverage_pct"] == 75.0
     assert row["profiled_us"] > 0 and row["unprofiled_us"] > 0
 
 
@@ -347,3 +349,16 @@ def test_report_on_a_one_rank_run_says_why_there_are_no_slices(tmp_path, capsys)
     capsys.readouterr()
     assert main(["report", str(tmp_path)]) == 2
     assert "a 1-rank run moves no data between ranks, so it has no slices" in capsys.readouterr().err
+
+
+def test_count_column_is_nccl_tests_and_the_json_keeps_the_bench_flags(tmp_path, capsys):
+    """nccl-tests prints the per-rank count for all_gather and reduce_scatter and the per-peer count for
+    all_to_all (before: the total); --json records -a and the other flags, without which its times cannot be read."""
+    out = tmp_path / "b.json"
+    assert main(["bench", "--op", "all_gather,reduce_scatter,all_to_all,all_reduce", "--ranks", "2", "-b", "256",
+                 "-e", "256", "-n", "2", "-w", "1", "-a", "1", "--json", str(out)]) == 0
+    capsys.readouterr()
+    d = json.loads(out.read_text())
+    assert {r["op"]: (r["size"], r["count"]) for r in d["rows"]} == {
+        "all_gather": (256, 32), "reduce_scatter": (256, 32), "all_to_all": (256, 32), "all_reduce": (256, 64)}
+    assert d["bench"]["average"] == 1 and d["bench"]["iters"] == 2 and d["bench"]["warmup_iters"] == 1

@@ -180,7 +180,8 @@ def bench_rank(comm, o: dict) -> list[dict]:
         say(UNITS)
         if sys.stderr.isatty():
             from rich.progress import Progress
-            progress = Progress(transient=True)
+            from rich.console import Console
+            progress = Progress(transient=True, console=Console(stderr=True))     # the table owns stdout
             progress.start()
             task = progress.add_task("sweep", total=total)
     gc.collect()
@@ -308,7 +309,9 @@ def _one(comm, op, nbytes, dtype, o, xp, to_dev, to_host, sync, ref, key):
     f = busbw_factor(op, n)
     size = cout * dtype.itemsize if op in ("all_gather",) else cin * dtype.itemsize
     algbw = size / t / 1e9 if t > 0 else 0.0
-    row = {"op": op, "size": size, "count": cout if op == "all_gather" else cin, "type": str(dtype),
+    # count as nccl-tests prints it: per rank for all_gather and reduce_scatter, per peer for all_to_all
+    count = cout if op == "reduce_scatter" else cin // n if op == "all_to_all" else cin
+    row = {"op": op, "size": size, "count": count, "type": str(dtype),
            "redop": redop if op in REDUCING else "none", "inplace": inplace,
            "root": root if op in ("broadcast", "reduce") else -1, "time_us": t * 1e6,
            "algbw": algbw, "busbw": algbw * f, "wrong": int(vals[1]) if o["check"] else -1, "ranks": n}
@@ -326,6 +329,10 @@ def _one(comm, op, nbytes, dtype, o, xp, to_dev, to_host, sync, ref, key):
         row["overhead_iqr_pct"] = [(q1 - 1) * 100, (q3 - 1) * 100]     # the rounds' spread
         row["overhead_ci95_pct"] = [(lo - 1) * 100, (hi - 1) * 100]    # where the median is: is a difference real?
         row["overhead_of"] = o.get("overhead_of", "profiling")
+        nr = (o.get("rounds", 12) + 1) // 2
+        row["overhead_ratios"] = nr
+        if nr < 6:                      # the interval is the whole sample: it covers the median 1 - 2/2**n only
+            row["overhead_ci_coverage_pct"] = (1 - 2 / 2 ** nr) * 100
     return row
 
 
@@ -372,4 +379,7 @@ def format_row(r: dict, ref: bool, overhead: bool) -> str:
         s += "  {:>8.1f} {:>8.3f} {:>6.2f}".format(r["ref_time_us"], r["ref_busbw"], r["ratio"])
     if overhead:
         s += "  {:>8.2f}% [{:.1f}, {:.1f}]".format(r["overhead_pct"], *r["overhead_ci95_pct"])
+        if "overhead_ci_coverage_pct" in r:          # fewer than 6 ratios: say what the interval covers
+            s += " ({:.0f}% CI: {} ratios; --rounds 12 for 95%)".format(r["overhead_ci_coverage_pct"],
+                                                                       r["overhead_ratios"])
     return s

@@ -134,9 +134,10 @@ def _bench_parser(sub) -> None:
     p.add_argument("--overhead-of", choices=("profiling", "kernel_step"), default="profiling",
                    help="--overhead compares profiled with unprofiled runs (profiling, default), or profiled runs "
                         "with and without KernelStep (kernel_step: what the per-slice events alone cost)")
-    p.add_argument("--rounds", type=int, default=10,
+    p.add_argument("--rounds", type=int, default=12,
                    help="rounds for --overhead, one block of each kind each; two make an off-on-on-off quad, "
-                   "whose ratio is one sample (odd counts round up; default 10)")
+                   "whose ratio is one sample (odd counts round up; default 12: 6 ratios, the fewest a 95%% "
+                   "interval of the median needs)")
     p.add_argument("--compare", choices=("gloo", "nccl"), help="run the reference library side by side")
     p.add_argument("--json", metavar="FILE", help="write results as JSON")
     p.add_argument("--seed", type=int, default=1234, help="seed of the inputs, >= 0 (default 1234)")
@@ -239,7 +240,8 @@ def run_bench(a: argparse.Namespace) -> int:
         say(line)
     if a.json:
         write_json("--json", a.json, {"settings": {f.name: str(getattr(s, f.name)) for f in fields(s)},  # effective
-                                       "ranks": nranks,
+                                       "ranks": nranks, "bench": {k: v for k, v in vars(a).items()
+                                                                  if k not in ("cmd", "func")},   # -a, -n, -w, ...
                                        "env": _provenance(s.backend, nranks, a.compare), "rows": rows,
                                        "summary": summary})
     if a.trace:
