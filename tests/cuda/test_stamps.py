@@ -126,3 +126,23 @@ def test_sampling_counts_skipped(gpu, kcache):
         assert written(st[0]) == res[0]["reserved"]
     finally:
         pool.close()
+
+
+def _overflow(comm):
+    import cupy
+    with cupy.cuda.Device(comm._session.backend.device):
+        x = cupy.ones(16 << 20, dtype=cupy.float32)          # 64 MiB on one channel: far more records than 64
+        comm.all_reduce(x, x)
+        comm.flush_profiler()
+        return dict(comm.drop_counters())
+
+
+@pytest.mark.cuda
+def test_a_program_longer_than_the_ring_keeps_its_newest_steps(gpu, kcache):
+    """With a program's range longer than the ring, its KernelCh stop (written last, at the range's second seq)
+    used to overwrite one of the newest KernelSteps, which then read as unpaired. The stop is not written then:
+    the ring's 64 slots hold the newest 64 steps and everything older is counted once, as overrun."""
+    import slicetrace
+    for c in slicetrace.launch(_overflow, 2, backend="cuda", cache_dir=kcache, nchannels=1, ring_slots=64,
+                               profiler_plugin="example", timeout_s=30.0, join_timeout_s=240):
+        assert c.get("delivered_kernel_step") == 64 and c.get("overrun", 0) > 0 and not c.get("unpaired"), c

@@ -102,6 +102,7 @@ template <typename T, bool STEPS> struct Eng {
   u32 seq, left;         // next seq of this program's reserved range, and how many of it remain
   u32 chq;               // KernelCh start seq (the stop is chq + 1), when chon
   bool chon, chpend;     // chpend: the start record (clock cht) is not written yet
+  bool chlap;            // the program's range is longer than the ring: its stop's slot holds a newer step
   u64 cht;
   int ch_peer, ch_flags;
 
@@ -143,6 +144,7 @@ template <typename T, bool STEPS> struct Eng {
     chon = a->stamp_ch && left >= 2;
     chpend = false;
     if (chon) {
+      chlap = (u64)left > mask + 1;   // the stop would overwrite one of the newest steps; counted overrun anyway
       chq = seq; seq += 2; left -= 2;
       if (post()) { cht = gtimer(); chpend = true; }   // written after the first tail store (no fence waits)
     }
@@ -150,7 +152,7 @@ template <typename T, bool STEPS> struct Eng {
   __device__ void end() {
     if (!post()) return;
     if (chpend) put_ch(chq, cht, 0);
-    if (chon) put_ch(chq + 1, gtimer(), 1);   // no fence: the op's completion makes these stores visible
+    if (chon && !chlap) put_ch(chq + 1, gtimer(), 1);   // no fence: the op's completion makes these visible
     if (!aborted) {
       if (c.s_stepp) *c.s_stepp = sstep;
       if (c.r_stepp) *c.r_stepp = rstep;
