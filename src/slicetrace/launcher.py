@@ -170,13 +170,16 @@ def _terminate_as_exit():
     return old
 
 
-def _hold_signals() -> dict | None:
-    """Defer SIGTERM and SIGINT while the ranks are killed and their memory removed: {signal: old handler} and
-    the signals that came, or None where handlers cannot be set (not the main thread)."""
+def _hold_signals(term_after: Any) -> dict | None:
+    """Defer SIGTERM and SIGINT while the ranks are killed and their memory removed: {signal: handler to put back}
+    and the signals that came, or None where handlers cannot be set (not the main thread). term_after: the SIGTERM
+    handler to put back instead of the current one (_terminate_as_exit's SystemExit), or None to keep it."""
     if threading.current_thread() is not threading.main_thread():
         return None
     came: list[int] = []
     old = {sig: signal.signal(sig, lambda n, f: came.append(n)) for sig in (signal.SIGTERM, signal.SIGINT)}
+    if term_after is not None:
+        old[signal.SIGTERM] = term_after
     return {"old": old, "came": came}
 
 
@@ -286,7 +289,9 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
                             readers.pop(c)
                             errors.setdefault(r, f"rank {r} exited without a result")
         finally:
-            held = _hold_signals()      # timeout(1) signals the launcher and then its group: a 2nd TERM mid-cleanup
+            # timeout(1) signals the launcher and then its group: a 2nd TERM mid-cleanup. (Off the main thread
+            # neither is set: restore is None whenever held is.)
+            held = _hold_signals(restore)
             try:
                 for p in procs:
                     if p.is_alive():
@@ -294,10 +299,6 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
                     p.join(10)
                 _remove_job_shm(job)
             finally:
-                if held is not None and restore is not None:
-                    held["old"][signal.SIGTERM] = restore       # not our SystemExit handler: the one before it
-                elif restore is not None:
-                    signal.signal(signal.SIGTERM, restore)
                 _release_signals(held)
     if errors:
         # The rank where it began: one that died, then one whose own error it is (not a peer's failure relayed)

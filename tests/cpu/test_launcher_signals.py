@@ -215,14 +215,14 @@ def test_signals_during_the_cleanup_are_held_and_delivered_after_it():
     got = []
     old = signal.signal(signal.SIGTERM, lambda n, f: got.append(n))
     try:
-        held = _hold_signals()
+        held = _hold_signals(None)
         os.kill(os.getpid(), signal.SIGTERM)
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.05)                                 # a handler runs between bytecodes: give it the chance
         assert got == [] and held["came"] == [signal.SIGTERM] * 2
         _release_signals(held)                           # the application's handler again, and the signal once
         assert got == [signal.SIGTERM]
-        held = _hold_signals()
+        held = _hold_signals(None)
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.05)
         try:

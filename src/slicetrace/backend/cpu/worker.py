@@ -283,7 +283,7 @@ def _progress(lanes, bufs, writers, op, stamp_ch, stamp, rate, dcode, se, guard,
                         break
                     continue
                 if ln.empty:                 # no data to wait for: its header says whether the sender agrees
-                    if ctl[H_MSG + (conn.msg_seq - 1) % NSIG * 4] < conn.msg_seq:
+                    if not _header_posted(conn):
                         break
                     _check_msg(ln, dcode, guard)
                     ln.empty, moved = False, True
@@ -296,7 +296,7 @@ def _progress(lanes, bufs, writers, op, stamp_ch, stamp, rate, dcode, se, guard,
                     if ctl[H_HEAD] + NSTEPS < step + 1:
                         break
                 elif ctl[H_TAIL] < step + 1:
-                    if ln.first and ctl[H_MSG + (conn.msg_seq - 1) % NSIG * 4] >= conn.msg_seq:
+                    if ln.first and _header_posted(conn):
                         _check_msg(ln, dcode, guard)    # a header of 0 elements would leave us waiting for data
                     break
                 tr = clock() if stamp else 0
@@ -384,6 +384,11 @@ def _end_part(ln: _Lane, op, stamp_ch, clock) -> None:
     if ln.recs:
         ln.writer.stage(ln.recs)
         ln.recs = []
+
+
+def _header_posted(conn) -> bool:
+    """The sender has described the receive lane's current message (its header slot holds that seq or later)."""
+    return conn.ctl[H_MSG + (conn.msg_seq - 1) % NSIG * 4] >= conn.msg_seq
 
 
 def _check_msg(ln: _Lane, dcode: int, guard) -> None:
