@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import TraceFormatError
-from ..events.abi import moving_from
+from ..events.abi import fused_pairs
 
 
 @dataclass
@@ -67,7 +67,12 @@ def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.n
     if ks.dtype.names is None or "ready_ns" not in ks.dtype.names:
         raise TraceFormatError("expected the KernelStep table of slicetrace.analyze.trace.kernel_steps()")
     wait = (ks["ready_ns"] - ks["wait_ns"]).astype(np.float64)
-    xfer = (ks["done_ns"] - moving_from(ks, ks["rank"], ks["op"], ks["channel"])).astype(np.float64)
+    r_half, s_half = fused_pairs(ks, ks["rank"], ks["op"], ks["channel"])
+    start = ks["ready_ns"].astype(np.int64)
+    start[r_half] = start[s_half] = np.maximum(start[r_half], start[s_half])       # events.abi.moving_from
+    xfer = (ks["done_ns"] - start).astype(np.float64)
+    once = np.ones(len(ks), bool)           # a fused slice's time counted once per rank: by its send half
+    once[r_half] = False
     send = ks["is_send"] == 1
     links = []
     for src, dst in sorted({(int(r), int(p)) for r, p in zip(ks["rank"][send], ks["peer"][send])}):
@@ -78,46 +83,55 @@ def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.n
         links.append({"src": src, "dst": dst, "bytes": b, "slices": int(m.sum()),
                       "send_transfer_us": t / 1e3, "send_credit_wait_us": float(wait[m].sum()) / 1e3,
                       "recv_data_wait_us": float(wait[rm].sum()) / 1e3,
-                      "gbps": b / t if t > 0 else float("nan")})
+                      "gbps": b / t if t > 0 else None})
     ranks = []
     for r in sorted(set(int(x) for x in ks["rank"])):
         m = ks["rank"] == r
         ranks.append({"rank": r, "recv_wait_us": float(wait[m & ~send].sum()) / 1e3,
                       "send_wait_us": float(wait[m & send].sum()) / 1e3,
-                      "transfer_us": float(xfer[m].sum()) / 1e3, "slices": int(m.sum())})
+                      "transfer_us": float(xfer[m & once].sum()) / 1e3, "slices": int(m.sum())})
     waited = {}
     for r, p, w in zip(ks["rank"][~send], ks["peer"][~send], wait[~send]):
         waited[(int(r), int(p))] = waited.get((int(r), int(p)), 0.0) + float(w)
     waited_on = [{"rank": r, "peer": p, "wait_us": w / 1e3}
                  for (r, p), w in sorted(waited.items(), key=lambda kv: -kv[1])]
     bw = np.where(xfer > 0, ks["size"] / np.maximum(xfer, 1), np.inf)
+    bw[~once] = np.inf                      # a fused slice is listed once, by its send (the link it fed)
     order = np.argsort(bw)[:top]
     slowest = [{"rank": int(ks["rank"][i]), "peer": int(ks["peer"][i]), "channel": int(ks["channel"][i]),
                 "is_send": bool(ks["is_send"][i]), "step": int(ks["step"][i]), "bytes": int(ks["size"][i]),
                 "transfer_us": float(xfer[i]) / 1e3, "gbps": float(bw[i])} for i in order if np.isfinite(bw[i])]
     late_ranks, late_ops = stragglers(chs, top) if chs is not None else ([], [])
     return Report(links, ranks, waited_on, slowest, counters or {}, late_ranks, late_ops,
-                  slow_links(links, ks[send], xfer[send]))
+                  slow_links(ks[send], xfer[send]))
 
 
-def slow_links(links: list[dict], sends: np.ndarray, xfer: np.ndarray, below: float = 0.25) -> list[dict]:
-    """Of `links` (build's, with their GB/s), those more than `below` under the median link's (3 links or more),
-    with the channels on which the link is also slower than that channel's median over links (sends and xfer:
-    the send records and their transfer ns): on every channel points at the link (a degraded NVLink or path), on
-    one at that channel's program (its SM, its block)."""
-    gbps = {(ln["src"], ln["dst"]): ln["gbps"] for ln in links if ln["gbps"] > 0}    # NaN (no time) fails too
-    if len(gbps) < 3:
-        return []
-    med = float(np.median(list(gbps.values())))
+def slow_links(sends: np.ndarray, xfer: np.ndarray, below: float = 0.25) -> list[dict]:
+    """The links whose typical GB/s is more than `below` under the median link's (3 links or more), with the
+    channels on which the link is also that far below the channel's median over links: every channel points at
+    the link (a degraded NVLink or path), one at that channel's program (its SM, its block). A link's typical
+    GB/s on a channel is the median of its slices' (one descheduled slice does not make a link slow); over its
+    channels, its bytes over the time they take at those rates. sends, xfer: send records, their transfer ns."""
+    ok = xfer > 0
+    sends, xfer = sends[ok], xfer[ok]
     keys, inv = np.unique(np.stack([sends["rank"], sends["peer"], sends["channel"]]).astype(np.int64), axis=1,
                           return_inverse=True)
     inv = inv.ravel()
-    b = np.bincount(inv, weights=sends["size"].astype(np.float64), minlength=keys.shape[1])
-    t = np.bincount(inv, weights=xfer, minlength=keys.shape[1])
+    rate = sends["size"] / xfer
     ch_gbps: dict[int, dict[tuple[int, int], float]] = {}
-    for (src, dst, c), bb, tt in zip(keys.T.tolist(), b.tolist(), t.tolist()):
-        if bb > 0 and tt > 0:
-            ch_gbps.setdefault(c, {})[(src, dst)] = bb / tt
+    lk: dict[tuple[int, int], list[float]] = {}             # link -> [bytes, time at the typical rates]
+    for j, (src, dst, c) in enumerate(keys.T.tolist()):
+        m = inv == j
+        g = float(np.median(rate[m]))
+        ch_gbps.setdefault(c, {})[(src, dst)] = g
+        acc = lk.setdefault((src, dst), [0.0, 0.0])
+        b = float(sends["size"][m].sum())
+        acc[0] += b
+        acc[1] += b / g
+    gbps = {k: b / t for k, (b, t) in lk.items() if t > 0}
+    if len(gbps) < 3:
+        return []
+    med = float(np.median(list(gbps.values())))
     ch_med = {c: float(np.median(list(v.values()))) for c, v in ch_gbps.items() if len(v) >= 3}
     out = []
     for k, g in sorted(gbps.items(), key=lambda kv: kv[1]):
@@ -125,7 +139,8 @@ def slow_links(links: list[dict], sends: np.ndarray, xfer: np.ndarray, below: fl
             break
         chans = [c for c, v in ch_gbps.items() if k in v and c in ch_med]
         out.append({"src": k[0], "dst": k[1], "gbps": g, "median_gbps": med, "below_pct": 100 * (1 - g / med),
-                    "channels": len(chans), "channels_slow": sum(ch_gbps[c][k] < ch_med[c] for c in chans)})
+                    "channels": len(chans),
+                    "channels_slow": sum(ch_gbps[c][k] < (1 - below) * ch_med[c] for c in chans)})
     return out
 
 
@@ -137,9 +152,14 @@ def render(rep: Report, console=None) -> None:
     for c in ("src->dst", "MiB", "slices", "GB/s", "transfer us", "credit wait us", "data wait us"):
         t.add_column(c, justify="right")
     for ln in rep.links:                # exact bytes are in --json; MiB keeps the row within 80 columns
-        t.add_row(f"{ln['src']}->{ln['dst']}", f"{ln['bytes'] / 2**20:,.1f}", str(ln["slices"]), f"{ln['gbps']:.2f}",
+        g = "n/a" if ln["gbps"] is None else f"{ln['gbps']:.2f}"       # None: no transfer time (coarse clock)
+        t.add_row(f"{ln['src']}->{ln['dst']}", f"{ln['bytes'] / 2**20:,.1f}", str(ln["slices"]), g,
                   f"{ln['send_transfer_us']:.1f}", f"{ln['send_credit_wait_us']:.1f}", f"{ln['recv_data_wait_us']:.1f}")
     con.print(t)
+    sampled = {r: c.get("sampled_out", 0) for r, c in rep.counters.items() if c.get("sampled_out")}
+    if sampled:
+        con.print(f"KernelStep sampling (SLICETRACE_KERNEL_STEP_SAMPLE_RATE) left slices out on purpose "
+                  f"({sum(sampled.values()):,} records): bytes, slices and times count the kept slices only")
     t = Table(title="ranks")
     for c in ("rank", "waiting for data us", "waiting for credit us", "moving data us", "slices"):
         t.add_column(c, justify="right")
@@ -167,15 +187,22 @@ def render(rep: Report, console=None) -> None:
                       str(sl["step"]), f"{sl['bytes']:,}", f"{sl['transfer_us']:.1f}", f"{sl['gbps']:.3g}")
         con.print(t)
     for ln in rep.slow_links:
-        con.print(f"slow link: {ln['src']}->{ln['dst']} moves {ln['gbps']:.2f} GB/s, {ln['below_pct']:.0f} % below the "
-                  f"median link ({ln['median_gbps']:.2f}), slower than the other links on {ln['channels_slow']} of "
-                  f"{ln['channels']} channels")
+        con.print(f"slow link: {ln['src']}->{ln['dst']} moves {ln['gbps']:.2f} GB/s (typical slice), "
+                  f"{ln['below_pct']:.0f} % below the median link ({ln['median_gbps']:.2f}); that far below the "
+                  f"other links on {ln['channels_slow']} of {ln['channels']} channels")
+    if 0 < len(rep.links) < 3:
+        con.print(f"slow links: not judged, {len(rep.links)} link(s) in this trace and the check compares each with "
+                  f"the median of 3 or more")
+    if rep.links and not rep.stragglers and not rep.late_ops:
+        con.print("stragglers: none to name (matched across ranks by a collective's SeqNum, from KernelCh events; "
+                  "point-to-point ops carry none: see who waited on whom)")
     if rep.waited_on:
         w = rep.waited_on[0]
         con.print(f"most waited on: rank {w['rank']} waited {w['wait_us']:.1f} us for data from rank {w['peer']}")
     if rep.counters:
         lost = {f"rank {r}": {k: v for k, v in c.items()
-                              if v and not k.startswith(("delivered", "plugin_written", "clock_", "ops_"))}
+                              if v and k != "sampled_out"
+                              and not k.startswith(("delivered", "plugin_written", "clock_", "ops_"))}
                 for r, c in rep.counters.items()}
         con.print(f"loss counters: {lost}")
         skipped = {f"rank {r}": {k: v for k, v in c.items() if v and k.startswith("ops_")}

@@ -262,13 +262,23 @@ def run_config(a: argparse.Namespace) -> int:
 
 def run_report(a: argparse.Namespace) -> int:
     from ..analyze.report import build, render
-    from ..analyze.trace import counters, kernel_chs, kernel_steps, load_run, write_steps_csv
+    from ..analyze.trace import counters, kernel_chs, kernel_steps, load_files, run_ranks, write_steps_csv
     if a.top < 0:
         raise UsageError(f"--top {a.top} must be >= 0")
     for flag, path in (("--json", a.json), ("--csv", a.csv)):
         if path:
             writable_file(flag, path)
-    recs = load_run(a.traces)
+    loaded = load_files(a.traces)
+    recs = [r for _, rs in loaded for r in rs]
+    ranks = run_ranks(loaded)
+    missing = sorted(set(range(ranks.n)) - {r.get("pid") for r in recs}) if ranks else []
+    if missing and not a.partial:   # stragglers, waits and links would be judged among the others, silently
+        raise SliceTraceError(f"{' '.join(a.traces)}: the run had {ranks.n} ranks ({ranks.source}) and the files "
+                              f"given hold no records of rank(s) {missing}; give every rank's file, or pass "
+                              f"--partial to analyse the ranks present")
+    if missing:
+        print(f"# --partial: rank(s) {missing} of {ranks.n} absent; stragglers, waits and links are among the "
+              f"ranks present only")
     ks, chs = kernel_steps(recs), kernel_chs(recs)
     if not len(ks) and not len(chs) and any(r.get("name") == "slicetrace_comm" and (r.get("args") or {}).get(
             "nRanks") == 1 for r in recs):      # (load_run checked that args, where present, are an object)
@@ -315,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("--top", type=int, default=10,
                     help="slowest slices (and most skewed collectives) to list, default 10")
     rp.add_argument("--json", metavar="FILE", help="write the report as JSON")
+    rp.add_argument("--partial", action="store_true",
+                    help="analyse the ranks present when the run's other ranks' files are not given")
     rp.add_argument("--csv", metavar="FILE", help="write every KernelStep as a CSV row (rank, channel, is_send, peer, "
                     "step, size, wait_ns, ready_ns, done_ns, seq_number, op, wait_us, transfer_us, gbps), for pandas "
                     "or a spreadsheet")

@@ -315,23 +315,31 @@ DATATYPE_NAMES = {"int8": "ncclInt8", "uint8": "ncclUint8", "int32": "ncclInt32"
                   "float32": "ncclFloat32", "float64": "ncclFloat64", "bfloat16": "ncclBfloat16"}
 
 
-def moving_from(recs: np.ndarray, *keys: np.ndarray) -> np.ndarray:
-    """When each KernelStep's slice could move: its ready_ns, or for the two directions of a fused slice (one
-    primitive's receive and send: equal `keys` and done clock) the later of their two ready clocks. On the GPU a
-    fused slice waits for credit and data at once; a send with room but no data yet is waiting, not moving.
-    `keys` (arrays, most significant first) tell ranks, ops and channels apart."""
-    start = recs["ready_ns"].astype(np.int64)
+def fused_pairs(recs: np.ndarray, *keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Indices (receive, send) of the two directions of each fused slice (one primitive's receive and send:
+    equal `keys` and done clock, exactly two records). `keys` (arrays, most significant first) tell ranks, ops
+    and channels apart."""
     if len(recs) < 2:
-        return start
+        return np.zeros(0, np.intp), np.zeros(0, np.intp)
     o = np.lexsort((recs["done_ns"],) + keys[::-1])
-    done, snd, ready = recs["done_ns"][o], recs["is_send"][o], start[o]
+    done, snd = recs["done_ns"][o], recs["is_send"][o]
     eq = done[1:] == done[:-1]
     for k in keys:
         k = k[o]
         eq &= k[1:] == k[:-1]
     alone = np.concatenate(([True], ~eq[:-1])) & np.concatenate((~eq[1:], [True]))   # groups of exactly two
     i = np.flatnonzero(eq & alone & (snd[1:] != snd[:-1]))
-    later = np.maximum(ready[i], ready[i + 1])
-    start[o[i]] = later
-    start[o[i + 1]] = later
+    first_sends = snd[i] != 0
+    return np.where(first_sends, o[i + 1], o[i]), np.where(first_sends, o[i], o[i + 1])
+
+
+def moving_from(recs: np.ndarray, *keys: np.ndarray) -> np.ndarray:
+    """When each KernelStep's slice could move: its ready_ns, or for the two directions of a fused slice
+    (fused_pairs) the later of their two ready clocks. On the GPU a fused slice waits for credit and data at once;
+    a send with room but no data yet is waiting, not moving."""
+    start = recs["ready_ns"].astype(np.int64)
+    r, s = fused_pairs(recs, *keys)
+    later = np.maximum(start[r], start[s])
+    start[r] = later
+    start[s] = later
     return start
