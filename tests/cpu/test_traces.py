@@ -294,3 +294,25 @@ def test_op_sampling_and_min_bytes_profile_the_same_ops_on_every_rank_and_count_
         assert int((ks["rank"] == rank).sum()) == c["delivered_kernel_step"] > 0
         meta = [r for r in recs if r.get("name") == "slicetrace_counters" and r.get("pid") == rank]
         assert meta and meta[0]["args"]["ops_sampled_out"] == 5 and meta[0]["args"]["ops_below_min_bytes"] == 3
+
+
+def _a2a_once(comm, block):
+    n, r = comm.world_size, comm.rank
+    comm.all_to_all(np.full(n * block, r, np.float32))
+    comm.flush_profiler()
+
+
+def test_a_p2p_lane_is_not_charged_with_time_spent_on_the_other_lanes(tmp_path):
+    """All parts of a group move round-robin in one thread. A send's wait used to start at its lane's previous
+    done (or the part's start), so the copies of the lanes served before it read as waiting for credit from its
+    peer. In a first all_to_all of 2 steps per message the FIFOs are empty: no send ever lacks credit, so every
+    send's wait is its ready clock, exactly."""
+    prefix = str(tmp_path / "lanes")
+    block = 4096                              # 16 KiB per peer = 2 steps of the 64 KiB buffer's 8 KiB
+    slicetrace.launch(_a2a_once, 3, block, profile_dump_file=prefix, **KW)
+    ks = kernel_steps(load_traces(sorted(glob.glob(prefix + "_*.json"))))
+    sends = ks[ks["is_send"] == 1]
+    assert len(sends) == 3 * 2 * 2            # 3 ranks, 2 peers, 2 steps
+    assert (sends["wait_ns"] == sends["ready_ns"]).all(), (sends["ready_ns"] - sends["wait_ns"]).tolist()
+    recvs = ks[ks["is_send"] == 0]
+    assert len(recvs) == 12 and (recvs["wait_ns"] <= recvs["ready_ns"]).all()

@@ -2,7 +2,7 @@
 
 `submit` runs a work to completion before it returns: channel 0 (and every point-to-point part,
 round-robin) in the caller's thread, channels 1.. in worker threads. See shm.py for the memory layout,
-transport.py for waits and failure detection, worker.py for the primitives.
+transport.py for waits and failure detection, worker.py for the ring primitives, p2p.py for point-to-point groups.
 """
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ from .shm import (ABORT_PEER, C_BUFFSIZE, C_CLOSED, C_FUTEX, C_HEARTBEAT, C_MAGI
 from . import affinity, futex
 from .stamper import FastRingWriter
 from .transport import Conn, Guard, encode_sig
-from .worker import RingJob, run_p2p, run_ring
+from .p2p import run_p2p
+from .worker import RingJob, run_ring
 
 HEARTBEAT_S = 0.1
 _GEN: dict[str, int] = {}        # backends made per job in this process: keeps store keys of re-inits apart
