@@ -4,14 +4,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import operator
 import threading
 import time
 from typing import Any, Iterator
 
-import numpy as np
 
-from .backend.base import REDOPS, Work, host_pointer
+from .api_checks import check_group_overlap, int_index, ptr, tag_value, writable
+from .backend.base import REDOPS, Work
 from .config import Settings
 from .errors import SliceTraceError, UsageError
 from .events.abi import DATATYPE_NAMES, FUNC_NAMES, parse_mask
@@ -21,43 +20,6 @@ from .rendezvous import Store
 from .session import Session
 
 log = logging.getLogger("slicetrace")
-
-
-def _writable(buf: Any, what: str) -> None:
-    """Results land in it: a read-only numpy array is refused before the op, not half way through it."""
-    if not getattr(getattr(buf, "flags", None), "writeable", True):
-        raise UsageError(f"{what} is read-only (flags.writeable is False); results are written into it")
-
-
-_TAG_LIMIT = 1 << 63        # user tags with the top bit set are NCCL's own (ncclCollConfig_t.userProfilerTag)
-
-
-def _index(v: Any, name: str, limit: int, accepted: str = "") -> int:
-    """An integer (Python or numpy, not bool) in 0..limit-1, else a UsageError naming it."""
-    if not isinstance(v, bool):
-        try:
-            i = operator.index(v)
-        except TypeError:
-            i = -1
-        if 0 <= i < limit:
-            return i
-    raise UsageError(f"{name}={v!r} must be an int in 0..{limit - 1}{accepted}")
-
-
-def _user_tag(v: Any) -> int:
-    return v if v.__class__ is int and 0 <= v < _TAG_LIMIT else _index(
-        v, "user_tag", _TAG_LIMIT, " (2**63 - 1; tags with the top bit set are reserved, as in NCCL)")
-
-
-def _ptr(buf: Any) -> int:
-    if isinstance(buf, np.ndarray):
-        return host_pointer(buf)
-    for get in (lambda b: b.data.ptr, lambda b: b.data_ptr(), lambda b: b.ctypes.data):
-        try:
-            return int(get(buf))
-        except Exception:
-            continue
-    return 0
 
 
 class Communicator:
@@ -97,14 +59,14 @@ class Communicator:
         return op
 
     def _root(self, root: int) -> int:
-        return root if root.__class__ is int and 0 <= root < self.world_size else _index(
+        return root if root.__class__ is int and 0 <= root < self.world_size else int_index(
             root, "root", self.world_size)
 
     def _check_overlap(self, func: str, send: Any, recv: Any, count: int) -> None:
         """x and out that share memory must be NCCL's in-place layout: any other overlap gives wrong results."""
         if not send.size or not recv.size:
             return
-        sp, rp = _ptr(send), _ptr(recv)
+        sp, rp = ptr(send), ptr(recv)
         if not (sp < rp + recv.nbytes and rp < sp + send.nbytes):
             return
         lo, hi = self.rank * count, (self.rank + 1) * count
@@ -125,7 +87,7 @@ class Communicator:
         if out is None:
             return None, self._session.backend.empty_like(like, count)
         flat, dt, n = self._buf(out, what)
-        _writable(out, what)
+        writable(out, what)
         if dt != dtype:
             raise UsageError(f"{what} dtype {dt} differs from the input dtype {dtype}")
         if n != count:
@@ -182,7 +144,7 @@ class Communicator:
         user_out, recv = self._out(out, send, dtype, out_n)
         if user_out is not None:
             self._check_overlap(func, send, recv, count)
-        user_tag = _user_tag(user_tag)
+        user_tag = tag_value(user_tag)
         self._tag += 1
         itemsize = send.itemsize
         plan = plan_collective(func, self.world_size, self.rank, count, itemsize, root,
@@ -192,8 +154,8 @@ class Communicator:
         info = None
         if mask:                    # events only when a plugin listens: nothing to build otherwise
             task = TaskInfo(func=FUNC_NAMES[func], peer=-1, is_send=False, count=count,
-                            datatype=DATATYPE_NAMES.get(dtype, dtype), root=root, send_buff=_ptr(send),
-                            recv_buff=_ptr(recv), n_programs=len(plan.programs))
+                            datatype=DATATYPE_NAMES.get(dtype, dtype), root=root, send_buff=ptr(send),
+                            recv_buff=ptr(recv), n_programs=len(plan.programs))
             info = self._info(func, [task], user_tag, mask, seq)
         work = Work(self._tag, plan, dtype, redop, sendbuf=send, recvbuf=recv, stream=stream)
         self._session.run(work, info)
@@ -250,11 +212,11 @@ class Communicator:
 
     def _p2p(self, x: Any, peer: int, is_send: bool, user_tag: int) -> None:
         self._check_open()
-        peer = _index(peer, "peer", self.world_size)
-        user_tag = _user_tag(user_tag)
+        peer = int_index(peer, "peer", self.world_size)
+        user_tag = tag_value(user_tag)
         flat, dtype, n = self._buf(x, "x" if is_send else "out")
         if not is_send:
-            _writable(x, "out")
+            writable(x, "out")
         self._enqueue([(P2pPart(peer, is_send, n, 0), flat, dtype, user_tag)])
 
     def _enqueue(self, entries: list) -> None:
@@ -294,6 +256,8 @@ class Communicator:
             raise UsageError(f"a send/recv group mixes dtypes {sorted(dtypes)}; use one dtype per group")
         dtype = dtypes.pop()
         itemsize = entries[0][1].itemsize
+        if len(entries) > 1:
+            check_group_overlap(entries, itemsize)
         key = (itemsize, tuple((p.peer, p.is_send, p.count, p.offset) for p, _, _, _ in entries))
         hit = self._p2p_plans.get(key)
         if hit is None:
@@ -309,8 +273,8 @@ class Communicator:
             for (p, buf, _, ut), n, ch in zip(entries, nprog, chans):
                 tasks.append(TaskInfo(func="Send" if p.is_send else "Recv", peer=p.peer, is_send=p.is_send,
                                       count=p.count, datatype=DATATYPE_NAMES.get(dtype, dtype), root=0,
-                                      send_buff=_ptr(buf) + p.offset * itemsize if p.is_send else 0,
-                                      recv_buff=0 if p.is_send else _ptr(buf) + p.offset * itemsize,
+                                      send_buff=ptr(buf) + p.offset * itemsize if p.is_send else 0,
+                                      recv_buff=0 if p.is_send else ptr(buf) + p.offset * itemsize,
                                       n_programs=n, channels=ch, user_tag=ut))
         self._tag += 1
         info = self._info("send_recv", tasks, entries[0][3], mask, self._next_seq("send_recv"))
@@ -322,7 +286,7 @@ class Communicator:
         flat, dtype, n = self._buf(x, "x")
         if n % self.world_size:
             raise UsageError(f"all_to_all input has {n} elements, not a multiple of world_size={self.world_size}")
-        user_tag = _user_tag(user_tag)
+        user_tag = tag_value(user_tag)
         user_out, recv = self._on_device(self._out, out, flat, dtype, n)   # out=None: allocated on its device
         if user_out is not None:
             self._check_overlap("all_to_all", flat, recv, n // self.world_size)

@@ -317,3 +317,52 @@ def test_launch_checks_its_own_arguments_before_spawning(kw, msg):
     kw = {"nranks": 2, **kw}
     with pytest.raises(UsageError, match="^" + re.escape(msg)):
         slicetrace.launch(_one_rank_raises, kw.pop("nranks"), backend="cpu", **kw)
+
+
+def test_a_receive_overlapping_another_part_of_its_group_is_refused(comm):
+    """Before: accepted, and with a FIFO smaller than the message the receive overwrote data not yet sent."""
+    d = np.arange(3000, dtype=np.float32)
+    before = d.copy()
+    with pytest.raises(UsageError, match=r"send/recv group: the buffer of recv\(peer=0\) overlaps that of "
+                                         r"send\(peer=0\) \(\+0 bytes from it\)"):
+        with comm.group():
+            comm.send(d, 0)
+            comm.recv(d, 0)
+    with pytest.raises(UsageError, match=r"recv\(peer=0\) overlaps that of recv\(peer=0\) \(-4000 bytes"):
+        with comm.group():
+            comm.recv(d[:1000], 0)
+            comm.recv(d[1000:2001], 0)
+            comm.send(d[2001:2002], 0)
+            comm.send(np.zeros(1000, np.float32), 0)
+            comm.recv(d[2000:2001], 0)   # overlaps the second receive only
+    assert (d == before).all()
+    out = np.zeros(2000, np.float32)
+    with comm.group():                    # sends may share memory; the receive is separate
+        comm.send(d[:1000], 0)
+        comm.send(d[500:1500], 0)
+        comm.recv(out[:1000], 0)
+        comm.recv(out[1000:], 0)
+    assert (out == np.concatenate([d[:1000], d[500:1500]])).all()
+
+
+def _subclasses(comm):
+    r = comm.rank
+    m = np.matrix(np.zeros((1, 2), np.float32))
+    comm.all_gather(np.array([r + 1.0], np.float32), out=m)
+    x = np.matrix(np.full((2, 3), r + 1.0, np.float32))
+    comm.all_reduce(x, x)
+    try:
+        comm.all_reduce(np.ma.masked_array(np.ones(4, np.float32), mask=[0, 1, 0, 0]))
+        masked = None
+    except UsageError as e:
+        masked = str(e)
+    return m.tolist(), x.tolist(), masked
+
+
+def test_numpy_subclasses_are_used_by_their_memory_and_masked_arrays_refused():
+    """np.matrix stays 2-D when reshaped: the ring sliced rows, and all_gather into a matrix wrote [[1, 1]] on every
+    rank; a masked array's mask was ignored (masked elements summed)."""
+    res = slicetrace.launch(_subclasses, 2, timeout_s=20.0, join_timeout_s=60)
+    for m, x, masked in res:
+        assert m == [[1.0, 2.0]] and x == [[3.0] * 3] * 2
+        assert "numpy.ma.MaskedArray, whose mask the collectives would ignore" in masked

@@ -6,7 +6,7 @@ import ctypes
 import numpy as np
 import pytest
 
-from slicetrace.api import _ptr
+from slicetrace.api_checks import ptr as _ptr
 from slicetrace.backend.base import host_pointer
 
 _BYTES = b"abcdefgh" * 8

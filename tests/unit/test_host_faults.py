@@ -291,3 +291,20 @@ def test_a_record_after_a_raising_start_still_gets_its_stop_state():
         lp.kernel_step_batch("parent", _ks_recs(2))
     (_, _, state, args), = p.of("state")
     assert state == State.KERNEL_STEP_STOP and args.p_timer == 301
+
+
+def test_a_plugin_disabled_mid_run_still_gets_the_stop_of_every_event_it_started():
+    """Before: once disabled, its started Coll events were never stopped (an example-style plugin, which writes
+    at stop, lost them while delivered_coll counted them); finalize ran on open events."""
+    p = Flaky(T.KERNEL_STEP, bad_state=("all",), mask=KS | CH | int(T.COLL))
+    h = host_of(p, max_failures=2)
+    for seq in range(3):                                       # disabled during op 0's steps
+        h.begin_op(coll_op(tag=seq + 1, n_programs=1))
+        h.steps(seq + 1, recs(seq + 1, 4))
+        h.channel(seq + 1, chrec(seq + 1))
+    assert h.disabled() == [p.name]
+    started, stopped, _ = _handles(p, T.COLL)
+    assert len(started) == 1 and stopped == started           # op 0's Coll: started before, stopped after
+    c = h.counters()
+    # op 0: 2 KernelSteps failed, 2 and its KernelCh not offered; ops 1-2: nobody listens (8 KernelSteps)
+    assert (c["delivered_coll"], c["plugin_error"], c["plugin_disabled"], c["masked_out"]) == (1, 2, 3, 8)

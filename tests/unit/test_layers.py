@@ -38,7 +38,8 @@ ALLOWED: dict[str, set[str]] = {
     "sinks": BASE | {"config", "events.abi", "events.plugin"},
     "analyze": BASE | {"events.abi", "plan"},
     "session": LOW | CONTRACTS | {"plan", "backend.base", "stamps.drain", "events.plugin", "events.host"},
-    "api": LOW | CONTRACTS | {"plan", "backend.base", "events.host", "session"},
+    "api_checks": BASE | {"backend.base"},
+    "api": LOW | CONTRACTS | {"plan", "backend.base", "events.host", "session", "api_checks"},
     "launcher": LOW | {"api"},
     "cli": None,                 # the top: may import anything
     "__init__": LOW | {"api", "launcher"},

@@ -108,12 +108,15 @@ class Emitter:
 
     def _stop(self, i: int, h: Any, ts_ns: int) -> None:
         s = self._slots[i]
-        if h is None or h is _OFF or s.disabled or h is s.lp.passthrough:   # stop of passthrough: a no-op
+        if h is None or h is _OFF or h is s.lp.passthrough:   # stop of passthrough: a no-op
             return
-        try:
+        try:        # a disabled plugin still gets the stop of each event it started (it may write at stop)
             s.lp.stop_event(h, ts_ns)
         except Exception:
-            self._fail(s, "stop_event", 1)
+            if s.disabled:
+                self._counts["plugin_error"] += 1   # its event is lost; no more exceptions are logged or budgeted
+            else:
+                self._fail(s, "stop_event", 1)
 
     def _state(self, i: int, h: Any, state: State, args: StateArgs) -> None:
         s = self._slots[i]

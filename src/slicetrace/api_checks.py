@@ -1,0 +1,68 @@
+"""The API's argument checks, shared by its operations: each error names the parameter, the value and what is
+accepted (UsageError), before anything is sent."""
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import numpy as np
+
+from .backend.base import host_pointer
+from .errors import UsageError
+
+
+def writable(buf: Any, what: str) -> None:
+    """Results land in it: a read-only numpy array is refused before the op, not half way through it."""
+    if not getattr(getattr(buf, "flags", None), "writeable", True):
+        raise UsageError(f"{what} is read-only (flags.writeable is False); results are written into it")
+
+
+_TAG_LIMIT = 1 << 63        # user tags with the top bit set are NCCL's own (ncclCollConfig_t.userProfilerTag)
+
+
+def int_index(v: Any, name: str, limit: int, accepted: str = "") -> int:
+    """An integer (Python or numpy, not bool) in 0..limit-1, else a UsageError naming it."""
+    if not isinstance(v, bool):
+        try:
+            i = operator.index(v)
+        except TypeError:
+            i = -1
+        if 0 <= i < limit:
+            return i
+    raise UsageError(f"{name}={v!r} must be an int in 0..{limit - 1}{accepted}")
+
+
+def tag_value(v: Any) -> int:
+    return v if v.__class__ is int and 0 <= v < _TAG_LIMIT else int_index(
+        v, "user_tag", _TAG_LIMIT, " (2**63 - 1; tags with the top bit set are reserved, as in NCCL)")
+
+
+def ptr(buf: Any) -> int:
+    if isinstance(buf, np.ndarray):
+        return host_pointer(buf)
+    for get in (lambda b: b.data.ptr, lambda b: b.dataptr(), lambda b: b.ctypes.data):
+        try:
+            return int(get(buf))
+        except Exception:
+            continue
+    return 0
+
+
+def check_group_overlap(entries: list, itemsize: int) -> None:
+    """A receive sharing memory with another part of its group would be written while that part is read or
+    written (results depend on timing; NCCL leaves it undefined): refused. Sends may share memory."""
+    spans = sorted(((ptr(b) + p.offset * itemsize, (p.offset + p.count) * itemsize + ptr(b), p)
+                    for p, b, _, _ in entries if p.count), key=lambda c: c[:2])
+    cluster, end = [], -1
+    for span in spans + [(1 << 64, 1 << 64, None)]:
+        if span[0] >= end:                      # a cluster of overlapping spans ends: any receive in it overlaps
+            recv = next((c for c in cluster if not c[2].is_send), None) if len(cluster) > 1 else None
+            if recv is not None:
+                other = next(c for c in cluster if c is not recv and c[0] < recv[1] and recv[0] < c[1])
+                what = lambda c: f"{'send' if c[2].is_send else 'recv'}(peer={c[2].peer})"
+                raise UsageError(f"send/recv group: the buffer of {what(recv)} overlaps that of {what(other)} "
+                                 f"({recv[0] - other[0]:+d} bytes from it); a receive may not share memory with "
+                                 f"another send or receive of its group: pass separate buffers")
+            cluster = []
+        cluster.append(span)
+        end = max(end, span[1])
