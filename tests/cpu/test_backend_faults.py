@@ -215,3 +215,26 @@ def test_peer_killed_mid_op():
         # not by running out of time: that would be a CommTimeoutError
         assert kind == "PeerError" and PEER_GONE.fullmatch(msg), res[r]
     assert left == []
+
+
+def open_then_list(ctx, key: str, kw: dict):
+    """Segment names in /dev/shm while the backend is open (after an all_reduce: every rank is past its set-up),
+    and the all_reduce's result."""
+    from slicetrace.backend.base import Work
+    from slicetrace.plan.schedule import plan_collective
+    be = backend(ctx, key, **kw)
+    try:
+        x = np.full(1000, ctx["rank"] + 1.0, np.float32)
+        y = np.empty_like(x)
+        be.submit(Work(1, plan_collective("all_reduce", ctx["world"], ctx["rank"], x.size, 4, 0, be.nch,
+                                          be.settings.step_bytes), "float32", "sum", x, y))
+        return shm_left(ctx, key), float(y[0])
+    finally:
+        ctx["state"]["backends"].pop(key).close()
+
+
+def test_segment_names_are_gone_once_every_rank_attached(pool3):
+    """A rank that ends without close() (a torchrun script that just exits, a SIGKILL) left its ~14 MB segment in
+    /dev/shm for good: only launch() removed leftovers. Each rank now unlinks its name once all have attached."""
+    res = pool3.run(open_then_list, "names", dict(SMALL))
+    assert res == [([], 6.0)] * 3

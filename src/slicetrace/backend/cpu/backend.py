@@ -104,8 +104,10 @@ class CpuBackend(HostBackend):
             for p in self._peer_segs:
                 self.p2p_recv[p] = conn(self.seg, nch + p, p, False)
                 self.p2p_send[p] = conn(self._peer_segs[p], nch + rank, p, True)
-        # everyone attached before anyone may unlink its segment
+        # everyone attached: the name is no longer needed, and a rank that ends without close() (torchrun, kill -9)
+        # leaves nothing in /dev/shm; the memory lives until the last rank unmaps it
         self.store.barrier(f"{self._prefix}/attached", rank, world, s.timeout_s)
+        self.seg.unlink()
         cpus = affinity.candidates(rank, world, nch) if s.cpu_bind == "on" else []    # launch() resolves "auto"
         self._bound = affinity.bind(cpus) if cpus else None      # after the heartbeat thread started
 

@@ -8,8 +8,9 @@ Segment of rank r (all offsets 4 KiB aligned):
     stamp rings        stamps.layout.ring_bytes(nch, ring_slots)  (read by this rank's drain thread)
 
 Segments bypass Python's resource_tracker (spawned ranks share one tracker, and a segment registered by
-both its creator and an attacher makes the tracker print spurious errors). The creator unlinks on close;
-a launcher removes leftovers by the job string in the name (`st_<job>_...`).
+both its creator and an attacher makes the tracker print spurious errors). The creator unlinks it
+once every rank attached (the mapping lives on), so nothing stays in /dev/shm however a rank ends; a launcher
+removes what a set-up that failed part way left, by the job string in the name (`st_<job>_...`).
 """
 from __future__ import annotations
 
