@@ -139,6 +139,8 @@ def _child(fn: Callable, rank: int, world: int, store_map: Any, job: str, settin
         _send(conn, ("ok", result))
     except BaseException as e:  # noqa: BLE001 - reported to the parent with its traceback
         running.clear()
+        if isinstance(e, KeyboardInterrupt):     # the launcher forwards the terminal's Ctrl-C: closing comes first
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
             if comm is not None:
                 comm._session.backend.abort(f"rank {rank} failed: {type(e).__name__}: {e}")
@@ -153,6 +155,32 @@ def _child(fn: Callable, rank: int, world: int, store_map: Any, job: str, settin
                 pass
         if os.getppid() != parent:
             _remove_job_shm(job)                 # orphaned: the launcher that would have removed it is gone
+
+
+INTERRUPT_GRACE_S = 10.0     # an interrupted launch() lets its ranks close this long (plugins write their traces)
+
+
+def _let_ranks_close(procs: list, held: dict | None) -> None:
+    """Interrupted (Ctrl-C, SIGTERM): each live rank gets SIGINT (if it did not already, from the terminal), so its
+    error path aborts and closes its communicator and the profiler plugins write what they hold; the wait ends when
+    they are gone, after INTERRUPT_GRACE_S, or at a signal that comes later than 0.5 s (a second Ctrl-C: timeout(1)
+    signals the launcher, then its group, at once)."""
+    for p in procs:
+        if p.is_alive():
+            try:
+                os.kill(p.pid, signal.SIGINT)
+            except OSError:
+                pass
+    t0 = time.monotonic()
+    seen = None
+    for p in procs:
+        while p.is_alive() and time.monotonic() - t0 < INTERRUPT_GRACE_S:
+            p.join(0.05)
+            if held is not None and time.monotonic() - t0 > 0.5:
+                if seen is None:
+                    seen = len(held["came"])
+                elif len(held["came"]) > seen:
+                    return
 
 
 def _terminate_as_exit():
@@ -289,10 +317,13 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
                             readers.pop(c)
                             errors.setdefault(r, f"rank {r} exited without a result")
         finally:
+            interrupted = isinstance(sys.exc_info()[1], (KeyboardInterrupt, SystemExit))
             # timeout(1) signals the launcher and then its group: a 2nd TERM mid-cleanup. (Off the main thread
             # neither is set: restore is None whenever held is.)
             held = _hold_signals(restore)
             try:
+                if interrupted:
+                    _let_ranks_close(procs, held)
                 for p in procs:
                     if p.is_alive():
                         p.kill()

@@ -106,10 +106,13 @@ def test_ranks_and_shared_memory_do_not_outlive_the_launcher(tmp_path, sig, want
     assert (rc, survivors, leaked) == (want_rc, [], set()), err
 
 
-def test_ctrl_c_stops_bench_with_a_message_and_no_traceback():
+def test_ctrl_c_stops_bench_with_a_message_and_no_traceback_and_the_traces_written(tmp_path):
+    """Before: the ranks were killed at once, so the example plugin never wrote what it held: 0-byte trace files
+    that report could not read. Now each rank closes its communicator first (the plugins' finalize)."""
+    from slicetrace.analyze.trace import check_trace, kernel_steps, load_traces
     p = subprocess.Popen([sys.executable, "-m", "slicetrace.cli.main", "bench", "-b", "1M", "-e", "1M", "-n",
-                          "1000000", "-w", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         start_new_session=True)
+                          "1000000", "-w", "1", "--trace", str(tmp_path / "tr")], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, start_new_session=True)
     ours = set()
     try:
         # not a fixed sleep: under load the ranks may still be importing after seconds (an interrupt there is
@@ -131,6 +134,11 @@ def test_ctrl_c_stops_bench_with_a_message_and_no_traceback():
     assert p.returncode == 130
     assert "slicetrace: interrupted" in err.decode() and "Traceback" not in err.decode()
     assert _left_of_job(ours) == set()                   # removed before the launcher exited: no waiting
+    files = sorted(glob.glob(str(tmp_path / "tr" / "trace_*_*.json")))
+    assert len(files) == 2
+    for f in files:
+        assert check_trace(f) == [], f
+        assert len(kernel_steps(load_traces([f]))) >= 8      # at least the warm-up op's slices
 
 
 # ---- init() checks rank and world_size before any store is used (a bad rank used to wait out the timeout) ----

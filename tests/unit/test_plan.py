@@ -23,6 +23,8 @@ def test_slice_layout_follows_nccl_generic_op():
     assert (p.slice_steps, p.chunk_steps, p.slice_per_chunk) == (2, 4, 2)
     assert slice_layout(262144, 4, p) == ((0, 131072), (131072, 131072))      # a 1 MiB chunk: 2 slices
     assert slice_layout(1000, 4, p) == ((0, 1000), (1000, 0))                 # min slice = step*2/32
+    assert slice_layout(20000, 4, p) == ((0, 10000), (10000, 10000))          # ceil(n/32)*16 above the minimum
+    assert slice_layout(2000, 4, p) == ((0, 2000), (2000, 0))                 # 1008 < min 8192: one slice
     assert slice_layout(0, 4, p) == ((0, 0), (0, 0))
     b = proto_for("broadcast", 512 << 10)
     assert (b.slice_steps, b.chunk_steps) == (1, 1) and len(slice_layout(5, 4, b)) == 1

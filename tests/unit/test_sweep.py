@@ -26,6 +26,8 @@ def test_sizes_follow_nccl_tests_flags():
 def test_busbw_factors_are_nccl_tests():
     assert busbw_factor("all_reduce", 4) == 1.5 and busbw_factor("all_gather", 4) == 0.75
     assert busbw_factor("reduce_scatter", 8) == 0.875 and busbw_factor("broadcast", 8) == 1.0
+    assert busbw_factor("all_to_all", 4) == 0.75 and busbw_factor("all_to_all", 2) == 0.5
+    assert busbw_factor("reduce", 8) == 1.0 and busbw_factor("send_recv", 2) == 1.0
 
 
 def test_counts_per_op():
