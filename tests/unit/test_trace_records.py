@@ -175,3 +175,22 @@ def test_the_example_plugin_writes_the_runs_rank_count(run):
         recs = json.loads(open(run.rsplit("/", 1)[0] + "/" + name).read())
         comm = [r for r in recs if r and r.get("name") == "slicetrace_comm"]
         assert len(comm) == 1 and comm[0]["args"]["nRanks"] == 2 and comm[0]["pid"] == int(name[-6]), comm
+
+
+def test_a_file_cut_short_is_read_to_its_last_whole_record_and_an_empty_one_says_why(run, tmp_path, caplog):
+    """A rank killed while its plugin wrote left an array without its end; report refused the whole file. Chrome's
+    format lets the closing ] go: the whole records are read, with a warning."""
+    folder, f0 = _copy(run, tmp_path)
+    text = f0.read_text()
+    whole = load_run(str(f0))
+    lines = text.rstrip().split("\n")
+    assert len(lines) > 4                                      # the sink writes one record per line
+    cut = "\n".join(lines[:-3]) + "\n" + lines[-3][: len(lines[-3]) // 2]     # mid-record, no end
+    f0.write_text(cut)
+    with caplog.at_level("WARNING", logger="slicetrace"):
+        got = load_run(str(f0))
+    assert got == whole[: len(got)] and len(whole) - 4 <= len(got) < len(whole)
+    assert "was cut short" in caplog.text
+    f0.write_text("")
+    with pytest.raises(TraceFormatError, match="is empty: its rank ended before its profiler wrote anything"):
+        load_run(str(folder))

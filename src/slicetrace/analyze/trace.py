@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 import re
 from typing import Any, Iterable
@@ -28,22 +29,53 @@ KERNEL_CH_TABLE = np.dtype([
     ("rank", "<i4"), ("channel", "<i4"), ("seq_number", "<i8"), ("func", "U24"), ("start_ns", "<i8"),
     ("stop_ns", "<i8"),
 ])
+log = logging.getLogger("slicetrace")
 _EPS_US = 1e-3      # ts are written with 3 decimals (exact ns); allow one ns of float noise
 _RANK_FILE = re.compile(r"^(.*_\d+)_(\d+)\.json$")      # <prefix>_<commHash>_<rank>.json
 
 
 def _read(path: str) -> list[dict]:
-    """One file's records (NCCL's trailing {} left out); TraceFormatError unless it is a JSON array of objects."""
+    """One file's records (NCCL's trailing {} left out); TraceFormatError unless it is a JSON array of objects.
+    An array cut short (a rank killed while writing; Chrome's trace format lets the closing ] go) is read up to
+    its last whole record, with a warning."""
     try:
         with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+            text = f.read()
     except (OSError, ValueError) as e:
-        raise TraceFormatError(f"trace file {path!r} cannot be read as JSON: {e}") from e
+        raise TraceFormatError(f"trace file {path!r} cannot be read: {e}") from e
+    if not text.strip():
+        raise TraceFormatError(f"trace file {path!r} is empty: its rank ended before its profiler wrote anything "
+                               f"(killed, or stopped without closing its communicator)")
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        data = _cut_short(text)
+        if data is None:
+            raise TraceFormatError(f"trace file {path!r} cannot be read as JSON: {e}") from e
+        log.warning("slicetrace: trace file %r was cut short (its rank was stopped while writing): read its %d "
+                    "whole records", path, len(data))
     if isinstance(data, dict) and "traceEvents" in data:
         data = data["traceEvents"]
     if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
         raise TraceFormatError(f"trace file {path!r} is not a JSON array of objects")
     return [r for r in data if r]           # NCCL's example plugin ends with an empty object
+
+
+def _cut_short(text: str) -> list | None:
+    """The records of a JSON array whose end is missing (one record per line, as the sinks write), else None."""
+    if not text.lstrip().startswith("["):
+        return None
+    end = len(text)
+    for _ in range(3):                       # the last line or two may be partial
+        end = text.rfind("\n", 0, end)
+        if end < 0:
+            return None
+        try:
+            data = json.loads(text[:end].rstrip().rstrip(",") + "]")
+        except ValueError:
+            continue
+        return data if isinstance(data, list) else None
+    return None
 
 
 def _refuse(path: str, i: int, r: dict, problem: str) -> TraceFormatError:
