@@ -34,10 +34,21 @@ def comm_hash(job: str) -> int:
     return int.from_bytes(hashlib.blake2b(job.encode(), digest_size=8).digest(), "little") & ((1 << 63) - 1)
 
 
+def _log_to_stderr(level: str, rank: int) -> None:
+    """SLICETRACE_DEBUG sets our logger's level (not root's). Below WARNING, Python's last-resort handler would
+    still print nothing, so unless the application has handlers of its own, ours go to stderr with the rank."""
+    lv = getattr(logging, level.upper(), logging.WARNING)
+    log.setLevel(lv)
+    if lv < logging.WARNING and not log.handlers and not logging.getLogger().handlers:
+        h = logging.StreamHandler()
+        h.setFormatter(logging.Formatter(f"slicetrace rank {rank} %(levelname)s: %(message)s"))
+        log.addHandler(h)
+
+
 class Session:
     def __init__(self, settings: Settings, rank: int, world: int, store: Store, job: str, name: str = ""):
         self.settings, self.rank, self.world, self.job = settings, rank, world, job
-        log.setLevel(getattr(logging, settings.debug.upper(), logging.WARNING))   # our logger only, not root
+        _log_to_stderr(settings.debug, rank)
         self.store = store
         self.comm_hash = comm_hash(job)             # before the backend: a bad job leaves nothing behind
         self.backend: Backend = create(settings, rank, world, store, job)

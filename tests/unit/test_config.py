@@ -302,3 +302,25 @@ def test_the_event_mask_keyword_takes_type_names_as_the_variable_does():
     with pytest.raises(ConfigError, match=r"^profile_event_mask='Coll\|Bogus': 'Bogus' is not an event type, which "
                                           r"are GROUP, .*; expected an integer"):
         Settings.from_env({}, profile_event_mask="Coll|Bogus")
+
+
+def test_slicetrace_debug_info_reaches_stderr(capsys, monkeypatch):
+    """SLICETRACE_DEBUG=INFO set our logger's level, but with no handler Python printed WARNING and up only: the
+    linkstats summary at close (log.info) could never be seen."""
+    import logging
+    from slicetrace.session import _log_to_stderr
+    log = logging.getLogger("slicetrace")
+    monkeypatch.setattr(log, "handlers", [])
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])
+    level = log.level
+    try:
+        _log_to_stderr("info", 3)
+        log.info("hello %d", 7)
+        log.debug("not shown")
+    finally:
+        log.setLevel(level)
+    assert capsys.readouterr().err == "slicetrace rank 3 INFO: hello 7\n"
+    assert len(log.handlers) == 1
+    _log_to_stderr("INFO", 3)                 # a second communicator: no second handler
+    log.setLevel(level)
+    assert len(log.handlers) == 1

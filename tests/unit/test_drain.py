@@ -569,3 +569,52 @@ def test_scratch_grows_and_reuses_one_buffer_per_name():
     assert c.shape == (MIN_ROWS + 1, 6) and not np.shares_memory(a, c)
     assert s.rows("a", MIN_ROWS * 3 // 2, np.uint64, 6).base is c.base
     assert not np.shares_memory(s.rows("b", MIN_ROWS, np.uint64, 6), c)
+
+
+def test_slots_a_writer_reserves_again_during_the_copy_are_counted_as_overrun():
+    """Reservations that move on while the rows are gathered lap the oldest slots just read: those rows are
+    overrun (the writer may have overwritten them), the rest are delivered."""
+    v, sink, d, w = setup(1, 64)
+    d.op_submitted(1, lambda: False)
+    for i in range(10):
+        s = w.start(KIND_STEP, FLAG_SEND, 1, i, 8, 1, i, i + 1)
+        w.complete(s, KIND_STEP, FLAG_SEND, 1, i, 8, 1, i + 2)
+    gather = d._gather
+
+    def racing(rows, idx, name):           # a writer reserves seqs 11..67 while the drain copies
+        out = gather(rows, idx, name)
+        v.header["reserved"][0] = 67
+        return out
+    d._gather = racing
+    d.poll_once()
+    assert sink.drops == Counter({"overrun": 3})           # seqs 1..3 share slots with 65..67
+    assert [list(r["step"]) for _, r in sink.step_calls] == [list(range(3, 10))] and d.cursor[0] == 10
+
+
+def test_an_old_entry_never_written_is_lost_once_no_op_runs():
+    """No exact snapshot: an unpublished entry more than LOST_LAG behind the newest reservation is declared lost
+    only when every op has completed (before, nothing after it was delivered while it ran)."""
+    v, sink, d, w = setup(1, 8192)
+    done = {"v": False}
+    d.op_submitted(1, lambda: done["v"])
+    v.header["reserved"][0] = 1                            # seq 1 reserved, its writer died before writing it
+    n = LOST_LAG + 10
+    for i in range(n):
+        s = w.start(KIND_STEP, FLAG_SEND, 1, i, 8, 1, i, i + 1)
+        w.complete(s, KIND_STEP, FLAG_SEND, 1, i, 8, 1, i + 2)
+    d.poll_once()
+    assert sink.step_calls == [] and not sink.drops and d.cursor[0] == 0
+    done["v"] = True
+    d.poll_once()
+    assert sink.drops == Counter({"unpaired": 1}) and sum(len(r) for _, r in sink.step_calls) == n
+    assert sink.ended == [1] and d.idle()
+
+
+def test_the_last_entry_of_a_completed_op_with_an_exact_snapshot_that_never_came_is_lost_at_once():
+    v, sink, d, w = setup(1, 64)
+    gpu_program(v, 1, 4)                                   # seqs 1 (start), 2 (stop), 3..6 (slices)
+    v.started[0]["seq"][6] = v.completed[0]["seq"][6] = 0  # the snapshot's own seq: the kernel never wrote it
+    d.op_submitted(1, lambda: True, v.header["reserved"].copy())
+    d.poll_once()
+    assert sink.drops == Counter({"unpaired": 1}) and [list(r["step"]) for _, r in sink.step_calls] == [[0, 2, 4]]
+    assert len(sink.channels) == 1 and sink.ended == [1] and d.idle() and d.cursor[0] == 6

@@ -194,3 +194,18 @@ def test_a_file_cut_short_is_read_to_its_last_whole_record_and_an_empty_one_says
     f0.write_text("")
     with pytest.raises(TraceFormatError, match="is empty: its rank ended before its profiler wrote anything"):
         load_run(str(folder))
+
+
+def test_two_runs_of_different_rank_counts_are_refused_as_two_runs(tmp_path, monkeypatch):
+    """The rank count was read before the files were grouped by run, so a 2-rank and a 3-rank run in one folder
+    got "the slicetrace_comm records' nRanks (...)" instead of the message naming how to pick each run."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tr").mkdir()
+    for comm, n in ((111, 2), (222, 3)):
+        for rank in range(n):
+            recs = [{"name": "slicetrace_comm", "ph": "M", "pid": rank, "tid": 0,
+                     "args": {"nRanks": n, "CommHash": comm, "commName": ""}}]
+            (tmp_path / "tr" / f"trace_{comm}_{rank}.json").write_text(json.dumps(recs))
+    with pytest.raises(TraceFormatError, match=r"2 communicators \(runs\).*commHash 111 \(2 file\(s\)\): slicetrace "
+                                               r"report tr/trace_111; commHash 222 \(3 file\(s\)\)"):
+        load_run("tr")

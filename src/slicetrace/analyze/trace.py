@@ -112,8 +112,9 @@ def trace_files(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[
 
 def comm_of(path: str, records: list[dict]) -> str:
     """A file's communicator: its records' CommHash, else the <commHash> of its name, else the name."""
-    for r in records:
-        h = r.get("args", {}).get("CommHash")
+    for r in records:              # read before the records are checked: args may be anything
+        a = r.get("args")
+        h = a.get("CommHash") if isinstance(a, dict) else None
         if h is not None:
             return str(h)
     m = re.search(r"_(\d+)_\d+\.json$", path)
@@ -141,26 +142,26 @@ def _checked(files: list[str], command: str = "report") -> list[tuple[str, list[
             raise TraceFormatError(f"trace file {f!r} holds no records: its rank's profiler wrote nothing, and "
                                    f"analysing the run without it would silently leave that rank out; pass the "
                                    f"other ranks' files by name if that is what you want")
-    ranks = run_ranks(loaded)
     by_comm: dict[str, list[str]] = {}              # commHash -> its files
-    seen: dict[tuple, str] = {}
+    for f, recs in loaded:
+        by_comm.setdefault(comm_of(f, recs), []).append(f)
+    if len(by_comm) > 1:                            # first: two runs' rank counts would read as a bad nRanks
+        picks = "; ".join(f"commHash {c} ({len(fs)} file(s)): slicetrace {command} {_run_prefix(fs)}"
+                          for c, fs in by_comm.items())
+        raise TraceFormatError(f"the trace files hold {len(by_comm)} communicators (runs), which one {command} does "
+                               f"not pool; {command} one at a time: {picks}")
+    ranks = run_ranks(loaded)
+    seen: dict[object, str] = {}
     for f, recs in loaded:
         for i, r in enumerate(recs):
             problem = (ranks and rank_problem(r, ranks)) or record_problem(r)
             if problem:
                 raise _refuse(f, i, r, problem)
-        comm = comm_of(f, recs)
         rank = next((r["pid"] for r in recs if "pid" in r), None)
-        if rank is not None and (comm, rank) in seen:
-            raise TraceFormatError(f"{seen[(comm, rank)]!r} and {f!r} are both rank {rank} of commHash {comm}; "
+        if rank is not None and rank in seen:
+            raise TraceFormatError(f"{seen[rank]!r} and {f!r} are both rank {rank} of commHash {comm_of(f, recs)}; "
                                    f"pass one of them")
-        seen[(comm, rank)] = f
-        by_comm.setdefault(comm, []).append(f)
-    if len(by_comm) > 1:
-        picks = "; ".join(f"commHash {c} ({len(fs)} file(s)): slicetrace {command} {_run_prefix(fs)}"
-                          for c, fs in by_comm.items())
-        raise TraceFormatError(f"the trace files hold {len(by_comm)} communicators (runs), which one {command} does "
-                               f"not pool; {command} one at a time: {picks}")
+        seen[rank] = f
     return loaded
 
 
