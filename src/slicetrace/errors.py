@@ -48,3 +48,12 @@ class PluginError(SliceTraceError):
 
 class TraceFormatError(SliceTraceError, ValueError):
     """A trace file does not have the shape the analyzer expects."""
+
+
+def ours(summary: str) -> bool:
+    """Whether a "TypeName: message" line names one of these errors (a rank's failure relayed as text): bad input,
+    a timeout, a peer that left, rather than a bug, whose traceback is worth showing."""
+    return summary.split(":", 1)[0] in _NAMES
+
+
+_NAMES = {n for n, c in dict(globals()).items() if isinstance(c, type) and issubclass(c, SliceTraceError)}

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from .api import Communicator
 from .config import Settings, dist_env
-from .errors import ConfigError, LaunchError, SliceTraceError, UsageError
+from .errors import ConfigError, LaunchError, SliceTraceError, UsageError, ours
 from .rendezvous import DictStore, Store, TorchStore
 
 
@@ -249,6 +249,7 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
         pipes, procs = [], []
         results: dict[int, Any] = {}
         errors: dict[int, str] = {}
+        heads: dict[int, str] = {}              # rank -> its error's "Type: message", without the traceback
         started: set[int] = set()
 
         def read(c, r: int) -> bool:
@@ -264,6 +265,7 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
                 results[r] = val[0]
             else:
                 errors[r] = f"{val[0]}\n{val[1]}"
+                heads[r] = val[0]
             return False
 
         first_fail = None
@@ -336,7 +338,8 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
         r = min(errors, key=lambda k: (0 if "died" in errors[k] else 1 if not errors[k].startswith("PeerError")
                                        else 2, k))
         others = {k: v.splitlines()[0] for k, v in errors.items() if k != r}
-        raise LaunchError(f"rank {r} failed: {errors[r]}" + (f"\nother ranks: {others}" if others else ""), errors)
+        shown = heads[r] if ours(heads.get(r, "")) else errors[r]   # bad input, a timeout: no traceback
+        raise LaunchError(f"rank {r} failed: {shown}" + (f"\nother ranks: {others}" if others else ""), errors)
     missing = [r for r in range(nranks) if r not in results]
     if missing:
         raise SliceTraceError(f"ranks {missing} returned no result")

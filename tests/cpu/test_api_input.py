@@ -307,6 +307,22 @@ def test_launch_error_leads_with_the_rank_where_the_failure_began():
     assert 'raise ValueError("boom from rank 1")' in msg and "other ranks: {0: 'PeerError: rank 1 failed" in msg
 
 
+def _noop(comm):
+    return comm.rank
+
+
+def test_a_launch_error_of_our_own_kind_is_one_line_and_keeps_the_traceback_in_errors():
+    """A bad setting (a dump path that cannot be written) came back with ~30 lines of the rank's traceback in the
+    message; the README promises an error naming the parameter. Bugs keep theirs (the test above)."""
+    with pytest.raises(LaunchError) as e:
+        slicetrace.launch(_noop, 2, backend="cpu", profiler_plugin="example", profile_dump_file="/proc/x/run",
+                          timeout_s=20, join_timeout_s=120)
+    msg = str(e.value)
+    assert re.match(r"rank \d failed: ConfigError: profile_dump_file \(SLICETRACE_PROFILE_DUMP_FILE\)='/proc/x/run'", msg)
+    assert "Traceback" not in msg
+    assert all("Traceback" in v for v in e.value.errors.values())
+
+
 @pytest.mark.parametrize("kw, msg", [
     ({"nranks": True}, "nranks=True must be an int >= 1"),
     ({"join_timeout_s": "x"}, "join_timeout_s='x' must be a finite number of seconds > 0, or None"),

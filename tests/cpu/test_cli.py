@@ -99,7 +99,9 @@ def test_bad_values_name_the_flag_the_value_and_what_is_accepted(capsys):
         (["--ranks", "0"], "--ranks 0 must be >= 1"),
         (["--channels", "-1"], "--channels -1 must be in 0..64 (0: the backend chooses)"),
         (["--channels", "65"], "--channels 65 must be in 0..64 (0: the backend chooses)"),
-        (["--backend", "gpu"], "--backend 'gpu' is not one of ('null', 'cpu', 'cuda')"),
+        (["--backend", "gpu"], "--backend 'gpu' is not one of ('cpu', 'cuda')"),
+        (["--backend", "null"], "--backend 'null' is not one of ('cpu', 'cuda') (null is the tests' backend: it "
+                                "moves no data)"),
         (["--seed", "-1"], "--seed -1 must be >= 0"),
         (["-r", "5", "--op", "broadcast"], "-r 5 must be a rank, 0..1 (the run has 2 rank(s): --ranks)"),
         (["-r", "-1", "--ranks", "3"], "-r -1 must be a rank, 0..2 (the run has 3 rank(s): --ranks)"),
@@ -108,7 +110,7 @@ def test_bad_values_name_the_flag_the_value_and_what_is_accepted(capsys):
         (["-T", "0"], "-T 0.0 must be > 0 seconds"),
         (["-N", "0", "--json", "r.json"], "--json 'r.json' with -N 0: a run without end never writes it"),
         (["--compare", "nccl"], "--compare nccl runs beside --backend cuda, not 'cpu'"),
-        (["--backend", "null", "--compare", "gloo"], "--compare gloo runs beside --backend cpu, not 'null'"),
+        (["--backend", "cuda", "--compare", "gloo"], "--compare gloo runs beside --backend cpu, not 'cuda'"),
     ):
         assert main(["bench", *argv]) == 2, argv
         assert want in capsys.readouterr().err, argv
@@ -196,8 +198,9 @@ def test_cycles_repeat_the_sweep_and_the_timeout_reaches_the_ranks(tmp_path, cap
                  "-a", "1", "--json", str(out)]) == 0
     doc = json.load(open(out))
     assert [(r["cycle"], r["size"]) for r in doc["rows"]] == [(0, 4096), (0, 16384), (1, 4096), (1, 16384)]
-    assert all(r["wrong"] == 0 for r in doc["rows"]) and doc["settings"]["timeout_s"] == "7.0"
-    assert doc["settings"]["op_sample_rate"] == "3" and doc["settings"]["buffsize"] == str(1 << 22)
+    assert all(r["wrong"] == 0 for r in doc["rows"]) and doc["settings"]["timeout_s"] == 7.0
+    assert doc["settings"]["op_sample_rate"] == 3 and doc["settings"]["buffsize"] == 1 << 22     # typed, not text
+    assert doc["settings"]["profiler_plugin"] is None
     text = capfd.readouterr().out
     assert "# cycle 0" in text and "# cycle 1" in text and "time: the mean over ranks of the timings" in text
 
@@ -362,3 +365,39 @@ def test_count_column_is_nccl_tests_and_the_json_keeps_the_bench_flags(tmp_path,
     assert {r["op"]: (r["size"], r["count"]) for r in d["rows"]} == {
         "all_gather": (256, 32), "reduce_scatter": (256, 32), "all_to_all": (256, 32), "all_reduce": (256, 64)}
     assert d["bench"]["average"] == 1 and d["bench"]["iters"] == 2 and d["bench"]["warmup_iters"] == 1
+
+
+def test_a_trace_with_event_mask_0_is_refused_before_the_run(tmp_path, capsys, monkeypatch):
+    """It printed "profiling on" and named trace files that held only metadata, which report then refused."""
+    monkeypatch.setenv("SLICETRACE_PROFILE_EVENT_MASK", "0")
+    assert main(["bench", "-b", "4K", "-e", "4K", "--trace", str(tmp_path / "t")]) == 2
+    assert "with event mask 0 (SLICETRACE_PROFILE_EVENT_MASK or --profile) records nothing" in capsys.readouterr().err
+    assert not list((tmp_path / "t").glob("*.json"))
+
+
+def test_all_types_say_which_type_is_left_out_and_why(monkeypatch):
+    from slicetrace.cli import sweep
+    from slicetrace.errors import UsageError
+
+    def no_bf16(name, backend):
+        if name == "bfloat16":
+            raise UsageError("-d bfloat16 needs the ml_dtypes package on cpu")
+        return name
+    monkeypatch.setattr(sweep, "bench_dtype", no_bf16)
+    why: list[str] = []
+    assert "bfloat16" not in sweep.all_dtypes("cpu", why)
+    assert why == ["bfloat16 left out: -d bfloat16 needs the ml_dtypes package on cpu"]
+
+
+def test_config_into_a_pipe_that_closes_early_is_not_an_error():
+    import subprocess
+    import sys
+    p = subprocess.Popen([sys.executable, "-m", "slicetrace.cli.main", "config"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    p.stdout.close()                          # gone before the first line: `| head -0`, at once
+    try:
+        err = p.stderr.read().decode()
+        assert p.wait(timeout=60) == 0 and err == ""
+    finally:
+        p.kill()
+        p.wait()

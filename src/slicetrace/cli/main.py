@@ -86,14 +86,11 @@ def _read(path: str) -> str:
         return ""
 
 
-_OURS = {n for n, c in vars(errors).items() if isinstance(c, type) and issubclass(c, SliceTraceError)}
-
-
 def _brief(e: SliceTraceError) -> str:
     """A rank's failure that is one of ours (a timeout, a peer that left, bad input) reads as one line per rank;
     anything else (a bug) keeps its tracebacks."""
     errs = getattr(e, "errors", None)
-    if not errs or not all(str(v).split(":", 1)[0] in _OURS for v in errs.values()):
+    if not errs or not all(errors.ours(str(v)) for v in errs.values()):
         return str(e)
     return "; ".join(f"rank {r}: {str(v).splitlines()[0]}" for r, v in sorted(errs.items()))
 
@@ -177,6 +174,9 @@ def run_bench(a: argparse.Namespace) -> int:
         if a.profile is not None and not a.profile & KERNEL_STEP:
             raise SliceTraceError(f"--overhead-of kernel_step: --profile {a.profile} has no KernelStep bit "
                                   f"({KERNEL_STEP}); nothing to compare")
+    if a.backend is not None and a.backend not in ("cpu", "cuda"):
+        raise UsageError(f"--backend {a.backend!r} is not one of ('cpu', 'cuda')"
+                         + (" (null is the tests' backend: it moves no data)" if a.backend == "null" else ""))
     overrides = {}
     if a.backend:
         overrides["backend"] = a.backend
@@ -203,6 +203,12 @@ def run_bench(a: argparse.Namespace) -> int:
         if flag is None or attr not in overrides:
             raise
         raise UsageError(f"{flag} {rest}") from None
+    if s.backend not in ("cpu", "cuda"):         # null: the tests' backend moves no data, so no sane row
+        raise UsageError(f"--backend {s.backend!r}: bench runs 'cpu' or 'cuda' ({s.backend!r} is a test backend "
+                         f"that moves no data)")
+    if a.trace and s.profile_event_mask == 0:
+        raise UsageError(f"--trace {a.trace!r} with event mask 0 (SLICETRACE_PROFILE_EVENT_MASK or --profile) records "
+                         f"nothing; leave the mask unset or give the event types to record")
     want = {"gloo": "cpu", "nccl": "cuda"}.get(a.compare or "")
     if want and s.backend != want:              # each reference runs where its library runs: same buffers, same device
         raise SliceTraceError(f"--compare {a.compare} runs beside --backend {want}, not {s.backend!r} "
@@ -221,8 +227,11 @@ def run_bench(a: argparse.Namespace) -> int:
                 raise BackendError(f"--backend cuda: no usable CUDA device ({type(e).__name__}: {e})") from None
     if not 0 <= a.root < nranks:
         raise UsageError(f"-r {a.root} must be a rank, 0..{nranks - 1} (the run has {nranks} rank(s): --ranks)")
-    dtypes = (all_dtypes(s.backend) if a.datatype == "all"
+    left_out: list[str] = []
+    dtypes = (all_dtypes(s.backend, left_out) if a.datatype == "all"
               else [bench_dtype(DTYPE_ALIASES[a.datatype], s.backend)])
+    for why in left_out:
+        say(f"# -d all: {why}")
     step = None if a.stepbytes is None else parse_size(a.stepbytes, "-i")
     opts = {"sizes": sizes(parse_size(a.minbytes, "-b"), parse_size(a.maxbytes, "-e"), a.stepfactor, step),
             "ops": ops, "dtypes": dtypes, "redops": list(REDOPS) if a.redop == "all" else [a.redop],
@@ -239,7 +248,7 @@ def run_bench(a: argparse.Namespace) -> int:
     for line in format_summary(summary, a.compare):
         say(line)
     if a.json:
-        write_json("--json", a.json, {"settings": {f.name: str(getattr(s, f.name)) for f in fields(s)},  # effective
+        write_json("--json", a.json, {"settings": {f.name: _json_value(getattr(s, f.name)) for f in fields(s)},
                                        "ranks": nranks, "bench": {k: v for k, v in vars(a).items()
                                                                   if k not in ("cmd", "func")},   # -a, -n, -w, ...
                                        "env": _provenance(s.backend, nranks, a.compare), "rows": rows,
@@ -250,6 +259,15 @@ def run_bench(a: argparse.Namespace) -> int:
         print(f"# {len(bad_rows)} size(s) had wrong results", file=sys.stderr)
         return 1
     return 0
+
+
+def _json_value(v):
+    """A setting as JSON keeps it (numbers, strings, null, a dict of them); anything else as its text."""
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, dict):
+        return {str(k): _json_value(x) for k, x in v.items()}
+    return str(v)
 
 
 def run_config(a: argparse.Namespace) -> int:
@@ -335,13 +353,21 @@ def main(argv: list[str] | None = None) -> int:
     cp.add_argument("-o", "--output", required=True, metavar="FILE", help="the .pftrace file to write")
     a = parser.parse_args(argv)
     try:
-        return {"bench": run_bench, "config": run_config, "report": run_report, "convert": run_convert}[a.cmd](a)
+        rc = {"bench": run_bench, "config": run_config, "report": run_report, "convert": run_convert}[a.cmd](a)
+        sys.stdout.flush()          # a closed pipe shows here, not as a traceback at the interpreter's exit
+        return rc
     except SliceTraceError as e:
         print(f"slicetrace: error: {_brief(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("slicetrace: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:         # `slicetrace config | head`: the reader is gone, which is not an error
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # the exit's flush lands nowhere
+        except OSError:
+            pass
+        return 0
 
 
 if __name__ == "__main__":

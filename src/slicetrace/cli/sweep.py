@@ -66,14 +66,16 @@ def bench_dtype(name: str, backend: str) -> str:
     return name
 
 
-def all_dtypes(backend: str = "cpu") -> list[str]:
-    """-d all: every dtype the bench can make arrays of on `backend`, as nccl-tests runs all it has."""
+def all_dtypes(backend: str = "cpu", left_out: list[str] | None = None) -> list[str]:
+    """-d all: every dtype the bench can make arrays of on `backend`, as nccl-tests runs all it has; why each
+    other one is left out is appended to left_out."""
     names = []
     for n in DTYPES:
         try:
             names.append(bench_dtype(n, backend))
-        except UsageError:
-            pass
+        except UsageError as e:
+            if left_out is not None:
+                left_out.append(f"{n} left out: {e}")
     return names
 
 
