@@ -379,3 +379,52 @@ def test_a_plugin_raising_in_kernel_step_runs_is_counted_and_isolated():
     h.batch(allr, runs)
     assert len(good.of("runs")) == 1 and h.counters()["delivered_kernel_step"] == 6
     assert h.plugin_stats()[0]["failures"] == 1
+
+
+def test_a_p2p_group_stops_at_its_last_task_end():
+    """The Group of a send/recv stops when its last part's KernelCh arrived, at the latest of their done clocks."""
+    p = RecPlugin(mask=CH)
+    h = host_of(p)
+    h.begin_op(p2p_op())
+    h.channel(1, np.concatenate([chrec(1, send=1, peer=2, stop=8000), chrec(1, send=0, peer=0, stop=6000)]))
+    stops = lambda etype: sorted(ts for _, handle, ts in p.of("stop") if handle[2] == etype)   # noqa: E731
+    assert stops(T.GROUP) == [8000] and stops(T.P2P) == [6000, 8000]
+    assert stops(T.GROUP_API) == [500]                   # API events stop once enqueued
+    h.end_op(1, 9999)
+    assert stops(T.GROUP) == [8000]                      # stopped once
+
+
+def test_kernel_ch_of_a_disabled_plugin_is_counted_as_such_not_as_a_dropped_parent():
+    bad = RecPlugin(mask=CH, raise_in="stop_event")
+    h = host_of(bad, max_failures=2)
+    h.begin_op(coll_op(1, n_programs=2))                 # CollApi + GroupApi stops raise -> disabled
+    assert h.disabled() == [bad.name]
+    h.channel(1, np.concatenate([chrec(1, 0), chrec(1, 1)]))
+    c = h.counters()
+    assert c["plugin_disabled"] == 2 and c["parent_dropped"] == 0 and c.get("delivered_kernel_ch", 0) == 0
+    assert c["plugin_error"] == 2 + 2                    # and the Coll and Group stops, still called, raise
+    assert bad.starts(T.KERNEL_CH) == []
+
+
+def test_kernel_launch_is_a_child_of_the_group_api():
+    p = RecPlugin(mask=int(T.KERNEL_LAUNCH))
+    h = host_of(p)
+    h.begin_op(coll_op())
+    ga = [("h", i + 1, d.type) for i, d in enumerate(p.starts()) if d.type == T.GROUP_API]
+    (kl,) = p.starts(T.KERNEL_LAUNCH)
+    assert len(ga) == 1 and kl.parent == ga[0]
+    p = RecPlugin(mask=int(T.KERNEL_LAUNCH), none_for=int(T.GROUP_API))
+    h = host_of(p)
+    h.begin_op(coll_op())                                # a declined GroupApi drops its KernelLaunch
+    assert [d.type for d in p.starts()] == [T.GROUP_API]
+    assert (h.counters()["declined"], h.counters()["parent_dropped"]) == (1, 1)
+
+
+def test_a_v4_plugin_declining_the_group_drops_its_coll():
+    """v4 and older parent Coll/P2p by the Group: a declined Group drops the Coll, counted."""
+    p = RecPlugin(version=4, mask=int(abi.ALL_TYPES), none_for=int(T.GROUP))
+    h = host_of(p)
+    h.begin_op(coll_op())
+    assert [d.type for d in p.starts()] == [T.GROUP] and p.starts(T.COLL) == []
+    c = h.counters()
+    assert c["declined"] == 1 and c["parent_dropped"] == 1

@@ -121,3 +121,14 @@ def test_a_polls_runs_sum_like_their_batches_contiguous_or_not(tmp_path):
             for a, b in zip(starts, stops):
                 p3.kernel_step_batch(c3, None, recs[a:b])
             assert p2.snapshot(c2) == p3.snapshot(c3) and sum(r["slices"] for r in p2.snapshot(c2)) == 10
+
+
+def test_records_of_two_ops_in_one_poll_are_never_paired_as_one_fused_slice(tmp_path):
+    """A send of one op and a receive of the next on one channel with one done clock are two slices, not one
+    primitive's two halves: the send moves from its own ready (0), not the receive's (900)."""
+    recs = _recs([(0, 1, 1, 64, 0, 0, 1000), (0, 0, 1, 64, 0, 900, 1000)])
+    p, ctx = _plugin(tmp_path)
+    assert p.kernel_step_runs(ctx, [None, None], recs, [0, 1], [1, 2]) == 2
+    rows = {r["is_send"]: r for r in p.snapshot(ctx)}
+    assert rows[True]["transfer_us"] == 1.0 and rows[True]["wait_us"] == 0
+    assert rows[False]["transfer_us"] == 0.1 and rows[False]["wait_us"] == 0.9

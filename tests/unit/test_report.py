@@ -246,3 +246,30 @@ def test_a_rank_file_left_out_is_refused_unless_partial(tmp_path, capsys):
     assert main(["report", *two, "--partial"]) == 0
     assert "# --partial: rank(s) [1] of 3 absent" in capsys.readouterr().out
     assert main(["report", str(tmp_path)]) == 0
+
+
+def test_wait_times_split_by_direction_per_link_and_per_rank():
+    """Per link: the sender's credit waits and the receiver's data waits of that link; per rank: its receives'
+    waits and its sends' waits. Every done clock differs, so no slice is fused."""
+    ks = _rows([
+        (0, 0, 1, 1, 0, 8, 0, 3_000, 5_000),              # 0->1 send: 3 us credit wait
+        (0, 0, 1, 1, 1, 8, 10_000, 11_000, 20_000),       # 0->1 send: 1 us
+        (1, 0, 0, 0, 0, 8, 0, 7_000, 7_500),              # 1 from 0: 7 us data wait
+        (1, 0, 0, 0, 1, 8, 8_000, 10_000, 21_000),        # 1 from 0: 2 us
+        (1, 0, 1, 0, 2, 8, 0, 500, 9_000),                # 1->0 send: 0.5 us credit wait
+        (0, 0, 0, 1, 2, 8, 1_000, 12_000, 13_000),        # 0 from 1: 11 us data wait
+    ])
+    rep = build(ks)
+    assert [(ln["src"], ln["dst"], ln["send_credit_wait_us"], ln["recv_data_wait_us"]) for ln in rep.links] == \
+        [(0, 1, 4.0, 9.0), (1, 0, 0.5, 11.0)]
+    assert [(r["rank"], r["recv_wait_us"], r["send_wait_us"]) for r in rep.ranks] == [(0, 11.0, 4.0), (1, 9.0, 0.5)]
+
+
+def test_a_tie_in_start_times_names_the_higher_rank_as_the_straggler():
+    """Equal first starts: the key is (start, rank), so the highest rank among the latest is last, whatever the
+    order of the rows."""
+    for order in ((0, 1, 2), (2, 1, 0)):
+        rows = [(r, 0, 0, "AllReduce", 1_000 if r == 0 else 4_000, 9_000) for r in order]
+        ranks, ops = stragglers(_chs(rows))
+        assert [(o["rank"], o["late_us"], o["ranks"]) for o in ops] == [(2, 3.0, 3)], order
+        assert [(r["rank"], r["times_last"]) for r in ranks] == [(2, 1)]
