@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tests.helpers.procs import RankPool
-from tests.helpers.ref import DTYPES, npdtype as np_dtype, skip_without_bf16
+from tests.helpers.ref import DTYPES, avg_atol, npdtype as np_dtype, skip_without_bf16
 
 REDOPS = ["sum", "prod", "min", "max", "avg"]
 FUNCS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce"]
@@ -49,7 +49,7 @@ def reduce_ref(xs: list, redop: str, nranks: int) -> np.ndarray:
         if acc.dtype.kind in "iu":       # NCCL SumPostDiv: truncation toward zero
             acc = (np.sign(acc.astype(np.int64)) * (np.abs(acc.astype(np.int64)) // nranks)).astype(acc.dtype)
         else:
-            acc = np.divide(acc, acc.dtype.type(nranks)).astype(acc.dtype)
+            return np.mean([x.astype(np.float64) for x in xs], axis=0)     # the exact mean
     return acc
 
 
@@ -90,7 +90,11 @@ def run_case(ctx, key: str, kw: dict, case: dict, stamps: bool = False):
         exp = xs[root]
     else:
         exp = reduce_ref(xs, redop, n) if r == root else before_y
-    ok = np.array_equal(y.astype(np.float64), exp.astype(np.float64))
+    atol = avg_atol(xs, redop, dtype) if not (func == "reduce" and r != root) else None
+    if atol is None:
+        ok = np.array_equal(y.astype(np.float64), exp.astype(np.float64))
+    else:                                # PreMulSum: exact only within its roundings (tests.helpers.ref.avg_atol)
+        ok = bool(np.allclose(y.astype(np.float64), exp, rtol=0, atol=atol))
     detail = "" if ok else f"rank {r}: got {y[:8]}... expected {exp[:8]}..."
     out = {"ok": ok, "detail": detail}
     if stamps:
@@ -198,6 +202,23 @@ def run_given(ctx, key: str, kw: dict, func: str, dtype: str, redop: str, rows: 
     plan = plan_collective(func, n, r, count, x.dtype.itemsize, 0, be.nch, be.settings.step_bytes)
     be.submit(Work(1, plan, dtype, redop, x, y))
     return y.tolist()
+
+
+@pytest.mark.parametrize("func", ["all_reduce", "reduce_scatter"])
+def test_float_avg_multiplies_each_input_before_the_sum_as_nccl(pools, func):
+    """NCCL's PreMulSum for floating types: x * (1/n) as each input enters the sum. Summing first overflowed
+    float16 to inf where the mean (and NCCL's answer) is finite."""
+    rows = [[60000.0, 65504.0, 40000.0, -65504.0], [60000.0, 65504.0, 40000.0, -65504.0]]
+    kw = dict(SMALL, nchannels=2)
+    want = [60000.0, 65504.0, 40000.0, -65504.0]
+    if func == "all_reduce":
+        assert pools(2).run(run_given, "small", kw, func, "float16", "avg", rows) == [want] * 2
+    else:
+        assert pools(2).run(run_given, "small", kw, func, "float16", "avg", rows) == [want[:2], want[2:]]
+    third = np.float16(np.float32(1 / 3))            # float(1.0/n) in the type, as NCCL's scalar
+    t = np.float16(np.float16(3.0) * third)          # each input times it, rounded; 2t exact, 2t + t rounded
+    got = pools(3).run(run_given, "small", kw, "all_reduce", "float16", "avg", [[3.0], [3.0], [3.0]])
+    assert got == [[float(np.float16(np.float16(t + t) + t))]] * 3
 
 
 @pytest.mark.parametrize("dtype", ["int8", "int32", "int64"])

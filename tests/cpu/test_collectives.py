@@ -10,7 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tests.helpers.procs import RankPool
-from tests.helpers.ref import DTYPES, REDOPS, data, expected, mismatches, npdtype, skip_without_bf16
+from tests.helpers.ref import (DTYPES, REDOPS, avg_atol, data, expected, mismatches, npdtype,
+                               skip_without_bf16)
 
 COUNTS = [0, 1, 7919, 100_003]
 SMALL = dict(buffsize=1 << 16, nchannels=2, timeout_s=30.0)
@@ -58,8 +59,8 @@ def run_case(comm, op, dtype, redop, count, root, inplace, seed):
             comm.broadcast(x, out, root=root)
         else:
             comm.reduce(x, out, root=root, op=redop)
-        return mismatches(out, expected(op, xs, r, root, redop, dt), dt, before)
-    return mismatches(out, expected(op, xs, r, root, redop, dt), dt)
+        return mismatches(out, expected(op, xs, r, root, redop, dt), dt, before, avg_atol(xs, redop, dt))
+    return mismatches(out, expected(op, xs, r, root, redop, dt), dt, atol=avg_atol(xs, redop, dt))
 
 
 def run_cases(ctx, kw, cases):

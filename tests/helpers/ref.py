@@ -73,7 +73,20 @@ def expected(op: str, xs: list[np.ndarray], rank: int, root: int, redop: str, dt
     raise ValueError(op)
 
 
-def mismatches(got: np.ndarray, ref: np.ndarray | None, dt, before: np.ndarray | None = None) -> int:
+UNIT_ROUNDOFF = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8, "float32": 2.0 ** -24, "float64": 2.0 ** -53}
+
+
+def avg_atol(xs, redop: str, dt) -> float | None:
+    """Floating avg is NCCL's PreMulSum: each x_i times 1/n, rounded, then summed in the ring's order, each partial
+    sum rounded: within 2 n u max|x| of the exact mean (u: the type's unit roundoff). None for other ops."""
+    name = str(np.dtype(dt))
+    if redop != "avg" or name not in UNIT_ROUNDOFF or not len(xs) or not xs[0].size:
+        return None
+    return 2 * len(xs) * UNIT_ROUNDOFF[name] * max(float(np.abs(x.astype(np.float64)).max()) for x in xs)
+
+
+def mismatches(got: np.ndarray, ref: np.ndarray | None, dt, before: np.ndarray | None = None,
+               atol: float | None = None) -> int:
     """Wrong elements of `got`. ref None (see expected): every element must still equal `before`, the output's
     copy made before the op, bit for bit."""
     if ref is None:
@@ -86,4 +99,4 @@ def mismatches(got: np.ndarray, ref: np.ndarray | None, dt, before: np.ndarray |
     if dt.kind in "iu":
         return int((g != ref.astype(dt).astype(np.float64)).sum())
     tol = 2e-2 if dt.itemsize == 2 else 1e-6
-    return int((~np.isclose(g, ref, rtol=tol, atol=tol)).sum())
+    return int((~np.isclose(g, ref, rtol=tol, atol=max(tol, atol or 0.0))).sum())

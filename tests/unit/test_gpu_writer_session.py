@@ -74,16 +74,17 @@ class GpuLike(NullBackend):
         recs = []
         if work.stamp_channels:
             recs += [(KIND_CHANNEL, fl, 0, 0, peer, t, t, t), (KIND_CHANNEL, fl | FLAG_CH_STOP, 0, 0, peer, 0, 0, 0)]
-        k, clock = 0, t
+        k, clock = [0, 0], t          # per direction (recv, send): the kernel's sampling counters
         for prim in prog.prims:
             for _, cnt in prim.slices:
-                if cnt and work.stamp_steps and k % rate == 0:
-                    for p, f in ((prim.recv_from, 0), (prim.send_to, FLAG_SEND)):
-                        if p is not None:
-                            recs.append((KIND_STEP, f, k * 2, cnt * work.plan.itemsize, p, clock + 1, clock + 2,
-                                         clock + 3))
-                            clock += 4
-                k += 1
+                for d, (p, f) in enumerate(((prim.recv_from, 0), (prim.send_to, FLAG_SEND))):
+                    if p is None:
+                        continue
+                    if cnt and work.stamp_steps and k[d] % rate == 0:
+                        recs.append((KIND_STEP, f, k[d] * 2, cnt * work.plan.itemsize, p, clock + 1, clock + 2,
+                                     clock + 3))
+                        clock += 4
+                    k[d] += 1
         if work.stamp_channels:
             recs[1] = recs[1][:5] + (clock + 1,) * 3
         assert len(recs) == n, "SeqRanges and the writer disagree on the record count"
@@ -198,13 +199,14 @@ def test_sampling_unprofiled_and_empty_ops_between_keep_the_counts_exact(tmp_pat
         task = TaskInfo(func="AllReduce", count=count, n_programs=len(plan.programs))
         s.run(work, _op(s, tag, "all_reduce", [task]))
         for prog in plan.programs:
-            k = 0
+            k = {"recv": 0, "send": 0}          # slices counted per direction, empty ones included
             for prim in prog.prims:
-                nd = (prim.recv_from is not None) + (prim.send_to is not None)
+                dirs = [d for d, p in (("recv", prim.recv_from), ("send", prim.send_to)) if p is not None]
                 for _, n in prim.slices:
-                    if n:
-                        kept, skipped = (kept + nd, skipped) if k % 3 == 0 else (kept, skipped + nd)
-                    k += 1
+                    for d in dirs:
+                        if n:
+                            kept, skipped = (kept + 1, skipped) if k[d] % 3 == 0 else (kept, skipped + 1)
+                        k[d] += 1
     assert s.drain.flush(10.0)
     c = s.host.counters()
     s.close()

@@ -21,7 +21,8 @@ def _ch(rows):
 
 def test_a_start_superseded_in_its_poll_is_not_kept_open_for_a_later_stop():
     """Two starts of one key in a poll, the first without its stop: the second pairs with the stop, and nothing
-    stays open, so a stray stop in a later poll is unpaired rather than given the first start's clock."""
+    stays open, so a stray stop in a later poll is unpaired rather than given the first start's clock. The first
+    start is counted unpaired (it vanished uncounted before), as the stray stop is."""
     open_, drops = {}, Counter()
     drop = lambda reason, n: drops.update({reason: n})          # noqa: E731
     out = _ch([(False, 10), (False, 20), (True, 30)])
@@ -30,7 +31,14 @@ def test_a_start_superseded_in_its_poll_is_not_kept_open_for_a_later_stop():
     assert (int(out[2]["wait"]), int(out[2]["ready"]), int(out[2]["done"])) == (20, 20, 30)
     stray = _ch([(True, 40)])
     assert pair_channels(stray, np.ones(1, bool), open_, drop).tolist() == [False]
-    assert drops == Counter({"unpaired": 1}) and open_ == {}
+    assert drops == Counter({"unpaired": 2}) and open_ == {}
+
+
+def test_a_start_left_open_by_an_earlier_poll_and_superseded_is_counted():
+    open_, drops = {(0, 1, 1, 0): 5}, Counter()
+    drop = lambda reason, n: drops.update({reason: n})          # noqa: E731
+    pair_channels(_ch([(False, 10)]), np.ones(1, bool), open_, drop)
+    assert open_ == {(0, 1, 1, 0): 10} and drops == Counter({"unpaired": 1})
 
 
 def test_a_start_whose_stop_comes_in_a_later_poll_waits_in_open():

@@ -74,7 +74,7 @@ class NullBackend(HostBackend):
         if work.stamp_channels:
             w.channel(False, flags, op, peer, self._now())
         keys = set()
-        k = 0
+        kr = ks = 0
         for prim in prog.prims:
             dirs = []
             if prim.recv_from is not None:
@@ -92,7 +92,7 @@ class NullBackend(HostBackend):
                     self._steps[key] = step + ss
                     if n == 0 or not work.stamp_steps:
                         continue
-                    if k % rate:
+                    if (ks if fl else kr) % rate:     # per direction: plan.traffic.stamp_records
                         w.sampled_out(1)
                         continue
                     wait = self._now()
@@ -101,7 +101,8 @@ class NullBackend(HostBackend):
                     self._clock = done
                     seq = w.start(KIND_STEP, fl, op, step, nbytes, p, wait, ready)
                     w.complete(seq, KIND_STEP, fl, op, step, nbytes, p, done)
-                k += 1
+                kr += prim.recv_from is not None
+                ks += prim.send_to is not None
         if work.stamp_channels:
             w.channel(True, flags, op, peer, self._now())
 

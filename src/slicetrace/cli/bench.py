@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import UsageError
 from ..events.abi import EventType
-from .sweep import busbw_factor, counts, make_input, np_dtype, reference, wrong
+from .sweep import avg_atol, busbw_factor, counts, make_input, np_dtype, reference, wrong
 
 _NO_STEPS = ~int(EventType.KERNEL_STEP) & ((1 << 32) - 1)   # every event type but KernelStep
 
@@ -267,7 +267,8 @@ def _one(comm, op, nbytes, dtype, o, xp, to_dev, to_host, sync, ref, key):
         fn()
         sync()
         inputs = [make_input(o["seed"], r, cin, dtype, redop) for r in range(n)]
-        n_wrong = wrong(to_host(out), reference(op, inputs, rank, root, redop), dtype)
+        n_wrong = wrong(to_host(out), reference(op, inputs, rank, root, redop), dtype,
+                        avg_atol(inputs, redop, dtype))
         if inplace:
             reset()
     _repeat(fn, o["warmup"], sync)

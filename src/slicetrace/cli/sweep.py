@@ -154,7 +154,19 @@ def reference(op: str, inputs: list[np.ndarray], rank: int, root: int, redop: st
     raise UsageError(f"--op {op!r} is not one of {OPS}")
 
 
-def wrong(out: np.ndarray, ref: np.ndarray | None, dtype) -> int:
+_UNIT_ROUNDOFF = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8, "float32": 2.0 ** -24, "float64": 2.0 ** -53}
+
+
+def avg_atol(inputs: list[np.ndarray], redop: str, dtype) -> float:
+    """Floating avg is NCCL's PreMulSum (each input times 1/n, rounded, summed in ring order): within 2 n u max|x|
+    of the exact mean (u: the type's unit roundoff); 0 for every other op."""
+    name = str(np.dtype(dtype))
+    if redop != "avg" or name not in _UNIT_ROUNDOFF or not inputs or not inputs[0].size:
+        return 0.0
+    return 2 * len(inputs) * _UNIT_ROUNDOFF[name] * max(float(np.abs(x.astype(np.float64)).max()) for x in inputs)
+
+
+def wrong(out: np.ndarray, ref: np.ndarray | None, dtype, atol: float = 0.0) -> int:
     if ref is None:
         return 0
     got = np.asarray(out).astype(np.float64)
@@ -163,4 +175,4 @@ def wrong(out: np.ndarray, ref: np.ndarray | None, dtype) -> int:
         ref = ref.astype(kind).astype(np.float64)      # integer overflow wraps, as in NCCL
         return int((got != ref).sum())
     tol = {2: 2e-2, 4: 1e-5, 8: 1e-12}[kind.itemsize]
-    return int((~np.isclose(got, ref, rtol=tol, atol=tol)).sum())
+    return int((~np.isclose(got, ref, rtol=tol, atol=max(tol, atol))).sum())

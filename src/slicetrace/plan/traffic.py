@@ -25,20 +25,22 @@ def expected_slices(plan: OpPlan) -> list[tuple[int, bool, int, int, int]]:
 
 
 def stamp_records(prog, sample_rate: int, steps: bool, channels: bool) -> tuple[int, int]:
-    """(records, sampled out) a program writes: a KernelCh start and stop, then one record per direction of
-    every non-empty slice whose index is a multiple of sample_rate (stamps.layout, the kernel's order)."""
+    """(records, sampled out) a program writes: a KernelCh start and stop, then one record per direction of every
+    non-empty slice whose index among that direction's slices (empty ones included) is a multiple of sample_rate
+    (stamps.layout, the kernel's order). Counted per direction, the k-th slice a rank sends on a connection is the
+    k-th its peer receives, so both ends keep the same slices and a kept send meets its kept receive."""
     recs, skipped = (2 if channels else 0), 0
     if steps:
-        k = 0
+        kr = ks = 0
         for prim in prog.prims:
-            nd = (prim.recv_from is not None) + (prim.send_to is not None)
+            rv, sd = prim.recv_from is not None, prim.send_to is not None
             for _, n in prim.slices:
                 if n > 0:
-                    if k % sample_rate == 0:
-                        recs += nd
-                    else:
-                        skipped += nd
-                k += 1
+                    keep = (rv and kr % sample_rate == 0) + (sd and ks % sample_rate == 0)
+                    recs += keep
+                    skipped += rv + sd - keep
+                kr += rv
+                ks += sd
     return recs, skipped
 
 

@@ -38,6 +38,8 @@ def pair_channels(out: np.ndarray, is_ch: np.ndarray, open_: dict, drop: Callabl
         for j, key, is_stop, nxt in zip(loose.tolist(), keys, stp[loose].tolist(), same[loose + 1].tolist()):
             key = tuple(key)
             if not is_stop:
+                if nxt or key in open_:        # a start whose stop never came (it overran): counted, not kept
+                    drop("unpaired", 1)
                 if not nxt:                    # else a later start of the same key supersedes it
                     open_[key] = int(ready[j])
                 continue

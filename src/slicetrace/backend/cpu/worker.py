@@ -32,16 +32,21 @@ _CH_START, _CH_STOP = tail(0, KIND_CHANNEL, 0), tail(0, KIND_CHANNEL, FLAG_CH_ST
 
 
 def finish_avg(d: np.ndarray, nranks: int) -> None:
-    """avg = sum / nranks. Floats divide; integers truncate toward zero (NCCL's SumPostDiv)."""
-    if d.dtype.kind in "iu":
-        if d.dtype.kind == "u":
-            np.floor_divide(d, nranks, out=d)
-        else:
-            q = np.floor_divide(d, nranks)
-            q += (d < 0) & (q * nranks != d)
-            d[...] = q
+    """Integer avg = sum / nranks, truncated toward zero (NCCL's SumPostDiv). Floats never get here: premul."""
+    if d.dtype.kind == "u":
+        np.floor_divide(d, nranks, out=d)
     else:
-        np.divide(d, d.dtype.type(nranks), out=d)
+        q = np.floor_divide(d, nranks)
+        q += (d < 0) & (q * nranks != d)
+        d[...] = q
+
+
+def premul(dt: np.dtype, redop: str, nranks: int):
+    """Floating avg is NCCL's PreMulSum: each rank's input times 1/nranks (float(1.0/n) in the type) as it enters
+    the sum, so a sum past the type's range does not overflow; None for every other op and type."""
+    if redop != "avg" or dt.kind in "iu":
+        return None
+    return np.asarray(np.float32(1.0 / nranks)).astype(dt)[()] if dt.itemsize < 8 else dt.type(1.0 / nranks)
 
 
 class RingJob:
@@ -83,13 +88,15 @@ def _ring_slices(prog, job: RingJob, recs: list) -> None:
     if rctl[H_HEAD] < rconn.step:        # credit for the steps the rounding skipped (NCCL's PostRecv does too)
         rconn.post(H_HEAD, rconn.step)
     rstep, sstep = rconn.step, sconn.step
+    r0, s0 = rstep, sstep               # slice k of a direction: (step - its first) // ss, as at the peer's end
     rwake, swake = rconn.wakes, sconn.wakes             # a neighbour that sleeps on a futex (transport.Conn.post)
     rbase, sbase = rconn.base, sconn.base
     pol, freed, pc = sconn.reclaim, rconn.freed, time.perf_counter_ns
     isz = dt.itemsize
     bufs = {"in": work.sendbuf, "out": work.recvbuf, None: None}
     red = UFUNCS[work.redop]
-    avg = work.redop == "avg"
+    pre, mul = premul(dt, work.redop, plan.nranks), np.multiply
+    avg = work.redop == "avg" and pre is None                  # integers: divided once, at the final write
     nranks, ch, rpeer, speer = plan.nranks, prog.channel, rconn.peer, sconn.peer
     copyto, wait = np.copyto, guard.wait_ge
     op = work.tag & 0xFFFFFFFF
@@ -99,7 +106,6 @@ def _ring_slices(prog, job: RingJob, recs: list) -> None:
     rtail, stail = tail(rpeer, KIND_STEP, 0), tail(speer, KIND_STEP, FLAG_SEND)
     tw = tr = ts = t0 = td = 0
     last_n = nbr = nbs = 0
-    k = 0
     for prim in prog.prims:
         kind = KINDS[prim.name]
         hr, hs = prim.recv_from is not None, prim.send_to is not None
@@ -138,12 +144,20 @@ def _ring_slices(prog, job: RingJob, recs: list) -> None:
                 if kind == K_RRS:
                     a = so + off
                     t1 = pc()
-                    red(r, src[a:a + n], out=s)
+                    if pre is None:
+                        red(r, src[a:a + n], out=s)
+                    else:
+                        mul(src[a:a + n], pre, out=s)
+                        red(s, r, out=s)
                     t2 = pc()
                 elif kind == K_RRCS or kind == K_RRC:
                     a, b = so + off, do + off
                     d = dst[b:b + n]
-                    red(src[a:a + n], r, out=d)
+                    if pre is None:
+                        red(src[a:a + n], r, out=d)
+                    else:
+                        mul(src[a:a + n], pre, out=d)
+                        red(d, r, out=d)
                     if fin:
                         finish_avg(d, nranks)
                     if hs:
@@ -153,7 +167,10 @@ def _ring_slices(prog, job: RingJob, recs: list) -> None:
                 elif kind == K_SEND:
                     a = so + off
                     t1 = pc()
-                    copyto(s, src[a:a + n])
+                    if pre is None:
+                        copyto(s, src[a:a + n])
+                    else:
+                        mul(src[a:a + n], pre, out=s)
                     t2 = pc()
                 elif kind == K_RCS:
                     b = do + off
@@ -190,17 +207,25 @@ def _ring_slices(prog, job: RingJob, recs: list) -> None:
             if stamp and n:
                 if n != last_n:                        # word 5 changes with the slice size only
                     last_n, nbr, nbs = n, n * isz | rtail, n * isz | stail
-                if k % rate:
-                    w.sampled_out(hr + hs)
-                elif hr and hs:
-                    recs += (t0, tr, td, op, rstep, nbr, tw, ts, td, op, sstep, nbs)
-                elif hr:
-                    recs += (t0, tr, td, op, rstep, nbr)
-                else:
-                    recs += (tw, ts, td, op, sstep, nbs)
+                if rate == 1:
+                    if hr and hs:
+                        recs += (t0, tr, td, op, rstep, nbr, tw, ts, td, op, sstep, nbs)
+                    elif hr:
+                        recs += (t0, tr, td, op, rstep, nbr)
+                    else:
+                        recs += (tw, ts, td, op, sstep, nbs)
+                else:           # per direction (plan.traffic.stamp_records): the peer keeps the same slices
+                    kept = 0
+                    if hr and (rstep - r0) // ss % rate == 0:
+                        recs += (t0, tr, td, op, rstep, nbr)
+                        kept += 1
+                    if hs and (sstep - s0) // ss % rate == 0:
+                        recs += (tw, ts, td, op, sstep, nbs)
+                        kept += 1
+                    if hr + hs - kept:
+                        w.sampled_out(hr + hs - kept)
             if hs:
                 sstep += ss
             if hr:
                 rstep += ss
-            k += 1
     rconn.step, sconn.step = rstep, sstep

@@ -18,7 +18,7 @@ typedef unsigned char u8;
 #define ST_ABORT_SPINS 1024 // spins between two looks at the abort words
 
 enum { F_ALL_REDUCE = 0, F_ALL_GATHER, F_REDUCE_SCATTER, F_BROADCAST, F_REDUCE, F_SEND_RECV };
-enum { OP_SUM = 0, OP_PROD, OP_MIN, OP_MAX, OP_AVG, OP_COPY };
+enum { OP_SUM = 0, OP_PROD, OP_MIN, OP_MAX, OP_AVG, OP_COPY, OP_PMS };   // PMS: avg of floating types
 
 __device__ __forceinline__ u64 gtimer() {
   u64 t;
@@ -104,6 +104,20 @@ template <int OP, typename A> __device__ __forceinline__ A op2(A a, A b) {
 }
 template <typename T, int OP> __device__ __forceinline__ T red1(T a, T b) {
   return Num<T>::down(op2<OP>(Num<T>::up(a), Num<T>::up(b)));
+}
+// NCCL's avg: floating types PreMulSum (each input times float(1.0/n) in the type as it enters the sum; a double
+// scalar for double), integers SumPostDiv (the sum, divided once at the final write).
+template <typename T> struct IsFloat { enum { v = 0 }; };
+template <> struct IsFloat<float> { enum { v = 1 }; };
+template <> struct IsFloat<double> { enum { v = 1 }; };
+template <> struct IsFloat<h16> { enum { v = 1 }; };
+template <> struct IsFloat<b16> { enum { v = 1 }; };
+template <typename T> __device__ __forceinline__ typename Num<T>::A pms_scale(int n) {
+  typedef typename Num<T>::A A;
+  return Num<T>::up(Num<T>::down(sizeof(T) == 8 ? (A)(1.0 / n) : (A)(float)(1.0 / n)));
+}
+template <typename T> __device__ __forceinline__ T pms1(T a, typename Num<T>::A sc) {
+  return Num<T>::down(Num<T>::up(a) * sc);
 }
 template <typename T> __device__ __forceinline__ T div1(T a, int n) {
   typedef typename Num<T>::A A;

@@ -93,7 +93,8 @@ template <typename T, bool STEPS> struct Eng {
   const Args* a; const Comm* cm; GrpShared* gs;
   Grp g; Conn c;
   u64 sstep, rstep;
-  int k;                 // slice index within the program modulo the sample rate (a counter: a modulo by
+  int krs, kss;          // receive / send slice index of the program modulo the sample rate, per direction so the
+                         // peer keeps the same slices (plan.traffic.stamp_records; counters: a modulo by
                          // a runtime divisor sat before every wait, ~1 % per op up to 16 MiB)
   int kr;                // real (non-empty) slices so far: parity of the shared abort slots
   bool aborted;
@@ -129,7 +130,7 @@ template <typename T, bool STEPS> struct Eng {
     mask = cm->slots - 1;
     tag = (1ull << 63) | ((u64)(a->op_tag & 0x7FFFFFFFu) << 32);
     seq = a->seq_base[prog]; left = a->seq_n[prog];
-    aborted = false; k = 0; kr = 0;
+    aborted = false; krs = 0; kss = 0; kr = 0;
   }
   __device__ static u64 round_up(u64 s, int m) { return (s + m - 1) / m * m; }
 
@@ -176,12 +177,14 @@ template <typename T, bool STEPS> struct Eng {
   __device__ ST_SLICE_FN void slice(bool rv, bool sd, const T* src, T* dst, bool red, bool fin, i64 n, int ss) {
     const int par = kr & 1;   // only real slices pass barriers, so only they may flip the slot
     if (n > 0) {
-      const u32 nd = (u32)rv + (u32)sd;
-      const bool rec = STEPS && k == 0 && left >= nd;
+      const bool kr0 = STEPS && rv && krs == 0, ks0 = STEPS && sd && kss == 0;
+      const u32 nd = (u32)kr0 + (u32)ks0;
+      const bool rec = STEPS && nd > 0 && left >= nd;
+      const bool recr = rec && kr0, recs = rec && ks0;
       const u32 q = seq;      // recv record at q, send record after it
       if (rec) { seq += nd; left -= nd; }
-      if (g.tid == 0) gs->ab[par][0] = rv ? role_wait(c.r_tail, 0, rstep + ss, rec, 0, par) : 0;
-      if (g.tid == 1) gs->ab[par][1] = sd ? role_wait(c.s_head, ST_NCCL_STEPS, sstep + ss, rec, 1, par) : 0;
+      if (g.tid == 0) gs->ab[par][0] = rv ? role_wait(c.r_tail, 0, rstep + ss, recr, 0, par) : 0;
+      if (g.tid == 1) gs->ab[par][1] = sd ? role_wait(c.s_head, ST_NCCL_STEPS, sstep + ss, recs, 1, par) : 0;
       if (g.tid < g.nwork) {
         bar_sync(g.bar_work, g.nwork);
         if (!(gs->ab[par][0] | gs->ab[par][1])) {
@@ -191,7 +194,7 @@ template <typename T, bool STEPS> struct Eng {
           const T* s1 = (rv && red) ? src : 0;
           T* d0 = dst ? dst : sf;
           T* d1 = dst ? sf : 0;
-          reduce_copy_op<T>(a->redop, s0, s1, d0, d1, n, fin, a->nranks, g.tid, g.nwork);
+          reduce_copy_op<T>(a->redop, s0, s1, d0, d1, n, fin, !rv && src, a->nranks, g.tid, g.nwork);
         }
       }
       // The post thread readies its entries while it waits for the workers: after its fence and tail store
@@ -199,9 +202,9 @@ template <typename T, bool STEPS> struct Eng {
       u64 *cr = 0, *cs = 0, wr = 0, ws = 0, r4 = 0, r5 = 0, s4 = 0, s5 = 0;
       if (STEPS && rec && post()) {
         const u64 sz = (u64)n * sizeof(T);
-        if (rv) { cr = slot(q); wr = tag | q; r4 = id0(a->op_tag, rstep); r5 = id1(sz, c.r_peer, 0, 0); }
-        if (sd) {
-          cs = slot(q + rv); ws = tag | (q + rv); s4 = id0(a->op_tag, sstep); s5 = id1(sz, c.s_peer, 0, 1);
+        if (recr) { cr = slot(q); wr = tag | q; r4 = id0(a->op_tag, rstep); r5 = id1(sz, c.r_peer, 0, 0); }
+        if (recs) {
+          cs = slot(q + recr); ws = tag | (q + recr); s4 = id0(a->op_tag, sstep); s5 = id1(sz, c.s_peer, 0, 1);
         }
       }
       bar_sync(g.bar_all, g.nthr);
@@ -229,7 +232,8 @@ template <typename T, bool STEPS> struct Eng {
     }
     if (rv) rstep += ss;
     if (sd) sstep += ss;
-    if (STEPS) k = k + 1 == a->sample_rate ? 0 : k + 1;
+    if (STEPS && rv) krs = krs + 1 == a->sample_rate ? 0 : krs + 1;
+    if (STEPS && sd) kss = kss + 1 == a->sample_rate ? 0 : kss + 1;
   }
 
   // One primitive call (NCCL genericOp): slice geometry as plan.schedule.slice_layout.
