@@ -15,7 +15,7 @@ import uuid
 from typing import Any, Callable
 
 from .api import Communicator
-from .config import Settings, dist_env
+from .config import Settings, dist_env, quiet_unknown
 from .errors import ConfigError, LaunchError, SliceTraceError, UsageError, ours
 from .rendezvous import DictStore, Store, TorchStore
 
@@ -123,6 +123,7 @@ def _crowding(world: int) -> bool:
 
 def _child(fn: Callable, rank: int, world: int, store_map: Any, job: str, settings: dict, args: tuple,
            conn, parent: int) -> None:
+    quiet_unknown()                              # the launcher warned of unknown SLICETRACE_* variables
     running = threading.Event()                  # set while fn may be interrupted (see _watch_parent)
     running.set()
     _start_watch(parent, ORPHAN_GRACE_S, job, running)

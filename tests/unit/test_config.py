@@ -171,7 +171,7 @@ def test_a_failed_segment_creation_leaves_no_name_behind():
 # ---- environment parse errors: variable, value and the accepted format ----
 
 def _parsed(var):
-    return var.parse not in (str, config._opt_str)
+    return var.parse not in (str, config._opt_str, config._word)      # any text parses; the value is checked
 
 
 @pytest.mark.parametrize("var", [v for v in VARIABLES if _parsed(v)], ids=lambda v: v.name)
@@ -324,3 +324,22 @@ def test_slicetrace_debug_info_reaches_stderr(capsys, monkeypatch):
     _log_to_stderr("INFO", 3)                 # a second communicator: no second handler
     log.setLevel(level)
     assert len(log.handlers) == 1
+
+
+def test_word_variables_take_any_case_as_the_others_do():
+    """SLICETRACE_CPU_RECLAIM=ON was refused while SLICETRACE_DEBUG and the boolean variables took any case."""
+    s = Settings.from_env({"SLICETRACE_BACKEND": "CPU", "SLICETRACE_CPU_RECLAIM": "ON", "SLICETRACE_CPU_WAIT": " Spin",
+                           "SLICETRACE_CPU_BIND": "Off"})
+    assert (s.backend, s.cpu_reclaim, s.cpu_wait, s.cpu_bind) == ("cpu", "on", "spin", "off")
+    with pytest.raises(ConfigError, match=r"SLICETRACE_CPU_WAIT='busy': cpu_wait='busy'"):
+        Settings.from_env({"SLICETRACE_CPU_WAIT": "busy"})
+
+
+def test_a_rank_of_launch_does_not_repeat_the_launchers_unknown_variable_warning(caplog):
+    """Each rank warned again (4 warnings for a 3-rank bench); the launcher's one is enough."""
+    from slicetrace.config import quiet_unknown
+    env = {"SLICETRACE_NCHANELS_X": "2"}
+    quiet_unknown(env)
+    with caplog.at_level("WARNING", logger="slicetrace"):
+        Settings.from_env(env)
+    assert "SLICETRACE_NCHANELS_X" not in caplog.text

@@ -118,7 +118,7 @@ def _bench_parser(sub) -> None:
     p.add_argument("--op", dest="ops", default="all_reduce",
                    help=f"comma list of {OPS} or 'all'")
     p.add_argument("--ranks", type=int, default=None, help="ranks to spawn (cpu default 2; cuda: GPUs)")
-    p.add_argument("--backend", default=None, help="cpu (default) or cuda")
+    p.add_argument("--backend", default=None, type=str.lower, help="cpu (default) or cuda")
     p.add_argument("--channels", type=int, default=None, help="channels per collective (0: the backend chooses)")
     p.add_argument("--inplace", action="store_true", help="run in place as nccl-tests does (all_gather: input = "
                    "this rank's block of the output; reduce_scatter: output = this rank's block of the input; "
