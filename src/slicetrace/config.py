@@ -93,7 +93,7 @@ VARIABLES: tuple[Var, ...] = (
     Var("SLICETRACE_NTHREADS", "nthreads", _int, "CUDA threads per block (NCCL_NTHREADS): 64, 128, 256, 512 or 640, default 512"),
     Var("SLICETRACE_TIMEOUT", "timeout_s", float, "seconds any wait may take before it becomes an error (> 0, <= 86400), default 60"),
     Var("SLICETRACE_STAMP_RING_SLOTS", "ring_slots", _int, "entries in each stamp ring of a channel (a power of two in 64..16777216), default 16384"),
-    Var("SLICETRACE_KERNEL_STEP_SAMPLE_RATE", "sample_rate", _int, "keep slice 0 and every k-th slice of each work (1..255), default 1"),
+    Var("SLICETRACE_KERNEL_STEP_SAMPLE_RATE", "sample_rate", _int, "keep slice 0 and every k-th slice of each channel program and direction (1..255; both ends of a connection keep the same slices), default 1"),
     Var("SLICETRACE_PROFILE_OP_SAMPLE_RATE", "op_sample_rate", _int, "profile the first op and every k-th op of a communicator (1..1000000, default 1 = every op); the others run unprofiled and are counted (ops_sampled_out)"),
     Var("SLICETRACE_PROFILE_MIN_BYTES", "profile_min_bytes", _bytes, "bytes, e.g. 65536 or 64K: ops smaller than this (count x element size, as NCCL counts) run unprofiled and are counted (ops_below_min_bytes); default 0"),
     Var("SLICETRACE_DRAIN_INTERVAL_US", "drain_interval_us", _int, "drain thread poll period in microseconds (10..1000000), cuda backend (adaptive, backs off to 16 ms; the cpu backend drains inline between ops), default 500"),

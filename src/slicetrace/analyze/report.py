@@ -200,12 +200,16 @@ def render(rep: Report, console=None) -> None:
         w = rep.waited_on[0]
         con.print(f"most waited on: rank {w['rank']} waited {w['wait_us']:.1f} us for data from rank {w['peer']}")
     if rep.counters:
-        lost = {f"rank {r}": {k: v for k, v in c.items()
-                              if v and k != "sampled_out"
-                              and not k.startswith(("delivered", "plugin_written", "clock_", "ops_"))}
+        lost = {r: {k: v for k, v in c.items() if v and k != "sampled_out"
+                    and not k.startswith(("delivered", "plugin_written", "clock_", "ops_"))}
                 for r, c in rep.counters.items()}
-        con.print(f"loss counters: {lost}")
-        skipped = {f"rank {r}": {k: v for k, v in c.items() if v and k.startswith("ops_")}
-                   for r, c in rep.counters.items()}
+        con.print(f"loss counters: {_per_rank(lost) if any(lost.values()) else 'none, every record delivered'}")
+        skipped = {r: {k: v for k, v in c.items() if v and k.startswith("ops_")} for r, c in rep.counters.items()}
         if any(skipped.values()):       # left out on purpose (SLICETRACE_PROFILE_OP_SAMPLE_RATE / _MIN_BYTES)
-            con.print(f"ops not profiled by the settings: {skipped}")
+            con.print(f"ops not profiled by the settings: {_per_rank(skipped)}")
+
+
+def _per_rank(counts: dict) -> str:
+    """{rank: {counter: n}} -> "rank 0: overrun 2; rank 1: none"."""
+    return "; ".join(f"rank {r}: " + (", ".join(f"{k} {v:,}" for k, v in c.items()) or "none")
+                     for r, c in sorted(counts.items(), key=lambda kv: (type(kv[0]) is not int, kv[0])))

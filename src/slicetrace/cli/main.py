@@ -272,8 +272,10 @@ def _json_value(v):
 
 def run_config(a: argparse.Namespace) -> int:
     s = Settings.from_env()
-    for var, eff, raw, doc in describe(s):
-        print(f"{var:40} {eff:24} env={raw:10} {doc}")
+    rows = describe(s)
+    w = [max(len(r[i]) for r in rows) for i in range(3)]
+    for var, eff, raw, doc in rows:         # None: unset, the plugin's own default (the doc says which)
+        print(f"{var:{w[0]}}  {eff:{w[1]}}  env={raw:{w[2]}}  {doc}")
     load_plugins(s.profiler_plugin, s)          # a plugin that would not load is an error here too, not at the run
     return 0
 
