@@ -238,3 +238,29 @@ def test_segment_names_are_gone_once_every_rank_attached(pool3):
     /dev/shm for good: only launch() removed leftovers. Each rank now unlinks its name once all have attached."""
     res = pool3.run(open_then_list, "names", dict(SMALL))
     assert res == [([], 6.0)] * 3
+
+
+def open_with(ctx, key: str, per_rank: list):
+    """A backend with this rank's settings; (error type, message)."""
+    try:
+        backend(ctx, key, **per_rank[ctx["rank"]])
+        ctx["state"]["backends"].pop(key).close()
+        return ("ok", "")
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        return (type(e).__name__, str(e))
+
+
+@pytest.mark.parametrize("field, values", [("ring_slots", (64, 128)), ("buffsize", (1 << 16, 1 << 17)),
+                                           ("nchannels", (1, 2))])
+def test_ranks_whose_settings_differ_fail_at_set_up_on_every_rank(pool2, field, values):
+    """A FIFO or stamp ring laid out differently at the two ends would misread every slot: the attach compares
+    them and refuses, naming both ranks' settings."""
+    per_rank = [dict(SMALL, timeout_s=10.0, **{field: v}) for v in values]
+    res = pool2.run(open_with, f"set{field}", per_rank)
+    for r, (kind, msg) in enumerate(res):
+        # the rank that attaches second may find the first one's segment already gone with its failed set-up
+        assert kind in ("MismatchError", "PeerError") and "every rank needs the same settings" in msg, (r, msg)
+        assert "runs the cpu backend with (nchannels, buffsize, world, ring_slots)=" in msg
+        assert kind == "MismatchError" or f"rank {1 - r}'s set-up failed: MismatchError: " in msg
+    assert "MismatchError" in {kind for kind, _ in res}
+    assert glob.glob(f"/dev/shm/st_{pool2.job}set{field}_*") == []        # both set-ups ended: nothing left

@@ -55,7 +55,11 @@ class CpuBackend(HostBackend):
         self.seg = Segment(f"st_{job}_{gen}_{rank}_{secrets.token_hex(3)}", size, create=True)
         try:
             self._setup()
-        except BaseException:
+        except BaseException as e:
+            try:            # a peer that finds our segment gone says why (not "closed or cleaned up")
+                self.store.set(f"{self._prefix}/failed/{rank}", f"{type(e).__name__}: {e}".encode())
+            except Exception:  # noqa: BLE001 - the store may be what failed
+                pass
             self.close()
             raise
 
@@ -115,7 +119,9 @@ class CpuBackend(HostBackend):
         try:
             seg = Segment(name)
         except FileNotFoundError:
-            raise PeerError(f"rank {p}'s segment {name!r} is gone (rank {p} closed or was cleaned up)") from None
+            why = self.store.try_get(f"{self._prefix}/failed/{p}")
+            raise PeerError(f"rank {p}'s segment {name!r} is gone: " + (
+                f"rank {p}'s set-up failed: {why.decode()}" if why else f"rank {p} closed or was cleaned up")) from None
         self._peer_segs[p] = seg
         pctl = seg.words(0, PAGE)
         mine = (self.nch, self.settings.buffsize, self.world, self.settings.ring_slots)
