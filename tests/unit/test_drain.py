@@ -509,8 +509,8 @@ def test_thread_init_runs_first_in_the_drain_thread_and_its_failure_is_reported(
        st.integers(0, 40), st.lists(st.integers(0, 2**31 - 1), max_size=60))
 @settings(max_examples=200, deadline=None)
 def test_member_is_isin(vals, start, run, xs):
-    """drain._member (two compares when the values are consecutive) == np.isin, consecutive or not."""
-    from slicetrace.stamps.drain import _member
+    """layout.member (two compares when the values are consecutive) == np.isin, consecutive or not."""
+    from slicetrace.stamps.layout import member as _member
     for v in (vals, list(range(start, start + run))):
         x = np.array(xs + v + [max(start - 1, 0), start + run], dtype=np.uint64)
         arr = np.array(v, dtype=np.uint64)

@@ -17,7 +17,8 @@ from typing import Callable, Protocol
 import numpy as np
 
 from ..errors import CommTimeoutError
-from .layout import FLAG_SEND, KIND_CHANNEL, PAIRED_DTYPE, SEQ_PROVISIONAL, RingViews, take_rows
+from .layout import (FLAG_SEND, KIND_CHANNEL, PAIRED_DTYPE, SEQ_PROVISIONAL, RingViews, decode_rows, member,
+                     published, take_rows)
 from .pairing import pair_channels
 from .scratch import Scratch
 
@@ -288,12 +289,12 @@ class Drain:
             dl = np.array(done_lows, dtype=np.uint64)               # the completed ops, for both checks below
             if done_lows and ((sw | cw) >= _PROV).any():
                 done31 = dl & _LO31
-                st_vis = _published(sw, useq, done31) & intact
-                ok = st_vis if merged else st_vis & _published(cw, useq, done31)
+                st_vis = published(sw, useq, done31) & intact
+                ok = st_vis if merged else st_vis & published(cw, useq, done31)
         if ok.all():
             end = cnt
         else:
-            lost = (st_vis & ~ok & _member(st[:, 4] & _LO32, dl)) | ((top2 - seqs > LOST_LAG) & (not running))
+            lost = (st_vis & ~ok & member(st[:, 4] & _LO32, dl)) | ((top2 - seqs > LOST_LAG) & (not running))
             if settled is not None:
                 lost |= seqs <= settled[chs if chan is None else chan].astype(np.int64)
             undecided = ~(ok | ~intact | lost | force)
@@ -342,15 +343,7 @@ class Drain:
         # Rows that the run sort below copies are a temporary: built in a reused buffer (stamps.scratch).
         resort = has_ch or w4[0] & _LO32 != w4[-1] & _LO32 or bool((kind[0] != kind).any())
         buf = self._scratch.rows("out", len(st), PAIRED_DTYPE) if resort else None
-        out = np.empty(len(st), dtype=PAIRED_DTYPE) if buf is None else buf
-        out["op"] = w4                               # the low 32 bits (unsafe cast)
-        out["step"] = w4 >> np.uint64(32)
-        out["size"] = w5 & np.uint64(0xFFFFFFFF)
-        out["peer"] = (w5 >> np.uint64(32)) & np.uint64(0xFFFF)
-        out["kind"] = kind
-        out["flags"] = w5 >> np.uint64(56)
-        out["channel"] = chan
-        out["wait"], out["ready"], out["done"] = st[:, 1], st[:, 2], co[:, 3]
+        out = decode_rows(st, co, chan, kind, np.empty(len(st), dtype=PAIRED_DTYPE) if buf is None else buf)
         keep = None                                   # rows left once KernelCh starts are paired into stops
         if has_ch:
             keep = pair_channels(out, is_ch, self._open, self.consumer.drop)
@@ -394,19 +387,3 @@ class Drain:
             return
         for tag, kind, a, b in runs:
             (self.consumer.channel if kind == KIND_CHANNEL else self.consumer.steps)(tag, out[a:b])
-
-
-def _published(word: np.ndarray, useq: np.ndarray, done31: np.ndarray) -> np.ndarray:
-    """Seq words that publish useq: plain, or provisional from an op that has completed (stamps.layout)."""
-    prov = (((word & _PROV) != 0) & ((word & _LO32) == (useq & _LO32))
-            & _member((word >> np.uint64(32)) & _LO31, done31))
-    return (word == useq) | prov
-
-
-def _member(x: np.ndarray, vals: np.ndarray) -> np.ndarray:
-    """np.isin(x, vals) for unique vals; a poll's completed ops are usually consecutive tags: two compares."""
-    if len(vals):
-        lo, hi = vals.min(), vals.max()
-        if int(hi) - int(lo) + 1 == len(vals):
-            return (x >= lo) & (x <= hi)
-    return np.isin(x, vals)

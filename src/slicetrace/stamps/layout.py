@@ -178,3 +178,37 @@ class RingWriter:
 
     def sampled_out(self, n: int = 1) -> None:
         self._hdr["sampled_out"] += n
+
+
+_PROV, _LO32, _LO31 = np.uint64(SEQ_PROVISIONAL), np.uint64(0xFFFFFFFF), np.uint64(0x7FFFFFFF)
+
+
+def decode_rows(st: np.ndarray, co: np.ndarray, chan, kind: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """Started and completed entries (uint64 words, STAMP_DTYPE's order) -> PAIRED_DTYPE rows in `out`: op, step,
+    size, peer, kind (given: the caller has it), flags, channel (an array, or one int), the three clocks."""
+    w4, w5 = st[:, 4], st[:, 5]
+    out["op"] = w4                               # the low 32 bits (unsafe cast)
+    out["step"] = w4 >> np.uint64(32)
+    out["size"] = w5 & _LO32
+    out["peer"] = (w5 >> np.uint64(32)) & np.uint64(0xFFFF)
+    out["kind"] = kind
+    out["flags"] = w5 >> np.uint64(56)
+    out["channel"] = chan
+    out["wait"], out["ready"], out["done"] = st[:, 1], st[:, 2], co[:, 3]
+    return out
+
+
+def published(word: np.ndarray, useq: np.ndarray, done31: np.ndarray) -> np.ndarray:
+    """Seq words that publish useq: plain, or provisional from an op that has completed (stamps.layout)."""
+    prov = (((word & _PROV) != 0) & ((word & _LO32) == (useq & _LO32))
+            & member((word >> np.uint64(32)) & _LO31, done31))
+    return (word == useq) | prov
+
+
+def member(x: np.ndarray, vals: np.ndarray) -> np.ndarray:
+    """np.isin(x, vals) for unique vals; a poll's completed ops are usually consecutive tags: two compares."""
+    if len(vals):
+        lo, hi = vals.min(), vals.max()
+        if int(hi) - int(lo) + 1 == len(vals):
+            return (x >= lo) & (x <= hi)
+    return np.isin(x, vals)

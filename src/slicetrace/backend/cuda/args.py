@@ -20,6 +20,11 @@ def threads_for(nbytes: int, nblocks: int, nthreads: int, max_threads: int = MAX
     return nt + 32
 
 
+def auto_channels(nbytes: int, max_channels: int) -> int:
+    """NCCL's rule: fewer channels while each would carry less than 32 KiB (64 B x 512 threads)."""
+    return max(1, min(max_channels, nbytes // (512 * 64)))
+
+
 class KernelArgs:
     """Expects the backend's rank, mem (CommMemory), settings, max_channels, _ptr() and _maxt()."""
     mem: Any

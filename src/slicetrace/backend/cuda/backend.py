@@ -21,7 +21,7 @@ from ...stamps.layout import RingViews
 from ..base import DTYPES, Backend, P2pLedger, Work
 from ..procs import PeerWatch
 from . import buffers, clock
-from .args import KernelArgs
+from .args import KernelArgs, auto_channels
 from .compile import Kernels, arch_of
 from .ipc import CommMemory
 from .seqs import SeqRanges
@@ -36,11 +36,6 @@ def _cupy():
     except ImportError as e:
         raise BackendError(f"backend='cuda' needs CuPy (pip install cupy-cuda13x): {e}") from None
     return cupy
-
-
-def auto_channels(nbytes: int, max_channels: int) -> int:
-    """NCCL's rule: fewer channels while each would carry less than 32 KiB (64 B x 512 threads)."""
-    return max(1, min(max_channels, nbytes // (512 * 64)))
 
 
 _GEN: dict[str, int] = {}        # backends made per job in this process: keeps store keys of re-inits apart
