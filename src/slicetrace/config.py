@@ -148,6 +148,9 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 
 
+_WORDS = ("backend", "cpu_reclaim", "cpu_wait", "cpu_bind")     # settings that are one of a few lowercase words
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
@@ -196,6 +199,10 @@ class Settings:
     debug: str = "WARN"
 
     def __post_init__(self) -> None:
+        for name in _WORDS:                 # any case, from a keyword as from the environment
+            v = getattr(self, name)
+            if isinstance(v, str) and v != v.strip().lower():
+                object.__setattr__(self, name, v.strip().lower())
         for f in fields(self):
             v = getattr(self, f.name)
             if f.name == "pool_sizes":

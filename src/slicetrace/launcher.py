@@ -135,13 +135,13 @@ def _child(fn: Callable, rank: int, world: int, store_map: Any, job: str, settin
         comm = init(rank=rank, world_size=world, store=DictStore(store_map), job=job, **settings)
         result = fn(comm, *args)
         running.clear()
+        signal.signal(signal.SIGINT, signal.SIG_IGN)     # an interrupted launch lets closing ranks finish (plugins)
         comm.close()
         comm = None
         _send(conn, ("ok", result))
     except BaseException as e:  # noqa: BLE001 - reported to the parent with its traceback
         running.clear()
-        if isinstance(e, KeyboardInterrupt):     # the launcher forwards the terminal's Ctrl-C: closing comes first
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)     # the launcher forwards the terminal's Ctrl-C: close first
         try:
             if comm is not None:
                 comm._session.backend.abort(f"rank {rank} failed: {type(e).__name__}: {e}")

@@ -382,3 +382,12 @@ def test_numpy_subclasses_are_used_by_their_memory_and_masked_arrays_refused():
     for m, x, masked in res:
         assert m == [[1.0, 2.0]] and x == [[3.0] * 3] * 2
         assert "numpy.ma.MaskedArray, whose mask the collectives would ignore" in masked
+
+
+def test_an_unknown_variable_is_reported_once_per_launch_not_per_rank(monkeypatch, capfd, caplog):
+    """The launcher warns (here into pytest's log capture); its ranks, whose stderr is this process's, did too."""
+    monkeypatch.setenv("SLICETRACE_NCHANELS_ONCE", "2")      # a misspelling; unique, so this process has not warned
+    with caplog.at_level("WARNING", logger="slicetrace"):
+        slicetrace.launch(_noop, 3, backend="cpu", timeout_s=20, join_timeout_s=120)
+    assert caplog.text.count("SLICETRACE_NCHANELS_ONCE") == 1
+    assert "SLICETRACE_NCHANELS_ONCE" not in capfd.readouterr().err

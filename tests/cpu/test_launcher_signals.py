@@ -240,3 +240,59 @@ def test_signals_during_the_cleanup_are_held_and_delivered_after_it():
         assert got == [signal.SIGTERM] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+SLOW_PLUGIN = textwrap.dedent("""
+    import os, time
+    class SlowFinalize:          # a plugin whose finalize (at close) takes a while, as writing a large trace does
+        version, name = 8, "slowfin"
+        def __init__(self, settings=None):
+            pass
+        def init(self, comm, mask):
+            mask.value = 0
+            return comm.rank
+        def start_event(self, ctx, descr):
+            return None
+        def stop_event(self, h, ts):
+            pass
+        def record_event_state(self, h, s, a):
+            pass
+        def finalize(self, ctx):
+            d = os.environ["SLOWFIN_DIR"]
+            open(os.path.join(d, f"fin{ctx}.start"), "w").close()
+            time.sleep(1.5)
+            open(os.path.join(d, f"fin{ctx}.done"), "w").close()
+""")
+QUICK_DRIVER = textwrap.dedent("""
+    import numpy as np, slicetrace
+    def fn(comm):
+        comm.all_reduce(np.ones(4, np.float32))
+    if __name__ == "__main__":
+        slicetrace.launch(fn, 2, profiler_plugin="slowfin:SlowFinalize", timeout_s=20.0)
+""")
+
+
+def test_a_launch_interrupted_while_its_ranks_close_lets_them_finish(tmp_path):
+    """The launcher's SIGINT to its ranks used to reach ranks whose fn had returned too, cutting their close (the
+    plugins' finalize, which writes the traces) short."""
+    (tmp_path / "slowfin.py").write_text(SLOW_PLUGIN)
+    (tmp_path / "driver.py").write_text(QUICK_DRIVER)
+    env = {**os.environ, "SLOWFIN_DIR": str(tmp_path),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    p = subprocess.Popen([sys.executable, str(tmp_path / "driver.py")], env=env, stderr=subprocess.PIPE,
+                         stdout=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("fin*.start"))) < 2 and time.monotonic() < deadline and p.poll() is None:
+            time.sleep(0.02)
+        assert len(list(tmp_path.glob("fin*.start"))) == 2, p.stderr.read() if p.poll() is not None else ""
+        os.kill(p.pid, signal.SIGTERM)
+        p.wait(timeout=30)
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait(timeout=10)
+    assert p.returncode == 143
+    assert sorted(f.name for f in tmp_path.glob("fin*.done")) == ["fin0.done", "fin1.done"]

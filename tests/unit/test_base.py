@@ -8,6 +8,7 @@ import pytest
 
 from slicetrace.api_checks import ptr as _ptr
 from slicetrace.backend.base import host_pointer
+from slicetrace.errors import UsageError
 
 _BYTES = b"abcdefgh" * 8
 
@@ -99,3 +100,29 @@ def test_p2p_ledger_finds_the_messages_a_peer_sent_that_were_never_received():
         b.publish(store, keys[r])
     lost = [b.lost(store, {p: k for p, k in keys.items() if p != r}, r, 1.0) for r, b in enumerate(books)]
     assert lost == [[], ["1 from rank 0 (12 elements: it sent 2, this rank received 1)"], []]
+
+
+def test_pointer_of_device_buffers_by_each_protocol():
+    """A torch tensor's data_ptr() was read as `dataptr()` and the cuda backend's RawBuf (bfloat16 tensors where
+    CuPy has none) had no branch: both read as address 0, so every group of them looked overlapping."""
+    from types import SimpleNamespace
+    from slicetrace.api_checks import check_group_overlap
+    from slicetrace.backend.cuda.buffers import RawBuf
+    from slicetrace.plan.schedule import P2pPart
+
+    class Torchish:
+        def __init__(self, p):
+            self.p = p
+
+        def data_ptr(self):
+            return self.p
+    assert _ptr(SimpleNamespace(data=SimpleNamespace(ptr=4096))) == 4096          # CuPy
+    assert _ptr(Torchish(8192)) == 8192
+    assert _ptr(RawBuf(12288, 10, "bfloat16")) == 12288
+    assert _ptr(object()) == 0
+    a, b = RawBuf(1 << 20, 100, "bfloat16"), RawBuf(2 << 20, 100, "bfloat16")    # separate: accepted
+    check_group_overlap([(P2pPart(0, True, 100, 0), a, "bfloat16", 0), (P2pPart(1, False, 100, 0), b, "bfloat16", 0),
+                         (P2pPart(1, False, 100, 0), object(), "bfloat16", 0)], 2)   # unknown address: not checked
+    same = [(P2pPart(0, True, 100, 0), a, "bfloat16", 0), (P2pPart(1, False, 100, 0), a, "bfloat16", 0)]
+    with pytest.raises(UsageError, match=r"recv\(peer=1\) overlaps that of send\(peer=0\)"):
+        check_group_overlap(same, 2)

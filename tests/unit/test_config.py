@@ -333,6 +333,8 @@ def test_word_variables_take_any_case_as_the_others_do():
     assert (s.backend, s.cpu_reclaim, s.cpu_wait, s.cpu_bind) == ("cpu", "on", "spin", "off")
     with pytest.raises(ConfigError, match=r"SLICETRACE_CPU_WAIT='busy': cpu_wait='busy'"):
         Settings.from_env({"SLICETRACE_CPU_WAIT": "busy"})
+    k = Settings.from_env({}, backend="CPU", cpu_wait="Spin")            # keywords too (init, launch)
+    assert (k.backend, k.cpu_wait) == ("cpu", "spin")
 
 
 def test_a_rank_of_launch_does_not_repeat_the_launchers_unknown_variable_warning(caplog):
@@ -343,3 +345,20 @@ def test_a_rank_of_launch_does_not_repeat_the_launchers_unknown_variable_warning
     with caplog.at_level("WARNING", logger="slicetrace"):
         Settings.from_env(env)
     assert "SLICETRACE_NCHANELS_X" not in caplog.text
+
+
+def test_a_session_logs_to_stderr_at_slicetrace_debug_info(capsys, monkeypatch):
+    """The handler is installed by the communicator's session (not only by the helper the test above calls)."""
+    import logging
+    import slicetrace
+    log = logging.getLogger("slicetrace")
+    monkeypatch.setattr(log, "handlers", [])
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])
+    level = log.level
+    try:
+        c = slicetrace.init(backend="null", debug="INFO")
+        log.info("from the session")
+        c.close()
+    finally:
+        log.setLevel(level)
+    assert "slicetrace rank 0 INFO: from the session" in capsys.readouterr().err

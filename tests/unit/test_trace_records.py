@@ -209,3 +209,24 @@ def test_two_runs_of_different_rank_counts_are_refused_as_two_runs(tmp_path, mon
     with pytest.raises(TraceFormatError, match=r"2 communicators \(runs\).*commHash 111 \(2 file\(s\)\): slicetrace "
                                                r"report tr/trace_111; commHash 222 \(3 file\(s\)\)"):
         load_run("tr")
+
+
+def test_a_whole_file_with_a_damaged_last_record_is_refused_not_read_as_cut_short(run, tmp_path):
+    """A file that has its closing ] was written to the end: a bad record in it is damage, not an interrupted
+    writer, and dropping it (often the counters record) would hide that."""
+    _, f0 = _copy(run, tmp_path)
+    lines = f0.read_text().rstrip().split("\n")
+    assert lines[-1].endswith("]")
+    lines[-2] = lines[-2][: len(lines[-2]) // 2]                 # the last record, damaged
+    f0.write_text("\n".join(lines))
+    with pytest.raises(TraceFormatError, match="cannot be read as JSON"):
+        load_run(str(f0))
+
+
+def test_partial_reports_the_ranks_present_when_a_rank_file_is_empty(run, tmp_path, capsys):
+    folder, _ = _copy(run, tmp_path)
+    (folder / "tr_99_1.json").write_text("")                   # a killed rank's file
+    assert main(["report", str(folder)]) == 2
+    assert "is empty: its rank ended before its profiler wrote anything" in capsys.readouterr().err
+    assert main(["report", str(folder), "--partial"]) == 0
+    assert "# --partial: rank(s) [1] of 2 absent" in capsys.readouterr().out

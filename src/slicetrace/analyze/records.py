@@ -7,8 +7,14 @@ its value and what is accepted, so the loader can add the file and the record's 
 """
 from __future__ import annotations
 
+import json
+import logging
 import math
 from typing import Any, NamedTuple
+
+from ..errors import TraceFormatError
+
+log = logging.getLogger("slicetrace")
 
 MAX_CHANNELS = 64           # config.MAXCHANNELS (analyze may not import config): channels are 0..63
 _I32, _I64, _U64 = (1 << 31) - 1, (1 << 63) - 1, (1 << 64) - 1     # the analysis tables' column types
@@ -151,3 +157,47 @@ def rank_problem(r: dict, ranks: Ranks) -> str | None:
                     return bad
     return None
 
+
+def read_records(path: str) -> list[dict]:
+    """One file's records (NCCL's trailing {} left out); TraceFormatError unless it is a JSON array of objects.
+    An array cut short (a rank killed while writing; Chrome's trace format lets the closing ] go) is read up to
+    its last whole record, with a warning."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, ValueError) as e:
+        raise TraceFormatError(f"trace file {path!r} cannot be read: {e}") from e
+    if not text.strip():
+        raise TraceFormatError(f"trace file {path!r} is empty: its rank ended before its profiler wrote anything "
+                               f"(killed, or stopped without closing its communicator); report --partial analyses "
+                               f"the other ranks")
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        data = _cut_short(text)
+        if data is None:
+            raise TraceFormatError(f"trace file {path!r} cannot be read as JSON: {e}") from e
+        log.warning("slicetrace: trace file %r was cut short (its rank was stopped while writing): read its %d "
+                    "whole records", path, len(data))
+    if isinstance(data, dict) and "traceEvents" in data:
+        data = data["traceEvents"]
+    if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+        raise TraceFormatError(f"trace file {path!r} is not a JSON array of objects")
+    return [r for r in data if r]           # NCCL's example plugin ends with an empty object
+
+
+def _cut_short(text: str) -> list | None:
+    """The records of a JSON array whose end is missing (one record per line, as the sinks write), else None."""
+    if not text.lstrip().startswith("[") or text.rstrip().endswith("]"):    # whole, but damaged: refused
+        return None
+    end = len(text)
+    for _ in range(3):                       # the last line or two may be partial
+        end = text.rfind("\n", 0, end)
+        if end < 0:
+            return None
+        try:
+            data = json.loads(text[:end].rstrip().rstrip(",") + "]")
+        except ValueError:
+            continue
+        return data if isinstance(data, list) else None
+    return None

@@ -159,7 +159,8 @@ def render(rep: Report, console=None) -> None:
     sampled = {r: c.get("sampled_out", 0) for r, c in rep.counters.items() if c.get("sampled_out")}
     if sampled:
         con.print(f"KernelStep sampling (SLICETRACE_KERNEL_STEP_SAMPLE_RATE) left slices out on purpose "
-                  f"({sum(sampled.values()):,} records): bytes, slices and times count the kept slices only")
+                  f"({sum(sampled.values()):,} records): bytes, slices and times count the kept slices only, and a "
+                  f"kept half of a fused slice moves from its own ready clock")
     t = Table(title="ranks")
     for c in ("rank", "waiting for data us", "waiting for credit us", "moving data us", "slices"):
         t.add_column(c, justify="right")

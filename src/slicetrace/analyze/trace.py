@@ -10,7 +10,6 @@ and convert alike, refusing what the analyses cannot use (analyze/records.py say
 from __future__ import annotations
 
 import glob
-import json
 import logging
 import os
 import re
@@ -19,7 +18,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from ..errors import TraceFormatError
-from .records import REQUIRED_ARGS, STEP_ARGS, Ranks, rank_problem, record_problem
+from .records import REQUIRED_ARGS, STEP_ARGS, Ranks, rank_problem, read_records as _read, record_problem
 
 KERNEL_STEP_TABLE = np.dtype([
     ("rank", "<i4"), ("channel", "<i4"), ("is_send", "u1"), ("peer", "<i4"), ("step", "<i8"), ("size", "<i8"),
@@ -32,50 +31,6 @@ KERNEL_CH_TABLE = np.dtype([
 log = logging.getLogger("slicetrace")
 _EPS_US = 1e-3      # ts are written with 3 decimals (exact ns); allow one ns of float noise
 _RANK_FILE = re.compile(r"^(.*_\d+)_(\d+)\.json$")      # <prefix>_<commHash>_<rank>.json
-
-
-def _read(path: str) -> list[dict]:
-    """One file's records (NCCL's trailing {} left out); TraceFormatError unless it is a JSON array of objects.
-    An array cut short (a rank killed while writing; Chrome's trace format lets the closing ] go) is read up to
-    its last whole record, with a warning."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, ValueError) as e:
-        raise TraceFormatError(f"trace file {path!r} cannot be read: {e}") from e
-    if not text.strip():
-        raise TraceFormatError(f"trace file {path!r} is empty: its rank ended before its profiler wrote anything "
-                               f"(killed, or stopped without closing its communicator)")
-    try:
-        data = json.loads(text)
-    except ValueError as e:
-        data = _cut_short(text)
-        if data is None:
-            raise TraceFormatError(f"trace file {path!r} cannot be read as JSON: {e}") from e
-        log.warning("slicetrace: trace file %r was cut short (its rank was stopped while writing): read its %d "
-                    "whole records", path, len(data))
-    if isinstance(data, dict) and "traceEvents" in data:
-        data = data["traceEvents"]
-    if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
-        raise TraceFormatError(f"trace file {path!r} is not a JSON array of objects")
-    return [r for r in data if r]           # NCCL's example plugin ends with an empty object
-
-
-def _cut_short(text: str) -> list | None:
-    """The records of a JSON array whose end is missing (one record per line, as the sinks write), else None."""
-    if not text.lstrip().startswith("["):
-        return None
-    end = len(text)
-    for _ in range(3):                       # the last line or two may be partial
-        end = text.rfind("\n", 0, end)
-        if end < 0:
-            return None
-        try:
-            data = json.loads(text[:end].rstrip().rstrip(",") + "]")
-        except ValueError:
-            continue
-        return data if isinstance(data, list) else None
-    return None
 
 
 def _refuse(path: str, i: int, r: dict, problem: str) -> TraceFormatError:
@@ -122,26 +77,39 @@ def comm_of(path: str, records: list[dict]) -> str:
 
 
 def load_files(paths: str | os.PathLike | Iterable[str | os.PathLike],
-               command: str = "report") -> list[tuple[str, list[dict]]]:
+               command: str = "report", skip_empty: bool = False) -> list[tuple[str, list[dict]]]:
     """(file, records) for each file of one run, as trace_files takes them: what report and convert read, through
     the same checks. Refused (TraceFormatError, naming the file, and the record's index and field): a file that
     is not a JSON array of objects or holds no record (its rank would be silently left out), a record that fails
     record_problem, a pid, Rank or Peer past the run's rank count (run_ranks), files of more than one communicator
     (two runs in one folder, which would pool different runs: the message names the prefix of each, for
-    `slicetrace <command>`), and one rank's file twice."""
+    `slicetrace <command>`), and one rank's file twice. skip_empty: files without records are left out (with a
+    warning) instead, for an analysis of the ranks present (report --partial)."""
     unique: dict[str, str] = {}
     for p in trace_files(paths):
         unique.setdefault(os.path.realpath(p), p)     # one file named twice (a folder and its file) counts once
-    return _checked(list(unique.values()), command)
+    return _checked(list(unique.values()), command, skip_empty)
 
 
-def _checked(files: list[str], command: str = "report") -> list[tuple[str, list[dict]]]:
-    loaded = [(f, _read(f)) for f in files]
-    for f, recs in loaded:
+def _checked(files: list[str], command: str = "report", skip_empty: bool = False) -> list[tuple[str, list[dict]]]:
+    loaded = []
+    for f in files:
+        try:
+            recs = _read(f)
+        except TraceFormatError as e:
+            if not (skip_empty and " is empty: " in str(e)):
+                raise
+            recs = []
+        if not recs and skip_empty:
+            log.warning("slicetrace: %r holds no records: left out", f)
+            continue
         if not recs:
             raise TraceFormatError(f"trace file {f!r} holds no records: its rank's profiler wrote nothing, and "
                                    f"analysing the run without it would silently leave that rank out; pass the "
-                                   f"other ranks' files by name if that is what you want")
+                                   f"other ranks' files by name, or --partial, if that is what you want")
+        loaded.append((f, recs))
+    if not loaded:
+        raise TraceFormatError(f"none of the {len(files)} trace file(s) holds a record")
     by_comm: dict[str, list[str]] = {}              # commHash -> its files
     for f, recs in loaded:
         by_comm.setdefault(comm_of(f, recs), []).append(f)

@@ -288,7 +288,7 @@ def run_report(a: argparse.Namespace) -> int:
     for flag, path in (("--json", a.json), ("--csv", a.csv)):
         if path:
             writable_file(flag, path)
-    loaded = load_files(a.traces)
+    loaded = load_files(a.traces, skip_empty=a.partial)
     recs = [r for _, rs in loaded for r in rs]
     ranks = run_ranks(loaded)
     missing = sorted(set(range(ranks.n)) - {r.get("pid") for r in recs}) if ranks else []
