@@ -161,7 +161,8 @@ class Communicator:
         self._session.run(work, info)
         if user_out is not None:
             return user_out
-        return recv.reshape(getattr(x, "shape", (-1,))) if out_n == n else recv
+        res = self._session.backend.user_buffer(recv)       # a torch tensor, not the cuda backend's RawBuf
+        return res.reshape(getattr(x, "shape", (-1,))) if out_n == n and hasattr(res, "reshape") else res
 
     # ---- collectives (counts follow NCCL) ----
     def all_reduce(self, x: Any, out: Any = None, op: str = "sum", *, user_tag: int = 0, stream: Any = None):
@@ -298,7 +299,7 @@ class Communicator:
             entries.append((P2pPart(j, True, k, 0, j * k), flat, dtype, user_tag))
             entries.append((P2pPart(j, False, k, 0, j * k), recv, dtype, user_tag))
         self._enqueue(entries, checked=True)     # x and out were checked above
-        return user_out if user_out is not None else recv
+        return user_out if user_out is not None else self._session.backend.user_buffer(recv)
 
     def barrier(self) -> None:
         """Every rank arrives before any leaves (through the rendezvous store; includes this rank's pending ops)."""

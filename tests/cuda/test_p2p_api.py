@@ -75,3 +75,46 @@ def test_a_message_never_received_is_an_error_at_close(gpu, kcache):
     assert ("rank 1 failed: UsageError: rank 1 closed its communicator with messages it never received: 1 from "
             "rank 0 (1000 elements: it sent 2, this rank received 1); they are lost") in msg, msg
     assert "rank 0 failed" not in msg, msg
+
+
+def _torch_bf16(comm):
+    import torch
+    dev = comm._session.backend.device
+    with torch.cuda.device(dev):
+        r, n, p = comm.rank, comm.world_size, 1 - comm.rank
+        x = torch.arange(4 * n, dtype=torch.bfloat16, device=f"cuda:{dev}") + 100 * r
+        summed = comm.all_reduce(x)                       # out=None: allocated, handed back as a torch tensor
+        a2a = comm.all_to_all(x)
+        a = torch.zeros(4, dtype=torch.bfloat16, device=f"cuda:{dev}")
+        b = torch.zeros(4, dtype=torch.bfloat16, device=f"cuda:{dev}")
+        with comm.group():                                # two receives into separate tensors: no overlap
+            comm.send(x[:4], p)
+            comm.send(x[4:8], p)
+            comm.recv(a, p)
+            comm.recv(b, p)
+        comm.synchronize()
+        refused = ""
+        try:
+            with comm.group():
+                comm.send(x[:4], p)
+                comm.recv(x[2:6], p)
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            refused = f"{type(e).__name__}: {e}"
+        return (type(summed).__module__, summed.float().tolist(), a2a.float().tolist(), a.float().tolist(),
+                b.float().tolist(), refused)
+
+
+@pytest.mark.cuda
+def test_torch_bfloat16_outputs_are_torch_tensors_and_groups_check_their_real_addresses(gpu, kcache):
+    """bfloat16 tensors where CuPy has no bfloat16 travel as the backend's RawBuf: an out=None op handed that
+    handle back (all_reduce failed on its reshape), and the group overlap check read every RawBuf's address as 0,
+    so any group of two of them was refused as overlapping."""
+    pytest.importorskip("torch")
+    import slicetrace
+    res = slicetrace.launch(_torch_bf16, 2, backend="cuda", cache_dir=kcache, timeout_s=30.0, join_timeout_s=240)
+    for r, (mod, summed, a2a, a, b, refused) in enumerate(res):
+        p = 1 - r
+        assert mod.startswith("torch") and summed == [2 * i + 100.0 for i in range(8)]
+        assert a2a == [i + 4 * r + 100.0 * j for j in range(2) for i in range(4)]
+        assert a == [i + 100.0 * p for i in range(4)] and b == [i + 4 + 100.0 * p for i in range(4)]
+        assert "UsageError: send/recv group: the buffer of recv(peer=" in refused

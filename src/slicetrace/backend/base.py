@@ -118,6 +118,11 @@ class Backend(abc.ABC):
     def empty_like(self, buf: Any, count: int) -> Any:
         """A new flat buffer of `count` elements of buf's dtype."""
 
+    def user_buffer(self, buf: Any) -> Any:
+        """What an op that allocated `buf` (out=None) hands the caller: the buffer itself, or the user-facing
+        array behind a backend's own handle."""
+        return buf
+
     @abc.abstractmethod
     def submit(self, work: Work) -> Any:
         """Start the work; returns a completion token. The cpu backend runs it to the end before returning."""

@@ -111,6 +111,9 @@ class CudaBackend(Backend, KernelArgs):
     def empty_like(self, buf: Any, count: int) -> Any:
         return buffers.empty_like(buf, count)
 
+    def user_buffer(self, buf: Any) -> Any:
+        return buffers.user_buffer(buf)
+
     def channels_for(self, nbytes: int) -> int:
         """Channel count this backend would pick for an op of nbytes (settings.nchannels wins)."""
         return self.settings.nchannels or auto_channels(nbytes, self.max_channels)

@@ -103,6 +103,13 @@ def as_buffer(x: Any, what: str, device: int) -> tuple[Any, str, int]:
     return (arr if arr.ndim == 1 else arr.ravel()), name, int(arr.size)
 
 
+def user_buffer(buf: Any) -> Any:
+    """An allocated output for the caller: the torch tensor behind a RawBuf (bfloat16 without CuPy bfloat16)."""
+    if isinstance(buf, RawBuf) and type(buf.owner).__module__.startswith("torch"):
+        return buf.owner
+    return buf
+
+
 def empty_like(buf: Any, count: int) -> Any:
     import cupy
     if isinstance(buf, RawBuf):
