@@ -124,6 +124,7 @@ def _crowding(world: int) -> bool:
 def _child(fn: Callable, rank: int, world: int, store_map: Any, job: str, settings: dict, args: tuple,
            conn, parent: int) -> None:
     quiet_unknown()                              # the launcher warned of unknown SLICETRACE_* variables
+    signal.signal(signal.SIGINT, signal.default_int_handler)    # ignored until fn was loaded (launch)
     running = threading.Event()                  # set while fn may be interrupted (see _watch_parent)
     running.set()
     _start_watch(parent, ORPHAN_GRACE_S, job, running)
@@ -140,8 +141,8 @@ def _child(fn: Callable, rank: int, world: int, store_map: Any, job: str, settin
         comm = None
         _send(conn, ("ok", result))
     except BaseException as e:  # noqa: BLE001 - reported to the parent with its traceback
-        running.clear()
         signal.signal(signal.SIGINT, signal.SIG_IGN)     # the launcher forwards the terminal's Ctrl-C: close first
+        running.clear()
         try:
             if comm is not None:
                 comm._session.backend.abort(f"rank {rank} failed: {type(e).__name__}: {e}")
@@ -161,18 +162,30 @@ def _child(fn: Callable, rank: int, world: int, store_map: Any, job: str, settin
 INTERRUPT_GRACE_S = 10.0     # an interrupted launch() lets its ranks close this long (plugins write their traces)
 
 
+def _ignore_sigint() -> Callable[[], None]:
+    """SIGINT ignored while ranks are spawned (they inherit it, and keep it through their imports; _child turns
+    Ctrl-C back on once fn is loaded); returns what puts the launcher's handler back (nothing off the main
+    thread, where handlers cannot be set)."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return lambda: signal.signal(signal.SIGINT, signal.default_int_handler if old is None else old)
+
+
 def _let_ranks_close(procs: list, held: dict | None) -> None:
     """Interrupted (Ctrl-C, SIGTERM): each live rank gets SIGINT (if it did not already, from the terminal), so its
     error path aborts and closes its communicator and the profiler plugins write what they hold; the wait ends when
     they are gone, after INTERRUPT_GRACE_S, or at a signal that comes later than 0.5 s (a second Ctrl-C: timeout(1)
     signals the launcher, then its group, at once)."""
+    t0 = time.monotonic()
+    for p in procs:         # ranks the terminal's Ctrl-C reached are closing already; one signal each is enough
+        p.join(max(0.0, 0.2 - (time.monotonic() - t0)))
     for p in procs:
         if p.is_alive():
             try:
                 os.kill(p.pid, signal.SIGINT)
             except OSError:
                 pass
-    t0 = time.monotonic()
     seen = None
     for p in procs:
         while p.is_alive() and time.monotonic() - t0 < INTERRUPT_GRACE_S:
@@ -244,7 +257,11 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
     ctx = mp.get_context("spawn")
     job = uuid.uuid4().hex[:10]
     mgr = SyncManager(ctx=ctx)
-    mgr.start(_start_watch, (os.getpid(), 0.0, job))   # the store's server goes with its launcher too (at once)
+    restore_int = _ignore_sigint()              # the store's server too imports us before it ignores SIGINT
+    try:
+        mgr.start(_start_watch, (os.getpid(), 0.0, job))   # the store's server goes with its launcher too (at once)
+    finally:
+        restore_int()
     with mgr:
         store_map = mgr.dict()
         pipes, procs = [], []
@@ -273,14 +290,18 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
         restore = _terminate_as_exit()
         try:
             # spawned inside the try: an interrupt between two starts still kills the first and removes its memory
-            for r in range(nranks):
-                a, b = ctx.Pipe(duplex=False)
-                p = ctx.Process(target=_child, args=(fn, r, nranks, store_map, job, settings, args, b, os.getpid()),
-                                name=f"slicetrace-rank{r}")
-                p.start()
-                b.close()
-                pipes.append(a)
-                procs.append(p)
+            restore_int = _ignore_sigint()   # ranks start with SIGINT ignored: no tracebacks from their imports
+            try:
+                for r in range(nranks):
+                    a, b = ctx.Pipe(duplex=False)
+                    p = ctx.Process(target=_child, args=(fn, r, nranks, store_map, job, settings, args, b,
+                                                         os.getpid()), name=f"slicetrace-rank{r}")
+                    p.start()
+                    b.close()
+                    pipes.append(a)
+                    procs.append(p)
+            finally:
+                restore_int()
             pending = {p.sentinel: r for r, p in enumerate(procs)}
             readers = {pipes[r]: r for r in range(nranks)}
             start = time.monotonic()
@@ -326,7 +347,7 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
             held = _hold_signals(restore)
             try:
                 if interrupted:
-                    _let_ranks_close(procs, held)
+                    _let_ranks_close([p for r, p in enumerate(procs) if r in started], held)
                 for p in procs:
                     if p.is_alive():
                         p.kill()

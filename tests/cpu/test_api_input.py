@@ -3,6 +3,7 @@ overlapping buffers that are not in place, bad tags and roots, messages never re
 peer has failed (an error at once, not after the timeout)."""
 from __future__ import annotations
 
+import os
 import re
 import time
 
@@ -307,6 +308,37 @@ def test_launch_error_leads_with_the_rank_where_the_failure_began():
     assert 'raise ValueError("boom from rank 1")' in msg and "other ranks: {0: 'PeerError: rank 1 failed" in msg
 
 
+def _dies_while_rank_0_raises(comm):
+    if comm.rank == 1:
+        os._exit(3)                             # no error message: a crash (a segfault, the OOM killer)
+    raise ValueError("rank 0's own error")
+
+
+def test_a_dead_rank_leads_the_launch_error_even_before_a_lower_ranks_own_error():
+    """A rank that died is where a failure most likely began; rank 0's own error is listed under it."""
+    with pytest.raises(LaunchError) as e:
+        slicetrace.launch(_dies_while_rank_0_raises, 2, backend="cpu", timeout_s=20, join_timeout_s=120)
+    msg = str(e.value)
+    assert msg.startswith("rank 1 failed: rank 1 died with exit code 3\nother ranks: {0: "), msg
+    assert "ValueError: rank 0's own error" in msg
+    assert set(e.value.errors) == {0, 1}
+
+
+def _raises_while_rank_1_sleeps(comm):
+    if comm.rank == 0:
+        raise ValueError("rank 0 failed first")
+    time.sleep(120)                             # never looks at its communicator: only join_timeout_s ends it
+
+
+def test_a_join_timeout_keeps_the_errors_of_ranks_that_already_failed():
+    with pytest.raises(LaunchError) as e:
+        slicetrace.launch(_raises_while_rank_1_sleeps, 2, backend="cpu", timeout_s=60, join_timeout_s=10)
+    msg = str(e.value)
+    assert msg.startswith("rank 0 failed: ValueError: rank 0 failed first\nTraceback"), msg
+    assert "other ranks: {1: 'rank 1 still running after join_timeout_s=10'}" in msg
+    assert e.value.errors[0].startswith("ValueError: rank 0 failed first\n")
+
+
 def _noop(comm):
     return comm.rank
 
@@ -391,3 +423,32 @@ def test_an_unknown_variable_is_reported_once_per_launch_not_per_rank(monkeypatc
         slicetrace.launch(_noop, 3, backend="cpu", timeout_s=20, join_timeout_s=120)
     assert caplog.text.count("SLICETRACE_NCHANELS_ONCE") == 1
     assert "SLICETRACE_NCHANELS_ONCE" not in capfd.readouterr().err
+
+
+def test_an_empty_part_inside_a_receives_buffer_is_not_an_overlap(comm):
+    """A part of 0 elements touches no memory: one whose address lies inside a receive's buffer is no overlap."""
+    d = np.zeros(1000, np.float32)
+    src = np.arange(1000, dtype=np.float32)
+    from slicetrace.api_checks import ptr
+    assert ptr(d[500:][:0]) == ptr(d) + 2000                # the case this is about
+    with comm.group():
+        comm.send(src, 0)
+        comm.send(d[500:][:0], 0)            # empty, its address inside the receive below (d[500:500] has d's)
+        comm.recv(d, 0)
+        comm.recv(np.empty(0, np.float32), 0)
+    assert (d == src).all()
+
+
+def test_a_group_whose_body_raised_sends_nothing_and_the_next_group_works(comm):
+    """The parts of a group left by an exception are dropped (ncclGroupEnd is never reached), not run."""
+    src, dst = np.arange(100, dtype=np.float32), np.full(100, -1.0, np.float32)
+    with pytest.raises(ValueError, match="inside the group"):
+        with comm.group():
+            comm.send(src, 0)
+            comm.recv(dst, 0)
+            raise ValueError("inside the group")
+    assert (dst == -1).all()                 # untouched: the receive never ran
+    with comm.group():                       # nothing of the dropped group is left to pair with this one
+        comm.send(src[:10] * 2, 0)
+        comm.recv(dst[:10], 0)
+    assert (dst[:10] == src[:10] * 2).all() and (dst[10:] == -1).all()

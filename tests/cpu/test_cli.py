@@ -92,6 +92,7 @@ def test_report_on_traces_without_slices_says_what_to_record(tmp_path, capsys):
     assert "no KernelStep or KernelCh events to analyse (1 events in all)" in err and "65606" in err
 
 
+@pytest.mark.timeout(120)        # a check that let a bad value through would run the bench instead
 def test_bad_values_name_the_flag_the_value_and_what_is_accepted(capsys):
     """Rejected before any rank starts: nothing is launched for a flag that cannot work."""
     for argv, want in (
@@ -401,3 +402,27 @@ def test_config_into_a_pipe_that_closes_early_is_not_an_error():
     finally:
         p.kill()
         p.wait()
+
+
+@pytest.mark.timeout(120)        # a root past the last rank that got through would wait for a rank that is not there
+def test_a_root_equal_to_the_rank_count_is_refused(capsys):
+    for argv, want in ((["-r", "2", "--op", "broadcast"], "-r 2 must be a rank, 0..1 (the run has 2 rank(s): --ranks)"),
+                       (["-r", "3", "--ranks", "3"], "-r 3 must be a rank, 0..2 (the run has 3 rank(s): --ranks)")):
+        assert main(["bench", *argv]) == 2, argv
+        assert want in capsys.readouterr().err, argv
+
+
+def test_the_json_document_records_the_rank_count_the_settings_and_the_flags(tmp_path, capsys):
+    """Without --ranks the run has 2 ranks (cpu): the document says 2, not the flag's None; the flags as given."""
+    from dataclasses import fields
+
+    from slicetrace.config import Settings
+    out = tmp_path / "b.json"
+    assert main(["bench", "-b", "256", "-e", "256", "-n", "1", "-w", "0", "--json", str(out)]) == 0
+    capsys.readouterr()
+    d = json.loads(out.read_text())
+    assert set(d) == {"settings", "ranks", "bench", "env", "rows", "summary"}
+    assert d["ranks"] == 2 and d["env"]["ranks"] == 2
+    assert set(d["settings"]) == {f.name for f in fields(Settings)} and d["settings"]["backend"] == "cpu"
+    assert d["bench"]["ranks"] is None and d["bench"]["iters"] == 1 and d["bench"]["warmup_iters"] == 0
+    assert "cmd" not in d["bench"] and "func" not in d["bench"]

@@ -176,6 +176,9 @@ def test_init_checks_rank_and_world_size_first(monkeypatch, kw, msg):
     ({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "x"}, {}, ConfigError, "LOCAL_RANK='x' must be an integer >= 0"),
     ({"WORLD_SIZE": "2"}, {"rank": 2}, UsageError, "rank=2 must be an int in 0..1 (WORLD_SIZE=2)"),
     ({"RANK": "1"}, {"world_size": 1}, UsageError, "RANK=1 must be an int in 0..0 (world_size=1)"),
+    # an explicit rank= beats RANK: a bad one is named as the argument it is
+    ({"RANK": "0", "WORLD_SIZE": "2"}, {"rank": 5}, UsageError, "rank=5 must be an int in 0..1 (WORLD_SIZE=2)"),
+    ({"RANK": "0"}, {"rank": 3, "world_size": 2}, UsageError, "rank=3 must be an int in 0..1 (world_size=2)"),
 ])
 def test_init_names_the_environment_variable(monkeypatch, env, kw, err, msg):
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
@@ -288,6 +291,49 @@ def test_a_launch_interrupted_while_its_ranks_close_lets_them_finish(tmp_path):
         assert len(list(tmp_path.glob("fin*.start"))) == 2, p.stderr.read() if p.poll() is not None else ""
         os.kill(p.pid, signal.SIGTERM)
         p.wait(timeout=30)
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait(timeout=10)
+    assert p.returncode == 143
+    assert sorted(f.name for f in tmp_path.glob("fin*.done")) == ["fin0.done", "fin1.done"]
+
+
+LOOP_DRIVER = textwrap.dedent("""
+    import os, sys, numpy as np, slicetrace
+    def body(comm, d):
+        open(os.path.join(d, f"rank{comm.rank}.pid"), "w").write(str(os.getpid()))
+        x = np.ones(1 << 12, np.float32)
+        while True:
+            comm.all_reduce(x)
+    if __name__ == "__main__":
+        slicetrace.launch(body, 2, sys.argv[1], profiler_plugin="slowfin:SlowFinalize", timeout_s=20.0)
+""")
+
+
+def test_a_launcher_terminated_alone_asks_its_ranks_inside_fn_to_close_and_waits_for_their_finalize(tmp_path):
+    """SIGTERM to the launcher only (kill <pid>, not the group): the ranks, busy inside fn, hear of it from the
+    launcher alone (SIGINT), and their close (a finalize of ~1.5 s, as writing a large trace) is waited for, not
+    cut short after the first half second."""
+    (tmp_path / "slowfin.py").write_text(SLOW_PLUGIN)
+    (tmp_path / "driver.py").write_text(LOOP_DRIVER)
+    env = {**os.environ, "SLOWFIN_DIR": str(tmp_path),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    p = subprocess.Popen([sys.executable, str(tmp_path / "driver.py"), str(tmp_path)], env=env,
+                         stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        pids = []
+        while len(pids) < 2 and time.monotonic() < deadline and p.poll() is None:
+            pids = [f for f in tmp_path.glob("rank*.pid") if f.read_text()]
+            time.sleep(0.05)
+        assert len(pids) == 2, p.stderr.read() if p.poll() is not None else "ranks did not start"
+        time.sleep(0.5)                                  # ranks busy in all_reduce, inside fn
+        assert list(tmp_path.glob("fin*")) == []         # none is closing yet
+        os.kill(p.pid, signal.SIGTERM)                   # the launcher alone: no signal reaches the ranks from us
+        p.wait(timeout=60)
     finally:
         try:
             os.killpg(p.pid, signal.SIGKILL)

@@ -218,3 +218,24 @@ def test_convert_refuses_an_output_it_cannot_write_before_reading_the_traces(tmp
     assert main(["convert", str(path), "-o", "/proc/x.pftrace"]) == 2    # os.access passes as root; open does not
     assert capsys.readouterr().err == "slicetrace: error: -o '/proc/x.pftrace': cannot write a file there (No such " \
                                       "file or directory)\n"
+
+
+def test_a_comm_hash_past_int64_is_written_as_an_unsigned_annotation(tmp_path):
+    """Perfetto reads int_value (field 4) as int64: a hash >= 2**63 there would show negative; uint_value (3)."""
+    path = tmp_path / "big_1_0.json"
+    rec = {"name": "KernelStep", "cat": "GPU", "ph": "X", "pid": 0, "tid": 5, "ts": 1.5, "dur": 2.25,
+           "args": {"Channel": 0, "IsSend": 1, "Peer": 1, "Step": 0, "Size": 8, "WaitGpuClk": 0, "StartGpuClk": 0,
+                    "StopGpuClk": 2250, "CommHash": 2 ** 63}}
+    path.write_text(json.dumps([rec]))
+    out = tmp_path / "big.pftrace"
+    assert convert([str(path)], str(out))["slices"] == 1
+    annotations = {}
+    for _, pkt in _fields(out.read_bytes()):
+        te = _one(_fields(pkt), 11)
+        if te is not None:
+            for f, da in _fields(te):
+                if f == 4:                                   # debug annotation: name (10) and one value field
+                    d = dict(_fields(da))
+                    annotations[d.pop(10).decode()] = d
+    assert annotations["CommHash"] == {3: 2 ** 63}           # uint_value
+    assert annotations["Peer"] == {4: 1} and annotations["Size"] == {4: 8}     # int_value below 2**63

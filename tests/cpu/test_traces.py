@@ -341,3 +341,26 @@ def test_kernel_step_sampling_keeps_the_same_slices_at_both_ends_of_a_connection
     assert len(recvs) > 20 and sends.keys() == recvs.keys()
     assert [key for key, t in recvs.items() if t < sends[key]] == []
     assert all(c["sampled_out"] > 2 * len(ks) // 3 for c in res)      # about 3 of every 4 left out, per rank
+
+
+def _late_send(comm, delay_s):
+    x = np.ones(1000, np.float32)
+    comm.all_reduce(x)                       # both ranks past start-up: the receive below is posted early
+    if comm.rank == 0:
+        time.sleep(delay_s)
+        comm.send(x, 1)
+    else:
+        comm.recv(np.empty_like(x), 0)
+    comm.flush_profiler()
+
+
+def test_a_receive_posted_before_its_sender_sends_records_its_wait(tmp_path):
+    """A blocked p2p lane stamps when it began to wait: a receive posted ~1 s before its data came waited that
+    long, so its wait clock is well before its ready clock (not equal to it, as if it had never waited)."""
+    prefix = str(tmp_path / "latesend")
+    slicetrace.launch(_late_send, 2, 1.0, profile_dump_file=prefix, **KW)
+    ks = kernel_steps(load_traces(sorted(glob.glob(prefix + "_*.json"))))
+    recv = ks[(ks["rank"] == 1) & (ks["is_send"] == 0) & (ks["peer"] == 0) & (ks["size"] == 4000)]
+    assert len(recv) == 1, ks                # 4000 bytes: one step of the send/recv, not the all_reduce's
+    waited = int(recv["ready_ns"][0] - recv["wait_ns"][0])
+    assert waited >= 500_000_000, waited     # half the sleep: the ranks leave the all_reduce close together

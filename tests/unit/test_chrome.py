@@ -428,3 +428,25 @@ def test_without_a_dump_file_kernel_steps_reuse_one_chunk_and_are_all_counted(mo
         assert p.counters(ctx)["plugin_written_KERNEL_STEP"] == 500
     data = load(f"{dump}_{COMM.comm_hash}_{COMM.rank}.json")
     assert len([r for r in data if r.get("name") == "KernelStep"]) == 500
+
+
+@pytest.mark.parametrize("p2p", [False, True])
+def test_coll_and_p2p_records_carry_their_api_parents_id_on_both_paths(tmp_path, p2p):
+    """With the API events traced, a Coll/P2p event has a parent (its Coll API / P2p API event): the general path
+    writes that parent's id as ParentId, as the templates do (without a parent both write -1)."""
+    from slicetrace.sinks.chrome import _op_pair, _records
+    from tests.unit.test_host import p2p_op
+    p, host, path = make(tmp_path, profile_event_mask=DEFAULT_MASK | int(T.COLL_API | T.P2P_API))
+    host.begin_op(p2p_op(tag=1) if p2p else coll_op(tag=1, ts=1_234_567))
+    evs = [h for t in host._ops[1].tasks for h in t.handles]
+    assert evs
+    for ev in evs:
+        fast = [json.loads(line.rstrip().rstrip(",")) for line in _op_pair(ev, 9_876_543)]
+        slow = [json.loads(line.rstrip().rstrip(",")) for line in _records(ev, 9_876_543)]
+        assert fast == slow and fast[0]["cat"] == ("P2P" if p2p else "COLL")
+        assert fast[0]["args"]["ParentId"] == ev.descr.parent.ids[0] >= 0
+    host.close()
+    data = load(path)
+    api = {r["id"] for r in data if r.get("cat") == ("P2P_API" if p2p else "COLL_API") and r["ph"] == "b"}
+    ops = [r for r in data if r.get("cat") == ("P2P" if p2p else "COLL") and r["ph"] == "b"]
+    assert len(ops) == len(evs) and all(r["args"]["ParentId"] in api for r in ops)

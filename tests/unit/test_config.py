@@ -362,3 +362,27 @@ def test_a_session_logs_to_stderr_at_slicetrace_debug_info(capsys, monkeypatch):
     finally:
         log.setLevel(level)
     assert "slicetrace rank 0 INFO: from the session" in capsys.readouterr().err
+
+
+# ---- boolean variables: empty is off; buffsize grains; ring_slots' lower bound ----
+
+def test_an_empty_boolean_variable_is_off():
+    """VAR= (set but empty, as shell scripts clear a flag) is off, as the format says, not a parse error."""
+    assert Settings.from_env({"SLICETRACE_ASSERT_WARM": ""}).assert_warm is False
+    assert Settings.from_env({"SLICETRACE_ASSERT_WARM": "  "}).assert_warm is False
+    assert Settings.from_env({"SLICETRACE_ASSERT_WARM": "On"}).assert_warm is True
+
+
+def test_buffsize_must_be_whole_grains_in_each_of_the_8_steps():
+    """A multiple of 512 that is not one of 8 * 512 would give the FIFO steps a part grain."""
+    assert Settings(buffsize=(1 << 20) + 4096).buffsize == (1 << 20) + 4096
+    with pytest.raises(ConfigError, match=r"^buffsize=1049088 must be >= 32768 and a multiple of 4096 "):
+        Settings(buffsize=(1 << 20) + 512)
+    with pytest.raises(ConfigError, match=r"^buffsize=36352 must be >= 32768 and a multiple of 4096 "):
+        Settings(buffsize=32768 + 7 * 512)
+
+
+def test_ring_slots_have_a_lower_bound_of_64():
+    assert Settings(ring_slots=64).ring_slots == 64
+    with pytest.raises(ConfigError, match=r"^ring_slots=32 must be a power of two in 64\.\.16777216"):
+        Settings(ring_slots=32)

@@ -132,3 +132,17 @@ def test_records_of_two_ops_in_one_poll_are_never_paired_as_one_fused_slice(tmp_
     rows = {r["is_send"]: r for r in p.snapshot(ctx)}
     assert rows[True]["transfer_us"] == 1.0 and rows[True]["wait_us"] == 0
     assert rows[False]["transfer_us"] == 0.1 and rows[False]["wait_us"] == 0.9
+
+
+def test_clock_counters_are_gauges_in_seconds_not_accounting_counters(tmp_path):
+    """The *_ns counters are the device clock's offset and uncertainty, not records lost: only their gauges."""
+    p, ctx = _plugin(tmp_path, name="c")
+    text = prometheus_text(ctx.comm, ctx.table, {"overrun": 2, "clock_offset_ns": 1500,
+                                                 "clock_uncertainty_ns": 20})
+    base = 'comm="42",comm_name="c",rank="1"'
+    acct = [ln for ln in text.splitlines() if ln.startswith("slicetrace_profiler_accounting_total{")]
+    assert acct == [f'slicetrace_profiler_accounting_total{{{base},counter="overrun"}} 2']
+    assert f"slicetrace_clock_offset_seconds{{{base}}} 0.000001500" in text
+    assert f"slicetrace_clock_uncertainty_seconds{{{base}}} 0.000000020" in text
+    only_clock = prometheus_text(ctx.comm, ctx.table, {"clock_offset_ns": 1500})
+    assert "slicetrace_profiler_accounting_total" not in only_clock     # not even its HELP and TYPE

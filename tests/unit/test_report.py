@@ -273,3 +273,21 @@ def test_a_tie_in_start_times_names_the_higher_rank_as_the_straggler():
         ranks, ops = stragglers(_chs(rows))
         assert [(o["rank"], o["late_us"], o["ranks"]) for o in ops] == [(2, 3.0, 3)], order
         assert [(r["rank"], r["times_last"]) for r in ranks] == [(2, 1)]
+
+
+def test_the_last_rank_file_left_out_is_named_too(tmp_path, capsys):
+    """Every rank of the run is looked for, the highest one included."""
+    import json
+    from slicetrace.cli.main import main
+    for rank in range(2):           # ranks 0 and 1 of a 3-rank run: rank 2's file is not there
+        recs = [{"name": "slicetrace_comm", "ph": "M", "pid": rank, "tid": 0,
+                 "args": {"nRanks": 3, "CommHash": 7, "commName": ""}},
+                {"name": "KernelStep", "cat": "GPU", "ph": "X", "pid": rank, "tid": 9, "ts": 3.0, "dur": 1.0,
+                 "args": {"Channel": 0, "IsSend": 1, "Peer": (rank + 1) % 3, "Step": 0, "Size": 8, "WaitGpuClk": 0,
+                          "StartGpuClk": 500, "StopGpuClk": 1000, "SeqNum": 0, "ParentId": -1}}]
+        (tmp_path / f"trace_7_{rank}.json").write_text(json.dumps(recs))
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "the run had 3 ranks" in err and "rank(s) [2]" in err and "--partial" in err
+    assert main(["report", str(tmp_path), "--partial"]) == 0
+    assert "# --partial: rank(s) [2] of 3 absent" in capsys.readouterr().out

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from slicetrace.cli.sweep import busbw_factor, counts, make_input, parse_size, reference, sizes, wrong
+from slicetrace.cli.sweep import avg_atol, busbw_factor, counts, make_input, parse_size, reference, sizes, wrong
 from slicetrace.errors import UsageError
 
 
@@ -98,3 +98,35 @@ def test_bench_dtypes_on_cuda_need_a_cupy_bfloat16(monkeypatch):
         bench_dtype("bfloat16", "cuda")
     monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(__version__="99", bfloat16=object()))
     assert all_dtypes("cuda")[-1] == "bfloat16"
+
+
+def test_a_float16_premul_avg_is_within_avg_atol_and_not_within_the_plain_tolerance():
+    """A real PreMulSum in float16 (each input times fl(1/5), summed in ring order) of inputs up to 2000 whose mean
+    is near 0: its rounding error (~0.4) is far past float16's atol 2e-2 + rtol * |mean|, yet within avg_atol's
+    2 n u max|x| = 2 * 5 * 2**-11 * 2000, which wrong() must take in place of its own smaller atol."""
+    from slicetrace.backend.cpu.worker import premul
+    rng = np.random.default_rng(3)
+    xs = [rng.integers(-1000, 1001, size=256).astype(np.float16) for _ in range(4)]
+    last = -sum(x.astype(np.float64) for x in xs) + rng.integers(-3, 4, size=256)     # a mean near 0
+    xs.append(last.clip(-2000, 2000).astype(np.float16))
+    c = premul(np.dtype(np.float16), "avg", 5)
+    out = xs[0] * c
+    for x in xs[1:]:
+        out = out + x * c
+    assert out.dtype == np.float16
+    ref = reference("all_reduce", xs, 0, 0, "avg")
+    atol = avg_atol(xs, "avg", np.float16)
+    assert atol == 2 * 5 * 2.0 ** -11 * 2000
+    assert wrong(out, ref, np.float16) > 0                   # the premul error is real
+    assert wrong(out, ref, np.float16, atol) == 0
+    bad = out.copy()
+    bad[7] = ref[7] + 2 * atol                               # a real error past the bound is still counted
+    assert wrong(bad, ref, np.float16, atol) == 1
+
+
+def test_avg_atol_is_2_n_u_max_for_floating_avg_and_0_otherwise():
+    xs = [np.array([1.0, -3.0], np.float32), np.array([2.0, 0.5], np.float32), np.array([0.0, 1.0], np.float32)]
+    assert avg_atol(xs, "avg", np.float32) == 2 * 3 * 2.0 ** -24 * 3.0
+    assert avg_atol(xs, "sum", np.float32) == 0.0
+    assert avg_atol([x.astype(np.int32) for x in xs], "avg", np.int32) == 0.0      # SumPostDiv: exact
+    assert avg_atol([np.zeros(0, np.float32)] * 2, "avg", np.float32) == 0.0

@@ -239,3 +239,25 @@ def test_report_refuses_two_runs_in_one_folder_and_names_how_to_pick_each(tmp_pa
     (tmp_path / "copy" / "trace_111_0.json").write_text((tmp_path / "tr" / "trace_111_0.json").read_text())
     with pytest.raises(TraceFormatError, match=r"are both rank 0 of commHash 111; pass one of them"):
         load_run(["tr/trace_111", "copy"])
+
+
+def test_one_file_named_by_two_spellings_counts_once(tmp_path, monkeypatch):
+    """A relative path, ./ and an absolute path of one file are one file, not rank 0 twice."""
+    from slicetrace.analyze.trace import load_files
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tr").mkdir()
+    _run_files(tmp_path / "tr", 111)
+    got = load_files(["tr/trace_111_0.json", "./tr/trace_111_0.json", str(tmp_path / "tr" / "trace_111_0.json"),
+                      "tr/trace_111_1.json"])
+    assert [f for f, _ in got] == ["tr/trace_111_0.json", "tr/trace_111_1.json"]     # the first spelling kept
+    assert [len(recs) for _, recs in got] == [3, 3]
+
+
+@pytest.mark.parametrize("begin, end, ok", [(10.0, 9.9995, True), (1234567.891, 1234567.8905, True),
+                                            (10.0, 9.998, False)])
+def test_an_end_within_a_nanosecond_before_its_begin_is_float_noise(begin, end, ok):
+    """ts are written in us with 3 decimals: a pair rounded apart by under 1 ns is not an end before its begin."""
+    recs = [{"name": "GroupApi", "cat": "GROUP_API", "ph": "b", "id": 1, "pid": 0, "ts": begin, "args": {}},
+            {"name": "GroupApi", "cat": "GROUP_API", "ph": "e", "id": 1, "pid": 0, "ts": end}]
+    want = [] if ok else [f"async id (0, 'GROUP_API', 1) (GroupApi): ends at {end} before it begins at {begin}"]
+    assert check_trace(recs) == want
