@@ -63,6 +63,25 @@ def _left_of_job(segments):
     return {os.path.basename(f) for j in jobs for f in glob.glob(f"/dev/shm/st_{j}*")}
 
 
+def _reap(p) -> None:
+    """Whatever is left of the launcher's process group, killed before the test asserts."""
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    p.wait(timeout=10)
+
+
+def _slowfin(tmp_path, driver: str, *args: str):
+    """The driver, launched in a session of its own with the SlowFinalize plugin importable."""
+    (tmp_path / "slowfin.py").write_text(SLOW_PLUGIN)
+    (tmp_path / "driver.py").write_text(driver)
+    env = {**os.environ, "SLOWFIN_DIR": str(tmp_path),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen([sys.executable, str(tmp_path / "driver.py"), *args], env=env, stderr=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, start_new_session=True)
+
+
 def _run_and_signal(tmp_path, sig, twice=False):
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
@@ -87,11 +106,7 @@ def _run_and_signal(tmp_path, sig, twice=False):
         survivors = [q for q in pids if proc_dead(q, 0) is None]
         leaked = _left_of_job(ours)
     finally:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)             # whatever is left of the group, before asserting
-        except ProcessLookupError:
-            pass
-        p.wait(timeout=10)
+        _reap(p)
         err = p.stderr.read()
     return rc, survivors, leaked, ours, err.decode(errors="replace")[-3000:]
 
@@ -126,11 +141,7 @@ def test_ctrl_c_stops_bench_with_a_message_and_no_traceback_and_the_traces_writt
         os.killpg(p.pid, signal.SIGINT)                  # what a terminal's Ctrl-C does: the whole group
         out, err = p.communicate(timeout=30)
     finally:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        p.wait(timeout=10)
+        _reap(p)
     assert p.returncode == 130
     assert "slicetrace: interrupted" in err.decode() and "Traceback" not in err.decode()
     assert _left_of_job(ours) == set()                   # removed before the launcher exited: no waiting
@@ -278,12 +289,7 @@ QUICK_DRIVER = textwrap.dedent("""
 def test_a_launch_interrupted_while_its_ranks_close_lets_them_finish(tmp_path):
     """The launcher's SIGINT to its ranks used to reach ranks whose fn had returned too, cutting their close (the
     plugins' finalize, which writes the traces) short."""
-    (tmp_path / "slowfin.py").write_text(SLOW_PLUGIN)
-    (tmp_path / "driver.py").write_text(QUICK_DRIVER)
-    env = {**os.environ, "SLOWFIN_DIR": str(tmp_path),
-           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
-    p = subprocess.Popen([sys.executable, str(tmp_path / "driver.py")], env=env, stderr=subprocess.PIPE,
-                         stdout=subprocess.DEVNULL, start_new_session=True)
+    p = _slowfin(tmp_path, QUICK_DRIVER)
     try:
         deadline = time.monotonic() + 60
         while len(list(tmp_path.glob("fin*.start"))) < 2 and time.monotonic() < deadline and p.poll() is None:
@@ -292,37 +298,19 @@ def test_a_launch_interrupted_while_its_ranks_close_lets_them_finish(tmp_path):
         os.kill(p.pid, signal.SIGTERM)
         p.wait(timeout=30)
     finally:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        p.wait(timeout=10)
+        _reap(p)
     assert p.returncode == 143
     assert sorted(f.name for f in tmp_path.glob("fin*.done")) == ["fin0.done", "fin1.done"]
 
 
-LOOP_DRIVER = textwrap.dedent("""
-    import os, sys, numpy as np, slicetrace
-    def body(comm, d):
-        open(os.path.join(d, f"rank{comm.rank}.pid"), "w").write(str(os.getpid()))
-        x = np.ones(1 << 12, np.float32)
-        while True:
-            comm.all_reduce(x)
-    if __name__ == "__main__":
-        slicetrace.launch(body, 2, sys.argv[1], profiler_plugin="slowfin:SlowFinalize", timeout_s=20.0)
-""")
+LOOP_DRIVER = DRIVER.replace("timeout_s=20.0)", 'profiler_plugin="slowfin:SlowFinalize", timeout_s=20.0)')
 
 
 def test_a_launcher_terminated_alone_asks_its_ranks_inside_fn_to_close_and_waits_for_their_finalize(tmp_path):
     """SIGTERM to the launcher only (kill <pid>, not the group): the ranks, busy inside fn, hear of it from the
     launcher alone (SIGINT), and their close (a finalize of ~1.5 s, as writing a large trace) is waited for, not
     cut short after the first half second."""
-    (tmp_path / "slowfin.py").write_text(SLOW_PLUGIN)
-    (tmp_path / "driver.py").write_text(LOOP_DRIVER)
-    env = {**os.environ, "SLOWFIN_DIR": str(tmp_path),
-           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
-    p = subprocess.Popen([sys.executable, str(tmp_path / "driver.py"), str(tmp_path)], env=env,
-                         stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True)
+    p = _slowfin(tmp_path, LOOP_DRIVER, str(tmp_path))
     try:
         deadline = time.monotonic() + 60
         pids = []
@@ -335,10 +323,6 @@ def test_a_launcher_terminated_alone_asks_its_ranks_inside_fn_to_close_and_waits
         os.kill(p.pid, signal.SIGTERM)                   # the launcher alone: no signal reaches the ranks from us
         p.wait(timeout=60)
     finally:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        p.wait(timeout=10)
+        _reap(p)
     assert p.returncode == 143
     assert sorted(f.name for f in tmp_path.glob("fin*.done")) == ["fin0.done", "fin1.done"]

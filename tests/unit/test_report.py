@@ -227,18 +227,23 @@ def test_sampled_slices_are_said_and_not_called_losses():
     assert "loss counters: rank 0: overrun 1" in text
 
 
+def _rank_file(folder, rank, nranks):
+    """One rank's file of an nranks-rank run: its slicetrace_comm record and one send to the next rank."""
+    import json
+    recs = [{"name": "slicetrace_comm", "ph": "M", "pid": rank, "tid": 0,
+             "args": {"nRanks": nranks, "CommHash": 7, "commName": ""}},
+            {"name": "KernelStep", "cat": "GPU", "ph": "X", "pid": rank, "tid": 9, "ts": 3.0, "dur": 1.0,
+             "args": {"Channel": 0, "IsSend": 1, "Peer": (rank + 1) % nranks, "Step": 0, "Size": 8, "WaitGpuClk": 0,
+                      "StartGpuClk": 500, "StopGpuClk": 1000, "SeqNum": 0, "ParentId": -1}}]
+    (folder / f"trace_7_{rank}.json").write_text(json.dumps(recs))
+
+
 def test_a_rank_file_left_out_is_refused_unless_partial(tmp_path, capsys):
     """Before: report analysed the files it was given, so a straggler whose file was missing was never named and
     another rank took its place, with no word about the missing rank."""
-    import json
     from slicetrace.cli.main import main
     for rank in range(3):
-        recs = [{"name": "slicetrace_comm", "ph": "M", "pid": rank, "tid": 0,
-                 "args": {"nRanks": 3, "CommHash": 7, "commName": ""}},
-                {"name": "KernelStep", "cat": "GPU", "ph": "X", "pid": rank, "tid": 9, "ts": 3.0, "dur": 1.0,
-                 "args": {"Channel": 0, "IsSend": 1, "Peer": (rank + 1) % 3, "Step": 0, "Size": 8, "WaitGpuClk": 0,
-                          "StartGpuClk": 500, "StopGpuClk": 1000, "SeqNum": 0, "ParentId": -1}}]
-        (tmp_path / f"trace_7_{rank}.json").write_text(json.dumps(recs))
+        _rank_file(tmp_path, rank, 3)
     two = [str(tmp_path / f"trace_7_{r}.json") for r in (0, 2)]
     assert main(["report", *two]) == 2
     err = capsys.readouterr().err
@@ -277,15 +282,9 @@ def test_a_tie_in_start_times_names_the_higher_rank_as_the_straggler():
 
 def test_the_last_rank_file_left_out_is_named_too(tmp_path, capsys):
     """Every rank of the run is looked for, the highest one included."""
-    import json
     from slicetrace.cli.main import main
     for rank in range(2):           # ranks 0 and 1 of a 3-rank run: rank 2's file is not there
-        recs = [{"name": "slicetrace_comm", "ph": "M", "pid": rank, "tid": 0,
-                 "args": {"nRanks": 3, "CommHash": 7, "commName": ""}},
-                {"name": "KernelStep", "cat": "GPU", "ph": "X", "pid": rank, "tid": 9, "ts": 3.0, "dur": 1.0,
-                 "args": {"Channel": 0, "IsSend": 1, "Peer": (rank + 1) % 3, "Step": 0, "Size": 8, "WaitGpuClk": 0,
-                          "StartGpuClk": 500, "StopGpuClk": 1000, "SeqNum": 0, "ParentId": -1}}]
-        (tmp_path / f"trace_7_{rank}.json").write_text(json.dumps(recs))
+        _rank_file(tmp_path, rank, 3)
     assert main(["report", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "the run had 3 ranks" in err and "rank(s) [2]" in err and "--partial" in err
