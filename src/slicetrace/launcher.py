@@ -241,8 +241,9 @@ def _release_signals(held: dict | None) -> None:
 def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None = None, **settings: Any) -> list[Any]:
     """Run fn(comm, *args) in `nranks` spawned processes; return the results in rank order.
 
-    A failing or dead rank makes every other rank fail within settings.timeout_s; survivors are killed after
-    that (or after join_timeout_s in all), shared memory of the job is removed, and the first error is raised.
+    A failing or dead rank makes every other rank fail within settings.timeout_s; survivors are killed timeout_s
+    + 5 s after the first failure (or after join_timeout_s in all), the job's shared memory is removed, and a
+    LaunchError leads with the rank where the failure began (`.errors`: each rank's error and traceback).
     """
     if not isinstance(nranks, int) or isinstance(nranks, bool) or nranks < 1:
         raise UsageError(f"nranks={nranks!r} must be an int >= 1")

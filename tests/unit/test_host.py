@@ -141,8 +141,10 @@ def test_unknown_tags_and_masked_out_records_are_counted():
     assert c["no_parent"] == 4 and c["masked_out"] == 6 and p.of("batch") == []
 
 
-def test_children_of_a_dropped_parent_are_dropped_and_counted():
-    p = RecPlugin(mask=CH | KS, none_for=int(T.COLL))
+def test_children_of_a_declined_parent_of_the_plugins_own_types_are_dropped_and_counted():
+    """A Coll the plugin asked for and declined (a full pool, sampling): its children go too, counted, as NCCL's
+    example plugin drops children whose parent it could not track."""
+    p = RecPlugin(mask=int(T.COLL) | CH | KS, none_for=int(T.COLL))
     h = host_of(p)
     h.begin_op(coll_op())
     h.steps(1, recs(1, 7))
@@ -150,6 +152,26 @@ def test_children_of_a_dropped_parent_are_dropped_and_counted():
     c = h.counters()
     assert c["parent_dropped"] == 7 + 1 and c["declined"] == 1
     assert p.of("batch") == [] and p.starts(T.KERNEL_CH) == []
+
+
+def test_a_declined_parent_nccl_added_for_the_children_leaves_them_without_a_parent():
+    """NCCL starts the children of an untracked (NULL) parent with parentObj NULL: a plugin that asks for KernelCh
+    and KernelStep and returns None for the Coll NCCL added (as NCCL's Inspector does for what it does not
+    record) still gets them. Before, every one was dropped as parent_dropped."""
+    p = RecPlugin(mask=CH | KS, none_for=int(T.COLL))
+    h = host_of(p)
+    h.begin_op(coll_op())
+    h.steps(1, recs(1, 7))
+    h.channel(1, chrec(1))
+    c = h.counters()
+    assert c["parent_dropped"] == 0 and c["declined"] == 1 and c["delivered_kernel_step"] == 7
+    assert [b[1] for b in p.of("batch")] == [None] and len(p.of("batch")[0][2]) == 7
+    assert [d.parent for d in p.starts(T.KERNEL_CH)] == [None]
+    p = RecPlugin(mask=CH | KS, none_for=int(T.COLL))      # the same through a drain poll's runs (EventHost.batch)
+    h = host_of(p)
+    h.begin_op(coll_op())
+    h.batch(np.concatenate([recs(1, 7), chrec(1)]), [(1, KIND_STEP, 0, 7), (1, KIND_CHANNEL, 7, 8)])
+    assert [b[1] for b in p.of("batch")] == [None] and h.counters()["delivered_kernel_step"] == 7
 
 
 def test_pool_full_is_the_difference_between_records_and_kept():
@@ -413,11 +435,16 @@ def test_kernel_launch_is_a_child_of_the_group_api():
     ga = [("h", i + 1, d.type) for i, d in enumerate(p.starts()) if d.type == T.GROUP_API]
     (kl,) = p.starts(T.KERNEL_LAUNCH)
     assert len(ga) == 1 and kl.parent == ga[0]
-    p = RecPlugin(mask=int(T.KERNEL_LAUNCH), none_for=int(T.GROUP_API))
+    p = RecPlugin(mask=int(T.KERNEL_LAUNCH) | int(T.GROUP_API), none_for=int(T.GROUP_API))
     h = host_of(p)
-    h.begin_op(coll_op())                                # a declined GroupApi drops its KernelLaunch
+    h.begin_op(coll_op())                                # a declined GroupApi it asked for drops its KernelLaunch
     assert [d.type for d in p.starts()] == [T.GROUP_API]
     assert (h.counters()["declined"], h.counters()["parent_dropped"]) == (1, 1)
+    p = RecPlugin(mask=int(T.KERNEL_LAUNCH), none_for=int(T.GROUP_API))
+    h = host_of(p)
+    h.begin_op(coll_op())                                # one NCCL added: the KernelLaunch comes, parent None
+    assert [(d.type, d.parent) for d in p.starts() if d.type == T.KERNEL_LAUNCH] == [(T.KERNEL_LAUNCH, None)]
+    assert (h.counters()["declined"], h.counters()["parent_dropped"]) == (1, 0)
 
 
 def test_a_v4_plugin_declining_the_group_drops_its_coll():

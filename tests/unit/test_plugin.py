@@ -290,3 +290,47 @@ def test_bad_imports_versions_and_objects_are_plugin_errors(plugmod):
 def test_plugin_protocol_is_checkable():
     assert isinstance(RecPlugin(), plugin.Plugin)
     assert not isinstance(object(), plugin.Plugin)
+
+
+class _NoArgs:
+    version, name = 8, "noargs"
+
+    def __init__(self):
+        self.made = True
+
+    def init(self, comm, mask):
+        return None
+
+    def start_event(self, ctx, descr):
+        return None
+
+    def stop_event(self, handle, ts_ns):
+        pass
+
+    def record_event_state(self, handle, state, args):
+        pass
+
+    def finalize(self, ctx):
+        pass
+
+
+class _Bare(_NoArgs):
+    __init__ = object.__init__
+
+
+class _Fails(_NoArgs):
+    def __init__(self, settings):
+        raise RuntimeError("no licence")
+
+
+def test_a_plugin_class_is_made_with_settings_or_with_nothing_and_a_failure_is_a_plugin_error():
+    """A class whose __init__ takes no argument made every rank fail with a bare TypeError (it was always called
+    with settings); one that raises is named."""
+    from slicetrace.errors import PluginError
+    from slicetrace.events.plugin import load_plugins
+    for cls in ("_NoArgs", "_Bare"):
+        (lp,) = load_plugins(f"tests.unit.test_plugin:{cls}", None)
+        assert type(lp.plugin).__name__ == cls
+    with pytest.raises(PluginError, match=r"profiler plugin 'tests.unit.test_plugin:_Fails': RuntimeError from "
+                                          r"tests.unit.test_plugin:_Fails\(settings\): no licence"):
+        load_plugins("tests.unit.test_plugin:_Fails", None)

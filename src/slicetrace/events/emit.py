@@ -127,31 +127,37 @@ class Emitter:
         except Exception:
             self._fail(s, "record_event_state", 1)
 
-    def _emit_begin(self, i: int, op: _Op, real: int) -> None:
-        """Starts of plugin i; types in pm but not in `real` take the plugin's passthrough handle (_skip)."""
+    def _emit_begin(self, i: int, op: _Op, real: int, own: int = -1) -> None:
+        """Starts of plugin i; types in pm but not in `real` take the plugin's passthrough handle (_skip). A parent
+        whose type is not in the plugin's own mask `own` (one NCCL added for its children) that the plugin did not
+        track (start returned None) leaves its children with no parent (NCCL passes them parentObj NULL) instead
+        of dropping them."""
         pm, info, rank, ts = op.pmasks[i], op.info, self.comm.rank, op.info.ts_ns
+
+        def kept(h: Any, bit: int) -> Any:
+            return _OFF if h is None and not own & bit else h
         pt = self._slots[i].lp.passthrough
         if pt is not None and not real & _PARENTS:
             self._emit_fast(i, op, pm, real, pt)
             return
         ga = _OFF
         if pm & _GA:
-            ga = (self._start(i, GroupApiDescr(T.GROUP_API, None, rank, ts, group_depth=info.group_depth), _OFF)
-                  if real & _GA else self._skip(i, "delivered_group_api", _OFF))
+            ga = kept(self._start(i, GroupApiDescr(T.GROUP_API, None, rank, ts, group_depth=info.group_depth), _OFF)
+                      if real & _GA else self._skip(i, "delivered_group_api", _OFF), _GA)
         apis: list[Any] = []
         for t in op.tasks:
             api = _OFF
             ti = t.info
             if t.p2p and pm & _PA:
-                api = (self._start(i, P2pApiDescr(T.P2P_API, None, rank, ts, func=ti.func, count=ti.count,
-                                                  datatype=ti.datatype, stream=info.stream,
-                                                  user_tag=_tag(info, ti)), ga)
-                       if real & _PA else self._skip(i, "delivered_p2p_api", ga))
+                api = kept(self._start(i, P2pApiDescr(T.P2P_API, None, rank, ts, func=ti.func, count=ti.count,
+                                                       datatype=ti.datatype, stream=info.stream,
+                                                       user_tag=_tag(info, ti)), ga)
+                           if real & _PA else self._skip(i, "delivered_p2p_api", ga), _PA)
             elif not t.p2p and pm & _CA:
-                api = (self._start(i, CollApiDescr(T.COLL_API, None, rank, ts, func=ti.func, count=ti.count,
-                                                   datatype=ti.datatype, root=ti.root, stream=info.stream,
-                                                   user_tag=_tag(info, ti)), ga)
-                       if real & _CA else self._skip(i, "delivered_coll_api", ga))
+                api = kept(self._start(i, CollApiDescr(T.COLL_API, None, rank, ts, func=ti.func, count=ti.count,
+                                                        datatype=ti.datatype, root=ti.root, stream=info.stream,
+                                                        user_tag=_tag(info, ti)), ga)
+                           if real & _CA else self._skip(i, "delivered_coll_api", ga), _CA)
             apis.append(api)
             self._stop(i, api, ts)        # API events stop once enqueued (NCCL semantics)
         if pm & _KL:
@@ -160,8 +166,8 @@ class Emitter:
             self._stop(i, kl, ts)
         grp = _OFF
         if pm & _B.GROUP:
-            grp = (self._start(i, GroupDescr(T.GROUP, None, rank, ts), _OFF)
-                   if real & _B.GROUP else self._skip(i, "delivered_group", _OFF))
+            grp = kept(self._start(i, GroupDescr(T.GROUP, None, rank, ts), _OFF)
+                       if real & _B.GROUP else self._skip(i, "delivered_group", _OFF), _B.GROUP)
         op.groups[i] = grp
         old_parenting = self._slots[i].lp.version <= 4
         for t, api in zip(op.tasks, apis):
@@ -177,7 +183,8 @@ class Emitter:
                     continue
             else:
                 continue
-            t.handles[i] = self._start(i, self._task_descr(info, ti, t.p2p, grp), parent)
+            t.handles[i] = kept(self._start(i, self._task_descr(info, ti, t.p2p, grp), parent),
+                                _B.P2P if t.p2p else _B.COLL)
         if ga is not _OFF:
             self._stop(i, ga, ts)
 

@@ -105,7 +105,7 @@ class EventHost(Emitter, PollRuns):
                 self._finish(old, info.ts_ns)
             for i, pm in enumerate(pms):
                 if pm:
-                    self._emit_begin(i, op, pm if self._slots[i].lp.passthrough is None else pm & lives[i])
+                    self._emit_begin(i, op, pm if self._slots[i].lp.passthrough is None else pm & lives[i], lives[i])
             self._ops[info.tag] = op
 
     def _route(self, op: _Op, recs: np.ndarray) -> list[tuple[_Task, Any]]:
@@ -236,7 +236,7 @@ class EventHost(Emitter, PollRuns):
                 if not pm & _KS:
                     continue
                 s, parent = self._slots[i], t.handles[i]
-                if parent is None or parent is _OFF:
+                if parent is None:
                     c["parent_dropped"] += n
                     continue
                 if s.disabled:
@@ -245,7 +245,7 @@ class EventHost(Emitter, PollRuns):
                 if ks is None:
                     ks = self._convert(to_kernel_steps, recs, whole, sel)
                 try:
-                    kept = min(max(int(s.lp.kernel_step_batch(parent, ks)), 0), n)
+                    kept = min(max(int(s.lp.kernel_step_batch(None if parent is _OFF else parent, ks)), 0), n)
                 except Exception as e:
                     self._failed_batch(s, "kernel_step_batch", n, e, "delivered_kernel_step", "pool_full")
                     continue

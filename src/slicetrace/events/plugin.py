@@ -335,6 +335,20 @@ def resolve(item: str) -> Any:
                       f"'module:attr' path; use 'none' to disable profiling")
 
 
+def _construct(factory: Any, item: str, settings: Any) -> Any:
+    """factory(settings), or factory() when it takes no argument; a factory that fails is a PluginError."""
+    import inspect
+    try:
+        takes = bool(inspect.signature(factory).parameters)
+    except (TypeError, ValueError):         # a builtin without a signature: try the documented call
+        takes = True
+    try:
+        return factory(settings) if takes else factory()
+    except Exception as e:
+        raise PluginError(f"profiler plugin {item!r}: {type(e).__name__} from {item}({'settings' if takes else ''}): "
+                          f"{e}") from e
+
+
 def load_plugins(spec: str | None, settings: Any) -> list[LoadedPlugin]:
     """Load every plugin of a comma-separated spec ('none', '' or None = no plugins).
 
@@ -356,6 +370,6 @@ def load_plugins(spec: str | None, settings: Any) -> list[LoadedPlugin]:
             if not callable(obj):
                 raise PluginError(f"profiler plugin {item!r} resolved to {obj!r}, which is neither a plugin "
                                   f"(has init) nor a factory called with settings")
-            obj = obj(settings)
+            obj = _construct(obj, item, settings)
         out.append(LoadedPlugin(obj, item))
     return out

@@ -154,12 +154,12 @@ class PollRuns:
             if not pm & _KS:
                 continue
             parent = t.handles[i]
-            if parent is None or parent is _OFF:
+            if parent is None:
                 self._counts["parent_dropped"] += n
             elif self._slots[i].disabled:
                 self._counts["plugin_disabled"] += n
             else:
                 ps, st, sp = pend[i]
-                ps.append(parent)
+                ps.append(None if parent is _OFF else parent)     # _OFF: a parent the plugin left untracked
                 st.append(a)
                 sp.append(b)
