@@ -11,6 +11,7 @@ from slicetrace.plan.schedule import P2pPart, plan_collective, plan_p2p
 from slicetrace.plan.traffic import expected_slices
 from slicetrace.rendezvous import DictStore
 from tests.cpu.test_backend import FUNCS, read_stamps
+from tests.helpers.plugins import NoopPlugin
 
 
 def make(world: int = 3, rank: int = 1, **kw):
@@ -61,7 +62,7 @@ def test_sampling_and_off():
     assert 0 < n and n + int(be.rings.header["sampled_out"].sum()) == len(expected_slices(plan))
 
 
-class SeqRecorder:
+class SeqRecorder(NoopPlugin):
     """A plugin that records the SeqNum of every Coll it is shown."""
     name, version = "seqrec", 8
     seen: list[int] = []
@@ -77,15 +78,6 @@ class SeqRecorder:
         if isinstance(descr, CollDescr):            # parents (API, Group) come too, without a SeqNum
             SeqRecorder.seen.append(descr.seq_number)
         return object()
-
-    def stop_event(self, handle, ts_ns):
-        pass
-
-    def record_event_state(self, handle, state, args):
-        pass
-
-    def finalize(self, ctx):
-        pass
 
 
 def test_coll_seq_number_counts_unprofiled_ops_too():

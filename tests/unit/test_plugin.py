@@ -14,6 +14,7 @@ from slicetrace.events import abi, plugin
 from slicetrace.events.abi import EventType as T
 from slicetrace.events.abi import State
 from slicetrace.events.plugin import LoadedPlugin, load_plugins
+from tests.helpers.plugins import NoopPlugin
 
 COMM = abi.CommInfo(0xABC, "test", 1, 4, 2)
 
@@ -292,33 +293,18 @@ def test_plugin_protocol_is_checkable():
     assert not isinstance(object(), plugin.Plugin)
 
 
-class _NoArgs:
-    version, name = 8, "noargs"
+class _NoArgs(NoopPlugin):
+    name = "noargs"
 
     def __init__(self):
         self.made = True
 
-    def init(self, comm, mask):
-        return None
 
-    def start_event(self, ctx, descr):
-        return None
-
-    def stop_event(self, handle, ts_ns):
-        pass
-
-    def record_event_state(self, handle, state, args):
-        pass
-
-    def finalize(self, ctx):
-        pass
-
-
-class _Bare(_NoArgs):
+class _Bare(NoopPlugin):
     __init__ = object.__init__
 
 
-class _Fails(_NoArgs):
+class _Fails(NoopPlugin):
     def __init__(self, settings):
         raise RuntimeError("no licence")
 

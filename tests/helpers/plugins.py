@@ -1,0 +1,21 @@
+"""A profiler plugin that does nothing, for tests to subclass with the one call they look at."""
+from __future__ import annotations
+
+
+class NoopPlugin:
+    version, name = 8, "noop"
+
+    def init(self, comm, mask):
+        return None
+
+    def start_event(self, ctx, descr):
+        return None
+
+    def stop_event(self, handle, ts_ns):
+        pass
+
+    def record_event_state(self, handle, state, args):
+        pass
+
+    def finalize(self, ctx):
+        pass
