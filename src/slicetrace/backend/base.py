@@ -216,11 +216,12 @@ def numpy_buffer(x: Any, what: str, backend: str) -> tuple[Any, str, int]:
         fix = ("a C-contiguous array (results are written into it: np.ascontiguousarray would be a copy)"
                if what.startswith("out") else f"np.ascontiguousarray({what})")
         raise UsageError(f"{what} must be C-contiguous (got strides {x.strides}); pass {fix}")
-    if isinstance(x, np.ma.MaskedArray):    # its mask would be ignored: masked elements reduced like the others
-        raise UsageError(f"{what} is a numpy.ma.MaskedArray, whose mask the collectives would ignore; pass "
-                         f"{what}.filled(fill_value) or {what}.data")
-    # a subclass (np.matrix stays 2-D when reshaped; memmap) is used through a plain view of its memory
-    return x.view(np.ndarray).reshape(-1), name, x.size
+    if x.__class__ is not np.ndarray:       # a subclass (np.matrix stays 2-D when reshaped; memmap): a plain view
+        if isinstance(x, np.ma.MaskedArray):    # its mask would be ignored: masked elements reduced like the others
+            raise UsageError(f"{what} is a numpy.ma.MaskedArray, whose mask the collectives would ignore; pass "
+                             f"{what}.filled(fill_value) or {what}.data")
+        x = x.view(np.ndarray)
+    return x.reshape(-1), name, x.size
 
 
 def create(settings: Settings, rank: int, world: int, store: Store, job: str) -> Backend:
