@@ -124,13 +124,14 @@ def _crowding(world: int) -> bool:
 def _child(fn: Callable, rank: int, world: int, store_map: Any, job: str, settings: dict, args: tuple,
            conn, parent: int) -> None:
     quiet_unknown()                              # the launcher warned of unknown SLICETRACE_* variables
-    signal.signal(signal.SIGINT, signal.default_int_handler)    # ignored until fn was loaded (launch)
     running = threading.Event()                  # set while fn may be interrupted (see _watch_parent)
     running.set()
     _start_watch(parent, ORPHAN_GRACE_S, job, running)
     _send(conn, ("started",))                    # fn was unpickled: a later death is not an import problem
     comm = None
     try:
+        if hasattr(signal, "pthread_sigmask"):   # blocked by launch() until fn was loaded (_hold_sigint)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         if Settings.from_env(**settings).cpu_bind == "auto" and _crowding(world):
             settings = {**settings, "cpu_bind": "on"}      # our own rank processes: nothing else inherits it
         comm = init(rank=rank, world_size=world, store=DictStore(store_map), job=job, **settings)
@@ -162,14 +163,17 @@ def _child(fn: Callable, rank: int, world: int, store_map: Any, job: str, settin
 INTERRUPT_GRACE_S = 10.0     # an interrupted launch() lets its ranks close this long (plugins write their traces)
 
 
-def _ignore_sigint() -> Callable[[], None]:
-    """SIGINT ignored while ranks are spawned (they inherit it, and keep it through their imports; _child turns
-    Ctrl-C back on once fn is loaded); returns what puts the launcher's handler back (nothing off the main
-    thread, where handlers cannot be set)."""
-    if threading.current_thread() is not threading.main_thread():
+def _hold_sigint() -> Callable[[], None]:
+    """SIGINT blocked while ranks are spawned: they inherit the blocked mask and keep it through their imports
+    (_child unblocks it once fn is loaded: no import tracebacks), and a Ctrl-C meanwhile stays pending here until
+    the returned call unblocks it (then it is raised, not lost). Dispositions are untouched: a launcher that
+    ignores SIGINT has ranks that ignore it."""
+    if not hasattr(signal, "pthread_sigmask"):
         return lambda: None
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    return lambda: signal.signal(signal.SIGINT, signal.default_int_handler if old is None else old)
+    was = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    if signal.SIGINT in was:
+        return lambda: None
+    return lambda: signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def _let_ranks_close(procs: list, held: dict | None) -> None:
@@ -258,7 +262,7 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
     ctx = mp.get_context("spawn")
     job = uuid.uuid4().hex[:10]
     mgr = SyncManager(ctx=ctx)
-    restore_int = _ignore_sigint()              # the store's server too imports us before it ignores SIGINT
+    restore_int = _hold_sigint()                # the store's server too imports us before it ignores SIGINT
     try:
         mgr.start(_start_watch, (os.getpid(), 0.0, job))   # the store's server goes with its launcher too (at once)
     finally:
@@ -291,7 +295,7 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
         restore = _terminate_as_exit()
         try:
             # spawned inside the try: an interrupt between two starts still kills the first and removes its memory
-            restore_int = _ignore_sigint()   # ranks start with SIGINT ignored: no tracebacks from their imports
+            restore_int = _hold_sigint()     # ranks start with SIGINT blocked: no tracebacks from their imports
             try:
                 for r in range(nranks):
                     a, b = ctx.Pipe(duplex=False)

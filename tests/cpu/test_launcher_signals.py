@@ -326,3 +326,54 @@ def test_a_launcher_terminated_alone_asks_its_ranks_inside_fn_to_close_and_waits
         _reap(p)
     assert p.returncode == 143
     assert sorted(f.name for f in tmp_path.glob("fin*.done")) == ["fin0.done", "fin1.done"]
+
+
+EARLY_DRIVER = textwrap.dedent("""
+    import os, signal, sys, time, slicetrace
+    def fn(comm, d):
+        open(os.path.join(d, f"rank{comm.rank}.up"), "w").close()
+        time.sleep(float(sys.argv[3]))
+        return comm.rank
+    if __name__ == "__main__":
+        if sys.argv[2] == "ignore":
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        else:                    # hold the launcher inside its start-up window, where it hides SIGINT from ranks
+            import multiprocessing.managers as mm
+            start = mm.BaseManager.start
+            def slow_start(self, *a, **k):
+                open(os.path.join(sys.argv[1], "starting"), "w").close()
+                time.sleep(0.5)
+                return start(self, *a, **k)
+            mm.BaseManager.start = slow_start
+        print("DONE", slicetrace.launch(fn, 2, sys.argv[1], timeout_s=20.0), flush=True)
+""")
+
+
+def _early(tmp_path, mode: str, sleep_s: float, wait_for: str):
+    """The driver in a session of its own; SIGINT to its group once `wait_for` files exist; (rc, stdout)."""
+    (tmp_path / "driver.py").write_text(EARLY_DRIVER)
+    p = subprocess.Popen([sys.executable, str(tmp_path / "driver.py"), str(tmp_path), mode, str(sleep_s)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob(wait_for))) < (2 if "*" in wait_for else 1) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        os.killpg(p.pid, signal.SIGINT)
+        out, _ = p.communicate(timeout=30)
+    finally:
+        _reap(p)
+    return p.returncode, out.decode()
+
+
+def test_a_ctrl_c_while_the_ranks_start_is_not_lost(tmp_path):
+    """The launcher ignored SIGINT while it started its store server and ranks (so they would not print import
+    tracebacks): a Ctrl-C then was thrown away and the run went on. SIGINT is blocked instead, and raised after."""
+    rc, out = _early(tmp_path, "default", 8.0, "starting")
+    assert rc != 0 and "DONE" not in out
+
+
+def test_a_program_that_ignores_sigint_keeps_ranks_that_ignore_it(tmp_path):
+    """Ranks used to get Python's KeyboardInterrupt handler whatever the launcher had (nohup, `cmd &` in a script,
+    an explicit SIG_IGN), so one Ctrl-C to the group killed the run."""
+    rc, out = _early(tmp_path, "ignore", 1.5, "rank*.up")
+    assert rc == 0 and "DONE [0, 1]" in out

@@ -455,3 +455,17 @@ def test_a_v4_plugin_declining_the_group_drops_its_coll():
     assert [d.type for d in p.starts()] == [T.GROUP] and p.starts(T.COLL) == []
     c = h.counters()
     assert c["declined"] == 1 and c["parent_dropped"] == 1
+
+
+def test_a_declined_parent_of_its_own_types_drops_the_whole_subtree_even_through_added_types():
+    """CollApi asked for and declined: its Coll (a type NCCL added) is dropped with it, and so are the Coll's
+    KernelCh and KernelSteps; the Coll's drop must not read as "declined by the plugin" (which would hand the
+    grandchildren over with parent None)."""
+    p = RecPlugin(mask=int(T.COLL_API) | CH | KS, none_for=int(T.COLL_API))
+    h = host_of(p)
+    h.begin_op(coll_op())
+    h.steps(1, recs(1, 7))
+    h.channel(1, chrec(1))
+    c = h.counters()
+    assert (c["declined"], c["parent_dropped"]) == (1, 1 + 1 + 7)
+    assert p.of("batch") == [] and p.starts(T.KERNEL_CH) == [] and p.starts(T.COLL) == []

@@ -320,3 +320,20 @@ def test_a_plugin_class_is_made_with_settings_or_with_nothing_and_a_failure_is_a
     with pytest.raises(PluginError, match=r"profiler plugin 'tests.unit.test_plugin:_Fails': RuntimeError from "
                                           r"tests.unit.test_plugin:_Fails\(settings\): no licence"):
         load_plugins("tests.unit.test_plugin:_Fails", None)
+
+
+class _KeywordOnly(NoopPlugin):
+    def __init__(self, *, verbose=False):
+        self.verbose = verbose
+
+
+class _Options(NoopPlugin):
+    def __init__(self, **opts):
+        self.opts = opts
+
+
+def test_a_constructor_that_cannot_take_settings_positionally_is_called_with_nothing():
+    from slicetrace.events.plugin import load_plugins
+    for cls in ("_KeywordOnly", "_Options"):
+        (lp,) = load_plugins(f"tests.unit.test_plugin:{cls}", "the settings")
+        assert type(lp.plugin).__name__ == cls

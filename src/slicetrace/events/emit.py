@@ -134,8 +134,8 @@ class Emitter:
         of dropping them."""
         pm, info, rank, ts = op.pmasks[i], op.info, self.comm.rank, op.info.ts_ns
 
-        def kept(h: Any, bit: int) -> Any:
-            return _OFF if h is None and not own & bit else h
+        def kept(h: Any, bit: int, parent: Any = _OFF) -> Any:      # parent None: dropped with it, not declined
+            return _OFF if h is None and parent is not None and not own & bit else h
         pt = self._slots[i].lp.passthrough
         if pt is not None and not real & _PARENTS:
             self._emit_fast(i, op, pm, real, pt)
@@ -152,12 +152,12 @@ class Emitter:
                 api = kept(self._start(i, P2pApiDescr(T.P2P_API, None, rank, ts, func=ti.func, count=ti.count,
                                                        datatype=ti.datatype, stream=info.stream,
                                                        user_tag=_tag(info, ti)), ga)
-                           if real & _PA else self._skip(i, "delivered_p2p_api", ga), _PA)
+                           if real & _PA else self._skip(i, "delivered_p2p_api", ga), _PA, ga)
             elif not t.p2p and pm & _CA:
                 api = kept(self._start(i, CollApiDescr(T.COLL_API, None, rank, ts, func=ti.func, count=ti.count,
                                                         datatype=ti.datatype, root=ti.root, stream=info.stream,
                                                         user_tag=_tag(info, ti)), ga)
-                           if real & _CA else self._skip(i, "delivered_coll_api", ga), _CA)
+                           if real & _CA else self._skip(i, "delivered_coll_api", ga), _CA, ga)
             apis.append(api)
             self._stop(i, api, ts)        # API events stop once enqueued (NCCL semantics)
         if pm & _KL:
@@ -184,7 +184,7 @@ class Emitter:
             else:
                 continue
             t.handles[i] = kept(self._start(i, self._task_descr(info, ti, t.p2p, grp), parent),
-                                _B.P2P if t.p2p else _B.COLL)
+                                _B.P2P if t.p2p else _B.COLL, parent)
         if ga is not _OFF:
             self._stop(i, ga, ts)
 

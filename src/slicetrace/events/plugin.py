@@ -336,11 +336,18 @@ def resolve(item: str) -> Any:
 
 
 def _construct(factory: Any, item: str, settings: Any) -> Any:
-    """factory(settings), or factory() when it takes no argument; a factory that fails is a PluginError."""
+    """factory(settings), or factory() when it cannot take one positional argument (keyword-only or no parameters);
+    a factory that fails is a PluginError."""
     import inspect
+    takes = True
     try:
-        takes = bool(inspect.signature(factory).parameters)
-    except (TypeError, ValueError):         # a builtin without a signature: try the documented call
+        sig = inspect.signature(factory)
+        try:
+            sig.bind(settings)
+        except TypeError:
+            sig.bind()
+            takes = False
+    except (TypeError, ValueError):         # no signature, or neither call binds: the documented call
         takes = True
     try:
         return factory(settings) if takes else factory()
