@@ -122,7 +122,7 @@ def _crowding(world: int) -> bool:
 
 
 def _child(fn: Callable, rank: int, world: int, store_map: Any, job: str, settings: dict, args: tuple,
-           conn, parent: int) -> None:
+           conn, parent: int, sigint_ignored: bool = False) -> None:
     quiet_unknown()                              # the launcher warned of unknown SLICETRACE_* variables
     running = threading.Event()                  # set while fn may be interrupted (see _watch_parent)
     running.set()
@@ -130,8 +130,8 @@ def _child(fn: Callable, rank: int, world: int, store_map: Any, job: str, settin
     _send(conn, ("started",))                    # fn was unpickled: a later death is not an import problem
     comm = None
     try:
-        if hasattr(signal, "pthread_sigmask"):   # blocked by launch() until fn was loaded (_hold_sigint)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        if not sigint_ignored:                   # ignored while we started (_quiet_ctx): Ctrl-C is on again
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         if Settings.from_env(**settings).cpu_bind == "auto" and _crowding(world):
             settings = {**settings, "cpu_bind": "on"}      # our own rank processes: nothing else inherits it
         comm = init(rank=rank, world_size=world, store=DictStore(store_map), job=job, **settings)
@@ -163,17 +163,30 @@ def _child(fn: Callable, rank: int, world: int, store_map: Any, job: str, settin
 INTERRUPT_GRACE_S = 10.0     # an interrupted launch() lets its ranks close this long (plugins write their traces)
 
 
-def _hold_sigint() -> Callable[[], None]:
-    """SIGINT blocked while ranks are spawned: they inherit the blocked mask and keep it through their imports
-    (_child unblocks it once fn is loaded: no import tracebacks), and a Ctrl-C meanwhile stays pending here until
-    the returned call unblocks it (then it is raised, not lost). Dispositions are untouched: a launcher that
-    ignores SIGINT has ranks that ignore it."""
-    if not hasattr(signal, "pthread_sigmask"):
-        return lambda: None
-    was = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    if signal.SIGINT in was:
-        return lambda: None
-    return lambda: signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+_SPAWN = mp.get_context("spawn")
+
+
+class _QuietProcess(_SPAWN.Process):
+    """A spawned process started while SIGINT is ignored: it inherits SIG_IGN through its imports (no
+    KeyboardInterrupt tracebacks from them; _child turns Ctrl-C back on once fn is loaded). Only the fork itself
+    runs ignored (a Ctrl-C in those few ms is lost); the store's server ignores SIGINT for good."""
+
+    def start(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return super().start()
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            super().start()
+        finally:
+            signal.signal(signal.SIGINT, old if old is not None else signal.default_int_handler)
+
+
+class _QuietContext:
+    """The spawn context, whose processes are _QuietProcess (for SyncManager too)."""
+    Process = _QuietProcess
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(_SPAWN, name)
 
 
 def _let_ranks_close(procs: list, held: dict | None) -> None:
@@ -259,14 +272,10 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
         raise UsageError(f"fn={fn.__qualname__!r}: spawned ranks import fn by name, so it must be a function defined "
                          f"at the top level of a module (not a lambda or a nested function)")
     s = Settings.from_env(**settings)
-    ctx = mp.get_context("spawn")
+    ctx = _QuietContext()
     job = uuid.uuid4().hex[:10]
     mgr = SyncManager(ctx=ctx)
-    restore_int = _hold_sigint()                # the store's server too imports us before it ignores SIGINT
-    try:
-        mgr.start(_start_watch, (os.getpid(), 0.0, job))   # the store's server goes with its launcher too (at once)
-    finally:
-        restore_int()
+    mgr.start(_start_watch, (os.getpid(), 0.0, job))   # the store's server goes with its launcher too (at once)
     with mgr:
         store_map = mgr.dict()
         pipes, procs = [], []
@@ -295,18 +304,15 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
         restore = _terminate_as_exit()
         try:
             # spawned inside the try: an interrupt between two starts still kills the first and removes its memory
-            restore_int = _hold_sigint()     # ranks start with SIGINT blocked: no tracebacks from their imports
-            try:
-                for r in range(nranks):
-                    a, b = ctx.Pipe(duplex=False)
-                    p = ctx.Process(target=_child, args=(fn, r, nranks, store_map, job, settings, args, b,
-                                                         os.getpid()), name=f"slicetrace-rank{r}")
-                    p.start()
-                    b.close()
-                    pipes.append(a)
-                    procs.append(p)
-            finally:
-                restore_int()
+            ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN     # ranks keep the caller's choice
+            for r in range(nranks):
+                a, b = ctx.Pipe(duplex=False)
+                p = ctx.Process(target=_child, args=(fn, r, nranks, store_map, job, settings, args, b,
+                                                     os.getpid(), ignored), name=f"slicetrace-rank{r}")
+                p.start()
+                b.close()
+                pipes.append(a)
+                procs.append(p)
             pending = {p.sentinel: r for r, p in enumerate(procs)}
             readers = {pipes[r]: r for r in range(nranks)}
             start = time.monotonic()
