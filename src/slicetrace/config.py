@@ -61,11 +61,6 @@ def _opt_str(v: str) -> str | None:
     return v or None
 
 
-def _word(v: str) -> str:
-    """One of a few lowercase words (backend, cpu_*): any case, as the other variables' words."""
-    return v.strip().lower()
-
-
 # what each parser accepts, for its error message
 _FORMATS: dict[Callable[[str], Any], str] = {
     _bool: "one of 0/1/true/false/yes/no/on/off (any case; empty = off)",
@@ -86,7 +81,7 @@ class Var:
 
 
 VARIABLES: tuple[Var, ...] = (
-    Var("SLICETRACE_BACKEND", "backend", _word, "engine backend: cpu (default), cuda, or null (tests)"),
+    Var("SLICETRACE_BACKEND", "backend", str, "engine backend: cpu (default), cuda, or null (tests)"),
     Var("SLICETRACE_NCHANNELS", "nchannels", _int, "channels per collective; 0 = backend default (cpu 1; cuda picks by size as NCCL does, up to 64)"),
     Var("SLICETRACE_BUFFSIZE", "buffsize", _bytes, "Simple-protocol FIFO bytes per connection (NCCL_BUFFSIZE), e.g. 4194304 or 4M (>= 32768, a multiple of 4096), default 4M"),
     Var("SLICETRACE_P2P_CHUNKSIZE", "p2p_chunksize", _bytes, "send/recv chunk bytes (NCCL_P2P_NVL_CHUNKSIZE), e.g. 524288 or 512K (>= 4096, a multiple of 512; capped at BUFFSIZE/8), default 512K"),
@@ -103,9 +98,9 @@ VARIABLES: tuple[Var, ...] = (
     Var("SLICETRACE_LINKSTATS_FILE", "linkstats_file", _opt_str, "linkstats plugin: Prometheus text file prefix, files are <prefix>_<commHash>_<rank>.prom (node_exporter textfile collector); unset = no file"),
     Var("SLICETRACE_LINKSTATS_INTERVAL_S", "linkstats_interval_s", float, "linkstats plugin: seconds between rewrites of its .prom file while ops run (and once at close) (> 0, <= 86400), default 10"),
     Var("SLICETRACE_PLUGIN_MAX_FAILURES", "plugin_max_failures", _int, "plugin exceptions before that plugin is disabled (>= 1), default 16"),
-    Var("SLICETRACE_CPU_RECLAIM", "cpu_reclaim", _word, "cpu: after reading a FIFO slot the receiver stores once per cache line so the sender's next write does not stall on lines shared across L3 caches: auto (default: measured per connection), on, off"),
-    Var("SLICETRACE_CPU_WAIT", "cpu_wait", _word, "cpu: how a rank waits for its ring neighbour: auto (default: sleep in the kernel (futex) when ranks outnumber this process's CPUs, else spin then yield), futex, spin"),
-    Var("SLICETRACE_CPU_BIND", "cpu_bind", _word, "cpu: bind the thread that runs a communicator's ops to a CPU of its own while it is open, when every rank can have one and runs one channel (as mpirun binds to cores): auto (default: in the rank processes slicetrace.launch and the CLI start, when they fill more than half of the CPUs; not in processes started otherwise, whose later threads and children would inherit it), on, off"),
+    Var("SLICETRACE_CPU_RECLAIM", "cpu_reclaim", str, "cpu: after reading a FIFO slot the receiver stores once per cache line so the sender's next write does not stall on lines shared across L3 caches: auto (default: measured per connection), on, off"),
+    Var("SLICETRACE_CPU_WAIT", "cpu_wait", str, "cpu: how a rank waits for its ring neighbour: auto (default: sleep in the kernel (futex) when ranks outnumber this process's CPUs, else spin then yield), futex, spin"),
+    Var("SLICETRACE_CPU_BIND", "cpu_bind", str, "cpu: bind the thread that runs a communicator's ops to a CPU of its own while it is open, when every rank can have one and runs one channel (as mpirun binds to cores): auto (default: in the rank processes slicetrace.launch and the CLI start, when they fill more than half of the CPUs; not in processes started otherwise, whose later threads and children would inherit it), on, off"),
     Var("SLICETRACE_CACHE_DIR", "cache_dir", str, "compiled-kernel cache folder, default ~/.cache/slicetrace"),
     Var("SLICETRACE_ASSERT_WARM", "assert_warm", _bool, "1 = a kernel compile during timed work is an error (0/1/true/false/yes/no/on/off), default off"),
     Var("SLICETRACE_CLOCK_RESYNC_S", "clock_resync_s", float, "cuda: seconds between GPU/host clock offset re-measurements (> 0, <= 86400), default 1.0"),

@@ -130,7 +130,7 @@ def _child(fn: Callable, rank: int, world: int, store_map: Any, job: str, settin
     _send(conn, ("started",))                    # fn was unpickled: a later death is not an import problem
     comm = None
     try:
-        if not sigint_ignored:                   # ignored while we started (_quiet_ctx): Ctrl-C is on again
+        if not sigint_ignored:                   # ignored while we started (_QuietProcess): Ctrl-C is on again
             signal.signal(signal.SIGINT, signal.default_int_handler)
         if Settings.from_env(**settings).cpu_bind == "auto" and _crowding(world):
             settings = {**settings, "cpu_bind": "on"}      # our own rank processes: nothing else inherits it

@@ -158,16 +158,18 @@ def rank_problem(r: dict, ranks: Ranks) -> str | None:
     return None
 
 
-def read_records(path: str) -> list[dict]:
-    """One file's records (NCCL's trailing {} left out); TraceFormatError unless it is a JSON array of objects.
-    An array cut short (a rank killed while writing; Chrome's trace format lets the closing ] go) is read up to
-    its last whole record, with a warning."""
+def read_records(path: str, empty_ok: bool = False) -> list[dict]:
+    """One file's records (NCCL's trailing {} left out); TraceFormatError unless it is a JSON array of objects
+    (an empty file: [] when empty_ok). An array cut short (a rank killed while writing; Chrome's trace format lets
+    the closing ] go) is read up to its last whole record, with a warning."""
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except (OSError, ValueError) as e:
         raise TraceFormatError(f"trace file {path!r} cannot be read: {e}") from e
     if not text.strip():
+        if empty_ok:
+            return []
         raise TraceFormatError(f"trace file {path!r} is empty: its rank ended before its profiler wrote anything "
                                f"(killed, or stopped without closing its communicator); report --partial analyses "
                                f"the other ranks")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import TraceFormatError
-from ..events.abi import fused_pairs
+from ..events.abi import fused_pairs, moving_from
 
 
 @dataclass
@@ -68,9 +68,7 @@ def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.n
         raise TraceFormatError("expected the KernelStep table of slicetrace.analyze.trace.kernel_steps()")
     wait = (ks["ready_ns"] - ks["wait_ns"]).astype(np.float64)
     r_half, s_half = fused_pairs(ks, ks["rank"], ks["op"], ks["channel"])
-    start = ks["ready_ns"].astype(np.int64)
-    start[r_half] = start[s_half] = np.maximum(start[r_half], start[s_half])       # events.abi.moving_from
-    xfer = (ks["done_ns"] - start).astype(np.float64)
+    xfer = (ks["done_ns"] - moving_from(ks, pairs=(r_half, s_half))).astype(np.float64)
     once = np.ones(len(ks), bool)           # a fused slice's time counted once per rank: by its send half
     once[r_half] = False
     send = ks["is_send"] == 1
@@ -117,15 +115,15 @@ def slow_links(sends: np.ndarray, xfer: np.ndarray, below: float = 0.25) -> list
     keys, inv = np.unique(np.stack([sends["rank"], sends["peer"], sends["channel"]]).astype(np.int64), axis=1,
                           return_inverse=True)
     inv = inv.ravel()
-    rate = sends["size"] / xfer
+    order = np.argsort(inv, kind="stable")                  # each (link, channel)'s slices, one block each
+    rates = np.split((sends["size"] / xfer)[order], np.flatnonzero(np.diff(inv[order])) + 1)
+    nbytes = np.bincount(inv, weights=sends["size"].astype(np.float64), minlength=keys.shape[1])
     ch_gbps: dict[int, dict[tuple[int, int], float]] = {}
     lk: dict[tuple[int, int], list[float]] = {}             # link -> [bytes, time at the typical rates]
-    for j, (src, dst, c) in enumerate(keys.T.tolist()):
-        m = inv == j
-        g = float(np.median(rate[m]))
+    for (src, dst, c), r, b in zip(keys.T.tolist(), rates, nbytes.tolist()):
+        g = float(np.median(r))
         ch_gbps.setdefault(c, {})[(src, dst)] = g
         acc = lk.setdefault((src, dst), [0.0, 0.0])
-        b = float(sends["size"][m].sum())
         acc[0] += b
         acc[1] += b / g
     gbps = {k: b / t for k, (b, t) in lk.items() if t > 0}

@@ -94,12 +94,7 @@ def load_files(paths: str | os.PathLike | Iterable[str | os.PathLike],
 def _checked(files: list[str], command: str = "report", skip_empty: bool = False) -> list[tuple[str, list[dict]]]:
     loaded = []
     for f in files:
-        try:
-            recs = _read(f)
-        except TraceFormatError as e:
-            if not (skip_empty and " is empty: " in str(e)):
-                raise
-            recs = []
+        recs = _read(f, empty_ok=skip_empty)
         if not recs and skip_empty:
             log.warning("slicetrace: %r holds no records: left out", f)
             continue

@@ -333,12 +333,12 @@ def fused_pairs(recs: np.ndarray, *keys: np.ndarray) -> tuple[np.ndarray, np.nda
     return np.where(first_sends, o[i + 1], o[i]), np.where(first_sends, o[i], o[i + 1])
 
 
-def moving_from(recs: np.ndarray, *keys: np.ndarray) -> np.ndarray:
+def moving_from(recs: np.ndarray, *keys: np.ndarray, pairs: tuple | None = None) -> np.ndarray:
     """When each KernelStep's slice could move: its ready_ns, or for the two directions of a fused slice
-    (fused_pairs) the later of their two ready clocks. On the GPU a fused slice waits for credit and data at once;
-    a send with room but no data yet is waiting, not moving."""
+    (fused_pairs, or `pairs` when the caller has them) the later of their two ready clocks. On the GPU a fused
+    slice waits for credit and data at once; a send with room but no data yet is waiting, not moving."""
     start = recs["ready_ns"].astype(np.int64)
-    r, s = fused_pairs(recs, *keys)
+    r, s = fused_pairs(recs, *keys) if pairs is None else pairs
     later = np.maximum(start[r], start[s])
     start[r] = later
     start[s] = later
