@@ -161,6 +161,8 @@ class Communicator:
         self._session.run(work, info)
         if user_out is not None:
             return user_out
+        if func == "reduce" and self.rank != root:
+            return None                 # NCCL leaves recvbuff unused off the root: no result to hand back
         res = self._session.backend.user_buffer(recv)       # a torch tensor, not the cuda backend's RawBuf
         return res.reshape(getattr(x, "shape", (-1,))) if out_n == n and hasattr(res, "reshape") else res
 
@@ -173,6 +175,8 @@ class Communicator:
 
     def reduce(self, x: Any, out: Any = None, root: int = 0, op: str = "sum", *, user_tag: int = 0,
                stream: Any = None):
+        """The reduction into out (or a new array) on the root; None on the other ranks, whose out, if given, is
+        left as it was (NCCL's recvbuff is used on the root only)."""
         return self._collective("reduce", x, out, lambda n: (n, n), op, root, user_tag, stream)
 
     def all_gather(self, x: Any, out: Any = None, *, user_tag: int = 0, stream: Any = None):
@@ -349,6 +353,7 @@ class Communicator:
 
     def synchronize(self) -> None:
         """cuda: wait for this communicator's last op (cpu ops are already complete)."""
+        self._check_open()
         self._session.synchronize()
 
     def close(self) -> None:

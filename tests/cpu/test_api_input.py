@@ -452,3 +452,27 @@ def test_a_group_whose_body_raised_sends_nothing_and_the_next_group_works(comm):
         comm.send(src[:10] * 2, 0)
         comm.recv(dst[:10], 0)
     assert (dst[:10] == src[:10] * 2).all() and (dst[10:] == -1).all()
+
+
+def _reduce_then_synchronize_after_close(comm):
+    x = np.arange(5, dtype=np.float32) + comm.rank
+    got = comm.reduce(x, root=1)
+    out = np.full(5, 7, np.float32)
+    kept = comm.reduce(x, out, root=1)
+    comm.close()
+    try:
+        comm.synchronize()
+        after = "no error"
+    except UsageError as e:
+        after = str(e)
+    return (None if got is None else got.tolist()), kept is out, out.tolist(), after
+
+
+def test_reduce_returns_none_off_the_root_and_synchronize_after_close_says_closed(tmp_path):
+    """A non-root reduce with no out returned uninitialised memory as if it were a result; synchronize() after
+    close() (profiling on, after an op) raised a released-memoryview ValueError."""
+    res = slicetrace.launch(_reduce_then_synchronize_after_close, 2, backend="cpu", timeout_s=20, join_timeout_s=120,
+                            profiler_plugin="example", profile_dump_file=str(tmp_path / "t"))
+    want = [1.0, 3.0, 5.0, 7.0, 9.0]
+    assert res[0] == (None, True, [7.0] * 5, "communicator is closed")       # out given off the root: untouched
+    assert res[1] == (want, True, want, "communicator is closed")

@@ -41,7 +41,7 @@ def make_input(seed: int, rank: int, n: int, dtype: str, redop: str) -> np.ndarr
 
 
 def reduce_ref(xs: list, redop: str, nranks: int) -> np.ndarray:
-    f = {"sum": np.add, "avg": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}[redop]
+    f = {"sum": np.add, "avg": np.add, "prod": np.multiply, "min": np.fmin, "max": np.fmax}[redop]
     acc = xs[0].copy()
     for x in xs[1:]:
         f(acc, x, out=acc)

@@ -114,6 +114,35 @@ def test_bfloat16_matches_numpy(pool, op):
     assert bad == [[]] * pool.world
 
 
+def _nan_cases(ctx, kw):
+    """min/max with NaNs in every rank's data at different places: NCCL's fminf/fmaxf keep the number, NaN only
+    where every rank has NaN, whichever rank reduces that chunk."""
+    comm = _comm(ctx, kw)
+    n, r = comm.world_size, comm.rank
+    bad = []
+    for dtype in ("float16", "float32", "float64"):
+        dt = npdtype(dtype)
+        count = 7919 * n
+        xs = []
+        for k in range(n):
+            x = np.random.default_rng(k).integers(-50, 50, count).astype(dt)
+            x[k::n + 1] = np.nan                    # rank k's NaNs: some shared with others, some its own
+            x[::97] = np.nan                        # NaN on every rank
+            xs.append(x)
+        for redop, f in (("min", np.fmin), ("max", np.fmax)):
+            want = f.reduce(np.stack(xs), 0)
+            got = comm.all_reduce(xs[r].copy(), op=redop)
+            got_rs = comm.reduce_scatter(xs[r].copy(), op=redop)
+            if not (np.array_equal(got, want, equal_nan=True)
+                    and np.array_equal(got_rs, want[r * 7919:(r + 1) * 7919], equal_nan=True)):
+                bad.append((dtype, redop, int(np.isnan(got).sum()), int(np.isnan(want).sum())))
+    return bad
+
+
+def test_min_max_treat_nan_as_nccl_does(pool):
+    assert pool.run(_nan_cases, SMALL) == [[]] * pool.world
+
+
 def test_results_identical_on_every_rank(pool):
     res = pool.run(_allreduce_bytes, SMALL)
     assert all(r == res[0] for r in res)

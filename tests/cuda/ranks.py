@@ -51,6 +51,14 @@ def inputs(seed: int, rank: int, n: int, dtype: str, op: str) -> np.ndarray:
     return rng.standard_normal(n, dtype=np.float32).astype(NP[dtype])
 
 
+def with_nans(x: np.ndarray, rank: int, world: int) -> np.ndarray:
+    """x with NaNs: some of this rank's own, some shared with other ranks, and every 97th on every rank."""
+    x = x.copy()
+    x[rank::world + 1] = np.nan
+    x[::97] = np.nan
+    return x
+
+
 def to_device(x: np.ndarray, dtype: str, device: int) -> Any:
     import cupy
     if dtype != "bfloat16":
@@ -80,13 +88,14 @@ def poisoned(be: Any, like: Any, n: int) -> Any:
 
 
 def run_coll(ctx: dict, func: str, dtype: str, op: str, count: int, root: int, seed: int,
-             nchannels: int = 0, steps: bool = False, wait_s: float = 0.0) -> dict:
+             nchannels: int = 0, steps: bool = False, wait_s: float = 0.0, nans: bool = False) -> dict:
     """Run one collective; return this rank's output (host) for the test to check."""
     be = ctx["state"]["be"]
     r, w = ctx["rank"], ctx["world"]
     n_in = count * w if func == "reduce_scatter" else count
     n_out = count * w if func == "all_gather" else count
-    x = to_device(inputs(seed, r, n_in, dtype, op), dtype, be.device)
+    x = inputs(seed, r, n_in, dtype, op)
+    x = to_device(with_nans(x, r, w) if nans else x, dtype, be.device)
     send, _, _ = be.as_buffer(x, "x")
     recv = poisoned(be, send, n_out)
     it = np.dtype(NP[dtype]).itemsize if dtype != "bfloat16" else 2

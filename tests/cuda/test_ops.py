@@ -58,9 +58,10 @@ def reduce_ref(xs, dtype, op):
                 for x in xs:
                     s = (s * x).astype(t)
                 return s
-        return (np.minimum if op == "min" else np.maximum).reduce(xs)
+        return (np.fmin if op == "min" else np.fmax).reduce(xs)
     a = np.stack([x.astype(np.float64) for x in xs])
-    return {"sum": a.sum(0), "prod": a.prod(0), "min": a.min(0), "max": a.max(0), "avg": a.mean(0)}[op]
+    return {"sum": a.sum(0), "prod": a.prod(0), "min": np.fmin.reduce(a, 0), "max": np.fmax.reduce(a, 0),
+            "avg": a.mean(0)}[op]
 
 
 def check(out, ref, dtype, what):
@@ -125,6 +126,26 @@ def test_reducing(pool2, func, dtype):
     for op in REDOPS:
         for count in SIZES:
             run_and_check(pool2, func, dtype, op, count, root=count % 2)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", ("float16", "float32", "float64", "bfloat16"))
+def test_min_max_treat_nan_as_nccl_does(pool2, dtype):
+    """NCCL's fminf/fmaxf/__hmin: a NaN loses to a number, whichever rank holds it and whichever rank reduces
+    its chunk; NaN only where every rank has NaN."""
+    skip_without_bf16(dtype)
+    world, count = pool2.world, 65539
+    xs = [ranks.with_nans(x, r, world) for r, x in enumerate(host_inputs(3, world, count * world, dtype, "min"))]
+    for op, f in (("min", np.fmin), ("max", np.fmax)):
+        want = f.reduce(np.stack([x.astype(np.float64) for x in xs]), 0)
+        for func in ("all_reduce", "reduce_scatter"):
+            n = count * world if func == "all_reduce" else count
+            res = pool2.run(ranks.run_coll, func, dtype, op, n, 0, 3, 0, False, 0.0, True)
+            for r, got in enumerate(res):
+                ref = want if func == "all_reduce" else want[r * count:(r + 1) * count]
+                o = got["out"].astype(np.float64)
+                assert np.array_equal(o, ref, equal_nan=True), \
+                    f"{func} {dtype} {op} rank {r}: {int(np.isnan(o).sum())} NaN, want {int(np.isnan(ref).sum())}"
 
 
 @pytest.mark.cuda

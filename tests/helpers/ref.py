@@ -43,7 +43,7 @@ def data(seed: int, rank: int, count: int, dtype: str, redop: str) -> np.ndarray
 
 def combine(xs, redop: str, dt) -> np.ndarray:
     a = np.stack([x.astype(np.float64) for x in xs])
-    r = {"sum": a.sum(0), "avg": a.sum(0), "prod": a.prod(0), "min": a.min(0), "max": a.max(0)}[redop]
+    r = {"sum": a.sum(0), "avg": a.sum(0), "prod": a.prod(0), "min": np.fmin.reduce(a, 0), "max": np.fmax.reduce(a, 0)}[redop]
     if redop == "avg":
         r = r / len(xs)
         if np.dtype(dt).kind in "iu":

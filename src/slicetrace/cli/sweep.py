@@ -128,7 +128,7 @@ def _combine(xs: list[np.ndarray], redop: str) -> np.ndarray:
             if xs[0].dtype.kind in "iu":
                 r = np.trunc(r)
         return r
-    return {"prod": acc.prod(0), "min": acc.min(0), "max": acc.max(0)}[redop]
+    return {"prod": acc.prod(0), "min": np.fmin.reduce(acc, 0), "max": np.fmax.reduce(acc, 0)}[redop]
 
 
 def reference(op: str, inputs: list[np.ndarray], rank: int, root: int, redop: str) -> np.ndarray | None:

@@ -22,7 +22,8 @@ from .shm import H_HEAD, H_TAIL
 from .stamper import FastRingWriter, tail
 from .transport import RECLAIM_MIN
 
-UFUNCS = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum, "avg": np.add}
+# min/max as NCCL's fminf/fmaxf/__hmin: a NaN loses to a number (NaN where every rank has NaN)
+UFUNCS = {"sum": np.add, "prod": np.multiply, "min": np.fmin, "max": np.fmax, "avg": np.add}
 # primitive -> compute kind
 K_SEND, K_COPYSEND, K_RECV, K_RCS, K_RRS, K_RRCS, K_RRC = range(7)
 KINDS = {"send": K_SEND, "copySend": K_COPYSEND, "recv": K_RECV, "recvCopySend": K_RCS,

@@ -98,8 +98,9 @@ template <> struct Num<b16> { typedef float A; static __device__ A up(b16 x) { r
 
 template <int OP, typename A> __device__ __forceinline__ A op2(A a, A b) {
   if (OP == OP_PROD) return a * b;
-  if (OP == OP_MIN) return b < a ? b : a;
-  if (OP == OP_MAX) return a < b ? b : a;
+  // NCCL's fminf/fmaxf/__hmin: a NaN operand loses to a number (NaN only when both are), whichever rank has it
+  if (OP == OP_MIN) return (b < a || a != a) ? b : a;
+  if (OP == OP_MAX) return (a < b || a != a) ? b : a;
   return a + b;   // sum, avg (divided once, when the final value is written)
 }
 template <typename T, int OP> __device__ __forceinline__ T red1(T a, T b) {
