@@ -279,8 +279,24 @@ def test_each_plugin_gets_its_own_copy_of_the_counters():
     h.close()
     (_, got_a), = a.of("counters")
     (_, got_b), = b.of("counters")
-    assert got_b == got_a and got_b["delivered_kernel_step"] == 6 and "mine" not in got_b
+    assert got_b == got_a and got_b["delivered_kernel_step"] == 3 and "mine" not in got_b
     assert h.counters()["delivered_kernel_step"] == 6 and "mine" not in h.counters()
+
+
+def test_each_plugin_reports_what_it_was_offered_and_kept_not_the_other_plugins():
+    """With two plugins each trace said delivered_kernel_step = both plugins' sum (twice the records it held),
+    and a record one plugin's pool dropped was a loss in the other's trace too."""
+    a, b = RecPlugin(mask=KS | int(T.COLL), name="a"), RecPlugin(mask=KS, name="b", keep=1, none_for=int(T.COLL))
+    h = host_of(a, b)
+    h.begin_op(coll_op())
+    h.steps(1, recs(1, 3))
+    h.close()
+    (_, got_a), = a.of("counters")
+    (_, got_b), = b.of("counters")
+    assert (got_a["delivered_kernel_step"], got_a["pool_full"], got_a.get("delivered_coll")) == (3, 0, 1)
+    assert (got_b["delivered_kernel_step"], got_b["pool_full"]) == (1, 2)
+    total = h.counters()
+    assert (total["delivered_kernel_step"], total["pool_full"], total["delivered_coll"]) == (4, 2, 1)
 
 
 def test_a_record_after_a_raising_start_still_gets_its_stop_state():

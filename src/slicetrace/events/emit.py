@@ -47,7 +47,7 @@ class Emitter:
         """n records lost to `errors` exceptions of plugin s."""
         s.failures += errors
         s.lp.error_budget = self.max_failures - s.failures    # per-record delivery stops where this disables
-        self._counts["plugin_error"] += n
+        s.counts["plugin_error"] += n
         if s.failures == errors:            # the first failure (of one call's `errors`)
             log.exception("slicetrace: profiler plugin %r raised in %s (logged once; %d failures disable it)",
                           s.lp.name, what, self.max_failures)
@@ -61,7 +61,7 @@ class Emitter:
         if not isinstance(err, PartialDelivery):
             self._fail(s, what, n)
             return
-        c = self._counts
+        c = s.counts
         c[kept_key] = c.get(kept_key, 0) + err.kept
         c[short_key] += n - err.kept - err.failed - err.left
         c["plugin_disabled"] += err.left
@@ -70,10 +70,10 @@ class Emitter:
     def _admit(self, s: _Slot, parent: Any) -> bool:
         """A child of a dropped parent, or for a disabled plugin, is dropped and counted."""
         if parent is None:
-            self._counts["parent_dropped"] += 1
+            s.counts["parent_dropped"] += 1
             return False
         if s.disabled:
-            self._counts["plugin_disabled"] += 1
+            s.counts["plugin_disabled"] += 1
             return False
         return True
 
@@ -88,7 +88,7 @@ class Emitter:
         except Exception:
             self._fail(s, "start_event", 1)
             return None
-        c = self._counts
+        c = s.counts
         if h is None:
             c["declined"] += 1
         else:
@@ -103,7 +103,7 @@ class Emitter:
         s = self._slots[i]
         if not self._admit(s, parent):
             return None
-        self._counts[key] = self._counts.get(key, 0) + 1
+        s.counts[key] = s.counts.get(key, 0) + 1
         return s.lp.passthrough
 
     def _stop(self, i: int, h: Any, ts_ns: int) -> None:
@@ -114,7 +114,7 @@ class Emitter:
             s.lp.stop_event(h, ts_ns)
         except Exception:
             if s.disabled:
-                self._counts["plugin_error"] += 1   # its event is lost; no more exceptions are logged or budgeted
+                s.counts["plugin_error"] += 1       # its event is lost; no more exceptions are logged or budgeted
             else:
                 self._fail(s, "stop_event", 1)
 
@@ -191,7 +191,7 @@ class Emitter:
     def _emit_fast(self, i: int, op: _Op, pm: int, real: int, pt: Any) -> None:
         """_emit_begin when every API/Group/KernelLaunch parent is skipped (the example plugin's default): the
         same counts and handles, with the skips counted in bulk."""
-        c, info, tasks = self._counts, op.info, op.tasks
+        c, info, tasks = self._slots[i].counts, op.info, op.tasks
         n_p2p = op.n_p2p
         key = (pm, real, n_p2p, len(tasks))
         adds = self._skip_counts.get(key)

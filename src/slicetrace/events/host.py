@@ -171,7 +171,8 @@ class EventHost(Emitter, PollRuns):
     def _kch_parent(self, i: int, t: _Task, n: int) -> Any:
         """Plugin i's parent handle for n KernelCh records of task t (None: no parent), or _SKIP with the n
         records counted: a dropped parent, a disabled plugin, a parent-only type the plugin does not record."""
-        s, parent, c = self._slots[i], t.handles[i], self._counts
+        s, parent = self._slots[i], t.handles[i]
+        c = s.counts
         if parent is None:
             c["parent_dropped"] += n
         elif s.disabled:
@@ -184,7 +185,7 @@ class EventHost(Emitter, PollRuns):
 
     def _kch_deliver(self, s: _Slot, n: int, call: Any) -> None:
         """call(loaded plugin) hands it n KernelCh events; count what it kept and declined, or its failure."""
-        c = self._counts
+        c = s.counts
         try:
             kept = min(max(int(call(s.lp)), 0), n)
         except Exception as e:
@@ -237,10 +238,10 @@ class EventHost(Emitter, PollRuns):
                     continue
                 s, parent = self._slots[i], t.handles[i]
                 if parent is None:
-                    c["parent_dropped"] += n
+                    s.counts["parent_dropped"] += n
                     continue
                 if s.disabled:
-                    c["plugin_disabled"] += n
+                    s.counts["plugin_disabled"] += n
                     continue
                 if ks is None:
                     ks = self._convert(to_kernel_steps, recs, whole, sel)
@@ -249,8 +250,9 @@ class EventHost(Emitter, PollRuns):
                 except Exception as e:
                     self._failed_batch(s, "kernel_step_batch", n, e, "delivered_kernel_step", "pool_full")
                     continue
-                c["delivered_kernel_step"] = c.get("delivered_kernel_step", 0) + kept
-                c["pool_full"] += n - kept
+                sc = s.counts
+                sc["delivered_kernel_step"] = sc.get("delivered_kernel_step", 0) + kept
+                sc["pool_full"] += n - kept
 
     @staticmethod
     def _convert(fn: Any, recs: np.ndarray, whole: Any, sel: Any) -> np.ndarray:
@@ -309,8 +311,19 @@ class EventHost(Emitter, PollRuns):
                 self._state(i, self._proxy[i], State(state), StateArgs(ts_ns=ts))
 
     def counters(self) -> dict[str, int]:
+        """The rank's counters: what each plugin was offered and kept, summed over the plugins."""
         with self._lock:
-            return dict(self._counts)
+            c = dict(self._counts)
+            for s in self._slots:
+                for k, v in s.counts.items():
+                    c[k] = c.get(k, 0) + v
+            return c
+
+    def _plugin_counters(self, s: _Slot) -> dict[str, int]:
+        """What plugin s reports: the rank's counters with the per-plugin ones its own."""
+        c = dict(self._counts)
+        c.update(s.counts)
+        return c
 
     def note(self, name: str, value: int) -> None:
         """Record a fact for the plugins' loss accounting (e.g. clock_uncertainty_ns); reported at close."""
@@ -334,9 +347,8 @@ class EventHost(Emitter, PollRuns):
             self._ops.clear()
             for i in range(len(self._slots)):
                 self._stop(i, self._proxy[i], ts)
-            counts = dict(self._counts)
             for s in self._slots:                  # each its own copy: a plugin may change what it is handed
-                for what, fn in (("report_counters", lambda: s.lp.report_counters(dict(counts))),
+                for what, fn in (("report_counters", lambda: s.lp.report_counters(self._plugin_counters(s))),
                                  ("finalize", s.lp.finalize)):
                     try:
                         fn()

@@ -55,11 +55,17 @@ class OpInfo:
     group_depth: int = 1
 
 
+# What happened to records offered to one plugin: each plugin's trace or metrics report its own (two plugins
+# must not each claim the other's deliveries); the rank's counters() sums them.
+PER_PLUGIN = ("parent_dropped", "pool_full", "plugin_error", "plugin_disabled", "declined")
+
+
 class _Slot:
-    __slots__ = ("lp", "failures", "disabled")
+    __slots__ = ("lp", "failures", "disabled", "counts")
 
     def __init__(self, lp: LoadedPlugin):
         self.lp, self.failures, self.disabled = lp, 0, False
+        self.counts: dict[str, int] = dict.fromkeys(PER_PLUGIN, 0)     # and delivered_<type>
 
 
 class _Task:

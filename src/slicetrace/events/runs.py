@@ -82,7 +82,7 @@ class PollRuns:
                 continue
             n = sum(sp) - sum(st)
             if s.disabled:
-                c["plugin_disabled"] += n
+                s.counts["plugin_disabled"] += n
                 continue
             if kc is None:
                 kc = to_kernel_ch(recs[lo:fast[-1][3]])
@@ -134,15 +134,16 @@ class PollRuns:
                 continue
             n = sum(sp) - sum(st)
             if s.disabled:                      # by a failure in one of this poll's p2p runs
-                c["plugin_disabled"] += n
+                s.counts["plugin_disabled"] += n
                 continue
             try:
                 kept = min(max(int(s.lp.kernel_step_runs(ps, box[0], st, sp)), 0), n)
             except Exception as e:
                 self._failed_batch(s, "kernel_step_batch", n, e, "delivered_kernel_step", "pool_full")
                 continue
-            c["delivered_kernel_step"] = c.get("delivered_kernel_step", 0) + kept
-            c["pool_full"] += n - kept
+            sc = s.counts
+            sc["delivered_kernel_step"] = sc.get("delivered_kernel_step", 0) + kept
+            sc["pool_full"] += n - kept
 
     def _take(self, op: _Op, t: _Task, a: int, b: int, pend: list[tuple[list, list, list]]) -> None:
         """Rows a..b of this poll's KernelSteps, all of task t: queued for each plugin that takes them."""
@@ -155,9 +156,9 @@ class PollRuns:
                 continue
             parent = t.handles[i]
             if parent is None:
-                self._counts["parent_dropped"] += n
+                self._slots[i].counts["parent_dropped"] += n
             elif self._slots[i].disabled:
-                self._counts["plugin_disabled"] += n
+                self._slots[i].counts["plugin_disabled"] += n
             else:
                 ps, st, sp = pend[i]
                 ps.append(None if parent is _OFF else parent)     # _OFF: a parent the plugin left untracked
