@@ -118,3 +118,41 @@ def test_torch_bfloat16_outputs_are_torch_tensors_and_groups_check_their_real_ad
         assert a2a == [i + 4 * r + 100.0 * j for j in range(2) for i in range(4)]
         assert a == [i + 100.0 * p for i in range(4)] and b == [i + 4 + 100.0 * p for i in range(4)]
         assert "UsageError: send/recv group: the buffer of recv(peer=" in refused
+
+
+def _two_streams(comm):
+    """Ops of one communicator alternating between two non-blocking streams, issued back to back."""
+    import cupy
+    import torch
+    dev = comm._session.backend.device
+    n, r = 16 << 20, comm.rank
+    with cupy.cuda.Device(dev):
+        streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(2)]
+        xs = [cupy.arange(n, dtype=cupy.float32) % 1000 + r + k for k in range(6)]
+        for k, x in enumerate(xs):
+            comm.all_reduce(x, x, stream=streams[k % 2])
+        for s in streams:
+            s.synchronize()
+        w = comm.world_size
+        base = np.arange(n, dtype=np.float32) % 1000
+        ok = [bool(np.array_equal(x.get(), w * base + sum(range(w)) + w * k)) for k, x in enumerate(xs)]
+    with torch.cuda.device(dev):
+        side = torch.cuda.Stream(device=dev)
+        with torch.cuda.stream(side):                # a torch user means torch's current stream
+            t = torch.full((n,), float(r + 1), device=f"cuda:{dev}")
+            y = comm.all_reduce(t)
+            used = comm._session.backend._last.stream
+            z = y * 2                                # on `side`: must see the finished sum
+        side.synchronize()
+        torch_ok = bool((z == 2.0 * sum(range(1, w + 1))).all().item())
+    return ok, used == side.cuda_stream, torch_ok
+
+
+@pytest.mark.cuda
+def test_ops_on_different_streams_run_in_issue_order_and_torch_users_get_torchs_stream(gpu, kcache):
+    """Two ops on two streams ran at once, both taking up the FIFO step counters from the same place; a torch
+    tensor op under torch.cuda.stream(s) ran on CuPy's default stream, which s does not wait for."""
+    pytest.importorskip("torch")
+    import slicetrace
+    res = slicetrace.launch(_two_streams, 2, backend="cuda", cache_dir=kcache, timeout_s=30.0, join_timeout_s=240)
+    assert res == [([True] * 6, True, True)] * 2

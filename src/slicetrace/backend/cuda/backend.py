@@ -42,10 +42,11 @@ _GEN: dict[str, int] = {}        # backends made per job in this process: keeps 
 
 
 class Token:
-    __slots__ = ("event", "tag", "peers")
+    __slots__ = ("event", "tag", "peers", "stream")
 
-    def __init__(self, event: Any, tag: int, peers: tuple[int, ...]):
+    def __init__(self, event: Any, tag: int, peers: tuple[int, ...], stream: int):
         self.event, self.tag, self.peers = event, tag, peers      # peers: the ranks the op cannot finish without
+        self.stream = stream
 
 
 class CudaBackend(Backend, KernelArgs):
@@ -175,14 +176,7 @@ class CudaBackend(Backend, KernelArgs):
 
     # ---- submit ----
     def _stream(self, s: Any) -> int:
-        if s is None:
-            return _cupy().cuda.get_current_stream().ptr
-        if isinstance(s, int):
-            return s
-        for attr in ("ptr", "cuda_stream"):
-            if hasattr(s, attr):
-                return int(getattr(s, attr))
-        raise UsageError(f"stream={s!r} is not a CuPy stream, a torch stream or a cudaStream_t int")
+        return buffers.stream_ptr(s, self.device)
 
     def submit(self, work: Work) -> Token:
         if self._closed:
@@ -192,6 +186,11 @@ class CudaBackend(Backend, KernelArgs):
         if work.dtype not in CTYPES:
             raise UsageError(f"dtype={work.dtype!r} is not one of {DTYPES}")
         stream = self._stream(work.stream)
+        last = self._last
+        if last is not None and last.stream != stream and not last.event.done:
+            # one communicator's ops run in issue order whatever their streams (NCCL serialises its launches
+            # too): each kernel takes up the FIFO step counters where the previous one left them
+            self._rt.streamWaitEvent(stream, last.event.ptr, 0)
         plan = work.plan
         joined = False
         if plan.func == "send_recv":
@@ -216,7 +215,7 @@ class CudaBackend(Backend, KernelArgs):
         if plan.func == "send_recv":
             self.ledger.count(work, self.rank)
         peers = self._all if plan.func != "send_recv" else tuple({p.peer for p, _ in work.parts} - {self.rank})
-        self._last = Token(ev, work.tag, peers)
+        self._last = Token(ev, work.tag, peers, stream)
         return self._last
 
     def _record(self, work: Work) -> tuple[Any, np.ndarray, Any, int, int]:
