@@ -182,7 +182,8 @@ def test_report_names_the_rank_that_arrives_late(tmp_path):
     slicetrace.launch(_late, 3, 2, 0.05, 4, profile_dump_file=prefix, **KW)   # 50 ms: well above start skew under load
     recs = load_traces(sorted(glob.glob(prefix + "_*.json")))
     chs = kernel_chs(recs)
-    ranks, ops = stragglers(chs)
+    ranks, ops, left_out = stragglers(chs, ranks=[0, 1, 2])
+    assert left_out == {"collectives": 0, "lacking": []}
     assert [(r["rank"], r["times_last"]) for r in ranks] == [(2, 4)]
     assert len(ops) == 4 and all(o["rank"] == 2 and o["ranks"] == 3 and o["late_us"] > 0 for o in ops)
     # causal, exact on the shared clock: a ring all_reduce needs rank 2's data on every channel, so no rank's

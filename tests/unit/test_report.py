@@ -49,15 +49,16 @@ def test_stragglers_name_the_rank_that_starts_collectives_last():
                 rows.append((r, ch, seq, "AllReduce", t, t + 5_000))
     for r in range(3):
         rows.append((r, 0, 0, "AllGather", 5_000_000 + (30_000 if r == 0 else 0), 5_100_000))
-    rows.append((1, 0, 7, "Broadcast", 9_000_000, 9_100_000))          # one rank only: no skew to measure
-    ranks, ops = stragglers(_chs(rows))
+    rows.append((1, 0, 7, "Broadcast", 9_000_000, 9_100_000))          # one rank only: left out, and said so
+    ranks, ops, left_out = stragglers(_chs(rows))
+    assert left_out == {"collectives": 1, "lacking": [{"rank": 0, "collectives": 1}, {"rank": 2, "collectives": 1}]}
     assert [(r["rank"], r["times_last"]) for r in ranks] == [(2, 2), (0, 1)]
     assert ranks[0]["late_us"] == pytest.approx(70.0) and ranks[0]["worst_us"] == pytest.approx(50.0)
     assert [(o["func"], o["seq"], o["rank"]) for o in ops] == [("AllReduce", 0, 2), ("AllGather", 0, 0),
                                                                  ("AllReduce", 1, 2)]
     rep = build(_rows([(0, 0, 1, 1, 0, 8, 0, 1, 2)]), chs=_chs(rows))
     assert rep.stragglers == ranks and rep.to_dict()["late_ops"] == ops
-    assert stragglers(_chs([])) == ([], [])
+    assert stragglers(_chs([])) == ([], [], {"collectives": 0, "lacking": []})
 
 
 def test_a_fused_slice_moves_from_the_later_of_its_two_readies():
@@ -275,7 +276,7 @@ def test_a_tie_in_start_times_names_the_higher_rank_as_the_straggler():
     order of the rows."""
     for order in ((0, 1, 2), (2, 1, 0)):
         rows = [(r, 0, 0, "AllReduce", 1_000 if r == 0 else 4_000, 9_000) for r in order]
-        ranks, ops = stragglers(_chs(rows))
+        ranks, ops, _ = stragglers(_chs(rows))
         assert [(o["rank"], o["late_us"], o["ranks"]) for o in ops] == [(2, 3.0, 3)], order
         assert [(r["rank"], r["times_last"]) for r in ranks] == [(2, 1)]
 
@@ -290,3 +291,156 @@ def test_the_last_rank_file_left_out_is_named_too(tmp_path, capsys):
     assert "the run had 3 ranks" in err and "rank(s) [2]" in err and "--partial" in err
     assert main(["report", str(tmp_path), "--partial"]) == 0
     assert "# --partial: rank(s) [2] of 3 absent" in capsys.readouterr().out
+
+
+def _coll_file(folder, rank, nranks, late_us=0.0, seqs=range(4), chs=True, counters=None):
+    """One rank's file of an nranks-rank run: per collective (AllReduce, SeqNum seq) its Coll, one KernelCh starting
+    late_us after the others' and one send to the next rank; without its KernelCh/Coll records if not chs (a file
+    cut short before them); a slicetrace_counters record unless counters is None."""
+    import json
+    recs = [{"name": "slicetrace_comm", "ph": "M", "pid": rank, "tid": 0,
+             "args": {"nRanks": nranks, "CommHash": 7, "commName": ""}}]
+    for seq in seqs:
+        t0 = 1000.0 * seq
+        coll = [{"name": "AllReduce", "cat": "COLL", "ph": "b", "id": 100 + seq, "pid": rank, "ts": t0,
+                 "args": {"SeqNum": seq, "CommHash": 7, "Rank": rank, "Count": 2, "Datatype": "ncclFloat32",
+                          "Algorithm": "RING", "Protocol": "SIMPLE", "nChannels": 1}},
+                {"name": "KernelCh", "cat": "GPU", "ph": "b", "id": 200 + seq, "pid": rank, "ts": t0 + 1 + late_us,
+                 "args": {"Channel": 0, "StartGpuClk": 1000, "StopGpuClk": 5000, "ParentId": 100 + seq}},
+                {"name": "KernelCh", "cat": "GPU", "ph": "e", "id": 200 + seq, "pid": rank, "ts": t0 + 900},
+                {"name": "AllReduce", "cat": "COLL", "ph": "e", "id": 100 + seq, "pid": rank, "ts": t0 + 950}]
+        recs += coll if chs else []
+        recs.append({"name": "KernelStep", "cat": "GPU", "ph": "X", "pid": rank, "tid": 9, "ts": t0 + 800, "dur": 1.0,
+                     "args": {"Channel": 0, "IsSend": 1, "Peer": (rank + 1) % nranks, "Step": seq, "Size": 8,
+                              "WaitGpuClk": 0, "StartGpuClk": 500, "StopGpuClk": 1000, "SeqNum": seq,
+                              "ParentId": 100 + seq}})
+    if counters is not None:
+        recs.append({"name": "slicetrace_counters", "ph": "M", "pid": rank, "tid": 0, "args": counters})
+    (folder / f"trace_7_{rank}.json").write_text(json.dumps(recs))
+
+
+def test_a_rank_without_kernel_ch_records_is_not_passed_over_for_straggler(tmp_path, capsys):
+    """Rank 2 starts every collective 20 ms late, but its file was cut short before its KernelCh/Coll records (and
+    its counters). Before: collectives seen on 2 ranks counted, so ranks 0 and 1 were named; now a collective counts
+    only when every rank of the run has it, and the report says how many were left out and which rank lacked them.
+    Its missing counters record was read as "none, every record delivered"."""
+    import json
+    from slicetrace.cli.main import main
+    _coll_file(tmp_path, 0, 3, late_us=5.0, counters={"overrun": 0})
+    _coll_file(tmp_path, 1, 3, late_us=0.0, counters={"overrun": 0})
+    _coll_file(tmp_path, 2, 3, chs=False)
+    out = tmp_path / "r.json"
+    assert main(["report", str(tmp_path), "--json", str(out)]) == 0
+    text = " ".join(capsys.readouterr().out.split())         # rich wraps lines at the terminal's width
+    doc = json.loads(out.read_text())
+    assert doc["stragglers"] == [] and doc["late_ops"] == []
+    assert doc["stragglers_left_out"] == {"collectives": 4, "lacking": [{"rank": 2, "collectives": 4}]}
+    assert "stragglers: 4 collective(s) left out, not recorded on every rank (rank 2 lacked 4;" in text
+    assert "stragglers: none to name" not in text and "collectives started last" not in text
+    assert "loss counters: rank 0: none; rank 1: none; rank 2: no counters record (file cut short?)" in text
+    assert "every record delivered" not in text and doc["ranks_without_counters"] == [2]
+    _coll_file(tmp_path, 2, 3, late_us=20_000.0, seqs=(0, 1))       # its plugin dropped collectives 2 and 3
+    assert main(["report", str(tmp_path), "--json", str(out)]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    doc = json.loads(out.read_text())
+    assert [(r["rank"], r["times_last"]) for r in doc["stragglers"]] == [(2, 2)]
+    assert doc["stragglers_left_out"]["lacking"] == [{"rank": 2, "collectives": 2}]
+    assert "(rank 2 lacked 2;" in text and "so the table counts the other collectives only" in text
+    (tmp_path / "trace_7_2.json").unlink()          # --partial: the absent rank is named; the others are compared
+    assert main(["report", str(tmp_path), "--partial", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert [(r["rank"], r["times_last"]) for r in doc["stragglers"]] == [(0, 4)]
+    assert doc["stragglers_left_out"]["collectives"] == 0 and doc["ranks_without_counters"] == []
+
+
+def test_stragglers_count_a_collective_only_when_every_rank_has_it():
+    rows = [(r, 0, seq, "AllReduce", 1_000 * seq + (500 if r == 2 else 10 * r), 1_000 * seq + 900)
+            for seq in range(3) for r in range(3) if (r, seq) != (2, 1)]
+    ranks, ops, left_out = stragglers(_chs(rows), ranks=[0, 1, 2])
+    assert [(o["seq"], o["rank"]) for o in ops] == [(0, 2), (2, 2)]
+    assert left_out == {"collectives": 1, "lacking": [{"rank": 2, "collectives": 1}]}
+    ranks, ops, left_out = stragglers(_chs([r for r in rows if r[0] != 2]), ranks=[0, 1, 2])     # none on rank 2
+    assert ranks == ops == [] and left_out == {"collectives": 3, "lacking": [{"rank": 2, "collectives": 3}]}
+    ranks, ops, left_out = stragglers(_chs([r for r in rows if r[0] != 2]), ranks=[0, 1])       # --partial
+    assert [(r["rank"], r["times_last"]) for r in ranks] == [(1, 3)] and left_out["collectives"] == 0
+
+
+def test_a_rank_without_a_counters_record_is_named_not_called_delivered():
+    from rich.console import Console
+    from slicetrace.analyze.report import render
+    ks = _rows([(0, 0, 1, 1, 0, 8, 0, 1, 2), (1, 0, 1, 2, 0, 8, 0, 1, 2), (2, 0, 1, 0, 0, 8, 0, 1, 2)])
+    rep = build(ks, counters={0: {"overrun": 0}, 1: {"overrun": 0}})
+    con = Console(record=True, width=300)
+    render(rep, console=con)
+    text = con.export_text()
+    assert "loss counters: rank 0: none; rank 1: none; rank 2: no counters record (file cut short?)" in text
+    assert "every record delivered" not in text and rep.to_dict()["ranks_without_counters"] == [2]
+    con = Console(record=True, width=300)
+    render(build(ks, counters={r: {"overrun": 0} for r in range(3)}), console=con)
+    assert "loss counters: none, every record delivered" in con.export_text()
+
+
+def test_a_closed_stdout_still_gets_the_json_and_csv_written_and_exits_0(tmp_path, monkeypatch):
+    """`report ... --json F --csv G | head -1`: the tables were printed first, rich exited 1 on the broken pipe,
+    and neither file was written."""
+    import io
+    import json
+    import os
+    import sys
+    from slicetrace.cli.main import main
+
+    fd = os.open(tmp_path / "stdout", os.O_WRONLY | os.O_CREAT)    # what rich and main point at /dev/null
+
+    class Closed(io.StringIO):          # a pipe whose reader has gone
+        def fileno(self):
+            return fd
+
+        def write(self, s):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    for rank in range(2):
+        _coll_file(tmp_path, rank, 2, late_us=3.0 * rank, counters={})
+    js, csv = tmp_path / "out" / "r.json", tmp_path / "out" / "s.csv"
+    js.parent.mkdir()
+    monkeypatch.setattr(sys, "stdout", Closed())
+    try:
+        assert main(["report", str(tmp_path), "--json", str(js), "--csv", str(csv)]) == 0
+    finally:
+        os.close(fd)
+    assert json.loads(js.read_text())["stragglers"][0]["rank"] == 1
+    assert len(csv.read_text().splitlines()) == 1 + 2 * 4         # header, one send per collective and rank
+
+
+def test_ops_left_out_by_min_bytes_or_sampling_are_named_not_the_mask(tmp_path, capsys):
+    """Every op under SLICETRACE_PROFILE_MIN_BYTES (or sampled out): the error told the user to fix the mask."""
+    from slicetrace.cli.main import main
+    for rank in range(2):
+        _coll_file(tmp_path, rank, 2, seqs=(), counters={"ops_below_min_bytes": 3, "ops_sampled_out": rank})
+    assert main(["report", str(tmp_path)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "no KernelStep or KernelCh events to analyse" in err
+    assert "6 ops_below_min_bytes (SLICETRACE_PROFILE_MIN_BYTES), 1 ops_sampled_out " \
+        "(SLICETRACE_PROFILE_OP_SAMPLE_RATE)" in err and "65606" not in err
+    for rank in range(2):
+        _coll_file(tmp_path, rank, 2, seqs=(), counters={"ops_below_min_bytes": 0})
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "65606" in err and "MIN_BYTES" not in err
+
+
+def test_kernel_ch_without_kernel_steps_says_why_the_link_tables_are_empty():
+    from rich.console import Console
+    from slicetrace.analyze.report import render
+    rows = [(r, 0, 0, "AllReduce", 100 * r, 900) for r in range(2)]
+    rep = build(_rows([]), chs=_chs(rows))
+    con = Console(record=True, width=300)
+    render(rep, console=con)
+    text = con.export_text()
+    assert "the trace has no KernelStep events (the event mask lacked KernelStep, 1<<16), so the link and rank " \
+        "tables are empty" in text and "collectives started last" in text
+    con = Console(record=True, width=300)
+    render(build(_rows([(0, 0, 1, 1, 0, 8, 0, 1, 2)])), console=con)
+    assert "no KernelStep events" not in con.export_text()

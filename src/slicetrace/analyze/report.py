@@ -5,7 +5,8 @@ wait = ready - wait (credit for a send, data for a receive), transfer = done - r
 primitive's receive and send on a rank, stamped with one done clock) moves from the later of its two readies: on
 the GPU both waits run at once, and a send that had room but no data yet is waiting, not moving. With the KernelCh
 table too,
-stragglers: per collective (function, SeqNum), the rank whose channel programs started last, and how late.
+stragglers: per collective (function, SeqNum) seen on every rank, the rank whose channel programs started last, and
+how late.
 """
 from __future__ import annotations
 
@@ -27,19 +28,28 @@ class Report:
     stragglers: list[dict] = field(default_factory=list)   # per rank: collectives it started last, lateness
     late_ops: list[dict] = field(default_factory=list)     # the collectives with the largest start skew
     slow_links: list[dict] = field(default_factory=list)   # links well below the median link, and on how many channels
+    # collectives not seen on every rank, left out of stragglers: {"collectives": n, "lacking": [{rank, collectives}]}
+    stragglers_left_out: dict = field(default_factory=lambda: {"collectives": 0, "lacking": []})
+    no_counters: list[int] = field(default_factory=list)   # ranks present without a counters record (cut short)
 
     def to_dict(self) -> dict:
         return {"links": self.links, "ranks": self.ranks, "waited_on": self.waited_on, "slowest": self.slowest,
                 "counters": self.counters, "stragglers": self.stragglers, "late_ops": self.late_ops,
-                "slow_links": self.slow_links}
+                "slow_links": self.slow_links, "stragglers_left_out": self.stragglers_left_out,
+                "ranks_without_counters": self.no_counters}
 
 
-def stragglers(chs: np.ndarray, top: int = 10) -> tuple[list[dict], list[dict]]:
-    """From KernelCh rows: per collective seen on >= 2 ranks, each rank's start = its first channel program's
-    start; the last rank is the straggler, late by (its start - the earliest). Returns (per rank: times last,
-    total and worst lateness, largest first; the `top` collectives with the largest skew)."""
+def stragglers(chs: np.ndarray, top: int = 10, ranks=None) -> tuple[list[dict], list[dict], dict]:
+    """From KernelCh rows: per collective seen on every rank of `ranks` (the run's ranks present; default those in
+    chs), 2 or more, each rank's start = its first channel program's start; the last rank is the straggler, late by
+    (its start - the earliest). A collective some rank lacks (its file cut short, its Coll records dropped) is left
+    out: that rank may be the one that started last. Returns (per rank: times last, total and worst lateness,
+    largest first; the `top` collectives with the largest skew; the left out: {"collectives": n, "lacking":
+    [{"rank", "collectives"}]})."""
+    left_out = {"collectives": 0, "lacking": []}
     if len(chs) == 0:
-        return [], []
+        return [], [], left_out
+    want = set(chs["rank"].tolist()) if ranks is None else {int(r) for r in ranks}
     first: dict[tuple[str, int], dict[int, int]] = {}
     for rank, func, seq, t in zip(chs["rank"].tolist(), chs["func"].tolist(), chs["seq_number"].tolist(),
                                   chs["start_ns"].tolist()):
@@ -48,7 +58,13 @@ def stragglers(chs: np.ndarray, top: int = 10) -> tuple[list[dict], list[dict]]:
             starts[rank] = t
     per_rank: dict[int, dict] = {}
     ops = []
+    lacking: dict[int, int] = {}
     for (func, seq), starts in first.items():
+        if not want <= starts.keys():
+            left_out["collectives"] += 1
+            for r in want - starts.keys():
+                lacking[r] = lacking.get(r, 0) + 1
+            continue
         if len(starts) < 2:
             continue
         last = max(starts, key=lambda r: (starts[r], r))
@@ -58,14 +74,20 @@ def stragglers(chs: np.ndarray, top: int = 10) -> tuple[list[dict], list[dict]]:
         pr["times_last"] += 1
         pr["late_us"] += late
         pr["worst_us"] = max(pr["worst_us"], late)
-    ranks = sorted(per_rank.values(), key=lambda d: (-d["late_us"], d["rank"]))
     ops.sort(key=lambda d: -d["late_us"])
-    return ranks, ops[:top]
+    left_out["lacking"] = [{"rank": r, "collectives": n} for r, n in sorted(lacking.items())]
+    return sorted(per_rank.values(), key=lambda d: (-d["late_us"], d["rank"])), ops[:top], left_out
 
 
-def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.ndarray | None = None) -> Report:
+def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.ndarray | None = None,
+          ranks=None) -> Report:
+    """ranks: the run's ranks whose files are present (report passes them: a rank whose file holds no KernelCh or
+    counters record is still one of them); default, the ranks in ks and chs."""
     if ks.dtype.names is None or "ready_ns" not in ks.dtype.names:
         raise TraceFormatError("expected the KernelStep table of slicetrace.analyze.trace.kernel_steps()")
+    if ranks is None:
+        ranks = set(ks["rank"].tolist()) | (set(chs["rank"].tolist()) if chs is not None else set())
+    ranks = sorted(int(r) for r in ranks)
     wait = (ks["ready_ns"] - ks["wait_ns"]).astype(np.float64)
     r_half, s_half = fused_pairs(ks, ks["rank"], ks["op"], ks["channel"])
     xfer = (ks["done_ns"] - moving_from(ks, pairs=(r_half, s_half))).astype(np.float64)
@@ -82,12 +104,12 @@ def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.n
                       "send_transfer_us": t / 1e3, "send_credit_wait_us": float(wait[m].sum()) / 1e3,
                       "recv_data_wait_us": float(wait[rm].sum()) / 1e3,
                       "gbps": b / t if t > 0 else None})
-    ranks = []
+    per_rank = []
     for r in sorted(set(int(x) for x in ks["rank"])):
         m = ks["rank"] == r
-        ranks.append({"rank": r, "recv_wait_us": float(wait[m & ~send].sum()) / 1e3,
-                      "send_wait_us": float(wait[m & send].sum()) / 1e3,
-                      "transfer_us": float(xfer[m & once].sum()) / 1e3, "slices": int(m.sum())})
+        per_rank.append({"rank": r, "recv_wait_us": float(wait[m & ~send].sum()) / 1e3,
+                         "send_wait_us": float(wait[m & send].sum()) / 1e3,
+                         "transfer_us": float(xfer[m & once].sum()) / 1e3, "slices": int(m.sum())})
     waited = {}
     for r, p, w in zip(ks["rank"][~send], ks["peer"][~send], wait[~send]):
         waited[(int(r), int(p))] = waited.get((int(r), int(p)), 0.0) + float(w)
@@ -99,9 +121,11 @@ def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.n
     slowest = [{"rank": int(ks["rank"][i]), "peer": int(ks["peer"][i]), "channel": int(ks["channel"][i]),
                 "is_send": bool(ks["is_send"][i]), "step": int(ks["step"][i]), "bytes": int(ks["size"][i]),
                 "transfer_us": float(xfer[i]) / 1e3, "gbps": float(bw[i])} for i in order if np.isfinite(bw[i])]
-    late_ranks, late_ops = stragglers(chs, top) if chs is not None else ([], [])
-    return Report(links, ranks, waited_on, slowest, counters or {}, late_ranks, late_ops,
-                  slow_links(ks[send], xfer[send]))
+    late_ranks, late_ops, left_out = stragglers(chs, top, ranks) if chs is not None else \
+        ([], [], {"collectives": 0, "lacking": []})
+    no_counters = [r for r in ranks if r not in counters] if counters is not None else []
+    return Report(links, per_rank, waited_on, slowest, counters or {}, late_ranks, late_ops,
+                  slow_links(ks[send], xfer[send]), left_out, no_counters)
 
 
 def slow_links(sends: np.ndarray, xfer: np.ndarray, below: float = 0.25) -> list[dict]:
@@ -143,9 +167,8 @@ def slow_links(sends: np.ndarray, xfer: np.ndarray, below: float = 0.25) -> list
 
 
 def render(rep: Report, console=None) -> None:
-    from rich.console import Console
     from rich.table import Table
-    con = console or Console()
+    con = console or _console()
     t = Table(title="links (sender side transfer; receiver side wait)")
     for c in ("src->dst", "MiB", "slices", "GB/s", "transfer us", "credit wait us", "data wait us"):
         t.add_column(c, justify="right")
@@ -166,6 +189,9 @@ def render(rep: Report, console=None) -> None:
         t.add_row(str(r["rank"]), f"{r['recv_wait_us']:.1f}", f"{r['send_wait_us']:.1f}", f"{r['transfer_us']:.1f}",
                   str(r["slices"]))
     con.print(t)
+    if not rep.links and not rep.ranks:
+        con.print("the trace has no KernelStep events (the event mask lacked KernelStep, 1<<16), so the link and "
+                  "rank tables are empty")
     if rep.stragglers:
         t = Table(title="stragglers (rank whose channel programs started last, per collective)")
         for c in ("rank", "collectives started last", "total late us", "worst us"):
@@ -192,23 +218,47 @@ def render(rep: Report, console=None) -> None:
     if 0 < len(rep.links) < 3:
         con.print(f"slow links: not judged, {len(rep.links)} link(s) in this trace and the check compares each with "
                   f"the median of 3 or more")
-    if rep.links and not rep.stragglers and not rep.late_ops:
+    gone = rep.stragglers_left_out
+    if gone["collectives"]:             # a rank without the records may be the straggler: no confident wrong name
+        who = "; ".join(f"rank {d['rank']} lacked {d['collectives']}" for d in gone["lacking"])
+        con.print(f"stragglers: {gone['collectives']} collective(s) left out, not recorded on every rank ({who}; "
+                  f"their KernelCh or Coll records are missing: a file cut short, or records dropped, see the loss "
+                  f"counters): the rank that started them last may be one that lacks them"
+                  + (", so the table counts the other collectives only" if rep.stragglers else ""))
+    elif rep.links and not rep.stragglers and not rep.late_ops:
         con.print("stragglers: none to name (matched across ranks by a collective's SeqNum, from KernelCh events; "
                   "point-to-point ops carry none: see who waited on whom)")
     if rep.waited_on:
         w = rep.waited_on[0]
         con.print(f"most waited on: rank {w['rank']} waited {w['wait_us']:.1f} us for data from rank {w['peer']}")
-    if rep.counters:
+    if rep.counters or rep.no_counters:
         lost = {r: {k: v for k, v in c.items() if v and k != "sampled_out"
                     and not k.startswith(("delivered", "plugin_written", "clock_", "ops_"))}
                 for r, c in rep.counters.items()}
-        con.print(f"loss counters: {_per_rank(lost) if any(lost.values()) else 'none, every record delivered'}")
+        cut = {r: "no counters record (file cut short?), its losses unknown" for r in rep.no_counters}
+        con.print(f"loss counters: "
+                  f"{_per_rank(lost, cut) if any(lost.values()) or cut else 'none, every record delivered'}")
         skipped = {r: {k: v for k, v in c.items() if v and k.startswith("ops_")} for r, c in rep.counters.items()}
         if any(skipped.values()):       # left out on purpose (SLICETRACE_PROFILE_OP_SAMPLE_RATE / _MIN_BYTES)
             con.print(f"ops not profiled by the settings: {_per_rank(skipped)}")
 
 
-def _per_rank(counts: dict) -> str:
-    """{rank: {counter: n}} -> "rank 0: overrun 2; rank 1: none"."""
-    return "; ".join(f"rank {r}: " + (", ".join(f"{k} {v:,}" for k, v in c.items()) or "none")
-                     for r, c in sorted(counts.items(), key=lambda kv: (type(kv[0]) is not int, kv[0])))
+def _console():
+    """A rich Console that lets a closed stdout (`report | head`) raise BrokenPipeError, which the command line
+    ends quietly with rc 0, where rich's own exits with 1."""
+    from rich.console import Console
+
+    class PipeConsole(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError("stdout closed")
+
+    return PipeConsole()
+
+
+def _per_rank(counts: dict, said: dict | None = None) -> str:
+    """{rank: {counter: n}} (and {rank: text}) -> "rank 0: overrun 2; rank 1: none; rank 2: text"."""
+    text = {r: ", ".join(f"{k} {v:,}" for k, v in c.items()) or "none" for r, c in counts.items()}
+    text.update(said or {})
+    order = sorted(text.items(), key=lambda kv: (type(kv[0]) is not int, kv[0]))
+    return "; ".join(f"rank {r}: {t}" for r, t in order)

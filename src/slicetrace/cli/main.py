@@ -304,19 +304,34 @@ def run_report(a: argparse.Namespace) -> int:
             "nRanks") == 1 for r in recs):      # (load_run checked that args, where present, are an object)
         raise SliceTraceError(f"{' '.join(a.traces)}: a 1-rank run moves no data between ranks, so it has no slices "
                               f"to analyse; run 2 or more ranks (--ranks 2; on one GPU they share it)")
+    counts = counters(recs)
     if not len(ks) and not len(chs):
+        left = [f"{n:,} {k} ({var})" for k, var in (("ops_below_min_bytes", "SLICETRACE_PROFILE_MIN_BYTES"),
+                                                    ("ops_sampled_out", "SLICETRACE_PROFILE_OP_SAMPLE_RATE"))
+                if (n := sum(c[k] for c in counts.values() if type(c.get(k)) is int))]
+        ops = sum(r.get("ph") == "b" and r.get("cat") in ("COLL", "P2P") for r in recs)
+        if left:                # left unprofiled on purpose: the mask may be right
+            raise SliceTraceError(f"{' '.join(a.traces)}: no KernelStep or KernelCh events to analyse ({len(recs)} "
+                                  f"events in all): the settings left ops unprofiled, {', '.join(left)}; record "
+                                  f"with SLICETRACE_PROFILE_MIN_BYTES below the ops' sizes (default 0) and "
+                                  f"SLICETRACE_PROFILE_OP_SAMPLE_RATE=1 (every op)" + (
+                                      f"; the {ops} op(s) profiled have none either: put KernelStep and KernelCh in "
+                                      f"the mask (SLICETRACE_PROFILE_EVENT_MASK=65606)" if ops else ""))
         raise SliceTraceError(f"{' '.join(a.traces)}: no KernelStep or KernelCh events to analyse ({len(recs)} "
                               f"events in all); record with both in the mask, e.g. `slicetrace bench --trace DIR` "
                               f"or SLICETRACE_PROFILE_EVENT_MASK=65606")
-    rep = build(ks, counters(recs), top=a.top, chs=chs)
-    render(rep)
-    if a.json:
+    present = sorted(set(range(ranks.n)) - set(missing)) if ranks else \
+        sorted({r["pid"] for r in recs if type(r.get("pid")) is int})
+    rep = build(ks, counts, top=a.top, chs=chs, ranks=present)
+    if a.json:                  # the files first: a reader that stops early (`| head`) does not lose them
         write_json("--json", a.json, rep.to_dict())
     if a.csv:
         try:
             n = write_steps_csv(ks, a.csv)
         except OSError as e:
             raise UsageError(f"--csv {a.csv!r}: cannot write the file ({e.strerror or e})") from None
+    render(rep)
+    if a.csv:
         print(f"# {n} KernelStep rows: {a.csv}")
     return 0
 
