@@ -140,7 +140,13 @@ def _child(fn: Callable, rank: int, world: int, store_map: Any, job: str, settin
         signal.signal(signal.SIGINT, signal.SIG_IGN)     # an interrupted launch lets closing ranks finish (plugins)
         comm.close()
         comm = None
-        _send(conn, ("ok", result))
+        try:
+            conn.send(("ok", result))            # pickles before it writes: a failure leaves the pipe clean
+        except OSError:                          # the launcher is gone: nobody to tell
+            pass
+        except Exception as e:  # noqa: BLE001 - any pickling failure: AttributeError, TypeError, PicklingError
+            _send(conn, ("err", f"rank {rank}: fn's return value could not be sent to the launcher (pickle): "
+                                f"{type(e).__name__}: {e}; return plain data (numbers, strings, numpy arrays)", ""))
     except BaseException as e:  # noqa: BLE001 - reported to the parent with its traceback
         signal.signal(signal.SIGINT, signal.SIG_IGN)     # the launcher forwards the terminal's Ctrl-C: close first
         running.clear()
@@ -255,12 +261,20 @@ def _release_signals(held: dict | None) -> None:
         signal.raise_signal(sig)
 
 
+def _lead(k: int, errors: dict, dead: set, stuck: set) -> tuple:
+    """Sort key for the rank where a failure began: one the launcher found dead (its own finding, never a match on
+    error text: a user's message may say "died"), then one whose own error it is, then a peer's failure relayed,
+    then one killed for running on."""
+    return (0 if k in dead else 3 if k in stuck else 2 if errors[k].startswith("PeerError") else 1, k)
+
+
 def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None = None, **settings: Any) -> list[Any]:
     """Run fn(comm, *args) in `nranks` spawned processes; return the results in rank order.
 
     A failing or dead rank makes every other rank fail within settings.timeout_s; survivors are killed timeout_s
     + 5 s after the first failure (or after join_timeout_s in all), the job's shared memory is removed, and a
-    LaunchError leads with the rank where the failure began (`.errors`: each rank's error and traceback).
+    LaunchError leads with the rank where the failure began (`.errors`: each rank that did not return: its error
+    and traceback, or how it ended: died, exited without a result, killed while still running).
     """
     if not isinstance(nranks, int) or isinstance(nranks, bool) or nranks < 1:
         raise UsageError(f"nranks={nranks!r} must be an int >= 1")
@@ -283,6 +297,8 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
         errors: dict[int, str] = {}
         heads: dict[int, str] = {}              # rank -> its error's "Type: message", without the traceback
         started: set[int] = set()
+        dead: set[int] = set()                  # ranks the launcher found gone without a word: where it began
+        stuck: set[int] = set()                 # ranks the launcher killed: they only waited on the others
 
         def read(c, r: int) -> bool:
             """One message of rank r; False once its pipe has nothing more to say."""
@@ -296,7 +312,7 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
             if status == "ok":
                 results[r] = val[0]
             else:
-                errors[r] = f"{val[0]}\n{val[1]}"
+                errors[r] = f"{val[0]}\n{val[1]}" if val[1] else val[0]
                 heads[r] = val[0]
             return False
 
@@ -330,20 +346,26 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
                             if not read(c, r):
                                 readers.pop(c)
                         code = procs[r].exitcode
-                        if code != 0 and r not in errors and r not in results:
-                            errors[r] = f"rank {r} died with exit code {code}" + ("" if r in started else (
-                                " before running fn: could it import fn? Spawned ranks import it by name: define it "
-                                "at the top level of an importable module, and launch under `if __name__ == "
-                                "'__main__':` (the rank's own error is on stderr)"))
+                        if r not in errors and r not in results:    # code 0: os._exit(0) in fn, say
+                            dead.add(r)
+                            errors[r] = f"rank {r} exited (code 0) without a result" if code == 0 else (
+                                f"rank {r} died with exit code {code}" + ("" if r in started else (
+                                    " before running fn: could it import fn? Spawned ranks import it by name: define "
+                                    "it at the top level of an importable module, and launch under `if __name__ == "
+                                    "'__main__':` (the rank's own error is on stderr)")))
                 if errors and first_fail is None:
-                    first_fail = time.monotonic()
+                    first_fail, first_rank = time.monotonic(), min(errors, key=lambda k: _lead(k, errors, dead, stuck))
                 now = time.monotonic()
                 if first_fail is not None and now - first_fail > s.timeout_s + 5:
-                    break            # peers had their timeout to notice; kill the rest
+                    for r in [r for r in range(nranks) if r not in results and r not in errors]:  # had their timeout
+                        errors[r] = (f"rank {r} was still running {now - first_fail:.1f} s after rank {first_rank} "
+                                     f"failed (timeout_s={s.timeout_s:g} + 5 s) and was killed")
+                        stuck.add(r)
+                    break
                 if join_timeout_s is not None and now - start > join_timeout_s:
-                    for r in range(nranks):
-                        if r not in results and r not in errors:
-                            errors[r] = f"rank {r} still running after join_timeout_s={join_timeout_s}"
+                    for r in [r for r in range(nranks) if r not in results and r not in errors]:
+                        errors[r] = f"rank {r} still running after join_timeout_s={join_timeout_s}"
+                        stuck.add(r)
                     break
                 if not pending and readers:
                     # processes are gone; anything unread now will never come
@@ -367,9 +389,7 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
             finally:
                 _release_signals(held)
     if errors:
-        # The rank where it began: one that died, then one whose own error it is (not a peer's failure relayed)
-        r = min(errors, key=lambda k: (0 if "died" in errors[k] else 1 if not errors[k].startswith("PeerError")
-                                       else 2, k))
+        r = min(errors, key=lambda k: _lead(k, errors, dead, stuck))
         others = {k: v.splitlines()[0] for k, v in errors.items() if k != r}
         shown = heads[r] if ours(heads.get(r, "")) else errors[r]   # bad input, a timeout: no traceback
         raise LaunchError(f"rank {r} failed: {shown}" + (f"\nother ranks: {others}" if others else ""), errors)

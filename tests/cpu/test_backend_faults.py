@@ -264,3 +264,44 @@ def test_ranks_whose_settings_differ_fail_at_set_up_on_every_rank(pool2, field, 
         assert kind == "MismatchError" or f"rank {1 - r}'s set-up failed: MismatchError: " in msg
     assert "MismatchError" in {kind for kind, _ in res}
     assert glob.glob(f"/dev/shm/st_{pool2.job}set{field}_*") == []        # both set-ups ended: nothing left
+
+
+def dies_at_set_up(ctx, key: str, kw: dict, victims: tuple):
+    """The victims exit once they attached every peer (at the 'attached' barrier); the others report their error,
+    how long set-up took and what is left in /dev/shm (outside launch(), nothing else removes it)."""
+    if ctx["rank"] in victims:
+        store = ctx["store"]
+        barrier = store.barrier
+
+        def dying(name, *a, **k):
+            if name.endswith("/attached"):
+                os._exit(9)
+            return barrier(name, *a, **k)
+        store.barrier = dying
+    t = time.monotonic()
+    try:
+        backend(ctx, key, **kw)
+        res = ("ok", "")
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        res = (type(e).__name__, str(e))
+    return res + (time.monotonic() - t, shm_left(ctx, key))
+
+
+@pytest.mark.parametrize("victims", [(1,), (1, 2)], ids=["one", "two"])
+def test_a_rank_that_dies_during_set_up_is_a_peer_error_at_once(victims):
+    """The barrier after attaching waited the whole timeout_s (CommTimeoutError) for a rank whose pid it knew, and
+    left the dead ranks' segments in /dev/shm."""
+    pool = RankPool(3, timeout=30)
+    try:
+        res = pool.results_or_errors(dies_at_set_up, "sdie", dict(SMALL, timeout_s=8.0), victims)
+        left = glob.glob(f"/dev/shm/st_{pool.job}sdie_*")
+    finally:
+        pool.close()
+    for r in victims:
+        assert isinstance(res[r], RankError) and res[r].name == "EOFError", res[r]
+    for r in set(range(3)) - set(victims):
+        kind, msg, took, _ = res[r]
+        assert kind == "PeerError" and took < 4, res[r]
+        assert re.fullmatch(r"rank [12] \(pid \d+\) (exited|died \(zombie\)); detected by rank [02]"
+                            r"( \(abort posted by rank [02]\))?", msg), res[r]
+    assert left == []

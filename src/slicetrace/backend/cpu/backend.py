@@ -19,7 +19,7 @@ import numpy as np
 from ...errors import BackendError, MismatchError, PeerError, UsageError
 from ...stamps.layout import RingViews, ring_bytes
 from ..base import HostBackend, Work, host_pointer, part_views
-from ..procs import proc_start_time
+from ..procs import proc_dead, proc_start_time
 from .shm import (ABORT_PEER, C_BUFFSIZE, C_CLOSED, C_FUTEX, C_HEARTBEAT, C_MAGIC, C_NCH, C_PID, C_SLOTS, C_START,
                   C_WORLD, H_MSG, MAGIC, NSIG, PAGE, REASON_MAX, REASON_OFF, Segment, layout, segment_size,
                   unlink_name)
@@ -56,6 +56,7 @@ class CpuBackend(HostBackend):
         try:
             self._setup()
         except BaseException as e:
+            self._unlink_dead_peers()
             try:            # a peer that finds our segment gone says why (not "closed or cleaned up")
                 self.store.set(f"{self._prefix}/failed/{rank}", f"{type(e).__name__}: {e}".encode())
             except Exception:  # noqa: BLE001 - the store may be what failed
@@ -86,13 +87,14 @@ class CpuBackend(HostBackend):
         self._hb = threading.Thread(target=self._heartbeat, name=f"slicetrace-heartbeat-r{rank}", daemon=True)
         self._hb.start()
         self.store.set(f"{self._prefix}/seg/{rank}", self.seg.name.encode())
-        names = {}
+        names = self._names = {}
+        self.guard.on_dead = lambda p: unlink_name(names[p])
+        alive = self.check_peers        # a peer that attached, then died or failed, ends a wait now, not at timeout_s
         for p in range(world):
             if p != rank:
-                names[p] = self.store.get(f"{self._prefix}/seg/{p}", s.timeout_s,
+                names[p] = self.store.get(f"{self._prefix}/seg/{p}", s.timeout_s, check=alive,
                                           what=f"rank {p}'s cpu backend segment (job {self.job!r})").decode()
                 self._attach(p, names[p])
-        self.guard.on_dead = lambda p: unlink_name(names[p])
 
         def conn(seg: Segment, idx: int, peer: int, is_send: bool) -> Conn:
             off = conn0 + idx * stride
@@ -110,7 +112,7 @@ class CpuBackend(HostBackend):
                 self.p2p_send[p] = conn(self._peer_segs[p], nch + rank, p, True)
         # everyone attached: the name is no longer needed, and a rank that ends without close() (torchrun, kill -9)
         # leaves nothing in /dev/shm; the memory lives until the last rank unmaps it
-        self.store.barrier(f"{self._prefix}/attached", rank, world, s.timeout_s)
+        self.store.barrier(f"{self._prefix}/attached", rank, world, s.timeout_s, check=alive)
         self.seg.unlink()
         cpus = affinity.candidates(rank, world, nch) if s.cpu_bind == "on" else []    # launch() resolves "auto"
         self._bound = affinity.bind(cpus) if cpus else None      # after the heartbeat thread started
@@ -130,6 +132,14 @@ class CpuBackend(HostBackend):
             raise MismatchError(f"rank {p} runs the cpu backend with (nchannels, buffsize, world, ring_slots)="
                                 f"{theirs}, rank {self.rank} with {mine}; every rank needs the same settings")
         self.guard.peers[p] = (pctl, seg.bytes_(REASON_OFF, REASON_MAX), pctl[C_PID], pctl[C_START])
+
+    def _unlink_dead_peers(self) -> None:
+        """Set-up failed: remove the names of attached peers that died (no one else will outside launch());
+        one that is alive or closed removes its own."""
+        g = getattr(self, "guard", None)
+        for p, (pctl, _, pid, start) in list(g.peers.items()) if g is not None else ():
+            if not pctl[C_CLOSED] and proc_dead(pid, start):
+                unlink_name(self._names[p])
 
     def _heartbeat(self) -> None:
         ctl = self.ctl

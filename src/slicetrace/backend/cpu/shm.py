@@ -7,6 +7,7 @@ Segment of rank r (all offsets 4 KiB aligned):
                        index c < nch: ring channel c from rank r-1; index nch + s: point-to-point from rank s
     stamp rings        stamps.layout.ring_bytes(nch, ring_slots)  (read by this rank's drain thread)
 
+A segment's pages are reserved at creation (posix_fallocate): a /dev/shm too small is a BackendError, not SIGBUS.
 Segments bypass Python's resource_tracker (spawned ranks share one tracker, and a segment registered by
 both its creator and an attacher makes the tracker print spurious errors). The creator unlinks it
 once every rank attached (the mapping lives on), so nothing stays in /dev/shm however a rank ends; a launcher
@@ -26,6 +27,7 @@ except ImportError:  # pragma: no cover - not a POSIX system
     _posixshmem = None
 
 PAGE = 4096
+SHM_DIR = "/dev/shm"               # where Linux keeps POSIX shared memory (for the free-space report only)
 MAGIC = 0x53544350_55000004        # "STCPU" + layout version 4
 NSIG = 16                          # op-signature / message tables keep the last 16 entries
 
@@ -70,6 +72,7 @@ class Segment:
         try:
             if create:
                 os.ftruncate(fd, size)
+                _reserve(fd, name, size)
             self.size = os.fstat(fd).st_size
             self.mm = mmap.mmap(fd, self.size)
         except BaseException:          # any failure (a bad size, an interrupt) must not leave the name behind
@@ -108,6 +111,27 @@ class Segment:
             self.mm.close()
         except BufferError:       # numpy views (rings held by the drain, slot views) still exist: GC frees it
             pass
+
+
+def _reserve(fd: int, name: str, size: int) -> None:
+    """Allocate the pages now, as NCCL does: a sparse segment on a full /dev/shm (Docker's default is 64 MiB)
+    kills the rank with SIGBUS at its first touch of a missing page, with no message."""
+    if not hasattr(os, "posix_fallocate"):  # pragma: no cover - macOS: no tmpfs /dev/shm to fill
+        return
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        try:
+            st = os.statvfs(SHM_DIR)
+            mib = st.f_frsize / 2**20
+            free = f"{SHM_DIR} has {st.f_bavail * mib:.1f} MiB free of {st.f_blocks * mib:.1f} MiB"
+        except OSError:
+            free = f"the free space in {SHM_DIR} is unknown"
+        raise BackendError(
+            f"backend='cpu' could not reserve {size} bytes ({size / 2**20:.1f} MiB) of shared memory for segment "
+            f"{name!r}: {e.strerror or e}; {free}, and every rank on this host needs one such segment, about "
+            f"(nchannels + world) x buffsize. Lower SLICETRACE_BUFFSIZE (buffsize=, default 4M) or "
+            f"SLICETRACE_NCHANNELS (nchannels=), or enlarge {SHM_DIR} (docker run --shm-size=1g)") from None
 
 
 def unlink_name(name: str) -> None:

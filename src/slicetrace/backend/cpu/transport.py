@@ -27,7 +27,7 @@ SPINS = 400
 YIELD_S = 0.002             # then sched_yield for up to 2 ms
 SLEEP_MIN_S, SLEEP_MAX_S = 20e-6, 1e-3
 CHECK_EVERY_S = 0.05        # liveness / signature checks while waiting
-HEARTBEAT_STALE_S = 10.0    # a live pid whose heartbeat thread stalled this long is reported
+HEARTBEAT_STALE_S = 10.0    # a live pid whose heartbeat stalled max(this, timeout_s) is reported (Guard.stale_ns)
 _U8 = np.dtype(np.uint8)
 
 
@@ -155,6 +155,9 @@ class Guard:
 
     def __init__(self, rank: int, ctl: memoryview, reason: memoryview, timeout_s: float):
         self.rank, self.ctl, self.reason, self.timeout_s = rank, ctl, reason, timeout_s
+        # a live peer may be busy without a heartbeat (a C call holding the GIL, SIGSTOP): the user's timeout
+        # governs how long we wait for it; dead and zombie peers are found through /proc at once
+        self.stale_ns = max(HEARTBEAT_STALE_S, timeout_s) * 1e9
         self.peers: dict[int, tuple[memoryview, memoryview, int, int]] = {}   # rank -> (ctl, reason, pid, start)
         self.on_dead = None          # callback(rank) when a peer is found dead (unlinks its segment)
         self.sig: tuple[int, int, int, int] | None = None                    # collective in flight
@@ -206,7 +209,7 @@ class Guard:
             if why is None and p in waiting_on:
                 if closed:
                     why = "closed its communicator"
-                elif now - pctl[C_HEARTBEAT] > HEARTBEAT_STALE_S * 1e9:
+                elif now - pctl[C_HEARTBEAT] > self.stale_ns:
                     why = f"stopped responding (no heartbeat for {(now - pctl[C_HEARTBEAT]) / 1e9:.1f}s)"
             if self._twice.confirm(p, why):
                 if self.on_dead is not None and not closed:

@@ -1,0 +1,126 @@
+"""launch()'s LaunchError leads with the rank where the failure began, judged by what the launcher itself saw
+(never by words in a rank's error text), and `.errors` has an entry for every rank that did not return, saying
+how it ended."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import re
+import time
+
+import numpy as np
+import pytest
+
+import slicetrace
+from slicetrace.errors import PeerError
+
+TIMEOUT = 2.0       # small: the stuck-rank case waits timeout_s + 5 s before the launcher kills
+JOIN = 60           # every launch() is bounded: a hang fails the test instead of stalling the suite
+
+
+@pytest.fixture(autouse=True)
+def _no_survivors():
+    """Rank processes the launcher left behind (a bug) are killed, so the assertion fails instead of a hang."""
+    yield
+    left = [p for p in mp.active_children() if p.name.startswith("slicetrace-rank")]
+    for p in left:
+        p.kill()
+        p.join(5)
+    assert not left, f"launch() left rank processes running: {left}"
+
+
+def _user_error_with_a_scary_word(comm):
+    if comm.rank == 2:
+        raise RuntimeError("worker process died unexpectedly")
+    comm.all_reduce(np.ones(8, np.float32))     # ranks 0 and 1 learn it as a PeerError
+    return "unreachable"
+
+
+@pytest.mark.timeout(60)
+def test_a_users_error_that_says_died_still_leads_the_launch_error():
+    """Before, "died" anywhere in a rank's text counted as a death the launcher found: rank 0's relayed PeerError
+    (which quotes rank 2's message) led."""
+    with pytest.raises(slicetrace.LaunchError) as e:
+        slicetrace.launch(_user_error_with_a_scary_word, 3, timeout_s=TIMEOUT, join_timeout_s=JOIN)
+    msg = str(e.value)
+    assert msg.startswith("rank 2 failed: RuntimeError: worker process died unexpectedly\nTraceback"), msg
+    errs = e.value.errors
+    assert sorted(errs) == [0, 1, 2], errs
+    for r in (0, 1):
+        assert errs[r].startswith("PeerError: rank 2 "), (r, errs[r])      # its abort, or its exit
+
+
+def _peer_error_of_its_own(comm):
+    if comm.rank == 1:      # the words of the cpu backend's liveness check, in a PeerError of rank 1's own
+        raise PeerError("rank 0 (pid 1) died (zombie); detected by rank 1")
+    raise ValueError("rank 0's own error")
+
+
+@pytest.mark.timeout(60)
+def test_a_peer_error_that_says_died_does_not_lead_before_a_ranks_own_error():
+    with pytest.raises(slicetrace.LaunchError) as e:
+        slicetrace.launch(_peer_error_of_its_own, 2, timeout_s=TIMEOUT, join_timeout_s=JOIN)
+    msg = str(e.value)
+    assert msg.startswith("rank 0 failed: ValueError: rank 0's own error\nTraceback"), msg
+    assert "other ranks: {1: 'PeerError: rank 0 (pid 1) died (zombie); detected by rank 1'}" in msg, msg
+
+
+def _rank_1_sleeps(comm, d):
+    if comm.rank == 0:
+        raise ValueError("rank 0 failed first")
+    with open(os.path.join(d, "rank1.pid"), "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(120)                 # never looks at its communicator: only the launcher's kill ends it
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_killed_for_running_on_after_a_failure_has_an_error_saying_so(tmp_path):
+    """Before, the rank killed timeout_s + 5 s after the first failure was missing from `.errors`."""
+    t0 = time.monotonic()
+    with pytest.raises(slicetrace.LaunchError) as e:
+        slicetrace.launch(_rank_1_sleeps, 2, str(tmp_path), timeout_s=TIMEOUT, join_timeout_s=JOIN)
+    took = time.monotonic() - t0
+    msg, errs = str(e.value), e.value.errors
+    assert msg.startswith("rank 0 failed: ValueError: rank 0 failed first\nTraceback"), msg
+    assert sorted(errs) == [0, 1], errs
+    m = re.fullmatch(r"rank 1 was still running (\d+\.\d) s after rank 0 failed \(timeout_s=2 \+ 5 s\) and was "
+                     r"killed", errs[1])
+    assert m and TIMEOUT + 5 <= float(m.group(1)) <= took, (errs[1], took)
+    assert f"other ranks: {{1: {errs[1]!r}}}" in msg, msg
+    pid = int((tmp_path / "rank1.pid").read_text())
+    with pytest.raises(ProcessLookupError):         # killed and reaped, not left sleeping
+        os.kill(pid, 0)
+
+
+def _rank_1_exits_0(comm):
+    if comm.rank == 1:
+        os._exit(0)             # no result, no error: as a library calling os._exit(0) would
+    comm.all_reduce(np.ones(8, np.float32))
+    return "unreachable"
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_that_exits_0_without_a_result_leads_the_launch_error():
+    """Before, rank 1 was missing from `.errors` and rank 0's PeerError led."""
+    with pytest.raises(slicetrace.LaunchError) as e:
+        slicetrace.launch(_rank_1_exits_0, 2, timeout_s=TIMEOUT, join_timeout_s=JOIN)
+    msg, errs = str(e.value), e.value.errors
+    assert msg.startswith("rank 1 failed: rank 1 exited (code 0) without a result\nother ranks: {0: "), msg
+    assert sorted(errs) == [0, 1] and errs[1] == "rank 1 exited (code 0) without a result", errs
+
+
+def _rank_1_returns_a_lambda(comm):
+    return (lambda: 1) if comm.rank == 1 else comm.rank
+
+
+@pytest.mark.timeout(60)
+def test_an_unpicklable_return_value_is_named_as_fns_return_value():
+    """Before, the rank's error was the pickler's bare "AttributeError: Can't pickle local object ..."."""
+    with pytest.raises(slicetrace.LaunchError) as e:
+        slicetrace.launch(_rank_1_returns_a_lambda, 2, timeout_s=TIMEOUT, join_timeout_s=JOIN)
+    errs = e.value.errors
+    assert sorted(errs) == [1], errs                 # rank 0's result came; only rank 1 failed
+    want = (r"rank 1: fn's return value could not be sent to the launcher \(pickle\): \w+: .*<lambda>.*; return "
+            r"plain data \(numbers, strings, numpy arrays\)")
+    assert re.fullmatch(want, errs[1]), errs[1]
+    assert str(e.value) == f"rank 1 failed: {errs[1]}", str(e.value)

@@ -1,0 +1,103 @@
+"""cpu backend: how long a busy peer is waited for (Guard's heartbeat limit), and a /dev/shm too small for a
+segment (a BackendError at creation, not SIGBUS at first touch)."""
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import subprocess
+import sys
+import time
+
+import pytest
+
+from slicetrace.backend.cpu import shm
+from slicetrace.backend.cpu.shm import C_HEARTBEAT, PAGE, REASON_MAX, Segment, unlink_name
+from slicetrace.backend.cpu.transport import Guard
+from slicetrace.backend.procs import proc_start_time
+from slicetrace.errors import BackendError, PeerError
+
+
+def guard_with_peer(timeout_s: float, heartbeat_age_s: float, pid: int | None = None) -> Guard:
+    """Rank 0's Guard with one peer (rank 1) whose last heartbeat is heartbeat_age_s old; the peer's process is
+    this one (alive) unless pid is given."""
+    g = Guard(0, memoryview(bytearray(PAGE)).cast("Q"), memoryview(bytearray(REASON_MAX)), timeout_s)
+    pctl = memoryview(bytearray(PAGE)).cast("Q")
+    pctl[C_HEARTBEAT] = time.monotonic_ns() - int(heartbeat_age_s * 1e9)
+    pid = os.getpid() if pid is None else pid
+    g.peers[1] = (pctl, memoryview(bytearray(REASON_MAX)), pid, proc_start_time(pid))
+    return g
+
+
+def check_twice(g: Guard) -> None:
+    for _ in range(2):               # a peer counts as gone when seen so at two consecutive checks
+        g.check((1,))
+
+
+def test_a_busy_live_peer_is_waited_for_up_to_timeout_s():
+    """A peer in a C call that holds the GIL for 12 s has no heartbeat meanwhile: with timeout_s=30 it was
+    declared dead after 10 s ("stopped responding") although the user allowed 30."""
+    check_twice(guard_with_peer(timeout_s=30, heartbeat_age_s=12))
+    with pytest.raises(PeerError, match=r"rank 1 \(pid \d+\) stopped responding \(no heartbeat for 3[01]\.\ds\)"):
+        check_twice(guard_with_peer(timeout_s=30, heartbeat_age_s=31))
+
+
+def test_a_short_timeout_keeps_the_10s_heartbeat_floor():
+    check_twice(guard_with_peer(timeout_s=1, heartbeat_age_s=5))     # a few seconds' stall is not a death
+    with pytest.raises(PeerError, match="stopped responding"):
+        check_twice(guard_with_peer(timeout_s=1, heartbeat_age_s=11))
+
+
+def test_a_dead_peer_is_found_at_once_whatever_timeout_s():
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait(10)
+    g = guard_with_peer(timeout_s=600, heartbeat_age_s=0, pid=p.pid)
+    with pytest.raises(PeerError, match=rf"rank 1 \(pid {p.pid}\) exited"):
+        check_twice(g)
+
+
+def no_space(fd: int, offset: int, length: int) -> None:
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_a_full_dev_shm_is_a_backend_error_that_says_what_to_change(monkeypatch):
+    monkeypatch.setattr(os, "posix_fallocate", no_space)
+    name = f"st_test_{secrets.token_hex(4)}"
+    size = 14 << 20
+    try:
+        with pytest.raises(BackendError) as ei:
+            Segment(name, size, create=True)
+    finally:
+        left = os.path.exists(f"/dev/shm/{name}")
+        unlink_name(name)                # a failing run leaves nothing either
+    assert not left
+    msg = str(ei.value)
+    assert f"could not reserve {size} bytes (14.0 MiB) of shared memory for segment {name!r}" in msg, msg
+    assert "No space left on device" in msg and "/dev/shm has " in msg and " MiB free of " in msg, msg
+    for hint in ("SLICETRACE_BUFFSIZE", "SLICETRACE_NCHANNELS", "--shm-size"):
+        assert hint in msg, msg
+
+
+def test_a_created_segment_has_its_pages_reserved():
+    """st_blocks counts allocated pages: ftruncate alone leaves the segment sparse (SIGBUS later if /dev/shm
+    fills up)."""
+    name = f"st_test_{secrets.token_hex(4)}"
+    seg = Segment(name, 1 << 20, create=True)
+    try:
+        assert os.stat(f"/dev/shm/{name}").st_blocks * 512 >= 1 << 20
+    finally:
+        seg.unlink()
+        seg.close()
+
+
+def test_the_free_space_report_survives_a_missing_dir(monkeypatch):
+    monkeypatch.setattr(shm, "SHM_DIR", "/nonexistent-shm-dir")
+    monkeypatch.setattr(os, "posix_fallocate", no_space)
+    name = f"st_test_{secrets.token_hex(4)}"
+    try:
+        with pytest.raises(BackendError, match="the free space in /nonexistent-shm-dir is unknown"):
+            Segment(name, PAGE, create=True)
+    finally:
+        left = os.path.exists(f"/dev/shm/{name}")
+        unlink_name(name)
+    assert not left
