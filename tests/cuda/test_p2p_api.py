@@ -156,3 +156,31 @@ def test_ops_on_different_streams_run_in_issue_order_and_torch_users_get_torchs_
     import slicetrace
     res = slicetrace.launch(_two_streams, 2, backend="cuda", cache_dir=kcache, timeout_s=30.0, join_timeout_s=240)
     assert res == [([True] * 6, True, True)] * 2
+
+
+def _capture(comm):
+    import cupy
+    from slicetrace.errors import UsageError
+    with cupy.cuda.Device(comm._session.backend.device):
+        x = cupy.ones(1024, dtype=cupy.float32)
+        s = cupy.cuda.Stream(non_blocking=True)
+        s.begin_capture()
+        try:
+            comm.all_reduce(x, x, stream=s)
+            refused = ""
+        except UsageError as e:
+            refused = str(e)
+        finally:
+            graph = s.end_capture()         # the capture is still valid: nothing of ours was enqueued
+        comm.all_reduce(x, x, stream=s)       # and the communicator goes on
+        s.synchronize()
+        return refused, graph is not None, float(x[0].get())
+
+
+@pytest.mark.cuda
+def test_an_op_on_a_capturing_stream_is_refused_and_the_communicator_goes_on(gpu, kcache):
+    import slicetrace
+    res = slicetrace.launch(_capture, 2, backend="cuda", cache_dir=kcache, timeout_s=30.0, join_timeout_s=240)
+    for refused, graph, v in res:
+        assert "is capturing a CUDA graph: slicetrace ops cannot be captured" in refused, refused
+        assert graph and v == 2.0

@@ -186,6 +186,7 @@ class CudaBackend(Backend, KernelArgs):
         if work.dtype not in CTYPES:
             raise UsageError(f"dtype={work.dtype!r} is not one of {DTYPES}")
         stream = self._stream(work.stream)
+        buffers.refuse_capture(self._rt, stream)
         last = self._last
         if last is not None and last.stream != stream and not last.event.done:
             # one communicator's ops run in issue order whatever their streams (NCCL serialises its launches

@@ -61,6 +61,21 @@ def stream_ptr(s: Any, device: int) -> int:
     raise UsageError(f"stream={s!r} is not a CuPy stream, a torch stream or a cudaStream_t int")
 
 
+def refuse_capture(rt: Any, stream: int) -> None:
+    """A CUDA graph would replay the launch with the stamp seqs and FIFO steps of its capture: refused, before
+    anything is enqueued (and the capture stays valid: the query is capture-safe)."""
+    query = getattr(rt, "streamIsCapturing", None)
+    if query is None:
+        return
+    try:
+        capturing = query(stream) != 0
+    except rt.CUDARuntimeError:     # the legacy stream while a blocking stream captures: unusable for us too
+        capturing = True
+    if capturing:
+        raise UsageError(f"stream {stream:#x} is capturing a CUDA graph: slicetrace ops cannot be captured (a replay "
+                         f"would reuse the capture's FIFO steps and stamp seqs); run them outside the capture")
+
+
 def pointer(buf: Any) -> int:
     return buf.ptr if isinstance(buf, RawBuf) else int(buf.data.ptr)
 
