@@ -204,6 +204,24 @@ def wait_last(ctx: dict, timeout_s: float) -> dict:
     return {"err": err, "elapsed": elapsed, "z": float(z)}
 
 
+def user_sync(ctx: dict, count: int) -> dict:
+    """The user's own device synchronize (not the communicator's wait) after ops a dead peer cannot finish: the
+    watchdog must abort them; the next op then says why."""
+    import cupy
+    be = ctx["state"]["be"]
+    t0 = time.monotonic()
+    cupy.cuda.runtime.deviceSynchronize()
+    elapsed = time.monotonic() - t0
+    err = None
+    try:
+        start_many(ctx, count, 1, False)
+    except Exception as e:               # noqa: BLE001 - reported to the test
+        err = f"{type(e).__name__}: {e}"
+    z = cupy.arange(1000, dtype=cupy.float32).sum()
+    cupy.cuda.runtime.deviceSynchronize()
+    return {"err": err, "elapsed": elapsed, "z": float(z), "broken": be.broken}
+
+
 def close_backend(ctx: dict) -> None:
     """This rank leaves the communicator (its peers may still have work that needs it)."""
     ctx["state"].pop("close", None)

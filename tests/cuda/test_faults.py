@@ -43,6 +43,21 @@ def test_peer_killed_mid_collective(gpu, kcache):
 
 
 @pytest.mark.cuda
+def test_a_dead_peer_does_not_hang_a_user_who_synchronizes_the_device_himself(gpu, kcache):
+    """Only the communicator's wait() looked for dead peers: torch.cuda.synchronize() or a .get() after a peer died
+    spun forever on the kernel (RankPool's 120 s bound fails the test then)."""
+    with healthy_pair(kcache, 60.0, 1 << 26) as pool:
+        pool.conns[1].send((ranks.start_many, (1 << 26, 2, True)))   # rank 1 leaves with kernels in flight
+        pool.run(ranks.start_many, 1 << 26, 30, False, ranks=[0])
+        res = pool.run(ranks.user_sync, 1 << 20, ranks=[0])[0]
+        pool.procs[1].join(30)
+    print(f"\nsurvivor: {res}")
+    assert res["broken"] is not None and "cannot finish: rank 1" in res["broken"], res
+    assert res["err"] is not None and res["err"].startswith("PeerError") and "aborted earlier" in res["err"], res
+    assert res["z"] == 499500.0
+
+
+@pytest.mark.cuda
 def test_a_peer_that_never_arrives_times_out_and_says_where_each_connection_stands(gpu, kcache):
     with healthy_pair(kcache, 5.0, 1 << 20) as pool:
         pool.run(ranks.start_many, 1 << 20, 1, False, ranks=[0])  # rank 1 stays away

@@ -25,6 +25,7 @@ from .args import KernelArgs, auto_channels
 from .compile import Kernels, arch_of
 from .ipc import CommMemory
 from .seqs import SeqRanges
+from .watchdog import Watchdog
 from .layout import ARGS_DTYPE, CTYPES, MAX_THREADS
 
 log = logging.getLogger("slicetrace")
@@ -69,7 +70,7 @@ class CudaBackend(Backend, KernelArgs):
         self.n_warps = settings.nthreads // 32
         gen = _GEN[job] = _GEN.get(job, 0) + 1
         self._prefix = f"st/{job}/cuda{gen}"
-        self._side = self._copy = self._fetch = self._fork = self._join = None
+        self._side = self._copy = self._fetch = self._fork = self._join = self._dog = None
         self.mem = CommMemory(rank, world, self.max_channels, settings.buffsize, self.max_channels,
                               settings.ring_slots, store, self._prefix, settings.timeout_s)   # frees on failure
         try:
@@ -100,6 +101,7 @@ class CudaBackend(Backend, KernelArgs):
         self._all = tuple(p for p in range(world) if p != rank)
         self.watch = PeerWatch(store, self._prefix, rank)
         self.watch.publish()
+        self._dog = Watchdog(self)
 
     # ---- buffers ----
     @property
@@ -249,31 +251,10 @@ class CudaBackend(Backend, KernelArgs):
         return int(self._extra.get("ST_MAX_THREADS", MAX_THREADS))
 
     def _self_copies(self, work: Work, stream: int, beside: bool) -> bool:
-        """Sends to self matched with recvs from self, as device copies. Beside a kernel and from 1 MiB, on a
-        side stream forked from and joined back into `stream` (an all_to_all's own block then overlaps its
-        transfers, as NCCL's in-kernel self copy does); True when the caller must join after its launch."""
-        copies = buffers.self_copies(work.parts, work.plan.self_pairs, work.plan.itemsize)
-        total = sum(n for n, _, _ in copies)
-        if not total:
-            return False
-        fork = beside and total >= 1 << 20
-        if fork:
-            self._rt.eventRecord(self._fork, stream)
-            self._rt.streamWaitEvent(self._copy, self._fork, 0)
-        for n, src, dst in copies:
-            self._rt.memcpyAsync(dst, src, n, 3, self._copy if fork else stream)
-        if fork:
-            self._rt.eventRecord(self._join, self._copy)
-        return fork
+        return buffers.enqueue_self_copies(self._rt, work, stream, beside, self._copy, self._fork, self._join)
 
     def _local(self, work: Work, stream: int) -> None:
-        """Single-rank collectives (no programs): the result is the input."""
-        plan = work.plan
-        n = plan.count * plan.itemsize
-        if plan.nranks == 1 and n and work.sendbuf is not None and work.recvbuf is not None:
-            src, dst = self._ptr(work.sendbuf), self._ptr(work.recvbuf)
-            if src != dst:
-                self._rt.memcpyAsync(dst, src, n, 3, stream)
+        buffers.local_copy(self._rt, work, stream)
 
     # ---- completion ----
     def done(self, token: Token) -> bool:
@@ -292,18 +273,31 @@ class CudaBackend(Backend, KernelArgs):
                                             f"timeout_s={timeout_s}; aborted; {self.mem.progress(self._side)}"), token)
             if now > next_store:
                 next_store = now + 0.25
-                why = self.store.try_get(f"{self._prefix}/abort")
+                why = self.cannot_finish(token)
                 if why is not None:
-                    self._fail(PeerError(f"rank {self.rank}: a peer aborted: {why.decode(errors='replace')}"), token)
-                gone = self.watch.gone(token.peers)
-                if gone is not None:
-                    self._fail(PeerError(f"rank {self.rank}: op {token.tag} cannot finish: {gone}"), token)
+                    self._fail(PeerError(why), token)
             time.sleep(pause)
             pause = min(pause * 2 + 1e-5, 1e-3)
         if self.mem.words[1]:
             why = self.store.try_get(f"{self._prefix}/abort")
             self._fail(PeerError(f"rank {self.rank}: op {token.tag} was aborted"
                                  + (f": {why.decode(errors='replace')}" if why else " (abort word raised)")), token)
+
+    def cannot_finish(self, token: Token) -> str | None:
+        """Why op `token` can never finish (a peer aborted, or one it needs is gone), else None."""
+        why = self.store.try_get(f"{self._prefix}/abort")
+        if why is not None:
+            return f"rank {self.rank}: a peer aborted: {why.decode(errors='replace')}"
+        gone = self.watch.gone(token.peers)
+        return None if gone is None else f"rank {self.rank}: op {token.tag} cannot finish: {gone}"
+
+    @property
+    def last_token(self) -> Token | None:
+        return self._last
+
+    @property
+    def broken(self) -> str | None:
+        return self._broken
 
     def unreceived(self) -> list[str]:
         return self._lost
@@ -389,6 +383,8 @@ class CudaBackend(Backend, KernelArgs):
 
     def _free(self) -> None:
         """Device memory, streams and events (also of a set-up that failed part way)."""
+        if self._dog is not None:
+            self._dog.stop()
         self.mem.close()
         for destroy, h in ((self._rt.streamDestroy, self._side), (self._rt.streamDestroy, self._copy),
                            (self._rt.streamDestroy, self._fetch),

@@ -157,3 +157,32 @@ def empty_like(buf: Any, count: int) -> Any:
         a = cupy.empty(count, dtype=cupy.uint16)
         return RawBuf(a.data.ptr, count, buf.dtype_name, owner=a)
     return cupy.empty(count, dtype=buf.dtype)
+
+
+def enqueue_self_copies(rt: Any, work: Any, stream: int, beside: bool, side: int, fork: int, join: int) -> bool:
+    """Sends to self matched with recvs from self, as device copies. Beside a kernel and from 1 MiB, on `side`
+    forked from and joined back into `stream` (an all_to_all's own block then overlaps its transfers, as NCCL's
+    in-kernel self copy does); True when the caller must join (wait on `join`) after its launch."""
+    copies = self_copies(work.parts, work.plan.self_pairs, work.plan.itemsize)
+    total = sum(n for n, _, _ in copies)
+    if not total:
+        return False
+    forked = beside and total >= 1 << 20
+    if forked:
+        rt.eventRecord(fork, stream)
+        rt.streamWaitEvent(side, fork, 0)
+    for n, src, dst in copies:
+        rt.memcpyAsync(dst, src, n, 3, side if forked else stream)
+    if forked:
+        rt.eventRecord(join, side)
+    return forked
+
+
+def local_copy(rt: Any, work: Any, stream: int) -> None:
+    """Single-rank collectives (no programs): the result is the input."""
+    plan = work.plan
+    n = plan.count * plan.itemsize
+    if plan.nranks == 1 and n and work.sendbuf is not None and work.recvbuf is not None:
+        src, dst = pointer(work.sendbuf), pointer(work.recvbuf)
+        if src != dst:
+            rt.memcpyAsync(dst, src, n, 3, stream)
