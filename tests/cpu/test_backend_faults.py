@@ -2,6 +2,7 @@
 operations that differ across ranks. Every failure must reach every rank as an error, never a hang."""
 from __future__ import annotations
 
+import errno
 import glob
 import os
 import re
@@ -304,4 +305,38 @@ def test_a_rank_that_dies_during_set_up_is_a_peer_error_at_once(victims):
         assert kind == "PeerError" and took < 4, res[r]
         assert re.fullmatch(r"rank [12] \(pid \d+\) (exited|died \(zombie\)); detected by rank [02]"
                             r"( \(abort posted by rank [02]\))?", msg), res[r]
+    assert left == []
+
+
+def shm_full_at_set_up(ctx, key: str, kw: dict, victim: int):
+    """The victim's /dev/shm is full (its segment cannot be reserved); the others report what they got, and how
+    long it took."""
+    if ctx["rank"] == victim:
+        def full(fd, off, n):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        os.posix_fallocate = full
+    t = time.monotonic()
+    try:
+        backend(ctx, key, **kw)
+        res = ("ok", "")
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        res = (type(e).__name__, str(e))
+    return res + (time.monotonic() - t, shm_left(ctx, key))
+
+
+def test_a_rank_that_cannot_make_its_segment_fails_the_others_set_up_at_once():
+    """A rank whose segment could not be made never published a failure: the others waited timeout_s for its
+    segment's name and then blamed a timeout."""
+    pool = RankPool(3, timeout=30)
+    try:
+        res = pool.results_or_errors(shm_full_at_set_up, "sfull", dict(SMALL, timeout_s=8.0), 2)
+        left = glob.glob(f"/dev/shm/st_{pool.job}sfull_*")
+    finally:
+        pool.close()
+    assert res[2][0] == "BackendError" and "could not reserve" in res[2][1], res[2]
+    for r in (0, 1):
+        kind, msg, took, _ = res[r]
+        assert kind == "PeerError" and took < 4, res[r]
+        assert msg.startswith("rank 2 failed to set up its cpu backend: BackendError: backend='cpu' could not "
+                              "reserve"), msg
     assert left == []

@@ -52,17 +52,35 @@ class CpuBackend(HostBackend):
         gen = _GEN[job] = _GEN.get(job, 0) + 1
         self._prefix = f"st/{job}/cpu{gen}"
         size = segment_size(nch, world, settings.buffsize, settings.ring_slots)
-        self.seg = Segment(f"st_{job}_{gen}_{rank}_{secrets.token_hex(3)}", size, create=True)
+        try:
+            self.seg = Segment(f"st_{job}_{gen}_{rank}_{secrets.token_hex(3)}", size, create=True)
+        except BaseException as e:      # e.g. a full /dev/shm: peers waiting for our segment hear why at once
+            self._say_failed(e)
+            raise
         try:
             self._setup()
         except BaseException as e:
             self._unlink_dead_peers()
-            try:            # a peer that finds our segment gone says why (not "closed or cleaned up")
-                self.store.set(f"{self._prefix}/failed/{rank}", f"{type(e).__name__}: {e}".encode())
-            except Exception:  # noqa: BLE001 - the store may be what failed
-                pass
+            self._say_failed(e)     # a peer that finds our segment gone says why (not "closed or cleaned up")
             self.close()
             raise
+
+    def _say_failed(self, e: BaseException) -> None:
+        try:
+            self.store.set(f"{self._prefix}/failed/{self.rank}", f"{type(e).__name__}: {e}".encode())
+        except Exception:  # noqa: BLE001 - the store may be what failed
+            pass
+
+    def _peers_alive(self) -> None:
+        """Set-up waits: an attached peer that died or failed, or one that failed before it published its segment,
+        ends the wait now, not at timeout_s."""
+        self.check_peers()
+        for p in range(self.world):
+            if p != self.rank and p not in self.guard.peers:
+                why = self.store.try_get(f"{self._prefix}/failed/{p}")
+                if why is not None:
+                    raise PeerError(f"rank {p} failed to set up its cpu backend: {why.decode(errors='replace')}; "
+                                    f"detected by rank {self.rank}")
 
     # ---- setup ----
     def _setup(self) -> None:
@@ -89,7 +107,7 @@ class CpuBackend(HostBackend):
         self.store.set(f"{self._prefix}/seg/{rank}", self.seg.name.encode())
         names = self._names = {}
         self.guard.on_dead = lambda p: unlink_name(names[p])
-        alive = self.check_peers        # a peer that attached, then died or failed, ends a wait now, not at timeout_s
+        alive = self._peers_alive
         for p in range(world):
             if p != rank:
                 names[p] = self.store.get(f"{self._prefix}/seg/{p}", s.timeout_s, check=alive,
