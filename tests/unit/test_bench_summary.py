@@ -50,3 +50,23 @@ def test_a_size_past_the_hosts_memory_is_a_usage_error_naming_e_and_the_bytes_pe
     assert msg.startswith("-e 400: all_gather of 400 B (float32) ran out of memory on rank 1: each rank needs at "
                           "least 600 B for its buffers")          # 50 elements in, 100 out
     assert (more in msg) if more else "check" not in msg
+
+
+def test_a_row_without_reference_bandwidth_has_no_ratio_and_the_json_stays_strict(tmp_path):
+    """A 0-byte size against the reference had ratio NaN: the table printed nan and --json wrote NaN, which strict
+    JSON parsers refuse."""
+    import json
+    import math
+
+    from slicetrace.cli.bench import format_row
+    from slicetrace.cli.outputs import write_json
+    row = {"size": 0, "count": 0, "type": "float32", "redop": "sum", "root": -1, "time_us": 3.0, "algbw": 0.0,
+           "busbw": 0.0, "wrong": 0, "ref_time_us": 40.0, "ref_busbw": 0.0, "ratio": None}
+    assert format_row(row, True, False).split()[-1] == "N/A"
+    path = tmp_path / "r.json"
+    write_json("--json", str(path), {"rows": [row], "x": [math.nan, math.inf, 1.5], "y": {"z": -math.inf}})
+
+    def refuse(c):
+        raise ValueError(c)
+    got = json.loads(path.read_text(), parse_constant=refuse)
+    assert got["rows"][0]["ratio"] is None and got["x"] == [None, None, 1.5] and got["y"] == {"z": None}

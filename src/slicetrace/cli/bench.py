@@ -181,7 +181,10 @@ def bench_rank(comm, o: dict) -> list[dict]:
         if sys.stderr.isatty():
             from rich.progress import Progress
             from rich.console import Console
-            progress = Progress(transient=True, console=Console(stderr=True))     # the table owns stdout
+            # the table owns stdout: rows printed while the bar is live go to the terminal above it only when
+            # stdout is that terminal; redirected, they go to the file (rich would route them to stderr)
+            tty = sys.stdout.isatty()
+            progress = Progress(transient=True, console=Console(stderr=True), redirect_stdout=tty, redirect_stderr=tty)
             progress.start()
             task = progress.add_task("sweep", total=total)
     gc.collect()
@@ -322,7 +325,7 @@ def _one(comm, op, nbytes, dtype, o, xp, to_dev, to_host, sync, ref, key):
         k += 1
         row["ref_time_us"] = rt * 1e6
         row["ref_busbw"] = size / rt / 1e9 * f if rt > 0 else 0.0
-        row["ratio"] = row["busbw"] / row["ref_busbw"] if row["ref_busbw"] else float("nan")
+        row["ratio"] = row["busbw"] / row["ref_busbw"] if row["ref_busbw"] else None     # 0 bytes: no ratio
     if o["overhead"]:
         on, off, ratio, q1, q3, lo, hi = vals[k:k + 7]
         row["profiled_us"], row["unprofiled_us"] = on * 1e6, off * 1e6
@@ -377,7 +380,8 @@ def format_row(r: dict, ref: bool, overhead: bool) -> str:
         r["size"], r["count"], r["type"], r["redop"], r["root"], r["time_us"], r["algbw"], r["busbw"],
         r["wrong"] if r["wrong"] >= 0 else "N/A")
     if ref:
-        s += "  {:>8.1f} {:>8.3f} {:>6.2f}".format(r["ref_time_us"], r["ref_busbw"], r["ratio"])
+        s += "  {:>8.1f} {:>8.3f} {:>6}".format(r["ref_time_us"], r["ref_busbw"],
+                                                "N/A" if r["ratio"] is None else f"{r['ratio']:.2f}")
     if overhead:
         s += "  {:>8.2f}% [{:.1f}, {:.1f}]".format(r["overhead_pct"], *r["overhead_ci95_pct"])
         if "overhead_ci_coverage_pct" in r:          # fewer than 6 ratios: say what the interval covers

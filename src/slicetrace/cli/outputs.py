@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 import re
 import tempfile
@@ -42,10 +43,21 @@ def writable_folder(flag: str, path: str) -> None:
         raise UsageError(f"{flag} {path!r}: cannot write files in the folder ({e.strerror or e})") from None
 
 
+def _finite(obj):
+    """NaN and infinities as null: JSON has no such numbers (Python writes NaN, strict parsers refuse the file)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
 def write_json(flag: str, path: str, obj) -> None:
     try:
         with open(path, "w") as f:
-            json.dump(obj, f, indent=1)
+            json.dump(_finite(obj), f, indent=1, allow_nan=False)
     except OSError as e:
         raise UsageError(f"{flag} {path!r}: cannot write the file ({e.strerror or e})") from None
 

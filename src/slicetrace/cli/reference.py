@@ -28,10 +28,13 @@ class TorchReference:
         with unbound():         # the reference's worker threads get the process's CPUs, not our rank's one
             dist.init_process_group(kind, init_method=f"file://{path}", rank=rank, world_size=world)
         self.group = dist.group.WORLD
+        self._rs_native = True
 
     def tensor(self, arr: Any) -> Any:
         if self.kind == "nccl":
             return self.torch.from_dlpack(arr)
+        if arr.dtype.name == "bfloat16":        # ml_dtypes' bfloat16: torch takes its bits
+            return self.torch.from_numpy(arr.view("int16")).view(self.torch.bfloat16)
         return self.torch.from_numpy(arr)
 
     def run(self, op: str, x: Any, out: Any, redop: str, root: int) -> None:
@@ -50,13 +53,16 @@ class TorchReference:
         elif op == "all_gather":
             d.all_gather_into_tensor(t(out), t(x))
         elif op == "reduce_scatter":
-            if self.kind == "gloo":          # gloo has no reduce_scatter_tensor: all_reduce + slice (documented)
-                tx = t(x).clone()
-                d.all_reduce(tx, op=rop)
-                k = tx.numel() // self.world
-                t(out).copy_(tx[self.rank * k:(self.rank + 1) * k])
-            else:
-                d.reduce_scatter_tensor(t(out), t(x), op=rop)
+            if self._rs_native:
+                try:
+                    d.reduce_scatter_tensor(t(out), t(x), op=rop)
+                    return
+                except (RuntimeError, NotImplementedError):     # a torch whose gloo lacks it: the same every rank
+                    self._rs_native = False
+            tx = t(x).clone()                                   # all_reduce + slice: twice the traffic
+            d.all_reduce(tx, op=rop)
+            k = tx.numel() // self.world
+            t(out).copy_(tx[self.rank * k:(self.rank + 1) * k])
         elif op == "all_to_all":
             d.all_to_all_single(t(out), t(x))
         elif op == "send_recv":
