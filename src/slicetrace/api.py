@@ -273,7 +273,7 @@ class Communicator:
         pieces, plan, nprog, chans = hit
         parts = [(part, entries[ei][1]) for part, ei in pieces]
         sess = self._session                    # threshold on the group's largest message
-        mask = sess.op_mask_for(max(p.count for p, _, _, _ in entries) * itemsize if sess.profiling else 0)
+        mask = sess.op_mask_for(max(p.count for p, _, _, _ in entries) * itemsize if sess.profiling else 0, True)
         tasks = []
         if mask:                                # events only when a plugin listens
             for (p, buf, _, ut), n, ch in zip(entries, nprog, chans):

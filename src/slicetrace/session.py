@@ -59,7 +59,9 @@ class Session:
         self.paused = False
         self.mask_limit = -1        # ANDed into every op's event mask (Communicator.profiling(mask=...))
         self._every, self._min_bytes = settings.op_sample_rate, settings.profile_min_bytes
-        self._eligible = 0          # ops, profiling on, at or above the size threshold: op sampling counts these
+        # ops, profiling on, at or above the size threshold: op sampling counts collectives and point-to-point
+        # groups apart, so a rank's own p2p traffic does not shift which collectives it profiles
+        self._eligible = [0, 0]
         self.ops_sampled_out = self.ops_below_min_bytes = 0
         self._inline = False
         self._closed = False
@@ -93,17 +95,18 @@ class Session:
     def profiling(self) -> bool:
         return self.host is not None and not self.paused
 
-    def op_mask_for(self, nbytes: int) -> int:
+    def op_mask_for(self, nbytes: int, p2p: bool = False) -> int:
         """The event mask of the next op, which moves nbytes (count x element size): 0 with profiling off, and
         for ops the settings leave unprofiled (counted): below profile_min_bytes, or not the first of every
-        op_sample_rate ops above it. Ranks that issue the same ops profile the same ones."""
+        op_sample_rate collectives (point-to-point groups) above it. Every rank profiles the same collectives
+        whatever point-to-point traffic it has of its own."""
         if self.host is None or self.paused:
             return 0
         if nbytes < self._min_bytes:
             self.ops_below_min_bytes += 1
             return 0
-        self._eligible += 1
-        if self._every > 1 and (self._eligible - 1) % self._every:
+        n = self._eligible[p2p] = self._eligible[p2p] + 1
+        if self._every > 1 and (n - 1) % self._every:
             self.ops_sampled_out += 1
             return 0
         return self.host.op_mask() & self.mask_limit

@@ -269,7 +269,7 @@ def _sampled(comm):
         comm.all_reduce(big)
         if i % 2:
             comm.all_reduce(small)                       # 40 bytes: under profile_min_bytes
-    with comm.group():                                   # the 8th op above the threshold: sampled out
+    with comm.group():                                   # the first p2p group: counted apart, profiled
         comm.send(big, (comm.rank + 1) % comm.world_size)
         comm.recv(np.empty_like(big), (comm.rank - 1) % comm.world_size)
     comm.flush_profiler()
@@ -286,15 +286,42 @@ def test_op_sampling_and_min_bytes_profile_the_same_ops_on_every_rank_and_count_
     ks = kernel_steps(recs)
     for rank, (f, c) in enumerate(zip(files, counters)):
         assert check_trace(f) == []
-        assert (c["ops_sampled_out"], c["ops_below_min_bytes"]) == (5, 3), c
+        assert (c["ops_sampled_out"], c["ops_below_min_bytes"]) == (4, 3), c
         lost = {k: v for k, v in c.items() if v and not k.startswith(("delivered", "ops_"))}
         assert lost == {}, lost
-        colls = [r for r in recs if r.get("ph") == "b" and r.get("pid") == rank and r.get("cat") in ("COLL", "P2P")]
-        # ops 1, 4 and 7 of those >= 1 KiB; seq numbers count every all_reduce (the small ones too)
+        colls = [r for r in recs if r.get("ph") == "b" and r.get("pid") == rank and r.get("cat") == "COLL"]
+        # collectives 1, 4 and 7 of those >= 1 KiB; seq numbers count every all_reduce (the small ones too)
         assert sorted(r["args"]["SeqNum"] for r in colls) == [0, 4, 9], colls
+        p2ps = [r for r in recs if r.get("ph") == "b" and r.get("pid") == rank and r.get("cat") == "P2P"]
+        assert len(p2ps) == 2, p2ps                     # the group's send and recv
         assert int((ks["rank"] == rank).sum()) == c["delivered_kernel_step"] > 0
         meta = [r for r in recs if r.get("name") == "slicetrace_counters" and r.get("pid") == rank]
-        assert meta and meta[0]["args"]["ops_sampled_out"] == 5 and meta[0]["args"]["ops_below_min_bytes"] == 3
+        assert meta and meta[0]["args"]["ops_sampled_out"] == 4 and meta[0]["args"]["ops_below_min_bytes"] == 3
+
+
+def _sampled_with_own_p2p(comm):
+    x = np.ones(3000, np.float32)
+    for i in range(6):
+        if comm.rank < 2 and i % 2:                      # ranks 0 and 1 exchange on their own, between collectives
+            p = 1 - comm.rank
+            with comm.group():
+                comm.send(x, p)
+                comm.recv(np.empty_like(x), p)
+        comm.all_reduce(x)
+    comm.flush_profiler()
+
+
+def test_op_sampling_profiles_the_same_collectives_on_ranks_with_p2p_of_their_own(tmp_path):
+    """Op sampling counted p2p groups and collectives together: ranks with p2p traffic of their own profiled
+    other collectives than the rest, and report then judged none of them."""
+    prefix = str(tmp_path / "own")
+    slicetrace.launch(_sampled_with_own_p2p, 3, profile_dump_file=prefix, op_sample_rate=2, **KW)
+    recs = load_traces(sorted(glob.glob(prefix + "_*.json")))
+    seqs = {r: sorted(e["args"]["SeqNum"] for e in recs if e.get("ph") == "b" and e.get("pid") == r
+                      and e.get("cat") == "COLL") for r in range(3)}
+    assert seqs == {0: [0, 2, 4], 1: [0, 2, 4], 2: [0, 2, 4]}, seqs
+    _, _, left_out = stragglers(kernel_chs(recs), ranks=[0, 1, 2])
+    assert left_out["collectives"] == 0, left_out
 
 
 def _a2a_once(comm, block):
