@@ -124,3 +124,14 @@ def test_an_unpicklable_return_value_is_named_as_fns_return_value():
             r"plain data \(numbers, strings, numpy arrays\)")
     assert re.fullmatch(want, errs[1]), errs[1]
     assert str(e.value) == f"rank 1 failed: {errs[1]}", str(e.value)
+
+
+def test_an_abort_relayed_from_another_rank_does_not_lead_before_that_ranks_own_error():
+    """A MismatchError or CommTimeoutError relayed through the abort word ('... (abort posted by rank 1)') counted
+    as rank 0's own error, so the LaunchError led with rank 0."""
+    from slicetrace.launcher import _lead
+    errors = {0: "MismatchError: collective #3 differs across ranks (abort posted by rank 1)\nTraceback ...",
+              1: "MismatchError: collective #3 differs across ranks\nTraceback ...",
+              2: "PeerError: rank 1 failed\nTraceback ..."}
+    assert min(errors, key=lambda k: _lead(k, errors, set(), set())) == 1
+    assert [_lead(k, errors, set(), set())[0] for k in (0, 1, 2)] == [2, 1, 2]

@@ -40,7 +40,8 @@ ALLOWED: dict[str, set[str]] = {
     "session": LOW | CONTRACTS | {"plan", "backend.base", "stamps.drain", "events.plugin", "events.host"},
     "api_checks": BASE | {"backend.base"},
     "api": LOW | CONTRACTS | {"plan", "backend.base", "events.host", "session", "api_checks"},
-    "launcher": LOW | {"api"},
+    "launch_signals": set(),
+    "launcher": LOW | {"api", "launch_signals"},
     "cli": None,                 # the top: may import anything
     "__init__": LOW | {"api", "launcher"},
 }

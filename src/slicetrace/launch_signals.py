@@ -1,0 +1,105 @@
+"""launch()'s signals: ranks start with SIGINT ignored around their fork, an interrupted launch lets its ranks
+close (plugins write their traces), and SIGTERM/SIGINT are held while the ranks are killed and cleaned up."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+INTERRUPT_GRACE_S = 10.0     # an interrupted launch() lets its ranks close this long (plugins write their traces)
+
+
+_SPAWN = mp.get_context("spawn")
+
+
+class _QuietProcess(_SPAWN.Process):
+    """A spawned process started while SIGINT is ignored: it inherits SIG_IGN through its imports (no
+    KeyboardInterrupt tracebacks from them; _child turns Ctrl-C back on once fn is loaded). Only the fork itself
+    runs ignored (a Ctrl-C in those few ms is lost); the store's server ignores SIGINT for good."""
+
+    def start(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return super().start()
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            super().start()
+        finally:
+            signal.signal(signal.SIGINT, old if old is not None else signal.default_int_handler)
+
+
+class _QuietContext:
+    """The spawn context, whose processes are _QuietProcess (for SyncManager too)."""
+    Process = _QuietProcess
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(_SPAWN, name)
+
+
+def _let_ranks_close(procs: list, held: dict | None) -> None:
+    """Interrupted (Ctrl-C, SIGTERM): each live rank gets SIGINT (if it did not already, from the terminal), so its
+    error path aborts and closes its communicator and the profiler plugins write what they hold; the wait ends when
+    they are gone, after INTERRUPT_GRACE_S, or at a signal that comes later than 0.5 s (a second Ctrl-C: timeout(1)
+    signals the launcher, then its group, at once)."""
+    t0 = time.monotonic()
+    for p in procs:         # ranks the terminal's Ctrl-C reached are closing already; one signal each is enough
+        p.join(max(0.0, 0.2 - (time.monotonic() - t0)))
+    for p in procs:
+        if p.is_alive():
+            try:
+                os.kill(p.pid, signal.SIGINT)
+            except OSError:
+                pass
+    seen = None
+    for p in procs:
+        while p.is_alive() and time.monotonic() - t0 < INTERRUPT_GRACE_S:
+            p.join(0.05)
+            if held is not None and time.monotonic() - t0 > 0.5:
+                if seen is None:
+                    seen = len(held["came"])
+                elif len(held["came"]) > seen:
+                    return
+
+
+def _terminate_as_exit():
+    """SIGTERM to the launcher becomes SystemExit(143) while it waits, so its cleanup (kill the ranks, remove the
+    shared memory) runs; returns the handler to restore, or None where it cannot be set (not the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    old = signal.getsignal(signal.SIGTERM)
+    if old is not signal.SIG_DFL:
+        return None                       # the application has its own: leave it
+
+    def _exit(signum, frame):
+        raise SystemExit(128 + signum)
+    signal.signal(signal.SIGTERM, _exit)
+    return old
+
+
+def _hold_signals(term_after: Any) -> dict | None:
+    """Defer SIGTERM and SIGINT while the ranks are killed and their memory removed: {signal: handler to put back}
+    and the signals that came, or None where handlers cannot be set (not the main thread). term_after: the SIGTERM
+    handler to put back instead of the current one (_terminate_as_exit's SystemExit), or None to keep it."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    came: list[int] = []
+    old = {sig: signal.signal(sig, lambda n, f: came.append(n)) for sig in (signal.SIGTERM, signal.SIGINT)}
+    if term_after is not None:
+        old[signal.SIGTERM] = term_after
+    return {"old": old, "came": came}
+
+
+def _release_signals(held: dict | None) -> None:
+    """Put the handlers back, then deliver what came meanwhile (once each), unless the launcher is already on its
+    way out (SystemExit from the first SIGTERM, KeyboardInterrupt): the same request again."""
+    if held is None:
+        return
+    for sig, h in held["old"].items():
+        signal.signal(sig, h)
+    if isinstance(sys.exc_info()[1], (SystemExit, KeyboardInterrupt)):
+        return
+    for sig in dict.fromkeys(held["came"]):
+        signal.raise_signal(sig)
