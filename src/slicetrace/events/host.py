@@ -322,7 +322,8 @@ class EventHost(Emitter, PollRuns):
     def _plugin_counters(self, s: _Slot) -> dict[str, int]:
         """What plugin s reports: the rank's counters with the per-plugin ones its own."""
         c = dict(self._counts)
-        c.update(s.counts)
+        for k, v in s.counts.items():       # added: a rank-wide count of the same name stays in
+            c[k] = c.get(k, 0) + v
         return c
 
     def note(self, name: str, value: int) -> None:

@@ -14,8 +14,8 @@ Pools (sizes from settings.pool_sizes): a pool bounds the events of one type *in
 when its event stops, so only events beyond the pool size still in flight are dropped (and counted). Completed
 records are buffered (KernelSteps as numpy column chunks) and appended to the file whenever a buffer reaches
 its pool size, so memory stays bounded on long runs (with no dump file, KernelSteps are counted and their
-chunk reused every 65,536 rows). The last record, "slicetrace_counters", carries the host's
-drop/delivery counters (handed over by `report_counters` before `finalize`) and this plugin's own drops.
+chunk reused every 65,536 rows). The last record, "slicetrace_counters", carries the rank's drop counters with
+this plugin's deliveries and refusals (handed over by `report_counters` before `finalize`) and its own drops.
 """
 from __future__ import annotations
 
