@@ -69,3 +69,25 @@ def test_a_sender_never_laps_a_header_the_receiver_has_not_checked():
         slicetrace.launch(_many_empty_then_data, 2, backend="cpu", timeout_s=20, join_timeout_s=120)
     assert ("MismatchError: point-to-point mismatch: rank 1 expects message #0 of 5 x int32 from rank 0, rank 0 sends "
             "message #0 of 0 x int32") in str(e.value)
+
+
+def _two_sends_one_recv(comm, n):
+    x = np.arange(2 * n, dtype=np.float32)
+    if comm.rank == 0:
+        with comm.group():
+            comm.send(x[:n], 1)
+            comm.send(x[n:], 1)
+        return "sent"
+    y = np.zeros(2 * n, np.float32)
+    comm.recv(y, 0)                    # cut in two pieces of n: the same pieces as the two sends
+    return "received"
+
+
+def test_a_receive_whose_pieces_match_two_whole_sends_is_still_a_mismatch():
+    """With 4 channels a 1.5 MiB receive travels in two 768 KiB pieces, each with its own header; two 768 KiB sends
+    had the same piece counts, so the mismatch passed and both ranks returned."""
+    with pytest.raises(LaunchError) as e:
+        slicetrace.launch(_two_sends_one_recv, 2, 196_608, backend="cpu", nchannels=4, timeout_s=20,
+                          join_timeout_s=120)
+    assert ("MismatchError: point-to-point mismatch: rank 1 expects message #0 of 393216 x float32 from rank 0, "
+            "rank 0 sends message #0 of 196608 x float32") in str(e.value), str(e.value)

@@ -245,6 +245,7 @@ class P2pPart:
     count: int             # elements
     index: int             # position in the group (buffers are matched by it)
     offset: int = 0        # first element in its buffer (a large send/recv split over channels: one buffer)
+    total: int = -1        # elements of the whole send/recv it is a piece of (-1: itself), checked at both ends
 
 
 MAX_P2P_PROGRAMS = 64         # programs of one send/recv group per rank (the cuda backend's MAXP)
@@ -272,7 +273,7 @@ def split_p2p(shape: tuple, rank: int, nranks: int, itemsize: int, channels_for)
         per = count if k == 1 else align_up(div_up(count, k), max(1, ALIGN_BYTES // itemsize))
         los = range(0, count, per) if count else (0,)
         for lo in los:
-            pieces.append((P2pPart(peer, is_send, min(per, count - lo), len(pieces), base + lo), ei))
+            pieces.append((P2pPart(peer, is_send, min(per, count - lo), len(pieces), base + lo, count), ei))
         nprog.append(0 if peer == rank else len(los))
     return pieces, nprog
 
@@ -341,7 +342,8 @@ def _plan_p2p(parts: tuple[P2pPart, ...], nranks: int, rank: int, itemsize: int,
                 prims.append(Prim("recv", part.peer, None, None, "out", False, off, off, m, ((0, m),)))
         programs.append(ChannelProgram(p2p_channel(src, dst, k, nranks, nchannels), "p2p", tuple(prims),
                                        {"part": part.index, "peer": part.peer, "is_send": part.is_send,
-                                        "count": part.count, "chunk_elems": chunk, "conn": k}))
+                                        "count": part.count, "chunk_elems": chunk, "conn": k,
+                                        "total": part.count if part.total < 0 else part.total}))
     return OpPlan("send_recv", nranks, rank, sum(p.count for p in parts), itemsize, 0, proto, tuple(programs),
                   self_pairs(parts, rank))
 

@@ -178,7 +178,7 @@ def _next_part(ln: _Lane, bufs, writers, op, stamp_ch, dcode, guard, clock) -> b
             if peer is not None and peer[0][C_CLOSED]:      # else a message that fits the FIFO would vanish
                 raise PeerError(f"rank {guard.rank} sends message #{m} to rank {conn.peer}, which has closed its "
                                 f"communicator: it would never be received")
-            conn.ctl[base + 1], conn.ctl[base + 2] = pr["count"], dcode
+            conn.ctl[base + 1], conn.ctl[base + 2], conn.ctl[base + 3] = pr["count"], dcode, pr["total"]
             conn.ctl[base] = m + 1
         ln.prog, ln.buf, ln.i, ln.k, ln.first = prog, bufs[pr["part"]], 0, 0, True
         ln.empty = not conn.is_send and not prog.prims    # never wait here: the peer may wait for our next header
@@ -213,14 +213,17 @@ def _check_msg(ln: _Lane, dcode: int, guard) -> None:
     conn = ln.conn
     m = conn.msg_seq - 1
     base = H_MSG + (m % NSIG) * 4
-    if conn.ctl[base] != m + 1 or conn.ctl[base + 1] != ln.prog.params["count"] or conn.ctl[base + 2] != dcode:
-        _mismatch(guard, conn, m, ln.prog.params["count"], dcode)
+    pr = ln.prog.params
+    if (conn.ctl[base] != m + 1 or conn.ctl[base + 1] != pr["count"] or conn.ctl[base + 2] != dcode
+            or conn.ctl[base + 3] != pr["total"]):      # pieces alike, the messages they cut may still differ
+        _mismatch(guard, conn, m, pr["total"], dcode)
     conn.ctl[H_MSGACK] = m + 1       # its slot may take a later header now
 
 
 def _mismatch(guard, conn, m: int, count: int, dcode: int) -> None:
+    """count: elements of the whole receive (a large one travels in pieces, each with a header: m counts those)."""
     base = H_MSG + (m % NSIG) * 4
-    seq, pc, pd = conn.ctl[base], conn.ctl[base + 1], conn.ctl[base + 2]
-    theirs = (f"message #{seq - 1} of {pc} x {DTYPES[pd] if pd < len(DTYPES) else pd}" if seq else "no message")
+    seq, pd, pt = conn.ctl[base], conn.ctl[base + 2], conn.ctl[base + 3]
+    theirs = (f"message #{seq - 1} of {pt} x {DTYPES[pd] if pd < len(DTYPES) else pd}" if seq else "no message")
     raise guard.fail(ABORT_MISMATCH, f"point-to-point mismatch: rank {guard.rank} expects message #{m} of "
                      f"{count} x {DTYPES[dcode]} from rank {conn.peer}, rank {conn.peer} sends {theirs}")

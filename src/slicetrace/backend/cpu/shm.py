@@ -38,7 +38,7 @@ C_FUTEX = 12                               # 1: this rank's ring waits sleep on 
 REASON_OFF, REASON_MAX = 256, 512          # bytes
 SIG_WORD = 1024 // 8                       # 16 entries x 4 words: seq, count, packed, cfg
 # connection header, u64 word indices (tail and head on separate cache lines)
-H_TAIL, H_HEAD, H_MSG = 0, 8, 16           # H_MSG: 16 entries x 4 words: seq+1, count, dtype code, spare
+H_TAIL, H_HEAD, H_MSG = 0, 8, 16           # H_MSG: 16 entries x 4 words: seq+1, count, dtype code, whole message's count
 H_MSGACK = 80                              # headers the receiver has checked: a sender stays < NSIG ahead of it
 H_SLEEP = 1                                # word after tail / head: 1 while its waiter sleeps on it (futex.py)
 # FIFO line reclaim (transport.Reclaim): the mode word the sender sets, then one word per slot that the
