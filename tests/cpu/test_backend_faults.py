@@ -267,6 +267,17 @@ def test_ranks_whose_settings_differ_fail_at_set_up_on_every_rank(pool2, field, 
     assert glob.glob(f"/dev/shm/st_{pool2.job}set{field}_*") == []        # both set-ups ended: nothing left
 
 
+def _timed_setup(ctx, key: str, kw: dict) -> tuple:
+    """(error type or "ok", message, seconds the set-up took, what is left in /dev/shm)."""
+    t = time.monotonic()
+    try:
+        backend(ctx, key, **kw)
+        res = ("ok", "")
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        res = (type(e).__name__, str(e))
+    return res + (time.monotonic() - t, shm_left(ctx, key))
+
+
 def dies_at_set_up(ctx, key: str, kw: dict, victims: tuple):
     """The victims exit once they attached every peer (at the 'attached' barrier); the others report their error,
     how long set-up took and what is left in /dev/shm (outside launch(), nothing else removes it)."""
@@ -279,13 +290,7 @@ def dies_at_set_up(ctx, key: str, kw: dict, victims: tuple):
                 os._exit(9)
             return barrier(name, *a, **k)
         store.barrier = dying
-    t = time.monotonic()
-    try:
-        backend(ctx, key, **kw)
-        res = ("ok", "")
-    except Exception as e:  # noqa: BLE001 - reported to the test
-        res = (type(e).__name__, str(e))
-    return res + (time.monotonic() - t, shm_left(ctx, key))
+    return _timed_setup(ctx, key, kw)
 
 
 @pytest.mark.parametrize("victims", [(1,), (1, 2)], ids=["one", "two"])
@@ -315,13 +320,7 @@ def shm_full_at_set_up(ctx, key: str, kw: dict, victim: int):
         def full(fd, off, n):
             raise OSError(errno.ENOSPC, "No space left on device")
         os.posix_fallocate = full
-    t = time.monotonic()
-    try:
-        backend(ctx, key, **kw)
-        res = ("ok", "")
-    except Exception as e:  # noqa: BLE001 - reported to the test
-        res = (type(e).__name__, str(e))
-    return res + (time.monotonic() - t, shm_left(ctx, key))
+    return _timed_setup(ctx, key, kw)
 
 
 def test_a_rank_that_cannot_make_its_segment_fails_the_others_set_up_at_once():

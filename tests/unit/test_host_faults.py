@@ -265,6 +265,17 @@ def test_a_part_on_channels_of_its_own_keeps_its_records_beside_mates():
 
 # ---- 4: report_counters ----
 
+def _counters_of_one_op(a, b):
+    """What plugins a and b were handed by report_counters after one collective of 3 KernelSteps, and the host."""
+    h = host_of(a, b)
+    h.begin_op(coll_op())
+    h.steps(1, recs(1, 3))
+    h.close()
+    (_, got_a), = a.of("counters")
+    (_, got_b), = b.of("counters")
+    return got_a, got_b, h
+
+
 def test_each_plugin_gets_its_own_copy_of_the_counters():
     class Greedy(RecPlugin):
         def report_counters(self, ctx, counters):
@@ -273,12 +284,7 @@ def test_each_plugin_gets_its_own_copy_of_the_counters():
             counters["mine"] = 1
 
     a, b = Greedy(mask=KS, name="a"), RecPlugin(mask=KS, name="b")
-    h = host_of(a, b)
-    h.begin_op(coll_op())
-    h.steps(1, recs(1, 3))
-    h.close()
-    (_, got_a), = a.of("counters")
-    (_, got_b), = b.of("counters")
+    got_a, got_b, h = _counters_of_one_op(a, b)
     assert got_b == got_a and got_b["delivered_kernel_step"] == 3 and "mine" not in got_b
     assert h.counters()["delivered_kernel_step"] == 6 and "mine" not in h.counters()
 
@@ -287,12 +293,7 @@ def test_each_plugin_reports_what_it_was_offered_and_kept_not_the_other_plugins(
     """With two plugins each trace said delivered_kernel_step = both plugins' sum (twice the records it held),
     and a record one plugin's pool dropped was a loss in the other's trace too."""
     a, b = RecPlugin(mask=KS | int(T.COLL), name="a"), RecPlugin(mask=KS, name="b", keep=1, none_for=int(T.COLL))
-    h = host_of(a, b)
-    h.begin_op(coll_op())
-    h.steps(1, recs(1, 3))
-    h.close()
-    (_, got_a), = a.of("counters")
-    (_, got_b), = b.of("counters")
+    got_a, got_b, h = _counters_of_one_op(a, b)
     assert (got_a["delivered_kernel_step"], got_a["pool_full"], got_a.get("delivered_coll")) == (3, 0, 1)
     assert (got_b["delivered_kernel_step"], got_b["pool_full"]) == (1, 2)
     total = h.counters()
