@@ -44,6 +44,9 @@ class Store(abc.ABC):
             time.sleep(delay)
             delay = min(delay * 2, 0.01)
 
+    def delete(self, key: str) -> None:
+        """Forget a key nobody will read again (long runs would otherwise grow the store without end)."""
+
     def barrier(self, name: str, rank: int, world: int, timeout_s: float,
                 check: Callable[[], None] | None = None) -> None:
         self.set(f"{name}/{rank}", b"1")
@@ -63,6 +66,9 @@ class DictStore(Store):
     def try_get(self, key: str) -> bytes | None:
         return self._d.get(key)
 
+    def delete(self, key: str) -> None:
+        self._d.pop(key, None)
+
 
 class TorchStore(Store):
     """torch.distributed.TCPStore (torchrun: MASTER_ADDR/MASTER_PORT), or a store torch already made."""
@@ -77,3 +83,9 @@ class TorchStore(Store):
         if not self._s.check([key]):
             return None
         return bytes(self._s.get(key))
+
+    def delete(self, key: str) -> None:
+        try:
+            self._s.delete_key(key)
+        except Exception:  # noqa: BLE001 - a store without deletion keeps the key
+            pass

@@ -476,3 +476,17 @@ def test_reduce_returns_none_off_the_root_and_synchronize_after_close_says_close
     want = [1.0, 3.0, 5.0, 7.0, 9.0]
     assert res[0] == (None, True, [7.0] * 5, "communicator is closed")       # out given off the root: untouched
     assert res[1] == (want, True, want, "communicator is closed")
+
+
+def _barrier_keys(comm):
+    for _ in range(6):
+        comm.barrier()
+    d = comm._session.store._d
+    return sorted(k.split("/barrier/")[1] for k in d.keys() if "/barrier/" in k)
+
+
+def test_barriers_leave_only_the_last_ones_keys_in_the_store():
+    """Each barrier left a key per rank in the store for good (a long run with a barrier per step grew it)."""
+    res = slicetrace.launch(_barrier_keys, 2, backend="cpu", timeout_s=20, join_timeout_s=120)
+    for keys in res:                    # the other rank may not have deleted its previous key yet
+        assert {"6/0", "6/1"} <= set(keys) <= {"5/0", "5/1", "6/0", "6/1"}, keys

@@ -70,3 +70,12 @@ def test_a_row_without_reference_bandwidth_has_no_ratio_and_the_json_stays_stric
         raise ValueError(c)
     got = json.loads(path.read_text(), parse_constant=refuse)
     assert got["rows"][0]["ratio"] is None and got["x"] == [None, None, 1.5] and got["y"] == {"z": None}
+
+
+def test_gathered_values_leave_nothing_in_the_store():
+    """Every size of every cycle left one key per rank in the launcher's store: -N 0 grew it without end."""
+    store = DictStore({})
+    for r in (1, 2):
+        _gather(_Comm(store, r, 3), "c7/all_reduce/4096", [1.0, 0.0], (0,), 3)
+    _gather(_Comm(store, 0, 3), "c7/all_reduce/4096", [1.0, 0.0], (0,), 3)
+    assert store._d == {}

@@ -141,6 +141,8 @@ def _gather(comm, key: str, vals: list[float], times: tuple[int, ...], average: 
     if comm.rank != 0:
         return vals
     allv = [json.loads(store.get(f"bench/{key}/{r}", comm.settings.timeout_s)) for r in range(comm.world_size)]
+    for r in range(comm.world_size):
+        store.delete(f"bench/{key}/{r}")        # read once: -N 0 would grow the launcher's store without end
     out = [max(v[i] for v in allv) for i in range(len(vals))]
     out[1] = sum(v[1] for v in allv)
     for i in times:
