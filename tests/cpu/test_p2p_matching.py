@@ -2,6 +2,9 @@
 (count or dtype) is an error on both ranks at once, never a timeout or data taken as another message's."""
 from __future__ import annotations
 
+import re
+import time
+
 import numpy as np
 import pytest
 
@@ -91,3 +94,20 @@ def test_a_receive_whose_pieces_match_two_whole_sends_is_still_a_mismatch():
                           join_timeout_s=120)
     assert ("MismatchError: point-to-point mismatch: rank 1 expects message #0 of 393216 x float32 from rank 0, "
             "rank 0 sends message #0 of 196608 x float32") in str(e.value), str(e.value)
+
+
+def _recv_never_sent(comm):
+    if comm.rank == 0:
+        time.sleep(4)                  # alive, never sends: rank 1's receive can only time out
+        return "idle"
+    comm.recv(np.zeros(1000, np.float32), 0)
+
+
+def test_a_receive_that_times_out_names_what_it_waited_for():
+    """The message said only 'point-to-point progress with rank(s) [0]'; the README promises the wait's kind,
+    peer, channel and step."""
+    with pytest.raises(LaunchError) as e:
+        slicetrace.launch(_recv_never_sent, 2, backend="cpu", timeout_s=1.5, join_timeout_s=120)
+    msg = e.value.errors[1]
+    assert msg.startswith("CommTimeoutError") and re.search(
+        r"point-to-point progress: data from rank 0 on channel \d+ \(step 0\)", msg), msg

@@ -41,6 +41,25 @@ class _Lane:
         self.ch_tails = tail(conn.peer, KIND_CHANNEL, f), tail(conn.peer, KIND_CHANNEL, f | FLAG_CH_STOP)  # KernelCh
 
 
+class _Blocked:
+    """What a stalled progress loop waits for, lane by lane; formatted only if the wait fails."""
+    __slots__ = ("lanes",)
+
+    def __init__(self, lanes: list):
+        self.lanes = lanes
+
+    def __str__(self) -> str:
+        out = []
+        for ln in self.lanes:
+            c = ln.conn
+            if ln.held:
+                out.append(f"rank {c.peer} to check our message #{c.msg_seq - NSIG} (header slots full)")
+            elif ln.prog is not None:
+                kind = "credit" if c.is_send else "data"
+                out.append(f"{kind} from rank {c.peer} on channel {ln.prog.channel} (step {c.step})")
+        return "point-to-point progress: " + ("; ".join(out) or "nothing")
+
+
 def self_copies(work) -> None:
     """Sends to self into their receives from self (paired and checked by the plan): NCCL's self copy."""
     for i, j in work.plan.self_pairs:
@@ -156,8 +175,7 @@ def _progress(lanes, bufs, writers, op, stamp_ch, stamp, rate, dcode, se, guard,
             idle += 1
             if idle > guard.spins // 8:
                 if bo is None:
-                    bo = guard.backoff(f"point-to-point progress with rank(s) {[ln.conn.peer for ln in active]}",
-                                       tuple(ln.conn.peer for ln in active))
+                    bo = guard.backoff(_Blocked(list(active)), tuple(ln.conn.peer for ln in active))
                 bo.pause()
 
 

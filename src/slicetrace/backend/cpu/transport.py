@@ -268,8 +268,8 @@ class Guard:
 def describe(what: Any) -> str:
     """A wait's subject: text, or (kind, peer, channel, step) for ring waits (formatted only when a wait fails: the
     ring loop makes several waits per op)."""
-    if isinstance(what, str):
-        return what
+    if not isinstance(what, tuple):
+        return str(what)
     kind, peer, ch, step = what
     return f"{kind} from rank {peer} on channel {ch} (step {step})"
 
