@@ -341,6 +341,8 @@ class Communicator:
         return self._session.host is not None
 
     def drop_counters(self) -> dict[str, int]:
+        """Records lost or left out, by reason, and delivered, by type: the per-plugin counts (delivered_*,
+        declined, pool_full, ...) summed over the plugins (each plugin's own output carries its own)."""
         return self._session.counters()
 
     def flush_profiler(self, timeout_s: float | None = None) -> None:
