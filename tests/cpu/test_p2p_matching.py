@@ -111,3 +111,22 @@ def test_a_receive_that_times_out_names_what_it_waited_for():
     msg = e.value.errors[1]
     assert msg.startswith("CommTimeoutError") and re.search(
         r"point-to-point progress: data from rank 0 on channel \d+ \(step 0\)", msg), msg
+
+
+def _one_send_two_recvs(comm, n):
+    if comm.rank == 0:
+        comm.send(np.arange(2 * n, dtype=np.float32), 1)        # cut in two pieces of n
+        return "sent"
+    a, b = np.zeros(n, np.float32), np.zeros(n, np.float32)
+    with comm.group():
+        comm.recv(a, 0)
+        comm.recv(b, 0)
+    return "received"
+
+
+def test_a_send_whose_pieces_match_two_whole_receives_is_a_mismatch_naming_the_whole_send():
+    with pytest.raises(LaunchError) as e:
+        slicetrace.launch(_one_send_two_recvs, 2, 196_608, backend="cpu", nchannels=4, timeout_s=20,
+                          join_timeout_s=120)
+    assert ("MismatchError: point-to-point mismatch: rank 1 expects message #0 of 196608 x float32 from rank 0, "
+            "rank 0 sends message #0 of 393216 x float32") in str(e.value), str(e.value)

@@ -296,8 +296,22 @@ def test_each_plugin_reports_what_it_was_offered_and_kept_not_the_other_plugins(
     got_a, got_b, h = _counters_of_one_op(a, b)
     assert (got_a["delivered_kernel_step"], got_a["pool_full"], got_a.get("delivered_coll")) == (3, 0, 1)
     assert (got_b["delivered_kernel_step"], got_b["pool_full"]) == (1, 2)
+    assert (got_a["declined"], got_b["declined"], got_b.get("delivered_coll", 0)) == (0, 1, 0)  # b declined its Coll
     total = h.counters()
     assert (total["delivered_kernel_step"], total["pool_full"], total["delivered_coll"]) == (4, 2, 1)
+
+
+def test_a_rank_wide_count_of_a_per_plugin_name_is_added_to_each_plugins_own():
+    """A plugin's report put its own pool_full over the rank's (a drop counted by the host itself vanished)."""
+    a, b = RecPlugin(mask=KS, name="a"), RecPlugin(mask=KS, name="b", keep=1)
+    h = host_of(a, b)
+    h.drop("pool_full", 5)
+    h.begin_op(coll_op())
+    h.steps(1, recs(1, 3))
+    h.close()
+    (_, got_a), = a.of("counters")
+    (_, got_b), = b.of("counters")
+    assert (got_a["pool_full"], got_b["pool_full"], h.counters()["pool_full"]) == (5, 7, 7)
 
 
 def test_a_record_after_a_raising_start_still_gets_its_stop_state():
