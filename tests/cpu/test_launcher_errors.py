@@ -135,3 +135,22 @@ def test_an_abort_relayed_from_another_rank_does_not_lead_before_that_ranks_own_
               2: "PeerError: rank 1 failed\nTraceback ..."}
     assert min(errors, key=lambda k: _lead(k, errors, set(), set())) == 1
     assert [_lead(k, errors, set(), set())[0] for k in (0, 1, 2)] == [2, 1, 2]
+
+
+def _low_rank_stuck(comm):
+    if comm.rank == 0:
+        time.sleep(60)                  # never looks at its communicator: killed at the deadline
+    elif comm.rank == 2:
+        raise ValueError("rank 2's own error")
+    comm.all_reduce(np.ones(4, np.float32))     # rank 1: ends in the PeerError relayed from rank 2
+
+
+@pytest.mark.timeout(60)
+def test_a_killed_low_rank_neither_leads_nor_is_blamed_on_a_relaying_rank():
+    """Killed ranks sort last and the kill message names the rank the error leads with (the tests had only a
+    higher-numbered stuck rank, so sorting by rank number hid both)."""
+    with pytest.raises(PeerError) as e:
+        slicetrace.launch(_low_rank_stuck, 3, backend="cpu", timeout_s=TIMEOUT)
+    assert str(e.value).startswith("rank 2 failed: ValueError: rank 2's own error"), str(e.value)
+    assert re.fullmatch(r"rank 0 was still running [\d.]+ s after rank 2 failed \(timeout_s=2 \+ 5 s\) and was "
+                        r"killed", e.value.errors[0]), e.value.errors[0]
