@@ -141,15 +141,20 @@ def test_unknown_tags_and_masked_out_records_are_counted():
     assert c["no_parent"] == 4 and c["masked_out"] == 6 and p.of("batch") == []
 
 
-def test_children_of_a_declined_parent_of_the_plugins_own_types_are_dropped_and_counted():
-    """A Coll the plugin asked for and declined (a full pool, sampling): its children go too, counted, as NCCL's
-    example plugin drops children whose parent it could not track."""
-    p = RecPlugin(mask=int(T.COLL) | CH | KS, none_for=int(T.COLL))
+def _one_coll_counters(p) -> dict:
+    """The host's counters after one collective of 7 KernelSteps and a KernelCh, delivered to plugin p."""
     h = host_of(p)
     h.begin_op(coll_op())
     h.steps(1, recs(1, 7))
     h.channel(1, chrec(1))
-    c = h.counters()
+    return h.counters()
+
+
+def test_children_of_a_declined_parent_of_the_plugins_own_types_are_dropped_and_counted():
+    """A Coll the plugin asked for and declined (a full pool, sampling): its children go too, counted, as NCCL's
+    example plugin drops children whose parent it could not track."""
+    p = RecPlugin(mask=int(T.COLL) | CH | KS, none_for=int(T.COLL))
+    c = _one_coll_counters(p)
     assert c["parent_dropped"] == 7 + 1 and c["declined"] == 1
     assert p.of("batch") == [] and p.starts(T.KERNEL_CH) == []
 
@@ -159,11 +164,7 @@ def test_a_declined_parent_nccl_added_for_the_children_leaves_them_without_a_par
     and KernelStep and returns None for the Coll NCCL added (as NCCL's Inspector does for what it does not
     record) still gets them. Before, every one was dropped as parent_dropped."""
     p = RecPlugin(mask=CH | KS, none_for=int(T.COLL))
-    h = host_of(p)
-    h.begin_op(coll_op())
-    h.steps(1, recs(1, 7))
-    h.channel(1, chrec(1))
-    c = h.counters()
+    c = _one_coll_counters(p)
     assert c["parent_dropped"] == 0 and c["declined"] == 1 and c["delivered_kernel_step"] == 7
     assert [b[1] for b in p.of("batch")] == [None] and len(p.of("batch")[0][2]) == 7
     assert [d.parent for d in p.starts(T.KERNEL_CH)] == [None]
@@ -462,10 +463,6 @@ def test_a_declined_parent_of_its_own_types_drops_the_whole_subtree_even_through
     KernelCh and KernelSteps; the Coll's drop must not read as "declined by the plugin" (which would hand the
     grandchildren over with parent None)."""
     p = RecPlugin(mask=int(T.COLL_API) | CH | KS, none_for=int(T.COLL_API))
-    h = host_of(p)
-    h.begin_op(coll_op())
-    h.steps(1, recs(1, 7))
-    h.channel(1, chrec(1))
-    c = h.counters()
+    c = _one_coll_counters(p)
     assert (c["declined"], c["parent_dropped"]) == (1, 1 + 1 + 7)
     assert p.of("batch") == [] and p.starts(T.KERNEL_CH) == [] and p.starts(T.COLL) == []

@@ -29,7 +29,7 @@ class Report:
     late_ops: list[dict] = field(default_factory=list)     # the collectives with the largest start skew
     slow_links: list[dict] = field(default_factory=list)   # links well below the median link, and on how many channels
     # collectives not seen on every rank, left out of stragglers: {"collectives": n, "lacking": [{rank, collectives}]}
-    stragglers_left_out: dict = field(default_factory=lambda: {"collectives": 0, "lacking": []})
+    stragglers_left_out: dict = field(default_factory=lambda: none_left_out())
     no_counters: list[int] = field(default_factory=list)   # ranks present without a counters record (cut short)
 
     def to_dict(self) -> dict:
@@ -39,6 +39,11 @@ class Report:
                 "ranks_without_counters": self.no_counters}
 
 
+def none_left_out() -> dict:
+    """stragglers()' third result when every collective was judged."""
+    return {"collectives": 0, "lacking": []}
+
+
 def stragglers(chs: np.ndarray, top: int = 10, ranks=None) -> tuple[list[dict], list[dict], dict]:
     """From KernelCh rows: per collective seen on every rank of `ranks` (the run's ranks present; default those in
     chs), 2 or more, each rank's start = its first channel program's start; the last rank is the straggler, late by
@@ -46,7 +51,7 @@ def stragglers(chs: np.ndarray, top: int = 10, ranks=None) -> tuple[list[dict], 
     out: that rank may be the one that started last. Returns (per rank: times last, total and worst lateness,
     largest first; the `top` collectives with the largest skew; the left out: {"collectives": n, "lacking":
     [{"rank", "collectives"}]})."""
-    left_out = {"collectives": 0, "lacking": []}
+    left_out = none_left_out()
     if len(chs) == 0:
         return [], [], left_out
     want = set(chs["rank"].tolist()) if ranks is None else {int(r) for r in ranks}
@@ -121,8 +126,7 @@ def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.n
     slowest = [{"rank": int(ks["rank"][i]), "peer": int(ks["peer"][i]), "channel": int(ks["channel"][i]),
                 "is_send": bool(ks["is_send"][i]), "step": int(ks["step"][i]), "bytes": int(ks["size"][i]),
                 "transfer_us": float(xfer[i]) / 1e3, "gbps": float(bw[i])} for i in order if np.isfinite(bw[i])]
-    late_ranks, late_ops, left_out = stragglers(chs, top, ranks) if chs is not None else \
-        ([], [], {"collectives": 0, "lacking": []})
+    late_ranks, late_ops, left_out = stragglers(chs, top, ranks) if chs is not None else ([], [], none_left_out())
     no_counters = [r for r in ranks if r not in counters] if counters is not None else []
     return Report(links, per_rank, waited_on, slowest, counters or {}, late_ranks, late_ops,
                   slow_links(ks[send], xfer[send]), left_out, no_counters)

@@ -313,17 +313,15 @@ class EventHost(Emitter, PollRuns):
     def counters(self) -> dict[str, int]:
         """The rank's counters: what each plugin was offered and kept, summed over the plugins."""
         with self._lock:
-            c = dict(self._counts)
-            for s in self._slots:
-                for k, v in s.counts.items():
-                    c[k] = c.get(k, 0) + v
-            return c
+            return self._with_plugins(self._slots)
 
-    def _plugin_counters(self, s: _Slot) -> dict[str, int]:
-        """What plugin s reports: the rank's counters with the per-plugin ones its own."""
+    def _with_plugins(self, slots: Any) -> dict[str, int]:
+        """The rank-wide counters plus these plugins' own (added: a rank-wide count of the same name stays in);
+        one plugin's is what it reports."""
         c = dict(self._counts)
-        for k, v in s.counts.items():       # added: a rank-wide count of the same name stays in
-            c[k] = c.get(k, 0) + v
+        for s in slots:
+            for k, v in s.counts.items():
+                c[k] = c.get(k, 0) + v
         return c
 
     def note(self, name: str, value: int) -> None:
@@ -349,7 +347,7 @@ class EventHost(Emitter, PollRuns):
             for i in range(len(self._slots)):
                 self._stop(i, self._proxy[i], ts)
             for s in self._slots:                  # each its own copy: a plugin may change what it is handed
-                for what, fn in (("report_counters", lambda: s.lp.report_counters(self._plugin_counters(s))),
+                for what, fn in (("report_counters", lambda: s.lp.report_counters(self._with_plugins((s,)))),
                                  ("finalize", s.lp.finalize)):
                     try:
                         fn()

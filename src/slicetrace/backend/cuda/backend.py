@@ -177,9 +177,6 @@ class CudaBackend(Backend, KernelArgs):
                 self._fn(d, s)
 
     # ---- submit ----
-    def _stream(self, s: Any) -> int:
-        return buffers.stream_ptr(s, self.device)
-
     def submit(self, work: Work) -> Token:
         if self._closed:
             raise UsageError("the cuda backend is closed")
@@ -187,7 +184,7 @@ class CudaBackend(Backend, KernelArgs):
             raise PeerError(f"rank {self.rank}: communicator aborted earlier: {self._broken}")
         if work.dtype not in CTYPES:
             raise UsageError(f"dtype={work.dtype!r} is not one of {DTYPES}")
-        stream = self._stream(work.stream)
+        stream = buffers.stream_ptr(work.stream, self.device)
         buffers.refuse_capture(self._rt, stream)
         last = self._last
         if last is not None and last.stream != stream and not last.event.done:
@@ -197,9 +194,10 @@ class CudaBackend(Backend, KernelArgs):
         plan = work.plan
         joined = False
         if plan.func == "send_recv":
-            joined = self._self_copies(work, stream, bool(plan.programs))
+            joined = buffers.enqueue_self_copies(self._rt, work, stream, bool(plan.programs), self._copy, self._fork,
+                                                 self._join)
         elif not plan.programs:
-            self._local(work, stream)
+            buffers.local_copy(self._rt, work, stream)
         if plan.programs:
             rec, params, fn, nb, nt = self._record(work)
             u32 = rec.view(np.uint32)
@@ -249,12 +247,6 @@ class CudaBackend(Backend, KernelArgs):
 
     def _maxt(self) -> int:             # the kernel's launch bounds; a measurement variant may lower them
         return int(self._extra.get("ST_MAX_THREADS", MAX_THREADS))
-
-    def _self_copies(self, work: Work, stream: int, beside: bool) -> bool:
-        return buffers.enqueue_self_copies(self._rt, work, stream, beside, self._copy, self._fork, self._join)
-
-    def _local(self, work: Work, stream: int) -> None:
-        buffers.local_copy(self._rt, work, stream)
 
     # ---- completion ----
     def done(self, token: Token) -> bool:
