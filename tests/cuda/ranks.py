@@ -255,3 +255,30 @@ def failed_setup(ctx: dict, kw: dict, how: str) -> str:
         return f"{type(e).__name__}: {e}"
     finally:
         cb.PeerWatch.publish = orig
+
+
+def mismatch_case(ctx: dict, cases: list, wait_s: float) -> dict:
+    """Collective cases[rank] (func, dtype, op, count, root: the ranks disagree), then a matching all_reduce,
+    then close; stops at the first error. Returns it ('Type: message'), where it came, and a sum the GPU must
+    compute afterwards."""
+    import cupy
+    c, err, where = cases[ctx["rank"]], None, None
+    steps = (("op", lambda: run_coll(ctx, c["func"], c["dtype"], c.get("op", "sum"), c["count"], c.get("root", 0),
+                                    1, wait_s=wait_s)),
+             ("next op", lambda: _unsynced_all_reduce(ctx, wait_s)),
+             ("close", lambda: close_backend(ctx)))
+    for where, fn in steps:
+        try:
+            fn()
+        except Exception as e:           # noqa: BLE001 - reported to the test
+            err = f"{type(e).__name__}: {e}"
+            break
+    z = cupy.arange(1000, dtype=cupy.float32).sum()
+    cupy.cuda.runtime.deviceSynchronize()
+    return {"err": err, "where": where if err else None, "z": float(z)}
+
+
+def _unsynced_all_reduce(ctx: dict, wait_s: float) -> None:
+    """A float32 all_reduce of 1000 without run_coll's start barrier (a peer that raised never comes to it)."""
+    start_many(ctx, 1000, 1, False)
+    ctx["state"]["be"].wait(ctx["state"]["last"], wait_s)

@@ -101,3 +101,36 @@ def test_a_set_up_that_fails_frees_its_device_memory(gpu, kcache):
     for what, a, b in (("peer", before, mid), ("late", mid, after)):
         held = max(x - y for x, y in zip(a, b))
         assert held < 32 << 20, f"{held / 2**20:.0f} MiB still held after the {what!r} failure"
+
+
+MISMATCHES = {      # rank 0's collective, rank 1's
+    "count": (dict(func="all_reduce", dtype="float32", count=1000), dict(func="all_reduce", dtype="float32", count=2000)),
+    "dtype": (dict(func="all_reduce", dtype="float32", count=1000), dict(func="all_reduce", dtype="int32", count=1000)),
+    "redop": (dict(func="reduce", dtype="int32", op="sum", count=64), dict(func="reduce", dtype="int32", op="max", count=64)),
+    "root": (dict(func="broadcast", dtype="int8", count=1000), dict(func="broadcast", dtype="int8", count=1000, root=1)),
+    "func": (dict(func="all_reduce", dtype="float32", count=1000), dict(func="broadcast", dtype="float32", count=1000)),
+    "zero": (dict(func="all_gather", dtype="int8", count=0), dict(func="all_gather", dtype="int8", count=3000)),
+}
+SAID = {"count": "count=2000", "dtype": "dtype=int32", "redop": "op=max", "root": "root=1", "func": "runs broadcast(",
+        "zero": "count=3000"}
+
+
+@pytest.mark.cuda
+def test_ranks_that_run_different_collectives_raise_mismatch_error_on_both(gpu, kcache):
+    """Before, the kernels mixed the data (a wrong result, or a wait that ended at the timeout). A rank whose op
+    ended before its peer said what it ran (count 0: no kernel) hears it at its next op or at close."""
+    pool = RankPool(2, timeout=300)
+    out = {}
+    try:
+        for what, (a, b) in MISMATCHES.items():
+            pool.run(ranks.setup, {"cache_dir": kcache, "timeout_s": 20.0, "dtypes": ("float32", "int32", "int8")})
+            out[what] = pool.run(ranks.mismatch_case, [a, b], 10.0)
+    finally:
+        pool.close()
+    for what, res in out.items():
+        print(f"\n{what}: {res}")
+        for r, x in enumerate(res):
+            assert x["err"] is not None and x["err"].startswith("MismatchError"), (what, r, x)
+            assert "differs across ranks" in x["err"] and SAID[what] in x["err"], (what, r, x)
+            assert x["z"] == 499500.0
+        assert res[1]["where"] == "op", (what, res)      # rank 1's op has rank 0's entry to compare with

@@ -161,7 +161,7 @@ def test_right_types_are_kept():
 
 
 def test_a_failed_segment_creation_leaves_no_name_behind():
-    from slicetrace.backend.cpu.shm import Segment
+    from slicetrace.backend.segment import Segment
     name = f"st_test_{secrets.token_hex(4)}"
     with pytest.raises(TypeError):
         Segment(name, 4194304.0, create=True)           # ftruncate refuses a float size after shm_open

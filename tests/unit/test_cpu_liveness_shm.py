@@ -11,8 +11,10 @@ import time
 
 import pytest
 
-from slicetrace.backend.cpu import shm
-from slicetrace.backend.cpu.shm import C_HEARTBEAT, PAGE, REASON_MAX, Segment, unlink_name
+from slicetrace.backend import segment
+from slicetrace.backend.cpu.backend import _ADVICE
+from slicetrace.backend.cpu.shm import C_HEARTBEAT, PAGE, REASON_MAX
+from slicetrace.backend.segment import Segment, unlink_name
 from slicetrace.backend.cpu.transport import Guard
 from slicetrace.backend.procs import proc_start_time
 from slicetrace.errors import BackendError, PeerError
@@ -66,7 +68,7 @@ def test_a_full_dev_shm_is_a_backend_error_that_says_what_to_change(monkeypatch)
     size = 14 << 20
     try:
         with pytest.raises(BackendError) as ei:
-            Segment(name, size, create=True)
+            Segment(name, size, create=True, advice=_ADVICE)      # what the cpu backend says
     finally:
         left = os.path.exists(f"/dev/shm/{name}")
         unlink_name(name)                # a failing run leaves nothing either
@@ -91,7 +93,7 @@ def test_a_created_segment_has_its_pages_reserved():
 
 
 def test_the_free_space_report_survives_a_missing_dir(monkeypatch):
-    monkeypatch.setattr(shm, "SHM_DIR", "/nonexistent-shm-dir")
+    monkeypatch.setattr(segment, "SHM_DIR", "/nonexistent-shm-dir")
     monkeypatch.setattr(os, "posix_fallocate", no_space)
     name = f"st_test_{secrets.token_hex(4)}"
     try:

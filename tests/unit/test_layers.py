@@ -10,7 +10,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "slicetrace"
 BASE = {"errors"}
 LOW = BASE | {"config", "rendezvous"}
 CONTRACTS = {"stamps.layout", "events.abi"}
-BACKEND = LOW | {"stamps.layout", "plan", "backend.base", "backend.procs"}
+BACKEND = LOW | {"stamps.layout", "plan", "backend.base", "backend.procs", "backend.segment", "backend.opsig"}
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "backend": set(), "events": set(), "stamps": set(),     # package __init__ files
@@ -20,6 +20,8 @@ ALLOWED: dict[str, set[str]] = {
     "events.abi": BASE,
     "plan": BASE | {"config"},
     "backend.procs": LOW,
+    "backend.segment": BASE,
+    "backend.opsig": LOW | {"plan", "backend.base", "backend.segment"},
     "backend.base": BACKEND,
     "backend.null": BACKEND,
     "backend.cpu": BACKEND,

@@ -20,16 +20,19 @@ from ...errors import BackendError, MismatchError, PeerError, UsageError
 from ...stamps.layout import RingViews, ring_bytes
 from ..base import HostBackend, Work, host_pointer, part_views
 from ..procs import proc_dead, proc_start_time
+from ..segment import Segment, unlink_name
 from .shm import (ABORT_PEER, C_BUFFSIZE, C_CLOSED, C_FUTEX, C_HEARTBEAT, C_MAGIC, C_NCH, C_PID, C_SLOTS, C_START,
-                  C_WORLD, H_MSG, MAGIC, NSIG, PAGE, REASON_MAX, REASON_OFF, Segment, layout, segment_size,
-                  unlink_name)
+                  C_WORLD, H_MSG, MAGIC, NSIG, PAGE, REASON_MAX, REASON_OFF, layout, segment_size)
 from . import affinity, futex
 from .stamper import FastRingWriter
-from .transport import Conn, Guard, encode_sig
+from ..opsig import encode_sig
+from .transport import Conn, Guard
 from .p2p import run_p2p
 from .worker import RingJob, run_ring
 
 HEARTBEAT_S = 0.1
+_ADVICE = (", and every rank on this host needs one such segment, about (nchannels + world) x buffsize. Lower "
+           "SLICETRACE_BUFFSIZE (buffsize=, default 4M) or SLICETRACE_NCHANNELS (nchannels=)")
 _GEN: dict[str, int] = {}        # backends made per job in this process: keeps store keys of re-inits apart
 
 
@@ -53,7 +56,7 @@ class CpuBackend(HostBackend):
         self._prefix = f"st/{job}/cpu{gen}"
         size = segment_size(nch, world, settings.buffsize, settings.ring_slots)
         try:
-            self.seg = Segment(f"st_{job}_{gen}_{rank}_{secrets.token_hex(3)}", size, create=True)
+            self.seg = Segment(f"st_{job}_{gen}_{rank}_{secrets.token_hex(3)}", size, create=True, advice=_ADVICE)
         except BaseException as e:      # e.g. a full /dev/shm: peers waiting for our segment hear why at once
             self._say_failed(e)
             raise

@@ -15,19 +15,9 @@ removes what a set-up that failed part way left, by the job string in the name (
 """
 from __future__ import annotations
 
-import mmap
-import os
-
-from ...errors import BackendError
 from ...stamps.layout import ring_bytes
 
-try:
-    import _posixshmem
-except ImportError:  # pragma: no cover - not a POSIX system
-    _posixshmem = None
-
 PAGE = 4096
-SHM_DIR = "/dev/shm"               # where Linux keeps POSIX shared memory (for the free-space report only)
 MAGIC = 0x53544350_55000004        # "STCPU" + layout version 4
 NSIG = 16                          # op-signature / message tables keep the last 16 entries
 
@@ -58,85 +48,3 @@ def layout(nch: int, world: int, buffsize: int) -> tuple[int, int, int]:
 def segment_size(nch: int, world: int, buffsize: int, slots: int) -> int:
     _, _, rings = layout(nch, world, buffsize)
     return rings + -(-ring_bytes(nch, slots) // PAGE) * PAGE
-
-
-class Segment:
-    """One POSIX shared-memory object mapped into this process."""
-
-    def __init__(self, name: str, size: int = 0, create: bool = False):
-        if _posixshmem is None:  # pragma: no cover
-            raise BackendError("backend='cpu' needs POSIX shared memory (_posixshmem); this platform has none")
-        self.name, self.owner = name, create
-        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
-        fd = _posixshmem.shm_open("/" + name, flags, mode=0o600)
-        try:
-            if create:
-                os.ftruncate(fd, size)
-                _reserve(fd, name, size)
-            self.size = os.fstat(fd).st_size
-            self.mm = mmap.mmap(fd, self.size)
-        except BaseException:          # any failure (a bad size, an interrupt) must not leave the name behind
-            if create:
-                _posixshmem.shm_unlink("/" + name)
-            raise
-        finally:
-            os.close(fd)
-        self._views: list[memoryview] = []
-        self.unlinked = False
-
-    def words(self, off: int, nbytes: int) -> memoryview:
-        """A u64 view (memoryview 'Q': the fastest scalar load/store Python has)."""
-        mv = memoryview(self.mm)[off:off + nbytes].cast("Q")
-        self._views.append(mv)
-        return mv
-
-    def bytes_(self, off: int, nbytes: int) -> memoryview:
-        mv = memoryview(self.mm)[off:off + nbytes]
-        self._views.append(mv)
-        return mv
-
-    def unlink(self) -> None:
-        if not self.unlinked:
-            self.unlinked = True
-            unlink_name(self.name)
-
-    def close(self) -> None:
-        for mv in self._views:
-            try:
-                mv.release()
-            except (ValueError, BufferError):
-                pass
-        self._views.clear()
-        try:
-            self.mm.close()
-        except BufferError:       # numpy views (rings held by the drain, slot views) still exist: GC frees it
-            pass
-
-
-def _reserve(fd: int, name: str, size: int) -> None:
-    """Allocate the pages now, as NCCL does: a sparse segment on a full /dev/shm (Docker's default is 64 MiB)
-    kills the rank with SIGBUS at its first touch of a missing page, with no message."""
-    if not hasattr(os, "posix_fallocate"):  # pragma: no cover - macOS: no tmpfs /dev/shm to fill
-        return
-    try:
-        os.posix_fallocate(fd, 0, size)
-    except OSError as e:
-        try:
-            st = os.statvfs(SHM_DIR)
-            mib = st.f_frsize / 2**20
-            free = f"{SHM_DIR} has {st.f_bavail * mib:.1f} MiB free of {st.f_blocks * mib:.1f} MiB"
-        except OSError:
-            free = f"the free space in {SHM_DIR} is unknown"
-        raise BackendError(
-            f"backend='cpu' could not reserve {size} bytes ({size / 2**20:.1f} MiB) of shared memory for segment "
-            f"{name!r}: {e.strerror or e}; {free}, and every rank on this host needs one such segment, about "
-            f"(nchannels + world) x buffsize. Lower SLICETRACE_BUFFSIZE (buffsize=, default 4M) or "
-            f"SLICETRACE_NCHANNELS (nchannels=), or enlarge {SHM_DIR} (docker run --shm-size=1g)") from None
-
-
-def unlink_name(name: str) -> None:
-    try:
-        _posixshmem.shm_unlink("/" + name)
-    except FileNotFoundError:
-        pass
-

@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 
 from ...errors import CommTimeoutError, MismatchError, PeerError
-from ..base import DTYPES, REDOPS, host_pointer
+from ..base import host_pointer
+from ..opsig import differ_text
 from ..procs import TwoChecks, proc_dead
 from . import futex
-from ...plan.schedule import COLLECTIVES
 from .shm import (ABORT_MISMATCH, ABORT_PEER, ABORT_TIMEOUT, C_ABORT, C_ABORT_FROM, C_CLOSED, C_HEARTBEAT,
                   C_REASON_LEN, H_RECLAIM, H_RECLAIMED, H_SLEEP, NSIG, REASON_MAX, SIG_WORD)
 
@@ -134,22 +134,6 @@ class Conn:
         self.step = -(-self.step // mult) * mult
 
 
-def encode_sig(func: str, count: int, dtype: str, redop: str, root: int, nch: int, step_bytes: int):
-    reduces = func in ("all_reduce", "reduce_scatter", "reduce")
-    packed = (COLLECTIVES.index(func) | DTYPES.index(dtype) << 8
-              | (REDOPS.index(redop) if reduces else 0xFF) << 16
-              | (root if func in ("broadcast", "reduce") else 0) << 24)
-    return count, packed, nch | step_bytes << 8
-
-
-def describe_sig(count: int, packed: int, cfg: int) -> str:
-    func, dt, red, root = COLLECTIVES[packed & 0xFF], DTYPES[packed >> 8 & 0xFF], packed >> 16 & 0xFF, packed >> 24
-    s = f"{func}(count={count}, dtype={dt}"
-    s += "" if red == 0xFF else f", op={REDOPS[red]}"
-    s += f", root={root})" if func in ("broadcast", "reduce") else ")"
-    return s + f" [nchannels={cfg & 0xFF}, step_bytes={cfg >> 8}]"
-
-
 class Guard:
     """Abort word, deadlines, peer liveness and cross-rank op signatures for one rank's backend."""
 
@@ -232,9 +216,8 @@ class Guard:
             if wait and pctl[base] < seq:
                 self.wait_ge(pctl, base, seq, p, f"rank {p} to start collective #{seq}")
             if pctl[base] == seq and (pctl[base + 1], pctl[base + 2], pctl[base + 3]) != (count, packed, cfg):
-                theirs = describe_sig(pctl[base + 1], pctl[base + 2], pctl[base + 3])
-                raise self.fail(ABORT_MISMATCH, f"collective #{seq} differs across ranks: rank {self.rank} runs "
-                                f"{describe_sig(count, packed, cfg)}, rank {p} runs {theirs}")
+                theirs = (pctl[base + 1], pctl[base + 2], pctl[base + 3])
+                raise self.fail(ABORT_MISMATCH, differ_text(seq, self.rank, (count, packed, cfg), p, theirs))
 
     # ---- waiting ----
     def wait_ge(self, mv: memoryview, idx: int, target: int, peer: int, what: Any, base: int = 0) -> None:

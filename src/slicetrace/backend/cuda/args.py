@@ -4,12 +4,15 @@ Mixed into CudaBackend (backend.py), whose comm memory, settings, channel limit 
 """
 from __future__ import annotations
 
+import ctypes
 from typing import Any
+
+import numpy as np
 
 from ...errors import UsageError
 from ..base import Work
 from . import buffers
-from .layout import FUNC_IDS, ITEMSIZE, MAX_THREADS, MAXB, MAXG, MAXP, REDOP_IDS
+from .layout import ARGS_DTYPE, FUNC_IDS, ITEMSIZE, MAX_THREADS, MAXB, MAXG, MAXP, REDOP_IDS
 
 
 def threads_for(nbytes: int, nblocks: int, nthreads: int, max_threads: int = MAX_THREADS) -> int:
@@ -26,10 +29,38 @@ def auto_channels(nbytes: int, max_channels: int) -> int:
 
 
 class KernelArgs:
-    """Expects the backend's rank, mem (CommMemory), settings, max_channels, _ptr() and _maxt()."""
+    """Expects the backend's rank, mem (CommMemory), settings, max_channels, _cache, _fn() and _maxt()."""
     mem: Any
     settings: Any
     max_channels: int
+
+    def _record(self, work: Work) -> tuple[Any, np.ndarray, Any, int, int]:
+        """The launch of `work`: (args record, kernel params, function, blocks, threads), cached per plan,
+        dtype, reduction and buffers (a hit costs a dict lookup)."""
+        plan = work.plan
+        if plan.func == "send_recv":
+            ptrs: dict[int, int] = {}         # pieces of a split buffer share it: one pointer lookup each
+            for _, b in work.parts:
+                if id(b) not in ptrs:
+                    ptrs[id(b)] = buffers.pointer(b)
+            key = (id(plan), work.dtype, tuple(ptrs[id(b)] for _, b in work.parts))
+        else:
+            key = (id(plan), work.dtype, work.redop, self._ptr(work.sendbuf), self._ptr(work.recvbuf))
+        hit = self._cache.get(key)
+        if hit is not None and hit[0] is plan:
+            return hit[1:]
+        rec = np.zeros(1, dtype=ARGS_DTYPE)
+        nb, nt = (self._p2p_args if plan.func == "send_recv" else self._coll_args)(work, rec[0])
+        params = (ctypes.c_void_p * 1)(rec.ctypes.data)
+        if len(self._cache) > 256:
+            self._cache.clear()
+        val = (plan, rec, params, self._fn(work.dtype, False), nb, nt)
+        self._cache[key] = val
+        return val[1:]
+
+    @staticmethod
+    def _ptr(b: Any) -> int:
+        return 0 if b is None else buffers.pointer(b)
 
     def _common(self, work: Work, a: Any, nblocks: int) -> None:
         plan = work.plan

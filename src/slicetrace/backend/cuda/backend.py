@@ -15,10 +15,11 @@ from typing import Any
 import numpy as np
 
 from ...config import Settings
-from ...errors import BackendError, CommTimeoutError, PeerError, UsageError
+from ...errors import BackendError, CommTimeoutError, MismatchError, PeerError, UsageError
 from ...rendezvous import Store
 from ...stamps.layout import RingViews
 from ..base import DTYPES, Backend, P2pLedger, Work
+from ..opsig import SigTable
 from ..procs import PeerWatch
 from . import buffers, clock
 from .args import KernelArgs, auto_channels
@@ -26,7 +27,7 @@ from .compile import Kernels, arch_of
 from .ipc import CommMemory
 from .seqs import SeqRanges
 from .watchdog import Watchdog
-from .layout import ARGS_DTYPE, CTYPES, MAX_THREADS
+from .layout import CTYPES, MAX_THREADS
 
 log = logging.getLogger("slicetrace")
 
@@ -43,11 +44,11 @@ _GEN: dict[str, int] = {}        # backends made per job in this process: keeps 
 
 
 class Token:
-    __slots__ = ("event", "tag", "peers", "stream")
+    __slots__ = ("event", "tag", "peers", "stream", "sig")
 
-    def __init__(self, event: Any, tag: int, peers: tuple[int, ...], stream: int):
+    def __init__(self, event: Any, tag: int, peers: tuple[int, ...], stream: int, sig: tuple | None):
         self.event, self.tag, self.peers = event, tag, peers      # peers: the ranks the op cannot finish without
-        self.stream = stream
+        self.stream, self.sig = stream, sig                       # sig: a collective's (opsig), else None
 
 
 class CudaBackend(Backend, KernelArgs):
@@ -70,7 +71,7 @@ class CudaBackend(Backend, KernelArgs):
         self.n_warps = settings.nthreads // 32
         gen = _GEN[job] = _GEN.get(job, 0) + 1
         self._prefix = f"st/{job}/cuda{gen}"
-        self._side = self._copy = self._fetch = self._fork = self._join = self._dog = None
+        self._side = self._copy = self._fetch = self._fork = self._join = self._dog = self.sigs = None
         self.mem = CommMemory(rank, world, self.max_channels, settings.buffsize, self.max_channels,
                               settings.ring_slots, store, self._prefix, settings.timeout_s)   # frees on failure
         try:
@@ -92,6 +93,7 @@ class CudaBackend(Backend, KernelArgs):
         self._cache: dict[tuple, tuple[Any, np.ndarray, Any, int, int]] = {}
         self._fns: dict[tuple[str, bool], int] = {}
         self._broken: str | None = None
+        self._broken_as: type = PeerError
         self._closed = False
         self._lost: list[str] = []                      # sends to this rank it never received (close)
         self.ledger = P2pLedger()
@@ -99,6 +101,10 @@ class CudaBackend(Backend, KernelArgs):
         self._clock: tuple[int, int] = (0, 1 << 62)
         self._probe_busy = False
         self._all = tuple(p for p in range(world) if p != rank)
+        if world > 1:                     # what every rank says each collective is: a mismatch raises, never mixes
+            self.sigs = SigTable.open(store, self._prefix, self.job, rank, world, settings.timeout_s)
+            store.barrier(f"{self._prefix}/sigs", rank, world, settings.timeout_s)
+            self.sigs.attached()
         self.watch = PeerWatch(store, self._prefix, rank)
         self.watch.publish()
         self._dog = Watchdog(self)
@@ -181,7 +187,7 @@ class CudaBackend(Backend, KernelArgs):
         if self._closed:
             raise UsageError("the cuda backend is closed")
         if self._broken is not None:
-            raise PeerError(f"rank {self.rank}: communicator aborted earlier: {self._broken}")
+            raise self._broken_as(f"rank {self.rank}: communicator aborted earlier: {self._broken}")
         if work.dtype not in CTYPES:
             raise UsageError(f"dtype={work.dtype!r} is not one of {DTYPES}")
         stream = buffers.stream_ptr(work.stream, self.device)
@@ -192,6 +198,8 @@ class CudaBackend(Backend, KernelArgs):
             # too): each kernel takes up the FIFO step counters where the previous one left them
             self._rt.streamWaitEvent(stream, last.event.ptr, 0)
         plan = work.plan
+        sig = None if self.sigs is None or plan.func == "send_recv" else \
+            self.sigs.number(plan, work.dtype, work.redop, self.settings.step_bytes)   # before the launch
         joined = False
         if plan.func == "send_recv":
             joined = buffers.enqueue_self_copies(self._rt, work, stream, bool(plan.programs), self._copy, self._fork,
@@ -216,34 +224,9 @@ class CudaBackend(Backend, KernelArgs):
         if plan.func == "send_recv":
             self.ledger.count(work, self.rank)
         peers = self._all if plan.func != "send_recv" else tuple({p.peer for p, _ in work.parts} - {self.rank})
-        self._last = Token(ev, work.tag, peers, stream)
+        self._last = Token(ev, work.tag, peers, stream, sig)
         return self._last
 
-    def _record(self, work: Work) -> tuple[Any, np.ndarray, Any, int, int]:
-        plan = work.plan
-        if plan.func == "send_recv":
-            ptrs: dict[int, int] = {}         # pieces of a split buffer share it: one pointer lookup each
-            for _, b in work.parts:
-                if id(b) not in ptrs:
-                    ptrs[id(b)] = buffers.pointer(b)
-            key = (id(plan), work.dtype, tuple(ptrs[id(b)] for _, b in work.parts))
-        else:
-            key = (id(plan), work.dtype, work.redop, self._ptr(work.sendbuf), self._ptr(work.recvbuf))
-        hit = self._cache.get(key)
-        if hit is not None and hit[0] is plan:
-            return hit[1:]
-        rec = np.zeros(1, dtype=ARGS_DTYPE)
-        nb, nt = (self._p2p_args if plan.func == "send_recv" else self._coll_args)(work, rec[0])
-        params = (ctypes.c_void_p * 1)(rec.ctypes.data)
-        if len(self._cache) > 256:
-            self._cache.clear()
-        val = (plan, rec, params, self._fn(work.dtype, False), nb, nt)
-        self._cache[key] = val
-        return val[1:]
-
-    @staticmethod
-    def _ptr(b: Any) -> int:
-        return 0 if b is None else buffers.pointer(b)
 
     def _maxt(self) -> int:             # the kernel's launch bounds; a measurement variant may lower them
         return int(self._extra.get("ST_MAX_THREADS", MAX_THREADS))
@@ -261,10 +244,14 @@ class CudaBackend(Backend, KernelArgs):
             if self.mem.words[1]:
                 break                                        # the kernel saw an abort word and exits
             if now > deadline:
-                self._fail(CommTimeoutError(f"rank {self.rank}: op {token.tag} did not finish within "
-                                            f"timeout_s={timeout_s}; aborted; {self.mem.progress(self._side)}"), token)
+                self._fail(self._mismatch(token) or CommTimeoutError(
+                    f"rank {self.rank}: op {token.tag} did not finish within timeout_s={timeout_s}; aborted; "
+                    f"{self.mem.progress(self._side)}"), token)
             if now > next_store:
                 next_store = now + 0.25
+                err = self._mismatch(token)
+                if err is not None:
+                    self._fail(err, token)
                 why = self.cannot_finish(token)
                 if why is not None:
                     self._fail(PeerError(why), token)
@@ -272,8 +259,21 @@ class CudaBackend(Backend, KernelArgs):
             pause = min(pause * 2 + 1e-5, 1e-3)
         if self.mem.words[1]:
             why = self.store.try_get(f"{self._prefix}/abort")
-            self._fail(PeerError(f"rank {self.rank}: op {token.tag} was aborted"
-                                 + (f": {why.decode(errors='replace')}" if why else " (abort word raised)")), token)
+            self._fail(self._mismatch(token) or PeerError(
+                f"rank {self.rank}: op {token.tag} was aborted"
+                + (f": {why.decode(errors='replace')}" if why else " (abort word raised)")), token)
+        if token.sig is not None:
+            why = self.sigs.differs(token.sig)      # ended, but a peer ran another collective (it raises too)
+            if why is not None:
+                self._fail(MismatchError(f"rank {self.rank}: {why}"), token)
+
+    def _mismatch(self, token: Token) -> MismatchError | None:
+        why = self.mismatch(token.sig)
+        return None if why is None else MismatchError(f"rank {self.rank}: {why}")
+
+    def mismatch(self, sig: tuple | None = None) -> str | None:
+        """Why this rank's collectives (sig, else every one kept) differ from a peer's, else None."""
+        return None if self.sigs is None else self.sigs.differs(sig) or self.sigs.first_difference()
 
     def cannot_finish(self, token: Token) -> str | None:
         """Why op `token` can never finish (a peer aborted, or one it needs is gone), else None."""
@@ -303,15 +303,15 @@ class CudaBackend(Backend, KernelArgs):
             raise PeerError(f"rank {self.rank}: {gone}")
 
     def _fail(self, err: Exception, token: Token) -> None:
-        self.abort(str(err))
+        self.abort(str(err), type(err))
         end = time.monotonic() + 10.0
         while not token.event.done and time.monotonic() < end:
             time.sleep(1e-3)                                 # the kernel polls the abort words and exits
         raise err
 
-    def abort(self, reason: str) -> None:
+    def abort(self, reason: str, kind: type = PeerError) -> None:
         if self._broken is None:
-            self._broken = reason
+            self._broken, self._broken_as = reason, kind       # the error later ops raise
         if self.mem.words is None:
             return
         self.mem.words[0] = 1
@@ -364,7 +364,9 @@ class CudaBackend(Backend, KernelArgs):
         except Exception as e:
             if self._broken is None:
                 log.warning("rank %d: the close barrier failed (unreceived messages not checked): %s", self.rank, e)
+        mism = None
         if met and self._broken is None:    # every rank's ops have ended and its sends are published
+            mism = self.mismatch()          # every collective every rank ran is in the table now
             try:
                 keys = {p: f"{self._prefix}/sent/{p}" for p in self._all}
                 self._lost = self.ledger.lost(self.store, keys, self.rank, 5.0)
@@ -372,11 +374,15 @@ class CudaBackend(Backend, KernelArgs):
                 log.warning("rank %d: could not check for unreceived messages at close: %s", self.rank, e)
         self._cache.clear()
         self._free()
+        if mism is not None:                # an op ended before its peer said what it ran (no data to wait for)
+            raise MismatchError(f"rank {self.rank}: found at close: {mism}")
 
     def _free(self) -> None:
         """Device memory, streams and events (also of a set-up that failed part way)."""
         if self._dog is not None:
             self._dog.stop()
+        if self.sigs is not None:
+            self.sigs.close()
         self.mem.close()
         for destroy, h in ((self._rt.streamDestroy, self._side), (self._rt.streamDestroy, self._copy),
                            (self._rt.streamDestroy, self._fetch),

@@ -8,6 +8,8 @@ import logging
 import threading
 from typing import Any
 
+from ...errors import MismatchError, PeerError
+
 log = logging.getLogger("slicetrace")
 
 
@@ -29,10 +31,12 @@ class Watchdog:
             if tok is None or be.broken is not None:
                 continue
             try:
-                why = None if tok.event.done else be.cannot_finish(tok)
+                why, kind = be.mismatch(), MismatchError      # also after the op ended: a peer said later
+                if why is None:
+                    why, kind = (None if tok.event.done else be.cannot_finish(tok)), PeerError
                 if why is not None:
                     log.warning("slicetrace: rank %d: aborting op %d: %s", be.rank, tok.tag, why)
-                    be.abort(why)
+                    be.abort(why, kind)
             except Exception:  # noqa: BLE001 - a store gone at shutdown: the waiting caller reports it
                 continue
 

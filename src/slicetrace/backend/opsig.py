@@ -1,0 +1,125 @@
+"""Collective signatures: what each rank says its n-th collective is (function, count, dtype, reduction, root,
+channels), so ranks that disagree raise MismatchError instead of mixing data.
+
+The cpu backend keeps its table in each rank's control block; the cuda backend, whose launches are asynchronous,
+keeps one `SigTable` per communicator in a small shared-memory segment: each rank writes its row at submit, and
+reads the others' when it waits, from its watchdog and when an op failed.
+"""
+from __future__ import annotations
+
+import secrets
+
+from ..plan.schedule import COLLECTIVES
+from ..rendezvous import Store
+from .base import DTYPES, REDOPS
+from .segment import Segment
+
+NSIG = 16            # entries kept per rank: a peer more than NSIG collectives ahead is not compared
+_W = 4               # words per entry: seq, count, packed, cfg
+
+Sig = tuple[int, int, int, int]       # (seq, count, packed, cfg)
+
+
+def encode_sig(func: str, count: int, dtype: str, redop: str, root: int, nch: int, step_bytes: int):
+    reduces = func in ("all_reduce", "reduce_scatter", "reduce")
+    packed = (COLLECTIVES.index(func) | DTYPES.index(dtype) << 8
+              | (REDOPS.index(redop) if reduces else 0xFF) << 16
+              | (root if func in ("broadcast", "reduce") else 0) << 24)
+    return count, packed, nch | step_bytes << 8
+
+
+def describe_sig(count: int, packed: int, cfg: int) -> str:
+    func, dt, red, root = COLLECTIVES[packed & 0xFF], DTYPES[packed >> 8 & 0xFF], packed >> 16 & 0xFF, packed >> 24
+    s = f"{func}(count={count}, dtype={dt}"
+    s += "" if red == 0xFF else f", op={REDOPS[red]}"
+    s += f", root={root})" if func in ("broadcast", "reduce") else ")"
+    return s + f" [nchannels={cfg & 0xFF}, step_bytes={cfg >> 8}]"
+
+
+def differ_text(seq: int, rank: int, mine: tuple, peer: int, theirs: tuple) -> str:
+    return (f"collective #{seq} differs across ranks: rank {rank} runs {describe_sig(*mine)}, "
+            f"rank {peer} runs {describe_sig(*theirs)}")
+
+
+class SigTable:
+    """world rows x NSIG entries x (seq, count, packed, cfg) u64 words in one segment. An entry is written as a
+    seqlock (seq 0, the words, then seq), so a reader that sees the same seq before and after has a whole entry."""
+
+    def __init__(self, seg: Segment, rank: int, world: int):
+        self.seg, self.rank, self.world = seg, rank, world
+        self.mv = seg.words(0, world * NSIG * _W * 8)
+        self._peers = tuple(p for p in range(world) if p != rank)
+        self.seq = 0                                # collectives numbered so far
+        self._enc: dict[tuple, tuple] = {}          # (id(plan), dtype, redop) -> (plan, encoded)
+
+    @classmethod
+    def open(cls, store: Store, prefix: str, job: str, rank: int, world: int, timeout_s: float) -> "SigTable":
+        """Rank 0 creates the segment and names it in the store; the others attach. Call `attached` once every
+        rank has (after a barrier): rank 0 then unlinks the name, so nothing stays in /dev/shm."""
+        size = max(4096, world * NSIG * _W * 8)
+        if rank == 0:
+            seg = Segment(f"st_{job}_sig_{secrets.token_hex(4)}", size, create=True)
+            store.set(f"{prefix}/sigseg", seg.name.encode())
+        else:
+            name = store.get(f"{prefix}/sigseg", timeout_s, what="rank 0's collective-signature table").decode()
+            seg = Segment(name)
+        return cls(seg, rank, world)
+
+    def attached(self) -> None:
+        if self.seg.owner:
+            self.seg.unlink()
+
+    def number(self, plan, dtype: str, redop: str, step_bytes: int) -> Sig:
+        """Number the next collective and publish what it is."""
+        key = (id(plan), dtype, redop)
+        hit = self._enc.get(key)
+        if hit is None or hit[0] is not plan:
+            if len(self._enc) > 256:
+                self._enc.clear()
+            hit = self._enc[key] = (plan, encode_sig(plan.func, plan.count, dtype, redop, plan.root,
+                                                     len(plan.programs), step_bytes))
+        self.seq += 1
+        sig = (self.seq,) + hit[1]
+        self.publish(sig)
+        return sig
+
+    def publish(self, sig: Sig) -> None:
+        seq, count, packed, cfg = sig
+        mv, b = self.mv, (self.rank * NSIG + seq % NSIG) * _W
+        mv[b] = 0
+        mv[b + 1], mv[b + 2], mv[b + 3] = count, packed, cfg
+        mv[b] = seq
+
+    def differs(self, sig: Sig | None) -> str | None:
+        """Why collective `sig` is not what a peer that has published the same seq runs, else None."""
+        if sig is None:
+            return None
+        seq, mine = sig[0], sig[1:]
+        mv = self.mv
+        for p in self._peers:
+            b = (p * NSIG + seq % NSIG) * _W
+            if mv[b] == seq:
+                theirs = (mv[b + 1], mv[b + 2], mv[b + 3])
+                if theirs != mine and mv[b] == seq:
+                    return differ_text(seq, self.rank, mine, p, theirs)
+        return None
+
+    def first_difference(self) -> str | None:
+        """The oldest of this rank's kept collectives that a peer runs differently, else None."""
+        mv, r = self.mv, self.rank
+        own = []
+        for i in range(NSIG):
+            b = (r * NSIG + i) * _W
+            s = mv[b]
+            entry = (s, mv[b + 1], mv[b + 2], mv[b + 3])
+            if s and mv[b] == s:          # not one being rewritten by the submitting thread
+                own.append(entry)
+        for sig in sorted(own):
+            why = self.differs(sig)
+            if why is not None:
+                return why
+        return None
+
+    def close(self) -> None:
+        self.attached()
+        self.seg.close()
