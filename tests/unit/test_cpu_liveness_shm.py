@@ -12,7 +12,7 @@ import time
 import pytest
 
 from slicetrace.backend import segment
-from slicetrace.backend.cpu.backend import _ADVICE
+from slicetrace.backend.cpu.backend import advice
 from slicetrace.backend.cpu.shm import C_HEARTBEAT, PAGE, REASON_MAX
 from slicetrace.backend.segment import Segment, unlink_name
 from slicetrace.backend.cpu.transport import Guard
@@ -68,7 +68,7 @@ def test_a_full_dev_shm_is_a_backend_error_that_says_what_to_change(monkeypatch)
     size = 14 << 20
     try:
         with pytest.raises(BackendError) as ei:
-            Segment(name, size, create=True, advice=_ADVICE)      # what the cpu backend says
+            Segment(name, size, create=True, advice=advice(64, 2, 1 << 16, 1 << 20))   # the cpu backend's
     finally:
         left = os.path.exists(f"/dev/shm/{name}")
         unlink_name(name)                # a failing run leaves nothing either
@@ -76,8 +76,11 @@ def test_a_full_dev_shm_is_a_backend_error_that_says_what_to_change(monkeypatch)
     msg = str(ei.value)
     assert f"could not reserve {size} bytes (14.0 MiB) of shared memory for segment {name!r}" in msg, msg
     assert "No space left on device" in msg and "/dev/shm has " in msg and " MiB free of " in msg, msg
-    for hint in ("SLICETRACE_BUFFSIZE", "SLICETRACE_NCHANNELS", "--shm-size"):
+    for hint in ("SLICETRACE_BUFFSIZE", "SLICETRACE_NCHANNELS", "SLICETRACE_STAMP_RING_SLOTS", "--shm-size"):
         assert hint in msg, msg
+    # here the rings are most of it (the reviewer's case: ring_slots large, nchannels 64)
+    assert "4.4 MiB of FIFOs ((nchannels 64 + world 2) x buffsize 65536)" in msg, msg
+    assert "6144.0 MiB of stamp rings (nchannels x ring_slots 1048576)" in msg, msg
 
 
 def test_a_created_segment_has_its_pages_reserved():

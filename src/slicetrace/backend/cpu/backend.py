@@ -31,8 +31,17 @@ from .p2p import run_p2p
 from .worker import RingJob, run_ring
 
 HEARTBEAT_S = 0.1
-_ADVICE = (", and every rank on this host needs one such segment, about (nchannels + world) x buffsize. Lower "
-           "SLICETRACE_BUFFSIZE (buffsize=, default 4M) or SLICETRACE_NCHANNELS (nchannels=)")
+
+
+def advice(nch: int, world: int, buffsize: int, slots: int) -> str:
+    """What a segment that did not fit is made of, and the settings that size each part."""
+    _, stride, rings = layout(nch, world, buffsize)
+    fifo, ring = (nch + world) * stride, segment_size(nch, world, buffsize, slots) - rings
+    return (f", and every rank on this host needs one such segment: {fifo / 2**20:.1f} MiB of FIFOs ((nchannels "
+            f"{nch} + world {world}) x buffsize {buffsize}) and {ring / 2**20:.1f} MiB of stamp rings (nchannels x "
+            f"ring_slots {slots}). Lower SLICETRACE_BUFFSIZE (buffsize=, default 4M), SLICETRACE_NCHANNELS "
+            f"(nchannels=) or SLICETRACE_STAMP_RING_SLOTS (ring_slots=)")
+
 _GEN: dict[str, int] = {}        # backends made per job in this process: keeps store keys of re-inits apart
 
 
@@ -56,7 +65,8 @@ class CpuBackend(HostBackend):
         self._prefix = f"st/{job}/cpu{gen}"
         size = segment_size(nch, world, settings.buffsize, settings.ring_slots)
         try:
-            self.seg = Segment(f"st_{job}_{gen}_{rank}_{secrets.token_hex(3)}", size, create=True, advice=_ADVICE)
+            self.seg = Segment(f"st_{job}_{gen}_{rank}_{secrets.token_hex(3)}", size, create=True,
+                               advice=advice(nch, world, settings.buffsize, settings.ring_slots))
         except BaseException as e:      # e.g. a full /dev/shm: peers waiting for our segment hear why at once
             self._say_failed(e)
             raise
