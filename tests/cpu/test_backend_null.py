@@ -1,6 +1,8 @@
 """backend='null': no processes, but the stamps of every plan as the cpu backend writes them."""
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 
@@ -94,3 +96,14 @@ def test_coll_seq_number_counts_unprofiled_ops_too():
     comm.all_gather(x)
     comm.close()
     assert SeqRecorder.seen == [0, 3, 0]
+
+
+def test_several_ranks_are_told_that_no_data_moves(caplog):
+    """A user who picked SLICETRACE_BACKEND=null for a job of several ranks got unchanged outputs and no word."""
+    with caplog.at_level(logging.WARNING, logger="slicetrace"):
+        make(world=2, rank=0)
+    assert any("backend='null' moves no data between its 2 ranks" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="slicetrace"):
+        make(world=1, rank=0)                 # alone, a collective is a local copy: it does compute
+    assert not caplog.records

@@ -7,6 +7,7 @@ writes them (persistent per connection, rounded up to the chunk steps when a pro
 """
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -16,6 +17,7 @@ from ..errors import BackendError, PeerError
 from ..stamps.layout import FLAG_SEND, KIND_STEP, RingViews, RingWriter, ring_bytes
 from .base import HostBackend, Work, part_views
 
+log = logging.getLogger("slicetrace")
 WAIT_NS = 200            # synthetic credit/data wait per slice
 BYTES_PER_NS = 10.0      # synthetic copy speed (10 GB/s)
 
@@ -26,6 +28,10 @@ class NullBackend(HostBackend):
 
     def __init__(self, settings, rank: int, world: int, store, job: str):
         super().__init__(settings, rank, world, store, job)
+        if world > 1:        # the outputs of a run of several ranks are not computed: never let that pass unsaid
+            log.warning("rank %d: backend='null' moves no data between its %d ranks: collectives and receives leave "
+                        "their outputs as they were (it is for tests of the profiler path; use 'cpu' or 'cuda')",
+                        rank, world)
         self.nch = settings.channels
         self._mem = bytearray(ring_bytes(self.nch, settings.ring_slots))
         self._rings = RingViews(self._mem, self.nch, settings.ring_slots)
