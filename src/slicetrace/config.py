@@ -29,6 +29,7 @@ DEFAULT_POOL_SIZES = {"GROUP_API": 4096, "COLL_API": 4096, "P2P_API": 4096, "KER
                       "KERNEL_STEP": 1 << 20, "PROXY_CTRL": 16}
 MAX_SECONDS = 86400.0                # any time setting: a day at most (an infinite wait would hang)
 MAX_RING_SLOTS = 1 << 24             # 1.5 GiB of stamps per channel; more fails later as a bare OSError
+MAX_BUFFSIZE = 1 << 30               # NCCL's is a few MiB: more is a typo (huge values overflowed os.ftruncate)
 
 
 def _bool(v: str) -> bool:
@@ -83,7 +84,7 @@ class Var:
 VARIABLES: tuple[Var, ...] = (
     Var("SLICETRACE_BACKEND", "backend", str, "engine backend: cpu (default), cuda, or null (tests)"),
     Var("SLICETRACE_NCHANNELS", "nchannels", _int, "channels per collective; 0 = backend default (cpu 1; cuda picks by size as NCCL does, up to 64)"),
-    Var("SLICETRACE_BUFFSIZE", "buffsize", _bytes, "Simple-protocol FIFO bytes per connection (NCCL_BUFFSIZE), e.g. 4194304 or 4M (>= 32768, a multiple of 4096), default 4M; on cpu each rank reserves about (nchannels + world) x buffsize in /dev/shm"),
+    Var("SLICETRACE_BUFFSIZE", "buffsize", _bytes, "Simple-protocol FIFO bytes per connection (NCCL_BUFFSIZE), e.g. 4194304 or 4M (>= 32768, a multiple of 4096, <= 1G), default 4M; on cpu each rank reserves about (nchannels + world) x buffsize in /dev/shm"),
     Var("SLICETRACE_P2P_CHUNKSIZE", "p2p_chunksize", _bytes, "send/recv chunk bytes (NCCL_P2P_NVL_CHUNKSIZE), e.g. 524288 or 512K (>= 4096, a multiple of 512; capped at BUFFSIZE/8), default 512K"),
     Var("SLICETRACE_NTHREADS", "nthreads", _int, "CUDA threads per block (NCCL_NTHREADS): 64, 128, 256, 512 or 640, default 512"),
     Var("SLICETRACE_TIMEOUT", "timeout_s", float, "seconds any wait may take before it becomes an error (> 0, <= 86400), default 60"),
@@ -120,9 +121,9 @@ _SECS = f"> 0 seconds and <= {MAX_SECONDS:.0f}"
 RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "backend": (lambda v: v in BACKENDS, f"one of {BACKENDS}"),
     "nchannels": (lambda v: 0 <= v <= MAXCHANNELS, f"in 0..{MAXCHANNELS} (0 = backend default)"),
-    "buffsize": (lambda v: v >= NCCL_STEPS * 4096 and v % (NCCL_STEPS * 512) == 0,
+    "buffsize": (lambda v: NCCL_STEPS * 4096 <= v <= MAX_BUFFSIZE and v % (NCCL_STEPS * 512) == 0,
                  f">= {NCCL_STEPS * 4096} and a multiple of {NCCL_STEPS * 512} "
-                 f"(8 FIFO steps of whole 512-byte grains)"),
+                 f"(8 FIFO steps of whole 512-byte grains), <= {MAX_BUFFSIZE} (1G)"),
     "p2p_chunksize": (lambda v: v >= 4096 and v % 512 == 0, "a multiple of 512, >= 4096"),
     "nthreads": (lambda v: v in (64, 128, 256, 512, 640), "one of (64, 128, 256, 512, 640)"),
     "timeout_s": (_secs, _SECS),

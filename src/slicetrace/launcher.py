@@ -4,6 +4,8 @@ from __future__ import annotations
 import glob
 import multiprocessing.connection as mpc
 from multiprocessing.managers import SyncManager
+from multiprocessing.reduction import ForkingPickler
+import operator
 import os
 import signal
 import sys
@@ -45,9 +47,8 @@ def init(backend: str | None = None, rank: int | None = None, world_size: int | 
     s = Settings.from_env(backend=backend, **settings)
     env = dist_env()
     # checked before any store is used: a bad rank would otherwise wait out the rendezvous timeout
-    for arg, v, want in (("rank", rank, "in 0..world_size-1"), ("world_size", world_size, ">= 1")):
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
-            raise UsageError(f"{arg}={v!r} (type {type(v).__name__}) must be an int {want}")
+    rank = None if rank is None else _as_int("rank", rank, "in 0..world_size-1")
+    world_size = None if world_size is None else _as_int("world_size", world_size, ">= 1")
     rank_name = "RANK" if rank is None and env.rank is not None else "rank"       # upper case: from the environment
     world_name = "WORLD_SIZE" if world_size is None and env.world_size is not None else "world_size"
     rank = env.rank if rank is None else rank
@@ -74,6 +75,39 @@ def init(backend: str | None = None, rank: int | None = None, world_size: int | 
         else:
             job = store.get("slicetrace/job", s.timeout_s, what="job id from rank 0").decode()
     return Communicator(s, rank, world_size, store, job, name)
+
+
+def _index(v: Any) -> int | None:
+    """An int, or an integer numpy scalar, as a plain int (as api_checks.int_index takes them); None otherwise
+    (a bool too)."""
+    if isinstance(v, bool):
+        return None
+    try:
+        return int(operator.index(v))
+    except TypeError:
+        return None
+
+
+def _as_int(arg: str, v: Any, want: str) -> int:
+    i = _index(v)
+    if i is None:
+        raise UsageError(f"{arg}={v!r} (type {type(v).__name__}) must be an int {want}")
+    return i
+
+
+def _check_picklable(fn: Callable, args: tuple) -> None:
+    """Spawned ranks get fn and args pickled: one that cannot be is named here, before any process starts, and not
+    as a bare TypeError from Process.start."""
+    for what, v in (("fn", fn), *((f"args[{i}]", a) for i, a in enumerate(args))):
+        try:
+            ForkingPickler.dumps(v)
+        except RuntimeError as e:
+            if "through inheritance" not in str(e):     # a multiprocessing Lock, Queue: pickled only when spawning
+                raise UsageError(f"{what}={v!r} cannot be sent to the spawned ranks (pickle): {e}") from None
+        except Exception as e:  # noqa: BLE001 - pickle fails as TypeError, AttributeError, PicklingError
+            raise UsageError(f"{what}={v!r} cannot be sent to the spawned ranks (pickle): {type(e).__name__}: {e}; "
+                             f"pass plain data (numbers, strings, numpy arrays) and create locks, files and "
+                             f"connections inside fn") from None
 
 
 ORPHAN_CHECK_S = 0.25
@@ -184,8 +218,13 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
     LaunchError leads with the rank where the failure began (`.errors`: each rank that did not return: its error
     and traceback, or how it ended: died, exited without a result, killed while still running).
     """
-    if not isinstance(nranks, int) or isinstance(nranks, bool) or nranks < 1:
+    if not callable(fn):
+        raise UsageError(f"fn={fn!r} (type {type(fn).__name__}) must be callable: a function defined at the top "
+                         f"level of a module, run as fn(comm, *args) on every rank")
+    n = _index(nranks)
+    if n is None or n < 1:
         raise UsageError(f"nranks={nranks!r} must be an int >= 1")
+    nranks = n
     if join_timeout_s is not None and (not isinstance(join_timeout_s, (int, float)) or isinstance(join_timeout_s, bool)
                                        or not 0 < join_timeout_s < float("inf")):
         raise UsageError(f"join_timeout_s={join_timeout_s!r} must be a finite number of seconds > 0, or None (no "
@@ -193,6 +232,7 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
     if "<" in getattr(fn, "__qualname__", ""):
         raise UsageError(f"fn={fn.__qualname__!r}: spawned ranks import fn by name, so it must be a function defined "
                          f"at the top level of a module (not a lambda or a nested function)")
+    _check_picklable(fn, args)
     s = Settings.from_env(**settings)
     ctx = _QuietContext()
     job = uuid.uuid4().hex[:10]

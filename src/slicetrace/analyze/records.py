@@ -18,6 +18,7 @@ log = logging.getLogger("slicetrace")
 
 MAX_CHANNELS = 64           # config.MAXCHANNELS (analyze may not import config): channels are 0..63
 _I32, _I64, _U64 = (1 << 31) - 1, (1 << 63) - 1, (1 << 64) - 1     # the analysis tables' column types
+_MAX_US = _I64 // 1000      # ts and dur are µs; the analyses hold them as int64 ns
 
 REQUIRED_ARGS: dict[tuple[str, str | None], tuple[str, ...]] = {
     ("COLL", None): ("SeqNum", "CommHash", "Rank", "Count", "Datatype", "Algorithm", "Protocol", "nChannels"),
@@ -88,8 +89,12 @@ def record_problem(r: dict, need_args: bool = True) -> str | None:
             return "has no 'ts'"
         if not _number(r["ts"]):
             return f"'ts' must be a finite number, not {r['ts']!r}"
+        if not -_MAX_US <= r["ts"] <= _MAX_US:
+            return f"'ts' is {r['ts']!r}: accepted -{_MAX_US}..{_MAX_US} µs (its ns must fit in int64)"
     if "dur" in r and not (_number(r["dur"]) and r["dur"] >= 0):
         return f"'dur' must be a finite number >= 0 (the slice ends after it begins), not {r['dur']!r}"
+    if "dur" in r and not max(r.get("ts", 0), 0) + r["dur"] <= _MAX_US:     # its end too is held in ns
+        return f"'dur' is {r['dur']!r}: accepted ts + dur <= {_MAX_US} µs (the slice's end in ns must fit in int64)"
     a = r.get("args")
     if a is None:
         a = {}
@@ -113,6 +118,10 @@ def record_problem(r: dict, need_args: bool = True) -> str | None:
         return f"'args.ParentId' must be an integer in -1..{_I64} (-1: no parent) or null, not {a['ParentId']!r}"
     if ph == "M" and r.get("name") == "thread_name" and type(a.get("name", "")) is not str:
         return f"'args.name' must be a string, not {a['name']!r}"
+    if r.get("name") == "slicetrace_counters":          # report sums and formats them as integers
+        bad = next((k for k, v in a.items() if type(v) is not int), None)
+        if bad is not None:
+            return f"'args.{bad}' must be an integer (a counter), not {a[bad]!r}"
     if kind == ("COLL", None) and a.get("SeqNum", 0) < 0:        # stragglers match collectives by SeqNum
         return f"'args.SeqNum' is {a['SeqNum']}: accepted 0..{_I64}, the collective's sequence number"
     if kind is not None and kind[0] == "GPU":            # (a missing clock is need_args's to name)
@@ -175,6 +184,9 @@ def read_records(path: str, empty_ok: bool = False) -> list[dict]:
                                f"the other ranks")
     try:
         data = json.loads(text)
+    except RecursionError:                  # no trace nests that deep; the parser gives up
+        raise TraceFormatError(f"trace file {path!r} cannot be read as JSON: nested too deeply (a trace is an "
+                               f"array of flat records)") from None
     except ValueError as e:
         data = _cut_short(text)
         if data is None:

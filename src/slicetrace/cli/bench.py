@@ -225,13 +225,19 @@ def bench_rank(comm, o: dict) -> list[dict]:
     return rows
 
 
+_TOO_BIG = ("Maximum allowed dimension exceeded", "array is too big")       # numpy's words for it
+
+
 @contextlib.contextmanager
 def _memory(o: dict, op: str, nbytes: int, dtype, n: int, rank: int):
     """A size too large for this host is a usage error naming the size and what it needs, not a MemoryError
     traceback per rank."""
     try:
         yield
-    except MemoryError:
+    except (MemoryError, ValueError) as e:
+        # numpy refuses a size past its index limit with a ValueError; other ValueErrors (ours: UsageError) pass
+        if not isinstance(e, MemoryError) and not str(e).startswith(_TOO_BIG):
+            raise
         cin, cout = counts(op, nbytes, dtype.itemsize, n)
         check = (f" and about {n * cin * (dtype.itemsize + 8):,} B more to check it (-c 0 skips the check)"
                  if o["check"] else "")

@@ -14,7 +14,7 @@ from ..errors import BackendError, ConfigError, SliceTraceError, UsageError
 from ..events.abi import EventType, parse_mask
 from ..events.plugin import BUILTINS, load_plugins, resolve
 from .outputs import dump_files, trace_note, writable_file, writable_folder, write_json
-from .sweep import DTYPE_ALIASES, OPS, all_dtypes, bench_dtype, parse_size, sizes
+from .sweep import DTYPE_ALIASES, OPS, all_dtypes, bench_dtype, parse_size, shm_check, sizes
 
 
 KERNEL_STEP = int(EventType.KERNEL_STEP)
@@ -158,7 +158,7 @@ def run_bench(a: argparse.Namespace) -> int:
         raise SliceTraceError(f"--ranks {a.ranks} must be >= 1")
     if a.run_cycles < 0:
         raise SliceTraceError(f"-N {a.run_cycles} must be >= 0 (0: until interrupted)")
-    if a.run_cycles == 0 and a.json:
+    if a.run_cycles == 0 and a.json is not None:
         raise SliceTraceError(f"--json {a.json!r} with -N 0: a run without end never writes it; give -N a count")
     if a.timeout is not None and not a.timeout > 0:
         raise SliceTraceError(f"-T {a.timeout} must be > 0 seconds")
@@ -166,7 +166,7 @@ def run_bench(a: argparse.Namespace) -> int:
         raise UsageError(f"--channels {a.channels} must be in 0..{MAXCHANNELS} (0: the backend chooses)")
     if a.seed < 0:
         raise UsageError(f"--seed {a.seed} must be >= 0 (numpy's generators take no negative seed)")
-    if a.json:
+    if a.json is not None:              # '' too: writable_file refuses it, rather than writing nothing
         writable_file("--json", a.json)
     if a.overhead_of == "kernel_step":
         if not a.overhead:
@@ -185,14 +185,14 @@ def run_bench(a: argparse.Namespace) -> int:
     if a.timeout is not None:
         overrides["timeout_s"] = a.timeout
     env_plugins = Settings.from_env().profiler_plugin
-    if a.trace or a.profile is not None:        # both ask for the example plugin: the environment's may lack it
+    if a.trace is not None or a.profile is not None:        # both ask for the example plugin: the environment's may lack it
         overrides["profiler_plugin"] = _with_example(env_plugins)
     elif a.overhead:                            # the environment's plugins are what --overhead measures, if any
         overrides["profiler_plugin"] = _with_example(None) if (env_plugins or "none").strip().lower() == "none" \
             else env_plugins
     if a.profile is not None:
         overrides["profile_event_mask"] = a.profile
-    if a.trace:
+    if a.trace is not None:
         writable_folder("--trace", a.trace)
         overrides["profile_dump_file"] = os.path.join(a.trace, "trace")
     try:
@@ -206,7 +206,7 @@ def run_bench(a: argparse.Namespace) -> int:
     if s.backend not in ("cpu", "cuda"):         # null: the tests' backend moves no data, so no sane row
         raise UsageError(f"--backend {s.backend!r}: bench runs 'cpu' or 'cuda' ({s.backend!r} is a test backend "
                          f"that moves no data)")
-    if a.trace and s.profile_event_mask == 0:
+    if a.trace is not None and s.profile_event_mask == 0:
         raise UsageError(f"--trace {a.trace!r} with event mask 0 (SLICETRACE_PROFILE_EVENT_MASK or --profile) records "
                          f"nothing; leave the mask unset or give the event types to record")
     want = {"gloo": "cpu", "nccl": "cuda"}.get(a.compare or "")
@@ -227,6 +227,8 @@ def run_bench(a: argparse.Namespace) -> int:
                 raise BackendError(f"--backend cuda: no usable CUDA device ({type(e).__name__}: {e})") from None
     if not 0 <= a.root < nranks:
         raise UsageError(f"-r {a.root} must be a rank, 0..{nranks - 1} (the run has {nranks} rank(s): --ranks)")
+    if s.backend == "cpu":
+        shm_check(nranks, s)
     left_out: list[str] = []
     dtypes = (all_dtypes(s.backend, left_out) if a.datatype == "all"
               else [bench_dtype(DTYPE_ALIASES[a.datatype], s.backend)])
@@ -240,20 +242,20 @@ def run_bench(a: argparse.Namespace) -> int:
             "overhead_of": a.overhead_of,
             "rounds": a.rounds, "seed": a.seed, "inplace": a.inplace,
             "average": a.average, "cycles": a.run_cycles}
-    traces_before = dump_files(a.trace) if a.trace else {}
+    traces_before = dump_files(a.trace) if a.trace is not None else {}
     results = launch(bench_rank, nranks, opts, **overrides)
     rows = results[0]
     bad_rows = [r for r in rows if r["wrong"] > 0]
     summary = summarize(rows, bool(a.check))
     for line in format_summary(summary, a.compare):
         say(line)
-    if a.json:
+    if a.json is not None:
         write_json("--json", a.json, {"settings": {f.name: _json_value(getattr(s, f.name)) for f in fields(s)},
                                        "ranks": nranks, "bench": {k: v for k, v in vars(a).items()
                                                                   if k not in ("cmd", "func")},   # -a, -n, -w, ...
                                        "env": _provenance(s.backend, nranks, a.compare), "rows": rows,
                                        "summary": summary})
-    if a.trace:
+    if a.trace is not None:
         say(trace_note(a.trace, traces_before, s.profiler_plugin, s.profile_event_mask))
     if bad_rows:
         print(f"# {len(bad_rows)} size(s) had wrong results", file=sys.stderr)
@@ -282,22 +284,23 @@ def run_config(a: argparse.Namespace) -> int:
 
 def run_report(a: argparse.Namespace) -> int:
     from ..analyze.report import build, render
-    from ..analyze.trace import counters, kernel_chs, kernel_steps, load_files, run_ranks, write_steps_csv
+    from ..analyze.trace import absent, counters, kernel_chs, kernel_steps, load_files, run_ranks, write_steps_csv
     if a.top < 0:
         raise UsageError(f"--top {a.top} must be >= 0")
     for flag, path in (("--json", a.json), ("--csv", a.csv)):
-        if path:
+        if path is not None:            # '' too: writable_file refuses it, rather than writing nothing
             writable_file(flag, path)
     loaded = load_files(a.traces, skip_empty=a.partial)
     recs = [r for _, rs in loaded for r in rs]
     ranks = run_ranks(loaded)
-    missing = sorted(set(range(ranks.n)) - {r.get("pid") for r in recs}) if ranks else []
+    present = sorted({r["pid"] for r in recs if type(r.get("pid")) is int})    # below ranks.n: load_files checked
+    missing, listed = absent(ranks, set(present)) if ranks else (0, "")
     if missing and not a.partial:   # stragglers, waits and links would be judged among the others, silently
         raise SliceTraceError(f"{' '.join(a.traces)}: the run had {ranks.n} ranks ({ranks.source}) and the files "
-                              f"given hold no records of rank(s) {missing}; give every rank's file, or pass "
+                              f"given hold no records of rank(s) {listed}; give every rank's file, or pass "
                               f"--partial to analyse the ranks present")
     if missing:
-        print(f"# --partial: rank(s) {missing} of {ranks.n} absent; stragglers, waits and links are among the "
+        print(f"# --partial: rank(s) {listed} of {ranks.n} absent; stragglers, waits and links are among the "
               f"ranks present only")
     ks, chs = kernel_steps(recs), kernel_chs(recs)
     if not len(ks) and not len(chs) and any(r.get("name") == "slicetrace_comm" and (r.get("args") or {}).get(
@@ -320,18 +323,16 @@ def run_report(a: argparse.Namespace) -> int:
         raise SliceTraceError(f"{' '.join(a.traces)}: no KernelStep or KernelCh events to analyse ({len(recs)} "
                               f"events in all); record with both in the mask, e.g. `slicetrace bench --trace DIR` "
                               f"or SLICETRACE_PROFILE_EVENT_MASK=65606")
-    present = sorted(set(range(ranks.n)) - set(missing)) if ranks else \
-        sorted({r["pid"] for r in recs if type(r.get("pid")) is int})
     rep = build(ks, counts, top=a.top, chs=chs, ranks=present)
-    if a.json:                  # the files first: a reader that stops early (`| head`) does not lose them
+    if a.json is not None:      # the files first: a reader that stops early (`| head`) does not lose them
         write_json("--json", a.json, rep.to_dict())
-    if a.csv:
+    if a.csv is not None:
         try:
             n = write_steps_csv(ks, a.csv)
         except OSError as e:
             raise UsageError(f"--csv {a.csv!r}: cannot write the file ({e.strerror or e})") from None
     render(rep)
-    if a.csv:
+    if a.csv is not None:
         print(f"# {n} KernelStep rows: {a.csv}")
     return 0
 

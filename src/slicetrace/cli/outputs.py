@@ -15,6 +15,8 @@ from ..errors import SliceTraceError, UsageError
 def writable_file(flag: str, path: str) -> None:
     """Fail before the work, not after it: open the file for appending (os.access says yes to root everywhere,
     /proc included), and remove it again if this made it."""
+    if not path:                            # open('') fails with a bare errno; name the flag instead
+        raise UsageError(f"{flag} {path!r}: an empty path names no file; give a file name")
     if os.path.isdir(path):
         raise UsageError(f"{flag} {path!r} is a folder; give a file name")
     existed = os.path.lexists(path)
@@ -31,6 +33,8 @@ def writable_file(flag: str, path: str) -> None:
 
 
 def writable_folder(flag: str, path: str) -> None:
+    if not path:
+        raise UsageError(f"{flag} {path!r}: an empty path names no folder; give a folder name (. for this one)")
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as e:

@@ -14,13 +14,37 @@ DTYPE_ALIASES = {"int8": "int8", "char": "int8", "uint8": "uint8", "int32": "int
                  "int64": "int64", "half": "float16", "float16": "float16", "float": "float32",
                  "float32": "float32", "double": "float64", "float64": "float64", "bfloat16": "bfloat16"}
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "G": 1 << 30, "GB": 1 << 30}
+MAX_BYTES = 1 << 60         # past any memory (a failed allocation says what it needs), below numpy's index limit
 
 
 def parse_size(text: str, what: str) -> int:
     m = re.fullmatch(r"\s*(\d+)\s*([KMG]?B?)\s*", str(text).upper())
     if not m:
         raise UsageError(f"{what}={text!r} is not a size (e.g. 8, 4K, 64M, 1G)")
-    return int(m.group(1)) * _UNITS[m.group(2)]
+    n = int(m.group(1)) * _UNITS[m.group(2)]
+    if n > MAX_BYTES:
+        raise UsageError(f"{what}={text!r} is {n:,} bytes: accepted at most {MAX_BYTES:,} (2**60)")
+    return n
+
+
+def shm_check(nranks: int, settings) -> None:
+    """cpu: refuse, before any rank starts, a run whose ranks' segments together would not fit in /dev/shm (each
+    rank reserves (nchannels + ranks) FIFOs of buffsize): --ranks 100000 would otherwise spawn 100000 processes
+    that each fail."""
+    import os
+
+    from ..backend.cpu.shm import segment_size
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError:
+        return                  # no /dev/shm to measure: the backend reports its own failure
+    free = st.f_bavail * st.f_frsize
+    need = nranks * segment_size(settings.channels, nranks, settings.buffsize, settings.ring_slots)
+    if need > free:
+        raise UsageError(f"--ranks {nranks}: the cpu backend's shared memory would need about {need / 2**20:,.0f} "
+                         f"MiB in /dev/shm ({nranks} ranks x (nchannels {settings.channels} + {nranks} ranks) x "
+                         f"buffsize {settings.buffsize}, plus stamp rings) and {free / 2**20:,.0f} MiB is free; give "
+                         f"fewer --ranks, or lower SLICETRACE_BUFFSIZE or --channels")
 
 
 MAX_SIZES = 10_000          # a sweep longer than this is a typo in -i, not a benchmark
