@@ -112,12 +112,12 @@ _S = State
 _PROXY_STEP_STATES = {_S.PROXY_STEP_SEND_GPU_WAIT, _S.PROXY_STEP_SEND_WAIT, _S.PROXY_STEP_RECV_WAIT,
                       _S.PROXY_STEP_RECV_FLUSH_WAIT, _S.PROXY_STEP_RECV_GPU_WAIT}
 _PROXY_CTRL_STATES = {_S(v) for v in range(13, 19)}
-# States each version is shown (v1/v2 also see ProxyOp states; v3 forwards only ProxyStep/ProxyCtrl, as NCCL's adapter).
+# States each version is shown: NCCL's v1..v3 adapters forward only ProxyStep and ProxyCtrl states (not ProxyOp's).
 VERSION_STATES: dict[int, frozenset[State]] = {
-    1: frozenset({_S(v) for v in range(0, 8)} | _PROXY_STEP_STATES | _PROXY_CTRL_STATES),
+    1: frozenset(_PROXY_STEP_STATES | _PROXY_CTRL_STATES),
 }
 VERSION_STATES[2] = VERSION_STATES[1]
-VERSION_STATES[3] = frozenset(_PROXY_STEP_STATES | _PROXY_CTRL_STATES)
+VERSION_STATES[3] = VERSION_STATES[2]
 VERSION_STATES[4] = frozenset(VERSION_STATES[3] | {_S.PROXY_OP_IN_PROGRESS_V4, _S.PROXY_STEP_SEND_PEER_WAIT_V4,
                                                    _S.NET_PLUGIN_UPDATE, _S.KERNEL_CH_STOP})
 VERSION_STATES[5] = frozenset(VERSION_STATES[4] | {_S.GROUP_START_API_STOP, _S.GROUP_END_API_START})
@@ -135,6 +135,9 @@ PARENT_RULES: dict[EventType, int] = {
     _T.GROUP: _T.GROUP | _T.COLL | _T.P2P | _DESC_OF_TASK,
     _T.COLL: _T.COLL | _DESC_OF_TASK,
     _T.P2P: _T.P2P | _DESC_OF_TASK,
+    _T.PROXY_OP: _T.PROXY_OP | _T.PROXY_STEP | _T.NET_PLUGIN,
+    _T.PROXY_STEP: _T.PROXY_STEP | _T.NET_PLUGIN,
+    _T.CE_COLL: _T.CE_COLL | _T.CE_SYNC | _T.CE_BATCH,
     _T.KERNEL_CH: _T.KERNEL_CH | _T.KERNEL_PHASE,      # KernelPhase turns KernelCh on implicitly (v7)
 }
 

@@ -74,8 +74,10 @@ class Plugin(Protocol):
     and `report_counters(ctx, counters)`, called once right
     before `finalize` with the host's drop and delivery counters so a trace can carry its loss accounting.
     Optional (native version only): `unrecorded_handle(ctx) -> handle`, a promise that start_event returns
-    that very handle, with no side effect, for every type outside the plugin's live mask, and that
-    stop_event/record_event_state on it do nothing; the host then skips those calls (auto-included parents).
+    that very handle, with no side effect, for every parent type (API, KernelLaunch, Group, Coll, P2p) outside
+    the plugin's live mask, and that stop_event/record_event_state on it do nothing; the host then skips those
+    calls (auto-included parents). KernelCh and KernelStep are offered by the op's mask snapshot (a mask change
+    applies from the next op); a record the plugin answers with that handle counts as declined.
     """
     name: str
     version: int
@@ -165,6 +167,8 @@ class LoadedPlugin:
             d = replace(d, **kw) if kw else d
             if v == 1:
                 d = _to_v1(d)
+        elif isinstance(d, (CollApiDescr, P2pApiDescr)) and v < 7:
+            d = replace(d, user_tag=0)                # user_tag is v7's (v5/v6 API descriptors lack it)
         elif isinstance(d, KernelChDescr) and v <= 3:
             d = replace(d, p_timer=0)
         return d
@@ -261,12 +265,13 @@ def _one_by_one(lp: LoadedPlugin, start: Any, state: Any, stop: Any, stop_state:
     event is always stopped (its parent stops later); calls stop once lp.error_budget exceptions were raised."""
     kept = failed = done = errors = 0
     first: BaseException | None = None
+    pt = lp.passthrough
     for descr, p_timer, ts in events:
         done += 1
         bad = 0
         try:
             h = start(descr)
-            if h is None:
+            if h is None or h is pt:          # refused, or "not recorded" (unrecorded_handle): declined, not kept
                 continue
             try:
                 state(h, stop_state, StateArgs(p_timer=p_timer, ts_ns=ts))

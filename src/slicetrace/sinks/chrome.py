@@ -34,7 +34,8 @@ from .chrome_text import COLL_B, OP_E, P2P_B, js, metadata, pair, us
 
 T = EventType
 DEFAULT_MASK = int(T.COLL | T.P2P | T.KERNEL_CH | T.KERNEL_STEP)      # 65606
-_KCH = int(T.KERNEL_CH)
+# Offered after the op's mask snapshot, which the host decides by: the live mask may have changed since.
+_LATE = int(T.KERNEL_CH | T.KERNEL_STEP)
 _BY_CLASS = {cls: (POOL_OF[t], int(t)) for cls, t in (
     (GroupApiDescr, T.GROUP_API), (CollApiDescr, T.COLL_API), (P2pApiDescr, T.P2P_API),
     (KernelLaunchDescr, T.KERNEL_LAUNCH), (GroupDescr, T.GROUP), (CollDescr, T.COLL), (P2pDescr, T.P2P),
@@ -125,7 +126,7 @@ class ChromePlugin:
 
     def start_event(self, ctx: Ctx, descr: Any) -> Ev | None:
         pool, bit = _BY_CLASS.get(type(descr), (None, 0))    # by class: IntFlag arithmetic is slow
-        if pool is None or not ctx.mask.value & bit:
+        if pool is None or not (ctx.mask.value | _LATE) & bit:   # parents come at the snapshot: live mask = op's
             return ctx.passthrough      # a parent we do not record: children must still find a handle
         if pool == "PROXY_CTRL":
             return Ev(ctx, descr, pool)          # ring of the last states, overwritten (no pool check)
@@ -136,7 +137,8 @@ class ChromePlugin:
         return Ev(ctx, descr, pool)
 
     def unrecorded_handle(self, ctx: Ctx) -> Ev:
-        """What start_event returns, without side effects, for types outside the live mask (the host skips them)."""
+        """What start_event returns, without side effects, for parent types outside the live mask (the host skips
+        them)."""
         return ctx.passthrough
 
     def record_event_state(self, handle: Ev, state: State, args: StateArgs) -> None:
@@ -196,14 +198,14 @@ class ChromePlugin:
 
     def kernel_ch_batch(self, ctx: Ctx, parent: Any, recs: np.ndarray) -> int:
         """Whole KernelCh events: never in flight, so the pool only bounds the buffer (written when full)."""
-        if not ctx.done and ctx.mask.value & _KCH:
+        if not ctx.done:
             ctx.add_chans(recs, parent_ids(parent)[0])
         return len(recs)
 
     def kernel_ch_runs(self, ctx: Ctx, parents: list, recs: np.ndarray, starts: list[int], stops: list[int]) -> int:
         """kernel_ch_batch for a whole poll: one pending batch with a parent per row."""
         n = sum(stops) - sum(starts)
-        if ctx.done or not ctx.mask.value & _KCH:
+        if ctx.done:
             return n
         ids = [p.ids[0] if type(p) is Ev else -1 for p in parents]
         if stops[:-1] == starts[1:]:                # contiguous: one batch
