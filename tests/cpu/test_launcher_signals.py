@@ -350,30 +350,38 @@ EARLY_DRIVER = textwrap.dedent("""
 
 
 def _early(tmp_path, mode: str, sleep_s: float, wait_for: str):
-    """The driver in a session of its own; SIGINT to its group once `wait_for` files exist; (rc, stdout)."""
+    """The driver in a session of its own; SIGINT to its group once `wait_for` files exist; (rc, stdout, stderr,
+    whether those files existed when the signal was sent)."""
     (tmp_path / "driver.py").write_text(EARLY_DRIVER)
     p = subprocess.Popen([sys.executable, str(tmp_path / "driver.py"), str(tmp_path), mode, str(sleep_s)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
         deadline = time.monotonic() + 60
-        while len(list(tmp_path.glob(wait_for))) < (2 if "*" in wait_for else 1) and time.monotonic() < deadline:
+        want = 2 if "*" in wait_for else 1
+        while len(list(tmp_path.glob(wait_for))) < want and time.monotonic() < deadline:
             time.sleep(0.005)
+        ready = len(list(tmp_path.glob(wait_for))) >= want
         os.killpg(p.pid, signal.SIGINT)
-        out, _ = p.communicate(timeout=30)
+        out, err = p.communicate(timeout=30)
     finally:
         _reap(p)
-    return p.returncode, out.decode()
+    return p.returncode, out.decode(), err.decode(errors="replace"), ready
 
 
 def test_a_ctrl_c_while_the_ranks_start_is_not_lost(tmp_path):
     """The launcher ignored SIGINT while it started its store server and ranks (so they would not print import
     tracebacks): a Ctrl-C then was thrown away and the run went on. SIGINT is blocked instead, and raised after."""
-    rc, out = _early(tmp_path, "default", 8.0, "starting")
-    assert rc != 0 and "DONE" not in out
+    rc, out, err, ready = _early(tmp_path, "default", 8.0, "starting")
+    assert ready, "the launcher never reached its start-up window"
+    # the interrupt ends the driver as an uncaught KeyboardInterrupt does (killed by SIGINT: 130 in a shell), with
+    # the driver's own traceback from launch() only: no rank ran, none printed one
+    assert rc == -signal.SIGINT and out == "", (rc, out, err)
+    assert err.count("Traceback") == 1 and "in launch" in err and err.rstrip().endswith("\nKeyboardInterrupt"), err
+    assert list(tmp_path.glob("rank*.up")) == []
 
 
 def test_a_program_that_ignores_sigint_keeps_ranks_that_ignore_it(tmp_path):
     """Ranks used to get Python's KeyboardInterrupt handler whatever the launcher had (nohup, `cmd &` in a script,
     an explicit SIG_IGN), so one Ctrl-C to the group killed the run."""
-    rc, out = _early(tmp_path, "ignore", 1.5, "rank*.up")
-    assert rc == 0 and "DONE [0, 1]" in out
+    rc, out, err, ready = _early(tmp_path, "ignore", 1.5, "rank*.up")
+    assert ready and rc == 0 and "DONE [0, 1]" in out, err

@@ -12,7 +12,7 @@ import slicetrace
 from slicetrace.analyze.report import stragglers
 from slicetrace.analyze.trace import check_trace, kernel_chs, kernel_steps, load_traces
 from slicetrace.plan.schedule import P2pPart, plan_collective, plan_p2p
-from slicetrace.plan.traffic import expected_slices
+from slicetrace.plan.traffic import expected_slices, stamp_records
 
 FUNCS = {"AllReduce": "all_reduce", "AllGather": "all_gather", "ReduceScatter": "reduce_scatter",
          "Broadcast": "broadcast", "Reduce": "reduce"}
@@ -369,6 +369,31 @@ def test_kernel_step_sampling_keeps_the_same_slices_at_both_ends_of_a_connection
     assert len(recvs) > 20 and sends.keys() == recvs.keys()
     assert [key for key, t in recvs.items() if t < sends[key]] == []
     assert all(c["sampled_out"] > 2 * len(ks) // 3 for c in res)      # about 3 of every 4 left out, per rank
+    # exactly: per op, program and direction, the slices whose index in that direction is a multiple of 4, and as
+    # many kept and left out as plan.traffic.stamp_records counts
+    recs = load_traces(sorted(glob.glob(prefix + "_*.json")))
+    colls = [r for r in recs if r.get("ph") == "b" and r.get("cat") == "COLL"]
+    assert sorted(r["name"] for r in colls) == sorted(["AllReduce", "ReduceScatter", "AllGather"] * 3)
+    skipped = Counter()
+    for coll in colls:
+        rank, a = coll["pid"], coll["args"]
+        mine = ks[(ks["rank"] == rank) & (ks["op"] == coll["id"])]
+        plan = plan_collective(FUNCS[coll["name"]], 3, rank, a["Count"], 4, 0, 2, (1 << 16) // 8)
+        ss, kept = plan.proto.slice_steps, 0
+        for prog in plan.programs:
+            k, s = stamp_records(prog, 4, True, False)
+            kept += k
+            skipped[rank] += s
+            for is_send in (False, True):
+                sizes = [n * 4 for prim in prog.prims for _, n in prim.slices
+                         if (prim.send_to if is_send else prim.recv_from) is not None]
+                want = [(i, b) for i, b in enumerate(sizes) if i % 4 == 0 and b > 0]
+                got = sorted((int(r["step"]), int(r["size"])) for r in mine
+                             if r["channel"] == prog.channel and bool(r["is_send"]) == is_send)
+                assert want and want[0][0] == 0 and len(got) == len(want), (coll["name"], rank, is_send, got, want)
+                assert [((st - got[0][0]) // ss, b) for st, b in got] == want, (coll["name"], rank, prog.channel)
+        assert len(mine) == kept, (coll["name"], rank)
+    assert [c["sampled_out"] for c in res] == [skipped[r] for r in range(3)]
 
 
 def _late_send(comm, delay_s):

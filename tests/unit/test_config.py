@@ -271,6 +271,40 @@ def test_every_known_variable_round_trips_without_a_warning(caplog, monkeypatch)
     assert s == d.with_(profile_event_mask=65606)
 
 
+# a valid value other than the default for every variable: (what the variable says, the field's value)
+NON_DEFAULT = {
+    "backend": ("null", "null"), "nchannels": ("5", 5), "buffsize": ("128K", 131072),
+    "p2p_chunksize": ("8K", 8192), "nthreads": ("256", 256), "timeout_s": ("2.5", 2.5),
+    "ring_slots": ("0x100", 256), "sample_rate": ("3", 3), "op_sample_rate": ("7", 7),
+    "profile_min_bytes": ("64K", 65536), "drain_interval_us": ("250", 250), "profiler_plugin": ("linkstats", "linkstats"),
+    "profile_event_mask": ("Coll|KernelStep", 2 | 1 << 16), "profile_dump_file": ("/x/trace", "/x/trace"),
+    "linkstats_file": ("/x/links", "/x/links"), "linkstats_interval_s": ("0.5", 0.5),
+    "plugin_max_failures": ("3", 3), "cpu_reclaim": ("on", "on"), "cpu_wait": ("futex", "futex"),
+    "cpu_bind": ("off", "off"), "cache_dir": ("/x/cache", "/x/cache"), "assert_warm": ("yes", True),
+    "clock_resync_s": ("4", 4.0), "debug": ("INFO", "INFO"),
+}
+
+
+def test_every_known_variable_sets_its_field(caplog, monkeypatch):
+    """Each variable set to a value other than its default reaches its field: one that from_env parsed but did
+    not store would leave the default, which the round trip above cannot tell from the value."""
+    monkeypatch.setattr(config, "_warned", set())
+    d = Settings()
+    assert set(NON_DEFAULT) == {v.attr for v in VARIABLES}        # a new variable needs a value here
+    assert [a for a, (_, want) in NON_DEFAULT.items() if getattr(d, a) == want] == []
+    env = {v.name: NON_DEFAULT[v.attr][0] for v in VARIABLES}
+    pools = {n: d.pool_sizes[n] + 1 + i for i, n in enumerate(config.POOL_NAMES)}
+    env.update({var: str(pools[n]) for n, var in zip(config.POOL_NAMES, POOL_VARIABLES)})
+    with caplog.at_level(logging.WARNING, logger="slicetrace"):
+        s = Settings.from_env(env)
+    assert caplog.records == []
+    assert {a: getattr(s, a) for a in NON_DEFAULT} == {a: want for a, (_, want) in NON_DEFAULT.items()}
+    assert dict(s.pool_sizes) == pools
+    for v in VARIABLES:                                           # and each alone, the others at their defaults
+        alone = Settings.from_env({v.name: NON_DEFAULT[v.attr][0]})
+        assert alone == d.with_(**{v.attr: NON_DEFAULT[v.attr][1]}), v.name
+
+
 # ---- ring slots: an upper bound, named ----
 
 def test_ring_slots_have_an_upper_bound():

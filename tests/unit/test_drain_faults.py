@@ -55,8 +55,8 @@ def test_stop_and_flush_return_in_time_while_the_drain_thread_is_stuck_in_a_cons
     d.start()
     try:
         assert sink.entered.wait(10)
-        ok, took = _within(0.3 + SLACK_S, d.flush, 0.3)
-        assert ok is False and took >= 0.25
+        ok, _ = _within(0.3 + SLACK_S, d.flush, 0.3)       # the join is a hang guard only
+        assert ok is False and not d.idle() and d.error is None and sink.ended == []    # not done, said so
         _within(0.5 + SLACK_S, d.stop, 0.5)
         assert isinstance(d.error, CommTimeoutError) and d.alive
         msg = str(d.error)
