@@ -44,6 +44,7 @@ class Communicator:
         self._stream: Any = None        # cuda: None = the current stream at each call
         self._closed = False
         self._busy = threading.Lock()   # one op at a time: a second thread gets an error, not a corrupted step count
+        self._closing = threading.Lock()    # one closer; a second close returns
 
     # ---- helpers ----
     def _check_open(self) -> None:
@@ -94,12 +95,12 @@ class Communicator:
             raise UsageError(f"{what} has {n} elements, this operation needs {count}")
         return out, flat
 
-    def _info(self, func: str, tasks: list, user_tag: int, mask: int, seq: int) -> OpInfo | None:
+    def _info(self, func: str, tasks: list, user_tag: int, mask: int, seq: int, stream: Any = None) -> OpInfo | None:
         if not mask:
             return None
         return OpInfo(tag=self._tag, func=func, tasks=tasks, seq_number=seq, user_tag=user_tag,
                       mask=mask, ts_ns=time.monotonic_ns(), n_warps=self._session.backend.n_warps,
-                      stream=None, group_depth=1 + max(self._group_depth, self._run_depth))   # 1: implicit
+                      stream=stream, group_depth=1 + max(self._group_depth, self._run_depth))   # 1: implicit
 
     def _next_seq(self, func: str) -> int:
         """Per-function op counter of this communicator; every op counts, profiled or not (NCCL's seqNumber)."""
@@ -156,7 +157,7 @@ class Communicator:
             task = TaskInfo(func=FUNC_NAMES[func], peer=-1, is_send=False, count=count,
                             datatype=DATATYPE_NAMES.get(dtype, dtype), root=root, send_buff=ptr(send),
                             recv_buff=ptr(recv), n_programs=len(plan.programs))
-            info = self._info(func, [task], user_tag, mask, seq)
+            info = self._info(func, [task], user_tag, mask, seq, stream)     # the caller's, as given (None: current)
         work = Work(self._tag, plan, dtype, redop, sendbuf=send, recvbuf=recv, stream=stream)
         self._session.run(work, info)
         if user_out is not None:
@@ -283,7 +284,7 @@ class Communicator:
                                       recv_buff=0 if p.is_send else ptr(buf) + p.offset * itemsize,
                                       n_programs=n, channels=ch, user_tag=ut))
         self._tag += 1
-        info = self._info("send_recv", tasks, entries[0][3], mask, self._next_seq("send_recv"))
+        info = self._info("send_recv", tasks, entries[0][3], mask, self._next_seq("send_recv"), self._stream)
         work = Work(self._tag, plan, dtype, "sum", parts=parts, stream=self._stream)
         self._session.run(work, info)
 
@@ -351,6 +352,7 @@ class Communicator:
                                       or not 0 < timeout_s < math.inf):
             raise UsageError(f"timeout_s={timeout_s!r} must be a finite number of seconds > 0, or None for the "
                              f"communicator's timeout_s")
+        self._check_open()                      # a poll after close would read rings the backend freed
         self._session.flush(timeout_s)
 
     def synchronize(self) -> None:
@@ -361,15 +363,25 @@ class Communicator:
     def close(self) -> None:
         if self._closed:
             return
-        if not self._busy.acquire(blocking=False):  # it would free the memory that op is using
-            raise UsageError("close: another thread is inside an operation of this communicator; close it once that "
-                             "operation has returned (one thread at a time, close included, as NCCL requires)")
+        closing = self._closing         # a close that finds another under way returns, not "inside an operation"
+        if not closing.acquire(blocking=False):
+            return
         try:
-            if not self._closed:
-                self._closed = True
-                self._on_device(self._session.close)    # from any thread: the backend frees on its own device
+            if not self._busy.acquire(blocking=False):  # it would free the memory that op is using
+                raise UsageError("close: another thread is inside an operation of this communicator; close it once "
+                                 "that operation has returned (one thread at a time, close included, as NCCL "
+                                 "requires)")
+            try:
+                if not self._closed:
+                    self._closed = True
+                    if self._session.forked:    # nothing of the parent's to free, no device to select
+                        self._session.close()
+                    else:                       # from any thread: the backend frees on its own device
+                        self._on_device(self._session.close)
+            finally:
+                self._busy.release()
         finally:
-            self._busy.release()
+            closing.release()
 
     def __enter__(self) -> "Communicator":
         return self

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import time
 from typing import Any
 
@@ -29,8 +30,11 @@ def _done() -> bool:
 
 
 def comm_hash(job: str) -> int:
-    if not isinstance(job, str) or not job:
-        raise UsageError(f"job={job!r} must be a non-empty str (the id every rank of one job shares)")
+    # the job names shared-memory segments (st_<job>_...): a '/' or a name past NAME_MAX fails in shm_open
+    if not isinstance(job, str) or not 1 <= len(job) <= 128 or \
+            not all(c.isascii() and (c.isalnum() or c in "._:-") for c in job):
+        raise UsageError(f"job={job!r} must be a str of 1..128 ASCII letters, digits and '.', '_', ':', '-' (the id "
+                         f"every rank of one job shares; it names the job's shared-memory segments)")
     return int.from_bytes(hashlib.blake2b(job.encode(), digest_size=8).digest(), "little") & ((1 << 63) - 1)
 
 
@@ -65,6 +69,9 @@ class Session:
         self.ops_sampled_out = self.ops_below_min_bytes = 0
         self._inline = False
         self._closed = False
+        self._pid = os.getpid()                     # close in a forked child leaves the parent's state alone
+        self.undrained = 0          # records left in the rings when the drain could not finish (lost, counted)
+        self._drain_died: BaseException | None = None
         self._resync_at = 0.0
         self.clock_uncertainty_ns = 0
         try:
@@ -74,7 +81,7 @@ class Session:
                 self.host = EventHost(plugins, info, settings.plugin_max_failures)
                 self.drain = Drain(self.backend.rings, self.host, settings.drain_interval_us,
                                    fetch=self.backend.fetch_stamps if self.backend.stamps_fetched else None,
-                                   thread_init=self.backend.thread_init)
+                                   thread_init=self.backend.thread_init, on_error=self._drain_failed)
                 self._resync()
                 # A synchronous backend (cpu) has no idle time to hide a thread in: on 2 cores and under the
                 # GIL a drain thread only contends with the data path. Drain inline between ops instead.
@@ -112,7 +119,8 @@ class Session:
         return self.host.op_mask() & self.mask_limit
 
     def _op_counts(self) -> dict[str, int]:
-        return {k: v for k, v in (("ops_sampled_out", self.ops_sampled_out),
+        """The session's own counts, reported with the host's (trace, .prom, report)."""
+        return {k: v for k, v in (("ops_sampled_out", self.ops_sampled_out), ("undrained", self.undrained),
                                   ("ops_below_min_bytes", self.ops_below_min_bytes)) if v}
 
     def _resync(self) -> None:
@@ -162,7 +170,7 @@ class Session:
                 else int((reserved - cur).max()))
         if self._since_poll >= 32 or now >= self._poll_at or fill > self.drain.slots // 4:
             self._since_poll, self._poll_at = 0, now + 0.02
-            self.drain.poll_once()
+            self.drain.poll_once(False, self.settings.timeout_s)    # None: another poller drains meanwhile
 
     def synchronize(self) -> None:
         if self._last is not None:
@@ -182,6 +190,17 @@ class Session:
     def counters(self) -> dict[str, int]:
         return {**self.host.counters(), **self._op_counts()} if self.host is not None else {}
 
+    @property
+    def forked(self) -> bool:
+        """This process is a fork of the one that made the session: the backend and plugin files are its parent's."""
+        return os.getpid() != self._pid
+
+    def _drain_failed(self, e: BaseException) -> None:
+        """In the drain thread, once, when an error ended it: from now on only flush and close drain."""
+        self._drain_died = e
+        log.error("slicetrace: the profiler drain thread died: %r; stamps are now drained by flush_profiler and "
+                  "close only", e, exc_info=e)
+
     def flush(self, timeout_s: float | None = None) -> None:
         if self.drain is not None and not self.drain.flush(timeout_s or self.settings.timeout_s):
             raise SliceTraceError(f"profiler drain did not catch up within {timeout_s or self.settings.timeout_s}s")
@@ -193,6 +212,10 @@ class Session:
         if self._closed:
             return
         self._closed = True
+        if self.forked:
+            log.debug("slicetrace: close in a forked child (pid %d): the communicator is its parent's, left alone",
+                      os.getpid())
+            return
         errs: list[BaseException] = []
         drain = self.drain
         if drain is not None:
@@ -200,8 +223,12 @@ class Session:
             _step(errs, "stopping the profiler drain", drain.stop)
             if getattr(drain, "alive", False):
                 log.error("slicetrace: the drain thread did not stop; closing the plugins and backend regardless")
-            if drain.error is not None:
+            if drain.error is not None and drain.error is not self._drain_died:     # that one was logged already
                 log.error("slicetrace drain thread failed: %r", drain.error)
+            if not drain.settled:       # stop gave up: what it left in the rings is lost, counted
+                self.undrained = sum(max(0, int(r) - int(c)) for r, c in zip(self._reserved, drain.cursor))
+            if not drain.fence(1.0):    # a poll still runs: it would read the rings after the backend freed them
+                _step(errs, "keeping the stamp rings", self.backend.keep_rings)
         if self.host is not None:
             _step(errs, "finalizing the profiler plugins", self._close_host)
         _step(errs, "closing the backend", self.backend.close)
@@ -213,9 +240,8 @@ class Session:
                              f"{'; '.join(lost)}; they are lost (every send needs a matching recv)")
 
     def _close_host(self) -> None:
-        for k, v in self._op_counts().items():      # into the plugins' counters (trace, .prom)
-            self.host.note(k, v)
-        self.host.close()
+        # bounded: a plugin callback stuck in the drain thread holds the host's lock
+        self.host.close(notes=self._op_counts(), timeout_s=self.settings.timeout_s)
 
 
 def _step(errs: list[BaseException], what: str, fn: Any) -> None:

@@ -174,6 +174,10 @@ class Backend(abc.ABC):
     def abort(self, reason: str) -> None:
         """Make every wait on every rank fail with `reason` (used when a peer dies or a rank errors)."""
 
+    def keep_rings(self) -> None:
+        """Before close, when a drain poll still runs: close must leave the stamp rings' memory to it (a leak, on
+        this error path only). A no-op where the rings outlive the backend anyway (numpy, shared memory)."""
+
     @abc.abstractmethod
     def close(self) -> None:
         """Release shared memory / device memory. Idempotent."""

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import CommTimeoutError, ConfigError
 from ..stamps.layout import take_rows
 from .abi import CommInfo, EventType, ProxyCtrlDescr, State, StateArgs, effective_mask
 from .emit import _B, _DELIVERED, Emitter
@@ -170,15 +170,14 @@ class EventHost(Emitter, PollRuns):
 
     def _kch_parent(self, i: int, t: _Task, n: int) -> Any:
         """Plugin i's parent handle for n KernelCh records of task t (None: no parent), or _SKIP with the n
-        records counted: a dropped parent, a disabled plugin, a parent-only type the plugin does not record."""
+        records counted: a dropped parent, a disabled plugin. Whether plugin i takes KernelCh is the op's mask
+        snapshot (callers check op.pmasks[i]), never its live mask: a change applies from the next op."""
         s, parent = self._slots[i], t.handles[i]
         c = s.counts
         if parent is None:
             c["parent_dropped"] += n
         elif s.disabled:
             c["plugin_disabled"] += n
-        elif s.lp.passthrough is not None and not s.lp.mask & _KCH:
-            c[_DKCH] = c.get(_DKCH, 0) + n        # a parent-only type: start would return the passthrough
         else:
             return None if parent is _OFF else parent
         return _SKIP
@@ -334,11 +333,18 @@ class EventHost(Emitter, PollRuns):
             return [{"name": s.lp.name, "version": s.lp.version, "failures": s.failures, "disabled": s.disabled}
                     for s in self._slots]
 
-    def close(self, ts_ns: int | None = None) -> None:
-        """Complete open ops, then hand counters to and finalize every plugin. Idempotent."""
-        with self._lock:
+    def close(self, ts_ns: int | None = None, notes: dict[str, int] | None = None, timeout_s: float = -1) -> None:
+        """Complete open ops, then hand counters (with `notes`, as note() would) to and finalize every plugin.
+        Idempotent. Waits at most timeout_s (-1: no limit) for a plugin callback in another thread to return."""
+        if not self._lock.acquire(timeout=timeout_s):
+            raise CommTimeoutError(
+                f"slicetrace: profiler plugins {[s.lp.name for s in self._slots]} not finalized (their output is "
+                f"incomplete): a callback of theirs in the drain thread did not return within {timeout_s}s")
+        try:
             if self._closed:
                 return
+            for k, v in (notes or {}).items():
+                self._counts[k] = int(v)
             self._closed = True
             ts = time.monotonic_ns() if ts_ns is None else ts_ns
             for op in list(self._ops.values()):
@@ -353,3 +359,5 @@ class EventHost(Emitter, PollRuns):
                         fn()
                     except Exception:
                         log.exception("slicetrace: profiler plugin %r failed in %s", s.lp.name, what)
+        finally:
+            self._lock.release()

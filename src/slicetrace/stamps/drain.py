@@ -46,7 +46,8 @@ class Drain:
     def __init__(self, views: RingViews, consumer: Consumer, interval_us: int = 500,
                  clock: Callable[[], int] = time.monotonic_ns,
                  fetch: Callable[[np.ndarray, np.ndarray], None] | None = None,
-                 thread_init: Callable[[], None] | None = None):
+                 thread_init: Callable[[], None] | None = None,
+                 on_error: Callable[[BaseException], None] | None = None):
         """fetch(lo, hi): for rings written in device memory, bring seqs lo[c]+1..hi[c] (all of completed ops)
         into `views` before they are read; the session passes it for such backends (with exact snapshots)."""
         self.views, self.consumer = views, consumer
@@ -54,6 +55,7 @@ class Drain:
         self.cursor = np.zeros(self.nch, dtype=np.uint64)       # last consumed seq per channel
         self._fetch, self._sampled = fetch, 0
         self._thread_init = thread_init       # run first in the drain thread (cuda: select this rank's device)
+        self._on_error = on_error or (lambda e: None)     # in the drain thread when an error ends it
         self._fetched = np.zeros(self.nch, dtype=np.int64)      # seqs up to here are in views (fetch only)
         self._hdr = views.header.view(np.uint64).reshape(self.nch, 8)          # [reserved, sampled_out, pad]
         self._st = views.started.view(np.uint64).reshape(self.nch, self.slots, 6)
@@ -68,6 +70,7 @@ class Drain:
         self._wake, self._stop = threading.Event(), False
         self._thread: threading.Thread | None = None      # kept after stop: `alive` tells whether it still runs
         self.error: BaseException | None = None
+        self.settled = False                    # stop's final poll ran: every record delivered or counted
         self.delivered, self.rows_read = 0, 0   # rows_read: ring entries gathered (the drain's own cost)
         self._scratch = Scratch()
 
@@ -123,13 +126,20 @@ class Drain:
                     f"{x.name} ({x.filename.rsplit('/', 1)[-1]}:{x.lineno})"
                     for x in reversed(traceback.extract_stack(f, 3) if f else []))
         try:
-            if stuck is None and self.poll_once(True, max(0.0, deadline - time.monotonic())) is None:
-                stuck = "another poller holds the poll lock (a flush stuck in a consumer or fetch)"
+            if stuck is None:
+                self.settled = self.poll_once(True, max(0.0, deadline - time.monotonic())) is not None
+                if not self.settled:
+                    stuck = "another poller holds the poll lock (a flush stuck in a consumer or fetch)"
         except BaseException as e:        # e.g. a device that is gone: reported at close, the rest still closes
             self.error = self.error or e
         if stuck is not None:
             self.error = self.error or CommTimeoutError(
                 f"slicetrace drain: stop(timeout_s={timeout_s}) gave up, the rings are not settled: {stuck}")
+
+    def fence(self, timeout_s: float) -> bool:
+        """After stop: hold the poll lock for good (no later poll reads the rings); False if a poll still runs."""
+        self._stop = True
+        return self._poll_lock.acquire(timeout=max(0.0, timeout_s))
 
     # ---- drain thread ----
     def _run(self) -> None:
@@ -139,13 +149,14 @@ class Drain:
             if self._thread_init is not None:
                 self._thread_init()
             while not self._stop:
-                n = self.poll_once()
+                n = self.poll_once(False, 1.0) or 0      # bounded: a fence holds the lock for good
                 iv = max(self.interval, iv / 4) if n > busy else min(MAX_INTERVAL_S, iv * 2)
                 if self._wake.wait(iv):
                     self._wake.clear()
                     iv = self.interval
         except BaseException as e:        # never kill the process from the drain thread; report at close
             self.error = e
+            self._on_error(e)
 
     def poll_once(self, force: bool = False, timeout_s: float = -1) -> int | None:
         """One poll; None if another poller held the lock for timeout_s (default: wait for it)."""
@@ -378,12 +389,17 @@ class Drain:
                 if op is None:
                     self.consumer.drop("no_parent", b - a)
                     n -= b - a
-        self.delivered += n
         runs = [(op.tag, kind, a, b) for op, kind, a, b in zip(tags, kl, starts, bounds) if op is not None]
         batch = getattr(self.consumer, "batch", None)
-        if batch is not None:
-            if runs:
+        sent = 0                                     # rows of the runs the consumer returned from
+        try:
+            if batch is not None and runs:
                 batch(out, runs)                     # one call per poll (events.host.EventHost.batch)
-            return
-        for tag, kind, a, b in runs:
-            (self.consumer.channel if kind == KIND_CHANNEL else self.consumer.steps)(tag, out[a:b])
+            for tag, kind, a, b in runs if batch is None else ():
+                (self.consumer.channel if kind == KIND_CHANNEL else self.consumer.steps)(tag, out[a:b])
+                sent += b - a
+        except BaseException:        # SystemExit from a plugin (not caught by the consumer): the cursor is past it
+            self.consumer.drop("plugin_error", n - sent)
+            self.delivered += sent
+            raise
+        self.delivered += n

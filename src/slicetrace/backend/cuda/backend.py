@@ -147,6 +147,7 @@ class CudaBackend(Backend, KernelArgs):
         # A new thread's current device is 0: its first runtime call (an event query) would create a context on
         # GPU 0 in every other rank's process (~200 ms once, ~500 MiB of GPU 0 each). Ours first.
         self._rt.setDevice(self.device)
+        buffers.capture_mode_thread_local()
 
     def fetch_stamps(self, lo: np.ndarray, hi: np.ndarray) -> None:
         """Bring seqs lo[c]+1..hi[c] of every channel (all of completed ops) into the host mirror."""
@@ -312,13 +313,8 @@ class CudaBackend(Backend, KernelArgs):
     def abort(self, reason: str, kind: type = PeerError) -> None:
         if self._broken is None:
             self._broken, self._broken_as = reason, kind       # the error later ops raise
-        if self.mem.words is None:
+        if not self.mem.raise_abort(self._side):        # closed: its words are freed (a late watchdog)
             return
-        self.mem.words[0] = 1
-        try:
-            self.mem.raise_peer_aborts(self._side)
-        except Exception:
-            pass
         try:
             if self.store.try_get(f"{self._prefix}/abort") is None:
                 self.store.set(f"{self._prefix}/abort", f"rank {self.rank}: {reason}".encode())
@@ -335,6 +331,9 @@ class CudaBackend(Backend, KernelArgs):
         if r is not None:
             self._clock = r
         return self._clock
+
+    def keep_rings(self) -> None:
+        self.mem.keep_rings()           # and _free keeps the fetch stream that poll may still use
 
     def close(self) -> None:
         if self._closed:
@@ -385,7 +384,7 @@ class CudaBackend(Backend, KernelArgs):
             self.sigs.close()
         self.mem.close()
         for destroy, h in ((self._rt.streamDestroy, self._side), (self._rt.streamDestroy, self._copy),
-                           (self._rt.streamDestroy, self._fetch),
+                           (self._rt.streamDestroy, None if self.mem.kept else self._fetch),
                            (self._rt.eventDestroy, self._fork), (self._rt.eventDestroy, self._join)):
             try:
                 if h is not None:

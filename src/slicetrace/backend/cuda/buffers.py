@@ -3,6 +3,8 @@ __dlpack__ on a CUDA device. bfloat16 works through torch even where CuPy has no
 buffer is then a RawBuf (pointer, count, dtype name) that keeps the tensor alive."""
 from __future__ import annotations
 
+import ctypes
+
 import sys
 from typing import Any
 
@@ -73,6 +75,21 @@ def refuse_capture(rt: Any, stream: int) -> None:
     if capturing:
         raise UsageError(f"stream {stream:#x} is capturing a CUDA graph: slicetrace ops cannot be captured (a replay "
                          f"would reuse the capture's FIFO steps and stamp seqs); run them outside the capture")
+
+
+_THREAD_LOCAL = 1          # CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+
+
+def capture_mode_thread_local() -> bool:
+    """For our own threads (drain, watchdog), which never capture: their event and stream queries must not
+    invalidate a CUDA graph another thread captures in global mode (torch.cuda.graph's default), which they did
+    in PyTorch's NCCL watchdog too. The mode is the driver's, per thread. False if the driver has no such call."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        mode = ctypes.c_int(_THREAD_LOCAL)
+        return lib.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode)) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 def pointer(buf: Any) -> int:

@@ -8,6 +8,7 @@ rank order, p2p may reach any peer, so nothing assumes 2 ranks).
 from __future__ import annotations
 
 import ctypes
+import threading
 import time
 
 import numpy as np
@@ -37,6 +38,8 @@ class CommMemory:
         self._opened: list[int] = []
         self._dev: list[int] = []
         self._host: list[int] = []
+        self.kept = False                   # keep_rings: the ring, its mirror and the fetch stream outlive close
+        self._ctrl_lock = threading.Lock()  # the watchdog's abort writes `words` while close may free them
         self.rings = self.ring_mem = self.ctrl = self.words = self.probe = None
         try:
             self._make(rank, world, nconn, buffsize, nring, slots, store, prefix, timeout_s)
@@ -179,7 +182,38 @@ class CommMemory:
         except Exception as e:                # a diagnostic: never hide the error it is attached to
             return f"(connection progress unavailable: {type(e).__name__}: {e})"
 
+    def raise_abort(self, stream: int) -> bool:
+        """Raise this rank's abort word and every peer's; False once closed (the words are freed)."""
+        if not self._ctrl_lock.acquire(timeout=5.0):
+            return False                    # close holds it: the memory goes now
+        try:
+            if self.words is None:
+                return False
+            self.words[0] = 1
+            try:
+                self.raise_peer_aborts(stream)
+            except Exception:  # noqa: BLE001 - the abort word above is set; the peers also see the store key
+                pass
+            return True
+        finally:
+            self._ctrl_lock.release()
+
+    def keep_rings(self) -> None:
+        """A drain poll still runs: leak the device ring and its pinned mirror rather than free them under it."""
+        self.kept = True
+        self._dev = [p for p in self._dev if p != self.dring]
+        self._host = [p for p in self._host if p != self.ring_ptr]
+
     def close(self) -> None:
+        # an abort in flight (watchdog thread) finishes its writes first; bounded: it only enqueues copies
+        locked = self._ctrl_lock.acquire(timeout=5.0)
+        try:
+            self._close(locked)
+        finally:
+            if locked:
+                self._ctrl_lock.release()
+
+    def _close(self, locked: bool) -> None:
         rt = self._rt
         for p in self._opened:
             try:
@@ -195,6 +229,8 @@ class CommMemory:
         self._dev = []
         self.rings = None
         self.ring_mem = self.ctrl = self.words = self.probe = None
+        if not locked:                      # an abort still writes the control words: leak them, not crash
+            self._host = [p for p in self._host if p != getattr(self, "ctrl_ptr", None)]
         for p in self._host:
             try:
                 rt.freeHost(p)

@@ -34,7 +34,7 @@ class Watchdog:
                 why, kind = be.mismatch(), MismatchError      # also after the op ended: a peer said later
                 if why is None:
                     why, kind = (None if tok.event.done else be.cannot_finish(tok)), PeerError
-                if why is not None:
+                if why is not None and not self._stop.is_set():   # stopped: the backend may be freeing
                     log.warning("slicetrace: rank %d: aborting op %d: %s", be.rank, tok.tag, why)
                     be.abort(why, kind)
             except Exception:  # noqa: BLE001 - a store gone at shutdown: the waiting caller reports it
