@@ -133,4 +133,5 @@ def test_ranks_that_run_different_collectives_raise_mismatch_error_on_both(gpu, 
             assert x["err"] is not None and x["err"].startswith("MismatchError"), (what, r, x)
             assert "differs across ranks" in x["err"] and SAID[what] in x["err"], (what, r, x)
             assert x["z"] == 499500.0
-        assert res[1]["where"] == "op", (what, res)      # rank 1's op has rank 0's entry to compare with
+        if what in ("count", "dtype", "zero"):          # rank 1's op needs data rank 0 sends after publishing
+            assert res[1]["where"] == "op", (what, res)
