@@ -15,6 +15,8 @@ import traceback
 import uuid
 from typing import Any, Callable
 
+import numpy as np
+
 from .api import Communicator
 from .config import Settings, dist_env, quiet_unknown
 from .errors import ConfigError, LaunchError, SliceTraceError, UsageError, ours
@@ -99,8 +101,10 @@ def _check_picklable(fn: Callable, args: tuple) -> None:
     """Spawned ranks get fn and args pickled: one that cannot be is named here, before any process starts, and not
     as a bare TypeError from Process.start."""
     for what, v in (("fn", fn), *((f"args[{i}]", a) for i, a in enumerate(args))):
+        if isinstance(v, (bytes, bytearray, str, int, float)) or (isinstance(v, np.ndarray) and not v.dtype.hasobject):
+            continue                                  # always pickle: no second copy of a large array
         try:
-            ForkingPickler.dumps(v)
+            ForkingPickler(_Discard()).dump(v)        # what Process.start would do, into no buffer
         except RuntimeError as e:
             if "through inheritance" not in str(e):     # a multiprocessing Lock, Queue: pickled only when spawning
                 raise UsageError(f"{what}={v!r} cannot be sent to the spawned ranks (pickle): {e}") from None
@@ -108,6 +112,11 @@ def _check_picklable(fn: Callable, args: tuple) -> None:
             raise UsageError(f"{what}={v!r} cannot be sent to the spawned ranks (pickle): {type(e).__name__}: {e}; "
                              f"pass plain data (numbers, strings, numpy arrays) and create locks, files and "
                              f"connections inside fn") from None
+
+
+class _Discard:
+    def write(self, b: bytes) -> int:
+        return len(b)
 
 
 ORPHAN_CHECK_S = 0.25

@@ -225,9 +225,10 @@ class Session:
                 log.error("slicetrace: the drain thread did not stop; closing the plugins and backend regardless")
             if drain.error is not None and drain.error is not self._drain_died:     # that one was logged already
                 log.error("slicetrace drain thread failed: %r", drain.error)
-            if not drain.settled:       # stop gave up: what it left in the rings is lost, counted
+            fenced = drain.fence(1.0)   # False: a poll still runs; it would read rings the backend freed
+            if not drain.settled:       # stop gave up: what it left in the rings is lost, counted (after the
                 self.undrained = sum(max(0, int(r) - int(c)) for r, c in zip(self._reserved, drain.cursor))
-            if not drain.fence(1.0):    # a poll still runs: it would read the rings after the backend freed them
+            if not fenced:              # fence, so a poll that ended meanwhile is not counted twice)
                 _step(errs, "keeping the stamp rings", self.backend.keep_rings)
         if self.host is not None:
             _step(errs, "finalizing the profiler plugins", self._close_host)

@@ -257,15 +257,15 @@ def failed_setup(ctx: dict, kw: dict, how: str) -> str:
         cb.PeerWatch.publish = orig
 
 
-def mismatch_case(ctx: dict, cases: list, wait_s: float) -> dict:
-    """Collective cases[rank] (func, dtype, op, count, root: the ranks disagree), then a matching all_reduce,
-    then close; stops at the first error. Returns it ('Type: message'), where it came, and a sum the GPU must
-    compute afterwards."""
+def mismatch_case(ctx: dict, cases: list, wait_s: float, next_op: bool = True) -> dict:
+    """Collective cases[rank] (func, dtype, op, count, root: the ranks disagree), then (next_op) a matching
+    all_reduce, then close; stops at the first error. Returns it ('Type: message'), where it came, and a sum the
+    GPU must compute afterwards."""
     import cupy
     c, err, where = cases[ctx["rank"]], None, None
     steps = (("op", lambda: run_coll(ctx, c["func"], c["dtype"], c.get("op", "sum"), c["count"], c.get("root", 0),
                                     1, wait_s=wait_s)),
-             ("next op", lambda: _unsynced_all_reduce(ctx, wait_s)),
+             ("next op", lambda: _unsynced_all_reduce(ctx, wait_s) if next_op else None),
              ("close", lambda: close_backend(ctx)))
     for where, fn in steps:
         try:

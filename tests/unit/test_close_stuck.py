@@ -388,3 +388,33 @@ def test_kept_rings_and_their_copy_stream_survive_close():
     be.keep_rings()
     be._free()
     assert rt.events == [("free", 12), ("freeHost", m.ctrl_ptr), ("streamDestroy", 1), ("streamDestroy", 2)]
+
+
+def test_a_forked_child_that_exits_normally_leaves_the_parents_trace_whole(tmp_path):
+    """A child's normal exit flushed its copy of the trace file's buffer: the header came twice, invalid JSON.
+    Run as a script: pytest's own process cannot exit normally in a forked child."""
+    import subprocess
+    import sys
+    code = f"""
+import os, sys, numpy as np
+from slicetrace.api import Communicator
+from slicetrace.config import Settings
+from slicetrace.rendezvous import DictStore
+comm = Communicator(Settings(backend="null", nchannels=1, profiler_plugin="example",
+                             profile_dump_file={str(tmp_path / "t")!r}), 0, 1, DictStore({{}}), "fork")
+comm.all_reduce(np.ones(1000, np.float32))
+pid = os.fork()
+if pid == 0:
+    comm.close()
+    sys.exit(0)                 # a normal exit: the interpreter finalizes what the child inherited
+os.waitpid(pid, 0)
+comm.all_reduce(np.ones(1000, np.float32))
+comm.close()
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    (path,) = tmp_path.glob("t_*.json")
+    with open(path) as f:
+        data = json.load(f)
+    assert [x["name"] for x in data].count("slicetrace_comm") == 1
+    assert len([x for x in data if x.get("name") == "AllReduce" and x.get("ph") == "b"]) == 2

@@ -55,19 +55,23 @@ class SigTable:
     @classmethod
     def open(cls, store: Store, prefix: str, job: str, rank: int, world: int, timeout_s: float) -> "SigTable":
         """Rank 0 creates the segment and names it in the store; the others attach. Call `attached` once every
-        rank has (after a barrier): rank 0 then unlinks the name, so nothing stays in /dev/shm."""
+        rank has (after a barrier): the name is then unlinked, so nothing stays in /dev/shm."""
         size = max(4096, world * NSIG * _W * 8)
         if rank == 0:
             seg = Segment(f"st_{job}_sig_{secrets.token_hex(4)}", size, create=True)
-            store.set(f"{prefix}/sigseg", seg.name.encode())
+            try:
+                store.set(f"{prefix}/sigseg", seg.name.encode())
+            except BaseException:
+                seg.unlink()
+                seg.close()
+                raise
         else:
             name = store.get(f"{prefix}/sigseg", timeout_s, what="rank 0's collective-signature table").decode()
             seg = Segment(name)
         return cls(seg, rank, world)
 
     def attached(self) -> None:
-        if self.seg.owner:
-            self.seg.unlink()
+        self.seg.unlink()         # by any rank: after a failed set-up rank 0 may be gone (a missing name is fine)
 
     def number(self, plan, dtype: str, redop: str, step_bytes: int) -> Sig:
         """Number the next collective and publish what it is."""

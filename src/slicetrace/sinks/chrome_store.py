@@ -76,9 +76,10 @@ class Ctx:
             d = os.path.dirname(self.path)
             if d:
                 os.makedirs(d, exist_ok=True)
-            self.file = open(self.path, "wb")
-            self.file.write(b"[\n")
-        self.file.write(text.encode("utf-8") if isinstance(text, str) else text)
+            # unbuffered: a forked child that exits normally would flush a copy of a buffer into our file
+            self.file = open(self.path, "wb", buffering=0)
+            _write_all(self.file, b"[\n")
+        _write_all(self.file, text.encode("utf-8") if isinstance(text, str) else text)
 
     def flush_lines(self, pool: str) -> None:
         buf = self.lines[pool]
@@ -209,6 +210,12 @@ class Ctx:
             c.fill, pos, self.stored = b, pos + take, self.stored + take
             if self.stored >= cap or (b == len(c.steps) and self.path is None):
                 self.flush_steps()      # the pool is full: write, don't drop; no file: reuse the chunk at once
+
+
+def _write_all(f: Any, data: Any) -> None:
+    mv = memoryview(data).cast("B")
+    while mv:                             # a raw file may take part of it
+        mv = mv[f.write(mv):]
 
 
 def _per_row(ids: list, lens: list) -> tuple[np.ndarray, np.ndarray]:

@@ -12,7 +12,7 @@ import numpy as np
 from ...errors import UsageError
 from ..base import Work
 from . import buffers
-from .layout import ARGS_DTYPE, FUNC_IDS, ITEMSIZE, MAX_THREADS, MAXB, MAXG, MAXP, REDOP_IDS
+from .layout import ARGS_DTYPE, CTYPES, FUNC_IDS, ITEMSIZE, MAX_THREADS, MAXB, MAXG, MAXP, REDOP_IDS
 
 
 def threads_for(nbytes: int, nblocks: int, nthreads: int, max_threads: int = MAX_THREADS) -> int:
@@ -29,10 +29,32 @@ def auto_channels(nbytes: int, max_channels: int) -> int:
 
 
 class KernelArgs:
-    """Expects the backend's rank, mem (CommMemory), settings, max_channels, _cache, _fn() and _maxt()."""
+    """Expects the backend's rank, mem (CommMemory), settings, max_channels, kernels, _cache, _fns, _extra and
+    _maxt(). Also picks the kernel function of a work (measurement variants: extra_defines)."""
     mem: Any
     settings: Any
     max_channels: int
+
+    @property
+    def extra_defines(self) -> dict[str, str]:
+        return self._extra
+
+    @extra_defines.setter
+    def extra_defines(self, defs: dict[str, str]) -> None:
+        self._extra = dict(defs)
+        self._cache.clear()             # cached launches hold the kernel built with the old defines
+        self._fns.clear()
+
+    def _fn(self, dtype: str, steps: bool) -> int:
+        fn = self._fns.get((dtype, steps))      # per profiled op: the defines' key costs several us to build
+        if fn is None:
+            fn = self._fns[(dtype, steps)] = self.kernels.function("slicetrace.cu", "st_kernel",
+                                                                   self._defines(dtype, steps),
+                                                                   self.settings.assert_warm)
+        return fn
+
+    def _defines(self, dtype: str, steps: bool) -> dict[str, str]:
+        return {"ST_T": CTYPES[dtype], "ST_STEPS": "1" if steps else "0", **self._extra}
 
     def _record(self, work: Work) -> tuple[Any, np.ndarray, Any, int, int]:
         """The launch of `work`: (args record, kernel params, function, blocks, threads), cached per plan,

@@ -94,6 +94,7 @@ class CudaBackend(Backend, KernelArgs):
         self._fns: dict[tuple[str, bool], int] = {}
         self._broken: str | None = None
         self._broken_as: type = PeerError
+        self._told = False                              # the abort's error reached the caller
         self._closed = False
         self._lost: list[str] = []                      # sends to this rank it never received (close)
         self.ledger = P2pLedger()
@@ -154,27 +155,6 @@ class CudaBackend(Backend, KernelArgs):
         self.mem.fetch(lo, hi, self.device, self._fetch, self.settings.timeout_s)
 
     # ---- kernels ----
-    @property
-    def extra_defines(self) -> dict[str, str]:
-        return self._extra
-
-    @extra_defines.setter
-    def extra_defines(self, defs: dict[str, str]) -> None:
-        self._extra = dict(defs)
-        self._cache.clear()             # cached launches hold the kernel built with the old defines
-        self._fns.clear()
-
-    def _fn(self, dtype: str, steps: bool) -> int:
-        fn = self._fns.get((dtype, steps))      # per profiled op: the defines' key costs several us to build
-        if fn is None:
-            fn = self._fns[(dtype, steps)] = self.kernels.function("slicetrace.cu", "st_kernel",
-                                                                   self._defines(dtype, steps),
-                                                                   self.settings.assert_warm)
-        return fn
-
-    def _defines(self, dtype: str, steps: bool) -> dict[str, str]:
-        return {"ST_T": CTYPES[dtype], "ST_STEPS": "1" if steps else "0", **self._extra}
-
     def prepare(self, dtypes: tuple[str, ...] = DTYPES, steps: tuple[bool, ...] = (False, True)) -> None:
         """Compile (or load from the cache) every kernel variant these dtypes need, in parallel."""
         jobs = [("slicetrace.cu", self._defines(d, s)) for d in dtypes for s in steps]
@@ -188,6 +168,7 @@ class CudaBackend(Backend, KernelArgs):
         if self._closed:
             raise UsageError("the cuda backend is closed")
         if self._broken is not None:
+            self._told = True
             raise self._broken_as(f"rank {self.rank}: communicator aborted earlier: {self._broken}")
         if work.dtype not in CTYPES:
             raise UsageError(f"dtype={work.dtype!r} is not one of {DTYPES}")
@@ -201,6 +182,15 @@ class CudaBackend(Backend, KernelArgs):
         plan = work.plan
         sig = None if self.sigs is None or plan.func == "send_recv" else \
             self.sigs.number(plan, work.dtype, work.redop, self.settings.step_bytes)   # before the launch
+        try:
+            return self._launch(work, stream, sig)
+        except BaseException as e:      # numbered but not launched: the peers' kernels would pair off by one
+            if sig is not None:
+                self.abort(f"rank {self.rank}: collective #{sig[0]} failed before its launch: {type(e).__name__}: {e}")
+            raise
+
+    def _launch(self, work: Work, stream: int, sig: tuple | None) -> Token:
+        plan = work.plan
         joined = False
         if plan.func == "send_recv":
             joined = buffers.enqueue_self_copies(self._rt, work, stream, bool(plan.programs), self._copy, self._fork,
@@ -305,6 +295,7 @@ class CudaBackend(Backend, KernelArgs):
 
     def _fail(self, err: Exception, token: Token) -> None:
         self.abort(str(err), type(err))
+        self._told = True
         end = time.monotonic() + 10.0
         while not token.event.done and time.monotonic() < end:
             time.sleep(1e-3)                                 # the kernel polls the abort words and exits
@@ -312,7 +303,7 @@ class CudaBackend(Backend, KernelArgs):
 
     def abort(self, reason: str, kind: type = PeerError) -> None:
         if self._broken is None:
-            self._broken, self._broken_as = reason, kind       # the error later ops raise
+            self._broken_as, self._broken = kind, reason       # the error later ops raise (kind first: read 2nd)
         if not self.mem.raise_abort(self._side):        # closed: its words are freed (a late watchdog)
             return
         try:
@@ -344,6 +335,7 @@ class CudaBackend(Backend, KernelArgs):
                 self.wait(self._last, min(self.settings.timeout_s, 30.0))
             except Exception as e:          # an op never synchronized: say so, then free everything
                 log.warning("rank %d: its last op failed before close: %s", self.rank, e)
+                self._told = False          # raised inside close: the caller has not heard it
         if self._broken is not None:
             self.abort(self._broken)
         try:
@@ -363,7 +355,7 @@ class CudaBackend(Backend, KernelArgs):
         except Exception as e:
             if self._broken is None:
                 log.warning("rank %d: the close barrier failed (unreceived messages not checked): %s", self.rank, e)
-        mism = None
+        mism = self._broken if self._broken_as is MismatchError and not self._told else None   # never raised
         if met and self._broken is None:    # every rank's ops have ended and its sends are published
             mism = self.mismatch()          # every collective every rank ran is in the table now
             try:
