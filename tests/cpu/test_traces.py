@@ -182,13 +182,13 @@ def test_report_names_the_rank_that_arrives_late(tmp_path):
     slicetrace.launch(_late, 3, 2, 0.05, 4, profile_dump_file=prefix, **KW)   # 50 ms: well above start skew under load
     recs = load_traces(sorted(glob.glob(prefix + "_*.json")))
     chs = kernel_chs(recs)
-    ranks, ops, left_out = stragglers(chs, ranks=[0, 1, 2])
-    assert left_out == {"collectives": 0, "lacking": []}
-    assert [(r["rank"], r["times_last"]) for r in ranks] == [(2, 4)]
-    assert len(ops) == 4 and all(o["rank"] == 2 and o["ranks"] == 3 and o["late_us"] > 0 for o in ops)
+    sk = stragglers(chs, ranks=[0, 1, 2])
+    assert sk.left_out == {"collectives": 0, "lacking": []}
+    assert [(r["rank"], r["times_last"], r["consistent"]) for r in sk.ranks] == [(2, 3, True)]
+    assert len(sk.ops) == 3 and all(o["rank"] == 2 and o["ranks"] == 3 and o["late_us"] > 0 for o in sk.ops)
     # causal, exact on the shared clock: a ring all_reduce needs rank 2's data on every channel, so no rank's
     # program of a channel stops before rank 2's program of that channel started
-    assert sorted(set(chs["seq_number"].tolist())) == [o["seq"] for o in sorted(ops, key=lambda o: o["seq"])]
+    assert sorted(set(chs["seq_number"].tolist())) == [sk.startup["seq"]] + sorted(o["seq"] for o in sk.ops)
     for seq in set(chs["seq_number"].tolist()):
         mine = chs[chs["seq_number"] == seq]
         late = {int(c): int(t) for rk, c, t in zip(mine["rank"], mine["channel"], mine["start_ns"]) if rk == 2}
@@ -320,7 +320,7 @@ def test_op_sampling_profiles_the_same_collectives_on_ranks_with_p2p_of_their_ow
     seqs = {r: sorted(e["args"]["SeqNum"] for e in recs if e.get("ph") == "b" and e.get("pid") == r
                       and e.get("cat") == "COLL") for r in range(3)}
     assert seqs == {0: [0, 2, 4], 1: [0, 2, 4], 2: [0, 2, 4]}, seqs
-    _, _, left_out = stragglers(kernel_chs(recs), ranks=[0, 1, 2])
+    left_out = stragglers(kernel_chs(recs), ranks=[0, 1, 2]).left_out
     assert left_out["collectives"] == 0, left_out
 
 

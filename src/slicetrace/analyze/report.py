@@ -4,9 +4,8 @@ Works on the KernelStep table of analyze.trace (any number of ranks' files merge
 wait = ready - wait (credit for a send, data for a receive), transfer = done - ready, where a fused slice (one
 primitive's receive and send on a rank, stamped with one done clock) moves from the later of its two readies: on
 the GPU both waits run at once, and a send that had room but no data yet is waiting, not moving. With the KernelCh
-table too,
-stragglers: per collective (function, SeqNum) seen on every rank, the rank whose channel programs started last, and
-how late.
+table too, stragglers (analyze.verdicts): per collective (function, SeqNum) seen on every rank, the rank whose
+channel programs started last, and how late; each rank's first collective apart, as start-up skew.
 """
 from __future__ import annotations
 
@@ -16,13 +15,14 @@ import numpy as np
 
 from ..errors import TraceFormatError
 from ..events.abi import fused_pairs, moving_from
+from .verdicts import OP_FRACTION, SPREAD_X, held_up, noise_rule, none_left_out, op_index, stragglers
 
 
 @dataclass
 class Report:
     links: list[dict]        # one per (src, dst): bytes, slices, transfer/wait time, bandwidth
     ranks: list[dict]        # one per rank: time waiting for data, for credit, moving data
-    waited_on: list[dict]    # receive wait at `rank` attributed to the sender `peer`, largest first
+    waited_on: list[dict]    # receive wait at `rank` attributed to the sender `peer` it waited on, largest first
     slowest: list[dict]      # the slowest slices by transfer bandwidth
     counters: dict
     stragglers: list[dict] = field(default_factory=list)   # per rank: collectives it started last, lateness
@@ -31,57 +31,16 @@ class Report:
     # collectives not seen on every rank, left out of stragglers: {"collectives": n, "lacking": [{rank, collectives}]}
     stragglers_left_out: dict = field(default_factory=lambda: none_left_out())
     no_counters: list[int] = field(default_factory=list)   # ranks present without a counters record (cut short)
+    startup: dict | None = None                            # the first collective's skew: start-up, not a straggler
+    straggler_rule: dict = field(default_factory=lambda: noise_rule(0, 0.0, 0.0))
+    held_up: list[dict] = field(default_factory=list)      # per rank: the waits that lead to it (verdicts.held_up)
 
     def to_dict(self) -> dict:
         return {"links": self.links, "ranks": self.ranks, "waited_on": self.waited_on, "slowest": self.slowest,
                 "counters": self.counters, "stragglers": self.stragglers, "late_ops": self.late_ops,
                 "slow_links": self.slow_links, "stragglers_left_out": self.stragglers_left_out,
-                "ranks_without_counters": self.no_counters}
-
-
-def none_left_out() -> dict:
-    """stragglers()' third result when every collective was judged."""
-    return {"collectives": 0, "lacking": []}
-
-
-def stragglers(chs: np.ndarray, top: int = 10, ranks=None) -> tuple[list[dict], list[dict], dict]:
-    """From KernelCh rows: per collective seen on every rank of `ranks` (the run's ranks present; default those in
-    chs), 2 or more, each rank's start = its first channel program's start; the last rank is the straggler, late by
-    (its start - the earliest). A collective some rank lacks (its file cut short, its Coll records dropped) is left
-    out: that rank may be the one that started last. Returns (per rank: times last, total and worst lateness,
-    largest first; the `top` collectives with the largest skew; the left out: {"collectives": n, "lacking":
-    [{"rank", "collectives"}]})."""
-    left_out = none_left_out()
-    if len(chs) == 0:
-        return [], [], left_out
-    want = set(chs["rank"].tolist()) if ranks is None else {int(r) for r in ranks}
-    first: dict[tuple[str, int], dict[int, int]] = {}
-    for rank, func, seq, t in zip(chs["rank"].tolist(), chs["func"].tolist(), chs["seq_number"].tolist(),
-                                  chs["start_ns"].tolist()):
-        starts = first.setdefault((func, seq), {})
-        if rank not in starts or t < starts[rank]:
-            starts[rank] = t
-    per_rank: dict[int, dict] = {}
-    ops = []
-    lacking: dict[int, int] = {}
-    for (func, seq), starts in first.items():
-        if not want <= starts.keys():
-            left_out["collectives"] += 1
-            for r in want - starts.keys():
-                lacking[r] = lacking.get(r, 0) + 1
-            continue
-        if len(starts) < 2:
-            continue
-        last = max(starts, key=lambda r: (starts[r], r))
-        late = (starts[last] - min(starts.values())) / 1e3
-        ops.append({"func": func, "seq": seq, "rank": last, "late_us": late, "ranks": len(starts)})
-        pr = per_rank.setdefault(last, {"rank": last, "times_last": 0, "late_us": 0.0, "worst_us": 0.0})
-        pr["times_last"] += 1
-        pr["late_us"] += late
-        pr["worst_us"] = max(pr["worst_us"], late)
-    ops.sort(key=lambda d: -d["late_us"])
-    left_out["lacking"] = [{"rank": r, "collectives": n} for r, n in sorted(lacking.items())]
-    return sorted(per_rank.values(), key=lambda d: (-d["late_us"], d["rank"])), ops[:top], left_out
+                "ranks_without_counters": self.no_counters, "startup_skew": self.startup,
+                "straggler_rule": self.straggler_rule, "held_up": self.held_up}
 
 
 def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.ndarray | None = None,
@@ -126,30 +85,50 @@ def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.n
     slowest = [{"rank": int(ks["rank"][i]), "peer": int(ks["peer"][i]), "channel": int(ks["channel"][i]),
                 "is_send": bool(ks["is_send"][i]), "step": int(ks["step"][i]), "bytes": int(ks["size"][i]),
                 "transfer_us": float(xfer[i]) / 1e3, "gbps": float(bw[i])} for i in order if np.isfinite(bw[i])]
-    late_ranks, late_ops, left_out = stragglers(chs, top, ranks) if chs is not None else ([], [], none_left_out())
+    skew = stragglers(chs, top, ranks)
     no_counters = [r for r in ranks if r not in counters] if counters is not None else []
-    return Report(links, per_rank, waited_on, slowest, counters or {}, late_ranks, late_ops,
-                  slow_links(ks[send], xfer[send]), left_out, no_counters)
+    moving = {r["rank"]: r["transfer_us"] for r in per_rank}
+    ops = op_index(ks)
+    return Report(links, per_rank, waited_on, slowest, counters or {}, skew.ranks, skew.ops,
+                  slow_links(ks[send], xfer[send], ops[send], moving), skew.left_out, no_counters,
+                  skew.startup, skew.rule, held_up(ks, ops))
 
 
-def slow_links(sends: np.ndarray, xfer: np.ndarray, below: float = 0.25) -> list[dict]:
+def _typical(sends: np.ndarray, xfer: np.ndarray, *cols: np.ndarray):
+    """Per group of send records with equal (src, dst, *cols): its key, its slices' median GB/s and its bytes."""
+    if not len(sends):
+        return []
+    cols = (sends["rank"], sends["peer"]) + cols
+    order = np.lexsort(cols[::-1])                          # each group's slices, one block each
+    cols = [np.asarray(c)[order] for c in cols]
+    new = np.zeros(len(order), bool)
+    new[0] = True
+    for c in cols:
+        new[1:] |= c[1:] != c[:-1]
+    starts = np.flatnonzero(new)
+    rates = np.split((sends["size"] / xfer)[order], starts[1:])
+    nbytes = np.add.reduceat(sends["size"][order].astype(np.float64), starts)
+    keys = zip(*(c[starts].tolist() for c in cols))
+    return [(k, float(np.median(r)), b) for k, r, b in zip(keys, rates, nbytes.tolist())]
+
+
+def slow_links(sends: np.ndarray, xfer: np.ndarray, ops: np.ndarray | None = None, moving: dict | None = None,
+               below: float = 0.25) -> list[dict]:
     """The links whose typical GB/s is more than `below` under the median link's (3 links or more), with the
     channels on which the link is also that far below the channel's median over links: every channel points at
     the link (a degraded NVLink or path), one at that channel's program (its SM, its block). A link's typical
     GB/s on a channel is the median of its slices' (one descheduled slice does not make a link slow); over its
-    channels, its bytes over the time they take at those rates. sends, xfer: send records, their transfer ns."""
+    channels, its bytes over the time they take at those rates. It must also be that far below the median link in
+    more than half the ops (verdicts.op_index) where 3 links or more moved, so a link a little slower all run
+    long by the pooled median only is not named. `sender_outlier`: its sending rank moves data longest, more than
+    `below` over the median rank's (`moving`: rank -> us), so its copies may be the slow part. sends, xfer: send
+    records, their transfer ns; ops: their op keys."""
     ok = xfer > 0
     sends, xfer = sends[ok], xfer[ok]
-    keys, inv = np.unique(np.stack([sends["rank"], sends["peer"], sends["channel"]]).astype(np.int64), axis=1,
-                          return_inverse=True)
-    inv = inv.ravel()
-    order = np.argsort(inv, kind="stable")                  # each (link, channel)'s slices, one block each
-    rates = np.split((sends["size"] / xfer)[order], np.flatnonzero(np.diff(inv[order])) + 1)
-    nbytes = np.bincount(inv, weights=sends["size"].astype(np.float64), minlength=keys.shape[1])
+    ops = np.full(len(sends), -1, np.int64) if ops is None else ops[ok]
     ch_gbps: dict[int, dict[tuple[int, int], float]] = {}
     lk: dict[tuple[int, int], list[float]] = {}             # link -> [bytes, time at the typical rates]
-    for (src, dst, c), r, b in zip(keys.T.tolist(), rates, nbytes.tolist()):
-        g = float(np.median(r))
+    for (src, dst, c), g, b in _typical(sends, xfer, sends["channel"]):
         ch_gbps.setdefault(c, {})[(src, dst)] = g
         acc = lk.setdefault((src, dst), [0.0, 0.0])
         acc[0] += b
@@ -157,16 +136,39 @@ def slow_links(sends: np.ndarray, xfer: np.ndarray, below: float = 0.25) -> list
     gbps = {k: b / t for k, (b, t) in lk.items() if t > 0}
     if len(gbps) < 3:
         return []
+    per_op: dict[int, dict[tuple[int, int], list[float]]] = {}
+    for (src, dst, _, k), g, b in _typical(sends, xfer, sends["channel"], ops):
+        if k != -1:
+            acc = per_op.setdefault(k, {}).setdefault((src, dst), [0.0, 0.0])
+            acc[0] += b
+            acc[1] += b / g
+    in_ops: dict[tuple[int, int], list[int]] = {}           # link -> [ops judged, ops that far below]
+    for links in per_op.values():
+        rates = {k: b / t for k, (b, t) in links.items() if t > 0}
+        if len(rates) >= 3:
+            m = float(np.median(list(rates.values())))
+            for k, g in rates.items():
+                n = in_ops.setdefault(k, [0, 0])
+                n[0] += 1
+                n[1] += g < (1 - below) * m
     med = float(np.median(list(gbps.values())))
     ch_med = {c: float(np.median(list(v.values()))) for c, v in ch_gbps.items() if len(v) >= 3}
+    busiest = max(moving.values()) if moving else 0.0
+    typical_rank = float(np.median(list(moving.values()))) if moving else 0.0
     out = []
     for k, g in sorted(gbps.items(), key=lambda kv: kv[1]):
         if g >= (1 - below) * med:
             break
+        n_ops, n_slow = in_ops.get(k, (0, 0))
+        if n_ops and 2 * n_slow <= n_ops:
+            continue
         chans = [c for c, v in ch_gbps.items() if k in v and c in ch_med]
+        t = (moving or {}).get(k[0], 0.0)
         out.append({"src": k[0], "dst": k[1], "gbps": g, "median_gbps": med, "below_pct": 100 * (1 - g / med),
                     "channels": len(chans),
-                    "channels_slow": sum(ch_gbps[c][k] < (1 - below) * ch_med[c] for c in chans)})
+                    "channels_slow": sum(ch_gbps[c][k] < (1 - below) * ch_med[c] for c in chans),
+                    "ops": n_ops, "ops_slow": n_slow,
+                    "sender_outlier": bool(t > 0 and t >= busiest and (1 - below) * t > typical_rank)})
     return out
 
 
@@ -196,17 +198,6 @@ def render(rep: Report, console=None) -> None:
     if not rep.links and not rep.ranks:
         con.print("the trace has no KernelStep events (the event mask lacked KernelStep, 1<<16), so the link and "
                   "rank tables are empty")
-    if rep.stragglers:
-        t = Table(title="stragglers (rank whose channel programs started last, per collective)")
-        for c in ("rank", "collectives started last", "total late us", "worst us"):
-            t.add_column(c, justify="right")
-        for r in rep.stragglers:
-            t.add_row(str(r["rank"]), str(r["times_last"]), f"{r['late_us']:.1f}", f"{r['worst_us']:.1f}")
-        con.print(t)
-    if rep.late_ops:                    # build kept the top N (--top 0: none)
-        w = rep.late_ops[0]
-        con.print(f"largest skew: {w['func']} #{w['seq']}, rank {w['rank']} started {w['late_us']:.1f} us after the "
-                  f"first of {w['ranks']} ranks")
     if rep.slowest:                     # build kept the top N (--top)
         t = Table(title=f"the {len(rep.slowest)} slowest slices (by transfer GB/s)")
         for c in ("rank", "dir", "peer", "ch", "step", "bytes", "transfer us", "GB/s"):
@@ -215,26 +206,34 @@ def render(rep: Report, console=None) -> None:
             t.add_row(str(sl["rank"]), "send" if sl["is_send"] else "recv", str(sl["peer"]), str(sl["channel"]),
                       str(sl["step"]), f"{sl['bytes']:,}", f"{sl['transfer_us']:.1f}", f"{sl['gbps']:.3g}")
         con.print(t)
+    _skew(rep, con)                     # the findings: stragglers first, then whom the waits lead to, links
+    if rep.held_up:
+        w, tot = rep.held_up[0], sum(h["wait_us"] for h in rep.held_up)
+        if len(rep.held_up) > 1 and w["wait_us"] < 2 * rep.held_up[1]["wait_us"]:    # no rank stands out: noise
+            each = ", ".join(f"rank {h['rank']} {h['wait_us']:.1f} us" for h in rep.held_up)
+            con.print(f"most waited on: no single rank, the {tot:.1f} us the ranks waited after their first op lead "
+                      f"to {each}")
+        else:
+            nxt = "".join(f"; next rank {h['rank']}, {h['wait_us']:.1f} us" for h in rep.held_up[1:2])
+            con.print(f"most waited on: rank {w['rank']}, {w['wait_us']:.1f} of the {tot:.1f} us the ranks waited "
+                      f"after their first op ({w['data_us']:.1f} us for its data, {w['credit_us']:.1f} us for room "
+                      f"in its buffers; a wait on a rank that was itself waiting is passed on to the rank it waited "
+                      f"for){nxt}")
+    moving = {r["rank"]: r["transfer_us"] for r in rep.ranks}
     for ln in rep.slow_links:
-        con.print(f"slow link: {ln['src']}->{ln['dst']} moves {ln['gbps']:.2f} GB/s (typical slice), "
-                  f"{ln['below_pct']:.0f} % below the median link ({ln['median_gbps']:.2f}); that far below the "
-                  f"other links on {ln['channels_slow']} of {ln['channels']} channels")
+        s, d = ln["src"], ln["dst"]
+        who = f"rank {s}'s data path or link {s}->{d}" if ln["sender_outlier"] else f"link {s}->{d}"
+        con.print(f"slow link: {who} moves {ln['gbps']:.2f} GB/s (typical slice), {ln['below_pct']:.0f} % below the "
+                  f"median link ({ln['median_gbps']:.2f})"
+                  + (f", in {ln['ops_slow']} of {ln['ops']} ops" if ln["ops"] > 1 else "")
+                  + (f"; that far below the other links on {ln['channels_slow']} of {ln['channels']} channels"
+                     if ln["channels"] > 1 else "")
+                  + (f"; rank {s} also moves data longest ({moving[s]:.1f} us, the median rank "
+                     f"{float(np.median(list(moving.values()))):.1f} us): a slow rank's copies look like a slow link"
+                     if ln["sender_outlier"] else ""))
     if 0 < len(rep.links) < 3:
         con.print(f"slow links: not judged, {len(rep.links)} link(s) in this trace and the check compares each with "
                   f"the median of 3 or more")
-    gone = rep.stragglers_left_out
-    if gone["collectives"]:             # a rank without the records may be the straggler: no confident wrong name
-        who = "; ".join(f"rank {d['rank']} lacked {d['collectives']}" for d in gone["lacking"])
-        con.print(f"stragglers: {gone['collectives']} collective(s) left out, not recorded on every rank ({who}; "
-                  f"their KernelCh or Coll records are missing: a file cut short, or records dropped, see the loss "
-                  f"counters): the rank that started them last may be one that lacks them"
-                  + (", so the table counts the other collectives only" if rep.stragglers else ""))
-    elif rep.links and not rep.stragglers and not rep.late_ops:
-        con.print("stragglers: none to name (matched across ranks by a collective's SeqNum, from KernelCh events; "
-                  "point-to-point ops carry none: see who waited on whom)")
-    if rep.waited_on:
-        w = rep.waited_on[0]
-        con.print(f"most waited on: rank {w['rank']} waited {w['wait_us']:.1f} us for data from rank {w['peer']}")
     if rep.counters or rep.no_counters:
         lost = {r: {k: v for k, v in c.items() if v and k != "sampled_out"
                     and not k.startswith(("delivered", "plugin_written", "clock_", "ops_"))}
@@ -245,6 +244,52 @@ def render(rep: Report, console=None) -> None:
         skipped = {r: {k: v for k, v in c.items() if v and k.startswith("ops_")} for r, c in rep.counters.items()}
         if any(skipped.values()):       # left out on purpose (SLICETRACE_PROFILE_OP_SAMPLE_RATE / _MIN_BYTES)
             con.print(f"ops not profiled by the settings: {_per_rank(skipped)}")
+
+
+def _skew(rep: Report, con) -> None:
+    """Start-up skew, then the straggler verdict (its table only when a rank is a consistent straggler)."""
+    from rich.table import Table
+    gone, rule = rep.stragglers_left_out, rep.straggler_rule
+    if rep.startup:
+        w = rep.startup
+        con.print(f"start-up skew: {w['func']} #{w['seq']}, the first collective, rank {w['rank']} started "
+                  f"{w['late_us']:.1f} us after the first of {w['ranks']} ranks (the processes' start-up: left out "
+                  f"of the stragglers)")
+    floor = (f"{rule['floor_us']:.1f} us: the larger of {SPREAD_X:g} x the other ranks' median start spread, "
+             f"{rule['others_spread_us']:.1f} us, and {OP_FRACTION:g} x the median op, {rule['op_us']:.1f} us")
+    named = [r for r in rep.stragglers if r["consistent"]]
+    if named:
+        t = Table(title=f"stragglers (rank whose channel programs started last, of {rule['collectives']} collectives "
+                        f"after the first)")
+        for c in ("rank", "collectives started last", "beyond the floor", "median late us", "worst us"):
+            t.add_column(c, justify="right")
+        for r in rep.stragglers:
+            t.add_row(str(r["rank"]), str(r["times_last"]), str(r["times_late"]), f"{r['median_late_us']:.1f}",
+                      f"{r['worst_us']:.1f}")
+        con.print(t)
+        for r in named:
+            con.print(f"straggler: rank {r['rank']} started last in {r['times_last']} of {rule['collectives']} "
+                      f"collectives after the first, {r['times_late']} times more than the noise floor after every "
+                      f"other rank (floor {floor}); median {r['median_late_us']:.1f} us after the first rank")
+    elif rule["collectives"]:
+        con.print(f"stragglers: no consistent straggler in {rule['collectives']} collectives after the first (no "
+                  f"rank started more than the noise floor after every other rank in 2 or more of them and in half "
+                  f"or more of one function's; floor {floor})")
+    elif rep.startup and not gone["collectives"]:
+        con.print("stragglers: not judged, the first collective (start-up) is the only one recorded on every rank")
+    if rep.late_ops:                    # build kept the top N (--top 0: none)
+        w = rep.late_ops[0]
+        con.print(f"largest skew: {w['func']} #{w['seq']}, rank {w['rank']} started {w['late_us']:.1f} us after the "
+                  f"first of {w['ranks']} ranks")
+    if gone["collectives"]:             # a rank without the records may be the straggler: no confident wrong name
+        who = "; ".join(f"rank {d['rank']} lacked {d['collectives']}" for d in gone["lacking"])
+        con.print(f"stragglers: {gone['collectives']} collective(s) left out, not recorded on every rank ({who}; "
+                  f"their KernelCh or Coll records are missing: a file cut short, or records dropped, see the loss "
+                  f"counters): the rank that started them last may be one that lacks them"
+                  + (", so the verdict counts the other collectives only" if rule["collectives"] else ""))
+    elif rep.links and not rep.stragglers and not rep.startup and not rule["collectives"]:
+        con.print("stragglers: none to name (matched across ranks by a collective's SeqNum, from KernelCh events; "
+                  "point-to-point ops carry none: see who waited on whom)")
 
 
 def _console():

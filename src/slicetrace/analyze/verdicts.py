@@ -1,0 +1,195 @@
+"""The report's verdicts: which rank starts collectives late (stragglers), and whose slowness the waits lead to.
+
+Ranks' clocks are one host's CLOCK_MONOTONIC (the trace's host timeline), so one rank's wait can be laid against
+another's. Each rank's first op is judged apart: its start skew is the processes' start-up, not a straggler.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+SPREAD_X = 3.0          # a straggler's lead must beat 3x the other ranks' typical start spread ...
+OP_FRACTION = 0.5       # ... and half the typical op (2 ranks have no spread; a ring's exit skew is ~1 slice)
+
+
+@dataclass
+class Skew:
+    ranks: list[dict]       # per rank that started a judged collective last, most consistent first
+    ops: list[dict]         # the judged collectives with the largest start skew
+    left_out: dict          # collectives not recorded on every rank: {"collectives": n, "lacking": [...]}
+    startup: dict | None    # the first collective: its skew is start-up, left out of ranks and ops
+    rule: dict              # the noise floor the verdict used
+
+
+def none_left_out() -> dict:
+    """stragglers()' left_out when every collective was judged."""
+    return {"collectives": 0, "lacking": []}
+
+
+def noise_rule(judged: int, spread_us: float, op_us: float) -> dict:
+    """The straggler floor from `judged` collectives' median spread of the other ranks' starts and median op."""
+    return {"collectives": judged, "others_spread_us": spread_us, "op_us": op_us,
+            "floor_us": max(SPREAD_X * spread_us, OP_FRACTION * op_us)}
+
+
+def stragglers(chs: np.ndarray | None, top: int = 10, ranks=None) -> Skew:
+    """From KernelCh rows: per collective (function, SeqNum) seen on every rank of `ranks` (default those in chs),
+    2 or more, each rank's start = its first channel program's start, the last rank late by (its start - the
+    earliest). A collective some rank lacks is left out: that rank may be the one that started last. Each rank's
+    first collective is left out too and returned as `startup`. A judged collective counts against its last rank
+    as `times_late` when that rank started more than the floor after every other rank: the floor is the larger of
+    SPREAD_X x the median spread of the other ranks' starts and OP_FRACTION x the median op time (the last rank's
+    own span). `consistent`: late so in 2 or more collectives and in half or more of one function's."""
+    left_out = none_left_out()
+    if chs is None or len(chs) == 0:
+        return Skew([], [], left_out, None, noise_rule(0, 0.0, 0.0))
+    want = set(chs["rank"].tolist()) if ranks is None else {int(r) for r in ranks}
+    span: dict[tuple[str, int], dict[int, list[int]]] = {}
+    for rank, func, seq, t0, t1 in zip(chs["rank"].tolist(), chs["func"].tolist(), chs["seq_number"].tolist(),
+                                       chs["start_ns"].tolist(), chs["stop_ns"].tolist()):
+        s = span.setdefault((func, seq), {}).setdefault(rank, [t0, t1])
+        s[0], s[1] = min(s[0], t0), max(s[1], t1)
+    firsts = {min((sp[r][0], key) for key, sp in span.items() if r in sp)[1] for r in want
+              if any(r in sp for sp in span.values())}
+    judged, lacking, startup = [], {}, None
+    for key, sp in sorted(span.items(), key=lambda kv: min(v[0] for v in kv[1].values())):
+        if not want <= sp.keys():
+            left_out["collectives"] += 1
+            for r in want - sp.keys():
+                lacking[r] = lacking.get(r, 0) + 1
+            continue
+        if len(sp) < 2:
+            continue
+        order = sorted((v[0], r) for r, v in sp.items())       # ties: the higher rank is last
+        (t_first, _), (t_next, _), (t_last, last) = order[0], order[-2], order[-1]
+        op = {"func": key[0], "seq": key[1], "rank": last, "late_us": (t_last - t_first) / 1e3, "ranks": len(sp)}
+        if key in firsts:
+            startup = startup or op                             # the earliest, when ranks' firsts differ
+            continue
+        judged.append((op, (t_last - t_next) / 1e3, (t_next - t_first) / 1e3, (sp[last][1] - t_last) / 1e3))
+    left_out["lacking"] = [{"rank": r, "collectives": n} for r, n in sorted(lacking.items())]
+    if not judged:
+        return Skew([], [], left_out, startup, noise_rule(0, 0.0, 0.0))
+    rule = noise_rule(len(judged), float(np.median([j[2] for j in judged])), float(np.median([j[3] for j in judged])))
+    per_func: dict[str, int] = {}
+    per_rank: dict[int, dict] = {}
+    for op, lead, _, _ in judged:
+        per_func[op["func"]] = per_func.get(op["func"], 0) + 1
+        pr = per_rank.setdefault(op["rank"], {"rank": op["rank"], "times_last": 0, "times_late": 0, "late_us": 0.0,
+                                              "median_late_us": 0.0, "worst_us": 0.0, "consistent": False,
+                                              "_late": [], "_funcs": {}})
+        pr["times_last"] += 1
+        pr["late_us"] += op["late_us"]
+        pr["worst_us"] = max(pr["worst_us"], op["late_us"])
+        pr["_late"].append(op["late_us"])
+        if lead > rule["floor_us"]:
+            pr["times_late"] += 1
+            pr["_funcs"][op["func"]] = pr["_funcs"].get(op["func"], 0) + 1
+    for pr in per_rank.values():
+        pr["median_late_us"] = float(np.median(pr.pop("_late")))
+        funcs = pr.pop("_funcs")
+        pr["consistent"] = pr["times_late"] >= 2 and any(2 * n >= per_func[f] for f, n in funcs.items())
+    ops = sorted((j[0] for j in judged), key=lambda d: -d["late_us"])[:top]
+    ranked = sorted(per_rank.values(), key=lambda d: (-d["times_late"], -d["times_last"], -d["median_late_us"],
+                                                      d["rank"]))
+    return Skew(ranked, ops, left_out, startup, rule)
+
+
+def op_index(ks: np.ndarray) -> np.ndarray:
+    """Per KernelStep row, a key naming its op alike on every rank (-1 without a parent op): the op's SeqNum and
+    how many of the rank's earlier ops had that SeqNum. Coll ids differ per rank, and SeqNum counts per function;
+    a communicator's ranks run its collectives in one order."""
+    out = np.full(len(ks), -1, np.int64)
+    idx = np.flatnonzero(ks["op"] != -1)
+    if not len(idx):
+        return out
+    r, o = ks["rank"][idx].astype(np.int64), ks["op"][idx]
+    order = np.lexsort((ks["wait_ns"][idx], o, r))      # by rank and op, each op's earliest record first
+    new = np.concatenate(([True], (np.diff(r[order]) != 0) | (np.diff(o[order]) != 0)))
+    head = order[new]                                   # each (rank, op)'s earliest record
+    seen: dict[tuple[int, int], int] = {}
+    names: dict[tuple[int, int], int] = {}
+    key = np.empty(len(head), np.int64)
+    rk, sq, first = r[head].tolist(), ks["seq_number"][idx][head].tolist(), ks["wait_ns"][idx][head]
+    for i in np.lexsort((first, r[head])).tolist():     # each rank's ops in time order
+        n = seen.get((rk[i], sq[i]), 0)
+        seen[(rk[i], sq[i])] = n + 1
+        key[i] = names.setdefault((sq[i], n), len(names))
+    out[idx[order]] = key[np.cumsum(new) - 1]
+    return out
+
+
+def _waits(ks: np.ndarray) -> dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(rank, channel, is_send) -> (starts, ends, peers) of that rank's waits there (is_send 0: for data, 1: for
+    credit), in time order and cut to be disjoint."""
+    m = ks["ready_ns"] > ks["wait_ns"]
+    if not m.any():
+        return {}
+    s, e, p = ks["wait_ns"][m].astype(np.int64), ks["ready_ns"][m].astype(np.int64), ks["peer"][m]
+    key = np.stack([ks["rank"][m], ks["channel"][m], ks["is_send"][m]]).astype(np.int64)
+    order = np.lexsort((s, key[2], key[1], key[0]))
+    key, s, e, p = key[:, order], s[order], e[order], p[order]
+    cuts = np.flatnonzero(np.any(np.diff(key, axis=1) != 0, axis=0)) + 1
+    out = {}
+    for lo, hi in zip(np.concatenate(([0], cuts)).tolist(), np.concatenate((cuts, [len(s)])).tolist()):
+        bs, be = s[lo:hi], e[lo:hi]
+        covered = np.maximum.accumulate(be)
+        bs = np.maximum(bs, np.concatenate(([bs[0]], covered[:-1])))
+        keep = be > bs
+        out[tuple(key[:, lo].tolist())] = (bs[keep], be[keep], p[lo:hi][keep])
+    return out
+
+
+def held_up(ks: np.ndarray, ops: np.ndarray | None = None) -> list[dict]:
+    """Whose slowness the ranks' waits lead to. A receive's data wait on rank p passes, for the part of it during
+    which p itself waited for data on that channel, to the rank p waited for, and so on up the chain; a send's
+    credit wait (the receiver p had not freed room) passes likewise to the rank p waited on for credit. It never
+    passes back to the rank that waited, nor more hops than there are ranks; what is left stays with the rank
+    reached. Waits in each rank's first op (start-up skew) are left out. Per rank: data_us (ranks waited for its
+    data), credit_us (for room in its buffers) and their sum wait_us, largest first. ops: op_index(ks), if known."""
+    if len(ks) == 0:
+        return []
+    key = op_index(ks) if ops is None else ops
+    first = np.zeros(len(ks), bool)
+    for r in np.unique(ks["rank"]).tolist():
+        mine = np.flatnonzero(ks["rank"] == r)
+        k0 = key[mine[np.argmin(ks["wait_ns"][mine])]]
+        first[mine] = (key[mine] == k0) & (k0 != -1)
+    tables = _waits(ks)
+    m = (ks["ready_ns"] > ks["wait_ns"]) & ~first
+    q = [ks["peer"][m].astype(np.int64), ks["channel"][m].astype(np.int64), ks["is_send"][m].astype(np.int64),
+         ks["wait_ns"][m].astype(np.int64), ks["ready_ns"][m].astype(np.int64), ks["rank"][m].astype(np.int64)]
+    blame: dict[tuple[int, int], float] = {}
+    hops = len(np.unique(ks["rank"]))
+    for hop in range(hops):
+        if not len(q[0]):
+            break
+        order = np.lexsort((q[2], q[1], q[0]))
+        q = [a[order] for a in q]
+        cuts = np.flatnonzero((np.diff(q[0]) != 0) | (np.diff(q[1]) != 0) | (np.diff(q[2]) != 0)) + 1
+        nxt = []
+        for lo, hi in zip(np.concatenate(([0], cuts)).tolist(), np.concatenate((cuts, [len(q[0])])).tolist()):
+            at, ch, kind = int(q[0][lo]), int(q[1][lo]), int(q[2][lo])
+            s, e, origin = q[3][lo:hi], q[4][lo:hi], q[5][lo:hi]
+            passed = 0
+            t = tables.get((at, ch, kind)) if hop < hops - 1 else None
+            if t is not None:
+                S, E, P = t
+                i0 = np.searchsorted(E, s, side="right")            # intervals ending after the wait began ...
+                n = np.maximum(np.searchsorted(S, e, side="left") - i0, 0)      # ... and starting before it ended
+                qi = np.repeat(np.arange(len(s)), n)
+                ii = np.repeat(i0, n) + np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)
+                ps, pe = np.maximum(s[qi], S[ii]), np.minimum(e[qi], E[ii])
+                go = (pe > ps) & (P[ii] != origin[qi])
+                passed = int((pe - ps)[go].sum())
+                nxt.append([P[ii][go].astype(np.int64), np.full(int(go.sum()), ch), np.full(int(go.sum()), kind),
+                            ps[go], pe[go], origin[qi][go]])
+            blame[(at, kind)] = blame.get((at, kind), 0.0) + float((e - s).sum() - passed)
+        q = [np.concatenate([b[i] for b in nxt]) for i in range(6)] if nxt else [np.zeros(0, np.int64)] * 6
+    out = []
+    for r in sorted({r for r, _ in blame}):
+        d, c = blame.get((r, 0), 0.0) / 1e3, blame.get((r, 1), 0.0) / 1e3
+        if d + c > 0:
+            out.append({"rank": r, "wait_us": d + c, "data_us": d, "credit_us": c})
+    return sorted(out, key=lambda x: (-x["wait_us"], x["rank"]))

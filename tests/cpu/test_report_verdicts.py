@@ -1,0 +1,288 @@
+"""`slicetrace report`'s verdicts name the rank that was slowed, and nothing in a healthy run.
+
+Real runs: one launch runs every scenario, each on a communicator of its own with its own dump file; a rank is
+slowed by sleeping before each op (a straggler) or by a sleep in each of its worker's copies (a slow data path, as
+a slow GPU or a busy core would be). Synthetic records pin the rules: start-up skew apart, the noise floor, the
+chain of waits, a slow link that must be slow in most ops.
+"""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import re
+import time
+import uuid
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+import slicetrace
+from slicetrace.analyze.report import build, render, stragglers
+from slicetrace.analyze.trace import KERNEL_CH_TABLE, KERNEL_STEP_TABLE
+from slicetrace.cli.main import main
+from slicetrace.rendezvous import DictStore
+
+SCENARIOS = ("ok", "late", "copy", "bcast")
+SUB = dict(profiler_plugin="example", buffsize=1 << 16, nchannels=1, timeout_s=30.0)
+
+
+def _slow_copies(us: float):
+    """This rank's cpu worker sleeps `us` before each np.copyto; returns the undo."""
+    import slicetrace.backend.cpu.worker as w
+    real = w.np
+
+    class Slow:
+        def __getattr__(self, k):
+            return getattr(real, k)
+
+        @staticmethod
+        def copyto(*a, **k):
+            time.sleep(us / 1e6)
+            return real.copyto(*a, **k)
+
+    w.np = Slow()
+    return lambda: setattr(w, "np", real)
+
+
+def _scenarios(comm, mapping, folder: str, job: str) -> int:
+    r = comm.rank
+    for name in SCENARIOS:
+        undo = _slow_copies(300) if r == 2 and name in ("copy", "bcast") else None
+        try:
+            with slicetrace.init(rank=r, world_size=comm.world_size, store=DictStore(mapping), job=job + name,
+                                 profile_dump_file=f"{folder}/{name}/run", **SUB) as sub:
+                x = np.ones(1 << 16, np.float32)
+                for _ in range(6 if name == "ok" else 5):
+                    if name == "late" and r == 1:
+                        time.sleep(0.03)            # rank 1 arrives 30 ms late at every op
+                    if name == "bcast":
+                        sub.broadcast(x, root=0)    # chain 0 -> 1 -> 2: rank 2 is the slow receiver
+                    else:
+                        sub.all_reduce(x)
+                sub.flush_profiler()
+        finally:
+            if undo:
+                undo()
+    return r
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("verdicts")
+    with multiprocessing.Manager() as mgr:       # the scenarios' rendezvous, shared by the spawned ranks
+        slicetrace.launch(_scenarios, 3, mgr.dict(), str(folder), uuid.uuid4().hex[:8], timeout_s=30.0,
+                          join_timeout_s=120)
+    return folder
+
+
+def _report(runs, name: str, capsys) -> tuple[str, dict]:
+    out = runs / f"{name}.json"
+    assert main(["report", str(runs / name), "--json", str(out)]) == 0
+    return " ".join(capsys.readouterr().out.split()), json.loads(out.read_text())
+
+
+def test_a_healthy_run_names_no_straggler(runs, capsys):
+    """Before: every run showed a stragglers table, its first row the rank that started the first op last."""
+    text, doc = _report(runs, "ok", capsys)
+    assert "stragglers: no consistent straggler in 5 collectives after the first" in text
+    assert "straggler: rank" not in text and "collectives started last" not in text
+    assert not any(r["consistent"] for r in doc["stragglers"])
+    assert doc["startup_skew"]["seq"] == 0 and doc["straggler_rule"]["collectives"] == 5
+
+
+def test_a_rank_arriving_late_is_the_straggler_and_the_most_waited_on(runs, capsys):
+    """Before: the most waited on line named the sender next to the longest wait (rank 0 waiting on rank 2, which
+    was itself waiting on rank 1)."""
+    text, doc = _report(runs, "late", capsys)
+    assert "straggler: rank 1 started last in" in text and _most_waited_on(text) == 1
+    assert text.index("straggler: rank 1") < text.index("most waited on")
+    assert [r["rank"] for r in doc["stragglers"] if r["consistent"]] == [1]
+    assert doc["stragglers"][0]["times_late"] >= 3 and doc["held_up"][0]["rank"] == 1
+
+
+def test_a_slow_data_path_is_named_as_the_rank_or_its_link(runs, capsys):
+    """Rank 2's copies are slow: on one host that cannot be told from a slow link 2->0, so both are named."""
+    text, doc = _report(runs, "copy", capsys)
+    assert "slow link: rank 2's data path or link 2->0 moves" in text and "of 1 channels" not in text
+    assert _most_waited_on(text) == 2
+    assert [(ln["src"], ln["dst"], ln["sender_outlier"]) for ln in doc["slow_links"]] == [(2, 0, True)]
+    assert doc["held_up"][0]["rank"] == 2
+
+
+def test_a_slow_receiver_is_most_waited_on_through_credit(runs, capsys):
+    """Broadcast 0 -> 1 -> 2 with rank 2 slow: ranks 0 and 1 wait for room (credit), rank 0 on rank 1 while rank 1
+    waits on rank 2. Before: only data waits counted, and the line named rank 2 waiting for rank 1."""
+    text, doc = _report(runs, "bcast", capsys)
+    assert _most_waited_on(text) == 2
+    top = doc["held_up"][0]
+    assert top["rank"] == 2 and top["credit_us"] > top["data_us"]
+
+
+def _most_waited_on(text: str) -> int | None:
+    """The rank the 'most waited on' line names as the one waited on (before: 'rank R waited ... from rank P')."""
+    m = re.search(r"most waited on: rank (\d+),", text) or re.search(r"most waited on: rank \d+ waited [\d.]+ us for "
+                                                                      r"data from rank (\d+)", text)
+    return int(m.group(1)) if m else None
+
+
+def _chs(rows):
+    return np.array(rows, dtype=KERNEL_CH_TABLE)
+
+
+def _text(rep) -> str:
+    con = Console(record=True, width=400)
+    render(rep, console=con)
+    return " ".join(con.export_text().split())
+
+
+def _starts(func: str, seq: int, t0: int, late: dict[int, int], span: int = 2_000_000):
+    """One collective's KernelCh rows for ranks 0-2: rank r starts late[r] ns after t0, each runs `span` ns."""
+    return [(r, 0, seq, func, t0 + late[r], t0 + late[r] + span) for r in range(3)]
+
+
+def test_start_up_skew_is_apart_and_the_consistent_straggler_comes_first():
+    """As the reviewer's mixed run: rank 0 starts the first op 80 ms late (start-up) and one AllReduce 20 ms late;
+    rank 2 starts every AllGather 11 ms late. Before: rank 0 led the table by total lateness, and 'largest skew'
+    named the first op."""
+    rows = _starts("AllReduce", 0, 0, {0: 80_000_000, 1: 0, 2: 300_000})
+    for i in range(4):
+        t = 100_000_000 + 40_000_000 * i
+        rows += _starts("AllGather", i, t, {0: 0, 1: 500_000, 2: 11_000_000})
+        rows += _starts("AllReduce", i + 1, t + 20_000_000,
+                        {0: 20_000_000 if i == 1 else 300_000 * (i % 3), 1: 300_000 * ((i + 1) % 3),
+                         2: 300_000 * ((i + 2) % 3)})
+    rep = build(np.zeros(0, KERNEL_STEP_TABLE), chs=_chs(rows), ranks=[0, 1, 2])
+    text = _text(rep)
+    assert "largest skew: AllReduce #0" not in text
+    assert "start-up skew: AllReduce #0, the first collective, rank 0 started 80000.0 us after the first of 3 " \
+        "ranks" in text
+    assert "straggler: rank 2 started last in" in text and "straggler: rank 0" not in text
+    assert rep.stragglers[0]["rank"] == 2 and rep.stragglers[0]["consistent"]
+    assert not any(r["consistent"] for r in rep.stragglers if r["rank"] != 2)
+    assert rep.startup == {"func": "AllReduce", "seq": 0, "rank": 0, "late_us": 80_000.0, "ranks": 3}
+    assert rep.straggler_rule["collectives"] == 8
+
+
+def test_a_rank_last_by_less_than_the_noise_floor_is_no_straggler():
+    """Rank 1 starts every op last, by 50 us, in a run whose ops take 2 ms: noise, not a straggler. Before: a
+    stragglers table named it."""
+    rows = []
+    for seq in range(6):
+        rows += _starts("AllReduce", seq, 10_000_000 * seq, {0: 0, 1: 50_000, 2: 20_000})
+    rep = build(np.zeros(0, KERNEL_STEP_TABLE), chs=_chs(rows))
+    text = _text(rep)
+    assert "collectives started last" not in text
+    assert "stragglers: no consistent straggler in 5 collectives after the first" in text
+    assert rep.stragglers[0]["rank"] == 1 and rep.stragglers[0]["times_last"] == 5
+    assert rep.stragglers[0]["times_late"] == 0 and not rep.stragglers[0]["consistent"]
+    assert rep.straggler_rule["floor_us"] == pytest.approx(1000.0)        # half the 2 ms op; spread 20 us
+
+
+def test_stragglers_name_the_rank_that_starts_collectives_last():
+    # three ranks, two channels each; rank 2 starts AllReduce #0 and #1 late, rank 0 starts AllGather #0 late;
+    # AllReduce #0, every rank's first collective, is start-up skew and judged apart
+    rows = []
+    for seq, late_rank, late in ((0, 2, 50_000), (1, 2, 20_000)):
+        for r in range(3):
+            for ch in range(2):
+                t = seq * 1_000_000 + (late if r == late_rank else 100 * r) + 10 * ch
+                rows.append((r, ch, seq, "AllReduce", t, t + 5_000))
+    for r in range(3):
+        rows.append((r, 0, 0, "AllGather", 5_000_000 + (30_000 if r == 0 else 0), 5_100_000))
+    rows.append((1, 0, 7, "Broadcast", 9_000_000, 9_100_000))          # one rank only: left out, and said so
+    sk = stragglers(_chs(rows))
+    assert sk.left_out == {"collectives": 1, "lacking": [{"rank": 0, "collectives": 1}, {"rank": 2, "collectives": 1}]}
+    assert sk.startup == {"func": "AllReduce", "seq": 0, "rank": 2, "late_us": 50.0, "ranks": 3}
+    assert [(r["rank"], r["times_last"], r["times_late"], r["consistent"]) for r in sk.ranks] == \
+        [(0, 1, 1, False), (2, 1, 1, False)]          # once each: no consistent straggler
+    assert sk.ranks[1]["late_us"] == pytest.approx(20.0) and sk.ranks[1]["worst_us"] == pytest.approx(20.0)
+    assert [(o["func"], o["seq"], o["rank"]) for o in sk.ops] == [("AllGather", 0, 0), ("AllReduce", 1, 2)]
+    rep = build(np.array([(0, 0, 1, 1, 0, 8, 0, 1, 2, 0, 0)], KERNEL_STEP_TABLE), chs=_chs(rows))
+    assert rep.stragglers == sk.ranks and rep.to_dict()["late_ops"] == sk.ops
+    assert rep.to_dict()["startup_skew"] == sk.startup and rep.to_dict()["straggler_rule"]["collectives"] == 2
+    empty = stragglers(_chs([]))
+    assert (empty.ranks, empty.ops, empty.left_out, empty.startup) == ([], [], {"collectives": 0, "lacking": []}, None)
+
+
+def test_stragglers_count_a_collective_only_when_every_rank_has_it():
+    rows = [(r, 0, seq, "AllReduce", 1_000 * seq + (500 if r == 2 else 10 * r), 1_000 * seq + 900)
+            for seq in range(3) for r in range(3) if (r, seq) != (2, 1)]
+    sk = stragglers(_chs(rows), ranks=[0, 1, 2])
+    assert [(o["seq"], o["rank"]) for o in sk.ops] == [(2, 2)] and sk.startup["seq"] == 0
+    assert sk.left_out == {"collectives": 1, "lacking": [{"rank": 2, "collectives": 1}]}
+    sk = stragglers(_chs([r for r in rows if r[0] != 2]), ranks=[0, 1, 2])     # none on rank 2
+    assert sk.ranks == sk.ops == [] and sk.startup is None
+    assert sk.left_out == {"collectives": 3, "lacking": [{"rank": 2, "collectives": 3}]}
+    sk = stragglers(_chs([r for r in rows if r[0] != 2]), ranks=[0, 1])       # --partial
+    assert [(r["rank"], r["times_last"]) for r in sk.ranks] == [(1, 2)] and sk.left_out["collectives"] == 0
+
+
+def test_a_tie_in_start_times_names_the_higher_rank_as_the_straggler():
+    """Equal first starts: the key is (start, rank), so the highest rank among the latest is last, whatever the
+    order of the rows."""
+    for order in ((0, 1, 2), (2, 1, 0)):
+        rows = [(r, 0, seq, "AllReduce", seq * 10_000 + (1_000 if r == 0 else 4_000), seq * 10_000 + 9_000)
+                for seq in range(2) for r in order]
+        sk = stragglers(_chs(rows))
+        assert [(o["rank"], o["late_us"], o["ranks"]) for o in sk.ops] == [(2, 3.0, 3)], order
+        assert [(r["rank"], r["times_last"]) for r in sk.ranks] == [(2, 1)] and sk.startup["rank"] == 2
+
+
+def _ks(rows):
+    """rows: (rank, channel, is_send, peer, wait_ns, ready_ns, op); one 8-byte slice each, done 10 ns after ready."""
+    return np.array([(r, c, s, p, i, 8, w, rd, rd + 10, op, op) for i, (r, c, s, p, w, rd, op) in enumerate(rows)],
+                    dtype=KERNEL_STEP_TABLE)
+
+
+FIRST_OPS = [(r, 0, 0, (r - 1) % 3, 0, 50_000, 0) for r in range(3)]        # each rank's first op: start-up waits
+
+
+def test_a_data_wait_passes_up_the_ring_to_the_rank_not_itself_waiting():
+    """Ring 0 -> 1 -> 2 -> 0, rank 1 late: rank 2 waits for its data over [0, 1000] us, and rank 0 for rank 2's over
+    [100, 1100] us, 900 us of it while rank 2 was itself waiting. Before: the line named rank 0 waiting on rank 2."""
+    ks = _ks(FIRST_OPS + [(2, 0, 0, 1, 1_000_000, 2_000_000, 1), (0, 0, 0, 2, 1_100_000, 2_100_000, 1)])
+    rep = build(ks)
+    assert "most waited on: rank 1, 1900.0 of the 2000.0 us" in _text(rep)
+    assert rep.held_up == [{"rank": 1, "wait_us": 1900.0, "data_us": 1900.0, "credit_us": 0.0},
+                           {"rank": 2, "wait_us": 100.0, "data_us": 100.0, "credit_us": 0.0}]
+    assert rep.waited_on[0] == {"rank": 0, "peer": 2, "wait_us": pytest.approx(1000.0 + 50.0)}   # direct, as before
+
+
+def test_a_credit_wait_counts_against_the_receiver_and_passes_down_the_chain():
+    """Broadcast 0 -> 1 -> 2 with rank 2 slow: rank 1 waits for room at rank 2, rank 0 for room at rank 1 while rank
+    1 waits; and two ranks waiting on each other never pass a wait back to the rank that waited."""
+    ks = _ks(FIRST_OPS + [(1, 0, 1, 2, 1_000_000, 2_000_000, 1), (0, 0, 1, 1, 1_000_000, 2_000_000, 1)])
+    assert "most waited on: rank 2, 2000.0 of the 2000.0 us" in _text(build(ks))
+    assert build(ks).held_up == [{"rank": 2, "wait_us": 2000.0, "data_us": 0.0, "credit_us": 2000.0}]
+    both = _ks(FIRST_OPS + [(0, 1, 0, 1, 1_000_000, 2_000_000, 1), (1, 1, 0, 0, 1_000_000, 2_000_000, 1)])
+    assert build(both).held_up == [{"rank": 0, "wait_us": 1000.0, "data_us": 1000.0, "credit_us": 0.0},
+                                   {"rank": 1, "wait_us": 1000.0, "data_us": 1000.0, "credit_us": 0.0}]
+    assert "most waited on: no single rank" in _text(build(both))
+
+
+def _ring_ops(slow_ops, slow_link=(0, 1), nops=4):
+    """3-rank ring, one channel, `nops` ops of 3 slices of 1 MB per link: 25 us a slice (40 GB/s), 100 us on
+    slow_link in the ops of slow_ops."""
+    rows, step = [], 0
+    for op in range(nops):
+        for src in range(3):
+            for k in range(3):
+                dur = 100_000 if (src, (src + 1) % 3) == slow_link and op in slow_ops else 25_000
+                t = op * 10_000_000 + step * 1_000
+                rows.append((src, 0, 1, (src + 1) % 3, step, 1_000_000, t, t, t + dur, op, op))
+                step += 1
+    return build(np.array(rows, dtype=KERNEL_STEP_TABLE))
+
+
+def test_a_link_slow_in_half_the_ops_only_is_not_named():
+    """Link 0->1 4x slower in 2 of 4 ops: its pooled median is 37 % under the median link, which named it before
+    (a healthy run's slower rank did the same). Slow in 3 of 4 ops it is named, with its sender: rank 0 also moves
+    data longest; one channel, so no 'of 1 channels'."""
+    assert _ring_ops({0, 1}).slow_links == []
+    rep = _ring_ops({0, 1, 2})
+    assert [(ln["src"], ln["ops"], ln["ops_slow"], ln["sender_outlier"]) for ln in rep.slow_links] == [(0, 4, 3, True)]
+    text = _text(rep)
+    assert "slow link: rank 0's data path or link 0->1 moves 10.00 GB/s (typical slice), 75 % below the median " \
+        "link (40.00), in 3 of 4 ops; rank 0 also moves data longest (975.0 us, the median rank 300.0 us)" in text
+    assert "channels" not in text.split("slow link:")[1]
