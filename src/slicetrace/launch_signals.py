@@ -14,6 +14,9 @@ INTERRUPT_GRACE_S = 10.0     # an interrupted launch() lets its ranks close this
 
 
 _SPAWN = mp.get_context("spawn")
+# how the launcher asks its ranks to close: not SIGINT, which a program started with it ignored (`cmd &` in a
+# script) passes on to its ranks, so they ignored the request, were killed 10 s later and left traces cut short
+CLOSE_SIGNAL = signal.SIGUSR1
 
 
 class _QuietProcess(_SPAWN.Process):
@@ -40,8 +43,8 @@ class _QuietContext:
 
 
 def _let_ranks_close(procs: list, held: dict | None) -> None:
-    """Interrupted (Ctrl-C, SIGTERM): each live rank gets SIGINT (if it did not already, from the terminal), so its
-    error path aborts and closes its communicator and the profiler plugins write what they hold; the wait ends when
+    """Interrupted (Ctrl-C, SIGTERM): each live rank gets CLOSE_SIGNAL (those the terminal's SIGINT reached ignore
+    it), so its error path aborts and closes its communicator and the profiler plugins write what they hold; the wait ends when
     they are gone, after INTERRUPT_GRACE_S, or at a signal that comes later than 0.5 s (a second Ctrl-C: timeout(1)
     signals the launcher, then its group, at once)."""
     t0 = time.monotonic()
@@ -50,7 +53,7 @@ def _let_ranks_close(procs: list, held: dict | None) -> None:
     for p in procs:
         if p.is_alive():
             try:
-                os.kill(p.pid, signal.SIGINT)
+                os.kill(p.pid, CLOSE_SIGNAL)
             except OSError:
                 pass
     seen = None

@@ -20,7 +20,7 @@ import numpy as np
 from .api import Communicator
 from .config import Settings, dist_env, quiet_unknown
 from .errors import ConfigError, LaunchError, SliceTraceError, UsageError, ours
-from .launch_signals import (_hold_signals, _let_ranks_close, _QuietContext, _release_signals,
+from .launch_signals import (CLOSE_SIGNAL, _hold_signals, _let_ranks_close, _QuietContext, _release_signals,
                              _terminate_as_exit)
 from .rendezvous import DictStore, Store, TorchStore
 
@@ -141,10 +141,19 @@ def _watch_parent(parent: int, grace_s: float, job: str, running: threading.Even
         time.sleep(ORPHAN_CHECK_S)
     if grace_s > 0:
         if running is not None and running.is_set():
-            _thread.interrupt_main()
+            _thread.interrupt_main(CLOSE_SIGNAL)         # handled whatever SIGINT's disposition
         time.sleep(grace_s)
         _remove_job_shm(job)
     os._exit(1)
+
+
+def _asked_to_close(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt("the launcher asked the ranks to close (interrupted)")
+
+
+def _no_interrupts() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(CLOSE_SIGNAL, signal.SIG_IGN)
 
 
 def _start_watch(parent: int, grace_s: float, job: str, running: threading.Event | None = None) -> None:
@@ -174,6 +183,7 @@ def _child(fn: Callable, rank: int, world: int, store_map: Any, job: str, settin
     _send(conn, ("started",))                    # fn was unpickled: a later death is not an import problem
     comm = None
     try:
+        signal.signal(CLOSE_SIGNAL, _asked_to_close)     # the launcher's request, even with SIGINT ignored
         if not sigint_ignored:                   # ignored while we started (_QuietProcess): Ctrl-C is on again
             signal.signal(signal.SIGINT, signal.default_int_handler)
         if Settings.from_env(**settings).cpu_bind == "auto" and _crowding(world):
@@ -181,7 +191,7 @@ def _child(fn: Callable, rank: int, world: int, store_map: Any, job: str, settin
         comm = init(rank=rank, world_size=world, store=DictStore(store_map), job=job, **settings)
         result = fn(comm, *args)
         running.clear()
-        signal.signal(signal.SIGINT, signal.SIG_IGN)     # an interrupted launch lets closing ranks finish (plugins)
+        _no_interrupts()                         # an interrupted launch lets closing ranks finish (plugins)
         comm.close()
         comm = None
         try:
@@ -192,7 +202,7 @@ def _child(fn: Callable, rank: int, world: int, store_map: Any, job: str, settin
             _send(conn, ("err", f"rank {rank}: fn's return value could not be sent to the launcher (pickle): "
                                 f"{type(e).__name__}: {e}; return plain data (numbers, strings, numpy arrays)", ""))
     except BaseException as e:  # noqa: BLE001 - reported to the parent with its traceback
-        signal.signal(signal.SIGINT, signal.SIG_IGN)     # the launcher forwards the terminal's Ctrl-C: close first
+        _no_interrupts()                         # the launcher forwards the terminal's Ctrl-C: close first
         running.clear()
         try:
             if comm is not None:

@@ -328,6 +328,31 @@ def test_a_launcher_terminated_alone_asks_its_ranks_inside_fn_to_close_and_waits
     assert sorted(f.name for f in tmp_path.glob("fin*.done")) == ["fin0.done", "fin1.done"]
 
 
+IGNORING_DRIVER = LOOP_DRIVER.replace('if __name__ == "__main__":',
+                                     'if __name__ == "__main__":\n    import signal\n'
+                                     '    signal.signal(signal.SIGINT, signal.SIG_IGN)   # as `cmd &` in a script')
+
+
+def test_a_launcher_started_with_sigint_ignored_still_gets_its_ranks_to_close(tmp_path):
+    """The close request was a SIGINT, which ranks of a launcher started with SIGINT ignored ignore too: they were
+    killed 10 s later with their traces cut short."""
+    p = _slowfin(tmp_path, IGNORING_DRIVER, str(tmp_path))
+    try:
+        deadline = time.monotonic() + 60
+        pids = []
+        while len(pids) < 2 and time.monotonic() < deadline and p.poll() is None:
+            pids = [f for f in tmp_path.glob("rank*.pid") if f.read_text()]
+            time.sleep(0.05)
+        assert len(pids) == 2, p.stderr.read() if p.poll() is not None else "ranks did not start"
+        time.sleep(0.5)                                  # ranks busy in all_reduce, inside fn
+        os.kill(p.pid, signal.SIGTERM)
+        p.wait(timeout=60)
+    finally:
+        _reap(p)
+    assert p.returncode == 143
+    assert sorted(f.name for f in tmp_path.glob("fin*.done")) == ["fin0.done", "fin1.done"]
+
+
 EARLY_DRIVER = textwrap.dedent("""
     import os, signal, sys, time, slicetrace
     def fn(comm, d):
