@@ -22,7 +22,7 @@ ALLOWED: dict[str, set[str]] = {
     "backend.procs": LOW,
     "backend.segment": BASE,
     "backend.opsig": LOW | {"plan", "backend.base", "backend.segment"},
-    "backend.base": BACKEND,
+    "backend.base": BACKEND - {"backend.segment", "backend.opsig"},
     "backend.null": BACKEND,
     "backend.cpu": BACKEND,
     "backend.cuda": BACKEND,

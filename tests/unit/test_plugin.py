@@ -317,7 +317,7 @@ def test_a_plugin_class_is_made_with_settings_or_with_nothing_and_a_failure_is_a
     for cls in ("_NoArgs", "_Bare"):
         (lp,) = load_plugins(f"tests.unit.test_plugin:{cls}", None)
         assert type(lp.plugin).__name__ == cls
-    with pytest.raises(PluginError, match=r"profiler plugin 'tests.unit.test_plugin:_Fails': RuntimeError from "
+    with pytest.raises(PluginError, match=r"profiler_plugin item 'tests.unit.test_plugin:_Fails': RuntimeError from "
                                           r"tests.unit.test_plugin:_Fails\(settings\): no licence"):
         load_plugins("tests.unit.test_plugin:_Fails", None)
 

@@ -319,7 +319,7 @@ def _import(path: str, item: str) -> Any:
         for part in attr.split("."):
             obj = getattr(obj, part)
     except (ImportError, AttributeError) as e:
-        raise PluginError(f"profiler plugin {item!r}: cannot import {path!r} ({e})") from e
+        raise PluginError(f"profiler_plugin item {item!r}: cannot import {path!r} ({e})") from e
     return obj
 
 
@@ -334,7 +334,7 @@ def resolve(item: str) -> Any:
         try:
             return eps[item].load()
         except Exception as e:
-            raise PluginError(f"profiler plugin {item!r}: entry point {eps[item].value!r} failed to load ({e})") from e
+            raise PluginError(f"profiler_plugin item {item!r}: entry point {eps[item].value!r} failed to load ({e})") from e
     known = sorted(set(BUILTINS) | set(eps))
     raise PluginError(f"profiler_plugin={item!r} is not a built-in or entry point name ({known}) nor a "
                       f"'module:attr' path; use 'none' to disable profiling")
@@ -357,7 +357,7 @@ def _construct(factory: Any, item: str, settings: Any) -> Any:
     try:
         return factory(settings) if takes else factory()
     except Exception as e:
-        raise PluginError(f"profiler plugin {item!r}: {type(e).__name__} from {item}({'settings' if takes else ''}): "
+        raise PluginError(f"profiler_plugin item {item!r}: {type(e).__name__} from {item}({'settings' if takes else ''}): "
                           f"{e}") from e
 
 
@@ -380,7 +380,7 @@ def load_plugins(spec: str | None, settings: Any) -> list[LoadedPlugin]:
         obj = resolve(item)
         if isinstance(obj, type) or not hasattr(obj, "init"):
             if not callable(obj):
-                raise PluginError(f"profiler plugin {item!r} resolved to {obj!r}, which is neither a plugin "
+                raise PluginError(f"profiler_plugin item {item!r} resolved to {obj!r}, which is neither a plugin "
                                   f"(has init) nor a factory called with settings")
             obj = _construct(obj, item, settings)
         out.append(LoadedPlugin(obj, item))
