@@ -45,6 +45,7 @@ class Communicator:
         self._closed = False
         self._busy = threading.Lock()   # one op at a time: a second thread gets an error, not a corrupted step count
         self._closing = threading.Lock()    # one closer; a second close returns
+        self._owner = 0                     # thread of the last op that took _busy (never cleared)
 
     # ---- helpers ----
     def _check_open(self) -> None:
@@ -111,6 +112,7 @@ class Communicator:
         if not self._busy.acquire(blocking=False):
             raise UsageError(f"{func}: another thread is inside an operation of this communicator; issue one "
                              f"communicator's operations from one thread at a time (as NCCL requires)")
+        self._owner = threading.get_ident()
 
     def _on_device(self, fn, *args: Any) -> Any:
         """fn(*args) on the communicator's device whatever the calling thread's (backend.enter_call). A plain
@@ -367,7 +369,9 @@ class Communicator:
         if not closing.acquire(blocking=False):
             return
         try:
-            if not self._busy.acquire(blocking=False):  # it would free the memory that op is using
+            # held by this thread: a Ctrl-C (KeyboardInterrupt) ended its op between taking the lock and the op's
+            # try, so nobody releases it; that op is over. Held by another thread: closing would free its memory.
+            if not self._busy.acquire(blocking=False) and self._owner != threading.get_ident():
                 raise UsageError("close: another thread is inside an operation of this communicator; close it once "
                                  "that operation has returned (one thread at a time, close included, as NCCL "
                                  "requires)")

@@ -310,7 +310,12 @@ def test_a_launcher_terminated_alone_asks_its_ranks_inside_fn_to_close_and_waits
     """SIGTERM to the launcher only (kill <pid>, not the group): the ranks, busy inside fn, hear of it from the
     launcher alone (SIGINT), and their close (a finalize of ~1.5 s, as writing a large trace) is waited for, not
     cut short after the first half second."""
-    p = _slowfin(tmp_path, LOOP_DRIVER, str(tmp_path))
+    _terminate_busy(tmp_path, LOOP_DRIVER)
+
+
+def _terminate_busy(tmp_path, driver: str) -> None:
+    """SIGTERM to the launcher alone once both ranks loop in fn; both must close, their finalize done."""
+    p = _slowfin(tmp_path, driver, str(tmp_path))
     try:
         deadline = time.monotonic() + 60
         pids = []
@@ -324,8 +329,9 @@ def test_a_launcher_terminated_alone_asks_its_ranks_inside_fn_to_close_and_waits
         p.wait(timeout=60)
     finally:
         _reap(p)
-    assert p.returncode == 143
-    assert sorted(f.name for f in tmp_path.glob("fin*.done")) == ["fin0.done", "fin1.done"]
+    err = p.stderr.read().decode(errors="replace")
+    assert p.returncode == 143, err
+    assert sorted(f.name for f in tmp_path.glob("fin*")) == ["fin0.done", "fin0.start", "fin1.done", "fin1.start"], err
 
 
 IGNORING_DRIVER = LOOP_DRIVER.replace('if __name__ == "__main__":',
@@ -336,21 +342,7 @@ IGNORING_DRIVER = LOOP_DRIVER.replace('if __name__ == "__main__":',
 def test_a_launcher_started_with_sigint_ignored_still_gets_its_ranks_to_close(tmp_path):
     """The close request was a SIGINT, which ranks of a launcher started with SIGINT ignored ignore too: they were
     killed 10 s later with their traces cut short."""
-    p = _slowfin(tmp_path, IGNORING_DRIVER, str(tmp_path))
-    try:
-        deadline = time.monotonic() + 60
-        pids = []
-        while len(pids) < 2 and time.monotonic() < deadline and p.poll() is None:
-            pids = [f for f in tmp_path.glob("rank*.pid") if f.read_text()]
-            time.sleep(0.05)
-        assert len(pids) == 2, p.stderr.read() if p.poll() is not None else "ranks did not start"
-        time.sleep(0.5)                                  # ranks busy in all_reduce, inside fn
-        os.kill(p.pid, signal.SIGTERM)
-        p.wait(timeout=60)
-    finally:
-        _reap(p)
-    assert p.returncode == 143
-    assert sorted(f.name for f in tmp_path.glob("fin*.done")) == ["fin0.done", "fin1.done"]
+    _terminate_busy(tmp_path, IGNORING_DRIVER)
 
 
 EARLY_DRIVER = textwrap.dedent("""

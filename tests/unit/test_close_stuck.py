@@ -418,3 +418,32 @@ comm.close()
         data = json.load(f)
     assert [x["name"] for x in data].count("slicetrace_comm") == 1
     assert len([x for x in data if x.get("name") == "AllReduce" and x.get("ph") == "b"]) == 2
+
+
+def test_close_after_a_ctrl_c_between_an_ops_lock_and_its_try_closes(monkeypatch):
+    """A KeyboardInterrupt right after an op took the communicator's lock, before the op's try, left the lock held
+    with nobody to release it: close() then said 'another thread is inside an operation' and did not close (under
+    launch(), a rank asked to close lost its trace). Another thread's op still holds close off."""
+    comm = _null_comm(monkeypatch)
+    x = np.ones(8, np.float32)
+    comm.all_reduce(x)
+    enter = Communicator._enter
+
+    def interrupted(self, func):
+        enter(self, func)
+        raise KeyboardInterrupt              # where a signal handler may run: the lock is held
+    monkeypatch.setattr(Communicator, "_enter", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        comm.all_reduce(x)
+    monkeypatch.setattr(Communicator, "_enter", enter)
+    comm.close()
+    assert comm._closed and comm._session._closed
+
+    other = _null_comm(monkeypatch)
+    t = threading.Thread(target=other._enter, args=("all_reduce",))     # another thread inside an op
+    t.start()
+    t.join(10)
+    with pytest.raises(UsageError, match="another thread is inside an operation"):
+        other.close()
+    other._busy.release()
+    other.close()

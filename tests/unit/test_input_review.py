@@ -12,18 +12,7 @@ from slicetrace.analyze.trace import load_files, run_ranks
 from slicetrace.cli.main import main
 from slicetrace.config import Settings
 from slicetrace.errors import ConfigError, TraceFormatError, UsageError
-
-
-def _rank_file(folder, rank, nranks):
-    """One rank's trace of a run of `nranks`: its comm record and one KernelStep to the next rank."""
-    recs = [{"name": "slicetrace_comm", "ph": "M", "pid": rank, "tid": 0,
-             "args": {"nRanks": nranks, "CommHash": 7, "commName": ""}},
-            {"name": "KernelStep", "cat": "GPU", "ph": "X", "pid": rank, "tid": 9, "ts": 3.0, "dur": 1.0,
-             "args": {"Channel": 0, "IsSend": 1, "Peer": (rank + 1) % nranks, "Step": 0, "Size": 8, "WaitGpuClk": 0,
-                      "StartGpuClk": 500, "StopGpuClk": 1000, "SeqNum": 0, "ParentId": -1}}]
-    path = folder / f"trace_7_{rank}.json"
-    path.write_text(json.dumps(recs))
-    return path
+from tests.unit.test_report import _rank_file
 
 
 # ---- 1: rank counts past int32 are refused; absent ranks are counted, and listed up to 20 ----

@@ -217,7 +217,9 @@ def _rank_file(folder, rank, nranks):
             {"name": "KernelStep", "cat": "GPU", "ph": "X", "pid": rank, "tid": 9, "ts": 3.0, "dur": 1.0,
              "args": {"Channel": 0, "IsSend": 1, "Peer": (rank + 1) % nranks, "Step": 0, "Size": 8, "WaitGpuClk": 0,
                       "StartGpuClk": 500, "StopGpuClk": 1000, "SeqNum": 0, "ParentId": -1}}]
-    (folder / f"trace_7_{rank}.json").write_text(json.dumps(recs))
+    path = folder / f"trace_7_{rank}.json"
+    path.write_text(json.dumps(recs))
+    return path
 
 
 def test_a_rank_file_left_out_is_refused_unless_partial(tmp_path, capsys):
