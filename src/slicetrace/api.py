@@ -8,7 +8,6 @@ import threading
 import time
 from typing import Any, Iterator
 
-
 from .api_checks import check_group_overlap, int_index, ptr, tag_value, writable
 from .backend.base import REDOPS, Work
 from .config import Settings
@@ -45,7 +44,7 @@ class Communicator:
         self._closed = False
         self._busy = threading.Lock()   # one op at a time: a second thread gets an error, not a corrupted step count
         self._closing = threading.Lock()    # one closer; a second close returns
-        self._owner = 0                     # thread of the last op that took _busy (never cleared)
+        self._active = 0                    # thread inside an op's try (0: none), see close()
 
     # ---- helpers ----
     def _check_open(self) -> None:
@@ -110,13 +109,12 @@ class Communicator:
 
     def _enter(self, func: str) -> None:
         if not self._busy.acquire(blocking=False):
+            self._check_open()
             raise UsageError(f"{func}: another thread is inside an operation of this communicator; issue one "
                              f"communicator's operations from one thread at a time (as NCCL requires)")
-        self._owner = threading.get_ident()
 
     def _on_device(self, fn, *args: Any) -> Any:
-        """fn(*args) on the communicator's device whatever the calling thread's (backend.enter_call). A plain
-        call, not a context manager: that would cost ~1 us on every op."""
+        """fn(*args) on the communicator's device whatever the thread's (a plain call: a `with` costs ~1 us/op)."""
         be = self._session.backend
         dev = be.enter_call()
         try:
@@ -128,8 +126,10 @@ class Communicator:
         """fn(*args) as one operation: one thread at a time (_enter), on the backend's device."""
         self._enter(what)
         try:
+            self._active = threading.get_ident()
             return self._on_device(fn, *args)
         finally:
+            self._active = 0
             self._busy.release()
 
     def _collective(self, func: str, *args: Any) -> Any:
@@ -369,12 +369,13 @@ class Communicator:
         if not closing.acquire(blocking=False):
             return
         try:
-            # held by this thread: a Ctrl-C (KeyboardInterrupt) ended its op between taking the lock and the op's
-            # try, so nobody releases it; that op is over. Held by another thread: closing would free its memory.
-            if not self._busy.acquire(blocking=False) and self._owner != threading.get_ident():
-                raise UsageError("close: another thread is inside an operation of this communicator; close it once "
-                                 "that operation has returned (one thread at a time, close included, as NCCL "
-                                 "requires)")
+            # held, no op in its try: a KeyboardInterrupt hit an op between its lock and its try (or an op starts and
+            # will find us closed). An op in its try (another thread's, or this one's under a signal handler) is not.
+            got = self._busy.acquire(blocking=False)
+            if not got and self._active:
+                who = "this thread (a handler?) is" if self._active == threading.get_ident() else "another thread is"
+                raise UsageError(f"close: {who} inside an operation of this communicator; close it once that "
+                                 f"operation has returned (one thread at a time, close included, as NCCL requires)")
             try:
                 if not self._closed:
                     self._closed = True
@@ -383,7 +384,8 @@ class Communicator:
                     else:                       # from any thread: the backend frees on its own device
                         self._on_device(self._session.close)
             finally:
-                self._busy.release()
+                if got:                         # a leaked lock stays held: later ops find the comm closed
+                    self._busy.release()
         finally:
             closing.release()
 

@@ -14,8 +14,9 @@ INTERRUPT_GRACE_S = 10.0     # an interrupted launch() lets its ranks close this
 
 
 _SPAWN = mp.get_context("spawn")
-# how the launcher asks its ranks to close: not SIGINT, which a program started with it ignored (`cmd &` in a
-# script) passes on to its ranks, so they ignored the request, were killed 10 s later and left traces cut short
+# how the launcher asks its ranks to close when SIGINT is ignored (`cmd &` in a script: its ranks inherit that, so
+# they ignored the request, were killed 10 s later and left traces cut short), and how an orphaned rank interrupts
+# itself; fn should leave it alone (faulthandler.register(SIGUSR1) takes it over)
 CLOSE_SIGNAL = signal.SIGUSR1
 
 
@@ -42,10 +43,11 @@ class _QuietContext:
         return getattr(_SPAWN, name)
 
 
-def _let_ranks_close(procs: list, held: dict | None) -> None:
-    """Interrupted (Ctrl-C, SIGTERM): each live rank gets CLOSE_SIGNAL (those the terminal's SIGINT reached ignore
-    it), so its error path aborts and closes its communicator and the profiler plugins write what they hold; the wait ends when
-    they are gone, after INTERRUPT_GRACE_S, or at a signal that comes later than 0.5 s (a second Ctrl-C: timeout(1)
+def _let_ranks_close(procs: list, held: dict | None, sig: int = signal.SIGINT) -> None:
+    """Interrupted (Ctrl-C, SIGTERM): each live rank gets `sig` (SIGINT, or CLOSE_SIGNAL when ranks ignore SIGINT;
+    a rank the terminal's SIGINT reached is closing already and takes no second interrupt), so its error path
+    aborts and closes its communicator and the profiler plugins write what they hold; the wait ends when they are
+    gone, after INTERRUPT_GRACE_S, or at a signal that comes later than 0.5 s (a second Ctrl-C: timeout(1)
     signals the launcher, then its group, at once)."""
     t0 = time.monotonic()
     for p in procs:         # ranks the terminal's Ctrl-C reached are closing already; one signal each is enough
@@ -53,7 +55,7 @@ def _let_ranks_close(procs: list, held: dict | None) -> None:
     for p in procs:
         if p.is_alive():
             try:
-                os.kill(p.pid, CLOSE_SIGNAL)
+                os.kill(p.pid, sig)
             except OSError:
                 pass
     seen = None

@@ -148,6 +148,7 @@ def _watch_parent(parent: int, grace_s: float, job: str, running: threading.Even
 
 
 def _asked_to_close(signum: int, frame: Any) -> None:
+    _no_interrupts()                 # once: a SIGINT pending beside it must not interrupt the close
     raise KeyboardInterrupt("the launcher asked the ranks to close (interrupted)")
 
 
@@ -284,10 +285,10 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
             return False
 
         first_fail = None
+        ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN     # ranks keep the caller's choice
         restore = _terminate_as_exit()
         try:
             # spawned inside the try: an interrupt between two starts still kills the first and removes its memory
-            ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN     # ranks keep the caller's choice
             for r in range(nranks):
                 a, b = ctx.Pipe(duplex=False)
                 p = ctx.Process(target=_child, args=(fn, r, nranks, store_map, job, settings, args, b,
@@ -352,7 +353,8 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
             held = _hold_signals(restore)
             try:
                 if interrupted:
-                    _let_ranks_close([p for r, p in enumerate(procs) if r in started], held)
+                    _let_ranks_close([p for r, p in enumerate(procs) if r in started], held,
+                                     CLOSE_SIGNAL if ignored else signal.SIGINT)   # ignored SIGINT: ranks too
                 for p in procs:
                     if p.is_alive():
                         p.kill()

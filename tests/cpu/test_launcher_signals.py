@@ -345,6 +345,17 @@ def test_a_launcher_started_with_sigint_ignored_still_gets_its_ranks_to_close(tm
     _terminate_busy(tmp_path, IGNORING_DRIVER)
 
 
+FAULTHANDLER_DRIVER = LOOP_DRIVER.replace("    x = np.ones(", "    import faulthandler, signal\n"
+                                          "    faulthandler.register(signal.SIGUSR1)   # a user's debugging aid\n"
+                                          "    x = np.ones(")
+
+
+def test_a_rank_that_takes_sigusr1_for_itself_still_closes_when_the_launcher_is_terminated(tmp_path):
+    """SIGINT is not ignored here, so the launcher asks with SIGINT, as before: a fn that registers faulthandler
+    on SIGUSR1 (the request used only when SIGINT is ignored) still closes and writes its trace."""
+    _terminate_busy(tmp_path, FAULTHANDLER_DRIVER)
+
+
 EARLY_DRIVER = textwrap.dedent("""
     import os, signal, sys, time, slicetrace
     def fn(comm, d):

@@ -440,10 +440,39 @@ def test_close_after_a_ctrl_c_between_an_ops_lock_and_its_try_closes(monkeypatch
     assert comm._closed and comm._session._closed
 
     other = _null_comm(monkeypatch)
-    t = threading.Thread(target=other._enter, args=("all_reduce",))     # another thread inside an op
-    t.start()
-    t.join(10)
-    with pytest.raises(UsageError, match="another thread is inside an operation"):
-        other.close()
-    other._busy.release()
+    inside, go = threading.Event(), threading.Event()
+    t = threading.Thread(target=other._guarded, args=("all_reduce", lambda: (inside.set(), go.wait(10))))
+    t.start()                                # another thread inside an op
+    try:
+        assert inside.wait(10)
+        with pytest.raises(UsageError, match="another thread is inside an operation"):
+            other.close()
+    finally:
+        go.set()
+        t.join(10)
     other.close()
+    assert other._closed
+
+
+def test_close_from_inside_a_running_op_of_the_same_thread_is_refused(monkeypatch):
+    """A signal handler (or callback) that closes the communicator while this thread's op runs must not free the
+    op's memory under it: refused, and the op and a later close go on."""
+    comm = _null_comm(monkeypatch)
+    seen = []
+    one = Communicator._collective_one
+
+    def with_handler(self, *a, **k):
+        try:
+            self.close()                         # as a SIGALRM handler would, mid-op
+        except UsageError as e:
+            seen.append(str(e))
+        return one(self, *a, **k)
+    monkeypatch.setattr(Communicator, "_collective_one", with_handler)
+    y = comm.all_reduce(np.ones(8, np.float32))
+    assert seen and "this thread (a handler?) is inside an operation" in seen[0], seen
+    assert not comm._closed and float(y.sum()) == 8.0
+    monkeypatch.setattr(Communicator, "_collective_one", one)
+    comm.close()
+    assert comm._closed
+    with pytest.raises(UsageError, match="communicator is closed"):
+        comm.all_reduce(np.ones(8, np.float32))
