@@ -286,3 +286,39 @@ def test_a_link_slow_in_half_the_ops_only_is_not_named():
     assert "slow link: rank 0's data path or link 0->1 moves 10.00 GB/s (typical slice), 75 % below the median " \
         "link (40.00), in 3 of 4 ops; rank 0 also moves data longest (975.0 us, the median rank 300.0 us)" in text
     assert "channels" not in text.split("slow link:")[1]
+
+
+def _ks_rows(rows):
+    return np.array([r + (0, 0) for r in rows], dtype=KERNEL_STEP_TABLE)
+
+
+def test_latency_bound_and_empty_slices_do_not_judge_links():
+    """4-byte slices (a 1-element all_reduce) named a 'slow link' on pure latency, and 0-byte slices divided by
+    zero; neither says anything of a link's bandwidth."""
+    for size in (4, 0):
+        rows, step = [], 0
+        for src in range(4):
+            for ch in range(2):
+                rows.append((src, ch, 1, (src + 1) % 4, step, size, 0, 0, 4_000 if src == 2 else 1_000))
+                step += 1
+        rep = build(_ks_rows(rows))
+        assert rep.slow_links == [], (size, rep.slow_links)
+    big = build(_ks_rows([r[:5] + (1_000_000,) + r[6:] for r in rows]))      # the same timings on 1 MB slices
+    assert [(ln["src"], ln["dst"]) for ln in big.slow_links] == [(2, 3)]
+
+
+def test_most_waited_on_names_no_rank_within_the_noise_floor():
+    from slicetrace.analyze.report import Report
+    rep = Report(links=[], ranks=[], waited_on=[], slowest=[], stragglers=[], counters={},
+                 held_up=[{"rank": 0, "wait_us": 50.0, "data_us": 50.0, "credit_us": 0.0},
+                          {"rank": 1, "wait_us": 5.0, "data_us": 5.0, "credit_us": 0.0}])
+    rep.straggler_rule = dict(rep.straggler_rule, floor_us=20.0, collectives=10)      # 200 us of noise
+    con = Console(record=True, width=300)
+    render(rep, console=con)
+    text = " ".join(con.export_text().split())
+    assert "most waited on: no rank stands out: the 55.0 us the ranks waited after their first op are within the " \
+        "noise floor (20.0 us x 10 collectives)" in text, text
+    rep.straggler_rule = dict(rep.straggler_rule, floor_us=2.0)                        # 20 us: rank 0 stands out
+    con = Console(record=True, width=300)
+    render(rep, console=con)
+    assert "most waited on: rank 0, 50.0 of the 55.0 us" in " ".join(con.export_text().split())

@@ -405,3 +405,4 @@ def test_kernel_ch_without_kernel_steps_says_why_the_link_tables_are_empty():
     con = Console(record=True, width=300)
     render(build(_rows([(0, 0, 1, 1, 0, 8, 0, 1, 2)])), console=con)
     assert "no KernelStep events" not in con.export_text()
+

@@ -17,6 +17,8 @@ from ..errors import TraceFormatError
 from ..events.abi import fused_pairs, moving_from
 from .verdicts import OP_FRACTION, SPREAD_X, held_up, noise_rule, none_left_out, op_index, stragglers
 
+MIN_JUDGED_BYTES = 4096      # slices below this are latency, not bandwidth: not used to judge links
+
 
 @dataclass
 class Report:
@@ -123,7 +125,8 @@ def slow_links(sends: np.ndarray, xfer: np.ndarray, ops: np.ndarray | None = Non
     long by the pooled median only is not named. `sender_outlier`: its sending rank moves data longest, more than
     `below` over the median rank's (`moving`: rank -> us), so its copies may be the slow part. sends, xfer: send
     records, their transfer ns; ops: their op keys."""
-    ok = xfer > 0
+    # latency-bound slices (a few KiB) say nothing of a link's bandwidth; 0-byte ones would divide by zero
+    ok = (xfer > 0) & (sends["size"] >= MIN_JUDGED_BYTES)
     sends, xfer = sends[ok], xfer[ok]
     ops = np.full(len(sends), -1, np.int64) if ops is None else ops[ok]
     ch_gbps: dict[int, dict[tuple[int, int], float]] = {}
@@ -209,7 +212,12 @@ def render(rep: Report, console=None) -> None:
     _skew(rep, con)                     # the findings: stragglers first, then whom the waits lead to, links
     if rep.held_up:
         w, tot = rep.held_up[0], sum(h["wait_us"] for h in rep.held_up)
-        if len(rep.held_up) > 1 and w["wait_us"] < 2 * rep.held_up[1]["wait_us"]:    # no rank stands out: noise
+        noise = rep.straggler_rule["floor_us"] * rep.straggler_rule["collectives"]   # the stragglers' floor, per op
+        if noise and w["wait_us"] <= noise:
+            con.print(f"most waited on: no rank stands out: the {tot:.1f} us the ranks waited after their first op are "
+                      f"within the noise floor ({rep.straggler_rule['floor_us']:.1f} us x "
+                      f"{rep.straggler_rule['collectives']} collectives)")
+        elif len(rep.held_up) > 1 and w["wait_us"] < 2 * rep.held_up[1]["wait_us"]:    # no rank stands out: noise
             each = ", ".join(f"rank {h['rank']} {h['wait_us']:.1f} us" for h in rep.held_up)
             con.print(f"most waited on: no single rank, the {tot:.1f} us the ranks waited after their first op lead "
                       f"to {each}")
