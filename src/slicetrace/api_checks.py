@@ -20,15 +20,21 @@ def writable(buf: Any, what: str) -> None:
 _TAG_LIMIT = 1 << 63        # user tags with the top bit set are NCCL's own (ncclCollConfig_t.userProfilerTag)
 
 
+def as_index(v: Any) -> int | None:
+    """An int or an integer numpy scalar as a plain int; None for anything else (a bool too)."""
+    if isinstance(v, bool):
+        return None
+    try:
+        return operator.index(v)
+    except TypeError:
+        return None
+
+
 def int_index(v: Any, name: str, limit: int, accepted: str = "") -> int:
     """An integer (Python or numpy, not bool) in 0..limit-1, else a UsageError naming it."""
-    if not isinstance(v, bool):
-        try:
-            i = operator.index(v)
-        except TypeError:
-            i = -1
-        if 0 <= i < limit:
-            return i
+    i = as_index(v)
+    if i is not None and 0 <= i < limit:
+        return i
     raise UsageError(f"{name}={v!r} must be an int in 0..{limit - 1}{accepted}")
 
 

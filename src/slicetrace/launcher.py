@@ -5,7 +5,6 @@ import glob
 import multiprocessing.connection as mpc
 from multiprocessing.managers import SyncManager
 from multiprocessing.reduction import ForkingPickler
-import operator
 import os
 import signal
 import sys
@@ -18,6 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .api import Communicator
+from .api_checks import as_index
 from .config import Settings, dist_env, quiet_unknown
 from .errors import ConfigError, LaunchError, SliceTraceError, UsageError, ours
 from .launch_signals import (CLOSE_SIGNAL, _hold_signals, _let_ranks_close, _QuietContext, _release_signals,
@@ -79,19 +79,8 @@ def init(backend: str | None = None, rank: int | None = None, world_size: int | 
     return Communicator(s, rank, world_size, store, job, name)
 
 
-def _index(v: Any) -> int | None:
-    """An int, or an integer numpy scalar, as a plain int (as api_checks.int_index takes them); None otherwise
-    (a bool too)."""
-    if isinstance(v, bool):
-        return None
-    try:
-        return int(operator.index(v))
-    except TypeError:
-        return None
-
-
 def _as_int(arg: str, v: Any, want: str) -> int:
-    i = _index(v)
+    i = as_index(v)
     if i is None:
         raise UsageError(f"{arg}={v!r} (type {type(v).__name__}) must be an int {want}")
     return i
@@ -241,7 +230,7 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
     if not callable(fn):
         raise UsageError(f"fn={fn!r} (type {type(fn).__name__}) must be callable: a function defined at the top "
                          f"level of a module, run as fn(comm, *args) on every rank")
-    n = _index(nranks)
+    n = as_index(nranks)
     if n is None or n < 1:
         raise UsageError(f"nranks={nranks!r} must be an int >= 1")
     nranks = n

@@ -43,7 +43,7 @@ ALLOWED: dict[str, set[str]] = {
     "api_checks": BASE | {"backend.base"},
     "api": LOW | CONTRACTS | {"plan", "backend.base", "events.host", "session", "api_checks"},
     "launch_signals": set(),
-    "launcher": LOW | {"api", "launch_signals"},
+    "launcher": LOW | {"api", "api_checks", "launch_signals"},
     "cli": None,                 # the top: may import anything
     "__init__": LOW | {"api", "launcher"},
 }

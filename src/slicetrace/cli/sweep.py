@@ -33,18 +33,20 @@ def shm_check(nranks: int, settings) -> None:
     that each fail."""
     import os
 
+    from ..backend.cpu.backend import advice
     from ..backend.cpu.shm import segment_size
+    from ..backend.segment import SHM_DIR
     try:
-        st = os.statvfs("/dev/shm")
+        st = os.statvfs(SHM_DIR)
     except OSError:
         return                  # no /dev/shm to measure: the backend reports its own failure
     free = st.f_bavail * st.f_frsize
-    need = nranks * segment_size(settings.channels, nranks, settings.buffsize, settings.ring_slots)
-    if need > free:
+    nch, size, slots = settings.channels, settings.buffsize, settings.ring_slots
+    need = nranks * segment_size(nch, nranks, size, slots)
+    if need > free:             # what each segment is made of and the settings that size it: the backend's words
         raise UsageError(f"--ranks {nranks}: the cpu backend's shared memory would need about {need / 2**20:,.0f} "
-                         f"MiB in /dev/shm ({nranks} ranks x (nchannels {settings.channels} + {nranks} ranks) x "
-                         f"buffsize {settings.buffsize}, plus stamp rings) and {free / 2**20:,.0f} MiB is free; give "
-                         f"fewer --ranks, or lower SLICETRACE_BUFFSIZE or --channels")
+                         f"MiB in {SHM_DIR} and {free / 2**20:,.0f} MiB is free{advice(nch, nranks, size, slots)}, "
+                         f"or give fewer --ranks or --channels")
 
 
 MAX_SIZES = 10_000          # a sweep longer than this is a typo in -i, not a benchmark
