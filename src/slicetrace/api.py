@@ -8,13 +8,13 @@ import threading
 import time
 from typing import Any, Iterator
 
-from .api_checks import check_group_overlap, int_index, ptr, tag_value, writable
+from .api_checks import check_group_overlap, check_overlap, int_index, ptr, tag_value, writable
 from .backend.base import REDOPS, Work
 from .config import Settings
 from .errors import SliceTraceError, UsageError
 from .events.abi import DATATYPE_NAMES, FUNC_NAMES, parse_mask
 from .events.host import OpInfo, TaskInfo
-from .plan.schedule import P2pPart, plan_collective, plan_p2p, split_p2p
+from .plan.schedule import P2pPart, plan_collective, plan_p2p, rotate_p2p, split_p2p
 from .rendezvous import Store
 from .session import Session
 
@@ -40,6 +40,7 @@ class Communicator:
         self._group: list[tuple[P2pPart, Any, str, int]] | None = None
         self._group_depth = self._group_max = self._run_depth = 0    # user group nesting: now, deepest, at run
         self._p2p_plans: dict[tuple, tuple] = {}
+        self._p2p_pos: dict[tuple[int, bool], int] = {}   # (peer, is_send) -> its pieces so far, mod p2p_channels
         self._stream: Any = None        # cuda: None = the current stream at each call
         self._closed = False
         self._busy = threading.Lock()   # one op at a time: a second thread gets an error, not a corrupted step count
@@ -62,27 +63,6 @@ class Communicator:
     def _root(self, root: int) -> int:
         return root if root.__class__ is int and 0 <= root < self.world_size else int_index(
             root, "root", self.world_size)
-
-    def _check_overlap(self, func: str, send: Any, recv: Any, count: int) -> None:
-        """x and out that share memory must be NCCL's in-place layout: any other overlap gives wrong results."""
-        if not send.size or not recv.size:
-            return
-        sp, rp = ptr(send), ptr(recv)
-        if not (sp < rp + recv.nbytes and rp < sp + send.nbytes):
-            return
-        lo, hi = self.rank * count, (self.rank + 1) * count
-        if func == "all_gather":
-            ok, want = sp == rp + lo * send.itemsize, f"x is out[{lo}:{hi}] (this rank's block)"
-        elif func == "reduce_scatter":
-            ok, want = rp == sp + lo * send.itemsize, f"out is x[{lo}:{hi}] (this rank's block)"
-        elif func == "all_to_all":
-            raise UsageError("all_to_all: x and out overlap; it has no in-place form (a block could be overwritten "
-                             "before it is sent): pass an out that does not overlap x, or none")
-        else:
-            ok, want = sp == rp, "out is x"
-        if not ok:
-            raise UsageError(f"{func}: x and out overlap without being in place (x starts {sp - rp:+d} bytes from "
-                             f"out); in place means {want}; otherwise pass buffers that do not overlap")
 
     def _out(self, out: Any, like: Any, dtype: str, count: int, what: str = "out"):
         if out is None:
@@ -146,7 +126,7 @@ class Communicator:
         count, out_n = out_count_of(n)
         user_out, recv = self._out(out, send, dtype, out_n)
         if user_out is not None:
-            self._check_overlap(func, send, recv, count)
+            check_overlap(func, send, recv, count, self.rank)
         user_tag = tag_value(user_tag)
         self._tag += 1
         itemsize = send.itemsize
@@ -166,8 +146,12 @@ class Communicator:
             return user_out
         if func == "reduce" and self.rank != root:
             return None                 # NCCL leaves recvbuff unused off the root: no result to hand back
-        res = self._session.backend.user_buffer(recv)       # a torch tensor, not the cuda backend's RawBuf
-        return res.reshape(getattr(x, "shape", (-1,))) if out_n == n and hasattr(res, "reshape") else res
+        return self._result(recv, x) if out_n == n else self._session.backend.user_buffer(recv)
+
+    def _result(self, recv: Any, x: Any) -> Any:
+        """An allocated output as the caller gets it (a torch tensor, not the cuda backend's RawBuf), shaped as x."""
+        res = self._session.backend.user_buffer(recv)
+        return res.reshape(getattr(x, "shape", (-1,))) if hasattr(res, "reshape") else res
 
     # ---- collectives (counts follow NCCL) ----
     def all_reduce(self, x: Any, out: Any = None, op: str = "sum", *, user_tag: int = 0, stream: Any = None):
@@ -242,18 +226,15 @@ class Communicator:
         self._p2p(out, peer, False, user_tag)
         return out
 
-    def _p2p_layout(self, itemsize: int, shape: tuple) -> tuple:
+    def _p2p_layout(self, itemsize: int, shape: tuple, start: tuple) -> tuple:
         """(pieces as (part, entry index), plan, programs per entry) for a group's (peer, is_send, count, offset)
-        tuples. Cached per shape: pieces carry offsets, never views, so the cache keeps no user buffer alive."""
-        pieces, nprog = split_p2p(shape, self.rank, self.world_size, itemsize,
-                                  self._session.backend.channels_for)
+        tuples, its connections moved on by `start` (rotate_p2p). Cached: pieces carry offsets, never views."""
+        be = self._session.backend
+        pieces, nprog = split_p2p(shape, self.rank, self.world_size, itemsize, be.channels_for)
         plan = plan_p2p([p for p, _ in pieces], self.world_size, self.rank, itemsize,
-                        self.settings.p2p_chunk_bytes, self.settings.step_bytes,
-                        self._session.backend.p2p_channels())
-        chans: list[set[int]] = [set() for _ in shape]           # per entry: where its records are stamped
-        for prog in plan.programs:
-            chans[pieces[prog.params["part"]][1]].add(prog.channel)
-        return pieces, plan, nprog, [tuple(sorted(c)) for c in chans]
+                        self.settings.p2p_chunk_bytes, self.settings.step_bytes, be.p2p_channels())
+        plan = rotate_p2p(plan, dict(start), be.p2p_channels(), be.p2p_channels())
+        return pieces, plan, nprog
 
     def _run_p2p(self, entries: list, checked: bool = False) -> None:
         self._check_open()                      # closed inside its group()
@@ -267,24 +248,32 @@ class Communicator:
         itemsize = entries[0][1].itemsize
         if len(entries) > 1 and not checked:
             check_group_overlap(entries, itemsize)
-        key = (itemsize, tuple((p.peer, p.is_send, p.count, p.offset) for p, _, _, _ in entries))
+        pos, nconn = self._p2p_pos, self._session.backend.p2p_channels()
+        start = tuple(sorted({(p.peer, p.is_send): pos.get((p.peer, p.is_send), 0) for p, *_ in entries}.items()))
+        key = (itemsize, tuple((p.peer, p.is_send, p.count, p.offset) for p, _, _, _ in entries), start)
         hit = self._p2p_plans.get(key)
         if hit is None:
-            if len(self._p2p_plans) >= 64:
+            if len(self._p2p_plans) >= 256:
                 self._p2p_plans.clear()
             hit = self._p2p_plans[key] = self._p2p_layout(*key)
-        pieces, plan, nprog, chans = hit
+        pieces, plan, nprog = hit
+        for prog in plan.programs:              # the pair's next pieces start after these, at both ends
+            k = (prog.params["peer"], prog.params["is_send"])
+            pos[k] = (pos.get(k, 0) + 1) % nconn
         parts = [(part, entries[ei][1]) for part, ei in pieces]
         sess = self._session                    # threshold on the group's largest message
         mask = sess.op_mask_for(max(p.count for p, _, _, _ in entries) * itemsize if sess.profiling else 0, True)
         tasks = []
         if mask:                                # events only when a plugin listens
+            chans: list[set[int]] = [set() for _ in entries]    # per entry: where its records are stamped
+            for prog in plan.programs:
+                chans[pieces[prog.params["part"]][1]].add(prog.channel)
             for (p, buf, _, ut), n, ch in zip(entries, nprog, chans):
                 tasks.append(TaskInfo(func="Send" if p.is_send else "Recv", peer=p.peer, is_send=p.is_send,
                                       count=p.count, datatype=DATATYPE_NAMES.get(dtype, dtype), root=0,
                                       send_buff=ptr(buf) + p.offset * itemsize if p.is_send else 0,
                                       recv_buff=0 if p.is_send else ptr(buf) + p.offset * itemsize,
-                                      n_programs=n, channels=ch, user_tag=ut))
+                                      n_programs=n, channels=tuple(sorted(ch)), user_tag=ut))
         self._tag += 1
         info = self._info("send_recv", tasks, entries[0][3], mask, self._next_seq("send_recv"), self._stream)
         work = Work(self._tag, plan, dtype, "sum", parts=parts, stream=self._stream)
@@ -298,7 +287,7 @@ class Communicator:
         user_tag = tag_value(user_tag)
         user_out, recv = self._on_device(self._out, out, flat, dtype, n)   # out=None: allocated on its device
         if user_out is not None:
-            self._check_overlap("all_to_all", flat, recv, n // self.world_size)
+            check_overlap("all_to_all", flat, recv, n // self.world_size, self.rank)
         k = n // self.world_size
         self._check_open()
         entries = []            # block j as an offset into x / out: no per-block views (a CuPy slice costs µs)
@@ -306,11 +295,13 @@ class Communicator:
             entries.append((P2pPart(j, True, k, 0, j * k), flat, dtype, user_tag))
             entries.append((P2pPart(j, False, k, 0, j * k), recv, dtype, user_tag))
         self._enqueue(entries, checked=True)     # x and out were checked above
-        return user_out if user_out is not None else self._session.backend.user_buffer(recv)
+        return user_out if user_out is not None else self._result(recv, x)
 
     def barrier(self) -> None:
         """Every rank arrives before any leaves (through the rendezvous store; includes this rank's pending ops)."""
         self._check_open()
+        if self._group is not None:             # it would run before the group's ops it promises to include
+            raise UsageError("barrier inside comm.group(): only send/recv may be grouped")
         self._guarded("barrier", self._session.barrier)
 
     # ---- profiling controls ----
@@ -388,6 +379,9 @@ class Communicator:
                     self._busy.release()
         finally:
             closing.release()
+        if self._group:                         # closed by now: the peers hear it; the caller must too
+            n, self._group = len(self._group), None
+            raise UsageError(f"close: a comm.group() was open with {n} send/recv queued; they never ran")
 
     def __enter__(self) -> "Communicator":
         return self

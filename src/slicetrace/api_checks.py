@@ -96,3 +96,25 @@ def check_group_overlap(entries: list, itemsize: int) -> None:
             cluster = []
         cluster.append(span)
         end = max(end, span[1])
+
+
+def check_overlap(func: str, send: Any, recv: Any, count: int, rank: int) -> None:
+    """x and out that share memory must be NCCL's in-place layout: any other overlap gives wrong results."""
+    if not send.size or not recv.size:
+        return
+    sp, rp = ptr(send), ptr(recv)
+    if not (sp < rp + recv.nbytes and rp < sp + send.nbytes):
+        return
+    lo, hi = rank * count, (rank + 1) * count
+    if func == "all_gather":
+        ok, want = sp == rp + lo * send.itemsize, f"x is out[{lo}:{hi}] (this rank's block)"
+    elif func == "reduce_scatter":
+        ok, want = rp == sp + lo * send.itemsize, f"out is x[{lo}:{hi}] (this rank's block)"
+    elif func == "all_to_all":
+        raise UsageError("all_to_all: x and out overlap; it has no in-place form (a block could be overwritten "
+                         "before it is sent): pass an out that does not overlap x, or none")
+    else:
+        ok, want = sp == rp, "out is x"
+    if not ok:
+        raise UsageError(f"{func}: x and out overlap without being in place (x starts {sp - rp:+d} bytes from "
+                         f"out); in place means {want}; otherwise pass buffers that do not overlap")

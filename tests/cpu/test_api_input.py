@@ -147,11 +147,14 @@ def test_each_call_of_a_group_keeps_its_user_tag():
                                         ("P2pDescr", "Recv", 9), ("P2pDescr", "Send", 5)]
 
 
-def test_closing_after_a_group_error_names_the_closed_communicator(comm):
-    with pytest.raises(UsageError, match="communicator is closed"):
+def test_closing_inside_a_group_says_its_queued_ops_never_ran(comm):
+    """close() used to return quietly here (only the group's exit said 'closed'; a group never left said nothing)."""
+    with pytest.raises(UsageError, match=r"a comm.group\(\) was open with 1 send/recv queued; they never ran"):
         with comm.group():
             comm.send(np.ones(4, np.float32), 0)
             comm.close()
+    with pytest.raises(UsageError, match="communicator is closed"):
+        comm.send(np.ones(4, np.float32), 0)
 
 
 # ---- two ranks (cpu backend) ----
@@ -239,7 +242,7 @@ def test_an_empty_receive_waits_for_the_senders_header_and_refuses_a_message_wit
     with pytest.raises(LaunchError) as e:
         slicetrace.launch(_empty_receive_of_a_late_message, 2, backend="cpu", timeout_s=20, join_timeout_s=120)
     assert ("rank 0 failed: MismatchError: point-to-point mismatch: rank 0 expects message #0 of 0 x int32 from "
-            "rank 1, rank 1 sends message #0 of 5 x int32") in str(e.value)
+            "rank 1, rank 1 sends a message of 5 x int32") in str(e.value)
 
 
 def _empty_messages(comm):

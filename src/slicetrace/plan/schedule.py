@@ -348,6 +348,28 @@ def _plan_p2p(parts: tuple[P2pPart, ...], nranks: int, rank: int, itemsize: int,
                   self_pairs(parts, rank))
 
 
+def rotate_p2p(plan: OpPlan, start: dict, nconn: int, nchannels: int) -> OpPlan:
+    """The group's plan with the connections to each (peer, is_send) moved on by start[(peer, is_send)], the pieces
+    that went to (came from) that peer before this group. Both ends count a pair's pieces alike however each one
+    groups its messages (two sends in one group against two single receives), so the n-th piece of a pair runs on
+    one connection and channel at both ends. The plan alone numbers them from 0 in each group, which differs."""
+    if not any(start.values()):
+        return plan
+    progs = []
+    for q in plan.programs:
+        pr = q.params
+        s = start.get((pr["peer"], pr["is_send"]), 0)
+        if not s:
+            progs.append(q)
+            continue
+        k = (pr["conn"] + s) % nconn
+        src, dst = (plan.rank, pr["peer"]) if pr["is_send"] else (pr["peer"], plan.rank)
+        progs.append(ChannelProgram(p2p_channel(src, dst, k, plan.nranks, nchannels), q.kind, q.prims,
+                                    {**pr, "conn": k}))
+    return OpPlan(plan.func, plan.nranks, plan.rank, plan.count, plan.itemsize, plan.root, plan.proto, tuple(progs),
+                  plan.self_pairs)
+
+
 def self_pairs(parts, rank: int) -> tuple[tuple[int, int], ...]:
     """(send index, recv index) into `parts` for a group's sends to self, matched in order with its receives from
     self (NCCL's self copy). Checked here, before anything runs, so both backends reject the same groups."""

@@ -21,8 +21,9 @@ from ...stamps.layout import RingViews, ring_bytes
 from ..base import HostBackend, Work, host_pointer, part_views
 from ..procs import proc_dead, proc_start_time
 from ..segment import Segment, unlink_name
-from .shm import (ABORT_PEER, C_BUFFSIZE, C_CLOSED, C_FUTEX, C_HEARTBEAT, C_MAGIC, C_NCH, C_PID, C_SLOTS, C_START,
-                  C_WORLD, H_MSG, MAGIC, NSIG, PAGE, REASON_MAX, REASON_OFF, layout, segment_size)
+from .shm import (ABORT_MISMATCH, ABORT_PEER, C_ABORT, C_BUFFSIZE, C_CLOSED, C_FUTEX, C_HEARTBEAT, C_MAGIC, C_NCH,
+                  C_P2PCHUNK, C_PID, C_SLOTS, C_START, C_WORLD, H_MSG, MAGIC, NSIG, PAGE, REASON_MAX,
+                  REASON_OFF, layout, segment_size)
 from . import affinity, futex
 from .stamper import FastRingWriter
 from ..opsig import encode_sig
@@ -56,6 +57,7 @@ class CpuBackend(HostBackend):
             raise UsageError(f"rank={rank} must be in 0..{world - 1}")
         self.nch = nch = settings.channels
         self._closed = False
+        self._told = False              # an abort's error reached the caller (else close raises a mismatch)
         self._ntok = 0
         self._coll_seq = 0
         self._peer_segs: dict[int, Segment] = {}
@@ -102,6 +104,7 @@ class CpuBackend(HostBackend):
         ctl = self.seg.words(0, PAGE)
         ctl[C_PID], ctl[C_START], ctl[C_HEARTBEAT] = os.getpid(), proc_start_time(os.getpid()), time.monotonic_ns()
         ctl[C_NCH], ctl[C_BUFFSIZE], ctl[C_WORLD], ctl[C_SLOTS] = nch, s.buffsize, world, s.ring_slots
+        ctl[C_P2PCHUNK] = s.p2p_chunk_bytes
         ctl[C_MAGIC] = MAGIC
         self.ctl = ctl
         self._rings = RingViews(self.seg.bytes_(rings, ring_bytes(nch, s.ring_slots)), nch, s.ring_slots)
@@ -157,11 +160,13 @@ class CpuBackend(HostBackend):
                 f"rank {p}'s set-up failed: {why.decode()}" if why else f"rank {p} closed or was cleaned up")) from None
         self._peer_segs[p] = seg
         pctl = seg.words(0, PAGE)
-        mine = (self.nch, self.settings.buffsize, self.world, self.settings.ring_slots)
-        theirs = (pctl[C_NCH], pctl[C_BUFFSIZE], pctl[C_WORLD], pctl[C_SLOTS])
+        s = self.settings
+        mine = (self.nch, s.buffsize, self.world, s.ring_slots, s.p2p_chunk_bytes)
+        theirs = (pctl[C_NCH], pctl[C_BUFFSIZE], pctl[C_WORLD], pctl[C_SLOTS], pctl[C_P2PCHUNK])
         if pctl[C_MAGIC] != MAGIC or theirs != mine:
-            raise MismatchError(f"rank {p} runs the cpu backend with (nchannels, buffsize, world, ring_slots)="
-                                f"{theirs}, rank {self.rank} with {mine}; every rank needs the same settings")
+            raise MismatchError(f"rank {p} runs the cpu backend with (nchannels, buffsize, world, ring_slots, "
+                                f"p2p_chunksize)={theirs}, rank {self.rank} with {mine}; every rank needs the same "
+                                f"settings")
         self.guard.peers[p] = (pctl, seg.bytes_(REASON_OFF, REASON_MAX), pctl[C_PID], pctl[C_START])
 
     def _unlink_dead_peers(self) -> None:
@@ -189,6 +194,7 @@ class CpuBackend(HostBackend):
         if self._closed:
             raise BackendError(f"rank {self.rank}: the cpu backend is closed; create a new communicator")
         if self.guard.aborted():
+            self._told = True
             raise self.guard.abort_error()
         if work.plan.nranks != self.world or work.plan.rank != self.rank:
             raise UsageError(f"plan for rank {work.plan.rank} of {work.plan.nranks} given to rank {self.rank} of "
@@ -200,6 +206,7 @@ class CpuBackend(HostBackend):
             else:
                 self._collective(work)
         except (PeerError, MismatchError, UsageError):
+            self._told = True
             self.publish_stamps()                       # the failed op's slices reach the trace too
             raise
         except BaseException as e:                      # anything else mid-op: the peers must not hang
@@ -223,18 +230,26 @@ class CpuBackend(HostBackend):
 
     def wait(self, token: Any, timeout_s: float) -> None:
         if self.guard.aborted():
+            self._told = True
             raise self.guard.abort_error()
 
     def _pending_messages(self) -> list[str]:
-        """Messages whose header a peer posted to this rank past the last one it received (shm.H_MSG slots)."""
+        """The caller's messages whose headers a peer posted to this rank past the last one it received (shm.H_MSG
+        slots; one header per piece). Called once C_CLOSED is set: a sender posts, then looks at C_CLOSED (p2p.py),
+        so one of us sees the other (the stores and loads are many bytecodes apart)."""
         lost = []
         for p, conn in sorted(getattr(self, "p2p_recv", {}).items()):
-            ctl, m, k = conn.ctl, conn.msg_seq, 0
+            ctl, m, k, msgs, left, first = conn.ctl, conn.msg_seq, 0, 0, conn.msg_left, None
             while k < NSIG and ctl[H_MSG + (m + k) % NSIG * 4] == m + k + 1:
+                w = H_MSG + (m + k) % NSIG * 4
+                if left == 0:                   # a header that starts a message (pieces follow each other)
+                    left, msgs = ctl[w + 3], msgs + 1
+                    first = first if first is not None else ctl[w + 3]
+                left = max(0, left - ctl[w + 1])
                 k += 1
-            if k:
-                lost.append(f"{k}{'+' if k == NSIG else ''} from rank {p} (the first #{m}: "
-                            f"{ctl[H_MSG + m % NSIG * 4 + 1]} elements)")
+            if msgs:
+                lost.append(f"{msgs}{'+' if k == NSIG else ''} from rank {p} (the first #{conn.msgs}: {first} "
+                            f"elements)")
         return lost
 
     def check_peers(self) -> None:
@@ -251,7 +266,10 @@ class CpuBackend(HostBackend):
         if self._closed:
             return
         g = getattr(self, "guard", None)            # absent when set-up failed
+        if getattr(self, "ctl", None) is not None:
+            self.ctl[C_CLOSED] = 1                  # before looking: a sender posting now sees it, or we its header
         self._lost = [] if g is None or g.aborted() else self._pending_messages()
+        unheard = g.abort_error() if g is not None and g.ctl[C_ABORT] == ABORT_MISMATCH and not self._told else None
         self._closed = True
         self._stop.set()
         if getattr(self, "_bound", None) is not None:
@@ -261,12 +279,12 @@ class CpuBackend(HostBackend):
             self._hb.join(1.0)
         if self._pool is not None:
             self._pool.shutdown(wait=True)
-        if getattr(self, "ctl", None) is not None:
-            self.ctl[C_CLOSED] = 1
         self.seg.unlink()
         for seg in self._peer_segs.values():
             seg.close()
         self.seg.close()
+        if unheard is not None:         # a message of ours a peer found mismatched after our op returned
+            raise unheard
 
     # ---- collectives ----
     def _collective(self, work: Work) -> None:

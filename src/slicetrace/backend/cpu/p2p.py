@@ -12,10 +12,9 @@ import time
 
 import numpy as np
 
-from ...errors import PeerError
 from ...stamps.layout import FLAG_CH_STOP, FLAG_SEND, KIND_CHANNEL, KIND_STEP
 from ..base import DTYPES
-from .shm import ABORT_MISMATCH, C_CLOSED, H_HEAD, H_MSG, H_MSGACK, H_TAIL, NSIG
+from .shm import ABORT_MISMATCH, ABORT_PEER, C_CLOSED, H_HEAD, H_MSG, H_MSGACK, H_TAIL, NSIG
 from .stamper import tail
 from .transport import RECLAIM_MIN
 
@@ -26,12 +25,12 @@ class _Lane:
     """One connection's queue of parts (group order); only the head part moves."""
 
     __slots__ = ("conn", "queue", "prog", "buf", "i", "twait", "k", "writer", "first", "recs", "ktail", "ch_tails",
-                 "empty", "held")
+                 "empty", "held", "msg")
 
     def __init__(self, conn, queue):
         self.conn, self.queue = conn, queue
         self.prog = self.buf = self.writer = None
-        self.i = self.twait = self.k = 0
+        self.i = self.twait = self.k = self.msg = 0
         self.first = True
         self.empty = False              # a 0-element receive, done once the sender's header is there
         self.held = False               # a send whose header would lap one the receiver has not checked yet
@@ -190,15 +189,17 @@ def _next_part(ln: _Lane, bufs, writers, op, stamp_ch, dcode, guard, clock) -> b
         pr = prog.params
         m = conn.msg_seq
         conn.msg_seq = m + 1
+        msg = _user_msg(conn, pr)
         base = H_MSG + (m % NSIG) * 4
         if conn.is_send:             # describe the message before any of its data is posted
-            peer = guard.peers.get(conn.peer)
-            if peer is not None and peer[0][C_CLOSED]:      # else a message that fits the FIFO would vanish
-                raise PeerError(f"rank {guard.rank} sends message #{m} to rank {conn.peer}, which has closed its "
-                                f"communicator: it would never be received")
             conn.ctl[base + 1], conn.ctl[base + 2], conn.ctl[base + 3] = pr["count"], dcode, pr["total"]
             conn.ctl[base] = m + 1
+            peer = guard.peers.get(conn.peer)      # after posting: a receiver closing now sees the header, or we it
+            if peer is not None and peer[0][C_CLOSED]:      # else a message that fits the FIFO would vanish
+                raise guard.fail(ABORT_PEER, f"rank {guard.rank} sends message #{msg} to rank "
+                                 f"{conn.peer}, which has closed its communicator: it would never be received")
         ln.prog, ln.buf, ln.i, ln.k, ln.first = prog, bufs[pr["part"]], 0, 0, True
+        ln.msg = msg
         ln.empty = not conn.is_send and not prog.prims    # never wait here: the peer may wait for our next header
         ln.writer = writers[prog.channel]
         ln.twait = 0                 # not blocked yet (set when a poll finds no credit or no data)
@@ -210,6 +211,15 @@ def _next_part(ln: _Lane, bufs, writers, op, stamp_ch, dcode, guard, clock) -> b
         _end_part(ln, op, stamp_ch, clock)
     ln.prog = None
     return False
+
+
+def _user_msg(conn, pr) -> int:
+    """The caller's message number of the piece about to move (pieces of one message are consecutive)."""
+    if conn.msg_left == 0:
+        conn.msg_left = pr["total"]
+        conn.msgs += 1
+    conn.msg_left = max(0, conn.msg_left - pr["count"])
+    return conn.msgs - 1
 
 
 def _end_part(ln: _Lane, op, stamp_ch, clock) -> None:
@@ -234,14 +244,15 @@ def _check_msg(ln: _Lane, dcode: int, guard) -> None:
     pr = ln.prog.params
     if (conn.ctl[base] != m + 1 or conn.ctl[base + 1] != pr["count"] or conn.ctl[base + 2] != dcode
             or conn.ctl[base + 3] != pr["total"]):      # pieces alike, the messages they cut may still differ
-        _mismatch(guard, conn, m, pr["total"], dcode)
+        _mismatch(guard, conn, m, ln.msg, pr["total"], dcode)
     conn.ctl[H_MSGACK] = m + 1       # its slot may take a later header now
 
 
-def _mismatch(guard, conn, m: int, count: int, dcode: int) -> None:
-    """count: elements of the whole receive (a large one travels in pieces, each with a header: m counts those)."""
+def _mismatch(guard, conn, m: int, msg: int, count: int, dcode: int) -> None:
+    """m: the header (one per piece) that differs; msg: the caller's message number; count: elements of the whole
+    receive."""
     base = H_MSG + (m % NSIG) * 4
     seq, pd, pt = conn.ctl[base], conn.ctl[base + 2], conn.ctl[base + 3]
-    theirs = (f"message #{seq - 1} of {pt} x {DTYPES[pd] if pd < len(DTYPES) else pd}" if seq else "no message")
-    raise guard.fail(ABORT_MISMATCH, f"point-to-point mismatch: rank {guard.rank} expects message #{m} of "
+    theirs = (f"a message of {pt} x {DTYPES[pd] if pd < len(DTYPES) else pd}" if seq else "no message")
+    raise guard.fail(ABORT_MISMATCH, f"point-to-point mismatch: rank {guard.rank} expects message #{msg} of "
                      f"{count} x {DTYPES[dcode]} from rank {conn.peer}, rank {conn.peer} sends {theirs}")

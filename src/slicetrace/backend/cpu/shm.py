@@ -18,13 +18,14 @@ from __future__ import annotations
 from ...stamps.layout import ring_bytes
 
 PAGE = 4096
-MAGIC = 0x53544350_55000004        # "STCPU" + layout version 4
+MAGIC = 0x53544350_55000005        # "STCPU" + layout version 5
 NSIG = 16                          # op-signature / message tables keep the last 16 entries
 
 # control block, u64 word indices
 C_MAGIC, C_PID, C_START, C_HEARTBEAT, C_ABORT, C_ABORT_FROM, C_CLOSED, C_REASON_LEN = range(8)
 C_NCH, C_BUFFSIZE, C_WORLD, C_SLOTS = 8, 9, 10, 11
 C_FUTEX = 12                               # 1: this rank's ring waits sleep on a futex; its peers wake it
+C_P2PCHUNK = 13                            # p2p_chunksize: both ends must cut a message's steps alike
 REASON_OFF, REASON_MAX = 256, 512          # bytes
 SIG_WORD = 1024 // 8                       # 16 entries x 4 words: seq, count, packed, cfg
 # connection header, u64 word indices (tail and head on separate cache lines)

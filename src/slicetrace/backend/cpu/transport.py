@@ -94,12 +94,15 @@ class Reclaim:
 class Conn:
     """One direction of one connection as seen from this rank. `ctl` lives in the receiver's segment."""
 
-    __slots__ = ("ctl", "fifo", "step", "peer", "is_send", "msg_seq", "_views", "reclaim", "base", "wakes")
+    __slots__ = ("ctl", "fifo", "step", "peer", "is_send", "msg_seq", "msgs", "msg_left", "_views", "reclaim", "base",
+                 "wakes")
 
     def __init__(self, ctl: memoryview, fifo: memoryview, peer: int, is_send: bool, reclaim: str = "off"):
         self.ctl, self.fifo, self.peer, self.is_send = ctl, fifo, peer, is_send
         self.step = 0           # persistent FIFO step (NCCL conn->step); both sides advance identically
-        self.msg_seq = 0        # p2p messages on this connection (for mismatch checks)
+        self.msg_seq = 0        # p2p message headers on this connection: one per piece (for mismatch checks)
+        self.msgs = 0           # the caller's messages (a large one is cut in pieces), as errors number them
+        self.msg_left = 0       # elements of the current message still to come in later pieces
         self._views: dict = {}
         self.reclaim = Reclaim(ctl, reclaim) if is_send else None
         self.base = host_pointer(ctl) if futex.available() else 0      # for futex waits on tail / head

@@ -5,6 +5,7 @@ Mixed into CudaBackend (backend.py), whose comm memory, settings, channel limit 
 from __future__ import annotations
 
 import ctypes
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -125,11 +126,16 @@ class KernelArgs:
                              f"launch (a message from 1 MiB up is cut into pieces, one program each: send fewer large "
                              f"messages per peer in one group)")
         chans = sorted({q.channel for q in progs})
+        per_peer = Counter((q.params["peer"], q.params["is_send"]) for q in progs)
+        most = max(per_peer.values(), default=0)
+        if most > self.max_channels:              # connections are numbered mod max_channels: two would share one
+            raise UsageError(f"send/recv group: {most} parts to one peer in one direction; at most "
+                             f"{self.max_channels} (nchannels)")
         self._common(work, a, len(chans))
         for i, q in enumerate(progs):
             k = q.params["conn"]                   # the plan's connection number; its channel follows from it
             if k >= self.max_channels or q.channel >= self.max_channels:
-                raise UsageError(f"send/recv group: {k + 1} parts to one peer or channel {q.channel}; at most "
+                raise UsageError(f"send/recv group: connection {k} or channel {q.channel}; at most "
                                  f"{self.max_channels} (nchannels)")
             d = a["parts"][i]
             d["ptr"] = buffers.pointer(bufs[q.params["part"]]) + offs[q.params["part"]] * plan.itemsize
