@@ -38,36 +38,47 @@ def host_pointer(a: Any) -> int:
 class P2pLedger:
     """Messages this rank sent to and received from each peer, counted at submit, for backends whose FIFOs do not
     show an unreceived message at close (cuda: the next collective's step rounding skips past it). At close every
-    rank publishes what it sent; after the close barrier each compares what its peers sent it with what it got."""
+    rank publishes what it sent; after the close barrier each compares what its peers sent it with what it got:
+    how many messages, and a running hash of their (count, dtype), which two ends that paired alike agree on."""
 
     def __init__(self) -> None:
-        self.sent: dict[int, list[int]] = {}     # peer -> [messages, elements]
+        self.sent: dict[int, list[int]] = {}     # peer -> [messages, elements, hash, elements left in the message]
         self.got: dict[int, list[int]] = {}
+        self.mismatched: list[str] = []          # filled by lost()
 
     def count(self, work: "Work", rank: int) -> None:
-        seen = set()                             # a large message is split into parts of one index
-        for part, _ in work.parts:
+        code = DTYPES.index(work.dtype) if work.dtype in DTYPES else 99
+        for part, _ in work.parts:               # a large message travels in pieces, one after the other
             if part.peer == rank:
                 continue
-            book = self.sent if part.is_send else self.got
-            m = book.setdefault(part.peer, [0, 0])
-            m[0] += part.index not in seen
+            m = (self.sent if part.is_send else self.got).setdefault(part.peer, [0, 0, 0, 0])
+            if m[3] == 0:                        # this piece starts a message
+                whole = part.count if part.total < 0 else part.total
+                m[0], m[2], m[3] = m[0] + 1, (m[2] * 1000003 + whole * 131 + code + 1) & _MASK64, whole
             m[1] += part.count
-            seen.add(part.index)
+            m[3] = max(0, m[3] - part.count)
 
     def publish(self, store: Store, key: str) -> None:
-        store.set(key, json.dumps(sorted((p, m[0], m[1]) for p, m in self.sent.items())).encode())
+        store.set(key, json.dumps(sorted((p, m[0], m[1], m[2]) for p, m in self.sent.items())).encode())
 
     def lost(self, store: Store, keys: dict[int, str], rank: int, timeout_s: float) -> list[str]:
-        """keys: peer -> the key it published under (all published before the close barrier)."""
+        """keys: peer -> the key it published under (all published before the close barrier). Messages as many at
+        both ends but of other sizes or types go to `mismatched`."""
         out = []
         for p in sorted(keys):
-            sent = {q: (n, e) for q, n, e in json.loads(store.get(keys[p], timeout_s, what=f"rank {p}'s sends"))}
-            n, e = sent.get(rank, (0, 0))
-            gn, ge = self.got.get(p, [0, 0])
+            sent = {q: (n, e, h) for q, n, e, h in json.loads(store.get(keys[p], timeout_s, what=f"rank {p}'s sends"))}
+            n, e, h = sent.get(rank, (0, 0, 0))
+            gn, ge, gh, _ = self.got.get(p, [0, 0, 0, 0])
             if n > gn:
                 out.append(f"{n - gn} from rank {p} ({e - ge} elements: it sent {n}, this rank received {gn})")
+            elif n == gn and h != gh:
+                self.mismatched.append(f"point-to-point mismatch: the {n} message(s) rank {p} sent to rank {rank} "
+                                       f"differ in count or dtype from the receives that took them ({e} elements "
+                                       f"sent, {ge} received)")
         return out
+
+
+_MASK64 = (1 << 64) - 1
 
 
 _REGISTRY = {

@@ -139,7 +139,7 @@ class KernelArgs:
                                  f"{self.max_channels} (nchannels)")
             d = a["parts"][i]
             d["ptr"] = buffers.pointer(bufs[q.params["part"]]) + offs[q.params["part"]] * plan.itemsize
-            d["count"], d["peer"], d["conn"] = q.params["count"], q.params["peer"], k
+            d["count"], d["peer"], d["conn"] = q.params["count"], q.params["peer"], self.max_channels + k   # P2P_CONN
             d["is_send"], d["channel"] = int(q.params["is_send"]), q.channel
         for b, ch in enumerate(chans):
             idx = [i for i, q in enumerate(progs) if q.channel == ch]

@@ -24,7 +24,7 @@ from ..procs import PeerWatch
 from . import buffers, clock
 from .args import KernelArgs, auto_channels
 from .compile import Kernels, arch_of
-from .ipc import CommMemory
+from .ipc import CommMemory, same_settings
 from .seqs import SeqRanges
 from .watchdog import Watchdog
 from .layout import CTYPES, MAX_THREADS
@@ -72,7 +72,11 @@ class CudaBackend(Backend, KernelArgs):
         gen = _GEN[job] = _GEN.get(job, 0) + 1
         self._prefix = f"st/{job}/cuda{gen}"
         self._side = self._copy = self._fetch = self._fork = self._join = self._dog = self.sigs = None
-        self.mem = CommMemory(rank, world, self.max_channels, settings.buffsize, self.max_channels,
+        same_settings(store, self._prefix, rank, world, settings.timeout_s, nchannels=self.max_channels,
+                      buffsize=settings.buffsize, p2p_chunksize=settings.p2p_chunk_bytes)
+        # connections: max_channels for the rings, as many again for send/recv (args.P2P_CONN), so a send that
+        # fits the FIFO and a collective can be issued in either order at the two ends
+        self.mem = CommMemory(rank, world, 2 * self.max_channels, settings.buffsize, self.max_channels,
                               settings.ring_slots, store, self._prefix, settings.timeout_s)   # frees on failure
         try:
             self._setup(settings, rank, world, store)
@@ -192,13 +196,14 @@ class CudaBackend(Backend, KernelArgs):
     def _launch(self, work: Work, stream: int, sig: tuple | None) -> Token:
         plan = work.plan
         joined = False
+        if plan.programs:               # a group refused here has run nothing, its self copies included
+            rec, params, fn, nb, nt = self._record(work)
         if plan.func == "send_recv":
             joined = buffers.enqueue_self_copies(self._rt, work, stream, bool(plan.programs), self._copy, self._fork,
                                                  self._join)
         elif not plan.programs:
             buffers.local_copy(self._rt, work, stream)
         if plan.programs:
-            rec, params, fn, nb, nt = self._record(work)
             u32 = rec.view(np.uint32)
             u32[22] = work.tag & 0xFFFFFFFF                              # op_tag
             u32[23] = 1 if work.stamp_channels else 0                    # stamp_ch
@@ -355,18 +360,21 @@ class CudaBackend(Backend, KernelArgs):
         except Exception as e:
             if self._broken is None:
                 log.warning("rank %d: the close barrier failed (unreceived messages not checked): %s", self.rank, e)
-        mism = self._broken if self._broken_as is MismatchError and not self._told else None   # never raised
+        unheard = (self._broken_as, self._broken) if self._broken is not None and not self._told else None
         if met and self._broken is None:    # every rank's ops have ended and its sends are published
             mism = self.mismatch()          # every collective every rank ran is in the table now
             try:
                 keys = {p: f"{self._prefix}/sent/{p}" for p in self._all}
                 self._lost = self.ledger.lost(self.store, keys, self.rank, 5.0)
+                mism = mism or "; ".join(self.ledger.mismatched) or None
             except Exception as e:          # a diagnostic: closing goes on
                 log.warning("rank %d: could not check for unreceived messages at close: %s", self.rank, e)
+            unheard = None if mism is None else (MismatchError, mism)
         self._cache.clear()
         self._free()
-        if mism is not None:                # an op ended before its peer said what it ran (no data to wait for)
-            raise MismatchError(f"rank {self.rank}: found at close: {mism}")
+        if unheard is not None:     # an op the watchdog aborted (its results are wrong), or one that ended before
+            kind, why = unheard     # its peer said what it ran: the caller never heard it
+            raise kind(f"rank {self.rank}: found at close: {why}")
 
     def _free(self) -> None:
         """Device memory, streams and events (also of a set-up that failed part way)."""

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from ...errors import BackendError, CommTimeoutError
+from ...errors import BackendError, CommTimeoutError, MismatchError
 from ...rendezvous import Store
 from ...stamps.layout import HEADER_DTYPE, STAMP_DTYPE, RingViews, ring_bytes
 from .layout import COMM_DTYPE, CTRL, MAXRANKS, ipc_layout, peer_slot
@@ -25,6 +25,18 @@ _MAPPED = 3          # cudaHostAllocPortable | cudaHostAllocMapped
 def host_array(ptr: int, nbytes: int) -> np.ndarray:
     """A uint8 numpy view over pinned host memory (no copy)."""
     return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(ptr))
+
+
+def same_settings(store: Store, prefix: str, rank: int, world: int, timeout_s: float, **mine: int) -> None:
+    """Every rank lays out its peers' FIFOs and cuts messages into steps with its own settings: refuse, on every
+    rank, ranks whose settings differ (each kernel would read another offset than its peer wrote)."""
+    store.set(f"{prefix}/cfg/{rank}", repr(sorted(mine.items())).encode())
+    for p in range(world):
+        if p != rank:
+            theirs = store.get(f"{prefix}/cfg/{p}", timeout_s, what=f"rank {p}'s cuda settings").decode()
+            if theirs != repr(sorted(mine.items())):
+                raise MismatchError(f"rank {p} runs the cuda backend with {theirs}, rank {rank} with "
+                                    f"{sorted(mine.items())}; every rank needs the same settings")
 
 
 class CommMemory:
