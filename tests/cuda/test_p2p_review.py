@@ -167,3 +167,42 @@ def test_ranks_whose_fifo_settings_differ_are_refused_at_set_up(gpu, kcache):
                 if p.is_alive():
                     p.kill()
     assert all(v.startswith("MismatchError") and "every rank needs the same settings" in v for v in res.values()), res
+
+
+def _stuck_behind_an_earlier_op(comm):
+    import time
+
+    import cupy
+    be = comm._session.backend
+    if comm.rank == 1:
+        return "closing without receiving"
+    with _dev(comm):
+        if comm.rank == 2:
+            out = cupy.zeros(16, cupy.float32)
+            comm.recv(out, 0)                       # behind rank 0's stuck send: never arrives
+            try:
+                comm.synchronize()
+                return "received"
+            except Exception as e:  # noqa: BLE001 - the test checks it
+                return type(e).__name__
+        comm.send(cupy.ones(1 << 18, cupy.float32), 1)     # 1 MiB through a 32 KiB FIFO: needs rank 1
+        comm.send(cupy.ones(16, cupy.float32), 2)           # the last op: its only peer, rank 2, is alive
+        t0 = time.monotonic()
+        while be.broken is None and time.monotonic() - t0 < 10:
+            time.sleep(0.05)
+        seen = be.broken is not None
+        try:
+            comm.synchronize()
+            return seen, "returned"
+        except Exception as e:  # noqa: BLE001
+            return seen, type(e).__name__
+
+
+@pytest.mark.cuda
+def test_an_op_stuck_behind_an_earlier_ops_closed_peer_is_aborted(gpu, kcache):
+    """The watchdog and wait() judged only the last op's peers: an earlier send to a rank that closed held the stream
+    forever for a user who synchronizes it himself, and comm.synchronize() ended in CommTimeoutError at timeout_s."""
+    import slicetrace
+    res = slicetrace.launch(_stuck_behind_an_earlier_op, 3, backend="cuda", cache_dir=kcache, buffsize=32768,
+                            timeout_s=20.0, join_timeout_s=240)
+    assert res[0] == (True, "PeerError") and res[2] == "PeerError", res

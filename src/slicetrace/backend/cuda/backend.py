@@ -26,6 +26,7 @@ from .args import KernelArgs, auto_channels
 from .compile import Kernels, arch_of
 from .ipc import CommMemory, same_settings
 from .seqs import SeqRanges
+from .tokens import Pending, Token
 from .watchdog import Watchdog
 from .layout import CTYPES, MAX_THREADS
 
@@ -41,14 +42,6 @@ def _cupy():
 
 
 _GEN: dict[str, int] = {}        # backends made per job in this process: keeps store keys of re-inits apart
-
-
-class Token:
-    __slots__ = ("event", "tag", "peers", "stream", "sig")
-
-    def __init__(self, event: Any, tag: int, peers: tuple[int, ...], stream: int, sig: tuple | None):
-        self.event, self.tag, self.peers = event, tag, peers      # peers: the ranks the op cannot finish without
-        self.stream, self.sig = stream, sig                       # sig: a collective's (opsig), else None
 
 
 class CudaBackend(Backend, KernelArgs):
@@ -103,6 +96,7 @@ class CudaBackend(Backend, KernelArgs):
         self._lost: list[str] = []                      # sends to this rank it never received (close)
         self.ledger = P2pLedger()
         self._last: Token | None = None
+        self._pending = Pending()                       # launched ops not seen done yet, in issue order
         self._clock: tuple[int, int] = (0, 1 << 62)
         self._probe_busy = False
         self._all = tuple(p for p in range(world) if p != rank)
@@ -221,6 +215,7 @@ class CudaBackend(Backend, KernelArgs):
             self.ledger.count(work, self.rank)
         peers = self._all if plan.func != "send_recv" else tuple({p.peer for p, _ in work.parts} - {self.rank})
         self._last = Token(ev, work.tag, peers, stream, sig)
+        self._pending.add(self._last)   # ops run in issue order: one waits for every earlier op's peers too
         return self._last
 
 
@@ -276,7 +271,7 @@ class CudaBackend(Backend, KernelArgs):
         why = self.store.try_get(f"{self._prefix}/abort")
         if why is not None:
             return f"rank {self.rank}: a peer aborted: {why.decode(errors='replace')}"
-        gone = self.watch.gone(token.peers)
+        gone = self.watch.gone(self._pending.peers(token))
         return None if gone is None else f"rank {self.rank}: op {token.tag} cannot finish: {gone}"
 
     @property
