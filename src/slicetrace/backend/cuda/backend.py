@@ -44,6 +44,9 @@ def _cupy():
 _GEN: dict[str, int] = {}        # backends made per job in this process: keeps store keys of re-inits apart
 
 
+_PER_THREAD = 2         # cudaStreamPerThread: one handle, another stream in each thread
+
+
 class CudaBackend(Backend, KernelArgs):
     name = "cuda"
     reserves_stamps = True      # header.reserved after submit is exactly the end of the op's seqs
@@ -173,7 +176,7 @@ class CudaBackend(Backend, KernelArgs):
         stream = buffers.stream_ptr(work.stream, self.device)
         buffers.refuse_capture(self._rt, stream)
         last = self._last
-        if last is not None and last.stream != stream and not last.event.done:
+        if last is not None and (last.stream != stream or stream == _PER_THREAD) and not last.event.done:
             # one communicator's ops run in issue order whatever their streams (NCCL serialises its launches
             # too): each kernel takes up the FIFO step counters where the previous one left them
             self._rt.streamWaitEvent(stream, last.event.ptr, 0)
