@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import threading
@@ -9,7 +10,7 @@ import time
 from typing import Any, Iterator
 
 from .api_checks import check_group_overlap, check_overlap, int_index, ptr, tag_value, writable
-from .backend.base import REDOPS, Work
+from .backend.base import DTYPES, REDOPS, Work
 from .config import Settings
 from .errors import SliceTraceError, UsageError
 from .events.abi import DATATYPE_NAMES, FUNC_NAMES, parse_mask
@@ -226,11 +227,16 @@ class Communicator:
         self._p2p(out, peer, False, user_tag)
         return out
 
-    def _p2p_layout(self, itemsize: int, shape: tuple, start: tuple) -> tuple:
+    def _p2p_layout(self, itemsize: int, shape: tuple, start: tuple, caller: tuple) -> tuple:
         """(pieces as (part, entry index), plan, programs per entry) for a group's (peer, is_send, count, offset)
-        tuples, its connections moved on by `start` (rotate_p2p). Cached: pieces carry offsets, never views."""
+        tuples, its connections moved on by `start` (rotate_p2p). Cached: pieces carry offsets, never views.
+        caller: a group of mixed dtypes in bytes, each entry's (itemsize, dtype code): the headers its pieces carry,
+        as a peer that does not mix would cut them (16-byte aligned pieces fall on elements: the same pieces)."""
         be = self._session.backend
         pieces, nprog = split_p2p(shape, self.rank, self.world_size, itemsize, be.channels_for)
+        if caller:
+            pieces = [(dataclasses.replace(p, hdr=(p.count // caller[ei][0], caller[ei][1],
+                                                   p.total // caller[ei][0])), ei) for p, ei in pieces]
         plan = plan_p2p([p for p, _ in pieces], self.world_size, self.rank, itemsize,
                         self.settings.p2p_chunk_bytes, self.settings.step_bytes, be.p2p_channels())
         plan = rotate_p2p(plan, dict(start), be.p2p_channels(), be.p2p_channels())
@@ -241,16 +247,18 @@ class Communicator:
         self._guarded("send/recv", self._run_p2p_one, entries, checked)
 
     def _run_p2p_one(self, entries: list, checked: bool = False) -> None:
-        dtypes = {e[2] for e in entries}
-        if len(dtypes) > 1:
-            raise UsageError(f"a send/recv group mixes dtypes {sorted(dtypes)}; use one dtype per group")
-        dtype = dtypes.pop()
-        itemsize = entries[0][1].itemsize
+        given, be = entries, self._session.backend
+        mixed = len({e[2] for e in entries}) > 1
+        if mixed:                               # NCCL allows it: the data path moves bytes, each message keeps its
+            entries = [(P2pPart(p.peer, p.is_send, p.count * b.itemsize, p.index, p.offset * b.itemsize), # own
+                        be.byte_view(b), "uint8", ut) for p, b, _, ut in entries]           # (count, dtype) to check
+        dtype, itemsize = entries[0][2], entries[0][1].itemsize
         if len(entries) > 1 and not checked:
             check_group_overlap(entries, itemsize)
-        pos, nconn = self._p2p_pos, self._session.backend.p2p_channels()
+        pos, nconn = self._p2p_pos, be.p2p_channels()
         start = tuple(sorted({(p.peer, p.is_send): pos.get((p.peer, p.is_send), 0) for p, *_ in entries}.items()))
-        key = (itemsize, tuple((p.peer, p.is_send, p.count, p.offset) for p, _, _, _ in entries), start)
+        key = (itemsize, tuple((p.peer, p.is_send, p.count, p.offset) for p, _, _, _ in entries), start,
+               tuple((e[1].itemsize, DTYPES.index(e[2])) for e in given) if mixed else ())
         hit = self._p2p_plans.get(key)
         if hit is None:
             if len(self._p2p_plans) >= 256:
@@ -268,11 +276,11 @@ class Communicator:
             chans: list[set[int]] = [set() for _ in entries]    # per entry: where its records are stamped
             for prog in plan.programs:
                 chans[pieces[prog.params["part"]][1]].add(prog.channel)
-            for (p, buf, _, ut), n, ch in zip(entries, nprog, chans):
+            for (p, buf, dt, ut), n, ch in zip(given, nprog, chans):      # the caller's count and dtype
+                at = ptr(buf) + p.offset * buf.itemsize
                 tasks.append(TaskInfo(func="Send" if p.is_send else "Recv", peer=p.peer, is_send=p.is_send,
-                                      count=p.count, datatype=DATATYPE_NAMES.get(dtype, dtype), root=0,
-                                      send_buff=ptr(buf) + p.offset * itemsize if p.is_send else 0,
-                                      recv_buff=0 if p.is_send else ptr(buf) + p.offset * itemsize,
+                                      count=p.count, datatype=DATATYPE_NAMES.get(dt, dt), root=0,
+                                      send_buff=at if p.is_send else 0, recv_buff=0 if p.is_send else at,
                                       n_programs=n, channels=tuple(sorted(ch)), user_tag=ut))
         self._tag += 1
         info = self._info("send_recv", tasks, entries[0][3], mask, self._next_seq("send_recv"), self._stream)

@@ -179,3 +179,46 @@ def test_all_to_all_hands_back_the_shape_of_its_input():
         assert y.shape == (2, 4) and (y == x).all()
     finally:
         c.close()
+
+
+def _mixed_dtypes(comm, recv_as):
+    f = np.arange(300_000, dtype=np.float32) + 0.5      # > 1 MiB: cut in pieces over the channels
+    i = np.arange(1000, dtype=np.int64) * 3
+    h = np.arange(77, dtype=np.float16)
+    if comm.rank == 0:
+        got = np.zeros_like(h)
+        with comm.group():
+            comm.send(f, 1)
+            comm.send(i, 1)
+            comm.recv(got, 1)
+        return bool((got == h).all())
+    a = np.zeros_like(f)
+    b = np.zeros(1000, dtype=recv_as)
+    comm.recv(a, 0)                                        # the peer does not mix: one dtype per call
+    with comm.group():
+        comm.recv(b, 0)
+        comm.send(h, 0)
+    return bool((a == f).all() and (b == i).all())
+
+
+def test_a_group_may_mix_dtypes_and_each_message_is_still_checked_for_its_own():
+    """NCCL lets one group send float32 values and int64 indices; it was refused ('use one dtype per group')."""
+    assert slicetrace.launch(_mixed_dtypes, 2, np.int64, nchannels=4, **KW) == [True, True]
+    with pytest.raises(LaunchError) as e:                  # same bytes, another type: still a mismatch
+        slicetrace.launch(_mixed_dtypes, 2, np.float64, nchannels=4, **KW)
+    assert "rank 1 expects message #1 of 1000 x float64 from rank 0, rank 0 sends a message of 1000 x int64" in \
+        str(e.value), e.value
+
+
+def test_a_mixed_group_reports_each_messages_own_count_and_dtype(tmp_path):
+    from slicetrace.analyze.trace import check_trace, load_traces
+    prefix = str(tmp_path / "mix")
+    assert slicetrace.launch(_mixed_dtypes, 2, np.int64, nchannels=4, profiler_plugin="example",
+                             profile_dump_file=prefix, **KW) == [True, True]
+    files = sorted(glob.glob(prefix + "_*.json"))
+    assert len(files) == 2 and all(check_trace(f) == [] for f in files)
+    seen = {(a["Rank"], r["name"], a["Count"], a["Datatype"]) for r in load_traces(files)
+            if r.get("cat") == "P2P" and "Count" in (a := r.get("args", {}))}
+    assert seen == {(0, "Send", 300_000, "ncclFloat32"), (0, "Send", 1000, "ncclInt64"), (0, "Recv", 77, "ncclFloat16"),
+                    (1, "Recv", 300_000, "ncclFloat32"), (1, "Recv", 1000, "ncclInt64"),
+                    (1, "Send", 77, "ncclFloat16")}, seen

@@ -47,16 +47,16 @@ class P2pLedger:
         self.mismatched: list[str] = []          # filled by lost()
 
     def count(self, work: "Work", rank: int) -> None:
-        code = DTYPES.index(work.dtype) if work.dtype in DTYPES else 99
+        wcode = DTYPES.index(work.dtype) if work.dtype in DTYPES else 99
         for part, _ in work.parts:               # a large message travels in pieces, one after the other
             if part.peer == rank:
                 continue
+            n, code, whole = part.hdr or (part.count, wcode, part.count if part.total < 0 else part.total)
             m = (self.sent if part.is_send else self.got).setdefault(part.peer, [0, 0, 0, 0])
             if m[3] == 0:                        # this piece starts a message
-                whole = part.count if part.total < 0 else part.total
                 m[0], m[2], m[3] = m[0] + 1, (m[2] * 1000003 + whole * 131 + code + 1) & _MASK64, whole
-            m[1] += part.count
-            m[3] = max(0, m[3] - part.count)
+            m[1] += n
+            m[3] = max(0, m[3] - n)
 
     def publish(self, store: Store, key: str) -> None:
         store.set(key, json.dumps(sorted((p, m[0], m[1], m[2]) for p, m in self.sent.items())).encode())
@@ -133,6 +133,10 @@ class Backend(abc.ABC):
         """What an op that allocated `buf` (out=None) hands the caller: the buffer itself, or the user-facing
         array behind a backend's own handle."""
         return buf
+
+    def byte_view(self, buf: Any) -> Any:
+        """buf's bytes, as a send/recv group of mixed dtypes moves them (offsets and counts in bytes)."""
+        return buf.view(np.uint8)
 
     @abc.abstractmethod
     def submit(self, work: Work) -> Any:

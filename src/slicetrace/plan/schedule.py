@@ -246,6 +246,7 @@ class P2pPart:
     index: int             # position in the group (buffers are matched by it)
     offset: int = 0        # first element in its buffer (a large send/recv split over channels: one buffer)
     total: int = -1        # elements of the whole send/recv it is a piece of (-1: itself), checked at both ends
+    hdr: tuple = ()        # a group of mixed dtypes moves bytes: the caller's (count, dtype code, total) to check
 
 
 MAX_P2P_PROGRAMS = 64         # programs of one send/recv group per rank (the cuda backend's MAXP)
@@ -343,7 +344,7 @@ def _plan_p2p(parts: tuple[P2pPart, ...], nranks: int, rank: int, itemsize: int,
         programs.append(ChannelProgram(p2p_channel(src, dst, k, nranks, nchannels), "p2p", tuple(prims),
                                        {"part": part.index, "peer": part.peer, "is_send": part.is_send,
                                         "count": part.count, "chunk_elems": chunk, "conn": k,
-                                        "total": part.count if part.total < 0 else part.total}))
+                                        "total": part.count if part.total < 0 else part.total, "hdr": part.hdr}))
     return OpPlan("send_recv", nranks, rank, sum(p.count for p in parts), itemsize, 0, proto, tuple(programs),
                   self_pairs(parts, rank))
 

@@ -192,7 +192,7 @@ def _next_part(ln: _Lane, bufs, writers, op, stamp_ch, dcode, guard, clock) -> b
         msg = _user_msg(conn, pr)
         base = H_MSG + (m % NSIG) * 4
         if conn.is_send:             # describe the message before any of its data is posted
-            conn.ctl[base + 1], conn.ctl[base + 2], conn.ctl[base + 3] = pr["count"], dcode, pr["total"]
+            conn.ctl[base + 1], conn.ctl[base + 2], conn.ctl[base + 3] = pr["hdr"] or (pr["count"], dcode, pr["total"])
             conn.ctl[base] = m + 1
             peer = guard.peers.get(conn.peer)      # after posting: a receiver closing now sees the header, or we it
             if peer is not None and peer[0][C_CLOSED]:      # else a message that fits the FIFO would vanish
@@ -242,9 +242,10 @@ def _check_msg(ln: _Lane, dcode: int, guard) -> None:
     m = conn.msg_seq - 1
     base = H_MSG + (m % NSIG) * 4
     pr = ln.prog.params
-    if (conn.ctl[base] != m + 1 or conn.ctl[base + 1] != pr["count"] or conn.ctl[base + 2] != dcode
-            or conn.ctl[base + 3] != pr["total"]):      # pieces alike, the messages they cut may still differ
-        _mismatch(guard, conn, m, ln.msg, pr["total"], dcode)
+    count, dcode, total = pr["hdr"] or (pr["count"], dcode, pr["total"])   # hdr: the caller's, in a mixed group
+    if (conn.ctl[base] != m + 1 or conn.ctl[base + 1] != count or conn.ctl[base + 2] != dcode
+            or conn.ctl[base + 3] != total):      # pieces alike, the messages they cut may still differ
+        _mismatch(guard, conn, m, ln.msg, total, dcode)
     conn.ctl[H_MSGACK] = m + 1       # its slot may take a later header now
 
 

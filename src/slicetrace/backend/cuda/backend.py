@@ -125,6 +125,9 @@ class CudaBackend(Backend, KernelArgs):
     def user_buffer(self, buf: Any) -> Any:
         return buffers.user_buffer(buf)
 
+    def byte_view(self, buf: Any) -> Any:
+        return buf              # parts are addressed by pointer + offset x the plan's itemsize (1: bytes)
+
     def channels_for(self, nbytes: int) -> int:
         """Channel count this backend would pick for an op of nbytes (settings.nchannels wins)."""
         return self.settings.nchannels or auto_channels(nbytes, self.max_channels)
