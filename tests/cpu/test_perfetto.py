@@ -67,7 +67,7 @@ def test_converted_trace_has_every_slice_on_non_overlapping_tracks_and_a_flow_pe
         (begins if _one(e, 9) == 1 else ends).append(ev)
 
     # one process per rank; every track under one
-    assert sorted(pid for pid, _ in procs.values()) == [0, 1, 2]
+    assert sorted(pid for pid, _ in procs.values()) == [1, 2, 3]        # rank + 1: pid 0 is Perfetto's idle process
     assert all(parent in procs for parent, _ in tracks.values())
     names = Counter(name for _, name in tracks.values())
     assert names["operations"] == 3 and names["ch 0 send->1"] == 1 and names["ch 1 recv<-2"] == 1
@@ -76,7 +76,7 @@ def test_converted_trace_has_every_slice_on_non_overlapping_tracks_and_a_flow_pe
     n_async = sum(1 for r in recs if r.get("ph") == "b")
     assert len(begins) == len(ends) == n_x + n_async
     want = Counter((r["pid"], round(float(r["ts"]) * 1000)) for r in recs if r.get("name") == "KernelStep")
-    by_track = {uid: procs[parent][0] for uid, (parent, _) in tracks.items()}
+    by_track = {uid: procs[parent][0] - 1 for uid, (parent, _) in tracks.items()}     # track -> rank
     got = Counter((by_track[b["track"]], b["ts"]) for b in begins if b["name"] == "KernelStep")
     assert got == want
     assert stamps == sorted(stamps)
@@ -114,7 +114,7 @@ def test_convert_returns_counts_and_refuses_nothing_to_convert(tmp_path, capsys)
                     '"args":{"Channel":0,"IsSend":1,"Peer":1,"Step":0,"Size":8,"WaitGpuClk":0,"StartGpuClk":0,'
                     '"StopGpuClk":2250,"CommHash":18446744073709551615}},{}]')
     got = convert([str(path)], str(tmp_path / "one.pftrace"))
-    assert got == {"files": 1, "slices": 1, "flows": 0, "tracks": 1}     # no receive: no flow
+    assert got == {"files": 1, "slices": 1, "flows": 0, "tracks": 1, "unpaired_sends": 1}    # no receive: no flow
 
 
 def test_connections_of_one_pair_on_two_channels_with_equal_steps_each_get_their_flows(tmp_path):
@@ -239,3 +239,57 @@ def test_a_comm_hash_past_int64_is_written_as_an_unsigned_annotation(tmp_path):
                     annotations[d.pop(10).decode()] = d
     assert annotations["CommHash"] == {3: 2 ** 63}           # uint_value
     assert annotations["Peer"] == {4: 1} and annotations["Size"] == {4: 8}     # int_value below 2**63
+
+
+def _flow_ends(path):
+    """convert's output -> {(rank, ts ns, 'send' or 'recv', flow id)} of every flow end."""
+    procs, tracks, out = {}, {}, set()
+    for _, pkt in _fields(open(path, "rb").read()):
+        p = _fields(pkt)
+        td, te = _one(p, 60), _one(p, 11)
+        if td is not None:
+            d = _fields(td)
+            proc = _one(d, 3)
+            if proc is not None:
+                procs[_one(d, 1)] = _one(_fields(proc), 1) - 1        # pid = rank + 1
+            else:
+                tracks[_one(d, 1)] = _one(d, 5)
+            continue
+        e = _fields(te)
+        for f, v in e:
+            if f in (47, 48):
+                out.add((procs[tracks[_one(e, 11)]], _one(p, 8), "send" if f == 47 else "recv", v))
+    return out
+
+
+def test_kernel_steps_recorded_without_their_ops_get_the_flows_they_get_with_them(tmp_path):
+    """--profile KernelStep: with no Coll/P2p parent, a ring's and a p2p connection's step k had one key, and
+    convert dropped both as ambiguous (126 of 146 flows kept). Each key's sends and receives pair in time order."""
+    prefix = str(tmp_path / "t")
+    slicetrace.launch(_ops, 3, profiler_plugin="example", profile_dump_file=prefix, buffsize=1 << 16,
+                      nchannels=2, timeout_s=30.0)
+    files = sorted(glob.glob(prefix + "_*.json"))
+    with_ops = convert(files, str(tmp_path / "with.pftrace"))
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    keys = Counter()
+    for f in files:                         # the same slices, as a KernelStep-only mask records them
+        recs = [r for r in json.load(open(f)) if r.get("cat") not in ("COLL", "P2P") and r.get("name") != "KernelCh"]
+        for r in recs:
+            if r.get("name") == "KernelStep":
+                r["args"].update(ParentId=-1, SeqNum=-1)
+                if r["args"]["IsSend"]:
+                    keys[(r["pid"], r["args"]["Peer"], r["args"]["Channel"], r["args"]["Step"])] += 1
+        (bare / f.rsplit("/", 1)[1]).write_text(json.dumps(recs))
+    assert max(keys.values()) > 1                    # keys that only the parent's kind told apart
+    without = convert(sorted(str(p) for p in bare.iterdir()), str(tmp_path / "without.pftrace"))
+    assert without["flows"] == with_ops["flows"] > 0 and without["unpaired_sends"] == 0
+    assert _arrows(tmp_path / "with.pftrace") == _arrows(tmp_path / "without.pftrace")    # the same arrows
+
+
+def _arrows(path):
+    """Each flow as its two ends, (rank, ts ns, side), whatever its id."""
+    by_id = defaultdict(set)
+    for rank, ts, side, fid in _flow_ends(path):
+        by_id[fid].add((rank, ts, side))
+    return sorted(sorted(ends) for ends in by_id.values())

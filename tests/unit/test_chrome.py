@@ -17,7 +17,7 @@ from slicetrace.events.host import EventHost
 from slicetrace.events.plugin import LoadedPlugin
 from slicetrace.events.synthetic import SyntheticSource, deliver, drive
 from slicetrace.sinks.chrome import DEFAULT_MASK, ChromePlugin
-from slicetrace.sinks.chrome_text import STEP_LINE, RowFormat
+from slicetrace.sinks.chrome_text import STEP_LINE, RowFormat, trace_pid
 from tests.unit.test_host import chrec, coll_op, recs
 
 COMM = abi.CommInfo(4242, "t", 1, 4, 1)
@@ -144,7 +144,9 @@ def test_timestamps_are_host_ns_over_1000_exactly(synthetic_trace):
 def test_metadata_tracks_and_final_counters(synthetic_trace):
     _, data, _ = synthetic_trace
     meta = [r for r in data if r.get("ph") == "M"]
-    assert {"name": "process_name", "ph": "M", "pid": 1, "tid": 0, "args": {"name": "rank 1"}} in meta
+    pid = trace_pid(COMM.comm_hash, 1)                  # one process per rank and communicator
+    assert {"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": "rank 1 (comm 4242)"}} in meta
+    assert meta[0]["name"] == "slicetrace_comm" and meta[0]["args"]["Rank"] == 1
     names = {r["tid"]: r["args"]["name"] for r in meta if r["name"] == "thread_name"}
     assert {"ch 0 send->2", "ch 0 recv<-0", "ch 1 send->2", "ch 1 recv<-0"} <= set(names.values())
     steps = [r for r in data if r.get("name") == "KernelStep"]

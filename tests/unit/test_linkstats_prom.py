@@ -146,3 +146,26 @@ def test_clock_counters_are_gauges_in_seconds_not_accounting_counters(tmp_path):
     assert f"slicetrace_clock_uncertainty_seconds{{{base}}} 0.000000020" in text
     only_clock = prometheus_text(ctx.comm, ctx.table, {"clock_offset_ns": 1500})
     assert "slicetrace_profiler_accounting_total" not in only_clock     # not even its HELP and TYPE
+
+
+def test_the_file_is_utf8_whatever_the_locale_and_a_failed_write_leaves_no_temporary_file(tmp_path):
+    """open() without an encoding took the locale's: under LC_ALL=C a communicator name with an accent raised
+    UnicodeEncodeError, which (not an OSError) also left the temporary file behind."""
+    import os
+    import subprocess
+    import sys
+    code = ("import sys, numpy as np\n"
+            "from slicetrace.config import Settings\n"
+            "from slicetrace.events.abi import KERNEL_STEP_DTYPE, ActivationMask, CommInfo\n"
+            "from slicetrace.sinks.linkstats import LinkStatsPlugin\n"
+            "p = LinkStatsPlugin(Settings(linkstats_file=sys.argv[1]))\n"
+            "ctx = p.init(CommInfo(42, 'j\\u00f6b', 1, 2, 1), ActivationMask())\n"
+            "p.kernel_step_batch(ctx, None, np.zeros(1, KERNEL_STEP_DTYPE))\n"
+            "p.finalize(ctx)\n")
+    env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0",
+           "PYTHONPATH": os.pathsep.join(sys.path)}
+    res = subprocess.run([sys.executable, "-c", code, str(tmp_path / "m")], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert [f.name for f in tmp_path.iterdir()] == ["m_42_1.prom"]
+    assert 'comm_name="j\u00f6b"' in (tmp_path / "m_42_1.prom").read_text(encoding="utf-8")

@@ -261,3 +261,51 @@ def test_an_end_within_a_nanosecond_before_its_begin_is_float_noise(begin, end, 
             {"name": "GroupApi", "cat": "GROUP_API", "ph": "e", "id": 1, "pid": 0, "ts": end}]
     want = [] if ok else [f"async id (0, 'GROUP_API', 1) (GroupApi): ends at {end} before it begins at {begin}"]
     assert check_trace(recs) == want
+
+
+def test_a_folder_holds_only_the_sinks_files_so_a_report_json_beside_them_is_no_trace(tmp_path, monkeypatch, capsys):
+    """report --json DIR/report_of_run.json, then report DIR: the folder form took any *_*_*.json for a trace."""
+    from slicetrace.cli.main import main
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tr").mkdir()
+    _run_files(tmp_path / "tr", 111)
+    assert main(["report", "--json", "tr/report_of_run.json", "tr"]) == 0
+    assert main(["report", "tr"]) == 0, capsys.readouterr().err
+    assert trace_files("tr") == ["tr/trace_111_0.json", "tr/trace_111_1.json"]
+    assert trace_files("tr/trace") == trace_files("tr/trace_111") == trace_files("tr")
+
+
+def test_a_folder_or_prefix_with_glob_characters_is_taken_literally_first(tmp_path, monkeypatch, capsys):
+    """bench --trace /tmp/x[1] suggests `slicetrace report /tmp/x[1]/trace_<hash>`: '[1]' made it a glob."""
+    from slicetrace.cli.main import main
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "x[1]").mkdir()
+    _run_files(tmp_path / "x[1]", 111)
+    want = ["x[1]/trace_111_0.json", "x[1]/trace_111_1.json"]
+    assert trace_files("x[1]") == trace_files("x[1]/trace") == trace_files("x[1]/trace_111") == want
+    assert main(["report", "x[1]/trace_111"]) == 0, capsys.readouterr().err
+    assert trace_files("x[[]1]/trace_*_1.json") == want[1:]          # a glob that matches nothing literally
+
+
+def test_kernel_steps_recorded_without_their_ops_in_the_mask_are_no_problem(tmp_path):
+    """--profile KernelStep (a valid mask) records no Coll/P2p: check_trace flagged every KernelStep as inside no
+    op. The trace says its mask; with Coll and P2p in it a step outside every op is still flagged."""
+    for mask, clean in ((int(abi.EventType.KERNEL_STEP), True), (None, False)):
+        prefix = str(tmp_path / f"m{mask}")
+        host = EventHost([LoadedPlugin(ChromePlugin(Settings(profile_dump_file=prefix, profile_event_mask=mask)))],
+                         abi.CommInfo(99, "a", 1, 2, 0))
+        src = SyntheticSource(nranks=2, rank=0, nchannels=2, loops=1, funcs=("all_reduce", "send_recv"), seed=0)
+        for op in src.ops(3):
+            op.info.mask = host.op_mask()
+            host.begin_op(op.info)
+            deliver(host, op)
+        host.close()
+        recs = load_trace(f"{prefix}_99_0.json")
+        steps = [r for r in recs if is_step(r)]
+        assert steps and not any(r.get("cat") in ("COLL", "P2P") for r in recs) == clean
+        if clean:
+            assert all(r["args"]["ParentId"] == -1 for r in steps) and check_trace(recs) == []
+        else:                                   # parents recorded: a step without one, outside them, is flagged
+            steps[0]["args"]["ParentId"] = -1
+            steps[0]["ts"] = 1.0
+            assert any("inside no Coll/P2p of its rank" in p for p in check_trace(recs))

@@ -101,6 +101,9 @@ def test_the_rank_count_comes_from_the_runs_files_on_disk_or_its_metadata(run, t
     folder, path = _copy(run, tmp_path)
     for name in ("tr_99_0.json", "tr_99_1.json"):     # as traces of earlier versions: no slicetrace_comm record
         recs = [r for r in json.loads((folder / name).read_text()) if r.get("name") != "slicetrace_comm"]
+        for r in recs:
+            if "pid" in r:                             # and pid = rank
+                r["pid"] = int(name[-6])
         (folder / name).write_text(json.dumps(recs))
     recs = json.loads(path.read_text())
     i = next(i for i, r in enumerate(recs) if r and step(r))
@@ -174,7 +177,7 @@ def test_the_example_plugin_writes_the_runs_rank_count(run):
     for name in ("tr_99_0.json", "tr_99_1.json"):
         recs = json.loads(open(run.rsplit("/", 1)[0] + "/" + name).read())
         comm = [r for r in recs if r and r.get("name") == "slicetrace_comm"]
-        assert len(comm) == 1 and comm[0]["args"]["nRanks"] == 2 and comm[0]["pid"] == int(name[-6]), comm
+        assert len(comm) == 1 and comm[0]["args"]["nRanks"] == 2 and comm[0]["args"]["Rank"] == int(name[-6]), comm
 
 
 def test_a_file_cut_short_is_read_to_its_last_whole_record_and_an_empty_one_says_why(run, tmp_path, caplog):
@@ -230,3 +233,47 @@ def test_partial_reports_the_ranks_present_when_a_rank_file_is_empty(run, tmp_pa
     assert "is empty: its rank ended before its profiler wrote anything" in capsys.readouterr().err
     assert main(["report", str(folder), "--partial"]) == 0
     assert "# --partial: rank(s) [1] of 2 absent" in capsys.readouterr().out
+
+
+def test_a_file_is_parsed_a_block_of_lines_at_a_time_not_read_whole(run, tmp_path, monkeypatch, caplog):
+    """report and convert held the file's text and its parse at once (5-7x the trace in memory): the sinks' one
+    record per line is parsed a bounded block of lines at a time, to the same records."""
+    from slicetrace.analyze import records
+    _, f0 = _copy(run, tmp_path)
+    whole = json.loads(f0.read_text())
+    lines = f0.read_text().split("\n")
+    f0.write_text("\n".join(lines[:1] + lines[1:-3] * 40 + lines[-3:]))      # ~40x the records, still one array
+    want = whole[:-1] * 40 + whole[-1:]
+    seen = []
+    loads = json.loads
+
+    def spy(s, *a, **kw):
+        seen.append(len(s))
+        return loads(s, *a, **kw)
+    monkeypatch.setattr(records, "_BLOCK", 4096, raising=False)
+    monkeypatch.setattr(records.json, "loads", spy)
+    with caplog.at_level("WARNING", logger="slicetrace"):
+        got = records.read_records(str(f0))
+    assert [(r["name"], r.get("ts")) for r in got] == [(r["name"], r.get("ts")) for r in want if r]
+    assert f0.stat().st_size > 100_000 and max(seen) < 8192 and len(seen) > 20
+    assert caplog.text == ""
+
+
+_B = '{"name":"b","ph":"M","pid":0}'
+
+
+@pytest.mark.parametrize("end, ok", [(_B + "\n]", True), (_B + ",\n{}]", True), (_B + "]", True),
+                                     (_B + ",\n{}\n]", True), (_B + ",\n]", False), (_B + "\n" + _B + "\n]", False)])
+def test_other_ends_of_the_array_are_read_whole_and_bad_ones_refused_as_before(tmp_path, caplog, end, ok):
+    """NCCL's "{}]" and a record ending the array on its line are no cut; a trailing comma or two records without
+    one between them is no JSON."""
+    from slicetrace.analyze.records import read_records
+    path = tmp_path / "t_1_0.json"
+    path.write_text('[\n{"name":"a","ph":"M","pid":0},\n' + end + "\n")
+    if ok:
+        with caplog.at_level("WARNING", logger="slicetrace"):
+            assert [r["name"] for r in read_records(str(path))] == ["a", "b"]
+        assert "cut short" not in caplog.text
+    else:
+        with pytest.raises(TraceFormatError, match="cannot be read as JSON"):
+            read_records(str(path))

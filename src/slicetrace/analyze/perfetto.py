@@ -10,12 +10,16 @@ and FIFO step), so Perfetto draws who waited on whom. The protobuf is written by
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import struct
 from typing import Any, Iterable
 
 from ..errors import TraceFormatError
+from .atomic import atomic_open
 from .trace import comm_of, load_files
+
+log = logging.getLogger("slicetrace")
 
 # field numbers of perfetto/trace/*.proto
 _TRACE_PACKET = 1
@@ -111,27 +115,34 @@ class _File:
 
 def _flow_key(comm: str, rank: int, kind: str | None, a: dict) -> tuple:
     """What a send and its receive share: the connection (ring and point-to-point ones count their steps apart; a
-    connection sits on one channel at both ends, plan.schedule.p2p_channel) and the FIFO step."""
+    connection sits on one channel at both ends, plan.schedule.p2p_channel) and the FIFO step. Without parents
+    (kind None) a ring's and a p2p connection's step k share a key: _flows pairs those in time order."""
     src, dst = (rank, a["Peer"]) if a.get("IsSend") else (a["Peer"], rank)
     return comm, kind, src, dst, a.get("Channel", 0), a["Step"]
 
 
-def _flows(files: list[_File]) -> tuple[dict, dict]:
-    """(send slice key -> flow id, receive slice key -> flow id) for sends whose receive is in the files; a key
-    seen twice on either side (ambiguous) gets no flow."""
-    sends: dict[tuple, int] = {}
-    recvs: dict[tuple, int] = {}
-    for f in files:
-        for s in f.slices:
-            key = s[6]
-            if key is not None:
-                side = sends if s[5].get("IsSend") else recvs
-                side[key] = side.get(key, 0) + 1
-    out_s, out_r = {}, {}
-    for key, n in sends.items():
-        if n == 1 and recvs.get(key) == 1:
-            out_s[key] = out_r[key] = _uuid("flow", *key)
-    return out_s, out_r
+def _flows(files: list[_File]) -> tuple[dict[tuple[int, int], int], int]:
+    """((file index, slice index) -> flow id) for both ends of each send whose receive is in the files, and how
+    many sends got none. A key seen n times on both sides (connections told apart by no parent, or a connection's
+    step counter reused) pairs its i-th send with its i-th receive by time: one communicator's ops run one after
+    the other on each rank. A key with more sends than receives (or fewer) pairs nothing: which is which is not
+    known."""
+    sides: tuple[dict[tuple, list], dict[tuple, list]] = ({}, {})
+    for fi, f in enumerate(files):
+        for si, s in enumerate(f.slices):
+            if s[6] is not None:
+                sides[0 if s[5].get("IsSend") else 1].setdefault(s[6], []).append((s[3], fi, si))
+    sends, recvs = sides
+    out: dict[tuple[int, int], int] = {}
+    unpaired = 0
+    for key, ss in sends.items():
+        rs = recvs.get(key, [])
+        if len(rs) != len(ss):
+            unpaired += len(ss)
+            continue
+        for i, (s, r) in enumerate(zip(sorted(ss), sorted(rs))):
+            out[s[1:]] = out[r[1:]] = _uuid("flow", *key, i)
+    return out, unpaired
 
 
 def convert(paths: Iterable[str], out_path: str) -> dict[str, int]:
@@ -146,18 +157,23 @@ def convert(paths: Iterable[str], out_path: str) -> dict[str, int]:
         raise TraceFormatError(f"{names}: no slices to convert ({sum(f.records for f in files)} records, none a "
                                f"complete 'X' event or 'b'/'e' pair); give per-rank trace files, e.g. those of "
                                f"`slicetrace bench --trace DIR`")
-    flow_s, flow_r = _flows(files)
+    flows, unpaired = _flows(files)
+    if unpaired:
+        log.warning("slicetrace convert: %d KernelStep send(s) have no send -> receive arrow: their receive is not "
+                    "in the files given, or sends and receives of one connection and step do not pair up", unpaired)
     # (ns, order, packet), sorted later: at one instant ends come first (a lane's next slice may begin when the last
     # one ends), then begins, then the ends of zero-length slices (after their own begin; 32 ns GPU clock ticks)
     packets: list[tuple[int, int, bytes]] = []
     descriptors: list[bytes] = []
     nslices = nflows = 0
-    for f in files:
+    for fi, f in enumerate(files):
         proc = _uuid("proc", f.comm, f.rank)
-        descriptors.append(_bytes(_P_TRACK_DESCRIPTOR, _int(_TD_UUID, proc) + _bytes(
-            _TD_PROCESS, _int(_PD_PID, f.rank) + _str(_PD_NAME, f"rank {f.rank} (comm {f.comm})"))))
+        descriptors.append(_bytes(_P_TRACK_DESCRIPTOR, _int(_TD_UUID, proc) + _bytes(    # pid 0: Perfetto's idle
+            _TD_PROCESS, _int(_PD_PID, f.rank + 1) + _str(_PD_NAME, f"rank {f.rank} (comm {f.comm})"))))
         lanes: dict[str, list[int]] = {}       # track name -> end of the last slice of each lane
-        for track, name, cat, t0, t1, args, key in sorted(f.slices, key=lambda s: (s[3], -s[4])):
+        order = sorted(range(len(f.slices)), key=lambda i: (f.slices[i][3], -f.slices[i][4]))
+        for si in order:
+            track, name, cat, t0, t1, args, key = f.slices[si]
             ends = lanes.setdefault(track, [])
             lane = next((i for i, e in enumerate(ends) if e <= t0), len(ends))
             uid = _uuid("track", f.comm, f.rank, track, lane)
@@ -171,7 +187,7 @@ def convert(paths: Iterable[str], out_path: str) -> dict[str, int]:
                 ev += _str(_TE_CATEGORIES, cat)
             ev += b"".join(_annotation(k, v) for k, v in args.items())
             if key is not None:
-                fid = (flow_s if args.get("IsSend") else flow_r).get(key)
+                fid = flows.get((fi, si))
                 if fid is not None:
                     ev += _fixed64(_TE_FLOW if args.get("IsSend") else _TE_FLOW_END, fid)
                     nflows += bool(args.get("IsSend"))
@@ -179,12 +195,13 @@ def convert(paths: Iterable[str], out_path: str) -> dict[str, int]:
             packets.append((t1, 0 if t1 > t0 else 2, _packet(t1, _int(_TE_TYPE, SLICE_END) + _int(_TE_TRACK, uid))))
             nslices += 1
     packets.sort(key=lambda p: (p[0], p[1]))
-    with open(out_path, "wb") as out:
+    with atomic_open(out_path, "wb") as out:        # a failed write leaves no half trace
         for d in descriptors:
             out.write(_bytes(_TRACE_PACKET, d + _int(_P_SEQ_ID, _SEQ)))
         for _, _, p in packets:
             out.write(p)
-    return {"files": len(files), "slices": nslices, "flows": nflows, "tracks": len(descriptors) - len(files)}
+    return {"files": len(files), "slices": nslices, "flows": nflows, "tracks": len(descriptors) - len(files),
+            "unpaired_sends": unpaired}
 
 
 def wire_fields(buf: bytes) -> list[tuple[int, int | bytes]]:

@@ -170,12 +170,23 @@ def rank_problem(r: dict, ranks: Ranks) -> str | None:
 def read_records(path: str, empty_ok: bool = False) -> list[dict]:
     """One file's records (NCCL's trailing {} left out); TraceFormatError unless it is a JSON array of objects
     (an empty file: [] when empty_ok). An array cut short (a rank killed while writing; Chrome's trace format lets
-    the closing ] go) is read up to its last whole record, with a warning."""
+    the closing ] go) is read up to its last whole record, with a warning. The sinks' one record per line is read
+    a block of lines at a time (memory: the records, not the file's text too); other layouts whole. Pids become
+    ranks where slicetrace_comm names its pid's Rank (the sinks' pid is per communicator)."""
     try:
         with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, ValueError) as e:
+            data = _by_lines(f, path)
+            if data is None:
+                f.seek(0)
+                data = _whole(f.read(), path, empty_ok)
+    except TraceFormatError:
+        raise
+    except (OSError, ValueError) as e:      # ValueError: not utf-8
         raise TraceFormatError(f"trace file {path!r} cannot be read: {e}") from e
+    return _ranks_as_pids([r for r in data if r])      # NCCL's example plugin ends with an empty object
+
+
+def _whole(text: str, path: str, empty_ok: bool) -> list:
     if not text.strip():
         if empty_ok:
             return []
@@ -191,13 +202,88 @@ def read_records(path: str, empty_ok: bool = False) -> list[dict]:
         data = _cut_short(text)
         if data is None:
             raise TraceFormatError(f"trace file {path!r} cannot be read as JSON: {e}") from e
-        log.warning("slicetrace: trace file %r was cut short (its rank was stopped while writing): read its %d "
-                    "whole records", path, len(data))
+        _warn_cut(path, len(data))
     if isinstance(data, dict) and "traceEvents" in data:
         data = data["traceEvents"]
     if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
         raise TraceFormatError(f"trace file {path!r} is not a JSON array of objects")
-    return [r for r in data if r]           # NCCL's example plugin ends with an empty object
+    return data
+
+
+_BLOCK = 1 << 22        # characters of lines parsed at once: json's key memo is shared within one loads
+
+
+def _by_lines(f: Any, path: str) -> list | None:
+    """The records of a file laid out as the sinks write it ("[", then a record per line, then "]"), or None
+    for anything else (read whole then, which also words its errors) except a cut last line (read as cut short)."""
+    first = f.readline()
+    if first.strip() != "[":
+        return None
+    out: list = []
+    block: list[str] = []
+    size, closed, comma = 0, False, None      # comma: whether the last record line ended with one
+    while True:
+        line = f.readline()
+        eof = not line
+        s = line.strip()
+        if s == "]":
+            if comma:                   # [..., x,] is no JSON: read whole, and refused
+                return None
+            closed = True
+        elif s:
+            if comma is False:          # two records without a comma between them: likewise
+                return None
+            comma = s.endswith(",")
+            block.append(s[:-1] if comma else s)
+            size += len(s)
+        if block and (eof or closed or size >= _BLOCK):
+            got = _parse_block(block, eof)
+            if got is None:
+                return None
+            out += got
+            if len(got) < len(block):       # its cut last line
+                _warn_cut(path, len(out))
+                return out
+            block, size = [], 0
+        if closed:
+            return out if not f.read().strip() else None      # text after the end: read whole (and refused)
+        if eof:
+            _warn_cut(path, len(out))
+            return out
+
+
+def _parse_block(block: list[str], eof: bool) -> list | None:
+    """A block of record lines as objects; at the end of a file cut short its partial last line is left out."""
+    try:
+        got = json.loads("[" + ",".join(block) + "]")
+    except (ValueError, RecursionError):
+        if not eof or block[-1].endswith("]"):       # not cut: the end is there (read whole, and refused)
+            return None
+        try:
+            got = json.loads("[" + ",".join(block[:-1]) + "]")
+        except (ValueError, RecursionError):
+            return None
+    if len(got) > len(block) or not all(isinstance(r, dict) for r in got):   # a line of several values
+        return None
+    return got
+
+
+def _warn_cut(path: str, n: int) -> None:
+    log.warning("slicetrace: trace file %r was cut short (its rank was stopped, or its profiler's write failed, "
+                "while writing): read its %d whole records", path, n)
+
+
+def _ranks_as_pids(recs: list[dict]) -> list[dict]:
+    """The analyses key ranks by pid: where a slicetrace_comm record names its pid's Rank, that pid's records take
+    the rank as pid (files of earlier versions have pid = rank already)."""
+    ranks = {r["pid"]: r["args"]["Rank"] for r in recs if r.get("name") == "slicetrace_comm"
+             and type(r.get("pid")) is int and type(r.get("args")) is dict and type(r["args"].get("Rank")) is int}
+    if any(p != k for p, k in ranks.items()):
+        for r in recs:
+            p = r.get("pid")
+            if type(p) is int and p in ranks:
+                r["pid"] = ranks[p]
+    return recs
 
 
 def _cut_short(text: str) -> list | None:

@@ -3,9 +3,10 @@
 `check_trace` returns the problems it finds (empty list = clean): the file parses as a JSON array of objects;
 every async "b" has one "e" with the same pid + cat + id (and name), not earlier; the arg names of the NCCL
 example plugin are present; every KernelStep lies inside its Coll/P2p (by ParentId, else any op of the same
-rank) and inside a KernelCh of the same op and channel. `kernel_steps` turns KernelStep records into a
-structured array for causality and traffic checks. `load_files` / `load_run` read one run's files for report
-and convert alike, refusing what the analyses cannot use (analyze/records.py says what a record may hold).
+rank, when the trace's mask recorded ops) and inside a KernelCh of the same op and channel. `kernel_steps` turns
+KernelStep records into a structured array for causality and traffic checks. `load_files` / `load_run` read one
+run's files for report and convert alike, refusing what the analyses cannot use (analyze/records.py says what a
+record may hold).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from ..errors import TraceFormatError
+from .atomic import atomic_open
 from .records import _I32, REQUIRED_ARGS, STEP_ARGS, Ranks, rank_problem, read_records as _read, record_problem
 
 KERNEL_STEP_TABLE = np.dtype([
@@ -31,6 +33,9 @@ KERNEL_CH_TABLE = np.dtype([
 log = logging.getLogger("slicetrace")
 _EPS_US = 1e-3      # ts are written with 3 decimals (exact ns); allow one ns of float noise
 _RANK_FILE = re.compile(r"^(.*_\d+)_(\d+)\.json$")      # <prefix>_<commHash>_<rank>.json
+_DIR_NAME = re.compile(r".*_\d+_\d+\.json")       # a folder's dump files: <prefix>_<commHash>_<rank>.json
+_RUN_NAME = re.compile(r"\d+_\d+\.json")         # after <prefix>_
+_RANK_NAME = re.compile(r"\d+\.json")             # after <prefix>_<commHash>_
 
 
 def _refuse(path: str, i: int, r: dict, problem: str) -> TraceFormatError:
@@ -46,23 +51,30 @@ def load_trace(path: str | os.PathLike, validate: bool = True) -> list[dict]:
 
 
 def trace_files(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str]:
-    """A file, a folder (the dump files in it: `bench --trace DIR`), a glob pattern or a dump prefix
-    (`<prefix>_*_*.json`), or a list of these -> the files."""
+    """A file, a folder (the dump files in it: `bench --trace DIR`), a dump prefix (`<prefix>_<commHash>_<rank>.json`
+    files) or a glob pattern, or a list of these -> the files. Names are taken literally first (a folder may be
+    called x[1]); only the sinks' file names count in a folder or under a prefix (not a report's JSON beside them)."""
     if not isinstance(paths, (str, os.PathLike)):
         return [f for p in paths for f in trace_files(p)]
     p = os.fspath(paths)
     if os.path.isfile(p):                          # a file first: its name may hold '[' or '*'
         files = [p]
     elif os.path.isdir(p):
-        files = sorted(glob.glob(os.path.join(glob.escape(p), "*_*_*.json")))
-    elif any(c in p for c in "*?["):
-        files = sorted(glob.glob(p))
+        files = _named(os.path.join(p, ""), _DIR_NAME)
     else:                                          # a dump prefix, or one run's: <prefix>_<commHash>
-        files = sorted(glob.glob(f"{p}_*_*.json")) or sorted(glob.glob(f"{p}_*.json"))
+        files = _named(p + "_", _RUN_NAME) or _named(p + "_", _RANK_NAME)
+        if not files and any(c in p for c in "*?["):
+            files = sorted(glob.glob(p))
     if not files:
         raise TraceFormatError(f"no trace files match {p!r} (a file, a folder of <prefix>_<commHash>_<rank>.json "
                                f"files, a glob, or a dump prefix)")
     return files
+
+
+def _named(head: str, tail: re.Pattern) -> list[str]:
+    """The files `head` + a name matching `tail` (head taken literally, not as a glob)."""
+    n = len(head)
+    return sorted(f for f in glob.glob(glob.escape(head) + "*.json") if tail.fullmatch(f[n:]))
 
 
 def comm_of(path: str, records: list[dict]) -> str:
@@ -273,6 +285,7 @@ def check_trace(path_or_records: str | os.PathLike | list[dict]) -> list[str]:
     by_rank: dict[Any, list[tuple[float, float]]] = {}
     for (pid, _), iv in ops.items():
         by_rank.setdefault(pid, []).append(iv)
+    unparented = _without_ops(records, by_rank)
     for r in records:
         if r.get("name") != "KernelStep" or r.get("ph") != "X":
             continue
@@ -294,9 +307,22 @@ def check_trace(path_or_records: str | os.PathLike | list[dict]) -> list[str]:
                 problems.append(f"{where}: its op {parent} has no KernelCh on channel {args['Channel']}")
             elif kch is not None and not any(a - _EPS_US <= t0 and t1 <= b + _EPS_US for a, b in kch):
                 problems.append(f"{where}: outside every KernelCh of op {parent} channel {args['Channel']}")
-        elif not any(a - _EPS_US <= t0 and t1 <= b + _EPS_US for a, b in by_rank.get(pid, [])):
+        elif pid not in unparented and not any(a - _EPS_US <= t0 and t1 <= b + _EPS_US
+                                               for a, b in by_rank.get(pid, [])):
             problems.append(f"{where}: inside no Coll/P2p of its rank")
     return problems
+
+
+_OPS_MASK = 0x2 | 0x4           # EventType.COLL | P2P (analyze does not import the runtime's events.abi)
+
+
+def _without_ops(records: list[dict], by_rank: dict) -> set:
+    """The pids whose KernelSteps may lie in no recorded op: recorded with a mask without Coll or P2p (the
+    slicetrace_comm record's EventMask), or, where the trace does not say, with no op recorded at all."""
+    masks = {r.get("pid"): r["args"]["EventMask"] for r in records if r.get("name") == "slicetrace_comm"
+             and type(r.get("args")) is dict and type(r["args"].get("EventMask")) is int}
+    pids = {r.get("pid") for r in records if r.get("name") == "KernelStep" and type(r.get("pid")) is int}
+    return {p for p in pids if (masks[p] & _OPS_MASK != _OPS_MASK if p in masks else p not in by_rank)}
 
 
 def kernel_steps(records: list[dict]) -> np.ndarray:
@@ -365,7 +391,7 @@ def write_steps_csv(ks: np.ndarray, path: str | os.PathLike) -> int:
     xfer_ns = ks["done_ns"] - ks["ready_ns"]
     gbps = np.divide(ks["size"], xfer_ns, out=np.zeros(len(ks)), where=xfer_ns > 0)
     cols = [ks[n] for n in KERNEL_STEP_TABLE.names] + [wait_us, xfer_ns / 1e3, gbps]
-    with open(path, "w", encoding="utf-8", newline="") as f:
+    with atomic_open(path, "w", encoding="utf-8", newline="") as f:
         f.write(",".join(STEPS_CSV_COLUMNS) + "\n")
         for row in zip(*(c.tolist() for c in cols)):
             f.write(",".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in row) + "\n")

@@ -9,6 +9,7 @@ import os
 import re
 import tempfile
 
+from ..analyze.atomic import atomic_open
 from ..errors import SliceTraceError, UsageError
 
 
@@ -60,7 +61,7 @@ def _finite(obj):
 
 def write_json(flag: str, path: str, obj) -> None:
     try:
-        with open(path, "w") as f:
+        with atomic_open(path, "w", encoding="utf-8") as f:     # an error leaves no half-written file
             json.dump(_finite(obj), f, indent=1, allow_nan=False)
     except OSError as e:
         raise UsageError(f"{flag} {path!r}: cannot write the file ({e.strerror or e})") from None
@@ -78,14 +79,33 @@ def dump_files(folder: str) -> dict[str, tuple[int, int]]:
     return out
 
 
+def _complete(path: str) -> bool:
+    """Whether a dump file ends with its closing ']': a plugin whose write failed (a full disk), or a rank killed
+    while writing, leaves the array open."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64))
+            return f.read().rstrip().endswith(b"]")
+    except OSError:
+        return False
+
+
 def trace_note(folder: str, before: dict[str, tuple[int, int]], plugins: str | None, mask: int | None) -> str:
     """The line naming the trace files this run wrote (those new or changed since `before`); none is an error,
-    naming the effective plugins and event mask (SLICETRACE_PROFILER_PLUGIN, SLICETRACE_PROFILE_EVENT_MASK)."""
+    naming the effective plugins and event mask (SLICETRACE_PROFILER_PLUGIN, SLICETRACE_PROFILE_EVENT_MASK), and
+    so is a file its plugin did not finish."""
     written = sorted(f for f, st in dump_files(folder).items() if before.get(f) != st)
     if not written:
         raise SliceTraceError(f"--trace {folder!r}: the run wrote no trace file there; was profiling off? "
                               f"(profiler plugins {plugins!r}, event mask {mask}: SLICETRACE_PROFILER_PLUGIN, "
                               f"SLICETRACE_PROFILE_EVENT_MASK)")
+    broken = [f for f in written if not _complete(f)]
+    if broken:
+        raise SliceTraceError(f"--trace {folder!r}: {len(broken)} of the {len(written)} trace file(s) this run "
+                              f"wrote are incomplete (no closing ']'): {', '.join(broken)}; their profiler plugin "
+                              f"failed to finish them (a failed write, e.g. a full disk: see the error its rank "
+                              f"logged); slicetrace report and convert read them up to their last whole record")
     runs = sorted({re.sub(r"_\d+\.json$", "", f) for f in written})
     names = ", ".join(f"{r}_<rank>.json" for r in runs)
     sel = runs[0] if len(runs) == 1 else folder

@@ -5,8 +5,10 @@ no dump file = events are counted and discarded. Record names, categories and ar
 plugin (print_event.cc); KernelStep is ours (PR #2316).
 
 Timeline: ts = host CLOCK_MONOTONIC ns / 1000 (µs, 3 decimals = exact ns). Every rank on a host shares that
-clock, so per-rank files merge into one trace; pid = rank ("rank N"). Coll/P2p/KernelCh/API events are async
-b/e pairs (same cat + id; ids are rank << 32 | n, unique across merged files). KernelSteps are "X" slices from
+clock, so per-rank files merge into one trace; one process per rank and communicator ("rank N (comm H)"), pid
+from both (chrome_text.trace_pid; the first record, "slicetrace_comm", carries the Rank, the run's nRanks and the
+EventMask the plugin recorded with). Coll/P2p/KernelCh/API events are async b/e pairs (same cat + id; ids are
+pid << 32 | n, unique across the merged files of every communicator). KernelSteps are "X" slices from
 wait to done on one thread per (channel, direction, peer), tid = 1e6 + channel*131072 + is_send*65536 + peer,
 named e.g. "ch 3 send->1"; slices of one connection are sequential, so they render without overlap.
 
@@ -15,7 +17,8 @@ when its event stops, so only events beyond the pool size still in flight are dr
 records are buffered (KernelSteps as numpy column chunks) and appended to the file whenever a buffer reaches
 its pool size, so memory stays bounded on long runs (with no dump file, KernelSteps are counted and their
 chunk reused every 65,536 rows). The last record, "slicetrace_counters", carries the rank's drop counters with
-this plugin's deliveries and refusals (handed over by `report_counters` before `finalize`) and its own drops.
+this plugin's deliveries and refusals (handed over by `report_counters` before `finalize`) and its own drops. A
+failed write (a full disk) ends the file at its last whole record, and finalize raises OSError saying what was lost.
 """
 from __future__ import annotations
 
@@ -50,16 +53,16 @@ def _op_pair(ev: Ev, ts1: int) -> tuple[str, str]:
     if t0 < 0 or ts1 < 0:
         raise ValueError("negative timestamp")
     pid = d.parent.ids[0] if type(d.parent) is Ev else -1
-    nm, rank = js(d.func), ctx.rank
+    nm, rank, tpid = js(d.func), ctx.rank, ctx.pid
     if ev.pool == "COLL":
-        b = COLL_B % (nm, ev.id, rank, t0 // 1000, t0 % 1000, d.seq_number, ctx.comm.comm_hash, rank, d.count,
+        b = COLL_B % (nm, ev.id, tpid, t0 // 1000, t0 % 1000, d.seq_number, ctx.comm.comm_hash, rank, d.count,
                       js(d.datatype), js(d.algo), js(d.proto), d.n_channels, pid)
         cat = "COLL"
     else:
-        b = P2P_B % (nm, ev.id, rank, t0 // 1000, t0 % 1000, ctx.comm.comm_hash, rank, d.peer, d.count,
+        b = P2P_B % (nm, ev.id, tpid, t0 // 1000, t0 % 1000, ctx.comm.comm_hash, rank, d.peer, d.count,
                      js(d.datatype), d.n_channels, pid)
         cat = "P2P"
-    return b, OP_E % (nm, cat, ev.id, rank, ts1 // 1000, ts1 % 1000)
+    return b, OP_E % (nm, cat, ev.id, tpid, ts1 // 1000, ts1 % 1000)
 
 
 def _records(ev: Ev, ts1: int) -> list[str]:
@@ -67,7 +70,7 @@ def _records(ev: Ev, ts1: int) -> list[str]:
     pid, _ = parent_ids(d.parent)
 
     def p(name: str, cat: str, args: dict) -> list[str]:
-        return pair(ev.id, ctx.rank, name, cat, d.ts_ns, ts1, args)
+        return pair(ev.id, ctx.pid, name, cat, d.ts_ns, ts1, args)
 
     if t == T.COLL:
         return p(d.func, "COLL", {
@@ -115,10 +118,12 @@ class ChromePlugin:
         if ctx.path is not None:
             try:
                 # now: a path that cannot be written is refused before any op; the record makes the trace say
-                # how many ranks the run had (report and convert check peers against it)
-                ctx.write(json.dumps({"name": "slicetrace_comm", "ph": "M", "pid": comm.rank, "tid": 0,
-                                      "args": {"nRanks": comm.n_ranks, "CommHash": comm.comm_hash,
-                                               "commName": comm.comm_name}}, separators=(",", ":")) + ",\n")
+                # its rank (the pid is per communicator), how many ranks the run had (report and convert check
+                # peers against it) and the mask (without Coll/P2p, KernelSteps have no op to lie in)
+                ctx.start(json.dumps({"name": "slicetrace_comm", "ph": "M", "pid": ctx.pid, "tid": 0,
+                                      "args": {"Rank": comm.rank, "nRanks": comm.n_ranks, "CommHash": comm.comm_hash,
+                                               "commName": comm.comm_name, "EventMask": int(mask.value)}},
+                                     separators=(",", ":")) + ",\n")
             except OSError as e:
                 raise ConfigError(f"profile_dump_file (SLICETRACE_PROFILE_DUMP_FILE)={self.dump!r}: cannot create "
                                   f"{ctx.path}: {e.strerror or e}; give a prefix in a writable folder") from e
@@ -146,7 +151,7 @@ class ChromePlugin:
             handle.gpu_stop = args.p_timer
         elif handle.pool == "PROXY_CTRL":
             name = State(state).name.replace("PROXY_CTRL_", "").title()
-            handle.ctx.proxy.append(f'{{"name":"{name}","cat":"PROXY","ph":"i","s":"t","pid":{handle.ctx.rank},'
+            handle.ctx.proxy.append(f'{{"name":"{name}","cat":"PROXY","ph":"i","s":"t","pid":{handle.ctx.pid},'
                                     f'"tid":2,"ts":{us(args.ts_ns)}}},\n')
 
     def stop_event(self, handle: Ev, ts_ns: int) -> None:
@@ -223,6 +228,7 @@ class ChromePlugin:
         """This plugin's own accounting: drops, unfinished (still in flight) and written events per pool."""
         out = {f"plugin_dropped_{p}": n for p, n in ctx.dropped.items()}
         out.update({f"plugin_unfinished_{p}": n for p, n in ctx.inflight.items()})
+        out.update({f"plugin_lost_{p}": n for p, n in ctx.lost.items()})
         out.update({f"plugin_written_{p}": n + (len(ctx.lines[p]) // 2)
                     + (ctx.stored + ctx.pend_n + len(ctx.slow) if p == "KERNEL_STEP" else 0)
                     + (ctx.chans_n if p == "KERNEL_CH" else 0)
@@ -241,11 +247,13 @@ class ChromePlugin:
             if ctx.path is None:
                 return
             ctx.write("".join(ctx.proxy))
-            ctx.write(metadata(ctx.rank, ctx.tids))
+            ctx.write(metadata(ctx.pid, ctx.rank, ctx.comm.comm_hash, ctx.tids))
             args = {**ctx.host_counters, **self.counters(ctx)}
-            ctx.write(json.dumps({"name": "slicetrace_counters", "ph": "M", "pid": ctx.rank, "tid": 0,
+            ctx.write(json.dumps({"name": "slicetrace_counters", "ph": "M", "pid": ctx.pid, "tid": 0,
                                   "args": args}, separators=(",", ":")) + "\n]\n")
         finally:
             ctx.done = True             # a failed write (disk full) is not retried, and the file is closed anyway
             if ctx.file is not None:
                 ctx.file.close()
+        if ctx.error is not None:       # the caller (the host logs it) must learn that the trace is cut short
+            raise ctx.failure() from ctx.error

@@ -2,10 +2,13 @@
 
 Completed Coll/P2p/API records wait as text lines per pool; KernelSteps as numpy column chunks (batches kept by
 reference and folded into chunks together); KernelCh batches as record arrays. Each buffer is appended to the
-trace file whenever it reaches its pool size (sinks/chrome.py says what the file holds).
+trace file whenever it reaches its pool size (sinks/chrome.py says what the file holds). A write that fails (a
+full disk) cuts the file back to its last whole record and ends the writing: later records are counted as lost
+and finalize raises (an append after a cut record would spoil the whole JSON array).
 """
 from __future__ import annotations
 
+import logging
 import os
 from collections import deque
 from typing import Any
@@ -13,8 +16,9 @@ from typing import Any
 import numpy as np
 
 from ..events.abi import KERNEL_CH_DTYPE, KERNEL_STEP_DTYPE, ActivationMask, CollDescr, CommInfo, EventType
-from .chrome_text import CH_LINES, STEP_LINE, RowFormat
+from .chrome_text import CH_LINES, STEP_LINE, RowFormat, trace_pid
 
+log = logging.getLogger("slicetrace")
 T = EventType
 POOL_OF: dict[Any, str] = {T.GROUP_API: "GROUP_API", T.COLL_API: "COLL_API", T.P2P_API: "P2P_API",
            T.KERNEL_LAUNCH: "KERNEL_LAUNCH", T.GROUP: "GROUP", T.COLL: "COLL", T.P2P: "P2P",
@@ -42,13 +46,17 @@ class Ev:
 class Ctx:
     def __init__(self, plugin: Any, comm: CommInfo, mask: ActivationMask):      # plugin: chrome.ChromePlugin
         self.comm, self.mask, self.rank = comm, mask, comm.rank
+        self.pid = trace_pid(comm.comm_hash, comm.rank)
         self.sizes = dict(plugin.pool_sizes)
         self.path = (f"{plugin.dump}_{comm.comm_hash}_{comm.rank}.json" if plugin.dump else None)
         self.file: Any = None
-        self.next_id = comm.rank << 32
+        self.good = 0                           # bytes of the file up to the end of its last whole record
+        self.error: OSError | None = None       # the write that failed: nothing more is written
+        self.next_id = self.pid << 32           # async ids unique across the files of every communicator
         self.inflight = dict.fromkeys(POOL_OF.values(), 0)
         self.dropped = dict.fromkeys(POOL_OF.values(), 0)
         self.written = dict.fromkeys(POOL_OF.values(), 0)
+        self.lost = dict.fromkeys(POOL_OF.values(), 0)     # completed, but not written: the file broke
         self.lines: dict[str, list[str]] = {p: [] for p in POOL_OF.values()}
         self.chunk_rows = min(_CHUNK, self.sizes["KERNEL_STEP"])
         self.full: list[_Chunk] = []            # filled chunks not yet written
@@ -68,32 +76,76 @@ class Ctx:
         self.done = False
 
     # ---- output ----
-    def write(self, text: Any) -> None:
-        """Append str (utf-8) or bytes-like (formatted rows, ASCII) to the trace file."""
-        if self.path is None:
+    def start(self, text: str) -> None:
+        """Create the file with its first record; OSError if it cannot (init refuses the path then)."""
+        d = os.path.dirname(self.path)
+        if d:
+            os.makedirs(d, exist_ok=True)
+        # unbuffered: a forked child that exits normally would flush a copy of a buffer into our file
+        self.file = open(self.path, "wb", buffering=0)
+        data = b"[\n" + text.encode("utf-8")
+        try:
+            _write_all(self.file, data)
+        except OSError:
+            self.file.close()
+            raise
+        self.good = len(data)
+
+    def write(self, text: Any, pool: str | None = None, n: int = 0) -> None:
+        """Append str (utf-8) or bytes-like (formatted rows, ASCII) holding whole records, `n` of them from `pool`,
+        counted written or lost (no file: written). A failed write cuts the file back to its last whole record and
+        no later one is written."""
+        if self.file is None or self.error is not None:
+            if pool is not None:
+                (self.written if self.path is None else self.lost)[pool] += n
             return
-        if self.file is None:
-            d = os.path.dirname(self.path)
-            if d:
-                os.makedirs(d, exist_ok=True)
-            # unbuffered: a forked child that exits normally would flush a copy of a buffer into our file
-            self.file = open(self.path, "wb", buffering=0)
-            _write_all(self.file, b"[\n")
-        _write_all(self.file, text.encode("utf-8") if isinstance(text, str) else text)
+        data = text.encode("utf-8") if isinstance(text, str) else text
+        try:
+            _write_all(self.file, data)
+        except OSError as e:
+            self._broken(e)
+            if pool is not None:
+                self.lost[pool] += n
+            return
+        self.good += memoryview(data).nbytes
+        if pool is not None:
+            self.written[pool] += n
+
+    def _broken(self, e: OSError) -> None:
+        self.error = e
+        cut = ""
+        try:                    # by path: the part of a record that made it must go
+            os.truncate(self.path, self.good)
+        except OSError as t:
+            cut = f"; cutting off its partial record failed too ({t.strerror or t})"
+        log.error("slicetrace example plugin: writing %s failed (%s): the trace ends at its last whole record "
+                  "(byte %d)%s; later records are not written (counted as plugin_lost_*)", self.path,
+                  e.strerror or e, self.good, cut)
+
+    def failure(self) -> OSError:
+        """The error finalize raises for a trace whose writing failed, with what was lost."""
+        e = self.error
+        lost = ", ".join(f"{p} {k}" for p, k in self.lost.items() if k) or "none"
+        return OSError(getattr(e, "errno", None), f"slicetrace example plugin: writing the trace {self.path!r} "
+                       f"failed ({getattr(e, 'strerror', None) or e}); it ends at its last whole record (byte "
+                       f"{self.good}, no closing ']'; report and convert read it with a warning), and the records "
+                       f"after it are lost: {lost}; free space or give profile_dump_file "
+                       f"(SLICETRACE_PROFILE_DUMP_FILE) a prefix on another filesystem")
 
     def flush_lines(self, pool: str) -> None:
         buf = self.lines[pool]
-        self.written[pool] += len(buf) // 2
-        self.write("".join(buf))
-        buf.clear()
+        if buf:
+            self.write("".join(buf), pool, len(buf) // 2)
+            buf.clear()
 
     def flush_steps(self) -> None:
         self.fold()
         chunks = self.full + ([self.cur] if self.cur is not None and self.cur.fill else [])
         self.full, self.cur, self.stored = [], None, 0
         for c in chunks:
-            self.written["KERNEL_STEP"] += c.fill
-            if self.path is not None:
+            if self.path is None or self.error is not None:
+                self.write("", "KERNEL_STEP", c.fill)          # counted only: no file, or a broken one
+            else:
                 self._write_steps(c.steps[:c.fill], c.pid[:c.fill], c.seq[:c.fill])
             c.fill = 0
         self.free.extend(chunks)
@@ -111,8 +163,8 @@ class Ctx:
             return
         chans, self.chans, n = self.chans, [], self.chans_n
         self.chans_n = 0
-        self.written["KERNEL_CH"] += n
-        if self.path is None:
+        if self.path is None or self.error is not None:
+            self.write("", "KERNEL_CH", n)
             return
         recs, lens = _concat([c[0] for c in chans], KERNEL_CH_DTYPE)
         ids = np.concatenate([np.arange(c[1], c[1] + len(c[0]), dtype=np.int64) for c in chans])
@@ -120,11 +172,11 @@ class Ctx:
         pid = (np.repeat(np.array(pids, np.int64), lens) if all(type(p) is int for p in pids)
                else np.concatenate([np.full(k, p, np.int64) if type(p) is int else p for p, k in zip(pids, lens)]))
         t0, t1 = recs["start_ns"], recs["stop_ns"]
-        rank = np.full(n, self.rank, np.int64)
-        cols = np.column_stack([ids, rank, t0 // 1000, t0 % 1000, recs["channel"].astype(np.int64),
+        tpid = np.full(n, self.pid, np.int64)
+        cols = np.column_stack([ids, tpid, t0 // 1000, t0 % 1000, recs["channel"].astype(np.int64),
                                 recs["start_clk"].astype(np.int64), recs["stop_clk"].astype(np.int64), pid,
-                                ids, rank, t1 // 1000, t1 % 1000])
-        self._write_rows(CH_LINES, cols)
+                                ids, tpid, t1 // 1000, t1 % 1000])
+        self._write_rows(CH_LINES, cols, "KERNEL_CH")
 
     def _write_steps(self, s: np.ndarray, pid: np.ndarray, seq: np.ndarray) -> None:
         n = len(s)
@@ -135,16 +187,18 @@ class Ctx:
         wait, done = s["wait_ns"], s["done_ns"]
         dur = np.maximum(done - wait, 0)
         cols = np.column_stack([
-            np.full(n, self.rank, np.int64), tid, wait // 1000, wait % 1000, dur // 1000, dur % 1000, ch, snd, peer,
+            np.full(n, self.pid, np.int64), tid, wait // 1000, wait % 1000, dur // 1000, dur % 1000, ch, snd, peer,
             s["step"].astype(np.int64), s["size"].astype(np.int64), s["wait_clk"].astype(np.int64),
             s["ready_clk"].astype(np.int64), s["done_clk"].astype(np.int64), seq, pid])
-        self._write_rows(STEP_LINE, cols)
+        self._write_rows(STEP_LINE, cols, "KERNEL_STEP")
 
-    def _write_rows(self, line: str, cols: np.ndarray) -> None:
-        """One `line` per row of int64 `cols`, formatted a block of 16,384 rows at a time."""
+    def _write_rows(self, line: str, cols: np.ndarray, pool: str) -> None:
+        """One `line` per row of int64 `cols` (a record of `pool` each), formatted a block of 16,384 rows at a
+        time."""
         fmt = _FORMATS.get(line) or _FORMATS.setdefault(line, RowFormat(line))
         for a in range(0, len(cols), _FORMAT_ROWS):
-            self.write(fmt(cols[a:a + _FORMAT_ROWS]))
+            block = cols[a:a + _FORMAT_ROWS]
+            self.write(fmt(block) if self.error is None else "", pool, len(block))
 
     def add_slow(self, row: tuple, parent: Any) -> None:
         self.slow.append(row)

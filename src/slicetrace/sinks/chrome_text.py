@@ -45,22 +45,33 @@ def step_tid(channel: int, is_send: int, peer: int) -> int:
     return 1_000_000 + channel * 131072 + (1 if is_send else 0) * 65536 + (peer & 0xFFFF)
 
 
-def pair(ev_id: int, rank: int, name: str, cat: str, ts0: int, ts1: int, args: dict) -> list[str]:
+def trace_pid(comm_hash: int, rank: int) -> int:
+    """The pid of a communicator's rank in a merged trace: one process per rank and communicator (two
+    communicators of one process would otherwise share one), never 0 (Perfetto's idle process), below 2**31
+    (the analyzer's int32 pid). The communicator is a 15-bit fold of its hash beside the rank's 16 bits; the rank
+    itself is in the process name and in slicetrace_comm's args.Rank, which the analyzer reads."""
+    h = int(comm_hash) & 0xFFFFFFFFFFFFFFFF
+    fold = (h ^ h >> 15 ^ h >> 30 ^ h >> 45 ^ h >> 60) & 0x7FFF
+    return 1 + ((fold << 16) + int(rank)) % 0x7FFFFFFF
+
+
+def pair(ev_id: int, pid: int, name: str, cat: str, ts0: int, ts1: int, args: dict) -> list[str]:
     """An async b/e record pair (same cat and id), as Perfetto pairs them."""
     nm = json.dumps(name)
-    head = f'{{"name":{nm},"cat":"{cat}","id":{ev_id},"pid":{rank},"tid":1,'
+    head = f'{{"name":{nm},"cat":"{cat}","id":{ev_id},"pid":{pid},"tid":1,'
     return [f'{head}"ph":"b","ts":{us(ts0)},"args":{json.dumps(args, default=str)}}},\n',
             f'{head}"ph":"e","ts":{us(ts1)}}},\n']
 
 
-def metadata(r: int, tids: Any) -> str:
-    """Process and track names: one track per (channel, direction, peer) in `tids`."""
+def metadata(pid: int, r: int, comm_hash: int, tids: Any) -> str:
+    """Process and track names (rank r of communicator comm_hash): one track per (channel, direction, peer) in
+    `tids`."""
 
     def meta(name: str, tid: int, value: Any) -> str:
-        return json.dumps({"name": name, "ph": "M", "pid": r, "tid": tid, "args": {"name": value}},
+        return json.dumps({"name": name, "ph": "M", "pid": pid, "tid": tid, "args": {"name": value}},
                           separators=(",", ":")) + ",\n"
-    out = [meta("process_name", 0, f"rank {r}"),
-           json.dumps({"name": "process_sort_index", "ph": "M", "pid": r, "tid": 0, "args": {"sort_index": r}},
+    out = [meta("process_name", 0, f"rank {r} (comm {comm_hash})"),
+           json.dumps({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": r}},
                       separators=(",", ":")) + ",\n",
            meta("thread_name", 1, "ops"), meta("thread_name", 2, "proxy")]
     for ch, snd, peer in sorted(tids):

@@ -9,6 +9,7 @@ is also the reference for writing a plugin: native version 8, batch paths for Ke
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -69,14 +70,15 @@ def _escape(text: str) -> str:
 
 
 def write_atomic(path: str, text: str) -> None:
-    """Readers (a textfile collector) never see half a file: write a temporary one, then rename it over."""
+    """Readers (a textfile collector) never see half a file: write a temporary one, then rename it over. (The
+    layers keep sinks from analyze.atomic, which does this for the analyzer's and the CLI's outputs.)"""
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
-        with open(tmp, "w") as f:
+        with open(tmp, "w", encoding="utf-8") as f:     # the locale's encoding may not take a comm name
             f.write(text)
         os.replace(tmp, path)
-    except OSError:
-        if os.path.exists(tmp):     # e.g. a full disk: leave no half-written temporary behind
+    except BaseException:           # a full disk, or any other error: leave no temporary file behind
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
 

@@ -1,0 +1,44 @@
+"""sinks.chrome: the files of two communicators of one process, merged into one trace (Perfetto opens many files
+as one), keep their events apart: async ids and processes are per communicator, and the analyzer still reads
+each file's rank."""
+from __future__ import annotations
+
+import json
+
+from slicetrace.analyze import check_trace, kernel_steps, load_trace
+from slicetrace.config import Settings
+from slicetrace.events import abi
+from slicetrace.events.host import EventHost
+from slicetrace.events.plugin import LoadedPlugin
+from slicetrace.events.synthetic import SyntheticSource, deliver
+from slicetrace.sinks.chrome import ChromePlugin
+
+
+def _write(tmp_path, comm_hash, rank):
+    host = EventHost([LoadedPlugin(ChromePlugin(Settings(profile_dump_file=str(tmp_path / "tr"))))],
+                     abi.CommInfo(comm_hash, f"c{comm_hash}", 1, 2, rank))
+    src = SyntheticSource(nranks=2, rank=rank, nchannels=2, loops=1, funcs=("all_reduce", "send_recv"), seed=1)
+    for op in src.ops(3):
+        op.info.mask = host.op_mask()
+        host.begin_op(op.info)
+        deliver(host, op)
+    host.close()
+    return str(tmp_path / f"tr_{comm_hash}_{rank}.json")
+
+
+def test_two_communicators_of_one_rank_merge_without_sharing_ids_or_a_process(tmp_path):
+    files = [_write(tmp_path, 111, 0), _write(tmp_path, 222, 0), _write(tmp_path, 111, 1)]
+    raw = [json.load(open(f)) for f in files]
+    merged = [r for recs in raw for r in recs if r]
+    assert check_trace(merged) == []             # every b pairs with its own e: no (cat, id) met twice
+    ids = [(r["cat"], r["id"]) for r in merged if r.get("ph") == "b"]
+    assert len(ids) == len(set(ids)) > 0
+    pids = [{r["pid"] for r in recs if "pid" in r} for recs in raw]
+    assert all(len(p) == 1 for p in pids) and len(set.union(*pids)) == 3 and 0 not in set.union(*pids)
+    names = [next(r["args"]["name"] for r in recs if r.get("name") == "process_name") for recs in raw]
+    assert names == ["rank 0 (comm 111)", "rank 0 (comm 222)", "rank 1 (comm 111)"]
+    # the analyzer keys ranks by pid: it reads each file's rank, not its per-communicator pid
+    for f, rank in zip(files, (0, 0, 1)):
+        recs = load_trace(f)
+        assert {r["pid"] for r in recs if "pid" in r} == {rank}
+        assert set(kernel_steps(recs)["rank"].tolist()) == {rank}

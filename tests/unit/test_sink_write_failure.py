@@ -1,0 +1,109 @@
+"""sinks.chrome on a full disk: a write that fails half-way must not leave a cut record that later appends bury
+in the middle of the JSON array; what was not written is counted, and finalize and bench's note say so."""
+from __future__ import annotations
+
+import errno
+import json
+import logging
+
+import pytest
+
+from slicetrace.analyze.records import read_records
+from slicetrace.cli.outputs import dump_files, trace_note
+from slicetrace.config import Settings
+from slicetrace.errors import SliceTraceError
+from slicetrace.events import abi
+from slicetrace.events.host import EventHost
+from slicetrace.events.plugin import LoadedPlugin
+from slicetrace.events.synthetic import SyntheticSource, deliver
+from slicetrace.sinks import chrome_store
+from slicetrace.sinks.chrome import ChromePlugin
+
+COMM = abi.CommInfo(4242, "t", 1, 4, 1)
+POOLS = {"KERNEL_STEP": 16, "KERNEL_CH": 4, "COLL": 2, "P2P": 2}     # small: many appends
+
+
+class FillsUp:
+    """A trace file whose `fail_at`-th write writes half its bytes, then fails as on a full disk; later writes
+    succeed (another process freed space): an append after the cut record would spoil the whole array."""
+
+    def __init__(self, f, fail_at):
+        self.f, self.n, self.fail_at = f, 0, fail_at
+
+    def write(self, data):
+        self.n += 1
+        mv = memoryview(data).cast("B")
+        if self.n == self.fail_at:
+            self.f.write(mv[:len(mv) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return self.f.write(mv)
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+
+def _run(tmp_path, monkeypatch, fail_at):
+    """Synthetic ops through the host into a file that fills up; (plugin, ctx, path, files before the run)."""
+    real_open = open
+
+    def opener(path, *a, **kw):
+        return FillsUp(real_open(path, *a, **kw), fail_at)
+    monkeypatch.setattr(chrome_store, "open", opener, raising=False)
+    before = dump_files(str(tmp_path))
+    p = ChromePlugin(Settings(profile_dump_file=str(tmp_path / "trace"), pool_sizes=POOLS))
+    host = EventHost([LoadedPlugin(p)], COMM)
+    ctx = host.plugins[0].ctx
+    src = SyntheticSource(nranks=4, rank=1, nchannels=2, loops=2, funcs=("all_reduce", "send_recv"), seed=3)
+    for op in src.ops(8):
+        op.info.mask = host.op_mask()
+        host.begin_op(op.info)
+        deliver(host, op, batch=5)
+    return p, host, ctx, before
+
+
+def test_a_write_cut_half_way_leaves_whole_records_counts_the_rest_lost_and_finalize_raises(tmp_path, monkeypatch,
+                                                                                            caplog):
+    p, host, ctx, before = _run(tmp_path, monkeypatch, fail_at=5)
+    path = ctx.path
+    with caplog.at_level(logging.WARNING, logger="slicetrace"):
+        host.close()                       # the host logs the plugin's failure in finalize
+    finalize_log = caplog.text
+    # the file: "[", whole records one per line, nothing after the last whole one (no cut record, no later append)
+    text = open(path, encoding="utf-8").read()
+    lines = text.split("\n")
+    assert lines[0] == "[" and lines[-1] == "" and all(line.endswith(",") for line in lines[1:-1])
+    whole = [json.loads(line[:-1]) for line in lines[1:-1]]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="slicetrace"):
+        got = read_records(path)                                     # readable, as cut short
+    assert [(r["name"], r.get("ts")) for r in got] == [(r["name"], r.get("ts")) for r in whole]
+    assert "was cut short" in caplog.text
+    assert "failed in finalize" in finalize_log and "No space left on device" in finalize_log
+    # every completed record is counted once: written (and in the file) or lost
+    c = p.counters(ctx)
+    steps = sum(r.get("name") == "KernelStep" for r in whole)
+    assert c["plugin_written_KERNEL_STEP"] == steps and c["plugin_lost_KERNEL_STEP"] > 0
+    delivered = host.counters()
+    for pool in ("KERNEL_STEP", "KERNEL_CH", "COLL", "P2P"):
+        assert c[f"plugin_written_{pool}"] + c[f"plugin_lost_{pool}"] == delivered[f"delivered_{pool.lower()}"], pool
+    # bench's note does not call it written
+    with pytest.raises(SliceTraceError, match=r"1 of the 1 trace file\(s\) this run wrote are incomplete"):
+        trace_note(str(tmp_path), before, "example", None)
+
+
+def test_finalize_raises_naming_the_file_and_what_was_lost(tmp_path, monkeypatch):
+    p, host, ctx, _ = _run(tmp_path, monkeypatch, fail_at=3)
+    with pytest.raises(OSError) as e:
+        p.finalize(ctx)
+    msg = str(e.value)
+    assert e.value.errno == errno.ENOSPC and ctx.path in msg and "KERNEL_STEP" in msg and "lost" in msg
+    assert ctx.done and ctx.file.closed
+    p.finalize(ctx)                        # done: not raised twice
+    host.close()
+
+
+def test_a_trace_that_was_written_whole_is_named_by_the_note(tmp_path, monkeypatch):
+    p, host, ctx, before = _run(tmp_path, monkeypatch, fail_at=10**9)
+    host.close()
+    assert read_records(ctx.path)[-1]["name"] == "slicetrace_counters"
+    assert "trace_4242_<rank>.json (1 file(s)" in trace_note(str(tmp_path), before, "example", None)
