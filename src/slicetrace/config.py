@@ -10,6 +10,7 @@ import difflib
 import logging
 import numbers
 import os
+import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Mapping
 
@@ -40,8 +41,15 @@ def _bool(v: str) -> bool:
     raise ValueError(v)
 
 
+# what the README promises, no more: int(v, 0) also took 0o7, 0b11, 1_0, +3 and non-ASCII digits
+_INT = re.compile(r"-?(?:0|[1-9][0-9]*)|0[xX][0-9a-fA-F]+")
+
+
 def _int(v: str) -> int:
-    return int(v, 0)
+    t = v.strip()
+    if not _INT.fullmatch(t):
+        raise ValueError(f"{v!r} is not a decimal (no leading zero) or 0x hex integer")
+    return int(t, 0)
 
 
 def _bytes(v: str) -> int:
@@ -50,11 +58,14 @@ def _bytes(v: str) -> int:
     if not t.startswith("0X"):               # hex digits include B
         for i, suffix in enumerate("KMG"):
             if t.endswith((suffix, suffix + "B")):
-                return int(t[:t.rindex(suffix)]) << (10 * (i + 1))
-    return int(t, 0)
+                return _int(t[:t.rindex(suffix)]) << (10 * (i + 1))
+    return _int(t)
 
 
 def _mask(v: str) -> int:
+    t = v.strip()
+    if t and (t[0].isdigit() or t[0] in "+-"):     # a number (type names start with a letter): as strict as _int
+        return _int(t)
     return parse_mask(v)
 
 
@@ -108,7 +119,7 @@ VARIABLES: tuple[Var, ...] = (
     Var("SLICETRACE_DEBUG", "debug", str, "log level: WARN (default), INFO, DEBUG"),
 )
 POOL_VARIABLES = tuple(f"SLICETRACE_PROFILE_{n}_POOL_SIZE" for n in POOL_NAMES)
-DIST_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+DIST_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE")
 _warned: set[tuple[str, str]] = set()      # unknown variables already reported by this process
 
 
@@ -248,7 +259,7 @@ class Settings:
         vals: dict[str, Any] = {}
         for var in VARIABLES:
             raw = env.get(var.name)
-            if raw is None:
+            if raw is None or overrides.get(var.attr) is not None:    # an argument (a CLI flag) wins, unparsed
                 continue
             try:
                 vals[var.attr] = var.parse(raw)
@@ -287,6 +298,13 @@ class Settings:
             raise ConfigError(f"{var}={env[var]!r}: {e}") from None
 
 
+def env_source(attr: str, env: Mapping[str, str] | None = None) -> str | None:
+    """The SLICETRACE_* variable that sets Settings field `attr`, when the environment sets it: an error about a
+    value names where it came from."""
+    env = os.environ if env is None else env
+    return next((v.name for v in VARIABLES if v.attr == attr and v.name in env), None)
+
+
 def quiet_unknown(env: Mapping[str, str] | None = None) -> None:
     """Take the unknown variables as reported: a rank of launch() inherits its launcher's environment, which the
     launcher already warned about (one warning per run, not one per rank)."""
@@ -309,33 +327,44 @@ def _warn_unknown(env: Mapping[str, str]) -> None:
 
 @dataclass(frozen=True)
 class DistEnv:
-    """torchrun's variables, when present."""
+    """torchrun's variables, when present (and asked for)."""
     rank: int | None
     world_size: int | None
     local_rank: int | None
     master_addr: str | None
     master_port: int | None
+    agent_store: bool = False       # TORCHELASTIC_USE_AGENT_STORE=True: torchrun's agent hosts the TCPStore
 
 
-def dist_env(env: Mapping[str, str] | None = None) -> DistEnv:
-    """torchrun's variables, each checked here so an error names it. LOCAL_RANK is only checked: the cuda
-    backend picks device rank % devices."""
+def dist_env(env: Mapping[str, str] | None = None, *, ranks: bool = True, master: bool = True) -> DistEnv:
+    """torchrun's variables, each checked here so an error names it; only those asked for are read (explicit
+    rank/world_size, or a store given, leave them alone). ranks: RANK, WORLD_SIZE and LOCAL_RANK (only checked:
+    the cuda backend picks device rank % devices). master: MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE."""
     env = os.environ if env is None else env
 
     def num(name: str, lo: int, hi: int | None = None, note: str = "") -> int | None:
         if name not in env:
             return None
         accepted = (f"an integer in {lo}..{hi}" if hi is not None else f"an integer >= {lo}") + note
-        try:
-            v = int(env[name])
-        except ValueError:
-            raise ConfigError(f"{name}={env[name]!r} must be {accepted}") from None
+        if not re.fullmatch(r"[0-9]+", env[name]):      # decimal only, as torchrun writes them
+            raise ConfigError(f"{name}={env[name]!r} must be {accepted}")
+        v = int(env[name])
         if v < lo or (hi is not None and v > hi):
             raise ConfigError(f"{name}={env[name]!r} must be {accepted}")
         return v
-    world = num("WORLD_SIZE", 1)
-    rank = num("RANK", 0, None if world is None else world - 1, "" if world is None else f" (WORLD_SIZE={world})")
-    return DistEnv(rank, world, num("LOCAL_RANK", 0), env.get("MASTER_ADDR"), num("MASTER_PORT", 0, 65535))
+    rank = world = local = addr = port = None
+    if ranks:
+        world = num("WORLD_SIZE", 1)
+        rank = num("RANK", 0, None if world is None else world - 1, "" if world is None else f" (WORLD_SIZE={world})")
+        local = num("LOCAL_RANK", 0)
+    if master:
+        addr = env.get("MASTER_ADDR")
+        if addr is not None and not addr.strip():
+            raise ConfigError(f"MASTER_ADDR={addr!r} must be the host name or IP address of rank 0's host")
+        port = num("MASTER_PORT", 1, 65535)         # 0 would let rank 0 pick a port no other rank knows
+    # torch's env:// compares with "True" the same way (torch.distributed.rendezvous)
+    agent = master and env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    return DistEnv(rank, world, local, addr, port, agent)
 
 
 def describe(settings: Settings, env: Mapping[str, str] | None = None) -> list[tuple[str, str, str, str]]:

@@ -1,7 +1,9 @@
 """init() for one rank process (torchrun conventions) and launch() to spawn local ranks."""
 from __future__ import annotations
 
+from collections import defaultdict
 import glob
+import itertools
 import multiprocessing.connection as mpc
 from multiprocessing.managers import SyncManager
 from multiprocessing.reduction import ForkingPickler
@@ -25,10 +27,13 @@ from .launch_signals import (CLOSE_SIGNAL, _hold_signals, _let_ranks_close, _Qui
 from .rendezvous import DictStore, Store, TorchStore
 
 
-def _torch_store(addr: str | None, port: int | None, rank: int, world: int, timeout_s: float) -> Store:
-    try:
-        import datetime
+# (world_size, rank) -> a count of this process's init() calls that take a job id from a store (ranks as threads
+# of one process count apart)
+_JOB_CALLS: defaultdict = defaultdict(itertools.count)
 
+
+def _torch_store(rank: int, world: int, timeout_s: float) -> Store:
+    try:
         import torch.distributed as dist
     except ImportError:
         raise ConfigError(f"world_size={world} without store=: the rendezvous needs torch.distributed's TCPStore "
@@ -36,10 +41,16 @@ def _torch_store(addr: str | None, port: int | None, rank: int, world: int, time
                           f"instead") from None
     if dist.is_available() and dist.is_initialized():
         from torch.distributed.distributed_c10d import _get_default_store
-        return TorchStore(_get_default_store())
-    if addr is None or port is None:
-        raise ConfigError("torchrun rendezvous needs MASTER_ADDR and MASTER_PORT")
-    return TorchStore(dist.TCPStore(addr, port, world, rank == 0, timeout=datetime.timedelta(seconds=timeout_s)))
+        return TorchStore(_get_default_store(), "torch.distributed's default store (init_process_group)")
+    d = dist_env(ranks=False, master=True)
+    missing = [n for n, v in (("MASTER_ADDR", d.master_addr), ("MASTER_PORT", d.master_port)) if v is None]
+    if missing:
+        raise ConfigError(f"{' and '.join(missing)} unset: world_size={world} without store= meets the other ranks "
+                          f"at a TCPStore on MASTER_ADDR:MASTER_PORT (torchrun sets both); set them, pass store=, "
+                          f"or call slicetrace.launch() instead")
+    # under torchrun its agent hosts the store (TORCHELASTIC_USE_AGENT_STORE=True): rank 0 is a client too
+    return TorchStore.connect(d.master_addr, d.master_port, rank, world, rank == 0 and not d.agent_store,
+                              timeout_s)
 
 
 def init(backend: str | None = None, rank: int | None = None, world_size: int | None = None, *,
@@ -47,10 +58,11 @@ def init(backend: str | None = None, rank: int | None = None, world_size: int | 
     """Make this rank's Communicator. Explicit arguments beat SLICETRACE_* variables; without rank/world_size,
     torchrun's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT are used; without those, a world of one."""
     s = Settings.from_env(backend=backend, **settings)
-    env = dist_env()
     # checked before any store is used: a bad rank would otherwise wait out the rendezvous timeout
     rank = None if rank is None else _as_int("rank", rank, "in 0..world_size-1")
     world_size = None if world_size is None else _as_int("world_size", world_size, ">= 1")
+    # torchrun's variables only when used: explicit arguments (launch()'s ranks, the CLI's) leave them alone
+    env = dist_env(ranks=rank is None or world_size is None, master=False)
     rank_name = "RANK" if rank is None and env.rank is not None else "rank"       # upper case: from the environment
     world_name = "WORLD_SIZE" if world_size is None and env.world_size is not None else "world_size"
     rank = env.rank if rank is None else rank
@@ -68,14 +80,18 @@ def init(backend: str | None = None, rank: int | None = None, world_size: int | 
     if not 0 <= rank < world_size:
         raise UsageError(f"{rank_name}={rank} must be an int in 0..{world_size - 1} ({world_name}={world_size})")
     if store is None:
-        store = DictStore({}) if world_size == 1 else _torch_store(env.master_addr, env.master_port, rank,
-                                                                  world_size, s.timeout_s)
-    if job is None:
+        store = DictStore({}) if world_size == 1 else _torch_store(rank, world_size, s.timeout_s)
+    if job is None and world_size == 1:
+        job = uuid.uuid4().hex[:10]
+    elif job is None:
+        # a key per call: the store outlives a communicator (torchrun's agent, torch's default store), so a fixed
+        # key could hand a later call the previous communicator's id; every rank counts its calls alike
+        key = f"slicetrace/job/{world_size}/{next(_JOB_CALLS[world_size, rank])}"
         if rank == 0:
             job = uuid.uuid4().hex[:10]
-            store.set("slicetrace/job", job.encode())
+            store.set(key, job.encode())
         else:
-            job = store.get("slicetrace/job", s.timeout_s, what="job id from rank 0").decode()
+            job = store.get(key, s.timeout_s, what=f"job id from rank 0 ({key})").decode()
     return Communicator(s, rank, world_size, store, job, name)
 
 

@@ -3,10 +3,11 @@ or torch.distributed's TCPStore (torchrun). Values are bytes; every get has a ti
 from __future__ import annotations
 
 import abc
+import threading
 import time
 from typing import Any, Callable
 
-from .errors import CommTimeoutError, SliceTraceError
+from .errors import CommTimeoutError, PeerError, SliceTraceError
 
 CHECK_AFTER_S = 0.01        # a wait this long starts asking `check` whether to give up (then every CHECK_EVERY_S)
 CHECK_EVERY_S = 0.05
@@ -71,21 +72,76 @@ class DictStore(Store):
 
 
 class TorchStore(Store):
-    """torch.distributed.TCPStore (torchrun: MASTER_ADDR/MASTER_PORT), or a store torch already made."""
+    """torch.distributed.TCPStore (torchrun: MASTER_ADDR/MASTER_PORT), or a store torch already made. `where` names
+    it in errors: torch's own are a C++ exception type and text that name neither the variables nor timeout_s."""
 
-    def __init__(self, store: Any):
+    def __init__(self, store: Any, where: str = "torch.distributed's store"):
         self._s = store
+        self._where = where
+
+    @classmethod
+    def connect(cls, addr: str, port: int, rank: int, world: int, server: bool, timeout_s: float) -> "TorchStore":
+        """A TCPStore at addr:port (server: host it, as rank 0 does outside torchrun), waited for timeout_s at most:
+        torch's connect retries overrun its own timeout by seconds, so it runs in a thread we stop waiting for."""
+        import datetime
+
+        import torch.distributed as dist
+        where = f"MASTER_ADDR:MASTER_PORT={addr}:{port}"
+        box: dict[str, Any] = {}
+
+        def make() -> None:
+            try:        # multi_tenant: a later init() in this process shares the server, as torch's env:// does
+                box["store"] = dist.TCPStore(addr, port, world, server, timeout=datetime.timedelta(seconds=timeout_s),
+                                             multi_tenant=server)
+            except Exception as e:  # noqa: BLE001 - torch raises DistNetworkError, DistStoreError, RuntimeError
+                box["error"] = e
+        t = threading.Thread(target=make, name="slicetrace-store-connect", daemon=True)
+        t.start()
+        t.join(timeout_s)
+        if "store" in box:
+            return cls(box["store"], where)
+        err = box.get("error")
+        timed_out = err is None or "timed out" in str(err).lower()
+        torch_says = "" if err is None else f" (torch: {_first_line(err)})"
+        if server and timed_out:            # it listens at once, then waits for every rank to connect
+            msg = (f"rendezvous: rank 0 of {world} hosts the TCPStore at {where}, and the other ranks did not all "
+                   f"connect within timeout_s={timeout_s:g}{torch_says}; did every rank start, with the same "
+                   f"MASTER_ADDR and MASTER_PORT?")
+        elif server:
+            msg = (f"rendezvous: rank 0 of {world} could not host the TCPStore at {where}{torch_says}; is that "
+                   f"address this host's, and the port free?")
+        else:
+            msg = (f"rendezvous: rank {rank} of {world} could not connect to the TCPStore at {where}"
+                   + (f" within timeout_s={timeout_s:g}" if timed_out else "") + f"{torch_says}; is rank 0 (or "
+                   f"torchrun's agent) running, and do MASTER_ADDR and MASTER_PORT name its host and port?")
+        raise (CommTimeoutError if timed_out else PeerError)(msg)
 
     def set(self, key: str, value: bytes) -> None:
-        self._s.set(key, value)
+        try:
+            self._s.set(key, value)
+        except Exception as e:  # noqa: BLE001 - torch's error types differ by version
+            raise self._lost(e) from None
 
     def try_get(self, key: str) -> bytes | None:
-        if not self._s.check([key]):
-            return None
-        return bytes(self._s.get(key))
+        try:
+            if not self._s.check([key]):
+                return None
+            return bytes(self._s.get(key))
+        except Exception as e:  # noqa: BLE001
+            raise self._lost(e) from None
+
+    def _lost(self, e: Exception) -> PeerError:
+        return PeerError(f"rendezvous: the store at {self._where} failed (torch: {_first_line(e)}); did rank 0 or "
+                         f"torchrun's agent, which hosts it, exit?")
 
     def delete(self, key: str) -> None:
         try:
             self._s.delete_key(key)
         except Exception:  # noqa: BLE001 - a store without deletion keeps the key
             pass
+
+
+def _first_line(e: BaseException) -> str:
+    """torch's message without the C++ backtrace that some versions append."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"

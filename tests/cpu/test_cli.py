@@ -146,8 +146,8 @@ def test_bad_values_name_the_flag_the_value_and_what_is_accepted(capsys):
         (["-N", "-1"], "-N -1 must be >= 0 (0: until interrupted)"),
         (["-T", "0"], "-T 0.0 must be > 0 seconds"),
         (["-N", "0", "--json", "r.json"], "--json 'r.json' with -N 0: a run without end never writes it"),
-        (["--compare", "nccl"], "--compare nccl runs beside --backend cuda, not 'cpu'"),
-        (["--backend", "cuda", "--compare", "gloo"], "--compare gloo runs beside --backend cpu, not 'cuda'"),
+        (["--compare", "nccl"], "--compare nccl runs beside --backend cuda, not the default backend 'cpu'"),
+        (["--backend", "cuda", "--compare", "gloo"], "--compare gloo runs beside --backend cpu, not --backend cuda"),
     ):
         assert main(["bench", *argv]) == 2, argv
         assert want in capsys.readouterr().err, argv
@@ -297,7 +297,7 @@ def test_trace_writes_through_the_example_plugin_whatever_the_environment_lists(
 
 
 def test_the_example_plugin_joins_the_environments_list_once():
-    from slicetrace.cli.main import _with_example
+    from slicetrace.cli.benchflags import with_example as _with_example
     assert _with_example(None) == _with_example("none") == _with_example(" None ") == "example"
     assert _with_example("linkstats") == "linkstats,example"
     assert _with_example("example,linkstats") == "example,linkstats"
@@ -462,3 +462,59 @@ def test_the_json_document_records_the_rank_count_the_settings_and_the_flags(tmp
     assert set(d["settings"]) == {f.name for f in fields(Settings)} and d["settings"]["backend"] == "cpu"
     assert d["bench"]["ranks"] is None and d["bench"]["iters"] == 1 and d["bench"]["warmup_iters"] == 0
     assert "cmd" not in d["bench"] and "func" not in d["bench"]
+
+
+def test_unchecked_rows_have_null_wrong_counts_and_zero_byte_sizes_make_one_row(tmp_path, capfd):
+    """-c 0: the JSON said "wrong": -1, a count no run can have; -b 0 made three 0-element float32 rows (0, 1, 2 B)."""
+    out = tmp_path / "r.json"
+    assert main(["bench", "-b", "0", "-e", "16", "-n", "1", "-w", "0", "-c", "0", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert [(r["size"], r["count"], r["wrong"]) for r in doc["rows"]] == [(0, 0, None), (4, 1, None), (8, 2, None),
+                                                                         (16, 4, None)]
+    assert doc["summary"]["out_of_bounds"] is None
+    table = [ln.split() for ln in capfd.readouterr().out.splitlines() if not ln.startswith("#")]
+    assert [row[0] for row in table] == ["0", "4", "8", "16"] and all(row[-1] == "N/A" for row in table)
+
+
+def test_convert_refuses_to_write_over_one_of_its_inputs(tmp_path, capsys):
+    prefix = _trace_files(tmp_path / "tr", 5)
+    victim = tmp_path / "tr" / "trace_5_0.json"
+    before = victim.read_bytes()
+    for target in (victim, tmp_path / "tr" / "." / "trace_5_0.json"):
+        assert main(["convert", str(tmp_path / "tr"), "-o", str(target)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"slicetrace: error: -o '{target}' is one of the input trace files") and "\n" == err[-1]
+        assert victim.read_bytes() == before
+    assert main(["convert", prefix, "-o", str(tmp_path / "run.pftrace")]) == 0
+
+
+@pytest.mark.parametrize("argv", [["report", "TRACES"], ["config"]])
+def test_output_to_a_full_device_is_one_line_and_exit_2(tmp_path, argv):
+    """`slicetrace report DIR > /dev/full` ended in a rich traceback of OSError ENOSPC."""
+    import os
+    import subprocess
+    import sys
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full on this system")
+    argv = [a.replace("TRACES", _trace_files(tmp_path / "tr", 5)) for a in argv]
+    with open("/dev/full", "w") as full:
+        p = subprocess.run([sys.executable, "-m", "slicetrace.cli.main", *argv], stdout=full, stderr=subprocess.PIPE,
+                           text=True, timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert p.returncode == 2, p.stderr
+    assert p.stderr == "slicetrace: error: cannot write the output (No space left on device)\n"
+
+
+@pytest.mark.timeout(120)
+def test_a_bench_table_to_a_full_device_is_one_line_per_rank_and_exit_2():
+    import os
+    import subprocess
+    import sys
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full on this system")
+    with open("/dev/full", "w") as full:
+        p = subprocess.run([sys.executable, "-m", "slicetrace.cli.main", "bench", "-b", "4K", "-e", "4K", "-n", "1",
+                            "-w", "0"], stdout=full, stderr=subprocess.PIPE, text=True, timeout=100,
+                           env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.startswith("slicetrace: error: rank 0: UsageError: cannot write the output (No space left on "
+                               "device)") and "Traceback" not in p.stderr and p.stderr.count("\n") == 1

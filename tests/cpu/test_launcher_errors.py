@@ -152,3 +152,95 @@ def test_a_killed_low_rank_neither_leads_nor_is_blamed_on_a_relaying_rank():
     assert str(e.value).startswith("rank 2 failed: ValueError: rank 2's own error"), str(e.value)
     assert re.fullmatch(r"rank 0 was still running [\d.]+ s after rank 2 failed \(timeout_s=2 \+ 5 s\) and was "
                         r"killed", e.value.errors[0]), e.value.errors[0]
+
+
+# ---- init(): torchrun's variables only when used; a job id per call ----
+
+def _clear_torchrun_env(monkeypatch):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE"):
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.mark.parametrize("env", [
+    {"RANK": "7", "WORLD_SIZE": "4"},                          # out of range for the arguments' world
+    {"RANK": "", "WORLD_SIZE": "x", "LOCAL_RANK": "-1"},       # not numbers at all
+    {"MASTER_ADDR": "", "MASTER_PORT": "auto"},
+])
+def test_explicit_rank_and_world_size_leave_torchruns_variables_unread(monkeypatch, env):
+    _clear_torchrun_env(monkeypatch)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with slicetrace.init("null", rank=0, world_size=1) as c:
+        assert (c.rank, c.world_size) == (0, 1)
+
+
+def _one_rank(comm):
+    return comm.rank
+
+
+@pytest.mark.timeout(60)
+def test_launch_runs_whatever_torchruns_variables_hold(monkeypatch):
+    """launch()'s ranks get their rank and world from it: `RANK= slicetrace bench` failed in every rank."""
+    _clear_torchrun_env(monkeypatch)
+    for k, v in {"RANK": "", "WORLD_SIZE": "9", "MASTER_PORT": "auto"}.items():
+        monkeypatch.setenv(k, v)
+    assert slicetrace.launch(_one_rank, 2, backend="null", join_timeout_s=JOIN) == [0, 1]
+
+
+def test_rank_and_world_size_from_the_environment_are_still_checked(monkeypatch):
+    from slicetrace.errors import ConfigError
+    _clear_torchrun_env(monkeypatch)
+    monkeypatch.setenv("RANK", "x")
+    with pytest.raises(ConfigError, match=r"^RANK='x' must be an integer >= 0$"):
+        slicetrace.init("null", world_size=1)
+
+
+def test_a_rendezvous_checks_master_port_and_names_a_missing_master_addr(monkeypatch):
+    from slicetrace.errors import ConfigError
+    pytest.importorskip("torch.distributed", reason="without torch the error is that torch is missing")
+    _clear_torchrun_env(monkeypatch)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "0")              # read only now: the rendezvous needs it
+    with pytest.raises(ConfigError, match=r"^MASTER_PORT='0' must be an integer in 1\.\.65535$"):
+        slicetrace.init("null", timeout_s=1)
+    _clear_torchrun_env(monkeypatch)
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    with pytest.raises(ConfigError, match=r"^MASTER_ADDR unset: world_size=2 without store= meets the other ranks"):
+        slicetrace.init("null", rank=1, world_size=2, timeout_s=1)
+
+
+@pytest.mark.timeout(60)
+def test_each_init_call_takes_its_own_job_id_from_the_store(monkeypatch):
+    """One store for several communicators (torchrun's agent store, torch's default store): rank 1's second init()
+    ran before rank 0's and read the first communicator's job id, so the two ranks joined different jobs."""
+    import threading
+
+    from slicetrace.rendezvous import DictStore
+    _clear_torchrun_env(monkeypatch)
+    store = DictStore({})
+    jobs: dict[tuple[int, int], str] = {}
+    errors: list[BaseException] = []
+    rank1_first = threading.Event()
+
+    def rank(r: int) -> None:
+        try:
+            for call in range(3):
+                if r == 0 and call > 0:
+                    rank1_first.wait(10)        # rank 1 is already waiting for this call's id
+                    time.sleep(0.2)
+                if r == 1 and call > 0:
+                    rank1_first.set()
+                with slicetrace.init("null", rank=r, world_size=2, store=store, timeout_s=10) as c:
+                    jobs[r, call] = c._session.job
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    assert [jobs[0, c] for c in range(3)] == [jobs[1, c] for c in range(3)]
+    assert len({jobs[0, c] for c in range(3)}) == 3

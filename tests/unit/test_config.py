@@ -232,12 +232,77 @@ def test_event_mask_takes_decimal_hex_and_type_names():
     ({"RANK": "3", "WORLD_SIZE": "2"}, "RANK='3' must be an integer in 0..1 (WORLD_SIZE=2)"),
     ({"WORLD_SIZE": "0"}, "WORLD_SIZE='0' must be an integer >= 1"),
     ({"LOCAL_RANK": "-2"}, "LOCAL_RANK='-2' must be an integer >= 0"),
-    ({"MASTER_PORT": "70000"}, "MASTER_PORT='70000' must be an integer in 0..65535"),
+    ({"MASTER_PORT": "70000"}, "MASTER_PORT='70000' must be an integer in 1..65535"),
+    # port 0 lets rank 0's store pick a port no other rank knows; an empty address names no host
+    ({"MASTER_PORT": "0"}, "MASTER_PORT='0' must be an integer in 1..65535"),
+    ({"MASTER_ADDR": ""}, "MASTER_ADDR='' must be the host name or IP address of rank 0's host"),
+    ({"MASTER_ADDR": " "}, "MASTER_ADDR=' ' must be the host name or IP address of rank 0's host"),
+    # decimal only, as torchrun writes them (int() also took these)
+    ({"RANK": "+1"}, "RANK='+1' must be an integer >= 0"),
+    ({"RANK": " 1"}, "RANK=' 1' must be an integer >= 0"),
+    ({"WORLD_SIZE": "1_0"}, "WORLD_SIZE='1_0' must be an integer >= 1"),
+    ({"MASTER_PORT": "\u0662\u0669\u0665\u0660\u0660"}, "MASTER_PORT='\u0662\u0669\u0665\u0660\u0660' must be an integer in "
+                                                   "1..65535"),
 ])
 def test_torchrun_variables_are_checked_by_name(env, msg):
     with pytest.raises(ConfigError) as e:
         dist_env(env)
     assert str(e.value) == msg
+
+
+def test_torchrun_variables_are_read_only_when_asked_for():
+    """init() with rank and world_size given (launch()'s ranks, the CLI's) reads no RANK/WORLD_SIZE, and one with a
+    store given reads no MASTER_*: a bad value there is not its business."""
+    bad = {"RANK": "", "WORLD_SIZE": "x", "LOCAL_RANK": "-1", "MASTER_ADDR": "", "MASTER_PORT": "auto"}
+    d = dist_env(bad, ranks=False, master=False)
+    assert (d.rank, d.world_size, d.local_rank, d.master_addr, d.master_port, d.agent_store) == (None,) * 5 + (False,)
+    d = dist_env({**bad, "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}, master=False)
+    assert (d.rank, d.world_size, d.local_rank, d.master_port) == (1, 2, 1, None)
+    d = dist_env({**bad, "MASTER_ADDR": "h", "MASTER_PORT": "29500"}, ranks=False)
+    assert (d.rank, d.master_addr, d.master_port, d.agent_store) == (None, "h", 29500, False)
+
+
+@pytest.mark.parametrize("value,agent", [("True", True), ("False", False), ("1", False), ("true", False)])
+def test_torchruns_agent_store_is_read_as_torch_reads_it(value, agent):
+    """torch's env:// makes every rank a client when TORCHELASTIC_USE_AGENT_STORE == "True" exactly."""
+    env = {"MASTER_ADDR": "h", "MASTER_PORT": "1", "TORCHELASTIC_USE_AGENT_STORE": value}
+    assert dist_env(env).agent_store is agent
+    assert dist_env(env, master=False).agent_store is False
+
+
+@pytest.mark.parametrize("raw", ["0o7", "0b11", "1_0", "+3", "010", "\u0663", "3.0", "0x", ""])
+def test_integers_are_decimal_without_a_leading_zero_or_0x_hex_as_the_readme_says(raw):
+    with pytest.raises(ConfigError, match=r"^SLICETRACE_NCHANNELS=.* cannot be parsed: expected an integer, decimal"):
+        Settings.from_env({"SLICETRACE_NCHANNELS": raw})
+    with pytest.raises(ConfigError, match=r"^SLICETRACE_PROFILE_COLL_POOL_SIZE=.* must be an integer >= 1"):
+        Settings.from_env({"SLICETRACE_PROFILE_COLL_POOL_SIZE": raw})
+    with pytest.raises(ConfigError, match=r"^SLICETRACE_PROFILE_EVENT_MASK=.* cannot be parsed"):
+        Settings.from_env({"SLICETRACE_PROFILE_EVENT_MASK": raw})
+    with pytest.raises(ConfigError, match=r"^SLICETRACE_PROFILE_MIN_BYTES=.* cannot be parsed"):
+        Settings.from_env({"SLICETRACE_PROFILE_MIN_BYTES": raw + "K" if raw else raw})
+
+
+def test_integers_still_take_decimal_hex_zero_and_a_sign_for_the_range_error():
+    assert Settings.from_env({"SLICETRACE_NCHANNELS": " 4 "}).nchannels == 4
+    assert Settings.from_env({"SLICETRACE_NCHANNELS": "0"}).nchannels == 0
+    assert Settings.from_env({"SLICETRACE_NCHANNELS": "0X1f"}).nchannels == 31
+    assert Settings.from_env({"SLICETRACE_PROFILE_MIN_BYTES": "0x10"}).profile_min_bytes == 16
+    assert Settings.from_env({"SLICETRACE_PROFILE_MIN_BYTES": "16KB"}).profile_min_bytes == 16 << 10
+    with pytest.raises(ConfigError, match=r"^SLICETRACE_NCHANNELS='-1': nchannels=-1 must be in 0\.\.64"):
+        Settings.from_env({"SLICETRACE_NCHANNELS": "-1"})
+
+
+def test_an_argument_beats_a_variable_it_overrides_even_one_that_would_not_parse():
+    """Flags and keywords win over the environment: -T 5 with SLICETRACE_TIMEOUT=0 (or =soon) runs."""
+    assert Settings.from_env({"SLICETRACE_TIMEOUT": "0"}, timeout_s=5).timeout_s == 5
+    assert Settings.from_env({"SLICETRACE_TIMEOUT": "soon"}, timeout_s=5).timeout_s == 5
+    with pytest.raises(ConfigError, match=r"^SLICETRACE_TIMEOUT='soon' cannot be parsed"):
+        Settings.from_env({"SLICETRACE_TIMEOUT": "soon"}, timeout_s=None)      # None: no argument given
+
+
+def test_env_source_names_the_variable_that_set_a_field():
+    assert config.env_source("backend", {"SLICETRACE_BACKEND": "cuda"}) == "SLICETRACE_BACKEND"
+    assert config.env_source("backend", {}) is None
 
 
 # ---- unknown SLICETRACE_* variables: a warning with the closest known name, never an error ----

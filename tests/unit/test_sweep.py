@@ -1,7 +1,8 @@
 import numpy as np
 import pytest
 
-from slicetrace.cli.sweep import avg_atol, busbw_factor, counts, make_input, parse_size, reference, sizes, wrong
+from slicetrace.cli.sweep import (avg_atol, busbw_factor, counts, distinct_sizes, make_input, parse_size, reference,
+                                  sizes, wrong)
 from slicetrace.errors import UsageError
 
 
@@ -21,6 +22,21 @@ def test_sizes_follow_nccl_tests_flags():
         sizes(8, 64, None, 0)
     with pytest.raises(UsageError, match=r"makes 1073741817 sizes; at most 10000"):
         sizes(8, 1 << 30, None, 1)
+
+
+def test_sizes_are_ascii_digits():
+    with pytest.raises(UsageError, match=r"-b='\u0664K' is not a size"):
+        parse_size("\u0664K", "-b")
+
+
+def test_sizes_of_the_same_element_count_make_one_row_as_in_nccl_tests():
+    """-b 0 steps 0, 1, 2, 4 B: float32 makes 0, 0, 0, 1 elements, and one zero-element row, not three."""
+    assert distinct_sizes(sizes(0, 16, 2), "all_reduce", 4, 2) == [0, 4, 8, 16]
+    assert distinct_sizes(sizes(0, 16, 2), "all_reduce", 1, 2) == [0, 1, 2, 4, 8, 16]
+    assert distinct_sizes([4, 5, 6, 7, 8], "all_reduce", 4, 2) == [4, 8]            # -i 1: 1, 1, 1, 1, 2 elements
+    # all_gather counts per rank: 4..8 B of float32 over 3 ranks are all 0 elements each
+    assert distinct_sizes([0, 4, 8, 12, 16], "all_gather", 4, 3) == [0, 12]
+    assert distinct_sizes([], "all_reduce", 4, 2) == []
 
 
 def test_busbw_factors_are_nccl_tests():

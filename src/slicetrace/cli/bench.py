@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import UsageError
 from ..events.abi import EventType
-from .sweep import avg_atol, busbw_factor, counts, make_input, np_dtype, reference, wrong
+from .sweep import avg_atol, busbw_factor, counts, distinct_sizes, make_input, np_dtype, reference, wrong
 
 _NO_STEPS = ~int(EventType.KERNEL_STEP) & ((1 << 32) - 1)   # every event type but KernelStep
 
@@ -100,12 +100,12 @@ def say(text: str) -> None:
         return
     try:
         print(text, flush=True)
-    except BrokenPipeError:
+    except OSError as e:
         _reader_gone = True
-        try:                    # the interpreter flushes stdout at exit: let that land nowhere, not fail again
+        with contextlib.suppress(OSError):      # the interpreter flushes stdout at exit: land nowhere, not fail again
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        except OSError:
-            pass
+        if not isinstance(e, BrokenPipeError):      # a full disk: the table is lost, which is an error
+            raise UsageError(f"cannot write the output ({e.strerror or e})") from None
 
 
 def _time(fn, iters: int, sync, flush=None, collector_off: bool = True) -> float:
@@ -159,12 +159,12 @@ def bench_rank(comm, o: dict) -> list[dict]:
         from .reference import TorchReference
         ref = TorchReference(o["compare"], comm.rank, n, comm._session.job,
                              device=comm.rank if o["compare"] == "nccl" else None)
-    rows: list[dict] = []
-    progress = None
+    rows, progress, cycles = [], None, o.get("cycles", 1)
     combos = {op: [(np_dtype(d), r) for d in o["dtypes"] for r in (o["redops"] if op in REDUCING else ["sum"])]
               for op in o["ops"]}       # -d all / -o all: every type, every reduction of the ops that reduce
-    cycles = o.get("cycles", 1)
-    total = sum(len(c) for c in combos.values()) * len(o["sizes"]) * cycles or None     # -N 0: no end
+    # sizes whose element count repeats the last one's (-b 0: 0, 1, 2 B of float32) are left out, as nccl-tests does
+    sweeps = {(op, d): distinct_sizes(o["sizes"], op, d.itemsize, n) for op in o["ops"] for d, _ in combos[op]}
+    total = sum(len(sweeps[op, d]) for op in o["ops"] for d, _ in combos[op]) * cycles or None     # -N 0: no end
     if comm.rank == 0:
         chans = comm.settings.nchannels or ("auto" if comm.backend_name == "cuda" else 1)
         say(f"# slicetrace bench: backend {comm.backend_name}, {n} ranks, channels {chans}, "
@@ -206,7 +206,7 @@ def bench_rank(comm, o: dict) -> list[dict]:
                         for nbytes in (o["sizes"][-1], o["sizes"][0]):    # nccl-tests' warm-up: largest, smallest
                             with _memory(o, op, nbytes, dtype, n, comm.rank):
                                 _warm(comm, op, nbytes, dtype, redop, o, xp, to_dev, sync, ref)
-                    for i, nbytes in enumerate(o["sizes"]):
+                    for i, nbytes in enumerate(sweeps[op, dtype]):
                         with _memory(o, op, nbytes, dtype, n, comm.rank):
                             row = _one(comm, op, nbytes, dtype, {**o, "redop": redop}, xp, to_dev, to_host, sync,
                                        ref, f"{cyc}/{op}/{dtype}/{redop}/{i}")
@@ -326,7 +326,7 @@ def _one(comm, op, nbytes, dtype, o, xp, to_dev, to_host, sync, ref, key):
     row = {"op": op, "size": size, "count": count, "type": str(dtype),
            "redop": redop if op in REDUCING else "none", "inplace": inplace,
            "root": root if op in ("broadcast", "reduce") else -1, "time_us": t * 1e6,
-           "algbw": algbw, "busbw": algbw * f, "wrong": int(vals[1]) if o["check"] else -1, "ranks": n}
+           "algbw": algbw, "busbw": algbw * f, "wrong": int(vals[1]) if o["check"] else None, "ranks": n}
     k = 2
     if ref is not None:
         rt = vals[k]
@@ -386,7 +386,7 @@ def format_summary(s: dict, ref_name: str | None) -> list[str]:
 def format_row(r: dict, ref: bool, overhead: bool) -> str:
     s = "{:>12} {:>12} {:>9} {:>6} {:>5} {:>10.1f} {:>8.3f} {:>8.3f} {:>7}".format(
         r["size"], r["count"], r["type"], r["redop"], r["root"], r["time_us"], r["algbw"], r["busbw"],
-        r["wrong"] if r["wrong"] >= 0 else "N/A")
+        "N/A" if r["wrong"] is None else r["wrong"])
     if ref:
         s += "  {:>8.1f} {:>8.3f} {:>6}".format(r["ref_time_us"], r["ref_busbw"],
                                                 "N/A" if r["ratio"] is None else f"{r['ratio']:.2f}")

@@ -2,22 +2,19 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 from dataclasses import fields
 
 from ..backend.base import REDOPS
 from .. import errors
-from ..config import MAXCHANNELS, Settings, describe
-from ..errors import BackendError, ConfigError, SliceTraceError, UsageError
-from ..events.abi import EventType, parse_mask
-from ..events.plugin import BUILTINS, load_plugins, resolve
-from .outputs import dump_files, trace_note, writable_file, writable_folder, write_json
+from ..config import Settings, describe
+from ..errors import BackendError, SliceTraceError, UsageError
+from ..events.abi import parse_mask
+from ..events.plugin import load_plugins
+from .benchflags import backend_source, bench_settings, check_flags
+from .outputs import dump_files, trace_note, writable_file, write_json
 from .sweep import DTYPE_ALIASES, OPS, all_dtypes, bench_dtype, parse_size, shm_check, sizes
-
-
-KERNEL_STEP = int(EventType.KERNEL_STEP)
 
 
 def _mask(v: str) -> int:
@@ -31,18 +28,6 @@ def _mask(v: str) -> int:
     if not 0 <= m < 1 << 32:
         raise argparse.ArgumentTypeError(f"{v!r} must be in 0..0xFFFFFFFF")
     return m
-
-
-def _with_example(spec: str | None) -> str:
-    """SLICETRACE_PROFILER_PLUGIN with the example plugin in it, which --trace and --profile write through ('none'
-    or unset: the example plugin alone; a list without it: the list and it)."""
-    items = [x.strip() for x in (spec or "").split(",") if x.strip()]
-    if [x.lower() for x in items] in ([], ["none"]):
-        return "example"
-    chrome = resolve("example")
-    if any(x == "example" or (x not in BUILTINS and ":" in x and resolve(x) is chrome) for x in items):
-        return ",".join(items)
-    return ",".join(items + ["example"])
 
 
 def _provenance(backend: str, nranks: int, compare: str | None) -> dict:
@@ -143,78 +128,8 @@ def _bench_parser(sub) -> None:
 def run_bench(a: argparse.Namespace) -> int:
     from ..launcher import launch
     from .bench import bench_rank, format_summary, say, summarize
-    if a.datatype != "all" and a.datatype not in DTYPE_ALIASES:
-        raise SliceTraceError(f"-d {a.datatype!r} is not one of {sorted(DTYPE_ALIASES)} or 'all'")
-    ops = list(OPS) if a.ops == "all" else [x.strip() for x in a.ops.split(",")]
-    bad = [x for x in ops if x not in OPS]
-    if bad:
-        raise SliceTraceError(f"--op {bad}: each must be one of {OPS} or 'all'")
-    for name, v in (("-n", a.iters), ("-w", a.warmup_iters), ("--rounds", a.rounds)):
-        if v < (1 if name != "-w" else 0):
-            raise SliceTraceError(f"{name} {v} must be >= {1 if name != '-w' else 0}")
-    if a.redop not in REDOPS and a.redop != "all":
-        raise SliceTraceError(f"-o {a.redop!r} is not one of {REDOPS} or 'all'")
-    if a.ranks is not None and a.ranks < 1:
-        raise SliceTraceError(f"--ranks {a.ranks} must be >= 1")
-    if a.run_cycles < 0:
-        raise SliceTraceError(f"-N {a.run_cycles} must be >= 0 (0: until interrupted)")
-    if a.run_cycles == 0 and a.json is not None:
-        raise SliceTraceError(f"--json {a.json!r} with -N 0: a run without end never writes it; give -N a count")
-    if a.timeout is not None and not a.timeout > 0:
-        raise SliceTraceError(f"-T {a.timeout} must be > 0 seconds")
-    if a.channels is not None and not 0 <= a.channels <= MAXCHANNELS:
-        raise UsageError(f"--channels {a.channels} must be in 0..{MAXCHANNELS} (0: the backend chooses)")
-    if a.seed < 0:
-        raise UsageError(f"--seed {a.seed} must be >= 0 (numpy's generators take no negative seed)")
-    if a.json is not None:              # '' too: writable_file refuses it, rather than writing nothing
-        writable_file("--json", a.json)
-    if a.overhead_of == "kernel_step":
-        if not a.overhead:
-            raise SliceTraceError("--overhead-of kernel_step needs --overhead")
-        if a.profile is not None and not a.profile & KERNEL_STEP:
-            raise SliceTraceError(f"--overhead-of kernel_step: --profile {a.profile} has no KernelStep bit "
-                                  f"({KERNEL_STEP}); nothing to compare")
-    if a.backend is not None and a.backend not in ("cpu", "cuda"):
-        raise UsageError(f"--backend {a.backend!r} is not one of ('cpu', 'cuda')"
-                         + (" (null is the tests' backend: it moves no data)" if a.backend == "null" else ""))
-    overrides = {}
-    if a.backend:
-        overrides["backend"] = a.backend
-    if a.channels is not None:
-        overrides["nchannels"] = a.channels
-    if a.timeout is not None:
-        overrides["timeout_s"] = a.timeout
-    env_plugins = Settings.from_env().profiler_plugin
-    if a.trace is not None or a.profile is not None:        # both ask for the example plugin: the environment's may lack it
-        overrides["profiler_plugin"] = _with_example(env_plugins)
-    elif a.overhead:                            # the environment's plugins are what --overhead measures, if any
-        overrides["profiler_plugin"] = _with_example(None) if (env_plugins or "none").strip().lower() == "none" \
-            else env_plugins
-    if a.profile is not None:
-        overrides["profile_event_mask"] = a.profile
-    if a.trace is not None:
-        writable_folder("--trace", a.trace)
-        overrides["profile_dump_file"] = os.path.join(a.trace, "trace")
-    try:
-        s = Settings.from_env(**overrides)
-    except ConfigError as e:                    # a flag's value: name the flag, not the setting it sets
-        attr, _, rest = str(e).partition("=")
-        flag = {"backend": "--backend", "nchannels": "--channels", "timeout_s": "-T"}.get(attr)
-        if flag is None or attr not in overrides:
-            raise
-        raise UsageError(f"{flag} {rest}") from None
-    if s.backend not in ("cpu", "cuda"):         # null: the tests' backend moves no data, so no sane row
-        raise UsageError(f"--backend {s.backend!r}: bench runs 'cpu' or 'cuda' ({s.backend!r} is a test backend "
-                         f"that moves no data)")
-    if a.trace is not None and s.profile_event_mask == 0:
-        raise UsageError(f"--trace {a.trace!r} with event mask 0 (SLICETRACE_PROFILE_EVENT_MASK or --profile) records "
-                         f"nothing; leave the mask unset or give the event types to record")
-    want = {"gloo": "cpu", "nccl": "cuda"}.get(a.compare or "")
-    if want and s.backend != want:              # each reference runs where its library runs: same buffers, same device
-        raise SliceTraceError(f"--compare {a.compare} runs beside --backend {want}, not {s.backend!r} "
-                              f"(--compare gloo with cpu, --compare nccl with cuda)")
-    if want and importlib.util.find_spec("torch") is None:      # before any rank starts
-        raise UsageError(f"--compare {a.compare} needs torch installed (pip install torch)")
+    ops = check_flags(a)
+    s, overrides = bench_settings(a)
     load_plugins(s.profiler_plugin, s)          # a bad plugin spec is one line here, not a traceback per rank
     nranks = a.ranks
     if nranks is None:
@@ -224,7 +139,8 @@ def run_bench(a: argparse.Namespace) -> int:
                 import cupy
                 nranks = cupy.cuda.runtime.getDeviceCount()
             except Exception as e:      # no CuPy, no driver, no device: say so plainly
-                raise BackendError(f"--backend cuda: no usable CUDA device ({type(e).__name__}: {e})") from None
+                raise BackendError(f"{backend_source(a, s)}: no usable CUDA device ({type(e).__name__}: {e})") \
+                    from None
     if not 0 <= a.root < nranks:
         raise UsageError(f"-r {a.root} must be a rank, 0..{nranks - 1} (the run has {nranks} rank(s): --ranks)")
     if s.backend == "cpu":
@@ -245,7 +161,7 @@ def run_bench(a: argparse.Namespace) -> int:
     traces_before = dump_files(a.trace) if a.trace is not None else {}
     results = launch(bench_rank, nranks, opts, **overrides)
     rows = results[0]
-    bad_rows = [r for r in rows if r["wrong"] > 0]
+    bad_rows = [r for r in rows if (r["wrong"] or 0) > 0]       # None: unchecked (-c 0)
     summary = summarize(rows, bool(a.check))
     for line in format_summary(summary, a.compare):
         say(line)
@@ -342,6 +258,10 @@ def run_convert(a: argparse.Namespace) -> int:
     from ..analyze.trace import trace_files
     writable_file("-o", a.output)
     files = trace_files(a.traces)
+    same = next((f for f in files if _same_file(f, a.output)), None)
+    if same is not None:            # convert would write over a file it reads
+        raise UsageError(f"-o {a.output!r} is one of the input trace files ({same!r}); give another file, e.g. "
+                         f"run.pftrace")
     try:
         got = convert(files, a.output)
     except OSError as e:            # reading is TraceFormatError: an OSError here is the write
@@ -349,6 +269,13 @@ def run_convert(a: argparse.Namespace) -> int:
     print(f"# {a.output}: {got['files']} rank file(s), {got['slices']} slices on {got['tracks']} tracks, "
           f"{got['flows']} send -> receive flows (open in https://ui.perfetto.dev)")
     return 0
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)       # links too
+    except OSError:                         # b not there yet: not an input
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -381,11 +308,22 @@ def main(argv: list[str] | None = None) -> int:
         print("slicetrace: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:         # `slicetrace config | head`: the reader is gone, which is not an error
-        try:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # the exit's flush lands nowhere
-        except OSError:
-            pass
+        _stdout_to_devnull()
         return 0
+    except OSError as e:            # `> /dev/full`: one line, not a traceback (the files' own errors name a flag)
+        if e.filename is None:      # a write to stdout; the exit's flush would fail again
+            _stdout_to_devnull()
+        what = f"{e.filename!r}: {e.strerror or e}" if e.filename else f"cannot write the output ({e.strerror or e})"
+        print(f"slicetrace: error: {what}", file=sys.stderr)
+        return 2
+
+
+def _stdout_to_devnull() -> None:
+    """The interpreter flushes stdout at exit: let that land nowhere, not fail again."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except OSError:
+        pass
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ MAX_BYTES = 1 << 60         # past any memory (a failed allocation says what it 
 
 
 def parse_size(text: str, what: str) -> int:
-    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?B?)\s*", str(text).upper())
+    m = re.fullmatch(r"\s*([0-9]+)\s*([KMG]?B?)\s*", str(text).upper())    # not \d: it takes any script's digits
     if not m:
         raise UsageError(f"{what}={text!r} is not a size (e.g. 8, 4K, 64M, 1G)")
     n = int(m.group(1)) * _UNITS[m.group(2)]
@@ -73,6 +73,18 @@ def sizes(minbytes: int, maxbytes: int, factor: int | None = 2, step: int | None
     while s <= maxbytes:
         out.append(s)
         s = s * factor if s else 1
+    return out
+
+
+def distinct_sizes(sizes: list[int], op: str, itemsize: int, n: int) -> list[int]:
+    """The sizes whose element counts differ from the previous kept size's, as nccl-tests' rows do: -b 0 with
+    float32 makes 0, 1, 2 B, all zero elements, and one zero-element row."""
+    out, last = [], None
+    for s in sizes:
+        c = counts(op, s, itemsize, n)
+        if c != last:
+            out.append(s)
+            last = c
     return out
 
 

@@ -1,0 +1,136 @@
+"""`slicetrace bench`'s flags checked before any rank starts, and the Settings they make: flags beat SLICETRACE_*
+variables, and an error names where its value came from (the flag, or the variable)."""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+
+from ..backend.base import REDOPS
+from ..config import MAXCHANNELS, Settings, env_source
+from ..errors import ConfigError, SliceTraceError, UsageError
+from ..events.abi import EventType
+from ..events.plugin import BUILTINS, resolve
+from .outputs import writable_file, writable_folder
+from .sweep import DTYPE_ALIASES, OPS
+
+KERNEL_STEP = int(EventType.KERNEL_STEP)
+
+
+def parse_ops(text: str) -> list[str]:
+    """--op: 'all', or a comma list of OPS, each once."""
+    if text == "all":
+        return list(OPS)
+    ops = [x.strip() for x in text.split(",")]
+    if "all" in ops:
+        raise SliceTraceError(f"--op {text!r}: 'all' runs every op ({', '.join(OPS)}); give it alone, or list ops")
+    bad = [x for x in ops if x not in OPS]
+    if bad:
+        raise SliceTraceError(f"--op {bad}: each must be one of {OPS} or 'all'")
+    twice = sorted({x for x in ops if ops.count(x) > 1})
+    if twice:                   # it would run (and print) the same sweep again
+        raise SliceTraceError(f"--op {text!r} names {', '.join(twice)} more than once; give each op once")
+    return ops
+
+
+def check_flags(a: argparse.Namespace) -> list[str]:
+    """The flags that need no settings; returns the ops to run."""
+    if a.datatype != "all" and a.datatype not in DTYPE_ALIASES:
+        raise SliceTraceError(f"-d {a.datatype!r} is not one of {sorted(DTYPE_ALIASES)} or 'all'")
+    ops = parse_ops(a.ops)
+    for name, v in (("-n", a.iters), ("-w", a.warmup_iters), ("--rounds", a.rounds)):
+        if v < (1 if name != "-w" else 0):
+            raise SliceTraceError(f"{name} {v} must be >= {1 if name != '-w' else 0}")
+    if a.redop not in REDOPS and a.redop != "all":
+        raise SliceTraceError(f"-o {a.redop!r} is not one of {REDOPS} or 'all'")
+    if a.ranks is not None and a.ranks < 1:
+        raise SliceTraceError(f"--ranks {a.ranks} must be >= 1")
+    if a.run_cycles < 0:
+        raise SliceTraceError(f"-N {a.run_cycles} must be >= 0 (0: until interrupted)")
+    if a.run_cycles == 0 and a.json is not None:
+        raise SliceTraceError(f"--json {a.json!r} with -N 0: a run without end never writes it; give -N a count")
+    if a.timeout is not None and not a.timeout > 0:
+        raise SliceTraceError(f"-T {a.timeout} must be > 0 seconds")
+    if a.channels is not None and not 0 <= a.channels <= MAXCHANNELS:
+        raise UsageError(f"--channels {a.channels} must be in 0..{MAXCHANNELS} (0: the backend chooses)")
+    if a.seed < 0:
+        raise UsageError(f"--seed {a.seed} must be >= 0 (numpy's generators take no negative seed)")
+    if a.json is not None:              # '' too: writable_file refuses it, rather than writing nothing
+        writable_file("--json", a.json)
+    if a.overhead_of == "kernel_step":
+        if not a.overhead:
+            raise SliceTraceError("--overhead-of kernel_step needs --overhead")
+        if a.profile is not None and not a.profile & KERNEL_STEP:
+            raise SliceTraceError(f"--overhead-of kernel_step: --profile {a.profile} has no KernelStep bit "
+                                  f"({KERNEL_STEP}); nothing to compare")
+    if a.backend is not None and a.backend not in ("cpu", "cuda"):
+        raise UsageError(f"--backend {a.backend!r} is not one of ('cpu', 'cuda')"
+                         + (" (null is the tests' backend: it moves no data)" if a.backend == "null" else ""))
+    return ops
+
+
+def with_example(spec: str | None) -> str:
+    """SLICETRACE_PROFILER_PLUGIN with the example plugin in it, which --trace and --profile write through ('none'
+    or unset: the example plugin alone; a list without it: the list and it)."""
+    items = [x.strip() for x in (spec or "").split(",") if x.strip()]
+    if [x.lower() for x in items] in ([], ["none"]):
+        return "example"
+    chrome = resolve("example")
+    if any(x == "example" or (x not in BUILTINS and ":" in x and resolve(x) is chrome) for x in items):
+        return ",".join(items)
+    return ",".join(items + ["example"])
+
+
+def backend_source(a: argparse.Namespace, s: Settings) -> str:
+    """Where the backend came from, for an error about it: the flag, the variable, or the default."""
+    if a.backend:
+        return f"--backend {s.backend}"
+    var = env_source("backend")
+    return f"{var}={s.backend!r}" if var else f"the default backend {s.backend!r}"
+
+
+def _settings(overrides: dict) -> Settings:
+    try:
+        return Settings.from_env(**overrides)
+    except ConfigError as e:                    # a flag's value: name the flag, not the setting it sets
+        attr, _, rest = str(e).partition("=")
+        flag = {"backend": "--backend", "nchannels": "--channels", "timeout_s": "-T"}.get(attr)
+        if flag is None or attr not in overrides:
+            raise
+        raise UsageError(f"{flag} {rest}") from None
+
+
+def bench_settings(a: argparse.Namespace) -> tuple[Settings, dict]:
+    """(the run's Settings, the overrides the ranks get): the flags applied over the environment."""
+    overrides: dict = {}
+    if a.backend:
+        overrides["backend"] = a.backend
+    if a.channels is not None:
+        overrides["nchannels"] = a.channels
+    if a.timeout is not None:
+        overrides["timeout_s"] = a.timeout
+    if a.profile is not None:
+        overrides["profile_event_mask"] = a.profile
+    env_plugins = _settings(overrides).profiler_plugin      # with the flags: -T 5 beats SLICETRACE_TIMEOUT=0
+    if a.trace is not None or a.profile is not None:    # both write through the example plugin: add it if missing
+        overrides["profiler_plugin"] = with_example(env_plugins)
+    elif a.overhead:                            # the environment's plugins are what --overhead measures, if any
+        overrides["profiler_plugin"] = with_example(None) if (env_plugins or "none").strip().lower() == "none" \
+            else env_plugins
+    if a.trace is not None:
+        writable_folder("--trace", a.trace)
+        overrides["profile_dump_file"] = os.path.join(a.trace, "trace")
+    s = _settings(overrides)
+    if s.backend not in ("cpu", "cuda"):         # null: the tests' backend moves no data, so no sane row
+        raise UsageError(f"{backend_source(a, s)}: bench runs 'cpu' or 'cuda' ({s.backend!r} is a test backend "
+                         f"that moves no data)")
+    if a.trace is not None and s.profile_event_mask == 0:
+        raise UsageError(f"--trace {a.trace!r} with event mask 0 (SLICETRACE_PROFILE_EVENT_MASK or --profile) records "
+                         f"nothing; leave the mask unset or give the event types to record")
+    want = {"gloo": "cpu", "nccl": "cuda"}.get(a.compare or "")
+    if want and s.backend != want:              # each reference runs where its library runs: same buffers, same device
+        raise SliceTraceError(f"--compare {a.compare} runs beside --backend {want}, not {backend_source(a, s)} "
+                              f"(--compare gloo with cpu, --compare nccl with cuda)")
+    if want and importlib.util.find_spec("torch") is None:      # before any rank starts
+        raise UsageError(f"--compare {a.compare} needs torch installed (pip install torch)")
+    return s, overrides
