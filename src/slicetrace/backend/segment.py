@@ -3,8 +3,13 @@ one tracker, and a segment registered by both its creator and an attacher makes 
 Used by the cpu backend (a segment per rank) and the cuda backend (the collective-signature table)."""
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
+import signal
+import socket
+import threading
+from typing import Iterator
 
 from ..errors import BackendError
 
@@ -14,6 +19,37 @@ except ImportError:  # pragma: no cover - not a POSIX system
     _posixshmem = None
 
 SHM_DIR = "/dev/shm"               # where Linux keeps POSIX shared memory (for the free-space report only)
+
+
+def host_id() -> str:
+    """This machine as its peers can compare it: host name and boot id (no spaces). Shared memory reaches only the
+    ranks of one host (one /dev/shm)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()[:8]
+    except OSError:
+        boot = "?"
+    return f"{socket.gethostname().replace(' ', '_')}/{boot}"
+
+
+@contextlib.contextmanager
+def sigterm_exits() -> Iterator[None]:
+    """While set-up keeps a segment's name in /dev/shm (until every rank attached), SIGTERM raises SystemExit(143)
+    in the main thread, so the set-up's cleanup removes the name: torchrun answers a rank that died at start-up
+    with SIGTERM to the others, whose names were left behind (Docker's /dev/shm fills after a few). A handler the
+    program installed (launch()'s ranks have one) is left as it is."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def exit_(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+    signal.signal(signal.SIGTERM, exit_)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 class Segment:

@@ -20,7 +20,7 @@ from ...errors import BackendError, MismatchError, PeerError, UsageError
 from ...stamps.layout import RingViews, ring_bytes
 from ..base import HostBackend, Work, host_pointer, part_views
 from ..procs import proc_dead, proc_start_time
-from ..segment import Segment, unlink_name
+from ..segment import Segment, host_id, sigterm_exits, unlink_name
 from .shm import (ABORT_MISMATCH, ABORT_PEER, C_ABORT, C_BUFFSIZE, C_CLOSED, C_FUTEX, C_HEARTBEAT, C_MAGIC, C_NCH,
                   C_P2PCHUNK, C_PID, C_SLOTS, C_START, C_WORLD, H_MSG, MAGIC, NSIG, PAGE, REASON_MAX,
                   REASON_OFF, layout, segment_size)
@@ -65,10 +65,14 @@ class CpuBackend(HostBackend):
         self._stop = threading.Event()
         gen = _GEN[job] = _GEN.get(job, 0) + 1
         self._prefix = f"st/{job}/cpu{gen}"
-        size = segment_size(nch, world, settings.buffsize, settings.ring_slots)
+        with sigterm_exits():          # our name is in /dev/shm until every rank attached
+            self._create(segment_size(nch, world, settings.buffsize, settings.ring_slots), gen)
+
+    def _create(self, size: int, gen: int) -> None:
+        s, rank = self.settings, self.rank
         try:
-            self.seg = Segment(f"st_{job}_{gen}_{rank}_{secrets.token_hex(3)}", size, create=True,
-                               advice=advice(nch, world, settings.buffsize, settings.ring_slots))
+            self.seg = Segment(f"st_{self.job}_{gen}_{rank}_{secrets.token_hex(3)}", size, create=True,
+                               advice=advice(self.nch, self.world, s.buffsize, s.ring_slots))
         except BaseException as e:      # e.g. a full /dev/shm: peers waiting for our segment hear why at once
             self._say_failed(e)
             raise
@@ -120,15 +124,15 @@ class CpuBackend(HostBackend):
         ctl[C_FUTEX] = int(self.guard.futex)      # before the name is published: peers read it when they attach
         self._hb = threading.Thread(target=self._heartbeat, name=f"slicetrace-heartbeat-r{rank}", daemon=True)
         self._hb.start()
-        self.store.set(f"{self._prefix}/seg/{rank}", self.seg.name.encode())
+        self.store.set(f"{self._prefix}/seg/{rank}", f"{self.seg.name} {host_id()}".encode())
         names = self._names = {}
         self.guard.on_dead = lambda p: unlink_name(names[p])
         alive = self._peers_alive
         for p in range(world):
             if p != rank:
-                names[p] = self.store.get(f"{self._prefix}/seg/{p}", s.timeout_s, check=alive,
-                                          what=f"rank {p}'s cpu backend segment (job {self.job!r})").decode()
-                self._attach(p, names[p])
+                names[p], host = self.store.get(f"{self._prefix}/seg/{p}", s.timeout_s, check=alive, what=f"rank "
+                                                f"{p}'s cpu backend segment (job {self.job!r})").decode().split(" ", 1)
+                self._attach(p, names[p], host)
 
         def conn(seg: Segment, idx: int, peer: int, is_send: bool) -> Conn:
             off = conn0 + idx * stride
@@ -151,10 +155,15 @@ class CpuBackend(HostBackend):
         cpus = affinity.candidates(rank, world, nch) if s.cpu_bind == "on" else []    # launch() resolves "auto"
         self._bound = affinity.bind(cpus) if cpus else None      # after the heartbeat thread started
 
-    def _attach(self, p: int, name: str) -> None:
+    def _attach(self, p: int, name: str, host: str) -> None:
         try:
             seg = Segment(name)
         except FileNotFoundError:
+            if host != host_id():
+                raise BackendError(f"rank {p} runs on host {host}, rank {self.rank} on {host_id()}: the cpu backend "
+                                   f"moves data through one host's shared memory (/dev/shm), so every rank must run "
+                                   f"on one machine (in one container); across hosts use backend='cuda' or "
+                                   f"torch.distributed") from None
             why = self.store.try_get(f"{self._prefix}/failed/{p}")
             raise PeerError(f"rank {p}'s segment {name!r} is gone: " + (
                 f"rank {p}'s set-up failed: {why.decode()}" if why else f"rank {p} closed or was cleaned up")) from None
