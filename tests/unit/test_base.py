@@ -147,3 +147,22 @@ def test_pointer_of_device_buffers_by_each_protocol():
     same = [(P2pPart(0, True, 100, 0), a, "bfloat16", 0), (P2pPart(1, False, 100, 0), a, "bfloat16", 0)]
     with pytest.raises(UsageError, match=r"recv\(peer=1\) overlaps that of send\(peer=0\)"):
         check_group_overlap(same, 2)
+
+
+def test_a_closed_peer_did_its_part_when_it_sent_all_asked_of_it_and_ran_every_collective():
+    """cuda's watchdog took any closed peer as 'cannot finish' (a receive queued behind long work was aborted)."""
+    from types import SimpleNamespace
+
+    from slicetrace.backend.base import P2pLedger
+    from slicetrace.plan.schedule import P2pPart
+    from slicetrace.rendezvous import DictStore
+    sender, receiver, store = P2pLedger(), P2pLedger(), DictStore({})
+    sender.count(SimpleNamespace(parts=[(P2pPart(1, True, 10, 0), None)], dtype="float32"), 0)
+    sender.publish(store, "sent/0", colls=3)
+    raw = store.try_get("sent/0")
+    receiver.count(SimpleNamespace(parts=[(P2pPart(0, False, 10, 0), None)], dtype="float32"), 1)
+    assert receiver.did_its_part(raw, 1, 0, colls=3)
+    assert not receiver.did_its_part(raw, 1, 0, colls=4)            # a collective it never ran
+    receiver.count(SimpleNamespace(parts=[(P2pPart(0, False, 10, 0), None)], dtype="float32"), 1)
+    assert not receiver.did_its_part(raw, 1, 0, colls=3)            # a second receive it never sent for
+    assert not receiver.did_its_part(None, 1, 0, colls=0)           # closed without publishing (it failed)

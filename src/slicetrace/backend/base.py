@@ -58,15 +58,27 @@ class P2pLedger:
             m[1] += n
             m[3] = max(0, m[3] - n)
 
-    def publish(self, store: Store, key: str) -> None:
-        store.set(key, json.dumps(sorted((p, m[0], m[1], m[2]) for p, m in self.sent.items())).encode())
+    def publish(self, store: Store, key: str, colls: int = 0) -> None:
+        """What this rank sent, and how many collectives it ran (`colls`), once every op of its ended."""
+        store.set(key, json.dumps({"sent": sorted((p, m[0], m[1], m[2]) for p, m in self.sent.items()),
+                                   "colls": colls}).encode())
+
+    def did_its_part(self, raw: bytes | None, rank: int, peer: int, colls: int) -> bool:
+        """A closed peer's published ledger (raw) says it sent this rank every message this rank has asked it for
+        and ran as many collectives: what this rank still waits on is in its FIFOs or on its way."""
+        if raw is None:
+            return False
+        pub = json.loads(raw)
+        sent = {q: n for q, n, _, _ in pub["sent"]}
+        return sent.get(rank, 0) >= self.got.get(peer, [0])[0] and pub["colls"] >= colls
 
     def lost(self, store: Store, keys: dict[int, str], rank: int, timeout_s: float) -> list[str]:
         """keys: peer -> the key it published under (all published before the close barrier). Messages as many at
         both ends but of other sizes or types go to `mismatched`."""
         out = []
         for p in sorted(keys):
-            sent = {q: (n, e, h) for q, n, e, h in json.loads(store.get(keys[p], timeout_s, what=f"rank {p}'s sends"))}
+            raw = store.get(keys[p], timeout_s, what=f"rank {p}'s sends")
+            sent = {q: (n, e, h) for q, n, e, h in json.loads(raw)["sent"]}
             n, e, h = sent.get(rank, (0, 0, 0))
             gn, ge, gh, _ = self.got.get(p, [0, 0, 0, 0])
             if n > gn:

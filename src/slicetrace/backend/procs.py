@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import socket
+from typing import Any
 
 from ..rendezvous import Store
 
@@ -86,12 +87,13 @@ class PeerWatch:
     def closed(self) -> None:
         self.store.set(f"{self.prefix}/closed/{self.rank}", b"1")
 
-    def gone(self, peers: tuple[int, ...]) -> str | None:
-        """'rank p <reason>' for the first peer seen gone at this check and the one before, else None."""
+    def gone(self, peers: tuple[int, ...], did_its_part: Any = None) -> str | None:
+        """'rank p <reason>' for the first peer seen gone at this check and the one before, else None.
+        did_its_part(p): a closed peer that did is not gone (what we wait on from it is on its way to us)."""
         for p in peers:
             why = None
             if self.store.try_get(f"{self.prefix}/closed/{p}") is not None:
-                why = "closed its communicator"
+                why = None if did_its_part is not None and did_its_part(p) else "closed its communicator"
             else:
                 if p not in self._procs:
                     raw = self.store.try_get(f"{self.prefix}/proc/{p}")

@@ -277,8 +277,13 @@ class CudaBackend(Backend, KernelArgs):
         why = self.store.try_get(f"{self._prefix}/abort")
         if why is not None:
             return f"rank {self.rank}: a peer aborted: {why.decode(errors='replace')}"
-        gone = self.watch.gone(self._pending.peers(token))
+        gone = self.watch.gone(self._pending.peers(token), self._did_its_part)
         return None if gone is None else f"rank {self.rank}: op {token.tag} cannot finish: {gone}"
+
+    def _did_its_part(self, p: int) -> bool:
+        """A closed peer that sent all we receive from it and ran all our collectives (its ledger, published first)."""
+        return self.ledger.did_its_part(self.store.try_get(f"{self._prefix}/sent/{p}"), self.rank, p,
+                                        0 if self.sigs is None else self.sigs.seq)
 
     @property
     def last_token(self) -> Token | None:
@@ -344,7 +349,10 @@ class CudaBackend(Backend, KernelArgs):
                 self._told = False          # raised inside close: the caller has not heard it
         if self._broken is not None:
             self.abort(self._broken)
-        try:
+        try:                                # every op of ours ended: what we sent, then that we closed
+            if self._broken is None:
+                self.ledger.publish(self.store, f"{self._prefix}/sent/{self.rank}",
+                                    0 if self.sigs is None else self.sigs.seq)
             self.watch.closed()             # a peer still waiting for us raises now rather than at its timeout
         except Exception:
             pass
@@ -354,8 +362,6 @@ class CudaBackend(Backend, KernelArgs):
             pass
         met = False
         try:
-            if self._broken is None:
-                self.ledger.publish(self.store, f"{self._prefix}/sent/{self.rank}")
             self.store.barrier(f"{self._prefix}/close", self.rank, self.world, 5.0 if self._broken else 30.0)
             met = True
         except Exception as e:
