@@ -166,3 +166,19 @@ def test_a_closed_peer_did_its_part_when_it_sent_all_asked_of_it_and_ran_every_c
     receiver.count(SimpleNamespace(parts=[(P2pPart(0, False, 10, 0), None)], dtype="float32"), 1)
     assert not receiver.did_its_part(raw, 1, 0, colls=3)            # a second receive it never sent for
     assert not receiver.did_its_part(None, 1, 0, colls=0)           # closed without publishing (it failed)
+
+
+def test_a_closed_peer_that_never_took_our_send_did_not_do_its_part():
+    """A rank that closed without receiving: the sender's op still waits on it (the watchdog must abort it)."""
+    from types import SimpleNamespace
+
+    from slicetrace.backend.base import P2pLedger
+    from slicetrace.plan.schedule import P2pPart
+    from slicetrace.rendezvous import DictStore
+    sender, closer, store = P2pLedger(), P2pLedger(), DictStore({})
+    sender.count(SimpleNamespace(parts=[(P2pPart(1, True, 10, 0), None)], dtype="float32"), 0)
+    closer.publish(store, "sent/1")
+    assert not sender.did_its_part(store.try_get("sent/1"), 0, 1, colls=0)
+    closer.count(SimpleNamespace(parts=[(P2pPart(0, False, 10, 0), None)], dtype="float32"), 1)
+    closer.publish(store, "sent/1")
+    assert sender.did_its_part(store.try_get("sent/1"), 0, 1, colls=0)

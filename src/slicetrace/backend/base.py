@@ -61,16 +61,18 @@ class P2pLedger:
     def publish(self, store: Store, key: str, colls: int = 0) -> None:
         """What this rank sent, and how many collectives it ran (`colls`), once every op of its ended."""
         store.set(key, json.dumps({"sent": sorted((p, m[0], m[1], m[2]) for p, m in self.sent.items()),
-                                   "colls": colls}).encode())
+                                   "got": sorted((p, m[0]) for p, m in self.got.items()), "colls": colls}).encode())
 
     def did_its_part(self, raw: bytes | None, rank: int, peer: int, colls: int) -> bool:
-        """A closed peer's published ledger (raw) says it sent this rank every message this rank has asked it for
-        and ran as many collectives: what this rank still waits on is in its FIFOs or on its way."""
+        """A closed peer's published ledger (raw) says it sent this rank every message this rank receives from it,
+        took every message this rank sends it, and ran as many collectives: what this rank waits on is in its
+        FIFOs or on its way."""
         if raw is None:
             return False
         pub = json.loads(raw)
-        sent = {q: n for q, n, _, _ in pub["sent"]}
-        return sent.get(rank, 0) >= self.got.get(peer, [0])[0] and pub["colls"] >= colls
+        sent, got = {q: n for q, n, _, _ in pub["sent"]}, dict(pub["got"])
+        return (sent.get(rank, 0) >= self.got.get(peer, [0])[0] and got.get(rank, 0) >= self.sent.get(peer, [0])[0]
+                and pub["colls"] >= colls)
 
     def lost(self, store: Store, keys: dict[int, str], rank: int, timeout_s: float) -> list[str]:
         """keys: peer -> the key it published under (all published before the close barrier). Messages as many at
