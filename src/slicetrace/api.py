@@ -2,20 +2,21 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import math
 import threading
 import time
 from typing import Any, Iterator
 
-from .api_checks import check_group_overlap, check_overlap, int_index, ptr, tag_value, writable
+from .api_checks import (check_group_overlap, check_overlap, check_self_types, int_index, ptr, tag_value,
+                         writable)
 from .backend.base import DTYPES, REDOPS, Work
 from .config import Settings
 from .errors import SliceTraceError, UsageError
 from .events.abi import DATATYPE_NAMES, FUNC_NAMES, parse_mask
 from .events.host import OpInfo, TaskInfo
-from .plan.schedule import P2pPart, plan_collective, plan_p2p, rotate_p2p, split_p2p
+from .plan.groups import group_layout
+from .plan.schedule import P2pPart, plan_collective
 from .rendezvous import Store
 from .session import Session
 
@@ -227,65 +228,51 @@ class Communicator:
         self._p2p(out, peer, False, user_tag)
         return out
 
-    def _p2p_layout(self, itemsize: int, shape: tuple, start: tuple, caller: tuple) -> tuple:
-        """(pieces as (part, entry index), plan, programs per entry) for a group's (peer, is_send, count, offset)
-        tuples, its connections moved on by `start` (rotate_p2p). Cached: pieces carry offsets, never views.
-        caller: a group of mixed dtypes in bytes, each entry's (itemsize, dtype code): the headers its pieces carry,
-        as a peer that does not mix would cut them (16-byte aligned pieces fall on elements: the same pieces)."""
-        be = self._session.backend
-        pieces, nprog = split_p2p(shape, self.rank, self.world_size, itemsize, be.channels_for)
-        if caller:
-            pieces = [(dataclasses.replace(p, hdr=(p.count // caller[ei][0], caller[ei][1],
-                                                   p.total // caller[ei][0])), ei) for p, ei in pieces]
-        plan = plan_p2p([p for p, _ in pieces], self.world_size, self.rank, itemsize,
-                        self.settings.p2p_chunk_bytes, self.settings.step_bytes, be.p2p_channels())
-        plan = rotate_p2p(plan, dict(start), be.p2p_channels(), be.p2p_channels())
-        return pieces, plan, nprog
-
     def _run_p2p(self, entries: list, checked: bool = False) -> None:
         self._check_open()                      # closed inside its group()
         self._guarded("send/recv", self._run_p2p_one, entries, checked)
 
     def _run_p2p_one(self, entries: list, checked: bool = False) -> None:
         given, be = entries, self._session.backend
-        mixed = len({e[2] for e in entries}) > 1
+        dt0 = entries[0][2]
+        mixed = len(entries) > 1 and any(e[2] != dt0 for e in entries)
         if mixed:                               # NCCL allows it: the data path moves bytes, each message keeps its
-            entries = [(P2pPart(p.peer, p.is_send, p.count * b.itemsize, p.index, p.offset * b.itemsize), # own
-                        be.byte_view(b), "uint8", ut) for p, b, _, ut in entries]           # (count, dtype) to check
+            check_self_types(entries, self.rank)                # own (count, dtype) to check
+            entries = [(P2pPart(p.peer, p.is_send, p.count * b.itemsize, p.index, p.offset * b.itemsize),
+                        be.byte_view(b), "uint8", ut) for p, b, _, ut in entries]
         dtype, itemsize = entries[0][2], entries[0][1].itemsize
         if len(entries) > 1 and not checked:
             check_group_overlap(entries, itemsize)
-        pos, nconn = self._p2p_pos, be.p2p_channels()
-        start = tuple(sorted({(p.peer, p.is_send): pos.get((p.peer, p.is_send), 0) for p, *_ in entries}.items()))
-        key = (itemsize, tuple((p.peer, p.is_send, p.count, p.offset) for p, _, _, _ in entries), start,
-               tuple((e[1].itemsize, DTYPES.index(e[2])) for e in given) if mixed else ())
+        pos = self._p2p_pos
+        shape = tuple((p.peer, p.is_send, p.count, p.offset) for p, _, _, _ in entries)
+        start = tuple(pos.get((p.peer, p.is_send), 0) for p, _, _, _ in entries) if pos else ()
+        key = (itemsize, shape, start, tuple((e[1].itemsize, DTYPES.index(e[2])) for e in given) if mixed else ())
         hit = self._p2p_plans.get(key)
         if hit is None:
             if len(self._p2p_plans) >= 256:
                 self._p2p_plans.clear()
-            hit = self._p2p_plans[key] = self._p2p_layout(*key)
-        pieces, plan, nprog = hit
-        for prog in plan.programs:              # the pair's next pieces start after these, at both ends
-            k = (prog.params["peer"], prog.params["is_send"])
-            pos[k] = (pos.get(k, 0) + 1) % nconn
+            hit = self._p2p_plans[key] = group_layout(*key, self.rank, self.world_size, be.channels_for,
+                                                      be.p2p_channels(), self.settings.p2p_chunk_bytes,
+                                                      self.settings.step_bytes)
+        pieces, plan, nprog, moves, chans = hit
         parts = [(part, entries[ei][1]) for part, ei in pieces]
         sess = self._session                    # threshold on the group's largest message
         mask = sess.op_mask_for(max(p.count for p, _, _, _ in entries) * itemsize if sess.profiling else 0, True)
         tasks = []
         if mask:                                # events only when a plugin listens
-            chans: list[set[int]] = [set() for _ in entries]    # per entry: where its records are stamped
-            for prog in plan.programs:
-                chans[pieces[prog.params["part"]][1]].add(prog.channel)
             for (p, buf, dt, ut), n, ch in zip(given, nprog, chans):      # the caller's count and dtype
                 at = ptr(buf) + p.offset * buf.itemsize
                 tasks.append(TaskInfo(func="Send" if p.is_send else "Recv", peer=p.peer, is_send=p.is_send,
                                       count=p.count, datatype=DATATYPE_NAMES.get(dt, dt), root=0,
                                       send_buff=at if p.is_send else 0, recv_buff=0 if p.is_send else at,
-                                      n_programs=n, channels=tuple(sorted(ch)), user_tag=ut))
+                                      n_programs=n, channels=ch, user_tag=ut))
         self._tag += 1
         info = self._info("send_recv", tasks, entries[0][3], mask, self._next_seq("send_recv"), self._stream)
-        work = Work(self._tag, plan, dtype, "sum", parts=parts, stream=self._stream)
-        self._session.run(work, info)
+        self._session.run(Work(self._tag, plan, dtype, "sum", parts=parts, stream=self._stream), info)
+        if moves:                               # launched: the pair's next pieces start after these, at both ends
+            nconn = be.p2p_channels()           # (a group refused before its launch moves nothing)
+            for k, n in moves:
+                pos[k] = (pos.get(k, 0) + n) % nconn
 
     def all_to_all(self, x: Any, out: Any = None, *, user_tag: int = 0) -> Any:
         """x holds world_size blocks of k elements; block j goes to rank j; out block j comes from rank j."""

@@ -118,3 +118,14 @@ def check_overlap(func: str, send: Any, recv: Any, count: int, rank: int) -> Non
     if not ok:
         raise UsageError(f"{func}: x and out overlap without being in place (x starts {sp - rp:+d} bytes from "
                          f"out); in place means {want}; otherwise pass buffers that do not overlap")
+
+
+def check_self_types(entries: list, rank: int) -> None:
+    """A group of mixed dtypes moves bytes: its sends to self and receives from self (paired in order, as the plan
+    pairs them) must still agree in count and dtype, as a pair between two ranks must (MismatchError there)."""
+    sends = [(p.count, dt) for p, _, dt, _ in entries if p.peer == rank and p.is_send]
+    recvs = [(p.count, dt) for p, _, dt, _ in entries if p.peer == rank and not p.is_send]
+    for k, (s, r) in enumerate(zip(sends, recvs)):
+        if s != r:
+            raise UsageError(f"send to self #{k} on rank {rank} is {s[0]} x {s[1]} but the recv from self it pairs "
+                             f"with is {r[0]} x {r[1]}; paired counts and dtypes must be equal")

@@ -222,3 +222,93 @@ def test_a_mixed_group_reports_each_messages_own_count_and_dtype(tmp_path):
     assert seen == {(0, "Send", 300_000, "ncclFloat32"), (0, "Send", 1000, "ncclInt64"), (0, "Recv", 77, "ncclFloat16"),
                     (1, "Recv", 300_000, "ncclFloat32"), (1, "Recv", 1000, "ncclInt64"),
                     (1, "Send", 77, "ncclFloat16")}, seen
+
+
+def _refused_then_single(comm):
+    """cuda refuses a group at launch (too many programs); the cpu backend is made to refuse the same way here."""
+    be = comm._session.backend
+    real = be.submit
+
+    def refusing(work):
+        if work.plan.func == "send_recv" and len(work.plan.programs) > 4:
+            raise UsageError("a group of more than 4 programs (as cuda's launch limit)")
+        return real(work)
+    be.submit = refusing
+    x = [np.full(1000, i, np.float32) for i in range(5)]
+    if comm.rank == 0:
+        try:
+            with comm.group():
+                for a in x:
+                    comm.send(a, 1)
+        except UsageError:
+            pass
+        for a in x:                           # as the error advises: one at a time
+            comm.send(a, 1)
+        comm.flush_profiler()
+        return True
+    out = [np.zeros(1000, np.float32) for _ in range(5)]
+    for o in out:
+        comm.recv(o, 0)
+    comm.flush_profiler()
+    return all((o == a).all() for o, a in zip(out, x))
+
+
+def test_a_group_refused_before_its_launch_moves_no_connection(tmp_path):
+    """The pair's connection counter moved before the run: after a refused group the sender's connections (and on
+    cuda its FIFOs) were shifted against the receiver's."""
+    from slicetrace.analyze.trace import kernel_steps, load_traces
+    prefix = str(tmp_path / "ref")
+    assert slicetrace.launch(_refused_then_single, 2, nchannels=4, profiler_plugin="example",
+                             profile_dump_file=prefix, **KW) == [True, True]
+    ks = kernel_steps(load_traces(sorted(glob.glob(prefix + "_*.json"))))
+    sends = sorted((int(k["channel"]), int(k["step"])) for k in ks if k["is_send"])
+    recvs = sorted((int(k["channel"]), int(k["step"])) for k in ks if not k["is_send"])
+    assert sends == recvs and len(sends) == 5
+
+
+def test_a_mixed_group_pairs_self_sends_and_receives_by_count_and_dtype():
+    """Mixed groups move bytes: float32[4] to self was taken by float64[2] (bytes reinterpreted), and a count
+    mismatch was reported in bytes."""
+    c = slicetrace.init(backend="cpu")
+    try:
+        y = np.zeros(2, np.float64)
+        with pytest.raises(UsageError, match=r"send to self #0 on rank 0 is 4 x float32 but the recv from self it "
+                                             r"pairs with is 2 x float64"):
+            with c.group():
+                c.send(np.arange(4, dtype=np.float32), 0)
+                c.recv(y, 0)
+        assert (y == 0).all()
+        a, b = np.zeros(4, np.float32), np.zeros(3, np.int64)
+        with c.group():                        # alike pairs in a mixed group copy as they should
+            c.send(np.arange(4, dtype=np.float32), 0)
+            c.send(np.arange(3, dtype=np.int64), 0)
+            c.recv(a, 0)
+            c.recv(b, 0)
+        assert (a == np.arange(4)).all() and (b == np.arange(3)).all()
+    finally:
+        c.close()
+
+
+def _empty_then_close(comm):
+    if comm.rank == 0:
+        from slicetrace.backend.cpu.shm import C_CLOSED
+        guard = comm._session.backend.guard
+        real = guard.peers.get
+
+        def slow_get(p, default=None):        # widen the window between posting the header and the look
+            got = real(p, default)
+            deadline = time.monotonic() + 10
+            while got is not None and not got[0][C_CLOSED] and time.monotonic() < deadline:
+                time.sleep(0.005)
+            return got
+        guard.peers = type("Peers", (dict,), {"get": lambda self, p, d=None: slow_get(p, d)})(guard.peers)
+        comm.send(np.zeros(0, np.float32), 1)
+        return "sent"
+    comm.recv(np.zeros(0, np.float32), 0)
+    return "received"
+
+
+def test_an_empty_message_taken_before_its_receiver_closed_is_no_error():
+    """An empty message completes at the receiver from its header alone: a receiver that took it and closed before
+    the sender looked made the sender raise PeerError and abort the communicator."""
+    assert slicetrace.launch(_empty_then_close, 2, **KW) == ["sent", "received"]

@@ -33,6 +33,7 @@ def test_two_communicators_of_one_rank_merge_without_sharing_ids_or_a_process(tm
     assert check_trace(merged) == []             # every b pairs with its own e: no (cat, id) met twice
     ids = [(r["cat"], r["id"]) for r in merged if r.get("ph") == "b"]
     assert len(ids) == len(set(ids)) > 0
+    assert all(i < 2 ** 53 for _, i in ids)     # exact as doubles (a spreadsheet, a JavaScript viewer)
     pids = [{r["pid"] for r in recs if "pid" in r} for recs in raw]
     assert all(len(p) == 1 for p in pids) and len(set.union(*pids)) == 3 and 0 not in set.union(*pids)
     names = [next(r["args"]["name"] for r in recs if r.get("name") == "process_name") for recs in raw]
@@ -42,3 +43,15 @@ def test_two_communicators_of_one_rank_merge_without_sharing_ids_or_a_process(tm
         recs = load_trace(f)
         assert {r["pid"] for r in recs if "pid" in r} == {rank}
         assert set(kernel_steps(recs)["rank"].tolist()) == {rank}
+
+
+def test_pids_and_id_bases_of_many_communicators_do_not_meet():
+    """The pid was a 15-bit fold of the communicator beside the rank: two of 76 job names met (one process, and
+    their async ids paired across files), and ids were pid << 32, above 2**53 for nearly every communicator. Odds
+    of a meeting among M (communicator, rank) pairs: ~M**2 / 2**32 (pids), ~M**2 / 2**28 (id bases)."""
+    from slicetrace.sinks.chrome_text import id_base, trace_pid
+    pairs = [(h * 0x9E3779B97F4A7C15 % (1 << 64), r) for h in range(1, 65) for r in range(8)]   # 64 x 8 ranks
+    pids = {trace_pid(h, r) for h, r in pairs}
+    bases = {id_base(h, r) for h, r in pairs}
+    assert len(pids) == len(bases) == len(pairs)
+    assert all(0 < p < 2 ** 31 for p in pids) and all(b + 2 ** 26 <= 2 ** 53 for b in bases)

@@ -8,6 +8,7 @@ import math
 import os
 import re
 import tempfile
+import time
 
 from ..analyze.atomic import atomic_open
 from ..errors import SliceTraceError, UsageError
@@ -91,6 +92,13 @@ def _complete(path: str) -> bool:
         return False
 
 
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return -1
+
+
 def trace_note(folder: str, before: dict[str, tuple[int, int]], plugins: str | None, mask: int | None) -> str:
     """The line naming the trace files this run wrote (those new or changed since `before`); none is an error,
     naming the effective plugins and event mask (SLICETRACE_PROFILER_PLUGIN, SLICETRACE_PROFILE_EVENT_MASK), and
@@ -101,6 +109,10 @@ def trace_note(folder: str, before: dict[str, tuple[int, int]], plugins: str | N
                               f"(profiler plugins {plugins!r}, event mask {mask}: SLICETRACE_PROFILER_PLUGIN, "
                               f"SLICETRACE_PROFILE_EVENT_MASK)")
     broken = [f for f in written if not _complete(f)]
+    if broken:                      # our ranks have closed: a file still growing is another run's, being written
+        sizes = {f: _size(f) for f in broken}
+        time.sleep(0.3)
+        broken = [f for f in broken if _size(f) == sizes[f]]
     if broken:
         raise SliceTraceError(f"--trace {folder!r}: {len(broken)} of the {len(written)} trace file(s) this run "
                               f"wrote are incomplete (no closing ']'): {', '.join(broken)}; their profiler plugin "

@@ -8,8 +8,8 @@ Timeline: ts = host CLOCK_MONOTONIC ns / 1000 (µs, 3 decimals = exact ns). Ever
 clock, so per-rank files merge into one trace; one process per rank and communicator ("rank N (comm H)"), pid
 from both (chrome_text.trace_pid; the first record, "slicetrace_comm", carries the Rank, the run's nRanks and the
 EventMask the plugin recorded with). Coll/P2p/KernelCh/API events are async b/e pairs (same cat + id; ids are
-pid << 32 | n, unique across the merged files of every communicator). KernelSteps are "X" slices from
-wait to done on one thread per (channel, direction, peer), tid = 1e6 + channel*131072 + is_send*65536 + peer,
+chrome_text.id_base + n: unique across the merged files of every communicator, under 2**53). KernelSteps are "X"
+slices from wait to done on one thread per (channel, direction, peer), tid = 1e6 + channel*131072 + is_send*65536 + peer,
 named e.g. "ch 3 send->1"; slices of one connection are sequential, so they render without overlap.
 
 Pools (sizes from settings.pool_sizes): a pool bounds the events of one type *in flight*; a slot is retired

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..events.abi import KERNEL_CH_DTYPE, KERNEL_STEP_DTYPE, ActivationMask, CollDescr, CommInfo, EventType
-from .chrome_text import CH_LINES, STEP_LINE, RowFormat, trace_pid
+from .chrome_text import CH_LINES, STEP_LINE, RowFormat, id_base, trace_pid
 
 log = logging.getLogger("slicetrace")
 T = EventType
@@ -52,7 +52,7 @@ class Ctx:
         self.file: Any = None
         self.good = 0                           # bytes of the file up to the end of its last whole record
         self.error: OSError | None = None       # the write that failed: nothing more is written
-        self.next_id = self.pid << 32           # async ids unique across the files of every communicator
+        self.next_id = id_base(comm.comm_hash, comm.rank)   # async ids unique across merged files, < 2**53
         self.inflight = dict.fromkeys(POOL_OF.values(), 0)
         self.dropped = dict.fromkeys(POOL_OF.values(), 0)
         self.written = dict.fromkeys(POOL_OF.values(), 0)

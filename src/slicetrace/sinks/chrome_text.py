@@ -45,14 +45,33 @@ def step_tid(channel: int, is_send: int, peer: int) -> int:
     return 1_000_000 + channel * 131072 + (1 if is_send else 0) * 65536 + (peer & 0xFFFF)
 
 
+def _mix(comm_hash: int, rank: int) -> int:
+    """64 well-mixed bits of (communicator, rank): splitmix64's finaliser over the hash, then over that + rank."""
+    return _fin((_fin(int(comm_hash) & _M64) + int(rank) * 0x9E3779B97F4A7C15) & _M64)
+
+
+def _fin(z: int) -> int:
+    z = ((z ^ z >> 30) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ z >> 27) * 0x94D049BB133111EB) & _M64
+    return z ^ z >> 31
+
+
+_M64 = (1 << 64) - 1
+
+
 def trace_pid(comm_hash: int, rank: int) -> int:
     """The pid of a communicator's rank in a merged trace: one process per rank and communicator (two
     communicators of one process would otherwise share one), never 0 (Perfetto's idle process), below 2**31
-    (the analyzer's int32 pid). The communicator is a 15-bit fold of its hash beside the rank's 16 bits; the rank
-    itself is in the process name and in slicetrace_comm's args.Rank, which the analyzer reads."""
-    h = int(comm_hash) & 0xFFFFFFFFFFFFFFFF
-    fold = (h ^ h >> 15 ^ h >> 30 ^ h >> 45 ^ h >> 60) & 0x7FFF
-    return 1 + ((fold << 16) + int(rank)) % 0x7FFFFFFF
+    (the analyzer's int32 pid); two (communicator, rank) pairs of M meet with odds ~M**2 / 2**32. The rank itself
+    is in the process name and in slicetrace_comm's args.Rank, which the analyzer reads."""
+    return 1 + _mix(comm_hash, rank) % 0x7FFFFFFE
+
+
+def id_base(comm_hash: int, rank: int) -> int:
+    """The first async id of a file: 27 bits of (communicator, rank) above 2**26 ids of its own, so ids stay under
+    2**53 (exact as doubles: spreadsheets, JavaScript viewers) and differ across the merged files of every
+    communicator (odds ~M**2 / 2**28)."""
+    return (_mix(comm_hash, rank) >> 37) << 26
 
 
 def pair(ev_id: int, pid: int, name: str, cat: str, ts0: int, ts1: int, args: dict) -> list[str]:

@@ -189,13 +189,17 @@ def _next_part(ln: _Lane, bufs, writers, op, stamp_ch, dcode, guard, clock) -> b
         pr = prog.params
         m = conn.msg_seq
         conn.msg_seq = m + 1
-        msg = _user_msg(conn, pr)
+        if conn.msg_left == 0:       # this piece starts one of the caller's messages (its pieces follow each other)
+            conn.msg_left = pr["total"]
+            conn.msgs += 1
+        conn.msg_left = max(0, conn.msg_left - pr["count"])
+        msg = conn.msgs - 1
         base = H_MSG + (m % NSIG) * 4
         if conn.is_send:             # describe the message before any of its data is posted
             conn.ctl[base + 1], conn.ctl[base + 2], conn.ctl[base + 3] = pr["hdr"] or (pr["count"], dcode, pr["total"])
             conn.ctl[base] = m + 1
             peer = guard.peers.get(conn.peer)      # after posting: a receiver closing now sees the header, or we it
-            if peer is not None and peer[0][C_CLOSED]:      # else a message that fits the FIFO would vanish
+            if peer is not None and peer[0][C_CLOSED] and conn.ctl[H_MSGACK] <= m:   # (an empty one it took: fine)
                 raise guard.fail(ABORT_PEER, f"rank {guard.rank} sends message #{msg} to rank "
                                  f"{conn.peer}, which has closed its communicator: it would never be received")
         ln.prog, ln.buf, ln.i, ln.k, ln.first = prog, bufs[pr["part"]], 0, 0, True
@@ -211,15 +215,6 @@ def _next_part(ln: _Lane, bufs, writers, op, stamp_ch, dcode, guard, clock) -> b
         _end_part(ln, op, stamp_ch, clock)
     ln.prog = None
     return False
-
-
-def _user_msg(conn, pr) -> int:
-    """The caller's message number of the piece about to move (pieces of one message are consecutive)."""
-    if conn.msg_left == 0:
-        conn.msg_left = pr["total"]
-        conn.msgs += 1
-    conn.msg_left = max(0, conn.msg_left - pr["count"])
-    return conn.msgs - 1
 
 
 def _end_part(ln: _Lane, op, stamp_ch, clock) -> None:
