@@ -239,3 +239,34 @@ def test_a_receive_queued_behind_long_work_after_its_sender_closed_finishes(gpu,
     import slicetrace
     assert slicetrace.launch(_receive_behind_long_work, 2, backend="cuda", cache_dir=kcache, timeout_s=20.0,
                              join_timeout_s=240) == ["sent", True]
+
+
+def _mixed_dtypes(comm):
+    import cupy
+    with _dev(comm):
+        f = cupy.arange(300_000, dtype=cupy.float32) + 0.5       # > 1 MiB: cut in pieces
+        i = cupy.arange(1000, dtype=cupy.int64) * 3
+        h = cupy.arange(77, dtype=cupy.float16)
+        if comm.rank == 0:
+            got = cupy.zeros_like(h)
+            with comm.group():
+                comm.send(f, 1)
+                comm.send(i, 1)
+                comm.recv(got, 1)
+            comm.synchronize()
+            return bool((got == h).all())
+        a, b = cupy.zeros_like(f), cupy.zeros_like(i)
+        comm.recv(a, 0)                                    # the peer does not mix
+        with comm.group():
+            comm.recv(b, 0)
+            comm.send(h, 0)
+        comm.synchronize()
+        return bool((a == f).all() and (b == i).all())
+
+
+@pytest.mark.cuda
+def test_a_group_may_mix_dtypes_against_a_peer_that_does_not(gpu, kcache):
+    """Mixed groups move bytes (a uint8 kernel over byte counts); a peer that does not mix meets the same pieces."""
+    import slicetrace
+    assert slicetrace.launch(_mixed_dtypes, 2, backend="cuda", cache_dir=kcache, timeout_s=20.0,
+                             join_timeout_s=240) == [True, True]
