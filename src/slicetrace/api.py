@@ -240,7 +240,7 @@ class Communicator:
             check_self_types(entries, self.rank)                # own (count, dtype) to check
             entries = [(P2pPart(p.peer, p.is_send, p.count * b.itemsize, p.index, p.offset * b.itemsize),
                         be.byte_view(b), "uint8", ut) for p, b, _, ut in entries]
-        dtype, itemsize = entries[0][2], entries[0][1].itemsize
+        dtype, itemsize = ("uint8", 1) if mixed else (entries[0][2], entries[0][1].itemsize)   # cuda: no byte view
         if len(entries) > 1 and not checked:
             check_group_overlap(entries, itemsize)
         pos = self._p2p_pos
