@@ -374,8 +374,8 @@ class Communicator:
                     self._busy.release()
         finally:
             closing.release()
-        if self._group:                         # closed by now: the peers hear it; the caller must too
-            n, self._group = len(self._group), None
+        if self._group:                         # closed by now: the peers hear it; the caller must too (and the
+            n = len(self._group)                # group's owner, at its exit: "closed")
             raise UsageError(f"close: a comm.group() was open with {n} send/recv queued; they never ran")
 
     def __enter__(self) -> "Communicator":

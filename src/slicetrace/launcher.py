@@ -87,11 +87,18 @@ def init(backend: str | None = None, rank: int | None = None, world_size: int | 
         # a key per call: the store outlives a communicator (torchrun's agent, torch's default store), so a fixed
         # key could hand a later call the previous communicator's id; every rank counts its calls alike
         key = f"slicetrace/job/{world_size}/{next(_JOB_CALLS[world_size, rank])}"
+        twice = UsageError(f"init(): two communicators of world_size={world_size} met at the job id key {key!r} "
+                           f"(groups of ranks making communicators over one store: sub-communicators); pass job=, "
+                           f"a string the members of one communicator share and no other uses (NCCL's unique id)")
         if rank == 0:
             job = uuid.uuid4().hex[:10]
-            store.set(key, job.encode())
+            if store.claim(key, job.encode()).decode() != job:      # another rank 0 took this call's key
+                store.set(f"{key}/twice", b"1")                     # its members and ours cannot tell whose it is
+                raise twice
         else:
             job = store.get(key, s.timeout_s, what=f"job id from rank 0 ({key})").decode()
+            if store.try_get(f"{key}/twice") is not None:
+                raise twice
     return Communicator(s, rank, world_size, store, job, name)
 
 
@@ -157,6 +164,11 @@ def _asked_to_close(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt("the launcher asked the ranks to close (interrupted)")
 
 
+def _interrupted(signum: int, frame: Any) -> None:
+    _no_interrupts()                 # once: the launcher's own SIGINT must not cut fn's cleanup (its other
+    raise KeyboardInterrupt          # communicators' plugins writing their traces)
+
+
 def _no_interrupts() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(CLOSE_SIGNAL, signal.SIG_IGN)
@@ -191,7 +203,7 @@ def _child(fn: Callable, rank: int, world: int, store_map: Any, job: str, settin
     try:
         signal.signal(CLOSE_SIGNAL, _asked_to_close)     # the launcher's request, even with SIGINT ignored
         if not sigint_ignored:                   # ignored while we started (_QuietProcess): Ctrl-C is on again
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGINT, _interrupted)
         if Settings.from_env(**settings).cpu_bind == "auto" and _crowding(world):
             settings = {**settings, "cpu_bind": "on"}      # our own rank processes: nothing else inherits it
         comm = init(rank=rank, world_size=world, store=DictStore(store_map), job=job, **settings)

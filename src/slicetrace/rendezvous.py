@@ -45,6 +45,15 @@ class Store(abc.ABC):
             time.sleep(delay)
             delay = min(delay * 2, 0.01)
 
+    def claim(self, key: str, value: bytes) -> bytes:
+        """Set key to value unless it is set; the value it holds after (ours, or the first claimant's). Atomic in
+        the stores below; this fallback is not (a race of two claimants can leave the second's value)."""
+        v = self.try_get(key)
+        if v is None:
+            self.set(key, value)
+            v = self.try_get(key)
+        return value if v is None else v
+
     def delete(self, key: str) -> None:
         """Forget a key nobody will read again (long runs would otherwise grow the store without end)."""
 
@@ -66,6 +75,9 @@ class DictStore(Store):
 
     def try_get(self, key: str) -> bytes | None:
         return self._d.get(key)
+
+    def claim(self, key: str, value: bytes) -> bytes:
+        return self._d.setdefault(key, value)           # one call: atomic in a Manager's dict, and in a dict
 
     def delete(self, key: str) -> None:
         self._d.pop(key, None)
@@ -120,6 +132,12 @@ class TorchStore(Store):
         try:
             self._s.set(key, value)
         except Exception as e:  # noqa: BLE001 - torch's error types differ by version
+            raise self._lost(e) from None
+
+    def claim(self, key: str, value: bytes) -> bytes:
+        try:
+            return bytes(self._s.compare_set(key, b"", value))     # sets only a key that is not there
+        except Exception as e:  # noqa: BLE001
             raise self._lost(e) from None
 
     def try_get(self, key: str) -> bytes | None:

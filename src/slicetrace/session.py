@@ -179,7 +179,7 @@ class Session:
     def barrier(self) -> None:
         self.synchronize()
         self._barriers += 1
-        n, base = self._barriers, f"st/{self.job}/barrier/"
+        n, base = self._barriers, f"{self.backend.key_prefix}/barrier/"
         self.store.barrier(f"{base}{n}", self.rank, self.world, self.settings.timeout_s, check=self.backend.check_peers)
         if n > 1:           # every rank set its key of barrier n: it is done reading barrier n - 1's keys
             self.store.delete(f"{base}{n - 1}/{self.rank}")

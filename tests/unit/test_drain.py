@@ -585,13 +585,13 @@ def test_slots_a_writer_reserves_again_during_the_copy_are_counted_as_overrun():
     for i in range(10):
         s = w.start(KIND_STEP, FLAG_SEND, 1, i, 8, 1, i, i + 1)
         w.complete(s, KIND_STEP, FLAG_SEND, 1, i, 8, 1, i + 2)
-    gather = d._gather
+    gather = d._scratch.take
 
     def racing(rows, idx, name):           # a writer reserves seqs 11..67 while the drain copies
         out = gather(rows, idx, name)
         v.header["reserved"][0] = 67
         return out
-    d._gather = racing
+    d._scratch.take = racing
     d.poll_once()
     assert sink.drops == Counter({"overrun": 3})           # seqs 1..3 share slots with 65..67
     assert [list(r["step"]) for _, r in sink.step_calls] == [list(range(3, 10))] and d.cursor[0] == 10

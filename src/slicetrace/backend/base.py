@@ -148,6 +148,12 @@ class Backend(abc.ABC):
         array behind a backend's own handle."""
         return buf
 
+    @property
+    def key_prefix(self) -> str:
+        """This communicator's keys in the store: the job's, and the backend's count of communicators of that job
+        made in this process (a job made again must not meet its predecessor's keys)."""
+        return getattr(self, "_prefix", f"st/{self.job}")
+
     def byte_view(self, buf: Any) -> Any:
         """buf's bytes, as a send/recv group of mixed dtypes moves them (offsets and counts in bytes)."""
         return buf.view(np.uint8)

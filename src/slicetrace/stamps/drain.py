@@ -103,12 +103,18 @@ class Drain:
         return self._thread is not None and self._thread.is_alive()
 
     def flush(self, timeout_s: float) -> bool:
-        """Drain until every submitted op has ended; False if that took longer than timeout_s."""
+        """Drain until every op submitted before the call has ended (not those another thread submits meanwhile);
+        False if that took longer than timeout_s."""
         deadline = time.monotonic() + timeout_s
-        while not self.idle():
-            # The caller polls too (no sleep latency), but waits no longer than the deadline for a stuck poller.
+        with self._lock:
+            ops = dict(self._ops)
+
+        def left() -> bool:
+            with self._lock:
+                return any(self._ops.get(k) is op for k, op in ops.items())
+        while ops and left():          # the caller polls too, but waits no longer than the deadline for a poller
             if (self.poll_once(False, max(0.0, deadline - time.monotonic())) is None
-                    or (time.monotonic() > deadline and not self.idle())):
+                    or (time.monotonic() > deadline and left())):
                 return False
             time.sleep(20e-6)
         return True
@@ -277,8 +283,8 @@ class Drain:
             seqs = np.arange(c0 + 1, c0 + n0 + 1, dtype=np.int64)
             chan = None
             idx = seqs & (N - 1)
-            st = self._gather(self._st[int(chs[0])], idx, "st")
-            co = st if self._merged else self._gather(self._co[int(chs[0])], idx, "co")
+            st = self._scratch.take(self._st[int(chs[0])], idx, "st")
+            co = st if self._merged else self._scratch.take(self._co[int(chs[0])], idx, "co")
             top2 = np.int64(self._hdr[int(chs[0]), 0])     # read after the copy: is any slot being reused?
         else:
             offs = np.cumsum(cnt) - cnt
@@ -286,8 +292,8 @@ class Drain:
             chan = np.repeat(chs, cnt)
             idx = seqs & (N - 1)
             flat = chan * N + idx
-            st = self._gather(self._st.reshape(-1, 6), flat, "st")
-            co = st if self._merged else self._gather(self._co.reshape(-1, 6), flat, "co")
+            st = self._scratch.take(self._st.reshape(-1, 6), flat, "st")
+            co = st if self._merged else self._scratch.take(self._co.reshape(-1, 6), flat, "co")
             top2 = np.repeat(self._hdr[chs, 0].astype(np.int64), cnt)   # read after the copy
         self.rows_read += len(seqs)
         useq = seqs.view(np.uint64)
@@ -340,11 +346,6 @@ class Drain:
             self._deliver(int(chs[0]) if chan is None else chan, st, co)
         return int(end.sum())
 
-    def _gather(self, rows: np.ndarray, idx: np.ndarray, name: str) -> np.ndarray:
-        """rows[idx] (a snapshot of ring entries), into a reused buffer when large (stamps.scratch)."""
-        buf = self._scratch.rows(name, len(idx), rows.dtype, rows.shape[1])
-        return rows[idx] if buf is None else np.take(rows, idx, axis=0, out=buf, mode="clip")
-
     def _deliver(self, chan, st: np.ndarray, co: np.ndarray) -> None:
         """chan: the channel of every row (array), or one int when all rows come from one channel."""
         w4, w5 = st[:, 4], st[:, 5]
@@ -368,10 +369,9 @@ class Drain:
         if not resort:                               # one op, one kind
             starts = [0]
         else:
-            # One run per kind and op across channels: every op's KernelSteps, then the KernelCh records (one may
-            # complete its op); the stable sort keeps each channel's seq order. The steps form one block, which a
-            # plugin can take in one call. Channel-major runs would cost a call per channel. Rows the pairing
-            # dropped sort last and are cut off: one copy of the rows, not two.
+            # One run per kind and op across channels (a plugin takes an op's steps in one call, not one per
+            # channel), KernelCh last (one may complete its op); stable: each channel's seq order. Rows the
+            # pairing dropped sort last and are cut off.
             key = (kinds.astype(np.int64) << 32) | ops.astype(np.int64)
             if keep is not None:
                 key[~keep] = _DROPPED

@@ -28,3 +28,8 @@ class Scratch:
             rows = max(n, len(b) * 3 // 2 if b is not None else 0)
             b = self._bufs[name] = np.empty((rows, width) if width else (rows,), dtype)
         return b[:n]
+
+    def take(self, rows: np.ndarray, idx: np.ndarray, name: str) -> np.ndarray:
+        """rows[idx] (a snapshot of ring entries), into buffer `name` when large."""
+        buf = self.rows(name, len(idx), rows.dtype, rows.shape[1])
+        return rows[idx] if buf is None else np.take(rows, idx, axis=0, out=buf, mode="clip")

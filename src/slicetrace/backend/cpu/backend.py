@@ -124,7 +124,10 @@ class CpuBackend(HostBackend):
         ctl[C_FUTEX] = int(self.guard.futex)      # before the name is published: peers read it when they attach
         self._hb = threading.Thread(target=self._heartbeat, name=f"slicetrace-heartbeat-r{rank}", daemon=True)
         self._hb.start()
-        self.store.set(f"{self._prefix}/seg/{rank}", f"{self.seg.name} {host_id()}".encode())
+        mine = f"{self.seg.name} {host_id()}".encode()
+        if self.store.claim(f"{self._prefix}/seg/{rank}", mine) != mine:
+            raise UsageError(f"rank {rank} of job {self.job!r} was joined by another process first (two communicators "
+                             f"over one store share this job string); pass each communicator a job= of its own")
         names = self._names = {}
         self.guard.on_dead = lambda p: unlink_name(names[p])
         alive = self._peers_alive

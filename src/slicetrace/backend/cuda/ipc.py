@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from ...errors import BackendError, CommTimeoutError, MismatchError
+from ...errors import BackendError, CommTimeoutError, MismatchError, UsageError
 from ...rendezvous import Store
 from ...stamps.layout import HEADER_DTYPE, STAMP_DTYPE, RingViews, ring_bytes
 from .layout import COMM_DTYPE, CTRL, MAXRANKS, ipc_layout, peer_slot
@@ -90,7 +90,10 @@ class CommMemory:
         self.probe = self.ctrl[256:512].view(np.uint64)  # clock probe: go, ack, timer, running
         self.probe_ptr = self.ctrl_ptr + 256
         # exchange IPC handles, then open every peer's allocation
-        store.set(f"{prefix}/ipc/{rank}", bytes(runtime.ipcGetMemHandle(self.base)))
+        mine = bytes(runtime.ipcGetMemHandle(self.base))
+        if store.claim(f"{prefix}/ipc/{rank}", mine) != mine:
+            raise UsageError(f"rank {rank} of {prefix!r} was joined by another process first (two communicators over "
+                             f"one store share a job string); pass each communicator a job= of its own")
         self.peer_base = [0] * world
         self.peer_base[rank] = self.base
         for p in range(world):
