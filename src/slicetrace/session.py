@@ -230,6 +230,9 @@ class Session:
                 self.undrained = sum(max(0, int(r) - int(c)) for r, c in zip(self._reserved, drain.cursor))
             if not fenced:              # fence, so a poll that ended meanwhile is not counted twice)
                 _step(errs, "keeping the stamp rings", self.backend.keep_rings)
+            else:                       # nothing reads the rings now: the backend can unmap them
+                drain.release()
+                self._reserved = self._reserved.copy() if self._reserved is not None else None
         if self.host is not None:
             _step(errs, "finalizing the profiler plugins", self._close_host)
         _step(errs, "closing the backend", self.backend.close)

@@ -68,6 +68,9 @@ class FakeDrain:
     def stop(self, timeout_s=5.0):
         self.calls.append("drain.stop")
 
+    def release(self):
+        pass
+
 
 class Rec(RecPlugin):
     def __init__(self, calls, **kw):

@@ -142,6 +142,10 @@ class Drain:
             self.error = self.error or CommTimeoutError(
                 f"slicetrace drain: stop(timeout_s={timeout_s}) gave up, the rings are not settled: {stuck}")
 
+    def release(self) -> None:
+        """Stopped and fenced: let go of the rings' memory and of the error callback (a cycle through the session)."""
+        self.views = self._hdr = self._st = self._co = self._on_error = None
+
     def fence(self, timeout_s: float) -> bool:
         """After stop: hold the poll lock for good (no later poll reads the rings); False if a poll still runs."""
         self._stop = True

@@ -11,6 +11,7 @@ import secrets
 import sys
 import threading
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -122,7 +123,8 @@ class CpuBackend(HostBackend):
                                f"{os.uname().machine}); use 'auto' or 'spin'")
         self.guard.futex = s.cpu_wait == "futex" or (s.cpu_wait == "auto" and crowded and futex.available())
         ctl[C_FUTEX] = int(self.guard.futex)      # before the name is published: peers read it when they attach
-        self._hb = threading.Thread(target=self._heartbeat, name=f"slicetrace-heartbeat-r{rank}", daemon=True)
+        self._hb = threading.Thread(target=self._heartbeat, args=(weakref.ref(self), self._stop),
+                                    name=f"slicetrace-heartbeat-r{rank}", daemon=True)
         self._hb.start()
         mine = f"{self.seg.name} {host_id()}".encode()
         if self.store.claim(f"{self._prefix}/seg/{rank}", mine) != mine:
@@ -189,13 +191,17 @@ class CpuBackend(HostBackend):
             if not pctl[C_CLOSED] and proc_dead(pid, start):
                 unlink_name(self._names[p])
 
-    def _heartbeat(self) -> None:
-        ctl = self.ctl
-        while not self._stop.wait(HEARTBEAT_S):
+    @staticmethod
+    def _heartbeat(ref: "weakref.ref[CpuBackend]", stop: threading.Event) -> None:
+        """By weak reference: a communicator dropped without close() is freed (its segments unmapped), and this
+        thread ends at its next beat."""
+        while not stop.wait(HEARTBEAT_S):
+            be = ref()
             try:
-                ctl[C_HEARTBEAT] = time.monotonic_ns()
-            except (ValueError, IndexError):    # view released by close
+                be.ctl[C_HEARTBEAT] = time.monotonic_ns()
+            except (AttributeError, TypeError, ValueError, IndexError):    # gone, or its view released by close
                 return
+            del be
 
     # ---- Backend API ----
     @property
@@ -291,6 +297,9 @@ class CpuBackend(HostBackend):
             self._hb.join(1.0)
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+        # the numpy views over the segments (FIFO slots, stamp rings): gone, the mappings close now (else a closed
+        # communicator the caller keeps, or one a cycle holds, keeps its /dev/shm pages until GC)
+        self.writers, self._rings, self.ring_send, self.ring_recv, self.p2p_recv, self.p2p_send = [], None, [], [], {}, {}
         self.seg.unlink()
         for seg in self._peer_segs.values():
             seg.close()
