@@ -5,9 +5,11 @@ Every backend runs these plans. The CUDA kernels compute the same schedule on th
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any, Callable
 
 from ..config import NCCL_STEPS
 from ..errors import UsageError
@@ -213,7 +215,25 @@ def _chain(rank, n, root, lo, cnt, it, proto, reduce_: bool):
     return prims, {"chunk_elems": chunk}
 
 
-@lru_cache(maxsize=4096)     # plans are immutable and ops repeat: planning is off the hot path after the first
+_SMALL_PLAN = 4 << 20        # bytes: plans of ops up to this are cached by the thousand, larger ones by the dozen
+
+
+def _plans_cache(nbytes_of: Callable[..., int]) -> Callable:
+    """lru caches of immutable plans (ops repeat: planning is off the hot path after the first), split by the op's
+    bytes: a plan's memory grows with them (~0.3 KB per FIFO step, 79 KB at 256 MiB), so one cache of 4096 held
+    250-630 MB in a run of random large counts."""
+    def deco(fn: Callable) -> Callable:
+        small, large = lru_cache(maxsize=4096)(fn), lru_cache(maxsize=64)(fn)
+
+        @functools.wraps(fn)
+        def plan(*args: Any) -> OpPlan:
+            return (small if nbytes_of(*args) <= _SMALL_PLAN else large)(*args)
+        plan.caches = (small, large)        # type: ignore[attr-defined]
+        return plan
+    return deco
+
+
+@_plans_cache(lambda func, nranks, rank, count, itemsize, *rest: count * itemsize)
 def plan_collective(func: str, nranks: int, rank: int, count: int, itemsize: int, root: int,
                     nchannels: int, step_bytes: int) -> OpPlan:
     if func not in COLLECTIVES:
@@ -315,7 +335,7 @@ def plan_p2p(parts, nranks: int, rank: int, itemsize: int, chunk_bytes: int,
     return _plan_p2p(tuple(parts), nranks, rank, itemsize, chunk_bytes, step_bytes, nchannels)
 
 
-@lru_cache(maxsize=4096)
+@_plans_cache(lambda parts, nranks, rank, itemsize, *rest: sum(p.count for p in parts) * itemsize)
 def _plan_p2p(parts: tuple[P2pPart, ...], nranks: int, rank: int, itemsize: int, chunk_bytes: int,
               step_bytes: int, nchannels: int) -> OpPlan:
     """A group of sends/recvs. Each part is its own program on its peer connection; they run concurrently.
