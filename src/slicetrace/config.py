@@ -94,7 +94,7 @@ class Var:
 
 VARIABLES: tuple[Var, ...] = (
     Var("SLICETRACE_BACKEND", "backend", str, "engine backend: cpu (default), cuda, or null (tests)"),
-    Var("SLICETRACE_NCHANNELS", "nchannels", _int, "channels per collective; 0 = backend default (cpu 1; cuda picks by size as NCCL does, up to 64)"),
+    Var("SLICETRACE_NCHANNELS", "nchannels", _int, "channels per collective; 0 = backend default (cpu 1; cuda picks by size as NCCL does, up to 64 with up to 4 ranks, 32 with more)"),
     Var("SLICETRACE_BUFFSIZE", "buffsize", _bytes, "Simple-protocol FIFO bytes per connection (NCCL_BUFFSIZE), e.g. 4194304 or 4M (>= 32768, a multiple of 4096, <= 1G), default 4M; on cpu each rank reserves about (nchannels + world) x buffsize in /dev/shm"),
     Var("SLICETRACE_P2P_CHUNKSIZE", "p2p_chunksize", _bytes, "send/recv chunk bytes (NCCL_P2P_NVL_CHUNKSIZE), e.g. 524288 or 512K (>= 4096, a multiple of 512; capped at BUFFSIZE/8), default 512K"),
     Var("SLICETRACE_NTHREADS", "nthreads", _int, "CUDA threads per block (NCCL_NTHREADS): 64, 128, 256, 512 or 640, default 512"),
@@ -365,6 +365,12 @@ def dist_env(env: Mapping[str, str] | None = None, *, ranks: bool = True, master
     # torch's env:// compares with "True" the same way (torch.distributed.rendezvous)
     agent = master and env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     return DistEnv(rank, world, local, addr, port, agent)
+
+
+def job_world_size(env: Mapping[str, str] | None = None) -> int | None:
+    """torchrun's WORLD_SIZE when it is a plain number, else None (no error: only a hint for init())."""
+    v = (os.environ if env is None else env).get("WORLD_SIZE", "")
+    return int(v) if re.fullmatch(r"[0-9]+", v) else None
 
 
 def describe(settings: Settings, env: Mapping[str, str] | None = None) -> list[tuple[str, str, str, str]]:

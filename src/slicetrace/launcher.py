@@ -20,7 +20,7 @@ import numpy as np
 
 from .api import Communicator
 from .api_checks import as_index
-from .config import Settings, dist_env, quiet_unknown
+from .config import Settings, dist_env, job_world_size, quiet_unknown
 from .errors import ConfigError, LaunchError, SliceTraceError, UsageError, ours
 from .launch_signals import (CLOSE_SIGNAL, _hold_signals, _let_ranks_close, _QuietContext, _release_signals,
                              _terminate_as_exit)
@@ -30,6 +30,7 @@ from .rendezvous import DictStore, Store, TorchStore
 # (world_size, rank) -> a count of this process's init() calls that take a job id from a store (ranks as threads
 # of one process count apart)
 _JOB_CALLS: defaultdict = defaultdict(itertools.count)
+_LAUNCH_WORLD: int | None = None        # in a rank process of launch(): its world size
 
 
 def _torch_store(rank: int, world: int, timeout_s: float) -> Store:
@@ -84,6 +85,11 @@ def init(backend: str | None = None, rank: int | None = None, world_size: int | 
     if job is None and world_size == 1:
         job = uuid.uuid4().hex[:10]
     elif job is None:
+        top = _LAUNCH_WORLD or job_world_size()
+        if top is not None and world_size != top:   # its members' calls cannot be told from another group's
+            raise UsageError(f"init(world_size={world_size}) in a job of {top} ranks makes a sub-communicator: pass "
+                             f"job=, a string its members share and no other communicator uses (NCCL's unique id); "
+                             f"without one, groups of ranks making communicators of one size could join each other")
         # a key per call: the store outlives a communicator (torchrun's agent, torch's default store), so a fixed
         # key could hand a later call the previous communicator's id; every rank counts its calls alike
         key = f"slicetrace/job/{world_size}/{next(_JOB_CALLS[world_size, rank])}"
@@ -206,6 +212,8 @@ def _child(fn: Callable, rank: int, world: int, store_map: Any, job: str, settin
             signal.signal(signal.SIGINT, _interrupted)
         if Settings.from_env(**settings).cpu_bind == "auto" and _crowding(world):
             settings = {**settings, "cpu_bind": "on"}      # our own rank processes: nothing else inherits it
+        global _LAUNCH_WORLD
+        _LAUNCH_WORLD = world
         comm = init(rank=rank, world_size=world, store=DictStore(store_map), job=job, **settings)
         result = fn(comm, *args)
         running.clear()
