@@ -5,11 +5,14 @@ thread for asynchronous backends (cuda) and runs inline between ops for synchron
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
+import signal
+import threading
 import time
-from typing import Any
+from typing import Any, Iterator
 
 from .backend.base import Backend, Work, create
 from .config import Settings
@@ -170,7 +173,8 @@ class Session:
                 else int((reserved - cur).max()))
         if self._since_poll >= 32 or now >= self._poll_at or fill > self.drain.slots // 4:
             self._since_poll, self._poll_at = 0, now + 0.02
-            self.drain.poll_once(False, self.settings.timeout_s)    # None: another poller drains meanwhile
+            with _signals_held():       # a Ctrl-C inside a plugin's callback lost an op's Coll, kept its steps
+                self.drain.poll_once(False, self.settings.timeout_s)    # None: another poller drains meanwhile
 
     def synchronize(self) -> None:
         if self._last is not None:
@@ -246,6 +250,24 @@ class Session:
     def _close_host(self) -> None:
         # bounded: a plugin callback stuck in the drain thread holds the host's lock
         self.host.close(notes=self._op_counts(), timeout_s=self.settings.timeout_s)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGUSR1 wait (blocked, then delivered) while the main thread hands records to the
+    plugins: an interrupt there left a plugin's event half-made (its Coll gone, its KernelSteps written)."""
+    if not _MASKABLE or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+_MASKABLE = hasattr(signal, "pthread_sigmask")
+_HELD = {signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGUSR1", signal.SIGINT)}
 
 
 def _step(errs: list[BaseException], what: str, fn: Any) -> None:
