@@ -1,0 +1,52 @@
+"""An interrupt while the cpu backend's inline drain hands records to a plugin waits until the plugin's callback
+returned: a Ctrl-C there lost an op's Coll record and kept its KernelSteps (the bench Ctrl-C test failed once)."""
+from __future__ import annotations
+
+import os
+import signal
+
+import numpy as np
+import pytest
+
+import slicetrace
+
+
+class Interrupting:
+    """Records stops; the first Coll stop sends this process SIGINT, as a Ctrl-C landing there would."""
+    version, name = 8, "interrupting"
+    stops: list = []
+    sent = False
+
+    def __init__(self, settings=None):
+        pass
+
+    def init(self, comm, mask):
+        mask.value = 0x2 | 0x10000          # Coll | KernelStep
+        return None
+
+    def start_event(self, ctx, descr):
+        return descr.type
+
+    def stop_event(self, h, ts):
+        if h == 0x2 and not Interrupting.sent:
+            Interrupting.sent = True
+            os.kill(os.getpid(), signal.SIGINT)
+        Interrupting.stops.append(h)        # after the signal: the callback must run to its end
+
+    def record_event_state(self, h, s, a):
+        pass
+
+    def finalize(self, ctx):
+        pass
+
+
+def test_a_ctrl_c_during_a_plugin_callback_waits_for_it_to_return():
+    Interrupting.stops, Interrupting.sent = [], False
+    c = slicetrace.init(backend="cpu", profiler_plugin=f"{__name__}:Interrupting")
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            for _ in range(10_000):
+                c.all_reduce(np.ones(1 << 12, np.float32))
+        assert Interrupting.sent and 0x2 in Interrupting.stops   # the interrupted Coll stop ran to its end
+    finally:
+        c.close()
