@@ -5,14 +5,13 @@ Every backend runs these plans. The CUDA kernels compute the same schedule on th
 """
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Callable
 
 from ..config import NCCL_STEPS
 from ..errors import UsageError
+from .cache import plans_cache as _plans_cache
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce")
 FUNCS = COLLECTIVES + ("send_recv",)
@@ -213,24 +212,6 @@ def _chain(rank, n, root, lo, cnt, it, proto, reduce_: bool):
             else:
                 prims.append(_prim("recvReduceSend", prv, nxt, "in", None, True, o, o, m, it, proto))
     return prims, {"chunk_elems": chunk}
-
-
-_SMALL_PLAN = 4 << 20        # bytes: plans of ops up to this are cached by the thousand, larger ones by the dozen
-
-
-def _plans_cache(nbytes_of: Callable[..., int]) -> Callable:
-    """lru caches of immutable plans (ops repeat: planning is off the hot path after the first), split by the op's
-    bytes: a plan's memory grows with them (~0.3 KB per FIFO step, 79 KB at 256 MiB), so one cache of 4096 held
-    250-630 MB in a run of random large counts."""
-    def deco(fn: Callable) -> Callable:
-        small, large = lru_cache(maxsize=4096)(fn), lru_cache(maxsize=64)(fn)
-
-        @functools.wraps(fn)
-        def plan(*args: Any) -> OpPlan:
-            return (small if nbytes_of(*args) <= _SMALL_PLAN else large)(*args)
-        plan.caches = (small, large)        # type: ignore[attr-defined]
-        return plan
-    return deco
 
 
 @_plans_cache(lambda func, nranks, rank, count, itemsize, *rest: count * itemsize)
