@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import _signal
 import os
 import signal
 import threading
@@ -255,31 +254,20 @@ class Session:
 
 @contextlib.contextmanager
 def _signals_held() -> Iterator[None]:
-    """SIGINT and SIGUSR1 handlers (KeyboardInterrupt) wait while the main thread hands records to the plugins (an interrupt
-    there left a plugin's event half-made: its Coll gone, its KernelSteps written); the first that came runs after.
-    Python handlers, not the thread's signal mask: the OS hands a masked signal to another thread, and Python runs
-    its handler in the main thread at once."""
-    if threading.current_thread() is not threading.main_thread():
+    """SIGINT, SIGTERM and SIGUSR1 wait (blocked, then delivered) while the main thread hands records to the
+    plugins: an interrupt there left a plugin's event half-made (its Coll gone, its KernelSteps written)."""
+    if not _MASKABLE or threading.current_thread() is not threading.main_thread():
         yield
         return
-    came: list[tuple[int, Any]] = []
-    olds = {}
-    for sig in _HELD:                       # _signal: the same calls without the enum wrapping (3.5 -> 0.3 us)
-        h = _signal.signal(sig, lambda signum, frame: came.append((signum, frame)))
-        if callable(h):
-            olds[sig] = h
-        else:                               # SIG_DFL / SIG_IGN: no Python code to defer
-            _signal.signal(sig, h)
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
     try:
         yield
     finally:
-        for sig, h in olds.items():
-            _signal.signal(sig, h)
-        if came:
-            olds[came[0][0]](*came[0])
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
-_HELD = (int(signal.SIGINT),) + ((int(signal.SIGUSR1),) if hasattr(signal, "SIGUSR1") else ())   # launch()'s close
+_MASKABLE = hasattr(signal, "pthread_sigmask")
+_HELD = {signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGUSR1", signal.SIGINT)}
 
 
 def _step(errs: list[BaseException], what: str, fn: Any) -> None:

@@ -42,6 +42,7 @@ class Interrupting:
 
 def test_a_ctrl_c_during_a_plugin_callback_waits_for_it_to_return():
     Interrupting.stops, Interrupting.sent = [], False
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)     # a runner may start us with SIGINT ignored
     c = slicetrace.init(backend="cpu", profiler_plugin=f"{__name__}:Interrupting")
     try:
         with pytest.raises(KeyboardInterrupt):
@@ -50,3 +51,4 @@ def test_a_ctrl_c_during_a_plugin_callback_waits_for_it_to_return():
         assert Interrupting.sent and 0x2 in Interrupting.stops   # the interrupted Coll stop ran to its end
     finally:
         c.close()
+        signal.signal(signal.SIGINT, old)
