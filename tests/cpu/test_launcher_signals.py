@@ -19,15 +19,6 @@ from slicetrace.backend.procs import proc_dead
 from slicetrace.errors import ConfigError, UsageError
 from slicetrace.rendezvous import Store
 
-@pytest.fixture(autouse=True)
-def _sigint_on():
-    """Python's SIGINT handler in the test process (its children then start with SIGINT on): a runner may start
-    the tests with SIGINT ignored, which every child would inherit, and these tests are about Ctrl-C."""
-    old = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, old)
-
-
 DRIVER = textwrap.dedent("""
     import os, sys, numpy as np, slicetrace
     def body(comm, d):
@@ -38,6 +29,8 @@ DRIVER = textwrap.dedent("""
     if __name__ == "__main__":
         slicetrace.launch(body, 2, sys.argv[1], timeout_s=20.0)
 """)
+
+pytestmark = pytest.mark.usefixtures("sigint_on")   # tests/cpu/conftest.py
 
 
 def _session_pids(sid):

@@ -16,16 +16,9 @@ import pytest
 import slicetrace
 from slicetrace.errors import UsageError
 
-@pytest.fixture(autouse=True)
-def _sigint_on():
-    """Python's SIGINT handler in the test process (its children then start with SIGINT on): a runner may start
-    the tests with SIGINT ignored, which every child would inherit, and these tests are about Ctrl-C."""
-    old = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, old)
-
-
 KW = dict(backend="cpu", timeout_s=5, join_timeout_s=120)
+
+pytestmark = pytest.mark.usefixtures("sigint_on")   # tests/cpu/conftest.py
 
 
 def _pairs_without_job(comm, late):

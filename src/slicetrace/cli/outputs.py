@@ -92,27 +92,21 @@ def _complete(path: str) -> bool:
         return False
 
 
-def _size(path: str) -> int:
-    try:
-        return os.stat(path).st_size
-    except OSError:
-        return -1
-
-
 def trace_note(folder: str, before: dict[str, tuple[int, int]], plugins: str | None, mask: int | None) -> str:
     """The line naming the trace files this run wrote (those new or changed since `before`); none is an error,
     naming the effective plugins and event mask (SLICETRACE_PROFILER_PLUGIN, SLICETRACE_PROFILE_EVENT_MASK), and
     so is a file its plugin did not finish."""
-    written = sorted(f for f, st in dump_files(folder).items() if before.get(f) != st)
+    now = dump_files(folder)
+    written = sorted(f for f, st in now.items() if before.get(f) != st)
     if not written:
         raise SliceTraceError(f"--trace {folder!r}: the run wrote no trace file there; was profiling off? "
                               f"(profiler plugins {plugins!r}, event mask {mask}: SLICETRACE_PROFILER_PLUGIN, "
                               f"SLICETRACE_PROFILE_EVENT_MASK)")
     broken = [f for f in written if not _complete(f)]
     if broken:                      # our ranks have closed: a file still growing is another run's, being written
-        sizes = {f: _size(f) for f in broken}
         time.sleep(0.3)
-        broken = [f for f in broken if _size(f) == sizes[f]]
+        again = dump_files(folder)
+        broken = [f for f in broken if again.get(f) == now[f]]
     if broken:
         raise SliceTraceError(f"--trace {folder!r}: {len(broken)} of the {len(written)} trace file(s) this run "
                               f"wrote are incomplete (no closing ']'): {', '.join(broken)}; their profiler plugin "
