@@ -21,7 +21,7 @@ from slicetrace.backend.cpu.stamper import FastRingWriter, tail
 from slicetrace.config import Settings
 from slicetrace.events.abi import CommInfo
 from slicetrace.events.host import EventHost, OpInfo, TaskInfo
-from slicetrace.events.plugin import load_plugins
+from slicetrace.events.loading import load_plugins
 from slicetrace.stamps.drain import Drain
 from slicetrace.stamps.layout import (FLAG_CH_STOP, FLAG_SEND, KIND_CHANNEL, KIND_STEP, RingViews, provisional_word,
                                       ring_bytes)

@@ -17,9 +17,9 @@ from typing import Any, Iterator
 from .backend.base import Backend, Work, create
 from .config import Settings
 from .errors import SliceTraceError, UsageError
-from .events.abi import CommInfo, EventType
+from .events.abi import CommInfo, EventType, effective_mask
 from .events.host import EventHost, OpInfo
-from .events.plugin import load_plugins
+from .events.loading import load_plugins
 from .rendezvous import Store
 from .stamps.drain import Drain
 
@@ -119,7 +119,8 @@ class Session:
         if self._every > 1 and (n - 1) % self._every:
             self.ops_sampled_out += 1
             return 0
-        return self.host.op_mask() & self.mask_limit
+        m = self.host.op_mask()
+        return effective_mask(m & self.mask_limit) & m      # a kept type keeps its parents (KernelStep: Coll/P2p)
 
     def _op_counts(self) -> dict[str, int]:
         """The session's own counts, reported with the host's (trace, .prom, report)."""
@@ -145,7 +146,10 @@ class Session:
             return self._last
         if time.monotonic() > self._resync_at:       # follow clock drift (a no-op for the host-clock backends)
             self._resync()
-        self.host.begin_op(info)
+        if not self.host.begin_op(info):            # a plugin stuck in the drain thread: run it unprofiled (counted)
+            work.stamp_steps = work.stamp_channels = False
+            self._last = self.backend.submit(work)
+            return self._last
         self.drain.expect(work.tag)                 # stamps may appear as soon as the work starts
         try:
             token = self.backend.submit(work)

@@ -39,7 +39,7 @@ def test_converted_trace_has_every_slice_on_non_overlapping_tracks_and_a_flow_pe
     out = str(tmp_path / "run.pftrace")
     assert main(["convert", prefix, "-o", out]) == 0
 
-    procs, tracks, begins, ends, stamps = {}, {}, [], [], []
+    procs, tracks, begins, ends, stamps, ordered, open_on = {}, {}, [], [], [], [], {}
     for field, pkt in _fields(open(out, "rb").read()):
         assert field == 1                                  # Trace.packet
         p = _fields(pkt)
@@ -64,7 +64,13 @@ def test_converted_trace_has_every_slice_on_non_overlapping_tracks_and_a_flow_pe
                 ann[_one(a, 10).decode()] = _one(a, 4) if _one(a, 4) is not None else _one(a, 6)
         ev = {"ts": ts, "track": _one(e, 11), "name": (_one(e, 23) or b"").decode(), "args": ann,
               "flow": [v for f, v in e if f == 47], "flow_end": [v for f, v in e if f == 48]}
-        (begins if _one(e, 9) == 1 else ends).append(ev)
+        if _one(e, 9) == 1:
+            begins.append(ev)
+            open_on[ev["track"]] = ev
+        else:                               # a track's slices never overlap: it ends the track's open one
+            ev["args"] = open_on.pop(ev["track"])["args"]
+            ends.append(ev)
+        ordered.append(ev)
 
     # one process per rank; every track under one
     assert sorted(pid for pid, _ in procs.values()) == [1, 2, 3]        # rank + 1: pid 0 is Perfetto's idle process
@@ -91,9 +97,14 @@ def test_converted_trace_has_every_slice_on_non_overlapping_tracks_and_a_flow_pe
         for _, kind in sorted(evs):
             depth += 1 if kind else -1
             assert 0 <= depth <= 1
-    # a flow from every send to the receive of the same channel and step on the peer
-    sends = {f: b for b in begins for f in b["flow"]}
-    recvs = {f: b for b in begins for f in b["flow_end"]}
+    # a flow from every send to the receive of the same channel and step on the peer, on the slices' ends
+    assert not any(b["flow"] or b["flow_end"] for b in begins)
+    sends = {f: e for e in ends for f in e["flow"]}
+    recvs = {f: e for e in ends for f in e["flow_end"]}
+    seen: set = set()                   # Perfetto drops a terminating id whose flow has not begun (file order)
+    for e in ordered:
+        seen.update(e["flow"])
+        assert all(f in seen for f in e["flow_end"])
     n_sends = sum(1 for r in recs if r.get("name") == "KernelStep" and r["args"]["IsSend"])
     assert len(sends) == len(recvs) == n_sends > 0
     p2p_ops = {(r["pid"], r["id"]) for r in recs if r.get("ph") == "b" and r.get("cat") == "P2P"}

@@ -18,7 +18,8 @@ from slicetrace.config import Settings
 from slicetrace.errors import BackendError, CommTimeoutError, ConfigError, UsageError
 from slicetrace.events import abi
 from slicetrace.events.host import EventHost
-from slicetrace.events.plugin import LoadedPlugin, load_plugins
+from slicetrace.events.loading import load_plugins
+from slicetrace.events.plugin import LoadedPlugin
 from slicetrace.rendezvous import DictStore
 from slicetrace.sinks.chrome import ChromePlugin
 from tests.unit.test_plugin import RecPlugin

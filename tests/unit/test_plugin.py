@@ -10,10 +10,11 @@ import pytest
 
 from slicetrace.config import Settings
 from slicetrace.errors import PluginError
-from slicetrace.events import abi, plugin
+from slicetrace.events import abi, loading, plugin
 from slicetrace.events.abi import EventType as T
 from slicetrace.events.abi import State
-from slicetrace.events.plugin import LoadedPlugin, load_plugins
+from slicetrace.events.loading import load_plugins
+from slicetrace.events.plugin import LoadedPlugin
 from tests.helpers.plugins import NoopPlugin
 
 COMM = abi.CommInfo(0xABC, "test", 1, 4, 2)
@@ -212,7 +213,7 @@ def test_none_spec_loads_nothing():
 def test_a_plugin_listed_twice_is_refused():
     """Two example plugins would write the same <prefix>_<commHash>_<rank>.json, one over the other."""
     with pytest.raises(PluginError, match=r"^profiler_plugin='example, linkstats,example': 'example' is listed "
-                                          r"twice; list each plugin once$"):
+                                          r"twice \(maybe by another name\); list each plugin once$"):
         load_plugins("example, linkstats,example", Settings())
 
 
@@ -263,13 +264,13 @@ def test_entry_point_names_resolve(plugmod, monkeypatch):
 
         def load(self):
             return importlib.import_module(plugmod).P
-    monkeypatch.setattr(plugin, "_entry_points", lambda: {"mine": EP()})
+    monkeypatch.setattr(loading, "_entry_points", lambda: {"mine": EP()})
     (lp,) = load_plugins("mine", Settings())
     assert lp.version == 5
 
 
 def test_unknown_name_names_the_value_and_what_is_accepted(monkeypatch):
-    monkeypatch.setattr(plugin, "_entry_points", lambda: {"mine": None})
+    monkeypatch.setattr(loading, "_entry_points", lambda: {"mine": None})
     with pytest.raises(PluginError, match=r"^profiler_plugin='nope' is not a built-in or entry point name "
                                           r"\(\['example', 'linkstats', 'mine'\]\) nor a 'module:attr' path"):
         load_plugins("example,nope", Settings())
@@ -313,7 +314,7 @@ def test_a_plugin_class_is_made_with_settings_or_with_nothing_and_a_failure_is_a
     """A class whose __init__ takes no argument made every rank fail with a bare TypeError (it was always called
     with settings); one that raises is named."""
     from slicetrace.errors import PluginError
-    from slicetrace.events.plugin import load_plugins
+    from slicetrace.events.loading import load_plugins
     for cls in ("_NoArgs", "_Bare"):
         (lp,) = load_plugins(f"tests.unit.test_plugin:{cls}", None)
         assert type(lp.plugin).__name__ == cls
@@ -333,7 +334,7 @@ class _Options(NoopPlugin):
 
 
 def test_a_constructor_that_cannot_take_settings_positionally_is_called_with_nothing():
-    from slicetrace.events.plugin import load_plugins
+    from slicetrace.events.loading import load_plugins
     for cls in ("_KeywordOnly", "_Options"):
         (lp,) = load_plugins(f"tests.unit.test_plugin:{cls}", "the settings")
         assert type(lp.plugin).__name__ == cls

@@ -162,7 +162,8 @@ def convert(paths: Iterable[str], out_path: str) -> dict[str, int]:
         log.warning("slicetrace convert: %d KernelStep send(s) have no send -> receive arrow: their receive is not "
                     "in the files given, or sends and receives of one connection and step do not pair up", unpaired)
     # (ns, order, packet), sorted later: at one instant ends come first (a lane's next slice may begin when the last
-    # one ends), then begins, then the ends of zero-length slices (after their own begin; 32 ns GPU clock ticks)
+    # one ends; receives' after sends'), then begins, then the ends of zero-length slices (after their own begin;
+    # 32 ns GPU clock ticks)
     packets: list[tuple[int, int, bytes]] = []
     descriptors: list[bytes] = []
     nslices = nflows = 0
@@ -186,13 +187,15 @@ def convert(paths: Iterable[str], out_path: str) -> dict[str, int]:
             if cat:
                 ev += _str(_TE_CATEGORIES, cat)
             ev += b"".join(_annotation(k, v) for k, v in args.items())
-            if key is not None:
-                fid = flows.get((fi, si))
-                if fid is not None:
-                    ev += _fixed64(_TE_FLOW if args.get("IsSend") else _TE_FLOW_END, fid)
-                    nflows += bool(args.get("IsSend"))
-            packets.append((t0, 1, _packet(t0, ev)))
-            packets.append((t1, 0 if t1 > t0 else 2, _packet(t1, _int(_TE_TYPE, SLICE_END) + _int(_TE_TRACK, uid))))
+            end = _int(_TE_TYPE, SLICE_END) + _int(_TE_TRACK, uid)
+            fid = None if key is None else flows.get((fi, si))
+            if fid is not None:         # on the ends: Perfetto drops a flow's terminating id met before its start,
+                snd = bool(args.get("IsSend"))      # and a receive may begin waiting before its send begins, but
+                end += _fixed64(_TE_FLOW if snd else _TE_FLOW_END, fid)     # ends after the send ends
+                nflows += snd
+            late = fid is not None and not snd      # at one instant a send's end goes first
+            packets.append((t0, 2, _packet(t0, ev)))
+            packets.append((t1, (0 if t1 > t0 else 3) + late, _packet(t1, end)))
             nslices += 1
     packets.sort(key=lambda p: (p[0], p[1]))
     with atomic_open(out_path, "wb") as out:        # a failed write leaves no half trace

@@ -10,7 +10,7 @@ from ..backend.base import REDOPS
 from ..config import MAXCHANNELS, Settings, env_source
 from ..errors import ConfigError, SliceTraceError, UsageError
 from ..events.abi import EventType
-from ..events.plugin import BUILTINS, resolve
+from ..events.loading import BUILTINS, resolve
 from .outputs import writable_file, writable_folder
 from .sweep import DTYPE_ALIASES, OPS
 

@@ -11,7 +11,7 @@ from .. import errors
 from ..config import Settings, describe
 from ..errors import BackendError, SliceTraceError, UsageError
 from ..events.abi import parse_mask
-from ..events.plugin import load_plugins
+from ..events.loading import load_plugins
 from .benchflags import backend_source, bench_settings, check_flags
 from .outputs import dump_files, trace_note, writable_file, write_json
 from .sweep import DTYPE_ALIASES, OPS, all_dtypes, bench_dtype, parse_size, shm_check, sizes

@@ -7,8 +7,8 @@ records into KernelCh events and KernelStep batches. A Coll/P2p stops when its l
 counted. A plugin that raises never breaks communication: the error is logged once, counted, and the plugin
 is disabled after `max_failures` exceptions.
 
-Threads: begin_op runs on the user thread, channel/steps/end_op/drop/proxy_ctrl on the drain thread. One lock
-serialises them, so plugins are called by one thread at a time.
+Threads: begin_op runs on the user thread, channel/steps/end_op/drop/proxy_ctrl on the drain thread (the user's
+on the inline cpu drain). One lock serialises them, so plugins are called by one thread at a time.
 """
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ T = EventType
 DROP_REASONS = ("overrun", "unpaired", "no_parent", "parent_dropped", "pool_full", "consumer_behind",
                 "sampled_out", "plugin_error", "plugin_disabled", "masked_out", "declined", "missing_kernel_ch",
                 "plugin_init_failed")
+BEHIND_WAIT_S = 1.0     # a plugin callback holding the host this long is stuck: the user's op runs unprofiled
 _KCH, _KS = _B.KERNEL_CH, _B.KERNEL_STEP
 _DKCH = _DELIVERED[T.KERNEL_CH]
 
@@ -50,6 +51,7 @@ class EventHost(Emitter, PollRuns):
         self._proxy: list[Any] = []
         self._skip_counts: dict[tuple, list[tuple[str, int]]] = {}
         self._closed = False
+        self._behind, self._n_behind, self._behind_lock = False, 0, threading.Lock()
         self._slots: list[_Slot] = []
         try:
             for lp in plugins:
@@ -90,23 +92,38 @@ class EventHost(Emitter, PollRuns):
         return m
 
     # ---- ops ----
-    def begin_op(self, info: OpInfo) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            if info.mask is None:
-                info.mask = self.op_mask()
-            lives = [0 if s.disabled else s.lp.mask for s in self._slots]
-            pms = [effective_mask(m) & s.lp.known_types & info.mask if m else 0
-                   for s, m in zip(self._slots, lives)]
-            op = _Op(info, pms)
-            old = self._ops.pop(info.tag, None)
-            if old is not None:           # a tag reused before its end_op: close the old op first
-                self._finish(old, info.ts_ns)
-            for i, pm in enumerate(pms):
-                if pm:
-                    self._emit_begin(i, op, pm if self._slots[i].lp.passthrough is None else pm & lives[i], lives[i])
-            self._ops[info.tag] = op
+    def begin_op(self, info: OpInfo) -> bool:
+        """Open the op's events; False (the op is to run unprofiled, counted consumer_behind) when a plugin
+        callback in the drain thread holds the host over BEHIND_WAIT_S: the engine never waits on a stuck plugin.
+        While it stays stuck, later ops wait 10 ms at most."""
+        if not self._lock.acquire(timeout=min(0.01, BEHIND_WAIT_S) if self._behind else BEHIND_WAIT_S):
+            self._behind = True
+            with self._behind_lock:
+                self._n_behind += 1
+            return False
+        self._behind = False
+        try:
+            self._begin_op(info)
+        finally:
+            self._lock.release()
+        return True
+
+    def _begin_op(self, info: OpInfo) -> None:
+        if self._closed:
+            return
+        if info.mask is None:
+            info.mask = self.op_mask()
+        lives = [0 if s.disabled else s.lp.mask for s in self._slots]
+        pms = [effective_mask(m) & s.lp.known_types & info.mask if m else 0
+               for s, m in zip(self._slots, lives)]
+        op = _Op(info, pms)
+        old = self._ops.pop(info.tag, None)
+        if old is not None:           # a tag reused before its end_op: close the old op first
+            self._finish(old, info.ts_ns)
+        for i, pm in enumerate(pms):
+            if pm:
+                self._emit_begin(i, op, pm if self._slots[i].lp.passthrough is None else pm & lives[i], lives[i])
+        self._ops[info.tag] = op
 
     def _route(self, op: _Op, recs: np.ndarray) -> list[tuple[_Task, Any]]:
         """(task, row selection or None = all rows) per task that has records. Each record goes to one task:
@@ -318,6 +335,7 @@ class EventHost(Emitter, PollRuns):
         """The rank-wide counters plus these plugins' own (added: a rank-wide count of the same name stays in);
         one plugin's is what it reports."""
         c = dict(self._counts)
+        c["consumer_behind"] += self._n_behind
         for s in slots:
             for k, v in s.counts.items():
                 c[k] = c.get(k, 0) + v

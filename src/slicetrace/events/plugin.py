@@ -19,10 +19,9 @@ still offered, and the batch call then raises PartialDelivery so the host counts
 """
 from __future__ import annotations
 
-import importlib
 import logging
+import operator
 from dataclasses import replace
-from importlib import metadata
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -33,11 +32,6 @@ from .abi import (NATIVE_VERSION, VERSION_STATES, VERSION_TYPES, ActivationMask,
                   KernelStepDescr, P2pApiDescr, P2pDescr, ProxyCtrlDescr, State, StateArgs)
 
 log = logging.getLogger("slicetrace")
-
-ENTRY_POINT_GROUP = "slicetrace.profilers"
-# Imported lazily by string: events must not import sinks.
-BUILTINS: dict[str, str] = {"example": "slicetrace.sinks.chrome:ChromePlugin",
-                             "linkstats": "slicetrace.sinks.linkstats:LinkStatsPlugin"}
 
 # v1 descriptors carry uint8 enums (NCCL's ncclFunc_t, ncclDataType_t, algorithm and protocol indices).
 V1_FUNC = {"Broadcast": 0, "Reduce": 1, "AllGather": 2, "ReduceScatter": 3, "AllReduce": 4, "SendRecv": 5,
@@ -68,7 +62,8 @@ class Plugin(Protocol):
     abi.KERNEL_STEP_DTYPE array shared by all plugins, possibly a strided view: take its bytes through
     np.ascontiguousarray), `kernel_step_runs(ctx, parents, recs, starts, stops) ->
     int` (one drain poll at once: rows starts[k]:stops[k] of recs belong to parents[k]; the same as
-    kernel_step_batch per run, which is what plugins without it get), `kernel_ch_batch(ctx, parent_handle, recs) -> int`
+    kernel_step_batch per run, which is what plugins without it get; a batch method that returns None is taken to
+    keep every record, with one warning), `kernel_ch_batch(ctx, parent_handle, recs) -> int`
     (native version only; whole KernelCh events, abi.KERNEL_CH_DTYPE, start and stop in one row),
     `kernel_ch_runs(ctx, parents, recs, starts, stops) -> int` (kernel_ch_batch for a poll's collectives at once)
     and `report_counters(ctx, counters)`, called once right
@@ -119,6 +114,7 @@ class LoadedPlugin:
         self.rank = 0
         self.initialized = False
         self.error_budget = 1 << 62       # exceptions left before the host disables it (set by the host)
+        self._warned: set[str] = set()
 
     def __repr__(self) -> str:
         return f"LoadedPlugin({self.name!r}, version={self.version})"
@@ -128,20 +124,54 @@ class LoadedPlugin:
         self._mask.value = int(mask)
         self.rank = comm.rank
         self.ctx = self.plugin.init(comm, self._mask)
-        self._mask.value &= self.known_types
-        fn = getattr(self.plugin, "unrecorded_handle", None)
-        if callable(fn) and self.version == NATIVE_VERSION:
-            self.passthrough = fn(self.ctx)
         self.initialized = True
+        try:
+            _ = self.mask                       # an int, with the bits its version does not know stripped
+            fn = getattr(self.plugin, "unrecorded_handle", None)
+            if callable(fn) and self.version == NATIVE_VERSION:
+                self.passthrough = fn(self.ctx)
+        except BaseException:                   # its init returned (files open): finalize before it is unloaded
+            try:
+                self.finalize()
+            except Exception:
+                log.exception("slicetrace: profiler plugin %r failed in finalize", self.name)
+            raise
 
     @property
     def mask(self) -> int:
         """The plugin's live mask, with bits its version does not know stripped (again, if it set them)."""
         m = self._mask.value
+        if m.__class__ is not int:
+            m = self._int_mask(m)
         if m & ~self.known_types:
             m &= self.known_types
             self._mask.value = m
         return m
+
+    def _int_mask(self, m: Any) -> int:
+        """A mask the plugin set to a numpy integer or an IntFlag, as an int; anything else (a float, None) turns it
+        off, with one error logged: the user's next op must not raise for it."""
+        try:
+            v = int(operator.index(m))
+        except TypeError:
+            v = 0
+            self._warn_once("mask", "profiler plugin %r set its activation mask to %r; accepted: an int of "
+                            "EventType bits. Its mask is now 0 (no events)", self.name, m)
+        self._mask.value = v
+        return v
+
+    def _warn_once(self, key: str, fmt: str, *args: Any) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.error("slicetrace: " + fmt, *args)
+
+    def _kept(self, what: str, ret: Any, n: int) -> int:
+        """A batch method's answer: None (a method without return) keeps all n, with one warning."""
+        if ret is None:
+            self._warn_once(what, "profiler plugin %r: %s returned None; taken as keeping every record (return "
+                            "how many it kept)", self.name, what)
+            return n
+        return int(ret)
 
     def knows(self, etype: int) -> bool:
         return bool(self.known_types & etype)
@@ -185,7 +215,7 @@ class LoadedPlugin:
         if not self.knows_ks:
             return 0
         if self.has_batch:
-            return int(self.plugin.kernel_step_batch(self.ctx, parent, recs))
+            return self._kept("kernel_step_batch", self.plugin.kernel_step_batch(self.ctx, parent, recs), len(recs))
         ctx, rank, p = self.ctx, self.rank, self.plugin
         return _one_by_one(self, lambda d: p.start_event(ctx, d), p.record_event_state, p.stop_event, _KS_STOP, (
             (KernelStepDescr(_KS, parent, rank, wn, ch, bool(snd), peer, step, size, wc, rc, dc), dc, dn)
@@ -195,13 +225,14 @@ class LoadedPlugin:
         """Rows starts[k]:stops[k] of recs under parents[k], for several parents at once; returns how many were
         kept. Plugins without kernel_step_runs get kernel_step_batch per run (its reference semantics)."""
         if self.has_runs:
-            return int(self.plugin.kernel_step_runs(self.ctx, parents, recs, starts, stops))
+            return self._kept("kernel_step_runs", self.plugin.kernel_step_runs(self.ctx, parents, recs, starts, stops),
+                              sum(stops) - sum(starts))
         return _per_run(self, self.kernel_step_batch, parents, recs, starts, stops)
 
     def kernel_ch_batch(self, parent: Any, recs: np.ndarray) -> int:
         """Deliver whole KernelCh events (abi.KERNEL_CH_DTYPE) under `parent`; returns how many were kept."""
         if self.has_ch_batch:
-            return int(self.plugin.kernel_ch_batch(self.ctx, parent, recs))
+            return self._kept("kernel_ch_batch", self.plugin.kernel_ch_batch(self.ctx, parent, recs), len(recs))
         rank = self.rank
         return _one_by_one(self, self.start_event, self.record_event_state, self.plugin.stop_event, _KCH_STOP, (
             (KernelChDescr(_KCH, parent, rank, t0, ch, c0), c1, t1) for ch, _, _, c0, c1, t0, t1 in recs.tolist()),
@@ -211,7 +242,8 @@ class LoadedPlugin:
         """kernel_ch_batch for several parents at once (rows starts[k]:stops[k] under parents[k]); plugins
         without kernel_ch_runs get kernel_ch_batch per run."""
         if self.has_ch_runs:
-            return int(self.plugin.kernel_ch_runs(self.ctx, parents, recs, starts, stops))
+            return self._kept("kernel_ch_runs", self.plugin.kernel_ch_runs(self.ctx, parents, recs, starts, stops),
+                              sum(stops) - sum(starts))
         return _per_run(self, self.kernel_ch_batch, parents, recs, starts, stops)
 
     def report_counters(self, counters: dict[str, int]) -> None:
@@ -300,88 +332,3 @@ def _to_v1(d: Descriptor) -> Descriptor:
     if isinstance(d, P2pDescr):
         return replace(d, func=V1_FUNC.get(d.func, V1_UNKNOWN), datatype=V1_DATATYPE.get(d.datatype, V1_UNKNOWN))
     return d
-
-
-# ---- loading ----
-
-def _entry_points() -> dict[str, Any]:
-    try:
-        return {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
-    except Exception:                     # a broken distribution must not stop communication
-        log.debug("reading entry points of %s failed", ENTRY_POINT_GROUP, exc_info=True)
-        return {}
-
-
-def _import(path: str, item: str) -> Any:
-    mod, _, attr = path.partition(":")
-    try:
-        obj: Any = importlib.import_module(mod)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as e:
-        raise PluginError(f"profiler_plugin item {item!r}: cannot import {path!r} ({e})") from e
-    return obj
-
-
-def resolve(item: str) -> Any:
-    """One plugin spec -> the object it names (a built-in name, `module:attr`, or an entry point name)."""
-    if item in BUILTINS:
-        return _import(BUILTINS[item], item)
-    if ":" in item:
-        return _import(item, item)
-    eps = _entry_points()
-    if item in eps:
-        try:
-            return eps[item].load()
-        except Exception as e:
-            raise PluginError(f"profiler_plugin item {item!r}: entry point {eps[item].value!r} failed to load ({e})") from e
-    known = sorted(set(BUILTINS) | set(eps))
-    raise PluginError(f"profiler_plugin={item!r} is not a built-in or entry point name ({known}) nor a "
-                      f"'module:attr' path; use 'none' to disable profiling")
-
-
-def _construct(factory: Any, item: str, settings: Any) -> Any:
-    """factory(settings), or factory() when it cannot take one positional argument (keyword-only or no parameters);
-    a factory that fails is a PluginError."""
-    import inspect
-    takes = True
-    try:
-        sig = inspect.signature(factory)
-        try:
-            sig.bind(settings)
-        except TypeError:
-            sig.bind()
-            takes = False
-    except (TypeError, ValueError):         # no signature, or neither call binds: the documented call
-        takes = True
-    try:
-        return factory(settings) if takes else factory()
-    except Exception as e:
-        raise PluginError(f"profiler_plugin item {item!r}: {type(e).__name__} from {item}({'settings' if takes else ''}): "
-                          f"{e}") from e
-
-
-def load_plugins(spec: str | None, settings: Any) -> list[LoadedPlugin]:
-    """Load every plugin of a comma-separated spec ('none', '' or None = no plugins).
-
-    A resolved class, or an object without `init` (a factory), is called with `(settings)`; an object with
-    `init` is the plugin itself.
-    """
-    if spec is None or spec.strip().lower() in ("", "none"):
-        return []
-    out: list[LoadedPlugin] = []
-    for item in (s.strip() for s in spec.split(",")):
-        if not item:
-            continue
-        if item.lower() == "none":
-            raise PluginError(f"profiler_plugin={spec!r}: 'none' cannot be combined with other plugins")
-        if any(lp.name == item for lp in out):          # two of one plugin would write the same files
-            raise PluginError(f"profiler_plugin={spec!r}: {item!r} is listed twice; list each plugin once")
-        obj = resolve(item)
-        if isinstance(obj, type) or not hasattr(obj, "init"):
-            if not callable(obj):
-                raise PluginError(f"profiler_plugin item {item!r} resolved to {obj!r}, which is neither a plugin "
-                                  f"(has init) nor a factory called with settings")
-            obj = _construct(obj, item, settings)
-        out.append(LoadedPlugin(obj, item))
-    return out
