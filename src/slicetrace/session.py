@@ -32,13 +32,16 @@ def _done() -> bool:
     return True
 
 
-def comm_hash(job: str) -> int:
+def comm_hash(job: str, generation: int = 1) -> int:
+    """The communicator's hash (trace file names, CommHash): the job's; for the job made again in this process
+    (generation 2, ...), the job's with that count, so its traces do not overwrite the first one's."""
     # the job names shared-memory segments (st_<job>_...): a '/' or a name past NAME_MAX fails in shm_open
     if not isinstance(job, str) or not 1 <= len(job) <= 128 or \
             not all(c.isascii() and (c.isalnum() or c in "._:-") for c in job):
         raise UsageError(f"job={job!r} must be a str of 1..128 ASCII letters, digits and '.', '_', ':', '-' (the id "
                          f"every rank of one job shares; it names the job's shared-memory segments)")
-    return int.from_bytes(hashlib.blake2b(job.encode(), digest_size=8).digest(), "little") & ((1 << 63) - 1)
+    text = job if generation <= 1 else f"{job}#{generation}"
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") & ((1 << 63) - 1)
 
 
 def _log_to_stderr(level: str, rank: int) -> None:
@@ -59,6 +62,7 @@ class Session:
         self.store = store
         self.comm_hash = comm_hash(job)             # before the backend: a bad job leaves nothing behind
         self.backend: Backend = create(settings, rank, world, store, job)
+        self.comm_hash = comm_hash(job, self.backend.generation)
         self._last: Any = None
         self._barriers = 0
         self.host: EventHost | None = None

@@ -74,6 +74,24 @@ def test_a_communicator_made_again_with_the_same_job_has_a_barrier_that_waits():
     assert all(w > 0.5 for w in res[0]), res
 
 
+def _same_job_traced_twice(comm, folder, ops):
+    for n in ops:
+        with slicetrace.init(backend="cpu", rank=comm.rank, world_size=2, store=comm._session.store, job="samejob",
+                             profiler_plugin="example", profile_dump_file=f"{folder}/t", timeout_s=10) as c:
+            x = np.ones(1024, np.float32)
+            for _ in range(n):
+                c.all_reduce(x, x)
+
+
+def test_a_communicator_made_again_with_the_same_job_keeps_the_first_ones_trace(tmp_path):
+    """Its comm hash was the job's, so its trace files replaced the first communicator's (3 all_reduces lost)."""
+    import json
+    slicetrace.launch(_same_job_traced_twice, 2, str(tmp_path), (3, 1), **KW)
+    colls = sorted(sum(r.get("cat") == "COLL" and r.get("ph") == "b" for r in json.load(open(f)))
+                   for f in tmp_path.glob("t_*.json"))
+    assert colls == [1, 1, 3, 3]
+
+
 def _flush_from_another_thread(comm):
     x = np.ones(1024, np.float32)
     stop, errs = threading.Event(), []

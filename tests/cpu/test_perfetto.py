@@ -193,8 +193,9 @@ def test_convert_refuses_files_without_slices_and_writes_nothing(tmp_path, capsy
     import pytest
     from slicetrace.errors import TraceFormatError
     out = tmp_path / "x.pftrace"
-    for name, text, want in (("objs_1_0.json", '[{"a":1},{"b":2}]', "no slices to convert (2 records, none a "
-                                                                     "complete 'X' event"),
+    for name, text, want in (("objs_1_0.json", '[{"a":1},{"b":2}]', "none of its 2 record(s) has a pid (a rank)"),
+                             ("meta_1_0.json", '[{"name":"m","ph":"M","pid":0}]', "no slices to convert (1 records, "
+                                                                                  "none a complete 'X' event"),
                              ("empty_1_0.json", "[]", "holds no records: its rank's profiler wrote nothing")):
         path = tmp_path / name
         path.write_text(text)

@@ -309,3 +309,19 @@ def test_kernel_steps_recorded_without_their_ops_in_the_mask_are_no_problem(tmp_
             steps[0]["args"]["ParentId"] = -1
             steps[0]["ts"] = 1.0
             assert any("inside no Coll/P2p of its rank" in p for p in check_trace(recs))
+
+
+def test_a_json_array_named_as_a_rank_file_but_without_a_rank_is_refused(tmp_path):
+    """Before: `[{"a": 1}]` named trace_<hash>_3.json beside a 3-rank run was read as a fourth rank's file."""
+    import json as _json
+    from slicetrace.analyze.trace import load_run
+    from slicetrace.errors import TraceFormatError
+    step = {"name": "KernelStep", "cat": "GPU", "ph": "X", "tid": 1, "ts": 1.0, "dur": 2.0,
+            "args": {"Channel": 0, "IsSend": 1, "Peer": 1, "Step": 0, "Size": 8, "WaitGpuClk": 0, "StartGpuClk": 0,
+                     "StopGpuClk": 2000}}
+    for r in range(2):
+        (tmp_path / f"t_7_{r}.json").write_text(_json.dumps([dict(step, pid=r, args=dict(step["args"], Peer=1 - r))]))
+    assert len(load_run(str(tmp_path / "t"))) == 2
+    (tmp_path / "t_7_3.json").write_text('[{"a": 1}]')
+    with pytest.raises(TraceFormatError, match=r"t_7_3.json': none of its 1 record\(s\) has a pid"):
+        load_run(str(tmp_path / "t"))

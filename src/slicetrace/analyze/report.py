@@ -46,9 +46,9 @@ class Report:
 
 
 def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.ndarray | None = None,
-          ranks=None) -> Report:
+          ranks=None, starts: dict | None = None) -> Report:
     """ranks: the run's ranks whose files are present (report passes them: a rank whose file holds no KernelCh or
-    counters record is still one of them); default, the ranks in ks and chs."""
+    counters record is still one of them); default, the ranks in ks and chs. starts: trace.op_starts(records)."""
     if ks.dtype.names is None or "ready_ns" not in ks.dtype.names:
         raise TraceFormatError("expected the KernelStep table of slicetrace.analyze.trace.kernel_steps()")
     if ranks is None:
@@ -93,7 +93,7 @@ def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.n
     ops = op_index(ks)
     return Report(links, per_rank, waited_on, slowest, counters or {}, skew.ranks, skew.ops,
                   slow_links(ks[send], xfer[send], ops[send], moving), skew.left_out, no_counters,
-                  skew.startup, skew.rule, held_up(ks, ops))
+                  skew.startup, skew.rule, held_up(ks, ops, starts))
 
 
 def _typical(sends: np.ndarray, xfer: np.ndarray, *cols: np.ndarray):
@@ -122,7 +122,8 @@ def slow_links(sends: np.ndarray, xfer: np.ndarray, ops: np.ndarray | None = Non
     GB/s on a channel is the median of its slices' (one descheduled slice does not make a link slow); over its
     channels, its bytes over the time they take at those rates. It must also be that far below the median link in
     more than half the ops (verdicts.op_index) where 3 links or more moved, so a link a little slower all run
-    long by the pooled median only is not named. `sender_outlier`: its sending rank moves data longest, more than
+    long by the pooled median only is not named (nor one in no such op: a p2p link, a link of a rank whose file was
+    cut short; only a trace without op keys is judged by the pooled median alone). `sender_outlier`: its sending rank moves data longest, more than
     `below` over the median rank's (`moving`: rank -> us), so its copies may be the slow part. sends, xfer: send
     records, their transfer ns; ops: their op keys."""
     # latency-bound slices (a few KiB) say nothing of a link's bandwidth; 0-byte ones would divide by zero
@@ -154,6 +155,7 @@ def slow_links(sends: np.ndarray, xfer: np.ndarray, ops: np.ndarray | None = Non
                 n = in_ops.setdefault(k, [0, 0])
                 n[0] += 1
                 n[1] += g < (1 - below) * m
+    keyed = bool((ops != -1).any())
     med = float(np.median(list(gbps.values())))
     ch_med = {c: float(np.median(list(v.values()))) for c, v in ch_gbps.items() if len(v) >= 3}
     busiest = max(moving.values()) if moving else 0.0
@@ -163,7 +165,7 @@ def slow_links(sends: np.ndarray, xfer: np.ndarray, ops: np.ndarray | None = Non
         if g >= (1 - below) * med:
             break
         n_ops, n_slow = in_ops.get(k, (0, 0))
-        if n_ops and 2 * n_slow <= n_ops:
+        if 2 * n_slow <= n_ops and (n_ops or keyed):        # no op keys (a KernelStep-only mask): pooled only
             continue
         chans = [c for c, v in ch_gbps.items() if k in v and c in ch_med]
         t = (moving or {}).get(k[0], 0.0)
@@ -278,11 +280,12 @@ def _skew(rep: Report, con) -> None:
         for r in named:
             con.print(f"straggler: rank {r['rank']} started last in {r['times_last']} of {rule['collectives']} "
                       f"collectives after the first, {r['times_late']} times more than the noise floor after every "
-                      f"other rank (floor {floor}); median {r['median_late_us']:.1f} us after the first rank")
+                      f"other rank (floor {floor}); median {r['median_late_us']:.1f} us after the first rank; odds "
+                      f"of so many by chance {r['chance']:.2g}")
     elif rule["collectives"]:
         con.print(f"stragglers: no consistent straggler in {rule['collectives']} collectives after the first (no "
-                  f"rank started more than the noise floor after every other rank in 2 or more of them and in half "
-                  f"or more of one function's; floor {floor})")
+                  f"rank started more than the noise floor after every other rank in 2 or more of them and more "
+                  f"often than chance explains, overall or in one function's; floor {floor})")
     elif rep.startup and not gone["collectives"]:
         con.print("stragglers: not judged, the first collective (start-up) is the only one recorded on every rank")
     if rep.late_ops:                    # build kept the top N (--top 0: none)

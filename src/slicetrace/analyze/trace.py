@@ -133,7 +133,10 @@ def _checked(files: list[str], command: str = "report", skip_empty: bool = False
             if problem:
                 raise _refuse(f, i, r, problem)
         rank = next((r["pid"] for r in recs if "pid" in r), None)
-        if rank is not None and rank in seen:
+        if rank is None:                # what the name says cannot be checked: a JSON array, not a rank's trace
+            raise TraceFormatError(f"trace file {f!r}: none of its {len(recs)} record(s) has a pid (a rank), so it "
+                                   f"is no rank's trace; leave it out")
+        if rank in seen:
             raise TraceFormatError(f"{seen[rank]!r} and {f!r} are both rank {rank} of commHash {comm_of(f, recs)}; "
                                    f"pass one of them")
         seen[rank] = f
@@ -350,6 +353,12 @@ def kernel_steps(records: list[dict]) -> np.ndarray:
             if problem:
                 raise TraceFormatError(f"record {i} (KernelStep): {problem}") from None
         raise
+
+
+def op_starts(records: list[dict]) -> dict[tuple[int, int], int]:
+    """(pid, id) -> begin ns of every Coll and P2p event: a p2p group's parts share theirs."""
+    return {(r.get("pid"), r.get("id")): round(float(r["ts"]) * 1000) for r in records
+            if r.get("ph") == "b" and r.get("cat") in ("COLL", "P2P") and isinstance(r.get("ts"), (int, float))}
 
 
 def _table(rows: list[tuple], dtype: np.dtype, what: str) -> np.ndarray:

@@ -5,12 +5,14 @@ another's. Each rank's first op is judged apart: its start skew is the processes
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 SPREAD_X = 3.0          # a straggler's lead must beat 3x the other ranks' typical start spread ...
 OP_FRACTION = 0.5       # ... and half the typical op (2 ranks have no spread; a ring's exit skew is ~1 slice)
+ALPHA = 0.01            # odds of naming a straggler in a run without one (every collective's late rank by chance)
 
 
 @dataclass
@@ -40,7 +42,9 @@ def stragglers(chs: np.ndarray | None, top: int = 10, ranks=None) -> Skew:
     first collective is left out too and returned as `startup`. A judged collective counts against its last rank
     as `times_late` when that rank started more than the floor after every other rank: the floor is the larger of
     SPREAD_X x the median spread of the other ranks' starts and OP_FRACTION x the median op time (the last rank's
-    own span). `consistent`: late so in 2 or more collectives and in half or more of one function's."""
+    own span). `consistent`: late so in 2 or more collectives, and more often than chance explains, overall or in
+    one function's: `chance` = the odds that a rank picked at random per collective is late as often (binomial),
+    which must be at most ALPHA over the tests made (ranks x (functions + 1))."""
     left_out = none_left_out()
     if chs is None or len(chs) == 0:
         return Skew([], [], left_out, None, noise_rule(0, 0.0, 0.0))
@@ -78,6 +82,7 @@ def stragglers(chs: np.ndarray | None, top: int = 10, ranks=None) -> Skew:
         per_func[op["func"]] = per_func.get(op["func"], 0) + 1
         pr = per_rank.setdefault(op["rank"], {"rank": op["rank"], "times_last": 0, "times_late": 0, "late_us": 0.0,
                                               "median_late_us": 0.0, "worst_us": 0.0, "consistent": False,
+                                              "chance": 1.0,
                                               "_late": [], "_funcs": {}})
         pr["times_last"] += 1
         pr["late_us"] += op["late_us"]
@@ -86,14 +91,26 @@ def stragglers(chs: np.ndarray | None, top: int = 10, ranks=None) -> Skew:
         if lead > rule["floor_us"]:
             pr["times_late"] += 1
             pr["_funcs"][op["func"]] = pr["_funcs"].get(op["func"], 0) + 1
+    p, tests = 1 / max(len(want), 2), max(len(want), 2) * (len(per_func) + 1)
     for pr in per_rank.values():
         pr["median_late_us"] = float(np.median(pr.pop("_late")))
         funcs = pr.pop("_funcs")
-        pr["consistent"] = pr["times_late"] >= 2 and any(2 * n >= per_func[f] for f, n in funcs.items())
+        pr["chance"] = min([_tail(pr["times_late"], len(judged), p)]
+                           + [_tail(n, per_func[f], p) for f, n in funcs.items()])
+        pr["consistent"] = pr["times_late"] >= 2 and pr["chance"] * tests <= ALPHA
     ops = sorted((j[0] for j in judged), key=lambda d: -d["late_us"])[:top]
     ranked = sorted(per_rank.values(), key=lambda d: (-d["times_late"], -d["times_last"], -d["median_late_us"],
                                                       d["rank"]))
     return Skew(ranked, ops, left_out, startup, rule)
+
+
+def _tail(k: int, n: int, p: float) -> float:
+    """P(X >= k) for X ~ Binomial(n, p)."""
+    if k <= 0:
+        return 1.0
+    lq, lp = math.log1p(-p), math.log(p)
+    return min(1.0, sum(math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp
+                                 + (n - i) * lq) for i in range(k, n + 1)))
 
 
 def op_index(ks: np.ndarray) -> np.ndarray:
@@ -141,21 +158,39 @@ def _waits(ks: np.ndarray) -> dict[tuple[int, int, int], tuple[np.ndarray, np.nd
     return out
 
 
-def held_up(ks: np.ndarray, ops: np.ndarray | None = None) -> list[dict]:
+def _first_ops(ks: np.ndarray, key: np.ndarray, starts: dict | None = None) -> np.ndarray:
+    """Per record, whether it is in its rank's first op: with the ops' begins (trace.op_starts), every part of a
+    p2p group (each has a key of its own, all one begin); without, the first key's. Without op keys (no Coll/P2p
+    records), the records that began before every rank had begun."""
+    first = np.zeros(len(ks), bool)
+    ranks = np.unique(ks["rank"]).tolist()
+    all_in = max(int(ks["wait_ns"][ks["rank"] == r].min()) for r in ranks)
+    for r in ranks:
+        mine = np.flatnonzero(ks["rank"] == r)
+        keyed = mine[key[mine] != -1]
+        if not len(keyed):
+            first[mine] = ks["wait_ns"][mine] < all_in
+            continue
+        begin = None if starts is None else np.array([starts.get((r, o), -1) for o in ks["op"][keyed].tolist()])
+        if begin is not None and (begin >= 0).all():
+            first[keyed] = begin == begin.min()
+        else:
+            first[keyed] = key[keyed] == key[keyed[np.argmin(ks["wait_ns"][keyed])]]
+    return first
+
+
+def held_up(ks: np.ndarray, ops: np.ndarray | None = None, starts: dict | None = None) -> list[dict]:
     """Whose slowness the ranks' waits lead to. A receive's data wait on rank p passes, for the part of it during
     which p itself waited for data on that channel, to the rank p waited for, and so on up the chain; a send's
     credit wait (the receiver p had not freed room) passes likewise to the rank p waited on for credit. It never
     passes back to the rank that waited, nor more hops than there are ranks; what is left stays with the rank
-    reached. Waits in each rank's first op (start-up skew) are left out. Per rank: data_us (ranks waited for its
-    data), credit_us (for room in its buffers) and their sum wait_us, largest first. ops: op_index(ks), if known."""
+    reached. Waits in each rank's first op (start-up skew: _first_ops) are left out. Per rank: data_us (ranks waited for its
+    data), credit_us (for room in its buffers) and their sum wait_us, largest first. ops: op_index(ks), if known;
+    starts: trace.op_starts(records), if known."""
     if len(ks) == 0:
         return []
     key = op_index(ks) if ops is None else ops
-    first = np.zeros(len(ks), bool)
-    for r in np.unique(ks["rank"]).tolist():
-        mine = np.flatnonzero(ks["rank"] == r)
-        k0 = key[mine[np.argmin(ks["wait_ns"][mine])]]
-        first[mine] = (key[mine] == k0) & (k0 != -1)
+    first = _first_ops(ks, key, starts)
     tables = _waits(ks)
     m = (ks["ready_ns"] > ks["wait_ns"]) & ~first
     q = [ks["peer"][m].astype(np.int64), ks["channel"][m].astype(np.int64), ks["is_send"][m].astype(np.int64),

@@ -126,6 +126,7 @@ class Backend(abc.ABC):
     reserves_stamps: bool = False   # True: header.reserved right after submit is exactly the end of the op's seqs
     stamps_fetched: bool = False    # True: `rings` holds an op's records once fetch_stamps brought them in
     n_warps: int = 1            # warps per channel program, as profiler descriptors report it (Coll nWarps)
+    generation: int = 1         # communicators of this job made in this process so far, this one included
 
     def __init__(self, settings: Settings, rank: int, world: int, store: Store, job: str):
         self.settings, self.rank, self.world, self.store, self.job = settings, rank, world, store, job

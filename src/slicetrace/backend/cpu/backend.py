@@ -64,7 +64,7 @@ class CpuBackend(HostBackend):
         self._peer_segs: dict[int, Segment] = {}
         self._pool: ThreadPoolExecutor | None = None
         self._stop = threading.Event()
-        gen = _GEN[job] = _GEN.get(job, 0) + 1
+        gen = self.generation = _GEN[job] = _GEN.get(job, 0) + 1
         self._prefix = f"st/{job}/cpu{gen}"
         with sigterm_exits():          # our name is in /dev/shm until every rank attached
             self._create(segment_size(nch, world, settings.buffsize, settings.ring_slots), gen)
