@@ -58,9 +58,9 @@ class Communicator:
         return self._session.backend.as_buffer(x, what)
 
     def _redop(self, op: str) -> str:
-        if op not in REDOPS:
+        if not isinstance(op, str) or op not in REDOPS:     # `in` on a numpy array compares element-wise
             raise UsageError(f"op={op!r} is not one of {REDOPS}")
-        return op
+        return str(op)
 
     def _root(self, root: int) -> int:
         return root if root.__class__ is int and 0 <= root < self.world_size else int_index(

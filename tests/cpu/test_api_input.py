@@ -496,3 +496,22 @@ def test_barriers_leave_only_the_last_ones_keys_in_the_store():
     res = slicetrace.launch(_barrier_keys, 2, backend="cpu", timeout_s=20, join_timeout_s=120)
     for keys in res:                    # the other rank may not have deleted its previous key yet
         assert {"6/0", "6/1"} <= set(keys) <= {"5/0", "5/1", "6/0", "6/1"}, keys
+
+
+@pytest.mark.parametrize("op", [np.array("max"), np.array(["max"]), np.array(["sum", "max"])])
+def test_an_op_given_as_a_numpy_array_is_refused_before_anything_is_sent(comm, op):
+    """`op not in REDOPS` compared element-wise: np.array('max') passed the check and failed inside the backend
+    (on 2 ranks, after the op was published: every rank's communicator aborted)."""
+    with pytest.raises(UsageError, match=r"^op=array\(.*is not one of \('sum', 'prod', 'min', 'max', 'avg'\)"):
+        comm.all_reduce(np.ones(3, np.float32), op=op)
+    assert comm.all_reduce(np.ones(3, np.float32), op=np.str_("max")) is not None
+
+
+def test_the_byte_order_advice_for_an_output_keeps_the_results():
+    """An output in another byte order was told to pass x.astype(...): a copy, which never gets the results."""
+    from slicetrace.backend.base import numpy_buffer
+    with pytest.raises(UsageError, match=r"^out dtype '>f4' .* pass a native-order array \(results are written "
+                                         r"into it.*np\.empty\(\(3,\), np\.dtype\('>f4'\)\.newbyteorder\('='\)\)"):
+        numpy_buffer(np.ones(3, ">f4"), "out", "cpu")
+    with pytest.raises(UsageError, match=r"^x dtype '>f4' .* pass x\.astype\(x\.dtype\.newbyteorder\('='\)\)$"):
+        numpy_buffer(np.ones(3, ">f4"), "x", "cpu")

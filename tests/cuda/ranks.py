@@ -282,3 +282,54 @@ def _unsynced_all_reduce(ctx: dict, wait_s: float) -> None:
     """A float32 all_reduce of 1000 without run_coll's start barrier (a peer that raised never comes to it)."""
     start_many(ctx, 1000, 1, False)
     ctx["state"]["be"].wait(ctx["state"]["last"], wait_s)
+
+
+def abort_now(ctx: dict, reason: str) -> None:
+    """This rank aborts the communicator (as its own timeout or error path would)."""
+    ctx["state"]["be"].abort(reason)
+
+
+def submit_after_abort(ctx: dict, timeout_s: float) -> dict:
+    """Once the last op ended (on the peer's abort word), enqueue another without waiting on the first: it must
+    be refused, not run from the aborted op's stale step counters."""
+    import cupy
+    last = ctx["state"]["last"]
+    end = time.monotonic() + timeout_s
+    while not last.event.done and time.monotonic() < end:
+        time.sleep(1e-3)
+    done, err = bool(last.event.done), None
+    try:
+        start_many(ctx, 1000, 1, False)
+    except Exception as e:               # noqa: BLE001 - reported to the test
+        err = f"{type(e).__name__}: {e}"
+    z = cupy.arange(1000, dtype=cupy.float32).sum()
+    cupy.cuda.runtime.deviceSynchronize()
+    return {"done": done, "err": err, "z": float(z)}
+
+
+def queued_behind_work_then_abort(ctx: dict, spin_s: float) -> dict:
+    """An all_reduce queued behind spin_s of other work on the stream, the communicator aborted and closed
+    meanwhile: close must not free the memory the queued kernel will use. Then the GPU must work."""
+    import cupy
+    spin = cupy.RawKernel(r'''extern "C" __global__ void spin(unsigned long long ns) {
+        unsigned long long t0; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+        for (;;) { unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+                   if (t - t0 > ns) break; __nanosleep(100000); } }''', "spin")
+    be = ctx["state"]["be"]
+    spin((1,), (1,), (np.uint64(int(spin_s * 1e9)),))
+    start_many(ctx, 1 << 20, 1, False)
+    be.abort("the test aborts")
+    ctx["state"].pop("close", None)
+    closed = None
+    try:
+        ctx["state"].pop("be").close()
+    except Exception as e:               # noqa: BLE001 - the abort nobody waited on, raised at close
+        closed = f"{type(e).__name__}: {e}"
+    err = None
+    try:
+        cupy.cuda.runtime.deviceSynchronize()
+        z = float(cupy.arange(1000, dtype=cupy.float32).sum())
+        cupy.cuda.runtime.deviceSynchronize()
+    except Exception as e:               # noqa: BLE001 - reported to the test
+        err, z = f"{type(e).__name__}: {e}", None
+    return {"err": err, "z": z, "close": closed}

@@ -139,3 +139,46 @@ def test_ranks_that_run_different_collectives_raise_mismatch_error_on_both(gpu, 
             assert x["z"] == 499500.0
         if what in ("count", "dtype", "zero", "zero, then close"):          # rank 1's op needs data rank 0 sends after publishing
             assert res[1]["where"] == "op", (what, res)
+
+
+@pytest.mark.cuda
+def test_an_op_after_one_that_exited_on_a_peers_abort_is_refused(gpu, kcache):
+    """A kernel that saw a peer's abort word exits, and its event completes: nothing set the communicator broken,
+    so the next op launched from stale step counters and moved garbage with no error (a user who synchronizes the
+    stream never heard of it)."""
+    with healthy_pair(kcache, 30.0, 1 << 20) as pool:
+        pool.run(ranks.start_many, 1 << 20, 1, False, ranks=[0])     # rank 1 never runs its part
+        pool.run(ranks.abort_now, "rank 1 gives up", ranks=[1])
+        res = pool.run(ranks.submit_after_abort, 10.0, ranks=[0])[0]
+    print(f"\nrank 0: {res}")
+    assert res["done"], res
+    assert res["err"] is not None and res["err"].startswith("PeerError") and "rank 1 gives up" in res["err"], res
+    assert res["z"] == 499500.0
+
+
+@pytest.mark.cuda
+def test_close_after_an_abort_keeps_the_memory_of_a_kernel_still_queued(gpu, kcache):
+    """close() freed and unmapped the FIFOs while the rank's last kernel still waited behind other work on its
+    stream; it then ran on freed memory. Now close waits (bounded) and keeps the memory when the kernel has not
+    run."""
+    with healthy_pair(kcache, 4.0, 1 << 20) as pool:
+        res = pool.run(ranks.queued_behind_work_then_abort, 8.0, ranks=[0])[0]
+    print(f"\nrank 0: {res}")
+    assert res["err"] is None and res["z"] == 499500.0, res
+    assert res["close"] == "PeerError: rank 0: found at close: the test aborts"      # never told before
+
+
+@pytest.mark.cuda
+def test_a_misaligned_buffer_is_refused(gpu):
+    """A float32 view at an odd address (CuPy makes one from a byte buffer) faulted the kernel: a misaligned load
+    sticks to the context. (Big-endian arrays CuPy does not make at all.)"""
+    import cupy
+
+    from slicetrace.backend.cuda.buffers import as_buffer
+    from slicetrace.errors import UsageError
+    dev = cupy.cuda.runtime.getDevice()
+    raw = cupy.zeros(64, cupy.uint8)
+    odd = cupy.ndarray(4, cupy.float32, memptr=raw.data + 1)
+    with pytest.raises(UsageError, match=r"out starts at address 0x[0-9a-f]+, not a multiple of its itemsize 4"):
+        as_buffer(odd, "out", dev)
+    assert as_buffer(cupy.ndarray(4, cupy.float32, memptr=raw.data + 4), "x", dev)[1:] == ("float32", 4)

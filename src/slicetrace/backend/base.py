@@ -250,8 +250,10 @@ def numpy_buffer(x: Any, what: str, backend: str) -> tuple[Any, str, int]:
     if name not in DTYPES:
         raise UsageError(f"{what} dtype {name} is not one of {DTYPES}")
     if not x.dtype.isnative:                # the FIFOs carry native words: every rank must read them alike
-        raise UsageError(f"{what} dtype {x.dtype.str!r} is not in this machine's byte order; pass "
-                         f"x.astype(x.dtype.newbyteorder('='))")
+        fix = (f"a native-order array (results are written into it; an astype copy would not get them), e.g. "
+               f"np.empty({x.shape}, np.dtype({x.dtype.str!r}).newbyteorder('='))" if what.startswith("out")
+               else f"{what}.astype({what}.dtype.newbyteorder('='))")
+        raise UsageError(f"{what} dtype {x.dtype.str!r} is not in this machine's byte order; pass {fix}")
     if not x.flags.c_contiguous:
         fix = ("a C-contiguous array (results are written into it: np.ascontiguousarray would be a copy)"
                if what.startswith("out") else f"np.ascontiguousarray({what})")

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import time
 from typing import Any
 
 import numpy as np
 
 from ...config import Settings
-from ...errors import BackendError, CommTimeoutError, MismatchError, PeerError, UsageError
+from ...errors import BackendError, MismatchError, PeerError, UsageError
 from ...rendezvous import Store
 from ...stamps.layout import RingViews
 from ..base import DTYPES, Backend, P2pLedger, Work
@@ -24,6 +23,7 @@ from ..procs import PeerWatch
 from . import buffers, clock
 from .args import KernelArgs, auto_channels
 from .compile import Kernels, arch_of
+from .completion import Completion, ends_within
 from .ipc import CommMemory, same_settings
 from .seqs import SeqRanges
 from .tokens import Pending, Token
@@ -47,7 +47,7 @@ _GEN: dict[str, int] = {}        # backends made per job in this process: keeps 
 _PER_THREAD = 2         # cudaStreamPerThread: one handle, another stream in each thread
 
 
-class CudaBackend(Backend, KernelArgs):
+class CudaBackend(Completion, Backend, KernelArgs):
     name = "cuda"
     reserves_stamps = True      # header.reserved after submit is exactly the end of the op's seqs
     stamps_fetched = True       # the drain reads the rings after fetch_stamps
@@ -174,6 +174,8 @@ class CudaBackend(Backend, KernelArgs):
         if self._broken is not None:
             self._told = True
             raise self._broken_as(f"rank {self.rank}: communicator aborted earlier: {self._broken}")
+        if self.mem.words[1]:           # a kernel of ours exited on a peer's abort: the next would start from stale steps
+            self._fail(PeerError(self.cannot_finish(self._last) or "aborted"), self._last)
         if work.dtype not in CTYPES:
             raise UsageError(f"dtype={work.dtype!r} is not one of {DTYPES}")
         stream = buffers.stream_ptr(work.stream, self.device)
@@ -228,101 +230,6 @@ class CudaBackend(Backend, KernelArgs):
     def _maxt(self) -> int:             # the kernel's launch bounds; a measurement variant may lower them
         return int(self._extra.get("ST_MAX_THREADS", MAX_THREADS))
 
-    # ---- completion ----
-    def done(self, token: Token) -> bool:
-        return bool(token.event.done)
-
-    def wait(self, token: Token, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        next_store = time.monotonic() + 0.25
-        pause = 0.0
-        while not token.event.done:
-            now = time.monotonic()
-            if self.mem.words[1]:
-                break                                        # the kernel saw an abort word and exits
-            if now > deadline:
-                self._fail(self._mismatch(token) or CommTimeoutError(
-                    f"rank {self.rank}: op {token.tag} did not finish within timeout_s={timeout_s}; aborted; "
-                    f"{self.mem.progress(self._side)}"), token)
-            if now > next_store:
-                next_store = now + 0.25
-                err = self._mismatch(token)
-                if err is not None:
-                    self._fail(err, token)
-                why = self.cannot_finish(token)
-                if why is not None:
-                    self._fail(PeerError(why), token)
-            time.sleep(pause)
-            pause = min(pause * 2 + 1e-5, 1e-3)
-        if self.mem.words[1]:
-            why = self.store.try_get(f"{self._prefix}/abort")
-            self._fail(self._mismatch(token) or PeerError(
-                f"rank {self.rank}: op {token.tag} was aborted"
-                + (f": {why.decode(errors='replace')}" if why else " (abort word raised)")), token)
-        if token.sig is not None:
-            why = self.sigs.differs(token.sig)      # ended, but a peer ran another collective (it raises too)
-            if why is not None:
-                self._fail(MismatchError(f"rank {self.rank}: {why}"), token)
-
-    def _mismatch(self, token: Token) -> MismatchError | None:
-        why = self.mismatch(token.sig)
-        return None if why is None else MismatchError(f"rank {self.rank}: {why}")
-
-    def mismatch(self, sig: tuple | None = None) -> str | None:
-        """Why this rank's collectives (sig, else every one kept) differ from a peer's, else None."""
-        return None if self.sigs is None else self.sigs.differs(sig) or self.sigs.first_difference()
-
-    def cannot_finish(self, token: Token) -> str | None:
-        """Why op `token` can never finish (a peer aborted, or one it needs is gone), else None."""
-        why = self.store.try_get(f"{self._prefix}/abort")
-        if why is not None:
-            return f"rank {self.rank}: a peer aborted: {why.decode(errors='replace')}"
-        gone = self.watch.gone(self._pending.peers(token), self._did_its_part)
-        return None if gone is None else f"rank {self.rank}: op {token.tag} cannot finish: {gone}"
-
-    def _did_its_part(self, p: int) -> bool:
-        """A closed peer that sent all we receive from it and ran all our collectives (its ledger, published first)."""
-        return self.ledger.did_its_part(self.store.try_get(f"{self._prefix}/sent/{p}"), self.rank, p,
-                                        0 if self.sigs is None else self.sigs.seq)
-
-    @property
-    def last_token(self) -> Token | None:
-        return self._last
-
-    @property
-    def broken(self) -> str | None:
-        return self._broken
-
-    def unreceived(self) -> list[str]:
-        return self._lost
-
-    def check_peers(self) -> None:
-        why = self.store.try_get(f"{self._prefix}/abort")
-        if why is not None:
-            raise PeerError(f"rank {self.rank}: a peer aborted: {why.decode(errors='replace')}")
-        gone = self.watch.gone(tuple(p for p in range(self.world) if p != self.rank))
-        if gone is not None:
-            raise PeerError(f"rank {self.rank}: {gone}")
-
-    def _fail(self, err: Exception, token: Token) -> None:
-        self.abort(str(err), type(err))
-        self._told = True
-        end = time.monotonic() + 10.0
-        while not token.event.done and time.monotonic() < end:
-            time.sleep(1e-3)                                 # the kernel polls the abort words and exits
-        raise err
-
-    def abort(self, reason: str, kind: type = PeerError) -> None:
-        if self._broken is None:
-            self._broken_as, self._broken = kind, reason       # the error later ops raise (kind first: read 2nd)
-        if not self.mem.raise_abort(self._side):        # closed: its words are freed (a late watchdog)
-            return
-        try:
-            if self.store.try_get(f"{self._prefix}/abort") is None:
-                self.store.set(f"{self._prefix}/abort", f"rank {self.rank}: {reason}".encode())
-        except Exception:
-            pass
-
     # ---- clocks ----
     def clock_sync(self) -> tuple[int, int]:
         if self._probe_busy and self._rt.streamQuery(self._side) != 0:
@@ -343,12 +250,16 @@ class CudaBackend(Backend, KernelArgs):
         self._closed = True
         if self._last is not None and self._broken is None:
             try:
-                self.wait(self._last, min(self.settings.timeout_s, 30.0))
+                self.wait(self._last, self.settings.timeout_s)     # it may queue behind long work: no less
             except Exception as e:          # an op never synchronized: say so, then free everything
                 log.warning("rank %d: its last op failed before close: %s", self.rank, e)
                 self._told = False          # raised inside close: the caller has not heard it
         if self._broken is not None:
-            self.abort(self._broken)
+            self.abort(self._broken)        # a kernel still queued exits at its first wait: free nothing under it
+            if self._last is not None and not ends_within(self._last.event, min(self.settings.timeout_s, 10.0)):
+                log.warning("rank %d: its last kernel has not run yet (queued behind other work): its memory is "
+                            "kept, not freed under it", self.rank)
+                self.mem.leak()
         try:                                # every op of ours ended: what we sent, then that we closed
             if self._broken is None:
                 self.ledger.publish(self.store, f"{self._prefix}/sent/{self.rank}",

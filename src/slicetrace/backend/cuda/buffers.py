@@ -152,6 +152,9 @@ def as_buffer(x: Any, what: str, device: int) -> tuple[Any, str, int]:
     name = dtype_name(arr.dtype)
     if name not in DTYPES:
         raise UsageError(f"{what} has dtype {name}; accepted: {DTYPES}")
+    if arr.data.ptr % arr.itemsize:         # the kernels load whole elements: a misaligned one faults the context
+        raise UsageError(f"{what} starts at address {arr.data.ptr:#x}, not a multiple of its itemsize "
+                         f"{arr.itemsize}; pass an aligned copy (cupy.array(x))")
     return (arr if arr.ndim == 1 else arr.ravel()), name, int(arr.size)
 
 

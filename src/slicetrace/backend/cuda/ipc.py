@@ -219,6 +219,10 @@ class CommMemory:
         self._dev = [p for p in self._dev if p != self.dring]
         self._host = [p for p in self._host if p != self.ring_ptr]
 
+    def leak(self) -> None:
+        """A kernel may still run on our memory and the peers' (queued behind work): close frees and unmaps none."""
+        self._opened, self._dev, self._host, self.kept = [], [], [], True
+
     def close(self) -> None:
         # an abort in flight (watchdog thread) finishes its writes first; bounded: it only enqueues copies
         locked = self._ctrl_lock.acquire(timeout=5.0)

@@ -32,8 +32,8 @@ class Watchdog:
                 continue
             try:
                 why, kind = be.mismatch(), MismatchError      # also after the op ended: a peer said later
-                if why is None:
-                    why, kind = (None if tok.event.done else be.cannot_finish(tok)), PeerError
+                if why is None:             # also after it ended: on an abort word, later ops must be refused
+                    why, kind = be.cannot_finish(tok), PeerError
                 if why is not None and not self._stop.is_set():   # stopped: the backend may be freeing
                     log.warning("slicetrace: rank %d: aborting op %d: %s", be.rank, tok.tag, why)
                     be.abort(why, kind)

@@ -1,0 +1,115 @@
+"""The cuda backend's completion: waiting on an op's event against a deadline, and what turns a stuck, aborted or
+mismatched op into an error (the watchdog asks the same questions of an op nobody waits on)."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ...errors import CommTimeoutError, MismatchError, PeerError
+from .tokens import Token
+
+
+class Completion:
+    """Mixed into CudaBackend (its mem, store, sigs, ledger, watch, _pending, _prefix, _last and _broken)."""
+
+    def done(self, token: Token) -> bool:
+        return bool(token.event.done)
+
+    def wait(self, token: Token, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        next_store = time.monotonic() + 0.25
+        pause = 0.0
+        while not token.event.done:
+            now = time.monotonic()
+            if self.mem.words[1]:
+                break                                        # the kernel saw an abort word and exits
+            if now > deadline:
+                self._fail(self._mismatch(token) or CommTimeoutError(
+                    f"rank {self.rank}: op {token.tag} did not finish within timeout_s={timeout_s}; aborted; "
+                    f"{self.mem.progress(self._side)}"), token)
+            if now > next_store:
+                next_store = now + 0.25
+                err = self._mismatch(token)
+                if err is not None:
+                    self._fail(err, token)
+                why = self.cannot_finish(token)
+                if why is not None:
+                    self._fail(PeerError(why), token)
+            time.sleep(pause)
+            pause = min(pause * 2 + 1e-5, 1e-3)
+        if self.mem.words[1]:
+            why = self.store.try_get(f"{self._prefix}/abort")
+            self._fail(self._mismatch(token) or PeerError(
+                f"rank {self.rank}: op {token.tag} was aborted"
+                + (f": {why.decode(errors='replace')}" if why else " (abort word raised)")), token)
+        if token.sig is not None:
+            why = self.sigs.differs(token.sig)      # ended, but a peer ran another collective (it raises too)
+            if why is not None:
+                self._fail(MismatchError(f"rank {self.rank}: {why}"), token)
+
+    def _mismatch(self, token: Token) -> MismatchError | None:
+        why = self.mismatch(token.sig)
+        return None if why is None else MismatchError(f"rank {self.rank}: {why}")
+
+    def mismatch(self, sig: tuple | None = None) -> str | None:
+        """Why this rank's collectives (sig, else every one kept) differ from a peer's, else None."""
+        return None if self.sigs is None else self.sigs.differs(sig) or self.sigs.first_difference()
+
+    def cannot_finish(self, token: Token) -> str | None:
+        """Why op `token` can never finish (a peer aborted, or one it needs is gone), else None."""
+        why = self.store.try_get(f"{self._prefix}/abort")
+        if why is not None:
+            return f"rank {self.rank}: a peer aborted: {why.decode(errors='replace')}"
+        if token.event.done:            # the op ended, but maybe on an abort word (its results are wrong)
+            return f"rank {self.rank}: op {token.tag} exited on an abort word" if self.mem.words[1] else None
+        gone = self.watch.gone(self._pending.peers(token), self._did_its_part)
+        return None if gone is None else f"rank {self.rank}: op {token.tag} cannot finish: {gone}"
+
+    def _did_its_part(self, p: int) -> bool:
+        """A closed peer that sent all we receive from it and ran all our collectives (its ledger, published first)."""
+        return self.ledger.did_its_part(self.store.try_get(f"{self._prefix}/sent/{p}"), self.rank, p,
+                                        0 if self.sigs is None else self.sigs.seq)
+
+    @property
+    def last_token(self) -> Token | None:
+        return self._last
+
+    @property
+    def broken(self) -> str | None:
+        return self._broken
+
+    def unreceived(self) -> list[str]:
+        return self._lost
+
+    def check_peers(self) -> None:
+        why = self.store.try_get(f"{self._prefix}/abort")
+        if why is not None:
+            raise PeerError(f"rank {self.rank}: a peer aborted: {why.decode(errors='replace')}")
+        gone = self.watch.gone(tuple(p for p in range(self.world) if p != self.rank))
+        if gone is not None:
+            raise PeerError(f"rank {self.rank}: {gone}")
+
+    def _fail(self, err: Exception, token: Token) -> None:
+        self.abort(str(err), type(err))
+        self._told = True
+        ends_within(token.event, 10.0)                             # the kernel polls the abort words and exits
+        raise err
+
+    def abort(self, reason: str, kind: type = PeerError) -> None:
+        if self._broken is None:
+            self._broken_as, self._broken = kind, reason       # the error later ops raise (kind first: read 2nd)
+        if not self.mem.raise_abort(self._side):        # closed: its words are freed (a late watchdog)
+            return
+        try:
+            if self.store.try_get(f"{self._prefix}/abort") is None:
+                self.store.set(f"{self._prefix}/abort", f"rank {self.rank}: {reason}".encode())
+        except Exception:
+            pass
+
+
+def ends_within(event: Any, timeout_s: float) -> bool:
+    """Whether the event completes within timeout_s."""
+    end = time.monotonic() + timeout_s
+    while not event.done and time.monotonic() < end:
+        time.sleep(1e-3)
+    return bool(event.done)
