@@ -171,7 +171,10 @@ def _first_ops(ks: np.ndarray, key: np.ndarray, starts: dict | None = None) -> n
         if not len(keyed):
             first[mine] = ks["wait_ns"][mine] < all_in
             continue
-        begin = None if starts is None else np.array([starts.get((r, o), -1) for o in ks["op"][keyed].tolist()])
+        begin = None
+        if starts is not None:              # per op, not per record
+            ids, back = np.unique(ks["op"][keyed], return_inverse=True)
+            begin = np.array([starts.get((r, o), -1) for o in ids.tolist()], np.int64)[back]
         if begin is not None and (begin >= 0).all():
             first[keyed] = begin == begin.min()
         else:

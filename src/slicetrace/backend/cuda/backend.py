@@ -273,7 +273,8 @@ class CudaBackend(Completion, Backend, KernelArgs):
             pass
         met = False
         try:
-            self.store.barrier(f"{self._prefix}/close", self.rank, self.world, 5.0 if self._broken else 30.0)
+            self.store.barrier(f"{self._prefix}/close", self.rank, self.world,     # a dead peer ends it at once
+                               5.0 if self._broken else self.settings.timeout_s, check=self.check_peers)
             met = True
         except Exception as e:
             if self._broken is None:
