@@ -515,3 +515,14 @@ def test_the_byte_order_advice_for_an_output_keeps_the_results():
         numpy_buffer(np.ones(3, ">f4"), "out", "cpu")
     with pytest.raises(UsageError, match=r"^x dtype '>f4' .* pass x\.astype\(x\.dtype\.newbyteorder\('='\)\)$"):
         numpy_buffer(np.ones(3, ">f4"), "x", "cpu")
+
+
+def test_a_job_made_again_on_any_backend_writes_a_trace_of_its_own(tmp_path):
+    """The generation that keeps a re-made job's trace apart was the cpu and cuda backends' own: the null backend's
+    second communicator of a job replaced the first one's trace."""
+    for n in (3, 1):
+        with slicetrace.init(backend="null", job="again", profiler_plugin="example",
+                             profile_dump_file=str(tmp_path / "t")) as c:
+            for _ in range(n):
+                c.all_reduce(np.ones(4, np.float32))
+    assert len(list(tmp_path.glob("t_*_0.json"))) == 2

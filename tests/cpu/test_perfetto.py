@@ -6,6 +6,7 @@ import json
 from collections import Counter, defaultdict
 
 import numpy as np
+import pytest
 
 import slicetrace
 from slicetrace.analyze.perfetto import convert, wire_fields as _fields
@@ -305,3 +306,40 @@ def _arrows(path):
     for rank, ts, side, fid in _flow_ends(path):
         by_id[fid].add((rank, ts, side))
     return sorted(sorted(ends) for ends in by_id.values())
+
+
+def _one_step(rank, is_send, ts, dur):
+    return {"name": "KernelStep", "cat": "GPU", "ph": "X", "tid": 1, "pid": rank, "ts": ts, "dur": dur,
+            "args": {"Channel": 0, "IsSend": is_send, "Peer": 1 - rank, "Step": 0, "Size": 8, "WaitGpuClk": 0,
+                     "StartGpuClk": 0, "StopGpuClk": round(dur * 1000)}}
+
+
+def _flow_order(path):
+    """Terminating flow ids met, in file order, before their flow's start (Perfetto drops those)."""
+    seen, bad = set(), 0
+    for _, pkt in _fields(open(path, "rb").read()):
+        te = _one(_fields(pkt), 11)
+        if te is not None:
+            e = _fields(te)
+            seen.update(v for f, v in e if f == 47)
+            bad += sum(1 for f, v in e if f == 48 and v not in seen)
+    return bad
+
+
+@pytest.mark.parametrize("send, recv", [((10.0, 0.0), (9.0, 1.0)), ((9.0, 1.0), (10.0, 0.0)),
+                                        ((10.0, 0.0), (10.0, 0.0)), ((8.0, 2.0), (9.0, 1.0))])
+def test_a_flow_starts_before_it_ends_at_one_instant_with_zero_length_slices(tmp_path, send, recv):
+    """A zero-length send (one 32 ns GPU tick) whose receive ends at the same ns: the receive's end, carrying the
+    flow's terminating id, was written before the send's begin and end."""
+    json.dump([_one_step(0, 1, *send)], open(tmp_path / "t_7_0.json", "w"))
+    json.dump([_one_step(1, 0, *recv)], open(tmp_path / "t_7_1.json", "w"))
+    got = convert([str(tmp_path / "t_7_0.json"), str(tmp_path / "t_7_1.json")], str(tmp_path / "x.pftrace"))
+    assert got["flows"] == 1 and _flow_order(tmp_path / "x.pftrace") == 0
+
+
+def test_a_receive_that_ends_before_its_send_is_told(tmp_path, caplog):
+    """Clocks of two GPUs may disagree by more than a slice: Perfetto cannot draw that arrow, and convert says so."""
+    json.dump([_one_step(0, 1, 10.0, 2.0)], open(tmp_path / "t_7_0.json", "w"))
+    json.dump([_one_step(1, 0, 9.0, 1.0)], open(tmp_path / "t_7_1.json", "w"))
+    convert([str(tmp_path / "t_7_0.json"), str(tmp_path / "t_7_1.json")], str(tmp_path / "x.pftrace"))
+    assert "1 send -> receive arrow(s) whose receive ends before its send" in caplog.text

@@ -395,3 +395,27 @@ def test_the_waits_left_out_are_the_whole_first_p2p_group(tmp_path):
     total = sum(h["wait_us"] for h in held_up(ks, None, op_starts(recs)))
     assert total == pytest.approx(wait[~want].sum() / 1e3)           # every wait but the first groups' counts
     assert wait[want].sum() > 0
+
+
+def _steps(rows):
+    """(rank, op, wait ns) -> KernelStep rows, 1 us each, a send to the next rank."""
+    return np.array([(r, 0, 1, 1 - r, i, 4096, t, t + 500, t + 1000, -1, op) for i, (r, op, t) in enumerate(rows)],
+                    KERNEL_STEP_TABLE)
+
+
+def test_the_first_group_is_found_when_a_later_op_lost_its_begin():
+    """A file cut short loses its last op's P2p begin (written at op end) but keeps its KernelSteps: before, one
+    missing begin made the whole rank fall back to the first part alone."""
+    from slicetrace.analyze.verdicts import _first_ops, op_index
+    ks = _steps([(0, 1, 0), (0, 2, 2_000), (0, 3, 10_000), (0, 4, 20_000), (1, 9, 0)])
+    starts = {(0, 1): 100, (0, 2): 100, (0, 3): 9_000, (1, 9): 0}           # op 4's begin is lost
+    assert _first_ops(ks, op_index(ks), starts).tolist() == [True, True, False, False, True]
+
+
+def test_an_unkeyed_start_up_leaves_the_ranks_first_keyed_op_in():
+    """A rank whose first op's KernelSteps have no parent (its Coll declined), then keyed ops: before, its second
+    op was left out as start-up and the start-up waits counted."""
+    from slicetrace.analyze.verdicts import _first_ops, op_index
+    ks = _steps([(0, -1, 0), (0, -1, 1_000), (0, 11, 10_000_000), (1, 7, 6_000), (1, 8, 10_000_000)])
+    assert _first_ops(ks, op_index(ks), {(0, 11): 9_000_000, (1, 7): 5_000, (1, 8): 9_000_000}).tolist() == \
+        [True, True, False, True, False]

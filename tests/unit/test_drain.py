@@ -624,3 +624,23 @@ def test_the_last_entry_of_a_completed_op_with_an_exact_snapshot_that_never_came
     d.poll_once()
     assert sink.drops == Counter({"unpaired": 1}) and [list(r["step"]) for _, r in sink.step_calls] == [[0, 2, 4]]
     assert len(sink.channels) == 1 and sink.ended == [1] and d.idle() and d.cursor[0] == 6
+
+
+def test_kernel_steps_of_two_ops_in_one_poll_each_go_to_their_own_op():
+    """GPU layout, merged ring of 64: op 1 runs 100-slice programs on channels 0-2, op 2 one on channel 1; the lap
+    cuts every KernelCh, so the poll holds KernelSteps only, channel 1's of op 2 between op 1's. Before, the poll
+    was taken for one op from its first and last rows: op 2's 63 records went to op 1."""
+    v = RingViews(bytearray(ring_bytes(3, 64, merged=True)), 3, 64, merged=True)
+    sink = Recorder()
+    d = Drain(v, sink)
+    d.expect(1)
+    d.expect(2)
+    for c in range(3):
+        gpu_program(v, 1, 100, ch=c)
+    gpu_program(v, 2, 100, ch=1)
+    snap = v.header["reserved"].copy()
+    d.op_submitted(1, lambda: True, snap)
+    d.op_submitted(2, lambda: True, snap)
+    d.poll_once()
+    got = {tag: (len(r), set(r["op"].tolist()), set(r["channel"].tolist())) for tag, r in sink.step_calls}
+    assert got == {1: (126, {1}, {0, 2}), 2: (63, {2}, {1})}

@@ -4,6 +4,7 @@ user's operations; a mask limit keeps the parents NCCL's rule adds. In-process."
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -97,20 +98,22 @@ def test_a_plugin_stuck_in_the_drain_thread_does_not_stall_the_users_ops(tmp_pat
     without a bound (forever for a callback that never returns)."""
     monkeypatch.setattr(host_mod, "BEHIND_WAIT_S", 0.2, raising=False)
     p = Stuck()
-    s = _gpu(tmp_path, monkeypatch, GpuLike, [p], timeout_s=5)
+    s = _gpu(tmp_path, monkeypatch, GpuLike, [p], timeout_s=5, clock_resync_s=0.05)     # a resync before each op
     _all_reduce(s, 1)
     assert s.drain.flush(10)
     p.block = True
     _all_reduce(s, 2)
     assert p.entered.wait(10)                   # the drain thread is inside the plugin, holding the host
     done: list = []
-    th = threading.Thread(target=lambda: done.extend((_all_reduce(s, 3), _all_reduce(s, 4))), daemon=True)
+    th = threading.Thread(target=lambda: done.extend((_all_reduce(s, 3), time.sleep(0.1), _all_reduce(s, 4),
+                                                      s.host.counters())), daemon=True)
     th.start()
     th.join(30)
     stalled = th.is_alive()
     p.release.set()
     th.join(30)
-    assert not stalled, "the user's ops waited on a plugin callback"
+    assert not stalled, "the user's ops (or the counters) waited on a plugin callback"
+    assert done[-1]["consumer_behind"] == 2 and "clock_offset_ns" in done[-1]
     assert s.host.counters()["consumer_behind"] == 2
     n_coll = sum(1 for c in p.calls if c[0] == "start" and c[1].type == T.COLL)
     assert s.drain.flush(10)

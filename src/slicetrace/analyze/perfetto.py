@@ -161,10 +161,12 @@ def convert(paths: Iterable[str], out_path: str) -> dict[str, int]:
     if unpaired:
         log.warning("slicetrace convert: %d KernelStep send(s) have no send -> receive arrow: their receive is not "
                     "in the files given, or sends and receives of one connection and step do not pair up", unpaired)
-    # (ns, order, packet), sorted later: at one instant ends come first (a lane's next slice may begin when the last
-    # one ends; receives' after sends'), then begins, then the ends of zero-length slices (after their own begin;
-    # 32 ns GPU clock ticks)
+    # (ns, order, packet), sorted later. At one instant: ends (a lane's next slice may begin when the last one ends),
+    # the begin of a zero-length send with its flow, ends of receives with theirs (after their send: Perfetto drops
+    # a terminating flow id met before its start), begins, then ends of zero-length slices (32 ns GPU ticks), a
+    # zero-length receive's with its flow last
     packets: list[tuple[int, int, bytes]] = []
+    flow_at: dict[int, list[int]] = {}          # flow id -> [its start ns, its end ns]
     descriptors: list[bytes] = []
     nslices = nflows = 0
     for fi, f in enumerate(files):
@@ -189,14 +191,22 @@ def convert(paths: Iterable[str], out_path: str) -> dict[str, int]:
             ev += b"".join(_annotation(k, v) for k, v in args.items())
             end = _int(_TE_TYPE, SLICE_END) + _int(_TE_TRACK, uid)
             fid = None if key is None else flows.get((fi, si))
-            if fid is not None:         # on the ends: Perfetto drops a flow's terminating id met before its start,
-                snd = bool(args.get("IsSend"))      # and a receive may begin waiting before its send begins, but
-                end += _fixed64(_TE_FLOW if snd else _TE_FLOW_END, fid)     # ends after the send ends
+            zero, snd, b_at, e_at = t1 <= t0, bool(args.get("IsSend")), 3, (4 if t1 <= t0 else 0)
+            if fid is not None:         # on the ends: a receive may begin waiting before its send begins, but it
+                flow_at.setdefault(fid, [0, 0])[not snd] = t1       # ends after the send ends
                 nflows += snd
-            late = fid is not None and not snd      # at one instant a send's end goes first
-            packets.append((t0, 2, _packet(t0, ev)))
-            packets.append((t1, (0 if t1 > t0 else 3) + late, _packet(t1, end)))
+                if snd and zero:        # its begin is its end, and goes before the receives' ends
+                    ev, b_at = ev + _fixed64(_TE_FLOW, fid), 1
+                else:
+                    end += _fixed64(_TE_FLOW if snd else _TE_FLOW_END, fid)
+                    e_at = 0 if snd else (5 if zero else 2)
+            packets.append((t0, b_at, _packet(t0, ev)))
+            packets.append((t1, e_at, _packet(t1, end)))
             nslices += 1
+    back = sum(1 for a, b in flow_at.values() if b < a)
+    if back:
+        log.warning("slicetrace convert: %d send -> receive arrow(s) whose receive ends before its send (the ranks' "
+                    "clocks disagree by more than the slice): Perfetto does not draw those", back)
     packets.sort(key=lambda p: (p[0], p[1]))
     with atomic_open(out_path, "wb") as out:        # a failed write leaves no half trace
         for d in descriptors:

@@ -122,10 +122,10 @@ def slow_links(sends: np.ndarray, xfer: np.ndarray, ops: np.ndarray | None = Non
     GB/s on a channel is the median of its slices' (one descheduled slice does not make a link slow); over its
     channels, its bytes over the time they take at those rates. It must also be that far below the median link in
     more than half the ops (verdicts.op_index) where 3 links or more moved, so a link a little slower all run
-    long by the pooled median only is not named (nor one in no such op: a p2p link, a link of a rank whose file was
-    cut short; only a trace without op keys is judged by the pooled median alone). `sender_outlier`: its sending rank moves data longest, more than
-    `below` over the median rank's (`moving`: rank -> us), so its copies may be the slow part. sends, xfer: send
-    records, their transfer ns; ops: their op keys."""
+    long by the pooled median only is not named (nor one in no such op, e.g. a link of a rank whose file was cut
+    short; only a trace without op keys is judged by the pooled median alone). `sender_outlier`: its sending rank
+    moves data longest, 1 / (1 - below) times the median rank's or more (`moving`: rank -> us), so its copies may
+    be the slow part. sends, xfer: send records, their transfer ns; ops: their op keys."""
     # latency-bound slices (a few KiB) say nothing of a link's bandwidth; 0-byte ones would divide by zero
     ok = (xfer > 0) & (sends["size"] >= MIN_JUDGED_BYTES)
     sends, xfer = sends[ok], xfer[ok]

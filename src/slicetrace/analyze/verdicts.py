@@ -105,12 +105,16 @@ def stragglers(chs: np.ndarray | None, top: int = 10, ranks=None) -> Skew:
 
 
 def _tail(k: int, n: int, p: float) -> float:
-    """P(X >= k) for X ~ Binomial(n, p)."""
-    if k <= 0:
+    """P(X >= k) for X ~ Binomial(n, p); 1.0 for k at or below the mean (never a straggler then)."""
+    if k <= n * p:
         return 1.0
-    lq, lp = math.log1p(-p), math.log(p)
-    return min(1.0, sum(math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp
-                                 + (n - i) * lq) for i in range(k, n + 1)))
+    lq, lp, total = math.log1p(-p), math.log(p), 0.0
+    for i in range(k, n + 1):               # terms fall past the mean: stop once they no longer count
+        term = math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp + (n - i) * lq)
+        total += term
+        if term <= total * 1e-17:
+            break
+    return min(1.0, total)
 
 
 def op_index(ks: np.ndarray) -> np.ndarray:
@@ -160,25 +164,31 @@ def _waits(ks: np.ndarray) -> dict[tuple[int, int, int], tuple[np.ndarray, np.nd
 
 def _first_ops(ks: np.ndarray, key: np.ndarray, starts: dict | None = None) -> np.ndarray:
     """Per record, whether it is in its rank's first op: with the ops' begins (trace.op_starts), every part of a
-    p2p group (each has a key of its own, all one begin); without, the first key's. Without op keys (no Coll/P2p
-    records), the records that began before every rank had begun."""
+    p2p group (each has a key of its own, all one begin; an op whose begin is missing, e.g. a file cut short, is
+    not first); without, the first key's. Records without op keys (no Coll/P2p records) before the rank's first
+    keyed one are first when they began before every rank had begun."""
     first = np.zeros(len(ks), bool)
     ranks = np.unique(ks["rank"]).tolist()
     all_in = max(int(ks["wait_ns"][ks["rank"] == r].min()) for r in ranks)
     for r in ranks:
         mine = np.flatnonzero(ks["rank"] == r)
         keyed = mine[key[mine] != -1]
+        bare = mine[key[mine] == -1]
+        t_keyed = int(ks["wait_ns"][keyed].min()) if len(keyed) else None
+        if len(bare) and (t_keyed is None or int(ks["wait_ns"][bare].min()) < t_keyed):
+            first[bare] = (ks["wait_ns"][bare] < all_in) & (
+                True if t_keyed is None else ks["wait_ns"][bare] < t_keyed)
+            continue                        # its start-up was unkeyed: its keyed ops are past it
         if not len(keyed):
-            first[mine] = ks["wait_ns"][mine] < all_in
             continue
-        begin = None
-        if starts is not None:              # per op, not per record
-            ids, back = np.unique(ks["op"][keyed], return_inverse=True)
-            begin = np.array([starts.get((r, o), -1) for o in ids.tolist()], np.int64)[back]
-        if begin is not None and (begin >= 0).all():
-            first[keyed] = begin == begin.min()
-        else:
-            first[keyed] = key[keyed] == key[keyed[np.argmin(ks["wait_ns"][keyed])]]
+        k0 = keyed[np.argmin(ks["wait_ns"][keyed])]
+        b0 = None if starts is None else starts.get((r, int(ks["op"][k0])))
+        if b0 is None:
+            first[keyed] = key[keyed] == key[k0]
+            continue
+        ids, back = np.unique(ks["op"][keyed], return_inverse=True)      # per op, not per record
+        begin = np.array([starts.get((r, o), -1) for o in ids.tolist()], np.int64)[back]
+        first[keyed] = begin == b0
     return first
 
 

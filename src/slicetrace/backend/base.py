@@ -120,16 +120,20 @@ class Work:
     extra: dict = field(default_factory=dict)
 
 
+_GEN: dict[str, int] = {}    # backends made per job in this process: keeps re-inits' store keys and traces apart
+
+
 class Backend(abc.ABC):
     name: str = "?"
     synchronous: bool = False   # True: submit() runs the work to the end (the session then drains inline)
     reserves_stamps: bool = False   # True: header.reserved right after submit is exactly the end of the op's seqs
     stamps_fetched: bool = False    # True: `rings` holds an op's records once fetch_stamps brought them in
     n_warps: int = 1            # warps per channel program, as profiler descriptors report it (Coll nWarps)
-    generation: int = 1         # communicators of this job made in this process so far, this one included
+    generation: int = 1         # communicators of this job made in this process so far (any backend), this one too
 
     def __init__(self, settings: Settings, rank: int, world: int, store: Store, job: str):
         self.settings, self.rank, self.world, self.store, self.job = settings, rank, world, store, job
+        self.generation = _GEN[job] = _GEN.get(job, 0) + 1
 
     @property
     @abc.abstractmethod

@@ -52,6 +52,7 @@ class EventHost(Emitter, PollRuns):
         self._skip_counts: dict[tuple, list[tuple[str, int]]] = {}
         self._closed = False
         self._behind, self._n_behind, self._behind_lock = False, 0, threading.Lock()
+        self._notes: dict[str, int] = {}
         self._slots: list[_Slot] = []
         try:
             for lp in plugins:
@@ -328,28 +329,44 @@ class EventHost(Emitter, PollRuns):
 
     def counters(self) -> dict[str, int]:
         """The rank's counters: what each plugin was offered and kept, summed over the plugins."""
-        with self._lock:
-            return self._with_plugins(self._slots)
+        return self._unlocked(lambda: self._with_plugins(self._slots))
 
     def _with_plugins(self, slots: Any) -> dict[str, int]:
         """The rank-wide counters plus these plugins' own (added: a rank-wide count of the same name stays in);
         one plugin's is what it reports."""
         c = dict(self._counts)
         c["consumer_behind"] += self._n_behind
+        with self._behind_lock:
+            c.update(self._notes)
         for s in slots:
             for k, v in s.counts.items():
                 c[k] = c.get(k, 0) + v
         return c
 
     def note(self, name: str, value: int) -> None:
-        """Record a fact for the plugins' loss accounting (e.g. clock_uncertainty_ns); reported at close."""
-        with self._lock:
-            self._counts[name] = int(value)
+        """Record a fact for the plugins' loss accounting (e.g. clock_uncertainty_ns); reported at close. Never
+        waits for a plugin callback (the user's op calls it)."""
+        with self._behind_lock:
+            self._notes[name] = int(value)
 
     def plugin_stats(self) -> list[dict[str, Any]]:
-        with self._lock:
-            return [{"name": s.lp.name, "version": s.lp.version, "failures": s.failures, "disabled": s.disabled}
-                    for s in self._slots]
+        return self._unlocked(lambda: [{"name": s.lp.name, "version": s.lp.version, "failures": s.failures,
+                                        "disabled": s.disabled} for s in self._slots])
+
+    def _unlocked(self, read: Any) -> Any:
+        """read() under the lock, or, while a callback holds it past BEHIND_WAIT_S (stuck: it mutates nothing
+        meanwhile), without it."""
+        if self._lock.acquire(timeout=BEHIND_WAIT_S):
+            try:
+                return read()
+            finally:
+                self._lock.release()
+        for _ in range(100):
+            try:
+                return read()
+            except RuntimeError:            # a dict changed size under us: the callback returned after all
+                time.sleep(0.001)
+        return read()
 
     def close(self, ts_ns: int | None = None, notes: dict[str, int] | None = None, timeout_s: float = -1) -> None:
         """Complete open ops, then hand counters (with `notes`, as note() would) to and finalize every plugin.
@@ -362,7 +379,7 @@ class EventHost(Emitter, PollRuns):
             if self._closed:
                 return
             for k, v in (notes or {}).items():
-                self._counts[k] = int(v)
+                self.note(k, v)
             self._closed = True
             ts = time.monotonic_ns() if ts_ns is None else ts_ns
             for op in list(self._ops.values()):

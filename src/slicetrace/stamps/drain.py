@@ -357,7 +357,7 @@ class Drain:
         is_ch = kind == KIND_CHANNEL
         has_ch = bool(is_ch.any())
         # Rows that the run sort below copies are a temporary: built in a reused buffer (stamps.scratch).
-        resort = has_ch or w4[0] & _LO32 != w4[-1] & _LO32 or bool((kind[0] != kind).any())
+        resort = has_ch or bool(((w4 ^ w4[0]) & _LO32).any()) or bool((kind[0] != kind).any())   # every row's op
         buf = self._scratch.rows("out", len(st), PAIRED_DTYPE) if resort else None
         out = decode_rows(st, co, chan, kind, np.empty(len(st), dtype=PAIRED_DTYPE) if buf is None else buf)
         keep = None                                   # rows left once KernelCh starts are paired into stops

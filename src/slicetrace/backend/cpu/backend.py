@@ -44,7 +44,6 @@ def advice(nch: int, world: int, buffsize: int, slots: int) -> str:
             f"ring_slots {slots}). Lower SLICETRACE_BUFFSIZE (buffsize=, default 4M), SLICETRACE_NCHANNELS "
             f"(nchannels=) or SLICETRACE_STAMP_RING_SLOTS (ring_slots=)")
 
-_GEN: dict[str, int] = {}        # backends made per job in this process: keeps store keys of re-inits apart
 
 
 class CpuBackend(HostBackend):
@@ -64,7 +63,7 @@ class CpuBackend(HostBackend):
         self._peer_segs: dict[int, Segment] = {}
         self._pool: ThreadPoolExecutor | None = None
         self._stop = threading.Event()
-        gen = self.generation = _GEN[job] = _GEN.get(job, 0) + 1
+        gen = self.generation
         self._prefix = f"st/{job}/cpu{gen}"
         with sigterm_exits():          # our name is in /dev/shm until every rank attached
             self._create(segment_size(nch, world, settings.buffsize, settings.ring_slots), gen)

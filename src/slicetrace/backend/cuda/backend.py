@@ -41,9 +41,6 @@ def _cupy():
     return cupy
 
 
-_GEN: dict[str, int] = {}        # backends made per job in this process: keeps store keys of re-inits apart
-
-
 _PER_THREAD = 2         # cudaStreamPerThread: one handle, another stream in each thread
 
 
@@ -65,7 +62,7 @@ class CudaBackend(Completion, Backend, KernelArgs):
         cupy.cuda.Device(self.device).use()
         self.max_channels = settings.nchannels or (64 if world <= 4 else 32)
         self.n_warps = settings.nthreads // 32
-        gen = self.generation = _GEN[job] = _GEN.get(job, 0) + 1
+        gen = self.generation
         self._prefix = f"st/{job}/cuda{gen}"
         self._side = self._copy = self._fetch = self._fork = self._join = self._dog = self.sigs = None
         same_settings(store, self._prefix, rank, world, settings.timeout_s, nchannels=self.max_channels,

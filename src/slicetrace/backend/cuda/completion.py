@@ -57,11 +57,15 @@ class Completion:
 
     def cannot_finish(self, token: Token) -> str | None:
         """Why op `token` can never finish (a peer aborted, or one it needs is gone), else None."""
+        if token.event.done:            # it ended: only an exit on an abort word makes it wrong (a peer that
+            if not self.mem.words[1]:   # aborts after our ops all ended breaks nothing of ours)
+                return None
+            why = self.store.try_get(f"{self._prefix}/abort")
+            return f"rank {self.rank}: op {token.tag} exited on an abort word" + (
+                f": {why.decode(errors='replace')}" if why else "")
         why = self.store.try_get(f"{self._prefix}/abort")
         if why is not None:
             return f"rank {self.rank}: a peer aborted: {why.decode(errors='replace')}"
-        if token.event.done:            # the op ended, but maybe on an abort word (its results are wrong)
-            return f"rank {self.rank}: op {token.tag} exited on an abort word" if self.mem.words[1] else None
         gone = self.watch.gone(self._pending.peers(token), self._did_its_part)
         return None if gone is None else f"rank {self.rank}: op {token.tag} cannot finish: {gone}"
 
