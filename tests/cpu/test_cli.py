@@ -94,6 +94,22 @@ def test_bad_flags_are_clear_errors(capsys):
     assert "--profile 70 has no KernelStep bit (65536)" in capsys.readouterr().err
 
 
+def test_overhead_of_kernel_step_refuses_a_mask_from_the_environment_without_it(monkeypatch, capsys):
+    """Only --profile's mask was checked: SLICETRACE_PROFILE_EVENT_MASK=70 compared two identical sides."""
+    monkeypatch.setenv("SLICETRACE_PROFILE_EVENT_MASK", "70")
+    assert main(["bench", "--overhead", "--overhead-of", "kernel_step", "--ranks", "1"]) == 2
+    assert "SLICETRACE_PROFILE_EVENT_MASK=70 has no KernelStep bit (65536)" in capsys.readouterr().err
+
+
+def test_overhead_alone_times_the_main_columns_unprofiled_and_float16_overflow_warns_nothing(capfd):
+    """--overhead loaded the example plugin for the whole run, so its main columns became the profiled times;
+    a float16 sum that overflows to inf (in place, re-reduced every iteration) printed numpy warnings per rank."""
+    assert main(["bench", "--overhead", "--rounds", "2", "-d", "half", "--inplace", "-b", "64K", "-e", "64K", "-n",
+                 "30", "-w", "2", "--ranks", "2"]) == 0
+    out, err = capfd.readouterr()
+    assert "profiling off" in out.splitlines()[0] and "RuntimeWarning" not in err + out
+
+
 def test_output_paths_that_cannot_be_written_fail_before_the_run(tmp_path, capsys):
     """A sweep's results are not lost at its end: output paths are checked first, with the flag named."""
     afile = tmp_path / "afile"

@@ -79,3 +79,27 @@ def test_gathered_values_leave_nothing_in_the_store():
         _gather(_Comm(store, r, 3), "c7/all_reduce/4096", [1.0, 0.0], (0,), 3)
     _gather(_Comm(store, 0, 3), "c7/all_reduce/4096", [1.0, 0.0], (0,), 3)
     assert store._d == {}
+
+
+def test_the_overhead_figures_come_from_one_rank():
+    """Each overhead figure was its own max over ranks: a row's profiled/unprofiled times could come from one rank
+    and its percentage and interval ends from others (1.67x against a printed 90 %)."""
+    store = DictStore({})
+    r1 = [5.0, 0.0, 100.0, 60.0, 1.90, 1.8, 2.0, 1.7, 2.1]
+    r0 = [4.0, 0.0, 150.0, 50.0, 1.20, 1.1, 1.3, 1.0, 2.5]
+    assert _gather(_Comm(store, 1, 2), "k", r1, (0,), 3, 2) == r1
+    assert _gather(_Comm(store, 0, 2), "k", r0, (0,), 3, 2) == [5.0, 0.0] + r1[2:]
+
+
+def test_integer_references_wrap_as_the_type_does():
+    """The reference multiplied in float64: past 2**53 its cast to uint8 was not modular (255**4 gave 0, not 1),
+    so a correct uint8 prod at 4 ranks counted 19 wrong values; avg wraps its sum in the type, then divides."""
+    import numpy as np
+    from slicetrace.cli.sweep import reference, wrong
+    x = [np.array([255, 255, 2, 200], np.uint8)] * 4
+    ref = reference("all_reduce", x, 0, 0, "prod")
+    assert ref.astype(np.uint8).tolist() == [1, 1, 16, 0]
+    assert wrong(np.array([1, 1, 16, 0], np.uint8), ref, np.uint8) == 0
+    assert wrong(np.array([0, 1, 16, 0], np.uint8), ref, np.uint8) == 1
+    y = [np.array([100, -100, 7], np.int8)] * 3                  # sums 300 -> 44, -300 -> -44, 21
+    assert reference("all_reduce", y, 0, 0, "avg").tolist() == [14, -14, 7]

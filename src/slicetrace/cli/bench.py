@@ -133,9 +133,11 @@ AVERAGE = {0: "rank 0's", 1: "the mean over ranks of the", 2: "the least over ra
            3: "the most over ranks of the"}       # nccl-tests' -a
 
 
-def _gather(comm, key: str, vals: list[float], times: tuple[int, ...], average: int) -> list[float]:
+def _gather(comm, key: str, vals: list[float], times: tuple[int, ...], average: int,
+            block: int | None = None) -> list[float]:
     """On rank 0, every rank's vals combined through the rendezvous store (the timing exchange is no collective of
-    ours): the times at `times` as -a says, the wrong-value count (vals[1]) summed, the rest their max."""
+    ours): the times at `times` as -a says, the wrong-value count (vals[1]) summed, the rest their max; vals[block:]
+    (the overhead's figures) all from one rank, the one whose vals[block + 2] (median ratio) is largest."""
     store = comm._session.store
     store.set(f"bench/{key}/{comm.rank}", json.dumps(vals).encode())
     if comm.rank != 0:
@@ -148,6 +150,8 @@ def _gather(comm, key: str, vals: list[float], times: tuple[int, ...], average: 
     for i in times:
         col = [v[i] for v in allv]
         out[i] = (col[0], sum(col) / len(col), min(col), max(col))[average]
+    if block is not None:
+        out[block:] = max(allv, key=lambda v: v[block + 2])[block:]
     return out
 
 
@@ -168,7 +172,7 @@ def bench_rank(comm, o: dict) -> list[dict]:
     if comm.rank == 0:
         chans = comm.settings.nchannels or ("auto" if comm.backend_name == "cuda" else 1)
         say(f"# slicetrace bench: backend {comm.backend_name}, {n} ranks, channels {chans}, "
-            f"profiling {'on' if comm.profiler_enabled else 'off'}"
+            f"profiling {'on' if comm.profiler_enabled and not o.get('main_unprofiled') else 'off'}"
             + (f" (1 op in {comm.settings.op_sample_rate})" if comm.profiler_enabled
                and comm.settings.op_sample_rate > 1 else "")
             + (f" (ops from {comm.settings.profile_min_bytes} B)" if comm.profiler_enabled
@@ -186,7 +190,8 @@ def bench_rank(comm, o: dict) -> list[dict]:
             # the table owns stdout: rows printed while the bar is live go to the terminal above it only when
             # stdout is that terminal; redirected, they go to the file (rich would route them to stderr)
             tty = sys.stdout.isatty()
-            progress = Progress(transient=True, console=Console(stderr=True), redirect_stdout=tty, redirect_stderr=tty)
+            progress = Progress(transient=True, console=Console(stderr=True, soft_wrap=True),     # rows unbroken
+                                redirect_stdout=tty, redirect_stderr=tty)
             progress.start()
             task = progress.add_task("sweep", total=total)
     gc.collect()
@@ -285,7 +290,8 @@ def _one(comm, op, nbytes, dtype, o, xp, to_dev, to_host, sync, ref, key):
     _repeat(fn, o["warmup"], sync)
     _align(comm, fn, sync)
     flush = comm.flush_profiler if comm.profiler_enabled else None
-    t = _time(fn, o["iters"], sync, flush)
+    with comm.profiling(not o.get("main_unprofiled")):       # --overhead alone: the main columns unprofiled
+        t = _time(fn, o["iters"], sync, flush if not o.get("main_unprofiled") else None)
     vals = [t, float(n_wrong)]
     if ref is not None:
         rfn = (lambda: ref.run(op, x, out, redop, root))
@@ -311,10 +317,11 @@ def _one(comm, op, nbytes, dtype, o, xp, to_dev, to_host, sync, ref, key):
             off.append(pair[False])
             if rnd % 2:
                 ratios.append((on[-2] + on[-1]) / (off[-2] + off[-1]))
-        q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+        q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else ratios * 3
         lo, hi = median_ci(ratios)
         vals += [statistics.median(on), statistics.median(off), statistics.median(ratios), q1, q3, lo, hi]
-    vals = _gather(comm, key, vals, (0, 2) if ref is not None else (0,), o.get("average", 3))
+    vals = _gather(comm, key, vals, (0, 2) if ref is not None else (0,), o.get("average", 3),
+                   (3 if ref is not None else 2) if o["overhead"] else None)
     if rank != 0:
         return None
     t = vals[0]
@@ -383,9 +390,12 @@ def format_summary(s: dict, ref_name: str | None) -> list[str]:
     return lines
 
 
+NCCL_TYPE = {"float16": "half", "float32": "float", "float64": "double"}    # nccl-tests' names; the rest alike
+
+
 def format_row(r: dict, ref: bool, overhead: bool) -> str:
     s = "{:>12} {:>12} {:>9} {:>6} {:>5} {:>10.1f} {:>8.3f} {:>8.3f} {:>7}".format(
-        r["size"], r["count"], r["type"], r["redop"], r["root"], r["time_us"], r["algbw"], r["busbw"],
+        r["size"], r["count"], NCCL_TYPE.get(r["type"], r["type"]), r["redop"], r["root"], r["time_us"], r["algbw"], r["busbw"],
         "N/A" if r["wrong"] is None else r["wrong"])
     if ref:
         s += "  {:>8.1f} {:>8.3f} {:>6}".format(r["ref_time_us"], r["ref_busbw"],

@@ -121,6 +121,10 @@ def bench_settings(a: argparse.Namespace) -> tuple[Settings, dict]:
         writable_folder("--trace", a.trace)
         overrides["profile_dump_file"] = os.path.join(a.trace, "trace")
     s = _settings(overrides)
+    if a.overhead_of == "kernel_step" and a.profile is None and s.profile_event_mask is not None \
+            and not s.profile_event_mask & KERNEL_STEP:        # --profile's own mask was checked with the flags
+        raise UsageError(f"--overhead-of kernel_step: SLICETRACE_PROFILE_EVENT_MASK={s.profile_event_mask} has no "
+                         f"KernelStep bit ({KERNEL_STEP}); nothing to compare")
     if s.backend not in ("cpu", "cuda"):         # null: the tests' backend moves no data, so no sane row
         raise UsageError(f"{backend_source(a, s)}: bench runs 'cpu' or 'cuda' ({s.backend!r} is a test backend "
                          f"that moves no data)")

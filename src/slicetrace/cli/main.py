@@ -142,7 +142,8 @@ def run_bench(a: argparse.Namespace) -> int:
                 raise BackendError(f"{backend_source(a, s)}: no usable CUDA device ({type(e).__name__}: {e})") \
                     from None
     if not 0 <= a.root < nranks:
-        raise UsageError(f"-r {a.root} must be a rank, 0..{nranks - 1} (the run has {nranks} rank(s): --ranks)")
+        raise UsageError(f"-r {a.root} must be a rank, 0..{nranks - 1} (the run has {nranks} rank(s): --ranks)"
+                         + ("; nccl-tests' -r -1, every root in turn, is not supported" if a.root == -1 else ""))
     if s.backend == "cpu":
         shm_check(nranks, s)
     left_out: list[str] = []
@@ -155,7 +156,7 @@ def run_bench(a: argparse.Namespace) -> int:
             "ops": ops, "dtypes": dtypes, "redops": list(REDOPS) if a.redop == "all" else [a.redop],
             "root": a.root, "iters": a.iters,
             "warmup": a.warmup_iters, "check": bool(a.check), "compare": a.compare, "overhead": a.overhead,
-            "overhead_of": a.overhead_of,
+            "overhead_of": a.overhead_of, "main_unprofiled": a.overhead and a.trace is None and a.profile is None,
             "rounds": a.rounds, "seed": a.seed, "inplace": a.inplace,
             "average": a.average, "cycles": a.run_cycles}
     traces_before = dump_files(a.trace) if a.trace is not None else {}

@@ -158,21 +158,28 @@ def make_input(seed: int, rank: int, count: int, dtype, redop: str) -> np.ndarra
 
 
 def _combine(xs: list[np.ndarray], redop: str) -> np.ndarray:
+    if xs[0].dtype.kind in "iu" and redop in ("sum", "avg", "prod"):
+        # in int64, which wraps mod 2**64 and so mod every narrower width (float64 lost it past 2**53: 255**4
+        # cast to uint8 gave 0, not 1); avg: the sum wrapped in the type, then divided toward zero, as NCCL does
+        acc = np.stack([x.astype(np.int64) for x in xs])
+        with np.errstate(over="ignore"):
+            r = acc.prod(0) if redop == "prod" else acc.sum(0)
+        if redop == "avg":
+            r = r.astype(xs[0].dtype).astype(np.int64)
+            r = np.sign(r) * (np.abs(r) // len(xs))
+        return r
     acc = np.stack([x.astype(np.float64) for x in xs])
     if redop in ("sum", "avg"):
         r = acc.sum(0)
-        if redop == "avg":
-            r = r / len(xs)
-            if xs[0].dtype.kind in "iu":
-                r = np.trunc(r)
-        return r
+        return r / len(xs) if redop == "avg" else r
     if redop == "prod":                 # only the one asked for: this runs for every size checked
         return acc.prod(0)
     return (np.fmin if redop == "min" else np.fmax).reduce(acc, 0)
 
 
 def reference(op: str, inputs: list[np.ndarray], rank: int, root: int, redop: str) -> np.ndarray | None:
-    """Expected output of `rank` (float64), or None where the output is unspecified (reduce, non-root)."""
+    """Expected output of `rank` (float64; int64 for integer reductions), or None where the output is unspecified
+    (reduce, non-root)."""
     n = len(inputs)
     if op == "all_reduce":
         return _combine(inputs, redop)
@@ -212,7 +219,6 @@ def wrong(out: np.ndarray, ref: np.ndarray | None, dtype, atol: float = 0.0) -> 
     got = np.asarray(out).astype(np.float64)
     kind = np.dtype(dtype)
     if kind.kind in "iu":
-        ref = ref.astype(kind).astype(np.float64)      # integer overflow wraps, as in NCCL
-        return int((got != ref).sum())
+        return int((np.asarray(out) != ref.astype(kind)).sum())     # integer overflow wraps, as in NCCL
     tol = {2: 2e-2, 4: 1e-5, 8: 1e-12}[kind.itemsize]
     return int((~np.isclose(got, ref, rtol=tol, atol=max(tol, atol))).sum())
