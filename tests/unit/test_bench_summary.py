@@ -3,7 +3,8 @@ import types
 
 import pytest
 
-from slicetrace.cli.bench import _gather, format_summary, summarize
+from slicetrace.cli.bench import _gather
+from slicetrace.cli.table import format_summary, summarize
 from slicetrace.rendezvous import DictStore
 
 
@@ -58,7 +59,7 @@ def test_a_row_without_reference_bandwidth_has_no_ratio_and_the_json_stays_stric
     import json
     import math
 
-    from slicetrace.cli.bench import format_row
+    from slicetrace.cli.table import format_row
     from slicetrace.cli.outputs import write_json
     row = {"size": 0, "count": 0, "type": "float32", "redop": "sum", "root": -1, "time_us": 3.0, "algbw": 0.0,
            "busbw": 0.0, "wrong": 0, "ref_time_us": 40.0, "ref_busbw": 0.0, "ratio": None}

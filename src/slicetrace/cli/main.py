@@ -127,7 +127,8 @@ def _bench_parser(sub) -> None:
 
 def run_bench(a: argparse.Namespace) -> int:
     from ..launcher import launch
-    from .bench import bench_rank, format_summary, say, summarize
+    from .bench import bench_rank, say
+    from .table import format_summary, summarize
     ops = check_flags(a)
     s, overrides = bench_settings(a)
     load_plugins(s.profiler_plugin, s)          # a bad plugin spec is one line here, not a traceback per rank
