@@ -25,7 +25,10 @@ def main() -> None:
     extra = dict(d.split("=", 1) for d in a.defines.split(",") if d)
     jobs = [("slicetrace.cu", {"ST_T": CTYPES[d], "ST_STEPS": s, **extra}) for d in DTYPES if d in CTYPES for s in "01"]
     t = time.perf_counter()
-    Kernels(a.cache_dir, a.arch).prepare(jobs + [("clock.cu", {})])
+    try:
+        Kernels(a.cache_dir, a.arch).prepare(jobs + [("clock.cu", {})])
+    except ImportError as e:            # NVRTC comes with CuPy: no GPU needed, the package is
+        raise SystemExit(f"prebuild_kernels: needs CuPy (NVRTC): pip install -e '.[cuda]' ({e})") from None
     print(f"{len(jobs) + 1} kernels for {a.arch} ({toolchain()}) in {time.perf_counter() - t:.1f} s -> {a.cache_dir}")
 
 

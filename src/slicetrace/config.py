@@ -69,6 +69,17 @@ def _mask(v: str) -> int:
     return parse_mask(v)
 
 
+_SECONDS = re.compile(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+")
+
+
+def _seconds(v: str) -> float:
+    """Decimal seconds, as the README says ('2.5'): float() also took '1_0', '1e3', 'inf' and non-ASCII digits."""
+    t = v.strip()
+    if not _SECONDS.fullmatch(t):
+        raise ValueError(v)
+    return float(t)
+
+
 def _opt_str(v: str) -> str | None:
     return v or None
 
@@ -78,7 +89,7 @@ _FORMATS: dict[Callable[[str], Any], str] = {
     _bool: "one of 0/1/true/false/yes/no/on/off (any case; empty = off)",
     _int: "an integer, decimal or 0x hex",
     _bytes: "bytes: an integer, or one with a binary suffix K, M or G (e.g. 65536, 64K, 4M)",
-    float: "a number of seconds, e.g. 60 or 2.5",
+    _seconds: "a number of seconds, e.g. 60 or 2.5",
     _mask: "an integer, decimal or 0x hex, e.g. 65606 or 0x10046, or event type names joined by '|' or ',', "
            "e.g. Coll|P2p|KernelCh|KernelStep (the same mask)",
 }
@@ -98,7 +109,7 @@ VARIABLES: tuple[Var, ...] = (
     Var("SLICETRACE_BUFFSIZE", "buffsize", _bytes, "Simple-protocol FIFO bytes per connection (NCCL_BUFFSIZE), e.g. 4194304 or 4M (>= 32768, a multiple of 4096, <= 1G), default 4M; on cpu each rank reserves about (nchannels + world) x buffsize in /dev/shm"),
     Var("SLICETRACE_P2P_CHUNKSIZE", "p2p_chunksize", _bytes, "send/recv chunk bytes (NCCL_P2P_NVL_CHUNKSIZE), e.g. 524288 or 512K (>= 4096, a multiple of 512; capped at BUFFSIZE/8), default 512K"),
     Var("SLICETRACE_NTHREADS", "nthreads", _int, "CUDA threads per block (NCCL_NTHREADS): 64, 128, 256, 512 or 640, default 512"),
-    Var("SLICETRACE_TIMEOUT", "timeout_s", float, "seconds any wait may take before it becomes an error (> 0, <= 86400), default 60"),
+    Var("SLICETRACE_TIMEOUT", "timeout_s", _seconds, "seconds any wait may take before it becomes an error (> 0, <= 86400), default 60"),
     Var("SLICETRACE_STAMP_RING_SLOTS", "ring_slots", _int, "entries in each stamp ring of a channel (a power of two in 64..16777216), default 16384"),
     Var("SLICETRACE_KERNEL_STEP_SAMPLE_RATE", "sample_rate", _int, "keep slice 0 and every k-th slice of each channel program and direction (1..255; both ends of a connection keep the same slices), default 1"),
     Var("SLICETRACE_PROFILE_OP_SAMPLE_RATE", "op_sample_rate", _int, "profile the first op and every k-th op of a communicator, collectives and point-to-point groups counted apart (1..1000000, default 1 = every op); the others run unprofiled and are counted (ops_sampled_out)"),
@@ -108,14 +119,14 @@ VARIABLES: tuple[Var, ...] = (
     Var("SLICETRACE_PROFILE_EVENT_MASK", "profile_event_mask", _mask, "event mask the example plugin asks for: an integer in 0..2**32-1 or event type names, e.g. 65606 = 0x10046 = Coll|P2p|KernelCh|KernelStep (its default)"),
     Var("SLICETRACE_PROFILE_DUMP_FILE", "profile_dump_file", _opt_str, "example plugin: trace path prefix, files are <prefix>_<commHash>_<rank>.json"),
     Var("SLICETRACE_LINKSTATS_FILE", "linkstats_file", _opt_str, "linkstats plugin: Prometheus text file prefix, files are <prefix>_<commHash>_<rank>.prom (node_exporter textfile collector); unset = no file"),
-    Var("SLICETRACE_LINKSTATS_INTERVAL_S", "linkstats_interval_s", float, "linkstats plugin: seconds between rewrites of its .prom file while ops run (and once at close) (> 0, <= 86400), default 10"),
+    Var("SLICETRACE_LINKSTATS_INTERVAL_S", "linkstats_interval_s", _seconds, "linkstats plugin: seconds between rewrites of its .prom file while ops run (and once at close) (> 0, <= 86400), default 10"),
     Var("SLICETRACE_PLUGIN_MAX_FAILURES", "plugin_max_failures", _int, "plugin exceptions before that plugin is disabled (>= 1), default 16"),
     Var("SLICETRACE_CPU_RECLAIM", "cpu_reclaim", str, "cpu: after reading a FIFO slot the receiver stores once per cache line so the sender's next write does not stall on lines shared across L3 caches: auto (default: measured per connection), on, off"),
     Var("SLICETRACE_CPU_WAIT", "cpu_wait", str, "cpu: how a rank waits for its ring neighbour: auto (default: sleep in the kernel (futex) when ranks outnumber this process's CPUs, else spin then yield), futex, spin"),
     Var("SLICETRACE_CPU_BIND", "cpu_bind", str, "cpu: bind the thread that runs a communicator's ops to a CPU of its own while it is open, when every rank can have one and runs one channel (as mpirun binds to cores): auto (default: in the rank processes slicetrace.launch and the CLI start, when they fill more than half of the CPUs; not in processes started otherwise, whose later threads and children would inherit it), on, off"),
     Var("SLICETRACE_CACHE_DIR", "cache_dir", str, "compiled-kernel cache folder, default ~/.cache/slicetrace"),
     Var("SLICETRACE_ASSERT_WARM", "assert_warm", _bool, "1 = a kernel compile during timed work is an error (0/1/true/false/yes/no/on/off), default off"),
-    Var("SLICETRACE_CLOCK_RESYNC_S", "clock_resync_s", float, "cuda: seconds between GPU/host clock offset re-measurements (> 0, <= 86400), default 1.0"),
+    Var("SLICETRACE_CLOCK_RESYNC_S", "clock_resync_s", _seconds, "cuda: seconds between GPU/host clock offset re-measurements (> 0, <= 86400), default 1.0"),
     Var("SLICETRACE_DEBUG", "debug", str, "log level: WARN (default), INFO, DEBUG"),
 )
 POOL_VARIABLES = tuple(f"SLICETRACE_PROFILE_{n}_POOL_SIZE" for n in POOL_NAMES)
@@ -131,6 +142,7 @@ _SECS = f"> 0 seconds and <= {MAX_SECONDS:.0f}"
 # field -> (test of a value of the right type, what is accepted); "one of" rules say "is not one of"
 RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "backend": (lambda v: v in BACKENDS, f"one of {BACKENDS}"),
+    "cache_dir": (lambda v: v.strip() != "", "a folder, not empty"),
     "nchannels": (lambda v: 0 <= v <= MAXCHANNELS, f"in 0..{MAXCHANNELS} (0 = backend default)"),
     "buffsize": (lambda v: NCCL_STEPS * 4096 <= v <= MAX_BUFFSIZE and v % (NCCL_STEPS * 512) == 0,
                  f">= {NCCL_STEPS * 4096} and a multiple of {NCCL_STEPS * 512} "
@@ -263,10 +275,11 @@ class Settings:
                 continue
             try:
                 vals[var.attr] = var.parse(raw)
-            except ValueError as e:
-                why = f" ({e})" if var.parse is _mask else ""      # names the unknown event type
-                raise ConfigError(f"{var.name}={raw!r} cannot be parsed{why}: expected {_FORMATS[var.parse]}") \
-                    from None
+            except ValueError as e:             # the reason (an unknown event type, a leading zero), the range
+                why = f" ({e})" if var.parse in (_mask, _int) else ""
+                rule = RULES.get(var.attr)
+                raise ConfigError(f"{var.name}={raw!r} cannot be parsed{why}: expected {_FORMATS[var.parse]}"
+                                  + (f", {rule[1]}" if rule else "")) from None
         pools = dict(DEFAULT_POOL_SIZES)
         for name, var in zip(POOL_NAMES, POOL_VARIABLES):
             if var in env:
@@ -287,7 +300,7 @@ class Settings:
         known = {f.name for f in fields(cls)}
         bad = sorted(set(overrides) - known)
         if bad:
-            raise ConfigError(f"unknown setting(s) {bad}; known: {sorted(known)}")
+            raise ConfigError(f"unknown setting(s) {bad}{_keyword_hint(bad, known)}; known: {sorted(known)}")
         try:
             return cls(**{**vals, **overrides})
         except ConfigError as e:            # name the variable the bad value came from
@@ -373,11 +386,20 @@ def job_world_size(env: Mapping[str, str] | None = None) -> int | None:
     return int(v) if re.fullmatch(r"[0-9]+", v) else None
 
 
-def describe(settings: Settings, env: Mapping[str, str] | None = None) -> list[tuple[str, str, str, str]]:
-    """(variable, effective value, raw env value or 'unset', doc) for `slicetrace config`."""
+def _keyword_hint(bad: list[str], known: set[str]) -> str:
+    """' (did you mean ...)': a keyword spelt as its variable (kernel_step_sample_rate: sample_rate), or close."""
+    import difflib
+    by_var = {v.name[len("SLICETRACE_"):].lower(): v.attr for v in VARIABLES}
+    hints = [f"{b}: {by_var.get(b.lower()) or (difflib.get_close_matches(b, known, 1) or ['?'])[0]}" for b in bad]
+    hints = [h for h in hints if not h.endswith(": ?")]
+    return f" (did you mean {', '.join(hints)}?)" if hints else ""
+
+
+def describe(settings: Settings, env: Mapping[str, str] | None = None) -> list[tuple[str, str, str, str, str]]:
+    """(variable, init() keyword, effective value, raw env value or 'unset', doc) for `slicetrace config`."""
     env = os.environ if env is None else env
-    rows = [(v.name, repr(getattr(settings, v.attr)), env.get(v.name, "unset"), v.doc) for v in VARIABLES]
+    rows = [(v.name, v.attr, repr(getattr(settings, v.attr)), env.get(v.name, "unset"), v.doc) for v in VARIABLES]
     for name, var in zip(POOL_NAMES, POOL_VARIABLES):
-        rows.append((var, str(settings.pool_sizes[name]), env.get(var, "unset"),
+        rows.append((var, "pool_sizes", str(settings.pool_sizes[name]), env.get(var, "unset"),
                      f"example plugin pool size for {name} events"))
     return rows

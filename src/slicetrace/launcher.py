@@ -31,6 +31,7 @@ from .rendezvous import DictStore, Store, TorchStore
 # of one process count apart)
 _JOB_CALLS: defaultdict = defaultdict(itertools.count)
 _LAUNCH_WORLD: int | None = None        # in a rank process of launch(): its world size
+_LAUNCH_RANK: tuple[int, Store] | None = None     # ... and its rank and store: init() there joins that world
 
 
 def _torch_store(rank: int, world: int, timeout_s: float) -> Store:
@@ -57,12 +58,18 @@ def _torch_store(rank: int, world: int, timeout_s: float) -> Store:
 def init(backend: str | None = None, rank: int | None = None, world_size: int | None = None, *,
          store: Store | None = None, job: str | None = None, name: str = "", **settings: Any) -> Communicator:
     """Make this rank's Communicator. Explicit arguments beat SLICETRACE_* variables; without rank/world_size,
-    torchrun's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT are used; without those, a world of one."""
+    torchrun's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT are used (in a rank of launch(): its rank, world and store);
+    without those, a world of one."""
     s = Settings.from_env(backend=backend, **settings)
     # checked before any store is used: a bad rank would otherwise wait out the rendezvous timeout
     rank = None if rank is None else _as_int("rank", rank, "in 0..world_size-1")
     world_size = None if world_size is None else _as_int("world_size", world_size, ">= 1")
     # torchrun's variables only when used: explicit arguments (launch()'s ranks, the CLI's) leave them alone
+    if _LAUNCH_RANK is not None and store is None and world_size != 1:     # as torchrun's variables and store do
+        if world_size in (None, _LAUNCH_WORLD):
+            rank = _LAUNCH_RANK[0] if rank is None else rank
+            world_size = _LAUNCH_WORLD
+        store = _LAUNCH_RANK[1]
     env = dist_env(ranks=rank is None or world_size is None, master=False)
     rank_name = "RANK" if rank is None and env.rank is not None else "rank"       # upper case: from the environment
     world_name = "WORLD_SIZE" if world_size is None and env.world_size is not None else "world_size"
@@ -212,9 +219,9 @@ def _child(fn: Callable, rank: int, world: int, store_map: Any, job: str, settin
             signal.signal(signal.SIGINT, _interrupted)
         if Settings.from_env(**settings).cpu_bind == "auto" and _crowding(world):
             settings = {**settings, "cpu_bind": "on"}      # our own rank processes: nothing else inherits it
-        global _LAUNCH_WORLD
-        _LAUNCH_WORLD = world
-        comm = init(rank=rank, world_size=world, store=DictStore(store_map), job=job, **settings)
+        global _LAUNCH_WORLD, _LAUNCH_RANK
+        _LAUNCH_WORLD, _LAUNCH_RANK = world, (rank, DictStore(store_map))
+        comm = init(rank=rank, world_size=world, store=_LAUNCH_RANK[1], job=job, **settings)
         result = fn(comm, *args)
         running.clear()
         _no_interrupts()                         # an interrupted launch lets closing ranks finish (plugins)

@@ -534,3 +534,26 @@ def test_a_bench_table_to_a_full_device_is_one_line_per_rank_and_exit_2():
     assert p.returncode == 2, p.stderr
     assert p.stderr.startswith("slicetrace: error: rank 0: UsageError: cannot write the output (No space left on "
                                "device)") and "Traceback" not in p.stderr and p.stderr.count("\n") == 1
+
+
+def test_a_bare_profile_flag_keeps_the_variables_mask(tmp_path, monkeypatch):
+    """`--profile` without a mask meant 65606 and replaced SLICETRACE_PROFILE_EVENT_MASK=Coll without a word."""
+    monkeypatch.setenv("SLICETRACE_PROFILE_EVENT_MASK", "Coll")
+    assert main(["bench", "--profile", "--trace", str(tmp_path), "-b", "4K", "-e", "4K", "-n", "1", "-w", "0",
+                 "--ranks", "2"]) == 0
+    heads = [json.load(open(f))[0] for f in glob.glob(str(tmp_path / "trace_*.json"))]
+    assert len(heads) == 2 and all(h["args"]["EventMask"] == 2 for h in heads)
+
+
+def test_a_dump_file_from_the_environment_is_checked_first_and_named(tmp_path, monkeypatch, capsys):
+    """Only --trace's folder was checked before the sweep and its files named: SLICETRACE_PROFILE_DUMP_FILE wrote
+    its files without a word, and an unwritable prefix failed in every rank after they started."""
+    monkeypatch.setenv("SLICETRACE_PROFILER_PLUGIN", "example")
+    monkeypatch.setenv("SLICETRACE_PROFILE_DUMP_FILE", str(tmp_path / "dd" / "x"))
+    assert main(["bench", "-b", "4K", "-e", "4K", "-n", "1", "-w", "0", "--ranks", "2"]) == 0
+    note = capsys.readouterr().out.splitlines()[-1]
+    assert note.startswith(f"# traces: {tmp_path}/dd/x_") and "(2 file(s);" in note
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("SLICETRACE_PROFILE_DUMP_FILE", str(tmp_path / "file" / "x"))
+    assert main(["bench", "-b", "4K", "-e", "4K", "-n", "1", "-w", "0", "--ranks", "2"]) == 2
+    assert "SLICETRACE_PROFILE_DUMP_FILE" in capsys.readouterr().err

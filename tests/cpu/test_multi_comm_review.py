@@ -92,6 +92,21 @@ def test_a_communicator_made_again_with_the_same_job_keeps_the_first_ones_trace(
     assert colls == [1, 1, 3, 3]
 
 
+def _init_inside_launch(comm):
+    out = []
+    for kw in ({}, {"rank": comm.rank, "world_size": comm.world_size}, {"world_size": 1}):
+        with slicetrace.init(**kw) as c:
+            out.append((c.rank, c.world_size, float(c.all_reduce(np.ones(4, np.float32))[0])))
+    return out
+
+
+def test_init_inside_a_launch_rank_joins_the_launch_world():
+    """A plain init() in a launch() rank made a 1-rank communicator on every rank (sums of 1.0 for 2.0, no error),
+    and init(rank=, world_size=) asked for torchrun's store. It now works as under torchrun."""
+    res = slicetrace.launch(_init_inside_launch, 2, **KW)
+    assert res == [[(r, 2, 2.0), (r, 2, 2.0), (0, 1, 1.0)] for r in range(2)]
+
+
 def _flush_from_another_thread(comm):
     x = np.ones(1024, np.float32)
     stop, errs = threading.Event(), []

@@ -88,6 +88,7 @@ def test_a_healthy_run_names_no_straggler(runs, capsys):
     text, doc = _report(runs, "ok", capsys)
     assert "stragglers: no consistent straggler in 5 collectives after the first" in text
     assert "straggler: rank" not in text and "collectives started last" not in text
+    assert "slow links: none among the 3 links" in text and "most waited on: " in text    # judged, nothing found
     assert not any(r["consistent"] for r in doc["stragglers"])
     assert doc["startup_skew"]["seq"] == 0 and doc["straggler_rule"]["collectives"] == 5
 

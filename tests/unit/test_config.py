@@ -62,6 +62,14 @@ def test_dist_env_and_describe():
         dist_env({"RANK": "x"})
     rows = describe(Settings(), {})
     assert {r[0] for r in rows} >= {v.name for v in VARIABLES}
+    assert all(r[1] == v.attr for r, v in zip(rows, VARIABLES))          # each with its init() keyword
+
+
+def test_an_unknown_keyword_named_as_its_variable_gets_the_keyword():
+    """init(kernel_step_sample_rate=4) listed 25 names without saying which one was meant."""
+    with pytest.raises(ConfigError, match=r"^unknown setting\(s\) \['kernel_step_sample_rate', 'timeout'\] \(did you mean "
+                                          r"kernel_step_sample_rate: sample_rate, timeout: timeout_s\?\); known: "):
+        Settings.from_env({}, kernel_step_sample_rate=4, timeout=3)
 
 
 def test_config_command_prints_every_variable(capsys, monkeypatch):
@@ -94,10 +102,21 @@ def test_time_settings_must_be_finite_and_in_range(name, value):
 
 
 @pytest.mark.parametrize("var", ["SLICETRACE_TIMEOUT", "SLICETRACE_LINKSTATS_INTERVAL_S", "SLICETRACE_CLOCK_RESYNC_S"])
-@pytest.mark.parametrize("raw", ["inf", "1e400", "nan", "-1", "0"])
-def test_time_variables_must_be_finite_and_in_range(var, raw):
+@pytest.mark.parametrize("raw", ["inf", "1e400", "nan", "-1", "1_0", "\u0663", "0x10"])
+def test_time_variables_are_decimal_seconds(var, raw):
+    """float() took '1_0' as 10 and 'inf' / '1e400' (refused later, by range); decimals only, as the README says."""
+    with pytest.raises(ConfigError, match=rf"^{var}='{raw}' cannot be parsed: expected a number of seconds, e.g. 60 "
+                                          rf"or 2.5, > 0 seconds and <= 86400$"):
+        Settings.from_env({var: raw})
+
+
+@pytest.mark.parametrize("var", ["SLICETRACE_TIMEOUT", "SLICETRACE_LINKSTATS_INTERVAL_S", "SLICETRACE_CLOCK_RESYNC_S"])
+@pytest.mark.parametrize("raw", ["0", "0.0", "86400.5"])
+def test_time_variables_must_be_in_range(var, raw):
     with pytest.raises(ConfigError, match=rf"^{var}='{raw}': \w+=\S+ must be > 0 seconds and <= 86400$"):
         Settings.from_env({var: raw})
+    attr = next(v.attr for v in VARIABLES if v.name == var)
+    assert getattr(Settings.from_env({var: " 2.5 "}), attr) == 2.5
 
 
 def test_time_settings_take_ints_and_the_bounds():
@@ -178,9 +197,11 @@ def _parsed(var):
 def test_every_parse_error_names_variable_value_and_format(var):
     with pytest.raises(ConfigError) as e:
         Settings.from_env({var.name: "?x"})
-    why = " ('?x' is not an event type, which are " if var.attr == "profile_event_mask" else ""
+    why = (" ('?x' is not an event type, which are " if var.attr == "profile_event_mask" else
+           " ('?x' is not a decimal (no leading zero) or 0x hex integer)" if var.parse is config._int else "")
     assert str(e.value).startswith(f"{var.name}='?x' cannot be parsed{why}")
-    assert str(e.value).endswith(f": expected {config._FORMATS[var.parse]}")
+    rule = config.RULES.get(var.attr)                  # and the range, where there is one
+    assert str(e.value).endswith(f": expected {config._FORMATS[var.parse]}" + (f", {rule[1]}" if rule else ""))
 
 
 @pytest.mark.parametrize("raw,msg", [
@@ -191,7 +212,8 @@ def test_every_parse_error_names_variable_value_and_format(var):
     ("SLICETRACE_PROFILE_EVENT_MASK=Col", "SLICETRACE_PROFILE_EVENT_MASK='Col' cannot be parsed ('Col' is not an "
                                           "event type, which are GROUP, COLL,"),
     ("SLICETRACE_TIMEOUT=soon", "SLICETRACE_TIMEOUT='soon' cannot be parsed: expected a number of seconds"),
-    ("SLICETRACE_NCHANNELS=2.5", "SLICETRACE_NCHANNELS='2.5' cannot be parsed: expected an integer, decimal or 0x hex"),
+    ("SLICETRACE_NCHANNELS=2.5", "SLICETRACE_NCHANNELS='2.5' cannot be parsed ('2.5' is not a decimal (no leading "
+                                 "zero) or 0x hex integer): expected an integer, decimal or 0x hex, in 0..64"),
     ("SLICETRACE_PROFILE_COLL_POOL_SIZE=x", "SLICETRACE_PROFILE_COLL_POOL_SIZE='x' must be an integer >= 1"),
     ("SLICETRACE_PROFILE_COLL_POOL_SIZE=0", "SLICETRACE_PROFILE_COLL_POOL_SIZE='0' must be an integer >= 1"),
 ])
@@ -272,7 +294,8 @@ def test_torchruns_agent_store_is_read_as_torch_reads_it(value, agent):
 
 @pytest.mark.parametrize("raw", ["0o7", "0b11", "1_0", "+3", "010", "\u0663", "3.0", "0x", ""])
 def test_integers_are_decimal_without_a_leading_zero_or_0x_hex_as_the_readme_says(raw):
-    with pytest.raises(ConfigError, match=r"^SLICETRACE_NCHANNELS=.* cannot be parsed: expected an integer, decimal"):
+    with pytest.raises(ConfigError, match=r"^SLICETRACE_NCHANNELS=.* cannot be parsed \(.* is not a decimal \(no leading "
+                                          r"zero\) or 0x hex integer\): expected an integer, decimal or 0x hex, in 0..64"):
         Settings.from_env({"SLICETRACE_NCHANNELS": raw})
     with pytest.raises(ConfigError, match=r"^SLICETRACE_PROFILE_COLL_POOL_SIZE=.* must be an integer >= 1"):
         Settings.from_env({"SLICETRACE_PROFILE_COLL_POOL_SIZE": raw})
@@ -389,6 +412,8 @@ def test_readme_lists_every_variable_and_its_ranges():
     section = section[:section.index("\n## ", 3)]
     rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `(SLICETRACE_\w+)` \|.*$", section, re.M)}
     assert {v.name for v in VARIABLES} <= set(rows)
+    for v in VARIABLES:                     # the keyword column: init()/launch() take the setting by that name
+        assert rows[v.name].startswith(f"| `{v.name}` | `{v.attr}` |"), v.name
     for var, needle in [("SLICETRACE_TIMEOUT", "86400"), ("SLICETRACE_STAMP_RING_SLOTS", "16777216"),
                         ("SLICETRACE_NCHANNELS", "0..64"), ("SLICETRACE_BUFFSIZE", "32768"),
                         ("SLICETRACE_NTHREADS", "640"), ("SLICETRACE_DRAIN_INTERVAL_US", "10..1000000"),

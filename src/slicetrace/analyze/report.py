@@ -212,6 +212,8 @@ def render(rep: Report, console=None) -> None:
                       str(sl["step"]), f"{sl['bytes']:,}", f"{sl['transfer_us']:.1f}", f"{sl['gbps']:.3g}")
         con.print(t)
     _skew(rep, con)                     # the findings: stragglers first, then whom the waits lead to, links
+    if not rep.held_up and rep.links:       # judged and nothing found must not read like not judged
+        con.print("most waited on: none, no rank waited after its first op (start-up is left out)")
     if rep.held_up:
         w, tot = rep.held_up[0], sum(h["wait_us"] for h in rep.held_up)
         noise = rep.straggler_rule["floor_us"] * rep.straggler_rule["collectives"]   # the stragglers' floor, per op
@@ -244,6 +246,9 @@ def render(rep: Report, console=None) -> None:
     if 0 < len(rep.links) < 3:
         con.print(f"slow links: not judged, {len(rep.links)} link(s) in this trace and the check compares each with "
                   f"the median of 3 or more")
+    elif rep.links and not rep.slow_links:
+        con.print(f"slow links: none among the {len(rep.links)} links (none more than 25 % below the median link "
+                  f"in most of its ops)")
     if rep.counters or rep.no_counters:
         lost = {r: {k: v for k, v in c.items() if v and k != "sampled_out"
                     and not k.startswith(("delivered", "plugin_written", "clock_", "ops_"))}

@@ -60,7 +60,7 @@ def check_flags(a: argparse.Namespace) -> list[str]:
     if a.overhead_of == "kernel_step":
         if not a.overhead:
             raise SliceTraceError("--overhead-of kernel_step needs --overhead")
-        if a.profile is not None and not a.profile & KERNEL_STEP:
+        if a.profile is not None and a.profile >= 0 and not a.profile & KERNEL_STEP:
             raise SliceTraceError(f"--overhead-of kernel_step: --profile {a.profile} has no KernelStep bit "
                                   f"({KERNEL_STEP}); nothing to compare")
     if a.backend is not None and a.backend not in ("cpu", "cuda"):
@@ -79,6 +79,11 @@ def with_example(spec: str | None) -> str:
     if any(x == "example" or (x not in BUILTINS and ":" in x and resolve(x) is chrome) for x in items):
         return ",".join(items)
     return ",".join(items + ["example"])
+
+
+def has_example(spec: str | None) -> bool:
+    """Whether a plugin spec loads the example (Chrome-trace) plugin, by its name or its module path."""
+    return with_example(spec) == ",".join(x.strip() for x in (spec or "").split(",") if x.strip())
 
 
 def backend_source(a: argparse.Namespace, s: Settings) -> str:
@@ -109,7 +114,7 @@ def bench_settings(a: argparse.Namespace) -> tuple[Settings, dict]:
         overrides["nchannels"] = a.channels
     if a.timeout is not None:
         overrides["timeout_s"] = a.timeout
-    if a.profile is not None:
+    if a.profile is not None and a.profile >= 0:      # a bare --profile (-1) keeps the variable's mask
         overrides["profile_event_mask"] = a.profile
     env_plugins = _settings(overrides).profiler_plugin      # with the flags: -T 5 beats SLICETRACE_TIMEOUT=0
     if a.trace is not None or a.profile is not None:    # both write through the example plugin: add it if missing
@@ -121,7 +126,7 @@ def bench_settings(a: argparse.Namespace) -> tuple[Settings, dict]:
         writable_folder("--trace", a.trace)
         overrides["profile_dump_file"] = os.path.join(a.trace, "trace")
     s = _settings(overrides)
-    if a.overhead_of == "kernel_step" and a.profile is None and s.profile_event_mask is not None \
+    if a.overhead_of == "kernel_step" and (a.profile is None or a.profile < 0) and s.profile_event_mask is not None \
             and not s.profile_event_mask & KERNEL_STEP:        # --profile's own mask was checked with the flags
         raise UsageError(f"--overhead-of kernel_step: SLICETRACE_PROFILE_EVENT_MASK={s.profile_event_mask} has no "
                          f"KernelStep bit ({KERNEL_STEP}); nothing to compare")

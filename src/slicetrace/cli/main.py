@@ -12,8 +12,8 @@ from ..config import Settings, describe
 from ..errors import BackendError, SliceTraceError, UsageError
 from ..events.abi import parse_mask
 from ..events.loading import load_plugins
-from .benchflags import backend_source, bench_settings, check_flags
-from .outputs import dump_files, trace_note, writable_file, write_json
+from .benchflags import backend_source, bench_settings, check_flags, has_example
+from .outputs import dump_files, trace_note, writable_file, writable_folder, write_json
 from .sweep import DTYPE_ALIASES, OPS, all_dtypes, bench_dtype, parse_size, shm_check, sizes
 
 
@@ -109,9 +109,9 @@ def _bench_parser(sub) -> None:
                    "this rank's block of the output; reduce_scatter: output = this rank's block of the input; "
                    "all_reduce, broadcast, reduce: one buffer); all_to_all and send_recv stay out of place")
     p.add_argument("--trace", metavar="DIR", help="write per-rank Chrome traces via the example plugin")
-    p.add_argument("--profile", nargs="?", const=65606, type=_mask, metavar="MASK",
+    p.add_argument("--profile", nargs="?", const=-1, type=_mask, metavar="MASK",
                    help="profile with the example plugin; event mask: an integer or event types joined by '|' or ',' "
-                   "(default 65606 = Coll|P2p|KernelCh|KernelStep)")
+                   "(without MASK: SLICETRACE_PROFILE_EVENT_MASK, else 65606 = Coll|P2p|KernelCh|KernelStep)")
     p.add_argument("--overhead", action="store_true", help="alternate profiled/unprofiled runs, print overhead %%")
     p.add_argument("--overhead-of", choices=("profiling", "kernel_step"), default="profiling",
                    help="--overhead compares profiled with unprofiled runs (profiling, default), or profiled runs "
@@ -160,7 +160,14 @@ def run_bench(a: argparse.Namespace) -> int:
             "overhead_of": a.overhead_of, "main_unprofiled": a.overhead and a.trace is None and a.profile is None,
             "rounds": a.rounds, "seed": a.seed, "inplace": a.inplace,
             "average": a.average, "cycles": a.run_cycles}
-    traces_before = dump_files(a.trace) if a.trace is not None else {}
+    # the trace files' prefix: --trace's, or SLICETRACE_PROFILE_DUMP_FILE's when the example plugin writes there
+    dump = os.path.join(a.trace, "trace") if a.trace is not None else (
+        s.profile_dump_file if s.profile_dump_file and has_example(s.profiler_plugin) else None)
+    what = None if a.trace is not None else f"SLICETRACE_PROFILE_DUMP_FILE={s.profile_dump_file!r}"
+    if dump is not None and a.trace is None:
+        writable_folder("SLICETRACE_PROFILE_DUMP_FILE", os.path.dirname(dump) or ".")
+    folder, stem = (os.path.dirname(dump) or ".", os.path.basename(dump)) if dump else ("", "")
+    traces_before = dump_files(folder, stem) if dump else {}
     results = launch(bench_rank, nranks, opts, **overrides)
     rows = results[0]
     bad_rows = [r for r in rows if (r["wrong"] or 0) > 0]       # None: unchecked (-c 0)
@@ -173,8 +180,8 @@ def run_bench(a: argparse.Namespace) -> int:
                                                                   if k not in ("cmd", "func")},   # -a, -n, -w, ...
                                        "env": _provenance(s.backend, nranks, a.compare), "rows": rows,
                                        "summary": summary})
-    if a.trace is not None:
-        say(trace_note(a.trace, traces_before, s.profiler_plugin, s.profile_event_mask))
+    if dump is not None:
+        say(trace_note(folder, traces_before, s.profiler_plugin, s.profile_event_mask, stem, what))
     if bad_rows:
         print(f"# {len(bad_rows)} size(s) had wrong results", file=sys.stderr)
         return 1
@@ -193,9 +200,9 @@ def _json_value(v):
 def run_config(a: argparse.Namespace) -> int:
     s = Settings.from_env()
     rows = describe(s)
-    w = [max(len(r[i]) for r in rows) for i in range(3)]
-    for var, eff, raw, doc in rows:         # None: unset, the plugin's own default (the doc says which)
-        print(f"{var:{w[0]}}  {eff:{w[1]}}  env={raw:{w[2]}}  {doc}")
+    w = [max(len(r[i]) for r in rows) for i in range(4)]
+    for var, kw, eff, raw, doc in rows:     # None: unset, the plugin's own default (the doc says which)
+        print(f"{var:{w[0]}}  {kw + '=':{w[1] + 1}}  {eff:{w[2]}}  env={raw:{w[3]}}  {doc}")
     load_plugins(s.profiler_plugin, s)          # a plugin that would not load is an error here too, not at the run
     return 0
 

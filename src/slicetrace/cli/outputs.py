@@ -68,10 +68,10 @@ def write_json(flag: str, path: str, obj) -> None:
         raise UsageError(f"{flag} {path!r}: cannot write the file ({e.strerror or e})") from None
 
 
-def dump_files(folder: str) -> dict[str, tuple[int, int]]:
-    """The dump files in --trace's folder, with what tells a rewritten one (mtime, size)."""
+def dump_files(folder: str, stem: str = "trace") -> dict[str, tuple[int, int]]:
+    """The dump files <folder>/<stem>_<commHash>_<rank>.json, with what tells a rewritten one (mtime, size)."""
     out = {}
-    for f in glob.glob(os.path.join(glob.escape(folder), "trace_*_*.json")):
+    for f in glob.glob(os.path.join(glob.escape(folder), glob.escape(stem) + "_*_*.json")):
         try:
             st = os.stat(f)
         except OSError:
@@ -92,23 +92,25 @@ def _complete(path: str) -> bool:
         return False
 
 
-def trace_note(folder: str, before: dict[str, tuple[int, int]], plugins: str | None, mask: int | None) -> str:
+def trace_note(folder: str, before: dict[str, tuple[int, int]], plugins: str | None, mask: int | None,
+               stem: str = "trace", what: str | None = None) -> str:
     """The line naming the trace files this run wrote (those new or changed since `before`); none is an error,
     naming the effective plugins and event mask (SLICETRACE_PROFILER_PLUGIN, SLICETRACE_PROFILE_EVENT_MASK), and
-    so is a file its plugin did not finish."""
-    now = dump_files(folder)
+    so is a file its plugin did not finish. what: where the files' prefix came from (default --trace's folder)."""
+    what = what or f"--trace {folder!r}"
+    now = dump_files(folder, stem)
     written = sorted(f for f, st in now.items() if before.get(f) != st)
     if not written:
-        raise SliceTraceError(f"--trace {folder!r}: the run wrote no trace file there; was profiling off? "
+        raise SliceTraceError(f"{what}: the run wrote no trace file there; was profiling off? "
                               f"(profiler plugins {plugins!r}, event mask {mask}: SLICETRACE_PROFILER_PLUGIN, "
                               f"SLICETRACE_PROFILE_EVENT_MASK)")
     broken = [f for f in written if not _complete(f)]
     if broken:                      # our ranks have closed: a file still growing is another run's, being written
         time.sleep(0.3)
-        again = dump_files(folder)
+        again = dump_files(folder, stem)
         broken = [f for f in broken if again.get(f) == now[f]]
     if broken:
-        raise SliceTraceError(f"--trace {folder!r}: {len(broken)} of the {len(written)} trace file(s) this run "
+        raise SliceTraceError(f"{what}: {len(broken)} of the {len(written)} trace file(s) this run "
                               f"wrote are incomplete (no closing ']'): {', '.join(broken)}; their profiler plugin "
                               f"failed to finish them (a failed write, e.g. a full disk: see the error its rank "
                               f"logged); slicetrace report and convert read them up to their last whole record")
