@@ -1,5 +1,6 @@
 """The linkstats plugin's Prometheus text file: format, escaping, periodic rewrites, a file that cannot be written."""
 import logging
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -70,20 +71,26 @@ def test_a_missing_folder_is_made_and_a_file_that_cannot_be_written_at_init_is_r
         LinkStatsPlugin(s).init(CommInfo(7, "c", 1, 2, 0), ActivationMask())
 
 
-def test_a_file_that_cannot_be_written_later_is_logged_once_and_the_job_goes_on(tmp_path, caplog):
+def test_a_file_that_cannot_be_written_later_is_logged_once_and_written_again_when_it_can(tmp_path, caplog):
+    """Before, one failed write turned the metrics file off for good, close included (a folder removed and made
+    again, a moment of ENOSPC, ended a live view meant to last days)."""
     (tmp_path / "d").mkdir()
     s = Settings(linkstats_file=str(tmp_path / "d" / "m"), linkstats_interval_s=1e-9)
     p = LinkStatsPlugin(s)
     ctx = p.init(CommInfo(7, "c", 1, 2, 0), ActivationMask())
-    assert (tmp_path / "d" / "m_7_0.prom").read_text().startswith("# HELP")     # written at init, empty table
-    (tmp_path / "d" / "m_7_0.prom").unlink()
-    (tmp_path / "d").rmdir()                    # e.g. the folder removed under the job
+    prom = tmp_path / "d" / "m_7_0.prom"
+    assert prom.read_text().startswith("# HELP")     # written at init, empty table
+    prom.unlink()
+    (tmp_path / "d").rmdir()
+    (tmp_path / "d").write_text("")                 # the folder gone, a file in its way: writes fail
     with caplog.at_level(logging.ERROR, logger="slicetrace"):
         assert p.kernel_step_batch(ctx, None, _recs([(0, 1, 1, 8, 0, 0, 1)])) == 1
         assert p.kernel_step_batch(ctx, None, _recs([(0, 1, 1, 8, 0, 0, 1)])) == 1
-        p.finalize(ctx)
-    assert len([r for r in caplog.records if "metrics file disabled" in r.getMessage()]) == 1
-    assert p.snapshot(ctx)[0]["bytes"] == 16
+    assert len([r for r in caplog.records if "trying again" in r.getMessage()]) == 1
+    (tmp_path / "d").unlink()                       # the way clear again: the next write makes the folder
+    p.finalize(ctx)
+    assert 'slicetrace_link_bytes_total{comm="7"' in prom.read_text() and p.snapshot(ctx)[0]["bytes"] == 16
+    assert oct(prom.stat().st_mode & 0o777) == "0o644"          # readable by a collector of another user
 
 
 def test_interval_must_be_positive():
@@ -169,3 +176,35 @@ def test_the_file_is_utf8_whatever_the_locale_and_a_failed_write_leaves_no_tempo
     assert res.returncode == 0, res.stderr
     assert [f.name for f in tmp_path.iterdir()] == ["m_42_1.prom"]
     assert 'comm_name="j\u00f6b"' in (tmp_path / "m_42_1.prom").read_text(encoding="utf-8")
+
+
+def test_sampling_is_stated_and_a_comm_name_of_any_bytes_is_written(tmp_path):
+    """The counters count kept slices of profiled ops, and nothing said so; a comm name from bytes that are not UTF-8
+    (lone surrogates) made every write raise UnicodeEncodeError."""
+    import os
+    s = Settings(linkstats_file=str(tmp_path / "m"), linkstats_interval_s=1e-9, sample_rate=4, op_sample_rate=10)
+    p = LinkStatsPlugin(s)
+    ctx = p.init(CommInfo(7, os.fsdecode(b"train-\xe9"), 1, 2, 0), ActivationMask())
+    assert p.kernel_step_batch(ctx, None, _recs([(0, 1, 1, 8, 0, 0, 1)])) == 1
+    p.finalize(ctx)
+    text = (tmp_path / "m_7_0.prom").read_text()
+    assert 'setting="kernel_step_sample_rate"} 4' in text and 'setting="op_sample_rate"} 10' in text
+    assert 'comm_name="train-\\\\udce9"' in text and "slicetrace_link_bytes_total{" in text
+
+
+def test_a_communicator_never_closed_gets_its_last_write_at_exit(tmp_path):
+    """Only finalize wrote the last table: a run kept to the process's end left the empty table of init."""
+    import subprocess
+    import sys
+    code = f"""
+import numpy as np
+from slicetrace.config import Settings
+from slicetrace.events.abi import ActivationMask, CommInfo
+from slicetrace.sinks.linkstats import LinkStatsPlugin
+from tests.unit.test_linkstats_prom import _recs
+p = LinkStatsPlugin(Settings(linkstats_file={str(tmp_path / "m")!r}, linkstats_interval_s=3600))
+ctx = p.init(CommInfo(7, "c", 1, 2, 0), ActivationMask())
+p.kernel_step_batch(ctx, None, _recs([(0, 1, 1, 8, 0, 0, 1)]))
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120, cwd=str(Path(__file__).parents[2]))
+    assert "slicetrace_link_bytes_total{" in (tmp_path / "m_7_0.prom").read_text()

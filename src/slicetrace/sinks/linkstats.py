@@ -9,10 +9,13 @@ is also the reference for writing a plugin: native version 8, batch paths for Ke
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import logging
 import os
 import time
+import weakref
 from typing import Any
 
 import numpy as np
@@ -25,26 +28,36 @@ log = logging.getLogger("slicetrace")
 
 
 class _Ctx:
-    def __init__(self, comm: CommInfo, prefix: str | None, interval_s: float):
+    def __init__(self, comm: CommInfo, prefix: str | None, s: Settings):
         self.comm = comm
         self.table: dict[tuple[int, int, int], np.ndarray] = {}   # key -> [slices, bytes, wait_ns, xfer_ns]
-        self.path = f"{prefix}_{comm.comm_hash}_{comm.rank}.prom" if prefix else None
-        self.interval_s = interval_s
-        self.write_at = time.monotonic() + interval_s
+        # absolute: a later chdir of the application must not move the file
+        self.path = f"{os.path.abspath(prefix)}_{comm.comm_hash}_{comm.rank}.prom" if prefix else None
+        self.interval_s = s.linkstats_interval_s
+        self.write_at = time.monotonic() + self.interval_s
         self.host_counters: dict[str, int] = {}
+        self.sampling = {"kernel_step_sample_rate": s.sample_rate, "op_sample_rate": s.op_sample_rate,
+                         "profile_min_bytes": s.profile_min_bytes}
+        self.failing = False        # the last write failed: said once, tried again at the next
+        self.exit_hook: Any = None
 
 
-_METRICS = (("slices_total", "KernelStep slices of this link", 1.0),
-            ("bytes_total", "Bytes that this link's slices moved", 1.0),
-            ("wait_seconds_total", "Time its slices waited for data (recv) or credit (send)", 1e-9),
-            ("transfer_seconds_total", "Time its slices spent moving data", 1e-9))
+_SAMPLED = " (of the profiled ops' kept slices only: see slicetrace_sampling)"
+_METRICS = (("slices_total", "KernelStep slices of this link" + _SAMPLED, 1.0),
+            ("bytes_total", "Bytes that this link's slices moved" + _SAMPLED, 1.0),
+            ("wait_seconds_total", "Time its slices waited for data (recv) or credit (send)" + _SAMPLED, 1e-9),
+            ("transfer_seconds_total", "Time its slices spent moving data" + _SAMPLED, 1e-9))
 
 
-def prometheus_text(comm: CommInfo, table: dict, counters: dict[str, int]) -> str:
+def prometheus_text(comm: CommInfo, table: dict, counters: dict[str, int], sampling: dict | None = None) -> str:
     """The link table (and loss counters) in the Prometheus text format; rate(bytes) / rate(transfer_seconds) is
     a link's bandwidth while it moves data."""
     base = f'comm="{comm.comm_hash}",comm_name="{_escape(comm.comm_name)}",rank="{comm.rank}"'
     lines = []
+    if sampling:                    # the counters count what was profiled and kept, not everything: say how much
+        lines += ["# HELP slicetrace_sampling The settings that leave slices or ops out of the link counters: 1 "
+                  "slice in k of each direction, 1 op in k, ops below so many bytes.", "# TYPE slicetrace_sampling gauge"]
+        lines += [f'slicetrace_sampling{{{base},setting="{k}"}} {int(v)}' for k, v in sampling.items()]
     for col, (name, help_, scale) in enumerate(_METRICS):
         lines += [f"# HELP slicetrace_link_{name} {help_}.", f"# TYPE slicetrace_link_{name} counter"]
         for (c, snd, peer), v in sorted(table.items()):
@@ -66,6 +79,8 @@ def prometheus_text(comm: CommInfo, table: dict, counters: dict[str, int]) -> st
 
 
 def _escape(text: str) -> str:
+    # a name from bytes that are not UTF-8 (os.fsdecode: lone surrogates) is written as escapes, never refused
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
@@ -74,7 +89,9 @@ def write_atomic(path: str, text: str) -> None:
     layers keep sinks from analyze.atomic, which does this for the analyzer's and the CLI's outputs.)"""
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
-        with open(tmp, "w", encoding="utf-8") as f:     # the locale's encoding may not take a comm name
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.fchmod(fd, 0o644)        # readable by a collector running as another user, whatever the umask
+        with open(fd, "w", encoding="utf-8") as f:      # the locale's encoding may not take a comm name
             f.write(text)
         os.replace(tmp, path)
     except BaseException:           # a full disk, or any other error: leave no temporary file behind
@@ -93,14 +110,17 @@ class LinkStatsPlugin:
     def init(self, comm: CommInfo, mask: ActivationMask) -> _Ctx:
         mask.value = int(EventType.KERNEL_STEP)          # parents (Coll/P2p) are added by the host
         s = self.settings or Settings()
-        ctx = _Ctx(comm, s.linkstats_file, s.linkstats_interval_s)
+        ctx = _Ctx(comm, s.linkstats_file, s)
         if ctx.path is not None:
             try:                        # an empty table now: a path that cannot be written is refused before any op
                 os.makedirs(os.path.dirname(ctx.path) or ".", exist_ok=True)     # as the example plugin does
-                write_atomic(ctx.path, prometheus_text(comm, ctx.table, ctx.host_counters))
+                write_atomic(ctx.path, prometheus_text(comm, ctx.table, ctx.host_counters, ctx.sampling))
             except OSError as e:
                 raise ConfigError(f"linkstats_file (SLICETRACE_LINKSTATS_FILE)={s.linkstats_file!r}: cannot write "
                                   f"{ctx.path}: {e.strerror or e}; give a prefix in a writable folder") from e
+            # a communicator never closed (kept until the process exits) still gets its last write
+            ctx.exit_hook = functools.partial(_write_at_exit, weakref.ref(self), weakref.ref(ctx))
+            atexit.register(ctx.exit_hook)
         return ctx
 
     def start_event(self, ctx: _Ctx, descr: Any) -> Any:
@@ -150,10 +170,17 @@ class LinkStatsPlugin:
 
     def _write(self, ctx: _Ctx) -> None:
         try:
-            write_atomic(ctx.path, prometheus_text(ctx.comm, ctx.table, ctx.host_counters))
-        except OSError as e:            # a metrics file must not stop the job: say so once, stop writing
-            log.error("slicetrace linkstats: cannot write %s (%s); metrics file disabled", ctx.path, e)
-            ctx.path = None
+            os.makedirs(os.path.dirname(ctx.path) or ".", exist_ok=True)     # a folder removed and made again
+            write_atomic(ctx.path, prometheus_text(ctx.comm, ctx.table, ctx.host_counters, ctx.sampling))
+        except OSError as e:            # a metrics file must not stop the job: say so once, try again later
+            if not ctx.failing:
+                log.error("slicetrace linkstats: cannot write %s (%s); trying again every %g s and at close",
+                          ctx.path, e, ctx.interval_s)
+            ctx.failing = True
+        else:
+            if ctx.failing:
+                log.warning("slicetrace linkstats: %s written again", ctx.path)
+            ctx.failing = False
 
     def report_counters(self, ctx: _Ctx, counters: dict[str, int]) -> None:
         ctx.host_counters = dict(counters)
@@ -165,7 +192,16 @@ class LinkStatsPlugin:
                 for (c, s, p), v in sorted(ctx.table.items())]
 
     def finalize(self, ctx: _Ctx) -> None:
+        if ctx.exit_hook is not None:
+            atexit.unregister(ctx.exit_hook)
+            ctx.exit_hook = None
         if ctx.path is not None:
             self._write(ctx)
         for row in self.snapshot(ctx):
             log.info("slicetrace linkstats rank %d: %s", ctx.comm.rank, row)
+
+
+def _write_at_exit(plugin_ref: Any, ctx_ref: Any) -> None:
+    plugin, ctx = plugin_ref(), ctx_ref()
+    if plugin is not None and ctx is not None and ctx.exit_hook is not None and ctx.path is not None:
+        plugin._write(ctx)
