@@ -8,12 +8,12 @@ import threading
 import time
 from typing import Any, Iterator
 
-from .api_checks import (check_group_overlap, check_overlap, check_self_types, int_index, ptr, tag_value,
-                         writable)
+from .api_checks import (check_group_overlap, check_overlap, check_self_types, group_opened, int_index,
+                         outside_groups, profile_mask, ptr, tag_value, writable)
 from .backend.base import DTYPES, REDOPS, Work
 from .config import Settings
 from .errors import SliceTraceError, UsageError
-from .events.abi import DATATYPE_NAMES, FUNC_NAMES, parse_mask
+from .events.abi import DATATYPE_NAMES, FUNC_NAMES
 from .events.host import OpInfo, TaskInfo
 from .plan.groups import group_layout
 from .plan.schedule import P2pPart, plan_collective
@@ -41,6 +41,7 @@ class Communicator:
         self._seq: dict[str, int] = {}
         self._group: list[tuple[P2pPart, Any, str, int]] | None = None
         self._group_depth = self._group_max = self._run_depth = 0    # user group nesting: now, deepest, at run
+        self._group_owner = 0                                           # the thread that opened the group
         self._p2p_plans: dict[tuple, tuple] = {}
         self._p2p_pos: dict[tuple[int, bool], int] = {}   # (peer, is_send) -> its pieces so far, mod p2p_channels
         self._stream: Any = None        # cuda: None = the current stream at each call
@@ -53,6 +54,9 @@ class Communicator:
     def _check_open(self) -> None:
         if self._closed:
             raise UsageError("communicator is closed")
+        if self._session.forked:         # its FIFOs and peers are its parent's: both would get wrong results
+            raise UsageError(f"this communicator was made in process {self._session._pid}; a forked child cannot "
+                             f"use it (make one of its own, e.g. with slicetrace.launch())")
 
     def _buf(self, x: Any, what: str):
         return self._session.backend.as_buffer(x, what)
@@ -92,6 +96,9 @@ class Communicator:
     def _enter(self, func: str) -> None:
         if not self._busy.acquire(blocking=False):
             self._check_open()
+            if self._active == threading.get_ident():
+                raise UsageError(f"{func}: this thread is inside an operation of this communicator already (from a "
+                                 f"plugin callback or a signal handler?); an op cannot start inside another")
             raise UsageError(f"{func}: another thread is inside an operation of this communicator; issue one "
                              f"communicator's operations from one thread at a time (as NCCL requires)")
 
@@ -120,6 +127,7 @@ class Communicator:
     def _collective_one(self, func: str, x: Any, out: Any, out_count_of, op: str = "sum", root: int = 0,
                         user_tag: int = 0, stream: Any = None) -> Any:
         self._check_open()
+        outside_groups(self, func)
         if self._group is not None:
             raise UsageError(f"{func} inside comm.group(): only send/recv may be grouped")
         send, dtype, n = self._buf(x, "x")
@@ -148,7 +156,9 @@ class Communicator:
             return user_out
         if func == "reduce" and self.rank != root:
             return None                 # NCCL leaves recvbuff unused off the root: no result to hand back
-        return self._result(recv, x) if out_n == n else self._session.backend.user_buffer(recv)
+        if func in ("all_gather", "reduce_scatter"):      # 1-D at every world size (x's shape at 1 before)
+            return self._session.backend.user_buffer(recv)
+        return self._result(recv, x)
 
     def _result(self, recv: Any, x: Any) -> Any:
         """An allocated output as the caller gets it (a torch tensor, not the cuda backend's RawBuf), shaped as x."""
@@ -185,10 +195,12 @@ class Communicator:
     def group(self) -> Iterator[None]:
         """Batch send/recv calls; they run concurrently when the outermost group ends (ncclGroupStart/End)."""
         self._check_open()
+        outside_groups(self, "comm.group()", span=False)       # a group of its own may open inside another's
         self._group_depth += 1
         self._group_max = max(self._group_max, self._group_depth)
         if self._group is None:
             self._group = []
+            group_opened(self, True)
         ok = False
         try:
             yield
@@ -196,6 +208,7 @@ class Communicator:
         finally:
             self._group_depth -= 1
             if self._group_depth == 0:
+                group_opened(self, False)
                 parts, self._group, depth, self._group_max = self._group, None, self._group_max, 0
                 if ok and parts:
                     self._run_depth = depth     # the GroupApi event's groupDepth: 1 + the user's nesting
@@ -206,6 +219,7 @@ class Communicator:
 
     def _p2p(self, x: Any, peer: int, is_send: bool, user_tag: int) -> None:
         self._check_open()
+        outside_groups(self, "send" if is_send else "recv")
         peer = int_index(peer, "peer", self.world_size)
         user_tag = tag_value(user_tag)
         flat, dtype, n = self._buf(x, "x" if is_send else "out")
@@ -295,6 +309,7 @@ class Communicator:
     def barrier(self) -> None:
         """Every rank arrives before any leaves (through the rendezvous store; includes this rank's pending ops)."""
         self._check_open()
+        outside_groups(self, "barrier")
         if self._group is not None:             # it would run before the group's ops it promises to include
             raise UsageError("barrier inside comm.group(): only send/recv may be grouped")
         self._guarded("barrier", self._session.barrier)
@@ -308,23 +323,18 @@ class Communicator:
         rule has it: 'KernelStep' keeps Coll/P2p and the API events); the plugins' own masks still apply."""
         if not isinstance(enabled, bool):       # "no" would be truthy
             raise UsageError(f"enabled={enabled!r} must be True or False")
-        if isinstance(mask, str):
-            try:
-                mask = parse_mask(mask)
-            except ValueError as e:
-                raise UsageError(f"mask={mask!r}: {e}") from None
-        if mask is not None and (isinstance(mask, bool) or not isinstance(mask, int) or mask < 0):
-            raise UsageError(f"mask={mask!r} must be an int >= 0 of EventType bits, event type names such as "
-                             f"'Coll|KernelCh', or None for no limit")
-        s = self._session
-        prev = s.paused, s.mask_limit
-        s.paused = not enabled
+        mask = profile_mask(mask)
+        s, me = self._session, threading.get_ident()
+        if s.profiling_owner not in (None, me):     # one switch per communicator: the other thread's would win
+            raise UsageError("comm.profiling(): another thread has a profiling block of this communicator open")
+        prev = s.paused, s.mask_limit, s.profiling_owner
+        s.paused, s.profiling_owner = not enabled, me
         if mask is not None:
-            s.mask_limit = mask
+            s.mask_limit = mask & s.mask_limit              # nested: within the outer block's limit
         try:
             yield
         finally:
-            s.paused, s.mask_limit = prev
+            s.paused, s.mask_limit, s.profiling_owner = prev
 
     @property
     def profiler_enabled(self) -> bool:

@@ -3,12 +3,14 @@ accepted (UsageError), before anything is sent."""
 from __future__ import annotations
 
 import operator
+import threading
 from typing import Any
 
 import numpy as np
 
 from .backend.base import host_pointer
 from .errors import UsageError
+from .events.abi import parse_mask
 
 
 def writable(buf: Any, what: str) -> None:
@@ -129,3 +131,42 @@ def check_self_types(entries: list, rank: int) -> None:
         if s != r:
             raise UsageError(f"send to self #{k} on rank {rank} is {s[0]} x {s[1]} but the recv from self it pairs "
                              f"with is {r[0]} x {r[1]}; paired counts and dtypes must be equal")
+
+
+_OPEN = threading.local()       # this thread's open comm.group()s, innermost last
+
+
+def group_opened(comm: Any, opening: bool) -> None:
+    """comm's outermost group opens (opening) or ends in this thread."""
+    stack = _OPEN.__dict__.setdefault("stack", [])
+    if opening:
+        comm._group_owner = threading.get_ident()
+        stack.append(comm)
+    elif comm in stack:
+        stack.remove(comm)
+
+
+def outside_groups(comm: Any, what: str, span: bool = True) -> None:
+    """Refuse an op of comm inside another communicator's group (ours do not span communicators, NCCL's do: it
+    would run at once, before the group's own ops it may need) or while another thread has comm's group open
+    (its call would join that group and return before its data moved). span=False: comm's own group may open."""
+    stack = _OPEN.__dict__.get("stack")
+    if span and stack and stack[-1] is not comm and comm._group is None:
+        raise UsageError(f"{what} on one communicator inside another communicator's comm.group(): slicetrace's "
+                         f"groups do not span communicators (NCCL's do); group each one's calls in its own group")
+    if comm._group is not None and comm._group_owner != threading.get_ident():
+        raise UsageError(f"{what}: another thread has comm.group() open on this communicator; a group's calls "
+                         f"come from the thread that opened it")
+
+
+def profile_mask(mask: Any) -> int | None:
+    """comm.profiling()'s mask: EventType bits, type names ('Coll|KernelCh'), or None (no limit)."""
+    if isinstance(mask, str):
+        try:
+            mask = parse_mask(mask)
+        except ValueError as e:
+            raise UsageError(f"mask={mask!r}: {e}") from None
+    if mask is not None and (isinstance(mask, bool) or not isinstance(mask, int) or mask < 0):
+        raise UsageError(f"mask={mask!r} must be an int >= 0 of EventType bits, event type names such as "
+                         f"'Coll|KernelCh', or None for no limit")
+    return mask

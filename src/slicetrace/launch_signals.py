@@ -2,6 +2,7 @@
 close (plugins write their traces), and SIGTERM/SIGINT are held while the ranks are killed and cleaned up."""
 from __future__ import annotations
 
+import glob
 import multiprocessing as mp
 import os
 import signal
@@ -108,3 +109,53 @@ def _release_signals(held: dict | None) -> None:
         return
     for sig in dict.fromkeys(held["came"]):
         signal.raise_signal(sig)
+
+
+# ---- in a rank process: the launcher gone, asked to close, or Ctrl-C ----
+
+ORPHAN_CHECK_S = 0.25
+ORPHAN_GRACE_S = 10.0
+
+
+def _remove_job_shm(job: str) -> None:
+    for f in glob.glob(f"/dev/shm/*{job}*"):
+        try:
+            os.unlink(f)
+        except OSError:
+            pass
+
+
+def _watch_parent(parent: int, grace_s: float, job: str, running: threading.Event | None) -> None:
+    """A process of launch() whose launcher is gone (killed, even by SIGKILL) stops. A rank still inside fn gets a
+    KeyboardInterrupt in its main thread, so its usual error path aborts its communicator (the other ranks learn of
+    it); a rank already cleaning up is left to finish (an interrupt there would cut its close short). Whatever has
+    not ended within grace_s removes the job's shared memory and exits."""
+    import _thread
+    while os.getppid() == parent:
+        time.sleep(ORPHAN_CHECK_S)
+    if grace_s > 0:
+        if running is not None and running.is_set():
+            _thread.interrupt_main(CLOSE_SIGNAL)         # handled whatever SIGINT's disposition
+        time.sleep(grace_s)
+        _remove_job_shm(job)
+    os._exit(1)
+
+
+def _asked_to_close(signum: int, frame: Any) -> None:
+    _no_interrupts()                 # once: a SIGINT pending beside it must not interrupt the close
+    raise KeyboardInterrupt("the launcher asked the ranks to close (interrupted)")
+
+
+def _interrupted(signum: int, frame: Any) -> None:
+    _no_interrupts()                 # once: the launcher's own SIGINT must not cut fn's cleanup (its other
+    raise KeyboardInterrupt          # communicators' plugins writing their traces)
+
+
+def _no_interrupts() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(CLOSE_SIGNAL, signal.SIG_IGN)
+
+
+def _start_watch(parent: int, grace_s: float, job: str, running: threading.Event | None = None) -> None:
+    threading.Thread(target=_watch_parent, args=(parent, grace_s, job, running), name="slicetrace-parent-watch",
+                     daemon=True).start()

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from collections import defaultdict
-import glob
 import itertools
 import multiprocessing.connection as mpc
 from multiprocessing.managers import SyncManager
@@ -22,8 +21,9 @@ from .api import Communicator
 from .api_checks import as_index
 from .config import Settings, dist_env, job_world_size, quiet_unknown
 from .errors import ConfigError, LaunchError, SliceTraceError, UsageError, ours
-from .launch_signals import (CLOSE_SIGNAL, _hold_signals, _let_ranks_close, _QuietContext, _release_signals,
-                             _terminate_as_exit)
+from .launch_signals import (CLOSE_SIGNAL, ORPHAN_GRACE_S, _asked_to_close, _hold_signals, _interrupted,
+                             _let_ranks_close, _no_interrupts, _QuietContext, _release_signals, _remove_job_shm,
+                             _start_watch, _terminate_as_exit)
 from .rendezvous import DictStore, Store, TorchStore
 
 
@@ -144,54 +144,6 @@ class _Discard:
         return len(b)
 
 
-ORPHAN_CHECK_S = 0.25
-ORPHAN_GRACE_S = 10.0
-
-
-def _remove_job_shm(job: str) -> None:
-    for f in glob.glob(f"/dev/shm/*{job}*"):
-        try:
-            os.unlink(f)
-        except OSError:
-            pass
-
-
-def _watch_parent(parent: int, grace_s: float, job: str, running: threading.Event | None) -> None:
-    """A process of launch() whose launcher is gone (killed, even by SIGKILL) stops. A rank still inside fn gets a
-    KeyboardInterrupt in its main thread, so its usual error path aborts its communicator (the other ranks learn of
-    it); a rank already cleaning up is left to finish (an interrupt there would cut its close short). Whatever has
-    not ended within grace_s removes the job's shared memory and exits."""
-    import _thread
-    while os.getppid() == parent:
-        time.sleep(ORPHAN_CHECK_S)
-    if grace_s > 0:
-        if running is not None and running.is_set():
-            _thread.interrupt_main(CLOSE_SIGNAL)         # handled whatever SIGINT's disposition
-        time.sleep(grace_s)
-        _remove_job_shm(job)
-    os._exit(1)
-
-
-def _asked_to_close(signum: int, frame: Any) -> None:
-    _no_interrupts()                 # once: a SIGINT pending beside it must not interrupt the close
-    raise KeyboardInterrupt("the launcher asked the ranks to close (interrupted)")
-
-
-def _interrupted(signum: int, frame: Any) -> None:
-    _no_interrupts()                 # once: the launcher's own SIGINT must not cut fn's cleanup (its other
-    raise KeyboardInterrupt          # communicators' plugins writing their traces)
-
-
-def _no_interrupts() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(CLOSE_SIGNAL, signal.SIG_IGN)
-
-
-def _start_watch(parent: int, grace_s: float, job: str, running: threading.Event | None = None) -> None:
-    threading.Thread(target=_watch_parent, args=(parent, grace_s, job, running), name="slicetrace-parent-watch",
-                     daemon=True).start()
-
-
 def _send(conn, msg: tuple) -> None:
     try:
         conn.send(msg)
@@ -285,11 +237,21 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
         raise UsageError(f"fn={fn.__qualname__!r}: spawned ranks import fn by name, so it must be a function defined "
                          f"at the top level of a module (not a lambda or a nested function)")
     _check_picklable(fn, args)
-    s = Settings.from_env(**settings)
+    try:
+        s = Settings.from_env(**settings)
+    except ConfigError as e:            # launch(fn, 2, lr=0.1): fn's own arguments go positionally
+        if not str(e).startswith("unknown setting"):
+            raise
+        raise ConfigError(f"launch(): {e}; its keywords are init()'s settings: give fn's own arguments after "
+                          f"nranks, launch(fn, n, *args), or bind them with functools.partial") from None
     ctx = _QuietContext()
     job = uuid.uuid4().hex[:10]
     mgr = SyncManager(ctx=ctx)
-    mgr.start(_start_watch, (os.getpid(), 0.0, job))   # the store's server goes with its launcher too (at once)
+    try:
+        mgr.start(_start_watch, (os.getpid(), 0.0, job))   # the store's server goes with its launcher too (at once)
+    except EOFError:            # the spawned server re-ran the caller's module, which called launch() again
+        raise LaunchError("launch(): the store's server process failed to start: spawned processes import the "
+                          "caller's module, so call launch() under `if __name__ == '__main__':`", {}) from None
     with mgr:
         store_map = mgr.dict()
         pipes, procs = [], []
@@ -305,6 +267,10 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
             try:
                 status, *val = c.recv()
             except EOFError:
+                return False
+            except Exception as e:  # noqa: BLE001 - its result was sent whole but does not unpickle here
+                errors[r] = heads[r] = (f"rank {r}: its return value could not be rebuilt in the launcher "
+                                        f"(unpickling): {type(e).__name__}: {e}; return plain data")
                 return False
             if status == "started":
                 started.add(r)

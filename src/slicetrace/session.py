@@ -5,6 +5,7 @@ thread for asynchronous backends (cuda) and runs inline between ops for synchron
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import logging
@@ -12,6 +13,7 @@ import os
 import signal
 import threading
 import time
+import weakref
 from typing import Any, Iterator
 
 from .backend.base import Backend, Work, create
@@ -69,6 +71,7 @@ class Session:
         self.drain: Drain | None = None
         self.paused = False
         self.mask_limit = -1        # ANDed into every op's event mask (Communicator.profiling(mask=...))
+        self.profiling_owner: int | None = None     # the thread whose profiling() block is open
         self._every, self._min_bytes = settings.op_sample_rate, settings.profile_min_bytes
         # ops, profiling on, at or above the size threshold: op sampling counts collectives and point-to-point
         # groups apart, so a rank's own p2p traffic does not shift which collectives it profiles
@@ -86,6 +89,7 @@ class Session:
             if plugins:
                 info = CommInfo(self.comm_hash, name or f"slicetrace-{job}", 1, world, rank, settings.backend)
                 self.host = EventHost(plugins, info, settings.plugin_max_failures)
+                _LIVE.add(self)
                 self.drain = Drain(self.backend.rings, self.host, settings.drain_interval_us,
                                    fetch=self.backend.fetch_stamps if self.backend.stamps_fetched else None,
                                    thread_init=self.backend.thread_init, on_error=self._drain_failed)
@@ -272,6 +276,25 @@ def _signals_held() -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+_LIVE: weakref.WeakSet = weakref.WeakSet()     # sessions with plugins, for _finish_at_exit
+
+
+@atexit.register
+def _finish_at_exit() -> None:
+    """A communicator never closed (kept to the process's end, as a torchrun script's often is): its plugins still
+    get its records and finish their files (a trace was cut mid-record, its losses uncounted), bounded; the
+    backend is left to the process's exit (its peers may be gone)."""
+    for sess in list(_LIVE):
+        if sess._closed or sess.forked or sess.host is None:
+            continue
+        try:
+            if sess.drain is not None:
+                sess.drain.flush(min(sess.settings.timeout_s, 5.0))
+            sess.host.close(notes=sess._op_counts(), timeout_s=5.0)
+        except Exception as e:  # noqa: BLE001 - at exit: say so, finish the others
+            log.warning("slicetrace: rank %d: finishing the profiler plugins at exit failed: %r", sess.rank, e)
 
 
 _MASKABLE = hasattr(signal, "pthread_sigmask")

@@ -124,6 +124,40 @@ def test_an_unpicklable_return_value_is_named_as_fns_return_value():
     assert str(e.value) == f"rank 1 failed: {errs[1]}", str(e.value)
 
 
+class Unrebuildable:
+    """Pickles in the rank; rebuilding it in the launcher raises."""
+
+    def __reduce__(self):
+        return (_refuse_rebuild, ())
+
+
+def _refuse_rebuild():
+    if os.environ.get("ST_TEST_LAUNCHER_REBUILD") == "1":
+        raise ValueError("cannot rebuild here")
+    return "rebuilt"
+
+
+def _rank_1_returns_what_the_launcher_cannot_rebuild(comm):
+    return Unrebuildable() if comm.rank == 1 else comm.rank
+
+
+@pytest.mark.timeout(60)
+def test_a_return_value_that_does_not_unpickle_in_the_launcher_is_a_launch_error(monkeypatch):
+    """It escaped launch() as the bare ValueError of the rebuild, naming no rank, the other results lost."""
+    monkeypatch.setenv("ST_TEST_LAUNCHER_REBUILD", "1")        # the ranks inherit it too, but only unpickle here
+    with pytest.raises(slicetrace.LaunchError) as e:
+        slicetrace.launch(_rank_1_returns_what_the_launcher_cannot_rebuild, 2, timeout_s=TIMEOUT, join_timeout_s=JOIN)
+    assert sorted(e.value.errors) == [1]
+    assert e.value.errors[1] == ("rank 1: its return value could not be rebuilt in the launcher (unpickling): "
+                                 "ValueError: cannot rebuild here; return plain data")
+
+
+def test_keywords_of_launch_that_are_no_setting_say_where_fns_arguments_go():
+    with pytest.raises(slicetrace.ConfigError, match=r"^launch\(\): unknown setting\(s\) \['lr'\].*; its keywords are "
+                                                     r"init\(\)'s settings: give fn's own arguments after nranks"):
+        slicetrace.launch(_rank_1_returns_a_lambda, 2, lr=0.1)
+
+
 def test_an_abort_relayed_from_another_rank_does_not_lead_before_that_ranks_own_error():
     """A MismatchError or CommTimeoutError relayed through the abort word ('... (abort posted by rank 1)') counted
     as rank 0's own error, so the LaunchError led with rank 0."""

@@ -41,7 +41,7 @@ ALLOWED: dict[str, set[str]] = {
     "sinks": BASE | {"config", "events.abi", "events.plugin"},
     "analyze": BASE | {"events.abi", "plan"},
     "session": LOW | CONTRACTS | {"plan", "backend.base", "stamps.drain", "events.loading", "events.host"},
-    "api_checks": BASE | {"backend.base"},
+    "api_checks": BASE | {"backend.base", "events.abi"},
     "api": LOW | CONTRACTS | {"plan", "backend.base", "events.host", "session", "api_checks"},
     "launch_signals": set(),
     "launcher": LOW | {"api", "api_checks", "launch_signals"},

@@ -1,0 +1,160 @@
+"""The public API under uses a review tried: a forked child, a group open in another thread or on another
+communicator, output shapes at one rank and several, a communicator never closed, profiling blocks from two
+threads, an op started from inside another. Each test failed on the tree before its fix."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import slicetrace
+from slicetrace.errors import UsageError
+from tests.unit.test_plugin import RecPlugin
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def comm():
+    c = slicetrace.init(backend="null")
+    yield c
+    c.close()
+
+
+def test_a_forked_child_cannot_use_its_parents_communicator(comm):
+    """The child's all_reduce paired with the peer's next op and both got wrong sums, without an error."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                        # the child: report, then leave at once
+        try:
+            comm.all_reduce(np.ones(4, np.float32))
+            msg = "no error"
+        except UsageError as e:
+            msg = str(e)
+        os.write(w, msg.encode()[:500])
+        os._exit(0)
+    os.close(w)
+    os.waitpid(pid, 0)
+    got = os.read(r, 600).decode()
+    os.close(r)
+    assert got.startswith(f"this communicator was made in process {os.getpid()}; a forked child cannot use it"), got
+    assert comm.all_reduce(np.ones(4, np.float32)) is not None          # the parent's is as it was
+
+
+def test_a_call_from_another_thread_while_a_group_is_open_is_refused(comm):
+    """Thread B's recv joined thread A's open group and returned at once, its buffer not yet filled."""
+    opened, done, seen = threading.Event(), threading.Event(), {}
+
+    def other():
+        opened.wait(10)
+        try:
+            comm.recv(np.zeros(4, np.float32), 0)
+            seen["b"] = "returned"
+        except UsageError as e:
+            seen["b"] = str(e)
+        done.set()
+
+    t = threading.Thread(target=other)
+    t.start()
+    with comm.group():
+        comm.send(np.ones(4, np.float32), 0)
+        opened.set()
+        assert done.wait(10)
+        comm.recv(np.zeros(4, np.float32), 0)
+    t.join(10)
+    assert seen["b"] == ("recv: another thread has comm.group() open on this communicator; a group's calls come "
+                         "from the thread that opened it")
+
+
+def test_another_communicators_ops_inside_a_group_are_refused(comm):
+    """They ran at once, before the group's own ops (16 MiB each way: a deadlock until the timeout)."""
+    with slicetrace.init(backend="null") as other:
+        for call in (lambda: other.send(np.ones(4, np.float32), 0), lambda: other.all_reduce(np.ones(4, np.float32)),
+                     other.barrier):
+            with pytest.raises(UsageError, match=r"inside another communicator's comm.group\(\): slicetrace's "
+                                                 r"groups do not span communicators"):
+                with comm.group():
+                    call()
+        with other.group():                             # a group of its own inside: fine
+            with comm.group():
+                comm.send(np.ones(4, np.float32), 0)
+                comm.recv(np.zeros(4, np.float32), 0)
+
+
+def test_all_gather_and_reduce_scatter_return_1d_at_one_rank_too(comm):
+    """At one rank they kept x's shape, (2, 4); at several they are flat: code tried on one rank broke on two."""
+    x = np.ones((2, 4), np.float32)
+    assert comm.all_gather(x).shape == (8,) and comm.reduce_scatter(x).shape == (8,)
+    assert comm.all_reduce(x).shape == (2, 4) and comm.broadcast(x).shape == (2, 4)
+
+
+def test_profiling_blocks_of_two_threads_are_refused_and_nested_masks_only_narrow(comm):
+    """Two threads' overlapping blocks left profiling off for good; an inner mask= widened the outer one."""
+    s, entered, leave, seen = comm._session, threading.Event(), threading.Event(), {}
+
+    def other():
+        with comm.profiling(False):
+            entered.set()
+            leave.wait(10)
+
+    t = threading.Thread(target=other)
+    t.start()
+    assert entered.wait(10)
+    with pytest.raises(UsageError, match="another thread has a profiling block of this communicator open"):
+        with comm.profiling(True):
+            pass
+    leave.set()
+    t.join(10)
+    assert (s.paused, s.profiling_owner) == (False, None)
+    with comm.profiling(True, mask="Coll"):
+        with comm.profiling(True, mask=0xFFFFFFFF):
+            seen["inner"] = s.mask_limit
+    assert seen["inner"] == 2 and s.mask_limit == -1
+
+
+_REENTERED: list = []
+
+
+class Reentrant(RecPlugin):
+    """Starts an op of the communicator from inside its own start_event."""
+    comm = None
+
+    def __init__(self, settings=None):
+        super().__init__()
+
+    def start_event(self, ctx, descr):
+        if Reentrant.comm is not None and not _REENTERED:
+            try:
+                Reentrant.comm.all_reduce(np.ones(2, np.float32))
+            except UsageError as e:
+                _REENTERED.append(str(e))
+        return super().start_event(ctx, descr)
+
+
+def test_an_op_started_from_inside_another_says_so():
+    """It said 'another thread is inside an operation': it was this one (a plugin callback here)."""
+    with slicetrace.init(backend="null", profiler_plugin="tests.cpu.test_api_review:Reentrant") as c:
+        Reentrant.comm = c
+        c.all_reduce(np.ones(2, np.float32))
+        Reentrant.comm = None
+    assert _REENTERED and _REENTERED[0].startswith("all_reduce: this thread is inside an operation of this "
+                                                   "communicator already (from a plugin callback or a signal handler?)")
+
+
+def test_a_communicator_never_closed_still_finishes_its_trace(tmp_path):
+    """A script that kept its communicator to the end (a torchrun script's often does) left a trace cut mid-record:
+    no Coll events, not JSON, its losses uncounted."""
+    code = ("import numpy as np, slicetrace\n"
+            f"c = slicetrace.init(profiler_plugin='example', profile_dump_file={str(tmp_path / 't')!r})\n"
+            "for _ in range(5):\n    c.all_reduce(np.ones(4, np.float32))\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120, cwd=str(ROOT))
+    (f,) = tmp_path.glob("t_*_0.json")
+    recs = json.loads(f.read_text())
+    assert sum(r.get("cat") == "COLL" and r.get("ph") == "b" for r in recs) == 5
+    assert any(r.get("name") == "slicetrace_counters" for r in recs)
