@@ -54,7 +54,7 @@ class Communicator:
     def _check_open(self) -> None:
         if self._closed:
             raise UsageError("communicator is closed")
-        if self._session.forked:         # its FIFOs and peers are its parent's: both would get wrong results
+        if self._session.forked:        # its FIFOs and peers are its parent's: both would get wrong results
             raise UsageError(f"this communicator was made in process {self._session._pid}; a forked child cannot "
                              f"use it (make one of its own, e.g. with slicetrace.launch())")
 
@@ -199,8 +199,8 @@ class Communicator:
         self._group_depth += 1
         self._group_max = max(self._group_max, self._group_depth)
         if self._group is None:
+            group_opened(self, True)            # its owner first: a call in between would pass as the owner's
             self._group = []
-            group_opened(self, True)
         ok = False
         try:
             yield
@@ -290,6 +290,8 @@ class Communicator:
 
     def all_to_all(self, x: Any, out: Any = None, *, user_tag: int = 0) -> Any:
         """x holds world_size blocks of k elements; block j goes to rank j; out block j comes from rank j."""
+        self._check_open()
+        outside_groups(self, "all_to_all")
         flat, dtype, n = self._buf(x, "x")
         if n % self.world_size:
             raise UsageError(f"all_to_all input has {n} elements, not a multiple of world_size={self.world_size}")

@@ -3,6 +3,7 @@ accepted (UsageError), before anything is sent."""
 from __future__ import annotations
 
 import operator
+import os
 import threading
 from typing import Any
 
@@ -134,6 +135,8 @@ def check_self_types(entries: list, rank: int) -> None:
 
 
 _OPEN = threading.local()       # this thread's open comm.group()s, innermost last
+if hasattr(os, "register_at_fork"):     # a forked child's communicators start with no group open
+    os.register_at_fork(after_in_child=lambda: _OPEN.__dict__.pop("stack", None))
 
 
 def group_opened(comm: Any, opening: bool) -> None:

@@ -80,6 +80,10 @@ def _seconds(v: str) -> float:
     return float(t)
 
 
+def _cache_dir(v: str) -> str:
+    return v.strip() or os.path.join(os.path.expanduser("~"), ".cache", "slicetrace")     # ${X:-} in a script
+
+
 def _opt_str(v: str) -> str | None:
     return v or None
 
@@ -124,7 +128,7 @@ VARIABLES: tuple[Var, ...] = (
     Var("SLICETRACE_CPU_RECLAIM", "cpu_reclaim", str, "cpu: after reading a FIFO slot the receiver stores once per cache line so the sender's next write does not stall on lines shared across L3 caches: auto (default: measured per connection), on, off"),
     Var("SLICETRACE_CPU_WAIT", "cpu_wait", str, "cpu: how a rank waits for its ring neighbour: auto (default: sleep in the kernel (futex) when ranks outnumber this process's CPUs, else spin then yield), futex, spin"),
     Var("SLICETRACE_CPU_BIND", "cpu_bind", str, "cpu: bind the thread that runs a communicator's ops to a CPU of its own while it is open, when every rank can have one and runs one channel (as mpirun binds to cores): auto (default: in the rank processes slicetrace.launch and the CLI start, when they fill more than half of the CPUs; not in processes started otherwise, whose later threads and children would inherit it), on, off"),
-    Var("SLICETRACE_CACHE_DIR", "cache_dir", str, "compiled-kernel cache folder, default ~/.cache/slicetrace"),
+    Var("SLICETRACE_CACHE_DIR", "cache_dir", _cache_dir, "compiled-kernel cache folder, default ~/.cache/slicetrace (empty: the default)"),
     Var("SLICETRACE_ASSERT_WARM", "assert_warm", _bool, "1 = a kernel compile during timed work is an error (0/1/true/false/yes/no/on/off), default off"),
     Var("SLICETRACE_CLOCK_RESYNC_S", "clock_resync_s", _seconds, "cuda: seconds between GPU/host clock offset re-measurements (> 0, <= 86400), default 1.0"),
     Var("SLICETRACE_DEBUG", "debug", str, "log level: WARN (default), INFO, DEBUG"),
@@ -142,7 +146,6 @@ _SECS = f"> 0 seconds and <= {MAX_SECONDS:.0f}"
 # field -> (test of a value of the right type, what is accepted); "one of" rules say "is not one of"
 RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "backend": (lambda v: v in BACKENDS, f"one of {BACKENDS}"),
-    "cache_dir": (lambda v: v.strip() != "", "a folder, not empty"),
     "nchannels": (lambda v: 0 <= v <= MAXCHANNELS, f"in 0..{MAXCHANNELS} (0 = backend default)"),
     "buffsize": (lambda v: NCCL_STEPS * 4096 <= v <= MAX_BUFFSIZE and v % (NCCL_STEPS * 512) == 0,
                  f">= {NCCL_STEPS * 4096} and a multiple of {NCCL_STEPS * 512} "

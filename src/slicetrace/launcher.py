@@ -65,11 +65,11 @@ def init(backend: str | None = None, rank: int | None = None, world_size: int | 
     rank = None if rank is None else _as_int("rank", rank, "in 0..world_size-1")
     world_size = None if world_size is None else _as_int("world_size", world_size, ">= 1")
     # torchrun's variables only when used: explicit arguments (launch()'s ranks, the CLI's) leave them alone
-    if _LAUNCH_RANK is not None and store is None and world_size != 1:     # as torchrun's variables and store do
+    if _LAUNCH_RANK is not None and world_size != 1:       # as torchrun's variables and store do
         if world_size in (None, _LAUNCH_WORLD):
             rank = _LAUNCH_RANK[0] if rank is None else rank
             world_size = _LAUNCH_WORLD
-        store = _LAUNCH_RANK[1]
+        store = _LAUNCH_RANK[1] if store is None else store
     env = dist_env(ranks=rank is None or world_size is None, master=False)
     rank_name = "RANK" if rank is None and env.rank is not None else "rank"       # upper case: from the environment
     world_name = "WORLD_SIZE" if world_size is None and env.world_size is not None else "world_size"
@@ -266,7 +266,7 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
             """One message of rank r; False once its pipe has nothing more to say."""
             try:
                 status, *val = c.recv()
-            except EOFError:
+            except (EOFError, OSError):         # gone, maybe mid-message (killed): its exit code tells why
                 return False
             except Exception as e:  # noqa: BLE001 - its result was sent whole but does not unpickle here
                 errors[r] = heads[r] = (f"rank {r}: its return value could not be rebuilt in the launcher "

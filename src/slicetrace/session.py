@@ -79,7 +79,7 @@ class Session:
         self.ops_sampled_out = self.ops_below_min_bytes = 0
         self._inline = False
         self._closed = False
-        self._pid = os.getpid()                     # close in a forked child leaves the parent's state alone
+        self._pid, self._forks = os.getpid(), _FORKS[0]     # close in a forked child leaves the parent's alone
         self.undrained = 0          # records left in the rings when the drain could not finish (lost, counted)
         self._drain_died: BaseException | None = None
         self._resync_at = 0.0
@@ -208,8 +208,9 @@ class Session:
 
     @property
     def forked(self) -> bool:
-        """This process is a fork of the one that made the session: the backend and plugin files are its parent's."""
-        return os.getpid() != self._pid
+        """This process is a fork of the one that made the session: the backend and plugin files are its parent's.
+        (A fork count, not os.getpid(): every op asks.)"""
+        return _FORKS[0] != self._forks
 
     def _drain_failed(self, e: BaseException) -> None:
         """In the drain thread, once, when an error ended it: from now on only flush and close drain."""
@@ -279,6 +280,9 @@ def _signals_held() -> Iterator[None]:
 
 
 _LIVE: weakref.WeakSet = weakref.WeakSet()     # sessions with plugins, for _finish_at_exit
+_FORKS = [0]                                    # forks this process descends from (Session.forked)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: _FORKS.__setitem__(0, _FORKS[0] + 1))
 
 
 @atexit.register
@@ -286,13 +290,14 @@ def _finish_at_exit() -> None:
     """A communicator never closed (kept to the process's end, as a torchrun script's often is): its plugins still
     get its records and finish their files (a trace was cut mid-record, its losses uncounted), bounded; the
     backend is left to the process's exit (its peers may be gone)."""
+    deadline = time.monotonic() + 5.0           # for them all, not each
     for sess in list(_LIVE):
         if sess._closed or sess.forked or sess.host is None:
             continue
         try:
             if sess.drain is not None:
-                sess.drain.flush(min(sess.settings.timeout_s, 5.0))
-            sess.host.close(notes=sess._op_counts(), timeout_s=5.0)
+                sess.drain.flush(max(0.1, deadline - time.monotonic()))
+            sess.host.close(notes=sess._op_counts(), timeout_s=max(0.1, deadline - time.monotonic()))
         except Exception as e:  # noqa: BLE001 - at exit: say so, finish the others
             log.warning("slicetrace: rank %d: finishing the profiler plugins at exit failed: %r", sess.rank, e)
 

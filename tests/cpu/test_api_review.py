@@ -158,3 +158,51 @@ def test_a_communicator_never_closed_still_finishes_its_trace(tmp_path):
     recs = json.loads(f.read_text())
     assert sum(r.get("cat") == "COLL" and r.get("ph") == "b" for r in recs) == 5
     assert any(r.get("name") == "slicetrace_counters" for r in recs)
+
+
+def test_all_to_all_keeps_to_the_group_rules_too(comm):
+    """all_to_all skipped the checks send/recv got: inside another communicator's group it ran at once, and from
+    another thread it joined an open group and returned before its output was filled."""
+    with slicetrace.init(backend="null") as other:
+        with pytest.raises(UsageError, match="inside another communicator's comm.group"):
+            with comm.group():
+                other.all_to_all(np.ones(2, np.float32))
+    opened, done, seen = threading.Event(), threading.Event(), {}
+
+    def call():
+        opened.wait(10)
+        try:
+            comm.all_to_all(np.ones(2, np.float32))
+            seen["b"] = "returned"
+        except UsageError as e:
+            seen["b"] = str(e)
+        done.set()
+
+    t = threading.Thread(target=call)
+    t.start()
+    with comm.group():
+        opened.set()
+        assert done.wait(10)
+    t.join(10)
+    assert seen["b"].startswith("all_to_all: another thread has comm.group() open")
+
+
+def test_a_child_forked_inside_a_group_can_use_a_communicator_of_its_own(comm):
+    """The thread-local group stack survived the fork: the child's own new communicator was refused."""
+    r, w = os.pipe()
+    with comm.group():
+        pid = os.fork()
+        if pid == 0:
+            try:
+                with slicetrace.init(backend="null") as mine:
+                    mine.all_reduce(np.ones(2, np.float32))
+                msg = "ok"
+            except BaseException as e:  # noqa: BLE001 - reported to the parent
+                msg = f"{type(e).__name__}: {e}"
+            os.write(w, msg.encode()[:300])
+            os._exit(0)
+    os.close(w)
+    os.waitpid(pid, 0)
+    got = os.read(r, 400).decode()
+    os.close(r)
+    assert got == "ok", got

@@ -217,3 +217,13 @@ def test_ctrl_c_lets_every_communicator_of_a_rank_finish_its_plugins(tmp_path):
         p.wait(timeout=10)
     done = sorted(f.name for f in tmp_path.glob("fin_*"))
     assert done == ["fin_A0", "fin_A1", "fin_B0", "fin_B1"], (done, p.stderr.read().decode(errors="replace")[-2000:])
+
+
+def _init_with_the_store_inside_launch(comm):
+    with slicetrace.init(store=comm._session.store) as c:
+        return (c.rank, c.world_size, float(c.all_reduce(np.ones(2, np.float32))[0]))
+
+
+def test_init_with_a_store_but_no_ranks_inside_launch_joins_the_launch_world():
+    """Only a store-less init() joined the launch's world: with store= it made a 1-rank communicator (sum 1, not 2)."""
+    assert slicetrace.launch(_init_with_the_store_inside_launch, 2, **KW) == [(0, 2, 2.0), (1, 2, 2.0)]

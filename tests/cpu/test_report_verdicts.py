@@ -420,3 +420,14 @@ def test_an_unkeyed_start_up_leaves_the_ranks_first_keyed_op_in():
     ks = _steps([(0, -1, 0), (0, -1, 1_000), (0, 11, 10_000_000), (1, 7, 6_000), (1, 8, 10_000_000)])
     assert _first_ops(ks, op_index(ks), {(0, 11): 9_000_000, (1, 7): 5_000, (1, 8): 9_000_000}).tolist() == \
         [True, True, False, True, False]
+
+
+def test_links_of_small_slices_are_not_judged_and_the_report_says_so():
+    """Three links of 336-byte slices: slow_links judged none (under 4 KiB is latency) and the report said 'none
+    among the 3 links', as if it had judged them."""
+    rows = [(src, 0, 1, (src + 1) % 3, k, 336, 1000 * k, 1000 * k, 1000 * k + 500, 0, 7) for src in range(3)
+            for k in range(4)]
+    rep = build(np.array(rows, KERNEL_STEP_TABLE), {})
+    text = _text(rep)
+    assert "slow links: not judged, 0 of the 3 links moved slices of 4096 B or more" in text
+    assert "none among" not in text and [ln["judged_slices"] for ln in rep.links] == [0, 0, 0]

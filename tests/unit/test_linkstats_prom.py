@@ -1,5 +1,6 @@
 """The linkstats plugin's Prometheus text file: format, escaping, periodic rewrites, a file that cannot be written."""
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -88,7 +89,11 @@ def test_a_file_that_cannot_be_written_later_is_logged_once_and_written_again_wh
         assert p.kernel_step_batch(ctx, None, _recs([(0, 1, 1, 8, 0, 0, 1)])) == 1
     assert len([r for r in caplog.records if "trying again" in r.getMessage()]) == 1
     (tmp_path / "d").unlink()                       # the way clear again: the next write makes the folder
-    p.finalize(ctx)
+    old_umask = os.umask(0o077)
+    try:
+        p.finalize(ctx)
+    finally:
+        os.umask(old_umask)
     assert 'slicetrace_link_bytes_total{comm="7"' in prom.read_text() and p.snapshot(ctx)[0]["bytes"] == 16
     assert oct(prom.stat().st_mode & 0o777) == "0o644"          # readable by a collector of another user
 
@@ -205,6 +210,30 @@ from tests.unit.test_linkstats_prom import _recs
 p = LinkStatsPlugin(Settings(linkstats_file={str(tmp_path / "m")!r}, linkstats_interval_s=3600))
 ctx = p.init(CommInfo(7, "c", 1, 2, 0), ActivationMask())
 p.kernel_step_batch(ctx, None, _recs([(0, 1, 1, 8, 0, 0, 1)]))
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120, cwd=str(Path(__file__).parents[2]))
+    assert "slicetrace_link_bytes_total{" in (tmp_path / "m_7_0.prom").read_text()
+
+
+def test_a_forked_child_exiting_does_not_rewrite_the_parents_file(tmp_path):
+    """The exit hook ran in a forked child too: its exit rewrote the .prom with the table as it was at the fork."""
+    import subprocess
+    import sys
+    code = f"""
+import os, sys, time
+from slicetrace.config import Settings
+from slicetrace.events.abi import ActivationMask, CommInfo
+from slicetrace.sinks.linkstats import LinkStatsPlugin
+from tests.unit.test_linkstats_prom import _recs
+p = LinkStatsPlugin(Settings(linkstats_file={str(tmp_path / "m")!r}, linkstats_interval_s=3600))
+ctx = p.init(CommInfo(7, "c", 1, 2, 0), ActivationMask())
+pid = os.fork()
+if pid == 0:
+    time.sleep(0.5)
+    sys.exit(0)                       # a normal exit: atexit runs
+p.kernel_step_batch(ctx, None, _recs([(0, 1, 1, 8, 0, 0, 1)]))
+p.finalize(ctx)
+os.waitpid(pid, 0)
 """
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120, cwd=str(Path(__file__).parents[2]))
     assert "slicetrace_link_bytes_total{" in (tmp_path / "m_7_0.prom").read_text()

@@ -67,6 +67,7 @@ def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.n
         b = int(ks["size"][m].sum())
         t = float(xfer[m].sum())
         links.append({"src": src, "dst": dst, "bytes": b, "slices": int(m.sum()),
+                      "judged_slices": int((m & (ks["size"] >= MIN_JUDGED_BYTES) & (xfer > 0)).sum()),
                       "send_transfer_us": t / 1e3, "send_credit_wait_us": float(wait[m].sum()) / 1e3,
                       "recv_data_wait_us": float(wait[rm].sum()) / 1e3,
                       "gbps": b / t if t > 0 else None})
@@ -243,9 +244,13 @@ def render(rep: Report, console=None) -> None:
                   + (f"; rank {s} also moves data longest ({moving[s]:.1f} us, the median rank "
                      f"{float(np.median(list(moving.values()))):.1f} us): a slow rank's copies look like a slow link"
                      if ln["sender_outlier"] else ""))
+    judged = sum(1 for ln in rep.links if ln.get("judged_slices", 1))
     if 0 < len(rep.links) < 3:
         con.print(f"slow links: not judged, {len(rep.links)} link(s) in this trace and the check compares each with "
                   f"the median of 3 or more")
+    elif rep.links and judged < 3:
+        con.print(f"slow links: not judged, {judged} of the {len(rep.links)} links moved slices of {MIN_JUDGED_BYTES} "
+                  f"B or more (smaller ones time latency, not bandwidth)")
     elif rep.links and not rep.slow_links:
         con.print(f"slow links: none among the {len(rep.links)} links (none more than 25 % below the median link "
                   f"in most of its ops)")

@@ -8,6 +8,8 @@ import abc
 import ctypes
 import importlib
 import json
+import signal
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -120,6 +122,15 @@ class Work:
     extra: dict = field(default_factory=dict)
 
 
+def quiet_thread() -> None:
+    """In a thread of ours: SIGINT, SIGTERM and SIGUSR1 blocked, so the kernel hands a process-directed one to the
+    main thread, whose signal hold (session._signals_held) then delays it past a plugin callback; taken here, its
+    Python handler ran in the main thread at once, inside the callback."""
+    if hasattr(signal, "pthread_sigmask") and threading.current_thread() is not threading.main_thread():
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGUSR1",
+                                                                                          signal.SIGINT)})
+
+
 _GEN: dict[str, int] = {}    # backends made per job in this process: keeps re-inits' store keys and traces apart
 
 
@@ -184,6 +195,7 @@ class Backend(abc.ABC):
 
     def thread_init(self) -> None:
         """Run first in any thread the library starts that calls into this backend (the drain thread)."""
+        quiet_thread()
 
     def fetch_stamps(self, lo: np.ndarray, hi: np.ndarray) -> None:
         """stamps_fetched: bring seqs lo[c]+1..hi[c] of every channel c, all of completed ops, into `rings` (cuda:

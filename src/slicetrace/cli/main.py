@@ -176,7 +176,8 @@ def run_bench(a: argparse.Namespace) -> int:
         say(line)
     if a.json is not None:
         write_json("--json", a.json, {"settings": {f.name: _json_value(getattr(s, f.name)) for f in fields(s)},
-                                       "ranks": nranks, "bench": {k: v for k, v in vars(a).items()
+                                       "ranks": nranks, "bench": {k: None if k == "profile" and v == -1 else v
+                                                                  for k, v in vars(a).items()
                                                                   if k not in ("cmd", "func")},   # -a, -n, -w, ...
                                        "env": _provenance(s.backend, nranks, a.compare), "rows": rows,
                                        "summary": summary})

@@ -40,6 +40,7 @@ class _Ctx:
                          "profile_min_bytes": s.profile_min_bytes}
         self.failing = False        # the last write failed: said once, tried again at the next
         self.exit_hook: Any = None
+        self.pid = os.getpid()      # a forked child's exit must not rewrite the file with the table of its fork
 
 
 _SAMPLED = " (of the profiled ops' kept slices only: see slicetrace_sampling)"
@@ -89,10 +90,10 @@ def write_atomic(path: str, text: str) -> None:
     layers keep sinks from analyze.atomic, which does this for the analyzer's and the CLI's outputs.)"""
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.fchmod(fd, 0o644)        # readable by a collector running as another user, whatever the umask
-        with open(fd, "w", encoding="utf-8") as f:      # the locale's encoding may not take a comm name
-            f.write(text)
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), "w", encoding="utf-8") as f:
+            with contextlib.suppress(OSError):      # readable by a collector of another user, whatever the umask
+                os.fchmod(f.fileno(), 0o644)
+            f.write(text)                           # utf-8: the locale's encoding may not take a comm name
         os.replace(tmp, path)
     except BaseException:           # a full disk, or any other error: leave no temporary file behind
         with contextlib.suppress(OSError):
@@ -203,5 +204,6 @@ class LinkStatsPlugin:
 
 def _write_at_exit(plugin_ref: Any, ctx_ref: Any) -> None:
     plugin, ctx = plugin_ref(), ctx_ref()
-    if plugin is not None and ctx is not None and ctx.exit_hook is not None and ctx.path is not None:
+    if plugin is not None and ctx is not None and ctx.exit_hook is not None and ctx.path is not None \
+            and ctx.pid == os.getpid():
         plugin._write(ctx)

@@ -19,7 +19,7 @@ import numpy as np
 
 from ...errors import BackendError, MismatchError, PeerError, UsageError
 from ...stamps.layout import RingViews, ring_bytes
-from ..base import HostBackend, Work, host_pointer, part_views
+from ..base import HostBackend, Work, host_pointer, part_views, quiet_thread
 from ..procs import proc_dead, proc_start_time
 from ..segment import Segment, host_id, sigterm_exits, unlink_name
 from .shm import (ABORT_MISMATCH, ABORT_PEER, C_ABORT, C_BUFFSIZE, C_CLOSED, C_FUTEX, C_HEARTBEAT, C_MAGIC, C_NCH,
@@ -44,6 +44,11 @@ def advice(nch: int, world: int, buffsize: int, slots: int) -> str:
             f"ring_slots {slots}). Lower SLICETRACE_BUFFSIZE (buffsize=, default 4M), SLICETRACE_NCHANNELS "
             f"(nchannels=) or SLICETRACE_STAMP_RING_SLOTS (ring_slots=)")
 
+
+
+def _pool_thread() -> None:
+    affinity.unbind_thread()
+    quiet_thread()
 
 
 class CpuBackend(HostBackend):
@@ -194,6 +199,7 @@ class CpuBackend(HostBackend):
     def _heartbeat(ref: "weakref.ref[CpuBackend]", stop: threading.Event) -> None:
         """By weak reference: a communicator dropped without close() is freed (its segments unmapped), and this
         thread ends at its next beat."""
+        quiet_thread()
         while not stop.wait(HEARTBEAT_S):
             be = ref()
             try:
@@ -346,7 +352,7 @@ class CpuBackend(HostBackend):
     def _parallel(self, progs, job) -> None:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=max(1, self.nch - 1), thread_name_prefix="slicetrace-ch",
-                                            initializer=affinity.unbind_thread)
+                                            initializer=_pool_thread)
         g = self.guard
         spins, g.spins = g.spins, 20         # threads share the GIL: spinning would starve the others
 

@@ -17,7 +17,7 @@ from ...config import Settings
 from ...errors import BackendError, MismatchError, PeerError, UsageError
 from ...rendezvous import Store
 from ...stamps.layout import RingViews
-from ..base import DTYPES, Backend, P2pLedger, Work
+from ..base import DTYPES, Backend, P2pLedger, Work, quiet_thread
 from ..opsig import SigTable
 from ..procs import PeerWatch
 from . import buffers, clock
@@ -150,6 +150,7 @@ class CudaBackend(Completion, Backend, KernelArgs):
         # GPU 0 in every other rank's process (~200 ms once, ~500 MiB of GPU 0 each). Ours first.
         self._rt.setDevice(self.device)
         buffers.capture_mode_thread_local()
+        quiet_thread()
 
     def fetch_stamps(self, lo: np.ndarray, hi: np.ndarray) -> None:
         """Bring seqs lo[c]+1..hi[c] of every channel (all of completed ops) into the host mirror."""
