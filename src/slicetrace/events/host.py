@@ -3,12 +3,13 @@
 Per op and plugin, the host snapshots the plugin's effective mask (parents included, limited to what the
 plugin's version knows and to the op's mask) in `begin_op`, emits API/Group/Coll/P2p starts, then turns drained
 records into KernelCh events and KernelStep batches. A Coll/P2p stops when its last KernelCh record arrived
-(ts = that record's done_ns), or at `end_op`. Children of a None (dropped) parent handle are dropped and
+(ts = the latest done_ns of its KernelCh records), or at `end_op`. Children of a None (dropped) parent handle are dropped and
 counted. A plugin that raises never breaks communication: the error is logged once, counted, and the plugin
 is disabled after `max_failures` exceptions.
 
-Threads: begin_op runs on the user thread, channel/steps/end_op/drop/proxy_ctrl on the drain thread (the user's
-on the inline cpu drain). One lock serialises them, so plugins are called by one thread at a time.
+Threads: begin_op runs on the user thread; channel/steps/batch/end_op(s)/drop on the drain thread (the user's on
+the inline cpu drain, inside flush and close, and at exit). One lock serialises them, so plugins are called by one
+thread at a time; note() takes only a small lock of its own (the user's op calls it).
 """
 from __future__ import annotations
 

@@ -77,8 +77,8 @@ def _construct(factory: Any, item: str, settings: Any) -> Any:
 def load_plugins(spec: str | None, settings: Any) -> list[LoadedPlugin]:
     """Load every plugin of a comma-separated spec ('none', '' or None = no plugins).
 
-    A resolved class, or an object without `init` (a factory), is called with `(settings)`; an object with
-    `init` is the plugin itself.
+    A resolved class, or an object without `init` (a factory), is called with `(settings)` if it takes one
+    positional argument, else with none; an object with `init` is the plugin itself.
     """
     if spec is None or spec.strip().lower() in ("", "none"):
         return []

@@ -1,4 +1,4 @@
-"""Profiler plugins: the Protocol, version adapters and loading.
+"""Profiler plugins: the Protocol and version adapters (loading from a spec: events/loading.py).
 
 A plugin declares `version` 1..8 (8 = NCCL profiler v7 + KernelStep). The host always talks to a
 `LoadedPlugin`, which presents the native v8 interface and adapts it down for older plugins the way NCCL's

@@ -1,4 +1,4 @@
-"""A small plugin: per-link bytes and time, no trace file (the "metrics" built-in).
+"""A small plugin: per-link bytes and time, no trace file (the `linkstats` built-in).
 
 Keeps, per (channel, direction, peer): slices, bytes, time spent waiting (ready - wait) and moving data
 (done - ready; a fused slice from the later ready of its two directions, events.abi.moving_from). Its own work

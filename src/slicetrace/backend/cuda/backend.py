@@ -1,8 +1,8 @@
 """CudaBackend: one process per GPU, one kernel launch per operation on the caller's stream.
 
 `submit` is asynchronous like NCCL: it enqueues the launch and returns a token (a CUDA event);
-`wait` polls it against a deadline and turns a stuck or aborted launch, or a peer of the op that has closed
-or exited, into CommTimeoutError/PeerError, raising the abort words first so the kernel exits and the GPU is
+`wait` (completion.py) polls it against a deadline and turns a stuck, aborted or mismatched launch, or a peer of
+the op that has closed or exited, into CommTimeoutError/PeerError/MismatchError, raising the abort words first so the kernel exits and the GPU is
 free again.
 """
 from __future__ import annotations
