@@ -140,8 +140,9 @@ class Communicator:
         user_tag = tag_value(user_tag)
         self._tag += 1
         itemsize = send.itemsize
+        nb = count * itemsize * (self.world_size if func in ("all_gather", "reduce_scatter") else 1)   # NCCL's bytes
         plan = plan_collective(func, self.world_size, self.rank, count, itemsize, root,
-                               self._session.backend.channels_for(count * itemsize), self.settings.step_bytes)
+                               self._session.backend.channels_for(nb), self.settings.step_bytes)
         mask = self._session.op_mask_for(count * itemsize)
         seq = self._next_seq(func)
         info = None

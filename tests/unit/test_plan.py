@@ -294,3 +294,17 @@ def test_plans_of_large_ops_are_cached_by_the_dozen_not_the_thousand():
         tracemalloc.stop()
     assert kept < 4 << 20, kept     # 300 plans: 9.7 MB before; 64 kept now: ~2 MB
     assert plan_collective("all_reduce", 8, 0, 1000, 4, 0, 1, STEP) is small
+
+
+@pytest.mark.parametrize("per_rank, want", [(32 << 10, 8), (64 << 10, 16), (128 << 10, 32), (1 << 20, 32)])
+def test_all_gather_and_reduce_scatter_get_channels_by_nccls_bytes(per_rank, want):
+    """NCCL counts nRanks x count bytes for all_gather and reduce_scatter when it picks and fills channels; the
+    per-rank bytes gave up to nRanks x fewer (1 channel for 32 KiB per rank at 8 ranks, NCCL's 8)."""
+    from slicetrace.backend.cuda.args import auto_channels
+    n, count = 8, per_rank // 4
+    for func, c in (("all_gather", count), ("reduce_scatter", count)):
+        nch = auto_channels(c * 4 * n, 32)
+        plan = plan_collective(func, n, 3, c, 4, 0, nch, 1 << 19)
+        assert len(plan.programs) == want, (func, len(plan.programs))
+    assert len(plan_collective("all_reduce", n, 3, count, 4, 0, auto_channels(count * 4, 32), 1 << 19).programs) \
+        == max(1, min(32, per_rank // (32 << 10)))

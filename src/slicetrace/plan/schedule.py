@@ -91,12 +91,13 @@ def align_up(a: int, b: int) -> int:
     return div_up(a, b) * b
 
 
-def split_channels(count: int, itemsize: int, nchannels: int) -> list[tuple[int, int]]:
-    """Contiguous (lo, n) element ranges, at least 32 KiB each, 16-byte aligned; empty list for count 0."""
+def split_channels(count: int, itemsize: int, nchannels: int, traffic: int = 1) -> list[tuple[int, int]]:
+    """Contiguous (lo, n) element ranges, 16-byte aligned, each carrying at least 32 KiB of traffic (traffic:
+    bytes moved per byte of count, nranks for all_gather / reduce_scatter as NCCL counts them); empty for count 0."""
     if count == 0:
         return []
     nbytes = count * itemsize
-    use = max(1, min(nchannels, nbytes // MIN_CHANNEL_BYTES))
+    use = max(1, min(nchannels, nbytes * traffic // MIN_CHANNEL_BYTES))
     align = max(1, ALIGN_BYTES // itemsize)
     per = align_up(div_up(count, use), align)
     out, lo = [], 0
@@ -226,7 +227,8 @@ def plan_collective(func: str, nranks: int, rank: int, count: int, itemsize: int
     proto = proto_for(func, step_bytes)
     programs = []
     if nranks > 1:
-        for ch, (lo, cnt) in enumerate(split_channels(count, itemsize, nchannels)):
+        traffic = nranks if func in ("all_gather", "reduce_scatter") else 1
+        for ch, (lo, cnt) in enumerate(split_channels(count, itemsize, nchannels, traffic)):
             if func == "all_reduce":
                 prims, extra = _ring_allreduce(rank, nranks, lo, cnt, itemsize, proto)
             elif func == "all_gather":
