@@ -27,34 +27,41 @@ def comm():
     c.close()
 
 
-def test_a_forked_child_cannot_use_its_parents_communicator(comm):
-    """The child's all_reduce paired with the peer's next op and both got wrong sums, without an error."""
+def _in_a_fork(call) -> str:
+    """What call() says in a forked child ('ok', or its error), reported through a pipe."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:                                        # the child: report, then leave at once
         try:
-            comm.all_reduce(np.ones(4, np.float32))
-            msg = "no error"
-        except UsageError as e:
-            msg = str(e)
+            call()
+            msg = "ok"
+        except BaseException as e:  # noqa: BLE001 - reported to the parent
+            msg = f"{type(e).__name__}: {e}"
         os.write(w, msg.encode()[:500])
         os._exit(0)
     os.close(w)
     os.waitpid(pid, 0)
     got = os.read(r, 600).decode()
     os.close(r)
-    assert got.startswith(f"this communicator was made in process {os.getpid()}; a forked child cannot use it"), got
+    return got
+
+
+def test_a_forked_child_cannot_use_its_parents_communicator(comm):
+    """The child's all_reduce paired with the peer's next op and both got wrong sums, without an error."""
+    got = _in_a_fork(lambda: comm.all_reduce(np.ones(4, np.float32)))
+    assert got.startswith(f"UsageError: this communicator was made in process {os.getpid()}; a forked child "
+                          f"cannot use it"), got
     assert comm.all_reduce(np.ones(4, np.float32)) is not None          # the parent's is as it was
 
 
-def test_a_call_from_another_thread_while_a_group_is_open_is_refused(comm):
-    """Thread B's recv joined thread A's open group and returned at once, its buffer not yet filled."""
+def _in_anothers_group(comm, call) -> str:
+    """What call() (a thread's) says while this thread has comm.group() open, with a self send/recv in it."""
     opened, done, seen = threading.Event(), threading.Event(), {}
 
     def other():
         opened.wait(10)
         try:
-            comm.recv(np.zeros(4, np.float32), 0)
+            call()
             seen["b"] = "returned"
         except UsageError as e:
             seen["b"] = str(e)
@@ -68,8 +75,14 @@ def test_a_call_from_another_thread_while_a_group_is_open_is_refused(comm):
         assert done.wait(10)
         comm.recv(np.zeros(4, np.float32), 0)
     t.join(10)
-    assert seen["b"] == ("recv: another thread has comm.group() open on this communicator; a group's calls come "
-                         "from the thread that opened it")
+    return seen["b"]
+
+
+def test_a_call_from_another_thread_while_a_group_is_open_is_refused(comm):
+    """Thread B's recv joined thread A's open group and returned at once, its buffer not yet filled."""
+    assert _in_anothers_group(comm, lambda: comm.recv(np.zeros(4, np.float32), 0)) == (
+        "recv: another thread has comm.group() open on this communicator; a group's calls come from the thread "
+        "that opened it")
 
 
 def test_another_communicators_ops_inside_a_group_are_refused(comm):
@@ -167,42 +180,16 @@ def test_all_to_all_keeps_to_the_group_rules_too(comm):
         with pytest.raises(UsageError, match="inside another communicator's comm.group"):
             with comm.group():
                 other.all_to_all(np.ones(2, np.float32))
-    opened, done, seen = threading.Event(), threading.Event(), {}
-
-    def call():
-        opened.wait(10)
-        try:
-            comm.all_to_all(np.ones(2, np.float32))
-            seen["b"] = "returned"
-        except UsageError as e:
-            seen["b"] = str(e)
-        done.set()
-
-    t = threading.Thread(target=call)
-    t.start()
-    with comm.group():
-        opened.set()
-        assert done.wait(10)
-    t.join(10)
-    assert seen["b"].startswith("all_to_all: another thread has comm.group() open")
+    assert _in_anothers_group(comm, lambda: comm.all_to_all(np.ones(2, np.float32))).startswith(
+        "all_to_all: another thread has comm.group() open")
 
 
 def test_a_child_forked_inside_a_group_can_use_a_communicator_of_its_own(comm):
     """The thread-local group stack survived the fork: the child's own new communicator was refused."""
-    r, w = os.pipe()
+    def own():
+        with slicetrace.init(backend="null") as mine:
+            mine.all_reduce(np.ones(2, np.float32))
+
     with comm.group():
-        pid = os.fork()
-        if pid == 0:
-            try:
-                with slicetrace.init(backend="null") as mine:
-                    mine.all_reduce(np.ones(2, np.float32))
-                msg = "ok"
-            except BaseException as e:  # noqa: BLE001 - reported to the parent
-                msg = f"{type(e).__name__}: {e}"
-            os.write(w, msg.encode()[:300])
-            os._exit(0)
-    os.close(w)
-    os.waitpid(pid, 0)
-    got = os.read(r, 400).decode()
-    os.close(r)
+        got = _in_a_fork(own)
     assert got == "ok", got
