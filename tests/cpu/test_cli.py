@@ -92,6 +92,8 @@ def test_bad_flags_are_clear_errors(capsys):
     assert "--overhead-of kernel_step needs --overhead" in capsys.readouterr().err
     assert main(["bench", "--overhead", "--overhead-of", "kernel_step", "--profile", "70", "--ranks", "1"]) == 2
     assert "--profile 70 has no KernelStep bit (65536)" in capsys.readouterr().err
+    assert main(["bench", "--rounds", "4", "--ranks", "1"]) == 2          # was ignored without --overhead
+    assert "--rounds 4 counts only with --overhead" in capsys.readouterr().err
 
 
 def test_overhead_of_kernel_step_refuses_a_mask_from_the_environment_without_it(monkeypatch, capsys):

@@ -38,7 +38,9 @@ def check_flags(a: argparse.Namespace) -> list[str]:
     if a.datatype != "all" and a.datatype not in DTYPE_ALIASES:
         raise SliceTraceError(f"-d {a.datatype!r} is not one of {sorted(DTYPE_ALIASES)} or 'all'")
     ops = parse_ops(a.ops)
-    for name, v in (("-n", a.iters), ("-w", a.warmup_iters), ("--rounds", a.rounds)):
+    if a.rounds is not None and not a.overhead:        # it would be ignored: say so rather than run without it
+        raise SliceTraceError(f"--rounds {a.rounds} counts only with --overhead")
+    for name, v in (("-n", a.iters), ("-w", a.warmup_iters), ("--rounds", 12 if a.rounds is None else a.rounds)):
         if v < (1 if name != "-w" else 0):
             raise SliceTraceError(f"{name} {v} must be >= {1 if name != '-w' else 0}")
     if a.redop not in REDOPS and a.redop != "all":

@@ -116,7 +116,7 @@ def _bench_parser(sub) -> None:
     p.add_argument("--overhead-of", choices=("profiling", "kernel_step"), default="profiling",
                    help="--overhead compares profiled with unprofiled runs (profiling, default), or profiled runs "
                         "with and without KernelStep (kernel_step: what the per-slice events alone cost)")
-    p.add_argument("--rounds", type=int, default=12,
+    p.add_argument("--rounds", type=int, default=None,
                    help="rounds for --overhead, one block of each kind each; two make an off-on-on-off quad, "
                    "whose ratio is one sample (odd counts round up; default 12: 6 ratios, the fewest a 95%% "
                    "interval of the median needs)")
@@ -158,7 +158,7 @@ def run_bench(a: argparse.Namespace) -> int:
             "root": a.root, "iters": a.iters,
             "warmup": a.warmup_iters, "check": bool(a.check), "compare": a.compare, "overhead": a.overhead,
             "overhead_of": a.overhead_of, "main_unprofiled": a.overhead and a.trace is None and a.profile is None,
-            "rounds": a.rounds, "seed": a.seed, "inplace": a.inplace,
+            "rounds": a.rounds or 12, "seed": a.seed, "inplace": a.inplace,
             "average": a.average, "cycles": a.run_cycles}
     # the trace files' prefix: --trace's, or SLICETRACE_PROFILE_DUMP_FILE's when the example plugin writes there
     dump = os.path.join(a.trace, "trace") if a.trace is not None else (
