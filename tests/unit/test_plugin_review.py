@@ -121,3 +121,15 @@ def test_a_plugin_stuck_in_the_drain_thread_does_not_stall_the_users_ops(tmp_pat
     assert s.drain.flush(10)
     assert sum(1 for c in p.calls if c[0] == "start" and c[1].type == T.COLL) == n_coll + 1
     s.close()
+
+
+def test_a_plugin_asking_for_types_its_version_lacks_is_told(caplog):
+    """A copy of linkstats declaring version 7 asked for KernelStep, which v7 lacks: the bit was stripped without a
+    word and the plugin wrote an empty table."""
+    import logging
+    p = RecPlugin(version=7, mask=int(T.KERNEL_STEP | T.COLL))
+    with caplog.at_level(logging.WARNING, logger="slicetrace"):
+        h = EventHost([LoadedPlugin(p)], COMM)
+    assert h.plugins[0].mask == int(T.COLL)
+    assert "(version 7) asked for KernelStep, which its version does not have (it needs version 8)" in caplog.text
+    h.close()

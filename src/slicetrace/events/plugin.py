@@ -126,7 +126,11 @@ class LoadedPlugin:
         self.ctx = self.plugin.init(comm, self._mask)
         self.initialized = True
         try:
-            _ = self.mask                       # an int, with the bits its version does not know stripped
+            asked = self._mask.value
+            if self.mask != asked and type(asked) is int and asked & int(_KS):   # stripped: else an empty output
+                log.warning("slicetrace: profiler plugin %r (version %d) asked for KernelStep, which its version "
+                            "does not have (it needs version %d); it gets no KernelStep events", self.name,
+                            self.version, NATIVE_VERSION)
             fn = getattr(self.plugin, "unrecorded_handle", None)
             if callable(fn) and self.version == NATIVE_VERSION:
                 self.passthrough = fn(self.ctx)
