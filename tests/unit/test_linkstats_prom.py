@@ -197,43 +197,44 @@ def test_sampling_is_stated_and_a_comm_name_of_any_bytes_is_written(tmp_path):
     assert 'comm_name="train-\\\\udce9"' in text and "slicetrace_link_bytes_total{" in text
 
 
-def test_a_communicator_never_closed_gets_its_last_write_at_exit(tmp_path):
-    """Only finalize wrote the last table: a run kept to the process's end left the empty table of init."""
+_NEVER_CLOSED = """
+import numpy as np, slicetrace
+from slicetrace.rendezvous import DictStore
+c = slicetrace.init(backend="null", rank=0, world_size=2, store=DictStore({{}}), profiler_plugin="linkstats",
+                    linkstats_file={path!r}, linkstats_interval_s=3600)
+{before}
+c.all_reduce(np.ones(1 << 16, np.float32))     # KernelSteps on the null backend's links; never closed
+{after}
+"""
+
+
+def _never_closed(tmp_path, before: str = "", after: str = "") -> str:
+    """Run a process whose linkstats communicator stays open to its exit; the .prom file it left (once a child
+    whose pid it printed has ended too)."""
     import subprocess
     import sys
-    code = f"""
-import numpy as np
-from slicetrace.config import Settings
-from slicetrace.events.abi import ActivationMask, CommInfo
-from slicetrace.sinks.linkstats import LinkStatsPlugin
-from tests.unit.test_linkstats_prom import _recs
-p = LinkStatsPlugin(Settings(linkstats_file={str(tmp_path / "m")!r}, linkstats_interval_s=3600))
-ctx = p.init(CommInfo(7, "c", 1, 2, 0), ActivationMask())
-p.kernel_step_batch(ctx, None, _recs([(0, 1, 1, 8, 0, 0, 1)]))
-"""
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=120, cwd=str(Path(__file__).parents[2]))
-    assert "slicetrace_link_bytes_total{" in (tmp_path / "m_7_0.prom").read_text()
+    import time
+    code = _NEVER_CLOSED.format(path=str(tmp_path / "m"), before=before, after=after)
+    out = subprocess.run([sys.executable, "-c", code], check=True, timeout=120, capture_output=True, text=True,
+                         cwd=str(Path(__file__).parents[2])).stdout.split()
+    end = time.monotonic() + 30
+    while out and time.monotonic() < end:           # the child outlives its parent: wait for its exit
+        try:
+            if open(f"/proc/{out[-1]}/stat").read().split(")")[-1].split()[0] == "Z":
+                break
+        except OSError:
+            break
+        time.sleep(0.05)
+    (prom,) = tmp_path.glob("m_*_0.prom")
+    return prom.read_text()
+
+
+def test_a_communicator_never_closed_gets_its_last_write_at_exit(tmp_path):
+    """Only finalize wrote the last table: a run kept to the process's end left the empty table of init."""
+    assert "slicetrace_link_bytes_total{" in _never_closed(tmp_path)
 
 
 def test_a_forked_child_exiting_does_not_rewrite_the_parents_file(tmp_path):
     """The exit hook ran in a forked child too: its exit rewrote the .prom with the table as it was at the fork."""
-    import subprocess
-    import sys
-    code = f"""
-import os, sys, time
-from slicetrace.config import Settings
-from slicetrace.events.abi import ActivationMask, CommInfo
-from slicetrace.sinks.linkstats import LinkStatsPlugin
-from tests.unit.test_linkstats_prom import _recs
-p = LinkStatsPlugin(Settings(linkstats_file={str(tmp_path / "m")!r}, linkstats_interval_s=3600))
-ctx = p.init(CommInfo(7, "c", 1, 2, 0), ActivationMask())
-pid = os.fork()
-if pid == 0:
-    time.sleep(0.5)
-    sys.exit(0)                       # a normal exit: atexit runs
-p.kernel_step_batch(ctx, None, _recs([(0, 1, 1, 8, 0, 0, 1)]))
-p.finalize(ctx)
-os.waitpid(pid, 0)
-"""
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=120, cwd=str(Path(__file__).parents[2]))
-    assert "slicetrace_link_bytes_total{" in (tmp_path / "m_7_0.prom").read_text()
+    before = "import os, sys, time\npid = os.fork()\nif pid == 0:\n    time.sleep(1.0)\n    sys.exit(0)"
+    assert "slicetrace_link_bytes_total{" in _never_closed(tmp_path, before, "print(pid, flush=True)")

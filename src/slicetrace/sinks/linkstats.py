@@ -9,13 +9,10 @@ is also the reference for writing a plugin: native version 8, batch paths for Ke
 """
 from __future__ import annotations
 
-import atexit
 import contextlib
-import functools
 import logging
 import os
 import time
-import weakref
 from typing import Any
 
 import numpy as np
@@ -39,8 +36,6 @@ class _Ctx:
         self.sampling = {"kernel_step_sample_rate": s.sample_rate, "op_sample_rate": s.op_sample_rate,
                          "profile_min_bytes": s.profile_min_bytes}
         self.failing = False        # the last write failed: said once, tried again at the next
-        self.exit_hook: Any = None
-        self.pid = os.getpid()      # a forked child's exit must not rewrite the file with the table of its fork
 
 
 _SAMPLED = " (of the profiled ops' kept slices only: see slicetrace_sampling)"
@@ -101,6 +96,12 @@ def write_atomic(path: str, text: str) -> None:
         raise
 
 
+def _put(ctx: _Ctx) -> None:
+    """The table as ctx.path now; its folder made first (at init, and again if it was removed)."""
+    os.makedirs(os.path.dirname(ctx.path) or ".", exist_ok=True)
+    write_atomic(ctx.path, prometheus_text(ctx.comm, ctx.table, ctx.host_counters, ctx.sampling))
+
+
 class LinkStatsPlugin:
     name = "linkstats"
     version = 8
@@ -114,14 +115,10 @@ class LinkStatsPlugin:
         ctx = _Ctx(comm, s.linkstats_file, s)
         if ctx.path is not None:
             try:                        # an empty table now: a path that cannot be written is refused before any op
-                os.makedirs(os.path.dirname(ctx.path) or ".", exist_ok=True)     # as the example plugin does
-                write_atomic(ctx.path, prometheus_text(comm, ctx.table, ctx.host_counters, ctx.sampling))
+                _put(ctx)
             except OSError as e:
                 raise ConfigError(f"linkstats_file (SLICETRACE_LINKSTATS_FILE)={s.linkstats_file!r}: cannot write "
                                   f"{ctx.path}: {e.strerror or e}; give a prefix in a writable folder") from e
-            # a communicator never closed (kept until the process exits) still gets its last write
-            ctx.exit_hook = functools.partial(_write_at_exit, weakref.ref(self), weakref.ref(ctx))
-            atexit.register(ctx.exit_hook)
         return ctx
 
     def start_event(self, ctx: _Ctx, descr: Any) -> Any:
@@ -171,8 +168,7 @@ class LinkStatsPlugin:
 
     def _write(self, ctx: _Ctx) -> None:
         try:
-            os.makedirs(os.path.dirname(ctx.path) or ".", exist_ok=True)     # a folder removed and made again
-            write_atomic(ctx.path, prometheus_text(ctx.comm, ctx.table, ctx.host_counters, ctx.sampling))
+            _put(ctx)
         except OSError as e:            # a metrics file must not stop the job: say so once, try again later
             if not ctx.failing:
                 log.error("slicetrace linkstats: cannot write %s (%s); trying again every %g s and at close",
@@ -193,17 +189,8 @@ class LinkStatsPlugin:
                 for (c, s, p), v in sorted(ctx.table.items())]
 
     def finalize(self, ctx: _Ctx) -> None:
-        if ctx.exit_hook is not None:
-            atexit.unregister(ctx.exit_hook)
-            ctx.exit_hook = None
+        """At close, or at exit for a communicator never closed (session._finish_at_exit)."""
         if ctx.path is not None:
             self._write(ctx)
         for row in self.snapshot(ctx):
             log.info("slicetrace linkstats rank %d: %s", ctx.comm.rank, row)
-
-
-def _write_at_exit(plugin_ref: Any, ctx_ref: Any) -> None:
-    plugin, ctx = plugin_ref(), ctx_ref()
-    if plugin is not None and ctx is not None and ctx.exit_hook is not None and ctx.path is not None \
-            and ctx.pid == os.getpid():
-        plugin._write(ctx)
