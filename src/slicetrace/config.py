@@ -80,8 +80,11 @@ def _seconds(v: str) -> float:
     return float(t)
 
 
+DEFAULT_CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "slicetrace")
+
+
 def _cache_dir(v: str) -> str:
-    return v.strip() or os.path.join(os.path.expanduser("~"), ".cache", "slicetrace")     # ${X:-} in a script
+    return v.strip() or DEFAULT_CACHE_DIR           # empty (${X:-} in a script): the default
 
 
 def _opt_str(v: str) -> str | None:
@@ -215,7 +218,7 @@ class Settings:
     cpu_reclaim: str = "auto"
     cpu_wait: str = "auto"
     cpu_bind: str = "auto"
-    cache_dir: str = os.path.join(os.path.expanduser("~"), ".cache", "slicetrace")
+    cache_dir: str = DEFAULT_CACHE_DIR
     assert_warm: bool = False
     clock_resync_s: float = 1.0
     debug: str = "WARN"

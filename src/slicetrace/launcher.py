@@ -30,8 +30,7 @@ from .rendezvous import DictStore, Store, TorchStore
 # (world_size, rank) -> a count of this process's init() calls that take a job id from a store (ranks as threads
 # of one process count apart)
 _JOB_CALLS: defaultdict = defaultdict(itertools.count)
-_LAUNCH_WORLD: int | None = None        # in a rank process of launch(): its world size
-_LAUNCH_RANK: tuple[int, Store] | None = None     # ... and its rank and store: init() there joins that world
+_LAUNCH: tuple[int, int, Store] | None = None     # in a rank process of launch(): (rank, world, store)
 
 
 def _torch_store(rank: int, world: int, timeout_s: float) -> Store:
@@ -65,11 +64,11 @@ def init(backend: str | None = None, rank: int | None = None, world_size: int | 
     rank = None if rank is None else _as_int("rank", rank, "in 0..world_size-1")
     world_size = None if world_size is None else _as_int("world_size", world_size, ">= 1")
     # torchrun's variables only when used: explicit arguments (launch()'s ranks, the CLI's) leave them alone
-    if _LAUNCH_RANK is not None and world_size != 1:       # as torchrun's variables and store do
-        if world_size in (None, _LAUNCH_WORLD):
-            rank = _LAUNCH_RANK[0] if rank is None else rank
-            world_size = _LAUNCH_WORLD
-        store = _LAUNCH_RANK[1] if store is None else store
+    if _LAUNCH is not None and world_size != 1:       # init() there joins that world, as torchrun's variables do
+        if world_size in (None, _LAUNCH[1]):
+            rank = _LAUNCH[0] if rank is None else rank
+            world_size = _LAUNCH[1]
+        store = _LAUNCH[2] if store is None else store
     env = dist_env(ranks=rank is None or world_size is None, master=False)
     rank_name = "RANK" if rank is None and env.rank is not None else "rank"       # upper case: from the environment
     world_name = "WORLD_SIZE" if world_size is None and env.world_size is not None else "world_size"
@@ -92,7 +91,7 @@ def init(backend: str | None = None, rank: int | None = None, world_size: int | 
     if job is None and world_size == 1:
         job = uuid.uuid4().hex[:10]
     elif job is None:
-        top = _LAUNCH_WORLD or job_world_size()
+        top = _LAUNCH[1] if _LAUNCH is not None else job_world_size()
         if top is not None and world_size != top:   # its members' calls cannot be told from another group's
             raise UsageError(f"init(world_size={world_size}) in a job of {top} ranks makes a sub-communicator: pass "
                              f"job=, a string its members share and no other communicator uses (NCCL's unique id); "
@@ -171,9 +170,9 @@ def _child(fn: Callable, rank: int, world: int, store_map: Any, job: str, settin
             signal.signal(signal.SIGINT, _interrupted)
         if Settings.from_env(**settings).cpu_bind == "auto" and _crowding(world):
             settings = {**settings, "cpu_bind": "on"}      # our own rank processes: nothing else inherits it
-        global _LAUNCH_WORLD, _LAUNCH_RANK
-        _LAUNCH_WORLD, _LAUNCH_RANK = world, (rank, DictStore(store_map))
-        comm = init(rank=rank, world_size=world, store=_LAUNCH_RANK[1], job=job, **settings)
+        global _LAUNCH
+        _LAUNCH = (rank, world, DictStore(store_map))
+        comm = init(rank=rank, world_size=world, store=_LAUNCH[2], job=job, **settings)
         result = fn(comm, *args)
         running.clear()
         _no_interrupts()                         # an interrupted launch lets closing ranks finish (plugins)

@@ -16,7 +16,7 @@ import time
 import weakref
 from typing import Any, Iterator
 
-from .backend.base import Backend, Work, create
+from .backend.base import HELD_SIGNALS, Backend, Work, create
 from .config import Settings
 from .errors import SliceTraceError, UsageError
 from .events.abi import CommInfo, EventType, effective_mask
@@ -62,7 +62,7 @@ class Session:
         self.settings, self.rank, self.world, self.job = settings, rank, world, job
         _log_to_stderr(settings.debug, rank)
         self.store = store
-        self.comm_hash = comm_hash(job)             # before the backend: a bad job leaves nothing behind
+        comm_hash(job)                              # checks job before the backend: a bad one leaves nothing behind
         self.backend: Backend = create(settings, rank, world, store, job)
         self.comm_hash = comm_hash(job, self.backend.generation)
         self._last: Any = None
@@ -260,9 +260,9 @@ class Session:
             raise UsageError(f"rank {self.rank} closed its communicator with messages it never received: "
                              f"{'; '.join(lost)}; they are lost (every send needs a matching recv)")
 
-    def _close_host(self) -> None:
+    def _close_host(self, timeout_s: float | None = None) -> None:
         # bounded: a plugin callback stuck in the drain thread holds the host's lock
-        self.host.close(notes=self._op_counts(), timeout_s=self.settings.timeout_s)
+        self.host.close(notes=self._op_counts(), timeout_s=self.settings.timeout_s if timeout_s is None else timeout_s)
 
 
 @contextlib.contextmanager
@@ -272,7 +272,7 @@ def _signals_held() -> Iterator[None]:
     if not _MASKABLE or threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
     try:
         yield
     finally:
@@ -297,13 +297,12 @@ def _finish_at_exit() -> None:
         try:
             if sess.drain is not None:
                 sess.drain.flush(max(0.1, deadline - time.monotonic()))
-            sess.host.close(notes=sess._op_counts(), timeout_s=max(0.1, deadline - time.monotonic()))
+            sess._close_host(max(0.1, deadline - time.monotonic()))
         except Exception as e:  # noqa: BLE001 - at exit: say so, finish the others
             log.warning("slicetrace: rank %d: finishing the profiler plugins at exit failed: %r", sess.rank, e)
 
 
 _MASKABLE = hasattr(signal, "pthread_sigmask")
-_HELD = {signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGUSR1", signal.SIGINT)}
 
 
 def _step(errs: list[BaseException], what: str, fn: Any) -> None:

@@ -122,13 +122,17 @@ class Work:
     extra: dict = field(default_factory=dict)
 
 
+# the signals a Ctrl-C or the launcher sends: held in the main thread around plugin callbacks
+# (session._signals_held), blocked in every thread the library starts (quiet_thread)
+HELD_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGUSR1", signal.SIGINT)})
+
+
 def quiet_thread() -> None:
     """In a thread of ours: SIGINT, SIGTERM and SIGUSR1 blocked, so the kernel hands a process-directed one to the
     main thread, whose signal hold (session._signals_held) then delays it past a plugin callback; taken here, its
     Python handler ran in the main thread at once, inside the callback."""
     if hasattr(signal, "pthread_sigmask") and threading.current_thread() is not threading.main_thread():
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGUSR1",
-                                                                                          signal.SIGINT)})
+        signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
 
 
 _GEN: dict[str, int] = {}    # backends made per job in this process: keeps re-inits' store keys and traces apart

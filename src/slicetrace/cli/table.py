@@ -30,8 +30,8 @@ NCCL_TYPE = {"float16": "half", "float32": "float", "float64": "double"}    # nc
 
 def format_row(r: dict, ref: bool, overhead: bool) -> str:
     s = "{:>12} {:>12} {:>9} {:>6} {:>5} {:>10.1f} {:>8.3f} {:>8.3f} {:>7}".format(
-        r["size"], r["count"], NCCL_TYPE.get(r["type"], r["type"]), r["redop"], r["root"], r["time_us"], r["algbw"], r["busbw"],
-        "N/A" if r["wrong"] is None else r["wrong"])
+        r["size"], r["count"], NCCL_TYPE.get(r["type"], r["type"]), r["redop"], r["root"], r["time_us"], r["algbw"],
+        r["busbw"], "N/A" if r["wrong"] is None else r["wrong"])
     if ref:
         s += "  {:>8.1f} {:>8.3f} {:>6}".format(r["ref_time_us"], r["ref_busbw"],
                                                 "N/A" if r["ratio"] is None else f"{r['ratio']:.2f}")

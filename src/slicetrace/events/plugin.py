@@ -63,7 +63,7 @@ class Plugin(Protocol):
     np.ascontiguousarray), `kernel_step_runs(ctx, parents, recs, starts, stops) ->
     int` (one drain poll at once: rows starts[k]:stops[k] of recs belong to parents[k]; the same as
     kernel_step_batch per run, which is what plugins without it get; a batch method that returns None is taken to
-    keep every record, with one warning), `kernel_ch_batch(ctx, parent_handle, recs) -> int`
+    keep every record, logged once), `kernel_ch_batch(ctx, parent_handle, recs) -> int`
     (native version only; whole KernelCh events, abi.KERNEL_CH_DTYPE, start and stop in one row),
     `kernel_ch_runs(ctx, parents, recs, starts, stops) -> int` (kernel_ch_batch for a poll's collectives at once)
     and `report_counters(ctx, counters)`, called once right
@@ -170,7 +170,7 @@ class LoadedPlugin:
             log.error("slicetrace: " + fmt, *args)
 
     def _kept(self, what: str, ret: Any, n: int) -> int:
-        """A batch method's answer: None (a method without return) keeps all n, with one warning."""
+        """A batch method's answer: None (a method without return) keeps all n, logged once."""
         if ret is None:
             self._warn_once(what, "profiler plugin %r: %s returned None; taken as keeping every record (return "
                             "how many it kept)", self.name, what)
