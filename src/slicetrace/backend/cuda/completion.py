@@ -38,10 +38,10 @@ class Completion:
             time.sleep(pause)
             pause = min(pause * 2 + 1e-5, 1e-3)
         if self.mem.words[1]:
-            why = self.store.try_get(f"{self._prefix}/abort")
+            why = self._abort_reason()
             self._fail(self._mismatch(token) or PeerError(
-                f"rank {self.rank}: op {token.tag} was aborted"
-                + (f": {why.decode(errors='replace')}" if why else " (abort word raised)")), token)
+                f"rank {self.rank}: op {token.tag} was aborted" + (f": {why}" if why else " (abort word raised)")),
+                token)
         if token.sig is not None:
             why = self.sigs.differs(token.sig)      # ended, but a peer ran another collective (it raises too)
             if why is not None:
@@ -60,14 +60,18 @@ class Completion:
         if token.event.done:            # it ended: only an exit on an abort word makes it wrong (a peer that
             if not self.mem.words[1]:   # aborts after our ops all ended breaks nothing of ours)
                 return None
-            why = self.store.try_get(f"{self._prefix}/abort")
-            return f"rank {self.rank}: op {token.tag} exited on an abort word" + (
-                f": {why.decode(errors='replace')}" if why else "")
-        why = self.store.try_get(f"{self._prefix}/abort")
+            why = self._abort_reason()
+            return f"rank {self.rank}: op {token.tag} exited on an abort word" + (f": {why}" if why else "")
+        why = self._abort_reason()
         if why is not None:
-            return f"rank {self.rank}: a peer aborted: {why.decode(errors='replace')}"
+            return f"rank {self.rank}: a peer aborted: {why}"
         gone = self.watch.gone(self._pending.peers(token), self._did_its_part)
         return None if gone is None else f"rank {self.rank}: op {token.tag} cannot finish: {gone}"
+
+    def _abort_reason(self) -> str | None:
+        """What the rank that aborted this communicator wrote in the store, else None."""
+        why = self.store.try_get(f"{self._prefix}/abort")
+        return None if why is None else why.decode(errors="replace")
 
     def _did_its_part(self, p: int) -> bool:
         """A closed peer that sent all we receive from it and ran all our collectives (its ledger, published first)."""
@@ -86,9 +90,9 @@ class Completion:
         return self._lost
 
     def check_peers(self) -> None:
-        why = self.store.try_get(f"{self._prefix}/abort")
+        why = self._abort_reason()
         if why is not None:
-            raise PeerError(f"rank {self.rank}: a peer aborted: {why.decode(errors='replace')}")
+            raise PeerError(f"rank {self.rank}: a peer aborted: {why}")
         gone = self.watch.gone(tuple(p for p in range(self.world) if p != self.rank))
         if gone is not None:
             raise PeerError(f"rank {self.rank}: {gone}")
