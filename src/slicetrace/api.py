@@ -8,7 +8,7 @@ import threading
 import time
 from typing import Any, Iterator
 
-from .api_checks import (check_group_overlap, check_overlap, check_self_types, group_opened, int_index,
+from .api_checks import (a2a_counts, check_group_overlap, check_overlap, check_self_types, group_opened, int_index,
                          outside_groups, profile_mask, ptr, tag_value, writable)
 from .backend.base import DTYPES, REDOPS, Work
 from .config import Settings
@@ -289,25 +289,29 @@ class Communicator:
             for k, n in moves:
                 pos[k] = (pos.get(k, 0) + n) % nconn
 
-    def all_to_all(self, x: Any, out: Any = None, *, user_tag: int = 0) -> Any:
-        """x holds world_size blocks of k elements; block j goes to rank j; out block j comes from rank j."""
+    def all_to_all(self, x: Any, out: Any = None, *, send_counts: Any = None, recv_counts: Any = None,
+                   user_tag: int = 0) -> Any:
+        """x holds world_size blocks; block j goes to rank j; out block j comes from rank j. Blocks are equal
+        (k elements each) unless send_counts / recv_counts give each block's count (torch's split sizes: out=None
+        then returns a 1-D array); rank i's send_counts[j] must be rank j's recv_counts[i]."""
         self._check_open()
         outside_groups(self, "all_to_all")
         flat, dtype, n = self._buf(x, "x")
-        if n % self.world_size:
-            raise UsageError(f"all_to_all input has {n} elements, not a multiple of world_size={self.world_size}")
         user_tag = tag_value(user_tag)
-        user_out, recv = self._on_device(self._out, out, flat, dtype, n)   # out=None: allocated on its device
+        sends, recvs = a2a_counts(n, send_counts, recv_counts, self.rank, self.world_size)
+        user_out, recv = self._on_device(self._out, out, flat, dtype, sum(recvs))   # out=None: on x's device
         if user_out is not None:
-            check_overlap("all_to_all", flat, recv, n // self.world_size, self.rank)
-        k = n // self.world_size
+            check_overlap("all_to_all", flat, recv, 0, self.rank)
         self._check_open()
-        entries = []            # block j as an offset into x / out: no per-block views (a CuPy slice costs µs)
+        entries, at_s, at_r = [], 0, 0  # blocks as offsets into x / out: no per-block views (a CuPy slice costs µs)
         for j in range(self.world_size):
-            entries.append((P2pPart(j, True, k, 0, j * k), flat, dtype, user_tag))
-            entries.append((P2pPart(j, False, k, 0, j * k), recv, dtype, user_tag))
+            entries.append((P2pPart(j, True, sends[j], 0, at_s), flat, dtype, user_tag))
+            entries.append((P2pPart(j, False, recvs[j], 0, at_r), recv, dtype, user_tag))
+            at_s, at_r = at_s + sends[j], at_r + recvs[j]
         self._enqueue(entries, checked=True)     # x and out were checked above
-        return user_out if user_out is not None else self._result(recv, x)
+        if user_out is not None:
+            return user_out
+        return self._result(recv, x) if send_counts is None else self._session.backend.user_buffer(recv)
 
     def barrier(self) -> None:
         """Every rank arrives before any leaves (through the rendezvous store; includes this rank's pending ops)."""

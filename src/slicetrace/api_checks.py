@@ -41,6 +41,39 @@ def int_index(v: Any, name: str, limit: int, accepted: str = "") -> int:
     raise UsageError(f"{name}={v!r} must be an int in 0..{limit - 1}{accepted}")
 
 
+def split_counts(v: Any, name: str, world: int) -> list[int]:
+    """all_to_all's per-rank counts: world non-negative integers (a list, tuple or 1-D integer array)."""
+    try:
+        items = list(v) if not isinstance(v, (str, bytes)) else None
+    except TypeError:
+        items = None
+    counts = [as_index(c) for c in items] if items is not None else []
+    if items is None or len(items) != world or any(c is None or c < 0 for c in counts):
+        raise UsageError(f"{name}={v!r} must be {world} non-negative ints, one per rank (world_size={world})")
+    return counts
+
+
+def a2a_counts(n: int, send_counts: Any, recv_counts: Any, rank: int, w: int) -> tuple[list[int], list[int]]:
+    """all_to_all's (send, recv) counts per rank: equal blocks of x, or the caller's split sizes, checked."""
+    if send_counts is None and recv_counts is None:
+        if n % w:
+            raise UsageError(f"all_to_all input has {n} elements, not a multiple of world_size={w} (pass "
+                             f"send_counts and recv_counts for blocks of different sizes)")
+        return [n // w] * w, [n // w] * w
+    if send_counts is None or recv_counts is None:
+        given, missing = ("send_counts", "recv_counts") if recv_counts is None else ("recv_counts", "send_counts")
+        raise UsageError(f"all_to_all: {given} given without {missing}; pass both or neither")
+    sends = split_counts(send_counts, "send_counts", w)
+    recvs = split_counts(recv_counts, "recv_counts", w)
+    if sum(sends) != n:
+        raise UsageError(f"all_to_all: x has {n} elements but send_counts={sends} sum to {sum(sends)}")
+    if sends[rank] != recvs[rank]:
+        raise UsageError(f"all_to_all: rank {rank} sends itself {sends[rank]} elements "
+                         f"(send_counts[{rank}]) but receives {recvs[rank]} (recv_counts[{rank}]); "
+                         f"they must be equal")
+    return sends, recvs
+
+
 def tag_value(v: Any) -> int:
     return v if v.__class__ is int and 0 <= v < _TAG_LIMIT else int_index(
         v, "user_tag", _TAG_LIMIT, " (2**63 - 1; tags with the top bit set are reserved, as in NCCL)")

@@ -53,6 +53,46 @@ def test_all_to_all_has_no_in_place_form(comm):
     assert (comm.all_to_all(x, np.empty(8, np.int32)) == x).all()
 
 
+@pytest.mark.parametrize("sends,recvs,msg", [
+    ([8], None, r"all_to_all: send_counts given without recv_counts; pass both or neither"),
+    (None, [8], r"all_to_all: recv_counts given without send_counts"),
+    ([4, 4], [8], r"send_counts=\[4, 4\] must be 1 non-negative ints, one per rank \(world_size=1\)"),
+    ([-8], [8], r"send_counts=\[-8\] must be 1 non-negative ints"),
+    ([8.0], [8], r"send_counts=\[8.0\] must be 1 non-negative ints"),
+    (8, [8], r"send_counts=8 must be 1 non-negative ints"),
+    ("8", [8], r"send_counts='8' must be 1"),
+    ([8], [True], r"recv_counts=\[True\] must be 1 non-negative ints"),
+    ([7], [7], r"all_to_all: x has 8 elements but send_counts=\[7\] sum to 7"),
+    ([8], [5], r"rank 0 sends itself 8 elements \(send_counts\[0\]\) but receives 5 \(recv_counts\[0\]\)"),
+])
+def test_uneven_all_to_all_counts_are_checked(comm, sends, recvs, msg):
+    x = np.arange(8, dtype=np.int32)
+    out = np.full(8, -1, np.int32)
+    with pytest.raises(UsageError, match=msg):
+        comm.all_to_all(x, out, send_counts=sends, recv_counts=recvs)
+    assert (out == -1).all()
+
+
+def test_uneven_all_to_all_counts_at_three_ranks():
+    from slicetrace.api_checks import a2a_counts
+    assert a2a_counts(6, [1, 0, 5], np.array([2, 0, 9], np.int16), 1, 3) == ([1, 0, 5], [2, 0, 9])
+    assert a2a_counts(6, None, None, 2, 3) == ([2, 2, 2], [2, 2, 2])
+    with pytest.raises(UsageError, match="all_to_all input has 7 elements, not a multiple of world_size=3 "
+                                         r"\(pass send_counts and recv_counts"):
+        a2a_counts(7, None, None, 0, 3)
+    with pytest.raises(UsageError, match=r"recv_counts=\[1, 2\] must be 3 non-negative ints"):
+        a2a_counts(6, [1, 0, 5], [1, 2], 0, 3)
+
+
+def test_uneven_all_to_all_on_one_rank(comm):
+    x = np.arange(5, dtype=np.float64)
+    got = comm.all_to_all(x.reshape(5, 1), send_counts=[5], recv_counts=[5])
+    assert got.shape == (5,) and (got == x).all()           # split sizes: 1-D, as its count says
+    out = np.zeros(5)
+    assert comm.all_to_all(x, out, send_counts=[5], recv_counts=[5]) is out and (out == x).all()
+    assert comm.all_to_all(x.reshape(5, 1)).shape == (5, 1)    # equal blocks: x's shape, as before
+
+
 @pytest.mark.parametrize("tag", ["abc", 1.5, 2 ** 63, -1, True, None])
 def test_bad_user_tag(comm, tag):
     with pytest.raises(UsageError, match=r"user_tag=.* must be an int in 0\.\.9223372036854775807"):

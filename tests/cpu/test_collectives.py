@@ -165,6 +165,35 @@ def test_random_shapes_default_fifo(pool, data_):
     assert pool.run(run_cases, {"timeout_s": 30.0}, [case]) == [[]] * pool.world
 
 
+def _uneven_all_to_all(ctx, kw, counts, dtype, alloc):
+    """counts[i][j]: the elements rank i sends rank j. Block (i -> j) holds data(seed i*n+j); out=None or given."""
+    comm = _comm(ctx, kw)
+    n, r = comm.world_size, comm.rank
+    dt = npdtype(dtype)
+    x = np.concatenate([data(17, r * n + j, counts[r][j], dtype, "sum") for j in range(n)])
+    sends, recvs = counts[r], [counts[j][r] for j in range(n)]
+    want = np.concatenate([data(17, j * n + r, counts[j][r], dtype, "sum") for j in range(n)])
+    if alloc:
+        out = comm.all_to_all(x, send_counts=sends, recv_counts=np.array(recvs))
+    else:
+        out = np.full(sum(recvs), 55, dtype=dt)
+        assert comm.all_to_all(x, out, send_counts=tuple(sends), recv_counts=recvs) is out
+    return out.shape, int((out != want).sum())
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data_=st.data())
+def test_uneven_all_to_all_matches_numpy(pool, data_):
+    """Blocks of different sizes (torch's split sizes), zeros and blocks over the 64 KiB FIFO among them."""
+    n = pool.world
+    sizes = st.one_of(st.just(0), st.integers(1, 50), st.integers(1, 40_000))
+    counts = [[data_.draw(sizes) for _ in range(n)] for _ in range(n)]
+    dtype = data_.draw(st.sampled_from(["int8", "float16", "int64"]))
+    alloc = data_.draw(st.booleans())
+    res = pool.run(_uneven_all_to_all, SMALL, counts, dtype, alloc)
+    assert res == [((sum(counts[j][r] for j in range(n)),), 0) for r in range(n)]
+
+
 def test_send_recv_ring_and_group(pool):
     assert pool.run(_ring_sendrecv, SMALL) == [0] * pool.world
 

@@ -130,3 +130,21 @@ def test_a_send_whose_pieces_match_two_whole_receives_is_a_mismatch_naming_the_w
                           join_timeout_s=120)
     assert ("MismatchError: point-to-point mismatch: rank 1 expects message #0 of 196608 x float32 from rank 0, "
             "rank 0 sends a message of 393216 x float32") in str(e.value), str(e.value)
+
+
+def _uneven_all_to_all_disagreeing(comm):
+    x = np.arange(20, dtype=np.float32)
+    recvs = [10, 5] if comm.rank == 0 else [10, 10]     # rank 1 sends rank 0 ten elements, rank 0 expects five
+    comm.all_to_all(x, send_counts=[10, 10], recv_counts=recvs)
+    comm.all_reduce(np.ones(4, np.float32))
+    return "ok"
+
+
+def test_uneven_all_to_all_whose_counts_disagree_is_a_mismatch_on_both_ranks():
+    """rank i's send_counts[j] must be rank j's recv_counts[i]: otherwise the receive names both sizes, at once
+    (timeout_s is 600), and the sender learns it at its next op."""
+    with pytest.raises(LaunchError) as e:
+        slicetrace.launch(_uneven_all_to_all_disagreeing, 2, backend="cpu", timeout_s=600, join_timeout_s=120)
+    want = ("MismatchError: point-to-point mismatch: rank 0 expects message #0 of 5 x float32 from rank 1, rank 1 "
+            "sends a message of 10 x float32")
+    assert str(e.value).count(want) == 2, str(e.value)

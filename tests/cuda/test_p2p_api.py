@@ -184,3 +184,27 @@ def test_an_op_on_a_capturing_stream_is_refused_and_the_communicator_goes_on(gpu
     for refused, graph, v in res:
         assert "is capturing a CUDA graph: slicetrace ops cannot be captured" in refused, refused
         assert graph and v == 2.0
+
+
+def _uneven_all_to_all(comm, counts):
+    import cupy
+    r, n = comm.rank, comm.world_size
+    with cupy.cuda.Device(comm._session.backend.device):
+        x = cupy.concatenate([cupy.full(counts[r][j], 100 * r + j, dtype=cupy.int32) for j in range(n)])
+        got = comm.all_to_all(x, send_counts=counts[r], recv_counts=[counts[j][r] for j in range(n)])
+        out = cupy.full(sum(counts[j][r] for j in range(n)), -1, dtype=cupy.int32)
+        assert comm.all_to_all(x, out, send_counts=counts[r], recv_counts=[counts[j][r] for j in range(n)]) is out
+        comm.synchronize()
+        want = np.concatenate([np.full(counts[j][r], 100 * j + r, np.int32) for j in range(n)])
+        return [type(got).__name__, got.shape == want.shape, bool(np.array_equal(got.get(), want)),
+                bool(np.array_equal(out.get(), want))]
+
+
+@pytest.mark.cuda
+def test_uneven_all_to_all_blocks_of_different_sizes(gpu, kcache):
+    """torch's split sizes: zeros, small blocks and blocks of several FIFO loops, as one group per call."""
+    import slicetrace
+    counts = [[0, 3, 1 << 20], [5, 0, 17], [(1 << 20) + 7, 0, 2]]
+    res = slicetrace.launch(_uneven_all_to_all, 3, counts, backend="cuda", cache_dir=kcache, timeout_s=30.0,
+                            join_timeout_s=240)
+    assert res == [["ndarray", True, True, True]] * 3
