@@ -3,13 +3,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import threading
 import time
 from typing import Any, Iterator
 
 from .api_checks import (a2a_counts, check_group_overlap, check_overlap, check_self_types, group_opened, int_index,
-                         outside_groups, profile_mask, ptr, tag_value, writable)
+                         outside_groups, profile_mask, ptr, seconds_or_none, tag_value, writable)
 from .backend.base import DTYPES, REDOPS, Work
 from .config import Settings
 from .errors import SliceTraceError, UsageError
@@ -33,10 +32,8 @@ class Communicator:
             raise UsageError(f"rank={rank} must be in 0..{world_size - 1} (world_size={world_size})")
         if not isinstance(name, str):
             raise UsageError(f"name={name!r} must be a str (the communicator's name in traces and metrics)")
-        self.settings, self.rank, self.world_size = settings, rank, world_size
-        self.backend_name = settings.backend
+        self._settings, self._rank, self._world = settings, rank, world_size
         self._session = Session(settings, rank, world_size, store, job, name)
-        self.comm_hash = self._session.comm_hash
         self._tag = 0
         self._seq: dict[str, int] = {}
         self._group: list[tuple[P2pPart, Any, str, int]] | None = None
@@ -49,6 +46,13 @@ class Communicator:
         self._busy = threading.Lock()   # one op at a time: a second thread gets an error, not a corrupted step count
         self._closing = threading.Lock()    # one closer; a second close returns
         self._active = 0                    # thread inside an op's try (0: none), see close()
+
+    # read-only: the FIFOs, plans and peers were set up for these (an assignment would aim ops at wrong peers)
+    rank = property(lambda self: self._rank, doc="this rank, 0..world_size - 1")
+    world_size = property(lambda self: self._world, doc="the number of ranks")
+    settings = property(lambda self: self._settings, doc="the Settings it was made with (frozen)")
+    backend_name = property(lambda self: self._settings.backend, doc="'cpu', 'cuda' or 'null'")
+    comm_hash = property(lambda self: self._session.comm_hash, doc="NCCL's commHash of this communicator")
 
     # ---- helpers ----
     def _check_open(self) -> None:
@@ -354,10 +358,7 @@ class Communicator:
 
     def flush_profiler(self, timeout_s: float | None = None) -> None:
         """Wait until every stamp of every finished op reached the plugins."""
-        if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
-                                      or not 0 < timeout_s < math.inf):
-            raise UsageError(f"timeout_s={timeout_s!r} must be a finite number of seconds > 0, or None for the "
-                             f"communicator's timeout_s")
+        seconds_or_none(timeout_s, "timeout_s", "the communicator's timeout_s")
         self._check_open()                      # a poll after close would read rings the backend freed
         self._session.flush(timeout_s)
 

@@ -2,6 +2,7 @@
 accepted (UsageError), before anything is sent."""
 from __future__ import annotations
 
+import math
 import operator
 import os
 import threading
@@ -72,6 +73,11 @@ def a2a_counts(n: int, send_counts: Any, recv_counts: Any, rank: int, w: int) ->
                          f"(send_counts[{rank}]) but receives {recvs[rank]} (recv_counts[{rank}]); "
                          f"they must be equal")
     return sends, recvs
+
+
+def seconds_or_none(v: Any, name: str, none_means: str) -> None:
+    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf):
+        raise UsageError(f"{name}={v!r} must be a finite number of seconds > 0, or None for {none_means}")
 
 
 def tag_value(v: Any) -> int:

@@ -566,3 +566,14 @@ def test_a_job_made_again_on_any_backend_writes_a_trace_of_its_own(tmp_path):
             for _ in range(n):
                 c.all_reduce(np.ones(4, np.float32))
     assert len(list(tmp_path.glob("t_*_0.json"))) == 2
+
+
+@pytest.mark.parametrize("attr", ["rank", "world_size", "backend_name", "comm_hash", "settings"])
+def test_a_communicators_identity_is_read_only(comm, attr):
+    """Its FIFOs, plans and peers were set up for them: `comm.rank = 1` was taken, and the overlap checks and
+    all_to_all's block to self then used the new rank while the data path kept the old."""
+    before = getattr(comm, attr)
+    with pytest.raises(AttributeError, match=f"property '{attr}' of 'Communicator' object has no setter"):
+        setattr(comm, attr, 3)
+    assert getattr(comm, attr) == before
+    assert (comm.rank, comm.world_size, comm.backend_name, comm.settings.backend) == (0, 1, "null", "null")
