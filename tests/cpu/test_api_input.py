@@ -577,3 +577,12 @@ def test_a_communicators_identity_is_read_only(comm, attr):
         setattr(comm, attr, 3)
     assert getattr(comm, attr) == before
     assert (comm.rank, comm.world_size, comm.backend_name, comm.settings.backend) == (0, 1, "null", "null")
+
+
+@pytest.mark.parametrize("t", [0, -1.0, float("inf"), float("nan"), "5", True])
+def test_flush_profiler_timeout_is_checked(comm, t):
+    with pytest.raises(UsageError, match=r"timeout_s=.* must be a finite number of seconds > 0, or None for the "
+                                         r"communicator's timeout_s"):
+        comm.flush_profiler(t)
+    comm.flush_profiler(0.5)
+    comm.flush_profiler(None)
