@@ -23,7 +23,7 @@ log = logging.getLogger("slicetrace")
 
 
 class Communicator:
-    """NCCL-like collectives over `world_size` ranks. Buffers: numpy (cpu) or CUDA arrays via DLPack (cuda)."""
+    """NCCL-like collectives over `world_size` ranks. Buffers: host arrays (cpu) or CUDA arrays (cuda), see README."""
 
     def __init__(self, settings: Settings, rank: int, world_size: int, store: Store, job: str, name: str = ""):
         if world_size < 1:
@@ -162,12 +162,12 @@ class Communicator:
         if func == "reduce" and self.rank != root:
             return None                 # NCCL leaves recvbuff unused off the root: no result to hand back
         if func in ("all_gather", "reduce_scatter"):      # 1-D at every world size (x's shape at 1 before)
-            return self._session.backend.user_buffer(recv)
+            return self._session.backend.user_buffer(recv, x)
         return self._result(recv, x)
 
     def _result(self, recv: Any, x: Any) -> Any:
         """An allocated output as the caller gets it (a torch tensor, not the cuda backend's RawBuf), shaped as x."""
-        res = self._session.backend.user_buffer(recv)
+        res = self._session.backend.user_buffer(recv, x)
         return res.reshape(getattr(x, "shape", (-1,))) if hasattr(res, "reshape") else res
 
     # ---- collectives (counts follow NCCL) ----
@@ -315,7 +315,7 @@ class Communicator:
         self._enqueue(entries, checked=True)     # x and out were checked above
         if user_out is not None:
             return user_out
-        return self._result(recv, x) if send_counts is None else self._session.backend.user_buffer(recv)
+        return self._result(recv, x) if send_counts is None else self._session.backend.user_buffer(recv, x)
 
     def barrier(self) -> None:
         """Every rank arrives before any leaves (through the rendezvous store; includes this rank's pending ops)."""

@@ -163,9 +163,9 @@ class Backend(abc.ABC):
     def empty_like(self, buf: Any, count: int) -> Any:
         """A new flat buffer of `count` elements of buf's dtype."""
 
-    def user_buffer(self, buf: Any) -> Any:
-        """What an op that allocated `buf` (out=None) hands the caller: the buffer itself, or the user-facing
-        array behind a backend's own handle."""
+    def user_buffer(self, buf: Any, like: Any = None) -> Any:
+        """What an op that allocated `buf` (out=None) for input `like` hands the caller: the buffer itself, or the
+        user-facing array behind a backend's own handle."""
         return buf
 
     @property
@@ -248,6 +248,9 @@ class HostBackend(Backend):
     def empty_like(self, buf: Any, count: int) -> Any:
         return np.empty(count, dtype=buf.dtype)
 
+    def user_buffer(self, buf: Any, like: Any = None) -> Any:
+        return host_result(buf, like)
+
 
 _DTYPE_NAMES: dict = {}
 
@@ -265,7 +268,7 @@ def dtype_name(dt: Any) -> str:
 def numpy_buffer(x: Any, what: str, backend: str) -> tuple[Any, str, int]:
     """as_buffer for host backends: a C-contiguous numpy array of a supported dtype -> (flat view, dtype, count)."""
     if not isinstance(x, np.ndarray):
-        raise UsageError(f"{what} must be a numpy.ndarray for backend={backend!r}, got {type(x).__name__}")
+        x = host_array(x, what, backend)
     name = dtype_name(x.dtype)
     if name not in DTYPES:
         raise UsageError(f"{what} dtype {name} is not one of {DTYPES}")
@@ -284,6 +287,55 @@ def numpy_buffer(x: Any, what: str, backend: str) -> tuple[Any, str, int]:
                              f"{what}.filled(fill_value) or {what}.data")
         x = x.view(np.ndarray)
     return x.reshape(-1), name, x.size
+
+
+def _is_torch(x: Any) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+def host_array(x: Any, what: str, backend: str) -> np.ndarray:
+    """A torch CPU tensor, or any array with __dlpack__ in host memory, as a numpy view of its memory (results
+    written into the view land in x). torch bfloat16 goes through its bits (numpy has no bfloat16 of its own)."""
+    if _is_torch(x):
+        if x.requires_grad:
+            raise UsageError(f"{what} is a torch tensor that requires grad; pass {what}.detach() (the collectives "
+                             f"write outside autograd)")
+        if x.device.type != "cpu":
+            raise UsageError(f"{what} is a torch tensor on {x.device}; backend={backend!r} takes CPU tensors or "
+                             f"numpy arrays (backend='cuda' takes CUDA tensors)")
+        if not x.is_contiguous():
+            raise UsageError(f"{what} is a non-contiguous torch tensor (strides {tuple(x.stride())}); pass "
+                             f"{what}.contiguous()" + (" and copy the results back" if what.startswith("out") else ""))
+        if str(x.dtype) == "torch.bfloat16":
+            import torch
+            try:
+                import ml_dtypes
+            except ImportError:
+                raise UsageError(f"{what} is a torch bfloat16 tensor; backend={backend!r} needs the ml_dtypes "
+                                 f"package for bfloat16 (pip install ml_dtypes)") from None
+            return np.from_dlpack(x.view(torch.int16)).view(ml_dtypes.bfloat16)
+    elif not (hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__")):
+        raise UsageError(f"{what} must be a numpy.ndarray, a torch CPU tensor or a host array with __dlpack__ for "
+                         f"backend={backend!r}, got {type(x).__module__}.{type(x).__name__}")
+    else:
+        dev = x.__dlpack_device__()[0]
+        if int(dev) not in (1, 3):              # kDLCPU, kDLCUDAHost
+            raise UsageError(f"{what} lives on DLPack device type {int(dev)}, not in host memory; "
+                             f"backend={backend!r} takes host arrays")
+    try:
+        return np.from_dlpack(x)
+    except (BufferError, RuntimeError, TypeError, ValueError) as e:
+        raise UsageError(f"{what} ({type(x).__name__}) cannot be shared with numpy through DLPack: {e}") from None
+
+
+def host_result(buf: np.ndarray, like: Any) -> Any:
+    """An allocated output as the caller gets it: a torch tensor over the same memory when x was one."""
+    if not _is_torch(like):
+        return buf
+    import torch
+    if buf.dtype.name == "bfloat16":
+        return torch.from_numpy(buf.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(buf)
 
 
 def create(settings: Settings, rank: int, world: int, store: Store, job: str) -> Backend:

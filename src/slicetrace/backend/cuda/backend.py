@@ -119,7 +119,7 @@ class CudaBackend(Completion, Backend, KernelArgs):
     def empty_like(self, buf: Any, count: int) -> Any:
         return buffers.empty_like(buf, count)
 
-    def user_buffer(self, buf: Any) -> Any:
+    def user_buffer(self, buf: Any, like: Any = None) -> Any:
         return buffers.user_buffer(buf)
 
     def byte_view(self, buf: Any) -> Any:
