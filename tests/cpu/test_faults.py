@@ -146,7 +146,8 @@ def _read_only(n):
 def test_bad_input_gets_a_clear_error_naming_the_parameter():
     msgs = slicetrace.launch(_bad_input, 2, timeout_s=TIMEOUT, join_timeout_s=JOIN)[0]
     assert None not in msgs, msgs
-    keys = ["op='mean'", "root=7", "x", "complex64", "5 elements", "reduce_scatter", "peer=-1", "out is read-only",
+    keys = ["op='mean'", "root=7", "x must be a numpy.ndarray, a torch CPU tensor or a host array with __dlpack__ for "
+            "backend='cpu', got builtins.list", "complex64", "5 elements", "reduce_scatter", "peer=-1", "out is read-only",
             "out is read-only", "'>f4' is not in this machine's byte order"]
     assert len(msgs) == len(keys) + 1 and msgs[-1] == 6
     for key, msg in zip(keys, msgs):

@@ -131,3 +131,18 @@ class RankPool:
         leaked = glob.glob(f"/dev/shm/*{self.job}*")
         for f in leaked:
             os.unlink(f)
+
+
+def wait_child(pid: int, timeout: float = 30.0) -> int:
+    """A forked child's exit code, waited for at most `timeout` s; a child still running then is killed and reaped
+    before the AssertionError (a fork test must not leave it behind)."""
+    import signal
+    import time
+    deadline = time.monotonic() + timeout
+    while (r := os.waitpid(pid, os.WNOHANG))[0] == 0:
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise AssertionError(f"forked child {pid} did not exit within {timeout} s (killed)")
+        time.sleep(0.01)
+    return os.waitstatus_to_exitcode(r[1])

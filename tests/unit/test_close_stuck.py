@@ -8,6 +8,7 @@ import ctypes
 import json
 import logging
 import os
+import signal
 import threading
 import time
 
@@ -28,6 +29,7 @@ from slicetrace.events.plugin import LoadedPlugin
 from slicetrace.plan.schedule import plan_collective
 from slicetrace.rendezvous import DictStore
 from slicetrace.stamps.drain import Drain
+from tests.helpers.procs import wait_child
 from tests.unit.test_gpu_writer_session import DeviceRings, GpuLike
 from tests.unit.test_plugin import RecPlugin
 
@@ -236,11 +238,7 @@ def test_close_in_a_forked_child_leaves_the_parents_backend_and_trace_alone(tmp_
             code = 0
         finally:
             os._exit(code)
-    deadline = time.monotonic() + 30
-    while (r := os.waitpid(pid, os.WNOHANG))[0] == 0:
-        assert time.monotonic() < deadline, "the child did not exit"
-        time.sleep(0.01)
-    assert os.waitstatus_to_exitcode(r[1]) == 0
+    assert wait_child(pid) == 0
     assert list(tmp_path.glob("closed-*")) == []        # the child closed nothing of the parent's
     comm.all_reduce(np.ones(1000, np.float32))
     comm.close()
@@ -407,11 +405,22 @@ pid = os.fork()
 if pid == 0:
     comm.close()
     sys.exit(0)                 # a normal exit: the interpreter finalizes what the child inherited
-os.waitpid(pid, 0)
+from tests.helpers.procs import wait_child
+assert wait_child(pid) == 0
 comm.all_reduce(np.ones(1000, np.float32))
 comm.close()
 """
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, start_new_session=True)    # its fork in its group: killed with it
+    try:
+        _, stderr = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise AssertionError("the script and its fork did not finish within 120 s (killed)") from None
+    r = subprocess.CompletedProcess(proc.args, proc.returncode, "", stderr)
     assert r.returncode == 0, r.stderr
     (path,) = tmp_path.glob("t_*.json")
     with open(path) as f:

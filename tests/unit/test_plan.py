@@ -281,19 +281,18 @@ def test_all_to_all_never_puts_a_ranks_send_and_receive_on_one_channel(n):
 
 def test_plans_of_large_ops_are_cached_by_the_dozen_not_the_thousand():
     """One lru cache of 4096 plans held 250-630 MB in a run of random large counts (a plan grows with its op: ~0.3 KB
-    per FIFO step). Large plans now have a small cache of their own; small ones stay cached by the thousand."""
-    import tracemalloc
+    per FIFO step). Large plans now have a small cache of their own; small ones stay cached by the thousand. (What
+    they hold is a benchmark's question; this checks which cache keeps what.)"""
+    small_cache, large_cache = plan_collective.caches
     small = plan_collective("all_reduce", 8, 0, 1000, 4, 0, 1, STEP)
-    tracemalloc.start()
-    try:
-        b0 = tracemalloc.get_traced_memory()[0]
-        for i in range(300):        # distinct 64 MiB all_reduces: ~32 KB of plan each
-            plan_collective("all_reduce", 8, 0, (16 << 20) + 1024 * i, 4, 0, 1, 1 << 19)
-        kept = tracemalloc.get_traced_memory()[0] - b0
-    finally:
-        tracemalloc.stop()
-    assert kept < 4 << 20, kept     # 300 plans: 9.7 MB before; 64 kept now: ~2 MB
+    n_small = small_cache.cache_info().currsize
+    for i in range(300):            # distinct 64 MiB all_reduces
+        plan_collective("all_reduce", 8, 0, (16 << 20) + 1024 * i, 4, 0, 1, 1 << 19)
+    assert large_cache.cache_info().currsize == large_cache.cache_info().maxsize == 64
+    assert small_cache.cache_info().currsize == n_small and small_cache.cache_info().maxsize == 4096
     assert plan_collective("all_reduce", 8, 0, 1000, 4, 0, 1, STEP) is small
+    big = plan_collective("all_reduce", 8, 0, (16 << 20) + 1024 * 299, 4, 0, 1, 1 << 19)
+    assert plan_collective("all_reduce", 8, 0, (16 << 20) + 1024 * 299, 4, 0, 1, 1 << 19) is big
 
 
 @pytest.mark.parametrize("per_rank, want", [(32 << 10, 8), (64 << 10, 16), (128 << 10, 32), (1 << 20, 32)])
