@@ -34,8 +34,11 @@ def setup(ctx: dict, kw: dict) -> int:
     return be.device
 
 
-def prepare(ctx: dict, dtypes: tuple) -> None:
-    ctx["state"]["be"].prepare(dtypes)
+def prepare(ctx: dict, dtypes: tuple) -> list:
+    """Every kernel variant of these dtypes compiled or loaded: its (dtype, steps) keys with a function handle."""
+    be = ctx["state"]["be"]
+    be.prepare(dtypes)
+    return sorted(k for k, f in be._fns.items() if f)
 
 
 def inputs(seed: int, rank: int, n: int, dtype: str, op: str) -> np.ndarray:

@@ -142,7 +142,8 @@ def run_and_check(pool, func, dtype, op, count, root=0, seed=1, nchannels=0, wai
 
 @pytest.mark.cuda
 def test_compile_all(pool2):
-    pool2.run(ranks.prepare, DTYPES)
+    want = sorted((d, s) for d in DTYPES for s in (False, True))
+    assert pool2.run(ranks.prepare, DTYPES) == [want, want]
 
 
 @pytest.mark.cuda
