@@ -135,7 +135,9 @@ def _watch_parent(parent: int, grace_s: float, job: str, running: threading.Even
         time.sleep(ORPHAN_CHECK_S)
     if grace_s > 0:
         if running is not None and running.is_set():
-            _thread.interrupt_main(CLOSE_SIGNAL)         # handled whatever SIGINT's disposition
+            _thread.interrupt_main(CLOSE_SIGNAL)        # our handler, whatever SIGINT's disposition or a C handler
+            if signal.getsignal(CLOSE_SIGNAL) not in (signal.SIG_DFL, None):   # (SIG_DFL would kill it)
+                signal.pthread_kill(threading.main_thread().ident, CLOSE_SIGNAL)   # a real one wakes a blocked call
         time.sleep(grace_s)
         _remove_job_shm(job)
     os._exit(1)

@@ -251,6 +251,12 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
     except EOFError:            # the spawned server re-ran the caller's module, which called launch() again
         raise LaunchError("launch(): the store's server process failed to start: spawned processes import the "
                           "caller's module, so call launch() under `if __name__ == '__main__':`", {}) from None
+    except BaseException:       # Ctrl-C while it reads the server's address: the server (SIGINT ignored) has no
+        server = getattr(mgr, "_process", None)         # shutdown hook yet, and exit would wait on it for good
+        if server is not None and server.is_alive():
+            server.kill()
+            server.join(5)
+        raise
     with mgr:
         store_map = mgr.dict()
         pipes, procs = [], []
