@@ -137,7 +137,8 @@ VARIABLES: tuple[Var, ...] = (
     Var("SLICETRACE_DEBUG", "debug", str, "log level: WARN (default), INFO, DEBUG"),
 )
 POOL_VARIABLES = tuple(f"SLICETRACE_PROFILE_{n}_POOL_SIZE" for n in POOL_NAMES)
-DIST_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE")
+DIST_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE",
+                  "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")
 _warned: set[tuple[str, str]] = set()      # unknown variables already reported by this process
 
 
@@ -384,6 +385,14 @@ def dist_env(env: Mapping[str, str] | None = None, *, ranks: bool = True, master
     # torch's env:// compares with "True" the same way (torch.distributed.rendezvous)
     agent = master and env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     return DistEnv(rank, world, local, addr, port, agent)
+
+
+def job_attempt(env: Mapping[str, str] | None = None) -> str:
+    """torchrun's run id and restart count as a key part ('' outside torchrun): the workers of a restart meet the
+    agent's store again, which still holds the keys of the attempt before."""
+    env = os.environ if env is None else env
+    run, restart = env.get("TORCHELASTIC_RUN_ID"), env.get("TORCHELASTIC_RESTART_COUNT")
+    return "" if run is None and restart is None else f"{run or ''}.{restart or '0'}/"
 
 
 def job_world_size(env: Mapping[str, str] | None = None) -> int | None:

@@ -19,7 +19,7 @@ import numpy as np
 
 from .api import Communicator
 from .api_checks import as_index
-from .config import Settings, dist_env, job_world_size, quiet_unknown
+from .config import Settings, dist_env, job_attempt, job_world_size, quiet_unknown
 from .errors import ConfigError, LaunchError, SliceTraceError, UsageError, ours
 from .launch_signals import (CLOSE_SIGNAL, ORPHAN_GRACE_S, _asked_to_close, _hold_signals, _interrupted,
                              _let_ranks_close, _no_interrupts, _QuietContext, _release_signals, _remove_job_shm,
@@ -98,7 +98,7 @@ def init(backend: str | None = None, rank: int | None = None, world_size: int | 
                              f"without one, groups of ranks making communicators of one size could join each other")
         # a key per call: the store outlives a communicator (torchrun's agent, torch's default store), so a fixed
         # key could hand a later call the previous communicator's id; every rank counts its calls alike
-        key = f"slicetrace/job/{world_size}/{next(_JOB_CALLS[world_size, rank])}"
+        key = f"slicetrace/job/{job_attempt()}{world_size}/{next(_JOB_CALLS[world_size, rank])}"
         twice = UsageError(f"init(): two communicators of world_size={world_size} met at the job id key {key!r} "
                            f"(groups of ranks making communicators over one store: sub-communicators); pass job=, "
                            f"a string the members of one communicator share and no other uses (NCCL's unique id)")

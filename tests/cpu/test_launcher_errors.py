@@ -278,3 +278,30 @@ def test_each_init_call_takes_its_own_job_id_from_the_store(monkeypatch):
     assert not errors, errors
     assert [jobs[0, c] for c in range(3)] == [jobs[1, c] for c in range(3)]
     assert len({jobs[0, c] for c in range(3)}) == 3
+
+
+def _attempt(monkeypatch, store_map, restart: str) -> list[str]:
+    """One torchrun attempt's worker group (fresh processes: init() counts its calls from 0) over the agent's store,
+    which outlives the attempt: both ranks' job ids."""
+    from collections import defaultdict
+    import itertools
+    from slicetrace import launcher
+    from slicetrace.rendezvous import DictStore
+    monkeypatch.setattr(launcher, "_JOB_CALLS", defaultdict(itertools.count))
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "run7")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", restart)
+    comms = [slicetrace.init(rank=r, world_size=2, store=DictStore(store_map), backend="null") for r in (0, 1)]
+    jobs = [c._session.backend.job for c in comms]
+    for c in comms:
+        c.close()
+    return jobs
+
+
+def test_the_workers_of_a_torchrun_restart_do_not_meet_the_attempt_before(monkeypatch):
+    """`torchrun --max-restarts`: the agent's store kept attempt 0's job id under the key attempt 1 (counting its
+    init() calls from 0 again) used, and every init() of the restart failed ('two communicators ... met')."""
+    store_map: dict = {}
+    first = _attempt(monkeypatch, store_map, "0")
+    second = _attempt(monkeypatch, store_map, "1")
+    assert first[0] == first[1] and second[0] == second[1] and first[0] != second[0]
+    assert "slicetrace/job/run7.0/2/0" in store_map and "slicetrace/job/run7.1/2/0" in store_map
