@@ -88,6 +88,7 @@ def init(backend: str | None = None, rank: int | None = None, world_size: int | 
         raise UsageError(f"{rank_name}={rank} must be an int in 0..{world_size - 1} ({world_name}={world_size})")
     if store is None:
         store = DictStore({}) if world_size == 1 else _torch_store(rank, world_size, s.timeout_s)
+    key = None
     if job is None and world_size == 1:
         job = uuid.uuid4().hex[:10]
     elif job is None:
@@ -111,7 +112,10 @@ def init(backend: str | None = None, rank: int | None = None, world_size: int | 
             job = store.get(key, s.timeout_s, what=f"job id from rank 0 ({key})").decode()
             if store.try_get(f"{key}/twice") is not None:
                 raise twice
-    return Communicator(s, rank, world_size, store, job, name)
+    comm = Communicator(s, rank, world_size, store, job, name)
+    if key is not None:
+        comm._session.extra_keys = [key, f"{key}/twice"]
+    return comm
 
 
 def _as_int(arg: str, v: Any, want: str) -> int:

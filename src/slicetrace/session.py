@@ -67,6 +67,7 @@ class Session:
         self.comm_hash = comm_hash(job, self.backend.generation)
         self._last: Any = None
         self._barriers = 0
+        self.extra_keys: list[str] = []     # store keys of its making (init()'s job id) the last to close forgets
         self.host: EventHost | None = None
         self.drain: Drain | None = None
         self.paused = False
@@ -255,10 +256,28 @@ class Session:
         _step(errs, "closing the backend", self.backend.close)
         if errs:
             raise errs[0]
+        self._leave_store()
         lost = self.backend.unreceived()
         if lost:
             raise UsageError(f"rank {self.rank} closed its communicator with messages it never received: "
                              f"{'; '.join(lost)}; they are lost (every send needs a matching recv)")
+
+    def _leave_store(self) -> None:
+        """The last rank to close forgets the communicator's keys (a long job that makes communicators would grow
+        its store without end). Each rank takes the first free `left/` slot as its last use of the store: the rank
+        that takes the last slot knows every other rank is done with them. A rank that never closes keeps them."""
+        base, mine = self.backend.key_prefix, str(self.rank).encode()
+        try:
+            slot = next((i for i in range(self.world) if self.store.claim(f"{base}/left/{i}", mine) == mine), -1)
+            if slot != self.world - 1:
+                return
+            names = [*self.backend.STORE_KEYS, "left/{r}"] + ([f"barrier/{self._barriers}/{{r}}"]
+                                                              if self._barriers else [])
+            keys = [f"{base}/{t.format(r=r)}" for t in names for r in range(self.world)] + self.extra_keys
+            for k in dict.fromkeys(keys):
+                self.store.delete(k)
+        except Exception as e:  # noqa: BLE001 - housekeeping: the communicator itself closed fine
+            log.debug("slicetrace: rank %d: its communicator's store keys were not removed: %r", self.rank, e)
 
     def _close_host(self, timeout_s: float | None = None) -> None:
         # bounded: a plugin callback stuck in the drain thread holds the host's lock

@@ -280,9 +280,9 @@ def test_each_init_call_takes_its_own_job_id_from_the_store(monkeypatch):
     assert len({jobs[0, c] for c in range(3)}) == 3
 
 
-def _attempt(monkeypatch, store_map, restart: str) -> list[str]:
+def _attempt(monkeypatch, store_map, restart: str, close: bool) -> list[str]:
     """One torchrun attempt's worker group (fresh processes: init() counts its calls from 0) over the agent's store,
-    which outlives the attempt: both ranks' job ids."""
+    which outlives the attempt (one that failed closed nothing: its keys stay): both ranks' job ids."""
     from collections import defaultdict
     import itertools
     from slicetrace import launcher
@@ -292,7 +292,7 @@ def _attempt(monkeypatch, store_map, restart: str) -> list[str]:
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", restart)
     comms = [slicetrace.init(rank=r, world_size=2, store=DictStore(store_map), backend="null") for r in (0, 1)]
     jobs = [c._session.backend.job for c in comms]
-    for c in comms:
+    for c in comms if close else ():
         c.close()
     return jobs
 
@@ -301,7 +301,34 @@ def test_the_workers_of_a_torchrun_restart_do_not_meet_the_attempt_before(monkey
     """`torchrun --max-restarts`: the agent's store kept attempt 0's job id under the key attempt 1 (counting its
     init() calls from 0 again) used, and every init() of the restart failed ('two communicators ... met')."""
     store_map: dict = {}
-    first = _attempt(monkeypatch, store_map, "0")
-    second = _attempt(monkeypatch, store_map, "1")
+    first = _attempt(monkeypatch, store_map, "0", close=False)
+    assert "slicetrace/job/run7.0/2/0" in store_map
+    second = _attempt(monkeypatch, store_map, "1", close=True)
     assert first[0] == first[1] and second[0] == second[1] and first[0] != second[0]
-    assert "slicetrace/job/run7.0/2/0" in store_map and "slicetrace/job/run7.1/2/0" in store_map
+    assert "slicetrace/job/run7.1/2/0" not in store_map         # a clean close forgets its keys
+
+
+def _keys_after_communicators(comm, n):
+    """n communicators made by init() inside a launch rank (its world and store), used and closed: the store keys
+    that name any of them, once every rank closed them all."""
+    from slicetrace import launcher
+    store = launcher._LAUNCH[2]
+    jobs = []
+    for i in range(n):
+        c = slicetrace.init(profiler_plugin="none")
+        c.all_reduce(np.ones(8, np.float32))
+        for _ in range(i % 3):
+            c.barrier()
+        jobs.append(c._session.job)
+        c.close()
+    comm.barrier()                          # every rank has closed all n
+    keys = list(store._d.keys())
+    return sorted(k for k in keys if any(j in k for j in jobs) or k.startswith("slicetrace/job/"))
+
+
+def test_closed_communicators_leave_no_keys_in_the_store():
+    """Each one left 1 + 3 x world keys (its job id, each rank's segment name, set-up barrier and, after a
+    barrier(), its last barrier's): a long job making communicators grew the store without end. The last rank to
+    close now forgets them."""
+    res = slicetrace.launch(_keys_after_communicators, 3, 6, timeout_s=30.0, join_timeout_s=120)
+    assert res == [[], [], []]

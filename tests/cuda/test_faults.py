@@ -182,3 +182,32 @@ def test_a_misaligned_buffer_is_refused(gpu):
     with pytest.raises(UsageError, match=r"out starts at address 0x[0-9a-f]+, not a multiple of its itemsize 4"):
         as_buffer(odd, "out", dev)
     assert as_buffer(cupy.ndarray(4, cupy.float32, memptr=raw.data + 4), "x", dev)[1:] == ("float32", 4)
+
+
+def _cuda_keys_after_communicators(comm, n, kcache):
+    """n cuda communicators made by init() inside a launch rank, used (a collective, send/recv, a barrier) and
+    closed: the store keys naming any of them once every rank closed them all."""
+    import cupy
+    import slicetrace
+    from slicetrace import launcher
+    store, jobs = launcher._LAUNCH[2], []
+    for _ in range(n):
+        c = slicetrace.init(backend="cuda", cache_dir=kcache, timeout_s=30.0)
+        with cupy.cuda.Device(c._session.backend.device):
+            c.all_reduce(cupy.ones(8, dtype=cupy.float32))
+            with c.group():
+                c.send(cupy.ones(4, dtype=cupy.float32), 1 - c.rank)
+                c.recv(cupy.zeros(4, dtype=cupy.float32), 1 - c.rank)
+            c.barrier()
+        jobs.append(c._session.job)
+        c.close()
+    comm.barrier()
+    return sorted(k for k in store._d.keys() if any(j in k for j in jobs) or k.startswith("slicetrace/job/"))
+
+
+@pytest.mark.cuda
+def test_closed_cuda_communicators_leave_no_keys_in_the_store(gpu, kcache):
+    import slicetrace
+    res = slicetrace.launch(_cuda_keys_after_communicators, 2, 3, kcache, backend="null", timeout_s=30.0,
+                            join_timeout_s=240)
+    assert res == [[], []]

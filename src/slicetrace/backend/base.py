@@ -168,6 +168,9 @@ class Backend(abc.ABC):
         user-facing array behind a backend's own handle."""
         return buf
 
+    # this backend's keys under key_prefix ({r}: one per rank), forgotten by the last rank to close (Session)
+    STORE_KEYS: tuple[str, ...] = ()
+
     @property
     def key_prefix(self) -> str:
         """This communicator's keys in the store: the job's, and the backend's count of communicators of that job

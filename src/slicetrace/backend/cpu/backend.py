@@ -52,6 +52,7 @@ def _pool_thread() -> None:
 
 
 class CpuBackend(HostBackend):
+    STORE_KEYS = ("seg/{r}", "attached/{r}", "failed/{r}")
     name = "cpu"
     synchronous = True          # submit() returns when the work is done
     stamps_fetched = True       # ring programs stage their records; fetch_stamps publishes them (stamper.py)

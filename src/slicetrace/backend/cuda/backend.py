@@ -46,6 +46,8 @@ _PER_THREAD = 2         # cudaStreamPerThread: one handle, another stream in eac
 
 class CudaBackend(Completion, Backend, KernelArgs):
     name = "cuda"
+    STORE_KEYS = ("cfg/{r}", "ipc/{r}", "ipc-open/{r}", "sigseg", "sigs/{r}", "proc/{r}", "closed/{r}", "sent/{r}",
+                  "close/{r}", "abort")
     reserves_stamps = True      # header.reserved after submit is exactly the end of the op's seqs
     stamps_fetched = True       # the drain reads the rings after fetch_stamps
 
