@@ -228,10 +228,14 @@ def render(rep: Report, console=None) -> None:
                       f"to {each}")
         else:
             nxt = "".join(f"; next rank {h['rank']}, {h['wait_us']:.1f} us" for h in rep.held_up[1:2])
+            named = {r["rank"] for r in rep.stragglers if r["consistent"]}
+            why = "" if w["rank"] in named or not rep.straggler_rule["collectives"] else (
+                f" (not named a straggler above: that verdict counts how often a rank starts late, this one how "
+                f"long the others waited on it; a few long delays lead here)")
             con.print(f"most waited on: rank {w['rank']}, {w['wait_us']:.1f} of the {tot:.1f} us the ranks waited "
                       f"after their first op ({w['data_us']:.1f} us for its data, {w['credit_us']:.1f} us for room "
                       f"in its buffers; a wait on a rank that was itself waiting is passed on to the rank it waited "
-                      f"for){nxt}")
+                      f"for){nxt}{why}")
     moving = {r["rank"]: r["transfer_us"] for r in rep.ranks}
     for ln in rep.slow_links:
         s, d = ln["src"], ln["dst"]
@@ -278,24 +282,29 @@ def _skew(rep: Report, con) -> None:
     floor = (f"{rule['floor_us']:.1f} us: the larger of {SPREAD_X:g} x the other ranks' median start spread, "
              f"{rule['others_spread_us']:.1f} us, and {OP_FRACTION:g} x the median op, {rule['op_us']:.1f} us")
     named = [r for r in rep.stragglers if r["consistent"]]
-    if named:
-        t = Table(title=f"stragglers (rank whose channel programs started last, of {rule['collectives']} collectives "
-                        f"after the first)")
-        for c in ("rank", "collectives started last", "beyond the floor", "median late us", "worst us"):
+    if rep.stragglers and rule["collectives"]:      # shown either way: a rank last in most is worth a look
+        t = Table(title=f"who started last (the rank whose channel programs started last, of {rule['collectives']} "
+                        f"collectives after the first)")
+        for c in ("rank", "collectives started last", "beyond the floor", "median late us", "worst us", "chance"):
             t.add_column(c, justify="right")
         for r in rep.stragglers:
             t.add_row(str(r["rank"]), str(r["times_last"]), str(r["times_late"]), f"{r['median_late_us']:.1f}",
-                      f"{r['worst_us']:.1f}")
+                      f"{r['worst_us']:.1f}", f"{r['chance']:.2g}")
         con.print(t)
+    if named:
         for r in named:
             con.print(f"straggler: rank {r['rank']} started last in {r['times_last']} of {rule['collectives']} "
                       f"collectives after the first, {r['times_late']} times more than the noise floor after every "
-                      f"other rank (floor {floor}); median {r['median_late_us']:.1f} us after the first rank; odds "
+                      f"other rank, of the {rule.get('late_collectives', r['times_late'])} collectives some rank was "
+                      f"that late in (floor {floor}); median {r['median_late_us']:.1f} us after the first rank; odds "
                       f"of so many by chance {r['chance']:.2g}")
     elif rule["collectives"]:
-        con.print(f"stragglers: no consistent straggler in {rule['collectives']} collectives after the first (no "
-                  f"rank started more than the noise floor after every other rank in 2 or more of them and more "
-                  f"often than chance explains, overall or in one function's; floor {floor})")
+        late = rule.get("late_collectives", 0)
+        con.print(f"stragglers: no consistent straggler in {rule['collectives']} collectives after the first (" + (
+                  "no rank started more than the noise floor after every other rank in any of them" if not late else
+                  f"no rank was the late one in 2 or more of the {late} collectives some rank started more than the "
+                  f"noise floor after every other rank in, and in more of them than chance explains, overall or in "
+                  f"one function's") + f"; floor {floor})")
     elif rep.startup and not gone["collectives"]:
         con.print("stragglers: not judged, the first collective (start-up) is the only one recorded on every rank")
     if rep.late_ops:                    # build kept the top N (--top 0: none)
