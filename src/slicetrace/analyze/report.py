@@ -230,8 +230,8 @@ def render(rep: Report, console=None) -> None:
             nxt = "".join(f"; next rank {h['rank']}, {h['wait_us']:.1f} us" for h in rep.held_up[1:2])
             named = {r["rank"] for r in rep.stragglers if r["consistent"]}
             why = "" if w["rank"] in named or not rep.straggler_rule["collectives"] else (
-                f" (not named a straggler above: that verdict counts how often a rank starts late, this one how "
-                f"long the others waited on it; a few long delays lead here)")
+                " (not named a straggler above: that verdict counts how often a rank starts late, this one how "
+                "long the others waited on it; a few long delays lead here)")
             con.print(f"most waited on: rank {w['rank']}, {w['wait_us']:.1f} of the {tot:.1f} us the ranks waited "
                       f"after their first op ({w['data_us']:.1f} us for its data, {w['credit_us']:.1f} us for room "
                       f"in its buffers; a wait on a rank that was itself waiting is passed on to the rank it waited "
