@@ -74,15 +74,18 @@ class Communicator:
         return root if root.__class__ is int and 0 <= root < self.world_size else int_index(
             root, "root", self.world_size)
 
-    def _out(self, out: Any, like: Any, dtype: str, count: int, what: str = "out"):
+    def _out(self, out: Any, like: Any, dtype: str, count: int, what: str = "out", why: str = ""):
         if out is None:
-            return None, self._session.backend.empty_like(like, count)
+            try:
+                return None, self._session.backend.empty_like(like, count)
+            except (ValueError, MemoryError) as e:      # a count from the caller (recv_counts) past memory
+                raise UsageError(f"the output of {count} elements{why} cannot be allocated: {e}") from None
         flat, dt, n = self._buf(out, what)
-        writable(out, what)
+        writable(flat, what)                # the view: a DLPack array shows read-only there only
         if dt != dtype:
             raise UsageError(f"{what} dtype {dt} differs from the input dtype {dtype}")
         if n != count:
-            raise UsageError(f"{what} has {n} elements, this operation needs {count}")
+            raise UsageError(f"{what} has {n} elements, this operation needs {count}{why}")
         return out, flat
 
     def _info(self, func: str, tasks: list, user_tag: int, mask: int, seq: int, stream: Any = None) -> OpInfo | None:
@@ -229,7 +232,7 @@ class Communicator:
         user_tag = tag_value(user_tag)
         flat, dtype, n = self._buf(x, "x" if is_send else "out")
         if not is_send:
-            writable(x, "out")
+            writable(flat, "out")
         self._enqueue([(P2pPart(peer, is_send, n, 0), flat, dtype, user_tag)])
 
     def _enqueue(self, entries: list, checked: bool = False) -> None:
@@ -295,15 +298,15 @@ class Communicator:
 
     def all_to_all(self, x: Any, out: Any = None, *, send_counts: Any = None, recv_counts: Any = None,
                    user_tag: int = 0) -> Any:
-        """x holds world_size blocks; block j goes to rank j; out block j comes from rank j. Blocks are equal
-        (k elements each) unless send_counts / recv_counts give each block's count (torch's split sizes: out=None
-        then returns a 1-D array); rank i's send_counts[j] must be rank j's recv_counts[i]."""
+        """Block j of x goes to rank j, out's block j comes from rank j: equal blocks, or each block's count in
+        send_counts / recv_counts (torch's split sizes; rank i's send_counts[j] is rank j's recv_counts[i])."""
         self._check_open()
         outside_groups(self, "all_to_all")
         flat, dtype, n = self._buf(x, "x")
         user_tag = tag_value(user_tag)
         sends, recvs = a2a_counts(n, send_counts, recv_counts, self.rank, self.world_size)
-        user_out, recv = self._on_device(self._out, out, flat, dtype, sum(recvs))   # out=None: on x's device
+        user_out, recv = self._on_device(self._out, out, flat, dtype, sum(recvs), "out",     # on x's device
+                                         "" if recv_counts is None else f" (the sum of recv_counts={recvs})")
         if user_out is not None:
             check_overlap("all_to_all", flat, recv, 0, self.rank)
         self._check_open()

@@ -7,6 +7,7 @@ import multiprocessing.connection as mpc
 from multiprocessing.managers import SyncManager
 from multiprocessing.reduction import ForkingPickler
 import os
+import pickle
 import signal
 import sys
 import threading
@@ -149,7 +150,7 @@ class _Discard:
 
 def _send(conn, msg: tuple) -> None:
     try:
-        conn.send(msg)
+        conn.send_bytes(pickle.dumps(msg))
     except OSError:             # the launcher is gone: nobody to tell
         pass
 
@@ -183,7 +184,9 @@ def _child(fn: Callable, rank: int, world: int, store_map: Any, job: str, settin
         comm.close()
         comm = None
         try:
-            conn.send(("ok", result))            # pickles before it writes: a failure leaves the pipe clean
+            # plain pickle, before it writes (a failure leaves the pipe clean): with torch imported, the pipe's own
+            # pickler sends a tensor as a handle to this process's shared memory, gone once it exits
+            conn.send_bytes(pickle.dumps(("ok", result)))
         except OSError:                          # the launcher is gone: nobody to tell
             pass
         except Exception as e:  # noqa: BLE001 - any pickling failure: AttributeError, TypeError, PicklingError
@@ -274,7 +277,7 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
         def read(c, r: int) -> bool:
             """One message of rank r; False once its pipe has nothing more to say."""
             try:
-                status, *val = c.recv()
+                status, *val = pickle.loads(c.recv_bytes())
             except (EOFError, OSError):         # gone, maybe mid-message (killed): its exit code tells why
                 return False
             except Exception as e:  # noqa: BLE001 - its result was sent whole but does not unpickle here

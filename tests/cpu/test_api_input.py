@@ -586,3 +586,15 @@ def test_flush_profiler_timeout_is_checked(comm, t):
         comm.flush_profiler(t)
     comm.flush_profiler(0.5)
     comm.flush_profiler(None)
+
+
+def test_uneven_all_to_all_names_recv_counts_when_the_output_does_not_fit(comm):
+    x = np.arange(4, dtype=np.float32)
+    with pytest.raises(UsageError, match=r"^out has 3 elements, this operation needs 4 \(the sum of "
+                                         r"recv_counts=\[4\]\)"):
+        comm.all_to_all(x, np.zeros(3, np.float32), send_counts=[4], recv_counts=[4])
+    from slicetrace.rendezvous import DictStore
+    with slicetrace.init(rank=0, world_size=2, store=DictStore({}), backend="null", job="huge") as two:
+        with pytest.raises(UsageError, match=r"^the output of 4611686018427387904 elements \(the sum of "
+                                             r"recv_counts=\[0, 4611686018427387904\]\) cannot be allocated"):
+            two.all_to_all(np.zeros(0, np.float32), send_counts=[0, 0], recv_counts=[0, 2 ** 62])

@@ -76,3 +76,15 @@ def test_dlpack_arrays_on_the_cpu_backend():
     finally:
         pool.close()
     assert res == [(0, [1.0] * 8), (0, [0.0] * 8)]
+
+
+def test_a_read_only_dlpack_output_is_refused_before_the_op(comm):
+    """Its numpy view is read-only, the object itself has no flags: it passed the check, and the op failed half
+    way with a bare ValueError (on 2+ ranks: the communicator aborted for good)."""
+    ro = np.zeros(4, np.float32)
+    ro.setflags(write=False)
+    for call in (lambda: comm.all_reduce(np.ones(4, np.float32), Foreign(ro)),
+                 lambda: comm.recv(Foreign(ro), 0)):
+        with pytest.raises(UsageError, match=r"^out is read-only \(flags.writeable is False\)"):
+            call()
+    assert (comm.all_reduce(np.ones(4, np.float32)) == 1).all()

@@ -36,6 +36,7 @@ def _torch_ops(comm):
         except slicetrace.UsageError as e:
             errs.append(str(e))
     got["errs"] = errs
+    got["tensor"] = y            # a tensor back to the launcher (torch's pipe pickling sent a dead shm handle)
     return got
 
 
@@ -44,6 +45,7 @@ def test_torch_cpu_tensors_on_the_cpu_backend():
     for r, got in enumerate(res):
         assert got["same"] and got["t"] == [[3.0] * 3] * 2
         assert got["y"] == ("Tensor", (2, 2), [[1, 1], [1, 1]])
+        assert type(got["tensor"]) is torch.Tensor and got["tensor"].tolist() == [[1, 1], [1, 1]]
         assert got["g"] == [0, 1]
         assert got["bf"] == (("torch.bfloat16", [3.0] * 3) if HAVE_ML_DTYPES else
                              "x is a torch bfloat16 tensor; backend='cpu' needs the ml_dtypes package for bfloat16 "
@@ -51,15 +53,30 @@ def test_torch_cpu_tensors_on_the_cpu_backend():
         assert got["a"] == ([0.0, 10.0, 11.0] if r == 0 else [1.0, 2.0, 3.0, 12.0, 13.0])
         assert got["errs"] == ["x is a torch tensor that requires grad; pass x.detach() (the collectives write "
                                "outside autograd)",
-                               "x is a non-contiguous torch tensor (strides (2,)); pass x.contiguous()"]
+                               "x is a non-contiguous torch tensor (strides (2,)); pass x.contiguous() (an "
+                               "output, or x in place: then copy the results back from it)"]
 
 
 def test_torch_tensors_the_cpu_backend_cannot_use_are_refused():
     with slicetrace.init(backend="null") as comm:
         out = torch.zeros(4)[::2]
         with pytest.raises(slicetrace.UsageError, match=r"out is a non-contiguous torch tensor \(strides \(2,\)\); "
-                                                        r"pass out.contiguous\(\) and copy the results back"):
+                                                        r"pass out.contiguous\(\) \(an output, or x in place: then "
+                                                        r"copy the results back from it\)"):
             comm.all_reduce(torch.ones(2), out)
+        for bad, msg in ((torch.ones(2, dtype=torch.float8_e4m3fn), r"x dtype float8_e4m3fn is not one of"),
+                         (torch.ones(2, dtype=torch.complex64), r"x dtype complex64 is not one of"),
+                         (torch.ones(2).to_sparse(), r"x is a torch tensor of layout torch.sparse_coo; pass "
+                                                     r"x.to_dense\(\)"),
+                         (torch.Size([4]), r"x must be a numpy.ndarray, a torch CPU tensor or a host array with "
+                                           r"__dlpack__ for backend='null', got torch.Size")):
+            with pytest.raises(slicetrace.UsageError, match=msg):
+                comm.all_reduce(bad)
+
+        class Mine(torch.Tensor):               # a user's subclass is a tensor too
+            pass
+        got = comm.all_reduce(torch.arange(3.0).as_subclass(Mine))
+        assert isinstance(got, torch.Tensor) and got.tolist() == [0.0, 1.0, 2.0]
         if torch.cuda.is_available():
             with pytest.raises(slicetrace.UsageError, match="x is a torch tensor on cuda:0; backend='null' takes "
                                                             "CPU tensors or numpy arrays"):

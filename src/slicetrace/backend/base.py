@@ -9,6 +9,7 @@ import ctypes
 import importlib
 import json
 import signal
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -293,24 +294,31 @@ def numpy_buffer(x: Any, what: str, backend: str) -> tuple[Any, str, int]:
 
 
 def _is_torch(x: Any) -> bool:
-    return type(x).__module__.startswith("torch")
+    """x is a torch.Tensor (a subclass too; torch.Size and the like are not)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, getattr(torch, "Tensor", ()))
 
 
 def host_array(x: Any, what: str, backend: str) -> np.ndarray:
     """A torch CPU tensor, or any array with __dlpack__ in host memory, as a numpy view of its memory (results
     written into the view land in x). torch bfloat16 goes through its bits (numpy has no bfloat16 of its own)."""
     if _is_torch(x):
+        torch = sys.modules["torch"]
         if x.requires_grad:
             raise UsageError(f"{what} is a torch tensor that requires grad; pass {what}.detach() (the collectives "
                              f"write outside autograd)")
         if x.device.type != "cpu":
             raise UsageError(f"{what} is a torch tensor on {x.device}; backend={backend!r} takes CPU tensors or "
                              f"numpy arrays (backend='cuda' takes CUDA tensors)")
+        if x.layout != torch.strided:
+            raise UsageError(f"{what} is a torch tensor of layout {x.layout}; pass {what}.to_dense()")
+        name = str(x.dtype).replace("torch.", "")
+        if name not in DTYPES:
+            raise UsageError(f"{what} dtype {name} is not one of {DTYPES}")
         if not x.is_contiguous():
             raise UsageError(f"{what} is a non-contiguous torch tensor (strides {tuple(x.stride())}); pass "
-                             f"{what}.contiguous()" + (" and copy the results back" if what.startswith("out") else ""))
-        if str(x.dtype) == "torch.bfloat16":
-            import torch
+                             f"{what}.contiguous() (an output, or x in place: then copy the results back from it)")
+        if name == "bfloat16":
             try:
                 import ml_dtypes
             except ImportError:
