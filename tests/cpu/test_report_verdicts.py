@@ -489,3 +489,26 @@ def test_most_waited_on_says_why_its_rank_is_not_a_straggler_too():
     assert "(not named a straggler above: that verdict counts how often a rank starts late, this one how long the " \
            "others waited on it; a few long delays lead here)" in text
     assert "of the 10 collectives some rank started more than the noise floor after every other rank in" in text
+
+
+def _late_to_the_failing_op(comm):
+    for i in range(5):
+        if i == 3 and comm.rank == 1:
+            time.sleep(1.5)                 # past the others' timeout: the op they wait in fails
+        comm.all_reduce(np.ones(1 << 14, np.float32))
+
+
+def test_the_op_a_failed_run_stopped_in_names_who_came_late(tmp_path, capsys):
+    """A failed op has its Coll but no KernelCh, which the straggler verdict reads: the report showed the earlier,
+    healthy collectives only, and not that rank 1 began the failing one 1.5 s after the others."""
+    prefix = str(tmp_path / "t")
+    with pytest.raises(slicetrace.LaunchError, match="waited 0.5s"):
+        slicetrace.launch(_late_to_the_failing_op, 3, timeout_s=0.5, profiler_plugin="example",
+                          profile_dump_file=prefix, join_timeout_s=60)
+    assert main(["report", prefix]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    got = re.search(r"unfinished: AllReduce #3 has no channel records on rank\(s\) ([0-9, ]+): it failed \(a "
+                    r"timeout, a peer's error\), the run stopped in it, or its records were lost \(see the loss "
+                    r"counters\); stragglers cannot judge it; rank 1 began it ([0-9.]+) us after the first", text)
+    assert got, text
+    assert "0" in got.group(1) and "2" in got.group(1) and float(got.group(2)) > 1e6

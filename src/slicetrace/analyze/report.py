@@ -15,7 +15,8 @@ import numpy as np
 
 from ..errors import TraceFormatError
 from ..events.abi import fused_pairs, moving_from
-from .verdicts import OP_FRACTION, SPREAD_X, held_up, noise_rule, none_left_out, op_index, stragglers
+from .verdicts import (OP_FRACTION, SPREAD_X, held_up, noise_rule, none_left_out, op_index,
+                       stragglers, unfinished)
 
 MIN_JUDGED_BYTES = 4096      # slices below this are latency, not bandwidth: not used to judge links
 
@@ -36,19 +37,21 @@ class Report:
     startup: dict | None = None                            # the first collective's skew: start-up, not a straggler
     straggler_rule: dict = field(default_factory=lambda: noise_rule(0, 0.0, 0.0))
     held_up: list[dict] = field(default_factory=list)      # per rank: the waits that lead to it (verdicts.held_up)
+    unfinished: list[dict] = field(default_factory=list)   # collectives failed or cut short (verdicts.unfinished)
 
     def to_dict(self) -> dict:
         return {"links": self.links, "ranks": self.ranks, "waited_on": self.waited_on, "slowest": self.slowest,
                 "counters": self.counters, "stragglers": self.stragglers, "late_ops": self.late_ops,
                 "slow_links": self.slow_links, "stragglers_left_out": self.stragglers_left_out,
                 "ranks_without_counters": self.no_counters, "startup_skew": self.startup,
-                "straggler_rule": self.straggler_rule, "held_up": self.held_up}
+                "straggler_rule": self.straggler_rule, "held_up": self.held_up, "unfinished": self.unfinished}
 
 
 def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.ndarray | None = None,
-          ranks=None, starts: dict | None = None) -> Report:
+          ranks=None, starts: dict | None = None, spans: list | None = None) -> Report:
     """ranks: the run's ranks whose files are present (report passes them: a rank whose file holds no KernelCh or
-    counters record is still one of them); default, the ranks in ks and chs. starts: trace.op_starts(records)."""
+    counters record is still one of them); default, the ranks in ks and chs. starts: trace.op_starts(records);
+    spans: trace.coll_spans(records)."""
     if ks.dtype.names is None or "ready_ns" not in ks.dtype.names:
         raise TraceFormatError("expected the KernelStep table of slicetrace.analyze.trace.kernel_steps()")
     if ranks is None:
@@ -94,7 +97,8 @@ def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.n
     ops = op_index(ks)
     return Report(links, per_rank, waited_on, slowest, counters or {}, skew.ranks, skew.ops,
                   slow_links(ks[send], xfer[send], ops[send], moving), skew.left_out, no_counters,
-                  skew.startup, skew.rule, held_up(ks, ops, starts))
+                  skew.startup, skew.rule, held_up(ks, ops, starts),
+                  unfinished(spans or [], chs, ranks))
 
 
 def _typical(sends: np.ndarray, xfer: np.ndarray, *cols: np.ndarray):
@@ -213,6 +217,13 @@ def render(rep: Report, console=None) -> None:
                       str(sl["step"]), f"{sl['bytes']:,}", f"{sl['transfer_us']:.1f}", f"{sl['gbps']:.3g}")
         con.print(t)
     _skew(rep, con)                     # the findings: stragglers first, then whom the waits lead to, links
+    for c in rep.unfinished:            # where a failed run stopped, and who came late to it
+        late = f"; rank {c['last_rank']} began it {c['late_us']:.1f} us after the first" if c["began"] > 1 else ""
+        never = f"; rank(s) {', '.join(map(str, c['not_begun']))} never began it" if c["not_begun"] else ""
+        ended = f" (no end on rank(s) {', '.join(map(str, c['never_ended']))})" if c["never_ended"] else ""
+        con.print(f"unfinished: {c['func']} #{c['seq']} has no channel records on rank(s) "
+                  f"{', '.join(map(str, c['ranks']))}{ended}: it failed (a timeout, a peer's error), the run stopped in "
+                  f"it, or its records were lost (see the loss counters); stragglers cannot judge it{late}{never}")
     if not rep.held_up and rep.links:       # judged and nothing found must not read like not judged
         con.print("most waited on: none, no rank waited after its first op (start-up is left out)")
     if rep.held_up:

@@ -361,6 +361,15 @@ def op_starts(records: list[dict]) -> dict[tuple[int, int], int]:
             if r.get("ph") == "b" and r.get("cat") in ("COLL", "P2P") and isinstance(r.get("ts"), (int, float))}
 
 
+def coll_spans(records: list[dict]) -> list[tuple[int, str, int, int, int]]:
+    """(rank, function, SeqNum, begin ns, end ns or -1 when it never ended) of every Coll event."""
+    ends = {(r.get("pid"), r.get("id")): round(float(r["ts"]) * 1000) for r in records
+            if r.get("ph") == "e" and r.get("cat") == "COLL" and isinstance(r.get("ts"), (int, float))}
+    return [(int(r.get("pid") or 0), str(r.get("name", "")), int(r.get("args", {}).get("SeqNum", -1)),
+             round(float(r["ts"]) * 1000), ends.get((r.get("pid"), r.get("id")), -1)) for r in records
+            if r.get("ph") == "b" and r.get("cat") == "COLL" and isinstance(r.get("ts"), (int, float))]
+
+
 def _table(rows: list[tuple], dtype: np.dtype, what: str) -> np.ndarray:
     try:
         return np.array(rows, dtype)

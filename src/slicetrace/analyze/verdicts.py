@@ -112,6 +112,33 @@ def stragglers(chs: np.ndarray | None, top: int = 10, ranks=None) -> Skew:
     return Skew(ranked, ops, left_out, startup, rule)
 
 
+def unfinished(spans: list[tuple], chs: np.ndarray | None, ranks, top: int = 3) -> list[dict]:
+    """Collectives with a Coll event but, on some rank, no channel record or no end: an op that failed (a timeout,
+    a peer's error: its KernelCh never came), never ended (a crash, a file cut short) or whose records were lost.
+    The straggler verdict, which reads KernelCh, cannot judge them; their Coll begins still say who came late to
+    the op a failed run stopped in. From trace.coll_spans; earliest first. None when the trace has no KernelCh."""
+    if chs is None or not len(chs):
+        return []
+    have = set(zip(chs["rank"].tolist(), chs["func"].tolist(), chs["seq_number"].tolist()))
+    by: dict[tuple[str, int], dict[int, tuple[int, int]]] = {}
+    for rank, func, seq, t0, t1 in spans:
+        if seq >= 0:
+            by.setdefault((func, seq), {})[rank] = (t0, t1)
+    out = []
+    for (func, seq), sp in sorted(by.items(), key=lambda kv: min(v[0] for v in kv[1].values())):
+        short = sorted(r for r, (_, t1) in sp.items() if t1 < 0 or (r, func, seq) not in have)
+        if not short:
+            continue
+        t_first = min(t0 for t0, _ in sp.values())
+        t_last, last = max((t0, r) for r, (t0, _) in sp.items())
+        out.append({"func": func, "seq": seq, "ranks": short, "never_ended": [r for r in short if sp[r][1] < 0],
+                    "not_begun": sorted(set(ranks) - sp.keys()), "last_rank": last,
+                    "late_us": (t_last - t_first) / 1e3, "began": len(sp)})
+        if len(out) == top:
+            break
+    return out
+
+
 def _tail(k: int, n: int, p: float) -> float:
     """P(X >= k) for X ~ Binomial(n, p); 1.0 for k at or below the mean (never a straggler then)."""
     if k <= n * p:

@@ -210,8 +210,8 @@ def run_config(a: argparse.Namespace) -> int:
 
 def run_report(a: argparse.Namespace) -> int:
     from ..analyze.report import build, render
-    from ..analyze.trace import (absent, counters, kernel_chs, kernel_steps, load_files, op_starts, run_ranks,
-                                 write_steps_csv)
+    from ..analyze.trace import (absent, coll_spans, counters, kernel_chs, kernel_steps, load_files, op_starts,
+                                 run_ranks, write_steps_csv)
     if a.top < 0:
         raise UsageError(f"--top {a.top} must be >= 0")
     for flag, path in (("--json", a.json), ("--csv", a.csv)):
@@ -250,7 +250,7 @@ def run_report(a: argparse.Namespace) -> int:
         raise SliceTraceError(f"{' '.join(a.traces)}: no KernelStep or KernelCh events to analyse ({len(recs)} "
                               f"events in all); record with both in the mask, e.g. `slicetrace bench --trace DIR` "
                               f"or SLICETRACE_PROFILE_EVENT_MASK=65606")
-    rep = build(ks, counts, top=a.top, chs=chs, ranks=present, starts=op_starts(recs))
+    rep = build(ks, counts, top=a.top, chs=chs, ranks=present, starts=op_starts(recs), spans=coll_spans(recs))
     if a.json is not None:      # the files first: a reader that stops early (`| head`) does not lose them
         write_json("--json", a.json, rep.to_dict())
     if a.csv is not None:
