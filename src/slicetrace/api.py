@@ -71,8 +71,8 @@ class Communicator:
         return str(op)
 
     def _root(self, root: int) -> int:
-        return root if root.__class__ is int and 0 <= root < self.world_size else int_index(
-            root, "root", self.world_size)
+        return root if root.__class__ is int and 0 <= root < self._world else int_index(
+            root, "root", self._world)
 
     def _out(self, out: Any, like: Any, dtype: str, count: int, what: str = "out", why: str = ""):
         if out is None:
@@ -143,13 +143,13 @@ class Communicator:
         count, out_n = out_count_of(n)
         user_out, recv = self._out(out, send, dtype, out_n)
         if user_out is not None:
-            check_overlap(func, send, recv, count, self.rank)
+            check_overlap(func, send, recv, count, self._rank)
         user_tag = tag_value(user_tag)
         self._tag += 1
         itemsize = send.itemsize
-        nb = count * itemsize * (self.world_size if func in ("all_gather", "reduce_scatter") else 1)   # NCCL's bytes
-        plan = plan_collective(func, self.world_size, self.rank, count, itemsize, root,
-                               self._session.backend.channels_for(nb), self.settings.step_bytes)
+        nb = count * itemsize * (self._world if func in ("all_gather", "reduce_scatter") else 1)   # NCCL's bytes
+        plan = plan_collective(func, self._world, self._rank, count, itemsize, root,
+                               self._session.backend.channels_for(nb), self._settings.step_bytes)
         mask = self._session.op_mask_for(count * itemsize)
         seq = self._next_seq(func)
         info = None
@@ -162,7 +162,7 @@ class Communicator:
         self._session.run(work, info)
         if user_out is not None:
             return user_out
-        if func == "reduce" and self.rank != root:
+        if func == "reduce" and self._rank != root:
             return None                 # NCCL leaves recvbuff unused off the root: no result to hand back
         if func in ("all_gather", "reduce_scatter"):      # 1-D at every world size (x's shape at 1 before)
             return self._session.backend.user_buffer(recv, x)
@@ -187,15 +187,15 @@ class Communicator:
         return self._collective("reduce", x, out, lambda n: (n, n), op, root, user_tag, stream)
 
     def all_gather(self, x: Any, out: Any = None, *, user_tag: int = 0, stream: Any = None):
-        return self._collective("all_gather", x, out, lambda n: (n, n * self.world_size), "sum", 0, user_tag,
+        return self._collective("all_gather", x, out, lambda n: (n, n * self._world), "sum", 0, user_tag,
                                 stream)
 
     def reduce_scatter(self, x: Any, out: Any = None, op: str = "sum", *, user_tag: int = 0, stream: Any = None):
         def counts(n: int):
-            if n % self.world_size:
+            if n % self._world:
                 raise UsageError(f"reduce_scatter input has {n} elements, not a multiple of "
-                                 f"world_size={self.world_size}")
-            return n // self.world_size, n // self.world_size
+                                 f"world_size={self._world}")
+            return n // self._world, n // self._world
         return self._collective("reduce_scatter", x, out, counts, op, 0, user_tag, stream)
 
     # ---- point to point ----
@@ -228,7 +228,7 @@ class Communicator:
     def _p2p(self, x: Any, peer: int, is_send: bool, user_tag: int) -> None:
         self._check_open()
         outside_groups(self, "send" if is_send else "recv")
-        peer = int_index(peer, "peer", self.world_size)
+        peer = int_index(peer, "peer", self._world)
         user_tag = tag_value(user_tag)
         flat, dtype, n = self._buf(x, "x" if is_send else "out")
         if not is_send:
@@ -259,7 +259,7 @@ class Communicator:
         dt0 = entries[0][2]
         mixed = len(entries) > 1 and any(e[2] != dt0 for e in entries)
         if mixed:                               # NCCL allows it: the data path moves bytes, each message keeps its
-            check_self_types(entries, self.rank)                # own (count, dtype) to check
+            check_self_types(entries, self._rank)                # own (count, dtype) to check
             entries = [(P2pPart(p.peer, p.is_send, p.count * b.itemsize, p.index, p.offset * b.itemsize),
                         be.byte_view(b), "uint8", ut) for p, b, _, ut in entries]
         dtype, itemsize = ("uint8", 1) if mixed else (entries[0][2], entries[0][1].itemsize)   # cuda: no byte view
@@ -273,9 +273,9 @@ class Communicator:
         if hit is None:
             if len(self._p2p_plans) >= 256:
                 self._p2p_plans.clear()
-            hit = self._p2p_plans[key] = group_layout(*key, self.rank, self.world_size, be.channels_for,
-                                                      be.p2p_channels(), self.settings.p2p_chunk_bytes,
-                                                      self.settings.step_bytes)
+            hit = self._p2p_plans[key] = group_layout(*key, self._rank, self._world, be.channels_for,
+                                                      be.p2p_channels(), self._settings.p2p_chunk_bytes,
+                                                      self._settings.step_bytes)
         pieces, plan, nprog, moves, chans = hit
         parts = [(part, entries[ei][1]) for part, ei in pieces]
         sess = self._session                    # threshold on the group's largest message
@@ -304,14 +304,14 @@ class Communicator:
         outside_groups(self, "all_to_all")
         flat, dtype, n = self._buf(x, "x")
         user_tag = tag_value(user_tag)
-        sends, recvs = a2a_counts(n, send_counts, recv_counts, self.rank, self.world_size)
+        sends, recvs = a2a_counts(n, send_counts, recv_counts, self._rank, self._world)
         user_out, recv = self._on_device(self._out, out, flat, dtype, sum(recvs), "out",     # on x's device
                                          "" if recv_counts is None else f" (the sum of recv_counts={recvs})")
         if user_out is not None:
-            check_overlap("all_to_all", flat, recv, 0, self.rank)
+            check_overlap("all_to_all", flat, recv, 0, self._rank)
         self._check_open()
         entries, at_s, at_r = [], 0, 0  # blocks as offsets into x / out: no per-block views (a CuPy slice costs µs)
-        for j in range(self.world_size):
+        for j in range(self._world):
             entries.append((P2pPart(j, True, sends[j], 0, at_s), flat, dtype, user_tag))
             entries.append((P2pPart(j, False, recvs[j], 0, at_r), recv, dtype, user_tag))
             at_s, at_r = at_s + sends[j], at_r + recvs[j]
