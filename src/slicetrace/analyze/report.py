@@ -306,16 +306,14 @@ def _skew(rep: Report, con) -> None:
         for r in named:
             con.print(f"straggler: rank {r['rank']} started last in {r['times_last']} of {rule['collectives']} "
                       f"collectives after the first, {r['times_late']} times more than the noise floor after every "
-                      f"other rank, of the {rule.get('late_collectives', r['times_late'])} collectives some rank was "
-                      f"that late in (floor {floor}); median {r['median_late_us']:.1f} us after the first rank; odds "
+                      f"other rank (floor {floor}); median {r['median_late_us']:.1f} us after the first rank; odds "
                       f"of so many by chance {r['chance']:.2g}")
     elif rule["collectives"]:
         late = rule.get("late_collectives", 0)
         con.print(f"stragglers: no consistent straggler in {rule['collectives']} collectives after the first (" + (
                   "no rank started more than the noise floor after every other rank in any of them" if not late else
-                  f"no rank was the late one in 2 or more of the {late} collectives some rank started more than the "
-                  f"noise floor after every other rank in, and in more of them than chance explains, overall or in "
-                  f"one function's") + f"; floor {floor})")
+                  "no rank started more than the noise floor after every other rank in 2 or more of them and more "
+                  "often than chance explains, overall or in one function's") + f"; floor {floor})")
     elif rep.startup and not gone["collectives"]:
         con.print("stragglers: not judged, the first collective (start-up) is the only one recorded on every rank")
     if rep.late_ops:                    # build kept the top N (--top 0: none)
