@@ -7,14 +7,14 @@ import threading
 import time
 from typing import Any, Iterator
 
-from .api_checks import (a2a_counts, check_group_overlap, check_overlap, check_self_types, group_opened, int_index,
-                         outside_groups, profile_mask, ptr, seconds_or_none, tag_value, writable)
-from .backend.base import DTYPES, REDOPS, Work
+from .api_checks import (a2a_counts, check_overlap, group_opened, int_index, outside_groups, profile_mask, ptr,
+                         seconds_or_none, tag_value, writable)
+from .api_p2p import group_plan
+from .backend.base import REDOPS, Work
 from .config import Settings
 from .errors import SliceTraceError, UsageError
 from .events.abi import DATATYPE_NAMES, FUNC_NAMES
 from .events.host import OpInfo, TaskInfo
-from .plan.groups import group_layout
 from .plan.schedule import P2pPart, plan_collective
 from .rendezvous import Store
 from .session import Session
@@ -103,6 +103,8 @@ class Communicator:
     def _enter(self, func: str) -> None:
         if not self._busy.acquire(blocking=False):
             self._check_open()
+            if self._closing.locked() and not self._active:     # held by a close() in another thread
+                raise UsageError("communicator is closed")
             if self._active == threading.get_ident():
                 raise UsageError(f"{func}: this thread is inside an operation of this communicator already (from a "
                                  f"plugin callback or a signal handler?); an op cannot start inside another")
@@ -123,6 +125,7 @@ class Communicator:
         self._enter(what)
         try:
             self._active = threading.get_ident()
+            self._check_open()          # a close() from another thread may have won the race to the lock
             return self._on_device(fn, *args)
         finally:
             self._active = 0
@@ -256,27 +259,8 @@ class Communicator:
 
     def _run_p2p_one(self, entries: list, checked: bool = False) -> None:
         given, be = entries, self._session.backend
-        dt0 = entries[0][2]
-        mixed = len(entries) > 1 and any(e[2] != dt0 for e in entries)
-        if mixed:                               # NCCL allows it: the data path moves bytes, each message keeps its
-            check_self_types(entries, self._rank)                # own (count, dtype) to check
-            entries = [(P2pPart(p.peer, p.is_send, p.count * b.itemsize, p.index, p.offset * b.itemsize),
-                        be.byte_view(b), "uint8", ut) for p, b, _, ut in entries]
-        dtype, itemsize = ("uint8", 1) if mixed else (entries[0][2], entries[0][1].itemsize)   # cuda: no byte view
-        if len(entries) > 1 and not checked:
-            check_group_overlap(entries, itemsize)
+        entries, dtype, itemsize, (pieces, plan, nprog, moves, chans) = group_plan(self, entries, checked)
         pos = self._p2p_pos
-        shape = tuple((p.peer, p.is_send, p.count, p.offset) for p, _, _, _ in entries)
-        start = tuple(pos.get((p.peer, p.is_send), 0) for p, _, _, _ in entries) if pos else ()
-        key = (itemsize, shape, start, tuple((e[1].itemsize, DTYPES.index(e[2])) for e in given) if mixed else ())
-        hit = self._p2p_plans.get(key)
-        if hit is None:
-            if len(self._p2p_plans) >= 256:
-                self._p2p_plans.clear()
-            hit = self._p2p_plans[key] = group_layout(*key, self._rank, self._world, be.channels_for,
-                                                      be.p2p_channels(), self._settings.p2p_chunk_bytes,
-                                                      self._settings.step_bytes)
-        pieces, plan, nprog, moves, chans = hit
         parts = [(part, entries[ei][1]) for part, ei in pieces]
         sess = self._session                    # threshold on the group's largest message
         mask = sess.op_mask_for(max(p.count for p, _, _, _ in entries) * itemsize if sess.profiling else 0, True)
@@ -380,6 +364,8 @@ class Communicator:
             # held, no op in its try: a KeyboardInterrupt hit an op between its lock and its try (or an op starts and
             # will find us closed). An op in its try (another thread's, or this one's under a signal handler) is not.
             got = self._busy.acquire(blocking=False)
+            if not got and not self._active:    # an op between its lock and its try, or a lock an interrupt leaked
+                got = self._busy.acquire(timeout=0.05)
             if not got and self._active:
                 who = "this thread (a handler?) is" if self._active == threading.get_ident() else "another thread is"
                 raise UsageError(f"close: {who} inside an operation of this communicator; close it once that "

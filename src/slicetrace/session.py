@@ -46,24 +46,47 @@ def comm_hash(job: str, generation: int = 1) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") & ((1 << 63) - 1)
 
 
-def _log_to_stderr(level: str, rank: int) -> None:
-    """SLICETRACE_DEBUG sets our logger's level (not root's). Below WARNING, Python's last-resort handler would
-    still print nothing, so unless the application has handlers of its own, ours go to stderr with the rank."""
-    lv = getattr(logging, level.upper(), logging.WARNING)
-    log.setLevel(lv)
-    if lv < logging.WARNING and not log.handlers and not logging.getLogger().handlers:
-        h = logging.StreamHandler()
-        h.setFormatter(logging.Formatter(f"slicetrace rank {rank} %(levelname)s: %(message)s"))
-        log.addHandler(h)
+_LOG_LOCK = threading.Lock()
+_LOG_LIVE: dict[int, tuple[int, int]] = {}     # open sessions of this process: id -> (log level, rank)
+
+
+def _log_to_stderr(level: str | None, rank: int, key: int) -> None:
+    """SLICETRACE_DEBUG sets our logger's level (not root's). The logger is the process's: the most verbose open
+    communicator's level holds (a later WARN one must not silence an INFO one; level None: `key` closed). Below
+    WARNING, Python's last-resort handler would still print nothing, so unless the application has handlers of its
+    own, ours go to stderr, with the rank while the open communicators are one rank's (ranks as threads share it)."""
+    with _LOG_LOCK:
+        if level is None:
+            _LOG_LIVE.pop(key, None)
+        else:
+            _LOG_LIVE[key] = (getattr(logging, level.upper(), logging.WARNING), rank)
+        if not _LOG_LIVE:
+            return
+        lv = min(v for v, _ in _LOG_LIVE.values())
+        log.setLevel(lv)
+        ours = [h for h in log.handlers if getattr(h, "slicetrace", False)]
+        if lv < logging.WARNING and not ours and not log.handlers and not logging.getLogger().handlers:
+            h = logging.StreamHandler()
+            h.slicetrace = True                 # type: ignore[attr-defined]
+            log.addHandler(h)
+            ours = [h]
+        ranks = {r for _, r in _LOG_LIVE.values()}
+        who = f"rank {min(ranks)} " if len(ranks) == 1 else ""
+        for h in ours:
+            h.setFormatter(logging.Formatter(f"slicetrace {who}%(levelname)s: %(message)s"))
 
 
 class Session:
     def __init__(self, settings: Settings, rank: int, world: int, store: Store, job: str, name: str = ""):
         self.settings, self.rank, self.world, self.job = settings, rank, world, job
-        _log_to_stderr(settings.debug, rank)
         self.store = store
         comm_hash(job)                              # checks job before the backend: a bad one leaves nothing behind
-        self.backend: Backend = create(settings, rank, world, store, job)
+        _log_to_stderr(settings.debug, rank, id(self))
+        try:
+            self.backend: Backend = create(settings, rank, world, store, job)
+        except BaseException:
+            _log_to_stderr(None, rank, id(self))
+            raise
         self.comm_hash = comm_hash(job, self.backend.generation)
         self._last: Any = None
         self._barriers = 0
@@ -108,6 +131,7 @@ class Session:
             if self.host is not None:
                 _step(errs, "closing the event host", self.host.close)
             _step(errs, "closing the backend", self.backend.close)
+            _log_to_stderr(None, rank, id(self))
             raise
 
     @property
@@ -230,6 +254,7 @@ class Session:
         if self._closed:
             return
         self._closed = True
+        _log_to_stderr(None, self.rank, id(self))
         if self.forked:
             log.debug("slicetrace: close in a forked child (pid %d): the communicator is its parent's, left alone",
                       os.getpid())

@@ -438,16 +438,24 @@ def test_slicetrace_debug_info_reaches_stderr(capsys, monkeypatch):
     monkeypatch.setattr(logging.getLogger(), "handlers", [])
     level = log.level
     try:
-        _log_to_stderr("info", 3)
+        _log_to_stderr("info", 3, 1)
         log.info("hello %d", 7)
         log.debug("not shown")
+        assert capsys.readouterr().err == "slicetrace rank 3 INFO: hello 7\n"
+        assert len(log.handlers) == 1
+        _log_to_stderr("WARN", 3, 2)              # a second communicator: no second handler, and it keeps INFO
+        assert len(log.handlers) == 1 and log.level == logging.INFO
+        _log_to_stderr("WARN", 4, 3)              # a rank of another thread: no single rank to name
+        log.info("both")
+        assert capsys.readouterr().err == "slicetrace INFO: both\n"
+        for key in (1, 3):                        # the INFO one closes: WARN, and rank 3's again
+            _log_to_stderr(None, 0, key)
+        assert log.level == logging.WARNING
+        log.warning("left")
+        assert capsys.readouterr().err == "slicetrace rank 3 WARNING: left\n"
     finally:
+        _log_to_stderr(None, 0, 2)
         log.setLevel(level)
-    assert capsys.readouterr().err == "slicetrace rank 3 INFO: hello 7\n"
-    assert len(log.handlers) == 1
-    _log_to_stderr("INFO", 3)                 # a second communicator: no second handler
-    log.setLevel(level)
-    assert len(log.handlers) == 1
 
 
 def test_word_variables_take_any_case_as_the_others_do():

@@ -42,7 +42,8 @@ ALLOWED: dict[str, set[str]] = {
     "analyze": BASE | {"events.abi", "plan"},
     "session": LOW | CONTRACTS | {"plan", "backend.base", "stamps.drain", "events.loading", "events.host"},
     "api_checks": BASE | {"backend.base", "events.abi"},
-    "api": LOW | CONTRACTS | {"plan", "backend.base", "events.host", "session", "api_checks"},
+    "api_p2p": BASE | {"plan", "backend.base", "api_checks"},
+    "api": LOW | CONTRACTS | {"plan", "backend.base", "events.host", "session", "api_checks", "api_p2p"},
     "launch_signals": set(),
     "launcher": LOW | {"api", "api_checks", "launch_signals"},
     "cli": None,                 # the top: may import anything

@@ -136,7 +136,9 @@ def quiet_thread() -> None:
         signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
 
 
-_GEN: dict[str, int] = {}    # backends made per job in this process: keeps re-inits' store keys and traces apart
+# backends made per (job, rank) in this process: keeps re-inits' store keys and traces apart, while ranks that are
+# threads of one process (each its own rank) count alike
+_GEN: dict[tuple[str, int], int] = {}
 
 
 class Backend(abc.ABC):
@@ -145,11 +147,11 @@ class Backend(abc.ABC):
     reserves_stamps: bool = False   # True: header.reserved right after submit is exactly the end of the op's seqs
     stamps_fetched: bool = False    # True: `rings` holds an op's records once fetch_stamps brought them in
     n_warps: int = 1            # warps per channel program, as profiler descriptors report it (Coll nWarps)
-    generation: int = 1         # communicators of this job made in this process so far (any backend), this one too
+    generation: int = 1         # this rank's communicators of this job made in this process (any backend), this one too
 
     def __init__(self, settings: Settings, rank: int, world: int, store: Store, job: str):
         self.settings, self.rank, self.world, self.store, self.job = settings, rank, world, store, job
-        self.generation = _GEN[job] = _GEN.get(job, 0) + 1
+        self.generation = _GEN[job, rank] = _GEN.get((job, rank), 0) + 1
 
     @property
     @abc.abstractmethod
