@@ -47,12 +47,13 @@ def comm_hash(job: str, generation: int = 1) -> int:
 
 
 _LOG_LOCK = threading.Lock()
-_LOG_LIVE: dict[int, tuple[int, int]] = {}     # open sessions of this process: id -> (log level, rank)
+_LOG_LIVE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # open sessions -> (log level, rank)
 
 
-def _log_to_stderr(level: str | None, rank: int, key: int) -> None:
+def _log_to_stderr(level: str | None, rank: int, key: Any) -> None:
     """SLICETRACE_DEBUG sets our logger's level (not root's). The logger is the process's: the most verbose open
-    communicator's level holds (a later WARN one must not silence an INFO one; level None: `key` closed). Below
+    communicator's level holds (a later WARN one must not silence an INFO one; level None: `key` closed; one
+    dropped without close leaves by itself). Below
     WARNING, Python's last-resort handler would still print nothing, so unless the application has handlers of its
     own, ours go to stderr, with the rank while the open communicators are one rank's (ranks as threads share it)."""
     with _LOG_LOCK:
@@ -81,11 +82,11 @@ class Session:
         self.settings, self.rank, self.world, self.job = settings, rank, world, job
         self.store = store
         comm_hash(job)                              # checks job before the backend: a bad one leaves nothing behind
-        _log_to_stderr(settings.debug, rank, id(self))
+        _log_to_stderr(settings.debug, rank, self)
         try:
             self.backend: Backend = create(settings, rank, world, store, job)
         except BaseException:
-            _log_to_stderr(None, rank, id(self))
+            _log_to_stderr(None, rank, self)
             raise
         self.comm_hash = comm_hash(job, self.backend.generation)
         self._last: Any = None
@@ -131,7 +132,7 @@ class Session:
             if self.host is not None:
                 _step(errs, "closing the event host", self.host.close)
             _step(errs, "closing the backend", self.backend.close)
-            _log_to_stderr(None, rank, id(self))
+            _log_to_stderr(None, rank, self)
             raise
 
     @property
@@ -254,7 +255,7 @@ class Session:
         if self._closed:
             return
         self._closed = True
-        _log_to_stderr(None, self.rank, id(self))
+        _log_to_stderr(None, self.rank, self)
         if self.forked:
             log.debug("slicetrace: close in a forked child (pid %d): the communicator is its parent's, left alone",
                       os.getpid())

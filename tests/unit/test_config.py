@@ -431,30 +431,40 @@ def test_the_event_mask_keyword_takes_type_names_as_the_variable_does():
 def test_slicetrace_debug_info_reaches_stderr(capsys, monkeypatch):
     """SLICETRACE_DEBUG=INFO set our logger's level, but with no handler Python printed WARNING and up only: the
     linkstats summary at close (log.info) could never be seen."""
+    import gc
     import logging
+    import weakref
+    from slicetrace import session
     from slicetrace.session import _log_to_stderr
     log = logging.getLogger("slicetrace")
     monkeypatch.setattr(log, "handlers", [])
     monkeypatch.setattr(logging.getLogger(), "handlers", [])
+    monkeypatch.setattr(session, "_LOG_LIVE", weakref.WeakKeyDictionary())    # other tests' open communicators
+
+    class Key:
+        pass
+    k1, k2, k3 = Key(), Key(), Key()
     level = log.level
     try:
-        _log_to_stderr("info", 3, 1)
+        _log_to_stderr("info", 3, k1)
         log.info("hello %d", 7)
         log.debug("not shown")
         assert capsys.readouterr().err == "slicetrace rank 3 INFO: hello 7\n"
         assert len(log.handlers) == 1
-        _log_to_stderr("WARN", 3, 2)              # a second communicator: no second handler, and it keeps INFO
+        _log_to_stderr("WARN", 3, k2)             # a second communicator: no second handler, and it keeps INFO
         assert len(log.handlers) == 1 and log.level == logging.INFO
-        _log_to_stderr("WARN", 4, 3)              # a rank of another thread: no single rank to name
+        _log_to_stderr("WARN", 4, k3)             # a rank of another thread: no single rank to name
         log.info("both")
         assert capsys.readouterr().err == "slicetrace INFO: both\n"
-        for key in (1, 3):                        # the INFO one closes: WARN, and rank 3's again
-            _log_to_stderr(None, 0, key)
+        _log_to_stderr(None, 0, k1)               # the INFO one closes: WARN
+        del k3                                    # dropped without close (garbage): rank 3's alone again
+        gc.collect()
+        _log_to_stderr("WARN", 3, k2)
         assert log.level == logging.WARNING
         log.warning("left")
         assert capsys.readouterr().err == "slicetrace rank 3 WARNING: left\n"
     finally:
-        _log_to_stderr(None, 0, 2)
+        _log_to_stderr(None, 0, k2)
         log.setLevel(level)
 
 
@@ -482,10 +492,13 @@ def test_a_rank_of_launch_does_not_repeat_the_launchers_unknown_variable_warning
 def test_a_session_logs_to_stderr_at_slicetrace_debug_info(capsys, monkeypatch):
     """The handler is installed by the communicator's session (not only by the helper the test above calls)."""
     import logging
+    import weakref
     import slicetrace
+    from slicetrace import session
     log = logging.getLogger("slicetrace")
     monkeypatch.setattr(log, "handlers", [])
     monkeypatch.setattr(logging.getLogger(), "handlers", [])
+    monkeypatch.setattr(session, "_LOG_LIVE", weakref.WeakKeyDictionary())    # other tests' open communicators
     level = log.level
     try:
         c = slicetrace.init(backend="null", debug="INFO")

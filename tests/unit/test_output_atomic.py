@@ -12,7 +12,8 @@ import threading
 import pytest
 
 from slicetrace.analyze.perfetto import convert
-from slicetrace.analyze.trace import kernel_steps, load_traces, trace_files, write_steps_csv
+from slicetrace.analyze.steps_csv import write_steps_csv
+from slicetrace.analyze.trace import kernel_steps, load_traces, trace_files
 from slicetrace.cli.outputs import write_json
 from slicetrace.errors import UsageError
 from tests.unit.test_trace_analyze import write_ranks

@@ -19,7 +19,6 @@ from typing import Any, Iterable
 import numpy as np
 
 from ..errors import TraceFormatError
-from .atomic import atomic_open
 from .records import _I32, REQUIRED_ARGS, STEP_ARGS, Ranks, rank_problem, read_records as _read, record_problem
 
 KERNEL_STEP_TABLE = np.dtype([
@@ -396,21 +395,3 @@ def kernel_chs(records: list[dict]) -> np.ndarray:
         rows.append((pid or 0, a.get("Channel", 0), parent[1], parent[0], round(float(b["ts"]) * 1000),
                      round(e_ts * 1000)))
     return _table(rows, KERNEL_CH_TABLE, "KernelCh")
-
-
-STEPS_CSV_COLUMNS = KERNEL_STEP_TABLE.names + ("wait_us", "transfer_us", "gbps")
-
-
-def write_steps_csv(ks: np.ndarray, path: str | os.PathLike) -> int:
-    """kernel_steps()'s table as CSV, one KernelStep per row, in time order, plus the wait (ready - wait), the
-    transfer (done - ready) and its GB/s (0 for a zero-length transfer): for pandas or a spreadsheet. Rows written."""
-    ks = ks[np.argsort(ks["wait_ns"], kind="stable")]
-    wait_us = (ks["ready_ns"] - ks["wait_ns"]) / 1e3
-    xfer_ns = ks["done_ns"] - ks["ready_ns"]
-    gbps = np.divide(ks["size"], xfer_ns, out=np.zeros(len(ks)), where=xfer_ns > 0)
-    cols = [ks[n] for n in KERNEL_STEP_TABLE.names] + [wait_us, xfer_ns / 1e3, gbps]
-    with atomic_open(path, "w", encoding="utf-8", newline="") as f:
-        f.write(",".join(STEPS_CSV_COLUMNS) + "\n")
-        for row in zip(*(c.tolist() for c in cols)):
-            f.write(",".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in row) + "\n")
-    return len(ks)

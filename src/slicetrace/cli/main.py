@@ -210,8 +210,9 @@ def run_config(a: argparse.Namespace) -> int:
 
 def run_report(a: argparse.Namespace) -> int:
     from ..analyze.report import build, render
+    from ..analyze.steps_csv import write_steps_csv
     from ..analyze.trace import (absent, coll_spans, counters, kernel_chs, kernel_steps, load_files, op_starts,
-                                 run_ranks, write_steps_csv)
+                                 run_ranks)
     if a.top < 0:
         raise UsageError(f"--top {a.top} must be >= 0")
     for flag, path in (("--json", a.json), ("--csv", a.csv)):

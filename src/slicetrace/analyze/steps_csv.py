@@ -1,0 +1,26 @@
+"""The KernelStep table as CSV (`slicetrace report --csv`), for pandas or a spreadsheet."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .atomic import atomic_open
+from .trace import KERNEL_STEP_TABLE
+
+STEPS_CSV_COLUMNS = KERNEL_STEP_TABLE.names + ("wait_us", "transfer_us", "gbps")
+
+
+def write_steps_csv(ks: np.ndarray, path: str | os.PathLike) -> int:
+    """kernel_steps()'s table as CSV, one KernelStep per row, in time order, plus the wait (ready - wait), the
+    transfer (done - ready) and its GB/s (0 for a zero-length transfer): for pandas or a spreadsheet. Rows written."""
+    ks = ks[np.argsort(ks["wait_ns"], kind="stable")]
+    wait_us = (ks["ready_ns"] - ks["wait_ns"]) / 1e3
+    xfer_ns = ks["done_ns"] - ks["ready_ns"]
+    gbps = np.divide(ks["size"], xfer_ns, out=np.zeros(len(ks)), where=xfer_ns > 0)
+    cols = [ks[n] for n in KERNEL_STEP_TABLE.names] + [wait_us, xfer_ns / 1e3, gbps]
+    with atomic_open(path, "w", encoding="utf-8", newline="") as f:
+        f.write(",".join(STEPS_CSV_COLUMNS) + "\n")
+        for row in zip(*(c.tolist() for c in cols)):
+            f.write(",".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in row) + "\n")
+    return len(ks)
