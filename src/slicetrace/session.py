@@ -53,9 +53,9 @@ _LOG_LIVE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # open sessi
 def _log_to_stderr(level: str | None, rank: int, key: Any) -> None:
     """SLICETRACE_DEBUG sets our logger's level (not root's). The logger is the process's: the most verbose open
     communicator's level holds (a later WARN one must not silence an INFO one; level None: `key` closed; one
-    dropped without close leaves by itself). Below
-    WARNING, Python's last-resort handler would still print nothing, so unless the application has handlers of its
-    own, ours go to stderr, with the rank while the open communicators are one rank's (ranks as threads share it)."""
+    dropped without close leaves by itself). Below WARNING, Python's last-resort handler would still print
+    nothing, so unless the application has handlers of its own, ours go to stderr, with the rank while the open
+    communicators are one rank's (ranks as threads share the handler)."""
     with _LOG_LOCK:
         if level is None:
             _LOG_LIVE.pop(key, None)
@@ -255,7 +255,12 @@ class Session:
         if self._closed:
             return
         self._closed = True
-        _log_to_stderr(None, self.rank, self)
+        try:
+            self._close()
+        finally:                        # after the plugins' last words at close (linkstats' summary is INFO)
+            _log_to_stderr(None, self.rank, self)
+
+    def _close(self) -> None:
         if self.forked:
             log.debug("slicetrace: close in a forked child (pid %d): the communicator is its parent's, left alone",
                       os.getpid())

@@ -531,3 +531,30 @@ def test_ring_slots_have_a_lower_bound_of_64():
     assert Settings(ring_slots=64).ring_slots == 64
     with pytest.raises(ConfigError, match=r"^ring_slots=32 must be a power of two in 64\.\.16777216"):
         Settings(ring_slots=32)
+
+
+def test_a_closing_communicators_last_info_lines_show_beside_a_warn_one(capsys, monkeypatch):
+    """The level follows the most verbose open communicator; a closing one counts until its plugins have said
+    their last (linkstats' summary at close is INFO), not only until close begins."""
+    import logging
+    import weakref
+    import numpy as np
+    import slicetrace
+    from slicetrace import session
+    log = logging.getLogger("slicetrace")
+    monkeypatch.setattr(log, "handlers", [])
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])
+    monkeypatch.setattr(session, "_LOG_LIVE", weakref.WeakKeyDictionary())
+    level = log.level
+    try:
+        quiet = slicetrace.init(backend="null", debug="WARN")
+        from slicetrace.rendezvous import DictStore        # 2 ranks: the null backend's stamps have a peer
+        loud = slicetrace.init(backend="null", debug="INFO", profiler_plugin="linkstats", rank=0, world_size=2,
+                               store=DictStore({}), job="loud")
+        loud.all_reduce(np.ones(1 << 16, np.float32))
+        loud.close()
+        assert log.level == logging.WARNING                 # the INFO one is closed
+        quiet.close()
+    finally:
+        log.setLevel(level)
+    assert "slicetrace rank 0 INFO: slicetrace linkstats rank 0: " in capsys.readouterr().err
