@@ -221,9 +221,10 @@ def render(rep: Report, console=None) -> None:
         late = f"; rank {c['last_rank']} began it {c['late_us']:.1f} us after the first" if c["began"] > 1 else ""
         never = f"; rank(s) {', '.join(map(str, c['not_begun']))} never began it" if c["not_begun"] else ""
         ended = f" (no end on rank(s) {', '.join(map(str, c['never_ended']))})" if c["never_ended"] else ""
-        con.print(f"unfinished: {c['func']} #{c['seq']} has no channel records on rank(s) "
-                  f"{', '.join(map(str, c['ranks']))}{ended}: it failed (a timeout, a peer's error), the run stopped in "
-                  f"it, or its records were lost (see the loss counters); stragglers cannot judge it{late}{never}")
+        on = ", ".join(map(str, c["ranks"]))
+        con.print(f"unfinished: {c['func']} #{c['seq']} has no channel records on rank(s) {on}{ended}: it failed "
+                  f"(a timeout, a peer's error), the run stopped in it, or its records were lost (see the loss "
+                  f"counters); stragglers cannot judge it{late}{never}")
     if not rep.held_up and rep.links:       # judged and nothing found must not read like not judged
         con.print("most waited on: none, no rank waited after its first op (start-up is left out)")
     if rep.held_up:
