@@ -507,3 +507,19 @@ def test_the_op_a_failed_run_stopped_in_names_who_came_late(tmp_path, capsys):
                     r"counters\); stragglers cannot judge it; rank 1 began it ([0-9.]+) us after the first", text)
     assert got, text
     assert "0" in got.group(1) and "2" in got.group(1) and float(got.group(2)) > 1e6
+
+
+def _with_empty_ops(comm):
+    for n in (1000, 0, 1000):
+        comm.all_reduce(np.ones(n, np.float32))
+    comm.all_gather(np.ones(0, np.float32))
+    comm.all_reduce(np.ones(1000, np.float32))
+
+
+def test_empty_collectives_are_not_unfinished(tmp_path, capsys):
+    """A Count of 0 runs no channel program, so it has no KernelCh: it was named 'unfinished' like a failed op."""
+    prefix = str(tmp_path / "t")
+    slicetrace.launch(_with_empty_ops, 2, profiler_plugin="example", profile_dump_file=prefix, join_timeout_s=60)
+    assert main(["report", prefix]) == 0
+    text = capsys.readouterr().out
+    assert "unfinished" not in text and "loss counters: none" in text

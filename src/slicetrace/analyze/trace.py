@@ -361,12 +361,14 @@ def op_starts(records: list[dict]) -> dict[tuple[int, int], int]:
 
 
 def coll_spans(records: list[dict]) -> list[tuple[int, str, int, int, int]]:
-    """(rank, function, SeqNum, begin ns, end ns or -1 when it never ended) of every Coll event."""
+    """(rank, function, SeqNum, begin ns, end ns or -1 when it never ended) of every Coll event that moves data
+    (a Count of 0 runs no channel program)."""
     ends = {(r.get("pid"), r.get("id")): round(float(r["ts"]) * 1000) for r in records
             if r.get("ph") == "e" and r.get("cat") == "COLL" and isinstance(r.get("ts"), (int, float))}
     return [(int(r.get("pid") or 0), str(r.get("name", "")), int(r.get("args", {}).get("SeqNum", -1)),
              round(float(r["ts"]) * 1000), ends.get((r.get("pid"), r.get("id")), -1)) for r in records
-            if r.get("ph") == "b" and r.get("cat") == "COLL" and isinstance(r.get("ts"), (int, float))]
+            if r.get("ph") == "b" and r.get("cat") == "COLL" and isinstance(r.get("ts"), (int, float))
+            and r.get("args", {}).get("Count") != 0]
 
 
 def _table(rows: list[tuple], dtype: np.dtype, what: str) -> np.ndarray:
