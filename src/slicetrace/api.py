@@ -136,7 +136,6 @@ class Communicator:
 
     def _collective_one(self, func: str, x: Any, out: Any, out_count_of, op: str = "sum", root: int = 0,
                         user_tag: int = 0, stream: Any = None) -> Any:
-        self._check_open()
         outside_groups(self, func)
         if self._group is not None:
             raise UsageError(f"{func} inside comm.group(): only send/recv may be grouped")
@@ -254,8 +253,7 @@ class Communicator:
         return out
 
     def _run_p2p(self, entries: list, checked: bool = False) -> None:
-        self._check_open()                      # closed inside its group()
-        self._guarded("send/recv", self._run_p2p_one, entries, checked)
+        self._guarded("send/recv", self._run_p2p_one, entries, checked)     # closed inside its group(): _guarded
 
     def _run_p2p_one(self, entries: list, checked: bool = False) -> None:
         given, be = entries, self._session.backend

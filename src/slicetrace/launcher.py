@@ -19,7 +19,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .api import Communicator
-from .api_checks import as_index
+from .api_checks import as_index, seconds_or_none
 from .config import Settings, dist_env, job_attempt, job_world_size, quiet_unknown
 from .errors import ConfigError, LaunchError, SliceTraceError, UsageError, ours
 from .launch_signals import (CLOSE_SIGNAL, ORPHAN_GRACE_S, _asked_to_close, _hold_signals, _interrupted,
@@ -235,10 +235,8 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
     if n is None or n < 1:
         raise UsageError(f"nranks={nranks!r} must be an int >= 1")
     nranks = n
-    if join_timeout_s is not None and (not isinstance(join_timeout_s, (int, float)) or isinstance(join_timeout_s, bool)
-                                       or not 0 < join_timeout_s < float("inf")):
-        raise UsageError(f"join_timeout_s={join_timeout_s!r} must be a finite number of seconds > 0, or None (no "
-                         f"limit: a failing rank still ends the others within timeout_s)")
+    seconds_or_none(join_timeout_s, "join_timeout_s", "no limit (a failing rank still ends the others within "
+                    "timeout_s)")
     if "<" in getattr(fn, "__qualname__", ""):
         raise UsageError(f"fn={fn.__qualname__!r}: spawned ranks import fn by name, so it must be a function defined "
                          f"at the top level of a module (not a lambda or a nested function)")
