@@ -28,7 +28,7 @@ def test_bench_checks_traces_and_reports(tmp_path, capfd):
     assert "#wrong" in text and "busbw" in text
     avg = sum(r["busbw"] for r in rows) / len(rows)         # nccl-tests' closing lines, also in the JSON
     assert doc["summary"] == {"out_of_bounds": 0, "avg_busbw": pytest.approx(avg)}
-    assert "# Out of bounds values : 0 OK" in text and f"# Avg bus bandwidth    : {avg:.3f}" in text
+    assert "# Out of bounds values : 0 OK" in text and f"# Avg bus bandwidth    : {avg:g}" in text
     assert main(["report", str(tmp_path / "tr" / "trace"), "--json", str(tmp_path / "rep.json"),
                  "--csv", str(tmp_path / "steps.csv")]) == 0
     rep = json.load(open(tmp_path / "rep.json"))
@@ -63,7 +63,7 @@ def test_a_wrong_value_is_counted_and_fails_the_run(tmp_path, capfd, monkeypatch
 
     def corrupting(comm, op, x, out, redop, root):
         real(comm, op, x, out, redop, root)
-        out[3] += 1                                     # one element off by one: int32, no tolerance hides it
+        out[3:6] += 1                                   # 3 elements off by one: int32, no tolerance hides them
 
     monkeypatch.setattr(slicetrace.launcher, "launch", in_process)
     monkeypatch.setattr(bench, "_call", corrupting)
@@ -71,8 +71,8 @@ def test_a_wrong_value_is_counted_and_fails_the_run(tmp_path, capfd, monkeypatch
     assert main(["bench", "-b", "64", "-e", "256", "-f", "4", "-n", "1", "-w", "0", "-d", "int32", "--ranks", "1",
                  "--json", str(out)]) == 1
     doc = json.load(open(out))
-    assert [(r["size"], r["wrong"]) for r in doc["rows"]] == [(64, 1), (256, 1)]
-    assert doc["summary"]["out_of_bounds"] == 2
+    assert [(r["size"], r["wrong"], r["wrong_ranks"]) for r in doc["rows"]] == [(64, 3, 1), (256, 3, 1)]
+    assert doc["summary"]["out_of_bounds"] == 2         # nccl-tests counts failed checks, not wrong values
     o, err = capfd.readouterr()
     assert "# Out of bounds values : 2 FAILED" in o
     assert "# 2 size(s) had wrong results" in err
@@ -94,6 +94,25 @@ def test_bad_flags_are_clear_errors(capsys):
     assert "--profile 70 has no KernelStep bit (65536)" in capsys.readouterr().err
     assert main(["bench", "--rounds", "4", "--ranks", "1"]) == 2          # was ignored without --overhead
     assert "--rounds 4 counts only with --overhead" in capsys.readouterr().err
+
+
+def test_nccl_tests_habits_get_their_meaning_or_a_hint(tmp_path, capsys):
+    """nccl-tests' --op is the reduction (-o here): --op prod named no -o; -T 0 (nccl-tests: no timeout) named no
+    reason; -r past the ranks refused an all_reduce, which has no root; --trace made its folder before a later
+    check refused the run."""
+    assert main(["bench", "--op", "prod", "--ranks", "1"]) == 2
+    assert "the reduction is -o/--redop (nccl-tests' --op)" in capsys.readouterr().err
+    assert main(["bench", "-T", "0", "--ranks", "1"]) == 2
+    assert "every wait here has a timeout" in capsys.readouterr().err
+    trace = tmp_path / "t"
+    assert main(["bench", "--trace", str(trace), "--profile", "0", "--ranks", "1"]) == 2
+    assert "records nothing" in capsys.readouterr().err and not trace.exists()
+    assert main(["bench", "--op", "broadcast", "-r", "2", "--ranks", "2"]) == 2
+    assert "-r 2 must be a rank, 0..1" in capsys.readouterr().err
+    out = tmp_path / "r.json"
+    assert main(["bench", "-r", "2", "-b", "1.5K", "-e", "1.5K", "-n", "1", "-w", "0", "--ranks", "2",
+                 "--json", str(out)]) == 0
+    assert [(r["size"], r["root"], r["wrong"]) for r in json.load(open(out))["rows"]] == [(1536, -1, 0)]
 
 
 def test_overhead_of_kernel_step_refuses_a_mask_from_the_environment_without_it(monkeypatch, capsys):
@@ -159,7 +178,7 @@ def test_bad_values_name_the_flag_the_value_and_what_is_accepted(capsys):
                                 "moves no data)"),
         (["--seed", "-1"], "--seed -1 must be >= 0"),
         (["-r", "5", "--op", "broadcast"], "-r 5 must be a rank, 0..1 (the run has 2 rank(s): --ranks)"),
-        (["-r", "-1", "--ranks", "3"], "-r -1 must be a rank, 0..2 (the run has 3 rank(s): --ranks)"),
+        (["-r", "-1", "--ranks", "3", "--op", "reduce"], "-r -1 must be a rank, 0..2 (the run has 3 rank(s): --ranks)"),
         (["-n", "0"], "-n 0 must be >= 1"),
         (["-N", "-1"], "-N -1 must be >= 0 (0: until interrupted)"),
         (["-T", "0"], "-T 0.0 must be > 0 seconds"),
@@ -441,7 +460,8 @@ def test_all_types_say_which_type_is_left_out_and_why(monkeypatch):
     monkeypatch.setattr(sweep, "bench_dtype", no_bf16)
     why: list[str] = []
     assert "bfloat16" not in sweep.all_dtypes("cpu", why)
-    assert why == ["bfloat16 left out: -d bfloat16 needs the ml_dtypes package on cpu"]
+    assert why == ["uint32, uint64 left out: slicetrace's backends have no unsigned 32- or 64-bit types",
+                   "bfloat16 left out: -d bfloat16 needs the ml_dtypes package on cpu"]
 
 
 def test_config_into_a_pipe_that_closes_early_is_not_an_error():
@@ -461,7 +481,7 @@ def test_config_into_a_pipe_that_closes_early_is_not_an_error():
 @pytest.mark.timeout(120)        # a root past the last rank that got through would wait for a rank that is not there
 def test_a_root_equal_to_the_rank_count_is_refused(capsys):
     for argv, want in ((["-r", "2", "--op", "broadcast"], "-r 2 must be a rank, 0..1 (the run has 2 rank(s): --ranks)"),
-                       (["-r", "3", "--ranks", "3"], "-r 3 must be a rank, 0..2 (the run has 3 rank(s): --ranks)")):
+                       (["-r", "3", "--ranks", "3", "--op", "all"], "-r 3 must be a rank, 0..2 (the run has 3 rank(s): --ranks)")):
         assert main(["bench", *argv]) == 2, argv
         assert want in capsys.readouterr().err, argv
 
@@ -504,6 +524,22 @@ def test_convert_refuses_to_write_over_one_of_its_inputs(tmp_path, capsys):
         assert err.startswith(f"slicetrace: error: -o '{target}' is one of the input trace files") and "\n" == err[-1]
         assert victim.read_bytes() == before
     assert main(["convert", prefix, "-o", str(tmp_path / "run.pftrace")]) == 0
+
+
+def test_report_refuses_to_write_over_one_of_its_inputs(tmp_path, capsys):
+    """report --json / --csv wrote over a trace file given as input (exit 0, that rank's trace gone); --json and
+    --csv naming one file let the CSV replace the JSON."""
+    _trace_files(tmp_path / "tr", 5)
+    victim = tmp_path / "tr" / "trace_5_1.json"
+    before = victim.read_bytes()
+    for flag in ("--json", "--csv"):
+        assert main(["report", str(tmp_path / "tr"), flag, str(victim)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"slicetrace: error: {flag} '{victim}' is one of the input trace files")
+        assert victim.read_bytes() == before
+    both = str(tmp_path / "r.out")
+    assert main(["report", str(tmp_path / "tr"), "--json", both, "--csv", both]) == 2
+    assert "are one file: the CSV would replace the JSON" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv", [["report", "TRACES"], ["config"]])

@@ -8,11 +8,15 @@ from slicetrace.cli.table import format_summary, summarize
 from slicetrace.rendezvous import DictStore
 
 
-def test_summary_counts_wrong_values_and_averages_busbw_as_nccl_tests_does():
-    rows = [{"wrong": 0, "busbw": 1.0, "ref_busbw": 0.5}, {"wrong": 3, "busbw": 2.0, "ref_busbw": 0.25}]
+def test_summary_counts_failed_checks_and_averages_busbw_as_nccl_tests_does():
+    """nccl-tests' footer counts checks (args->errors[0]++ once per rank whose check found any wrong value), not
+    wrong values: 7 wrong values on 2 ranks of one row and 3 on 1 rank of another are 3 errors."""
+    rows = [{"wrong": 0, "wrong_ranks": 0, "busbw": 1.0, "ref_busbw": 0.5},
+            {"wrong": 7, "wrong_ranks": 2, "busbw": 2.0, "ref_busbw": 0.25},
+            {"wrong": 3, "wrong_ranks": 1, "busbw": 3.0, "ref_busbw": 0.375}]
     s = summarize(rows, check=True)
-    assert s == {"out_of_bounds": 3, "avg_busbw": 1.5, "ref_avg_busbw": 0.375}
-    assert format_summary(s, "gloo") == ["# Out of bounds values : 3 FAILED", "# Avg bus bandwidth    : 1.500",
+    assert s == {"out_of_bounds": 3, "avg_busbw": 2.0, "ref_avg_busbw": 0.375}
+    assert format_summary(s, "gloo") == ["# Out of bounds values : 3 FAILED", "# Avg bus bandwidth    : 2",
                                          "# Avg bus bandwidth of gloo : 0.375"]
     unchecked = summarize([{"wrong": -1, "busbw": 4.0}], check=False)
     assert unchecked == {"out_of_bounds": None, "avg_busbw": 4.0}
@@ -32,11 +36,11 @@ class _Comm:
 @pytest.mark.parametrize("average, time, ref", [(0, 3.0, 30.0), (1, 4.0, 40.0), (2, 3.0, 30.0), (3, 5.0, 50.0)])
 def test_rank_values_combine_as_nccl_tests_a_says_and_wrong_values_add_up(average, time, ref):
     store = DictStore({})
-    per_rank = {1: [5.0, 2.0, 50.0, 7.0], 2: [4.0, 0.0, 40.0, 9.0], 0: [3.0, 1.0, 30.0, 8.0]}
+    per_rank = {1: [5.0, 2.0, 1.0, 50.0, 7.0], 2: [4.0, 0.0, 0.0, 40.0, 9.0], 0: [3.0, 1.0, 1.0, 30.0, 8.0]}
     for r in (1, 2):                                  # the other ranks post theirs and return them unchanged
-        assert _gather(_Comm(store, r, 3), "k", per_rank[r], (0, 2), average) == per_rank[r]
-    got = _gather(_Comm(store, 0, 3), "k", per_rank[0], (0, 2), average)
-    assert got == [time, 3.0, ref, 9.0]               # times per -a, wrong summed, the rest the max
+        assert _gather(_Comm(store, r, 3), "k", per_rank[r], (0, 3), average) == per_rank[r]
+    got = _gather(_Comm(store, 0, 3), "k", per_rank[0], (0, 3), average)
+    assert got == [time, 3.0, 2.0, ref, 9.0]          # times per -a, wrong values and failed ranks summed, the max
 
 
 @pytest.mark.parametrize("check, more", [(1, "and about 1,200 B more to check it (-c 0 skips the check)"), (0, None)])
@@ -77,8 +81,8 @@ def test_gathered_values_leave_nothing_in_the_store():
     """Every size of every cycle left one key per rank in the launcher's store: -N 0 grew it without end."""
     store = DictStore({})
     for r in (1, 2):
-        _gather(_Comm(store, r, 3), "c7/all_reduce/4096", [1.0, 0.0], (0,), 3)
-    _gather(_Comm(store, 0, 3), "c7/all_reduce/4096", [1.0, 0.0], (0,), 3)
+        _gather(_Comm(store, r, 3), "c7/all_reduce/4096", [1.0, 0.0, 0.0], (0,), 3)
+    _gather(_Comm(store, 0, 3), "c7/all_reduce/4096", [1.0, 0.0, 0.0], (0,), 3)
     assert store._d == {}
 
 
@@ -86,10 +90,10 @@ def test_the_overhead_figures_come_from_one_rank():
     """Each overhead figure was its own max over ranks: a row's profiled/unprofiled times could come from one rank
     and its percentage and interval ends from others (1.67x against a printed 90 %)."""
     store = DictStore({})
-    r1 = [5.0, 0.0, 100.0, 60.0, 1.90, 1.8, 2.0, 1.7, 2.1]
-    r0 = [4.0, 0.0, 150.0, 50.0, 1.20, 1.1, 1.3, 1.0, 2.5]
-    assert _gather(_Comm(store, 1, 2), "k", r1, (0,), 3, 2) == r1
-    assert _gather(_Comm(store, 0, 2), "k", r0, (0,), 3, 2) == [5.0, 0.0] + r1[2:]
+    r1 = [5.0, 0.0, 0.0, 100.0, 60.0, 1.90, 1.8, 2.0, 1.7, 2.1]
+    r0 = [4.0, 0.0, 0.0, 150.0, 50.0, 1.20, 1.1, 1.3, 1.0, 2.5]
+    assert _gather(_Comm(store, 1, 2), "k", r1, (0,), 3, 3) == r1
+    assert _gather(_Comm(store, 0, 2), "k", r0, (0,), 3, 3) == [5.0, 0.0, 0.0] + r1[3:]
 
 
 def test_integer_references_wrap_as_the_type_does():
@@ -104,3 +108,15 @@ def test_integer_references_wrap_as_the_type_does():
     assert wrong(np.array([0, 1, 16, 0], np.uint8), ref, np.uint8) == 1
     y = [np.array([100, -100, 7], np.int8)] * 3                  # sums 300 -> 44, -300 -> -44, 21
     assert reference("all_reduce", y, 0, 0, "avg").tolist() == [14, -14, 7]
+
+
+def test_times_and_the_average_print_as_nccl_tests_prints_them():
+    """nccl-tests prints times with 2, 1 or 0 decimals by size (%7.2f below 100 us, %7.1f to 10 ms) and the average
+    busbw with %g: a CPU run's small average printed 0.000 here."""
+    from slicetrace.cli.table import format_row
+    row = {"size": 8, "count": 2, "type": "float32", "redop": "sum", "root": -1, "algbw": 0.0, "busbw": 0.0,
+           "wrong": 0, "ref_busbw": 0.0, "ratio": None}
+    got = [format_row(dict(row, time_us=t, ref_time_us=t), True, False).split()[5::4]
+           for t in (12.345, 123.45, 12345.6)]
+    assert got == [["12.35", "12.35"], ["123.5", "123.5"], ["12346", "12346"]]
+    assert format_summary({"out_of_bounds": 0, "avg_busbw": 0.000123}, None)[1] == "# Avg bus bandwidth    : 0.000123"

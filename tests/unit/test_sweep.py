@@ -11,8 +11,8 @@ def test_sizes_follow_nccl_tests_flags():
     assert sizes(8, 64, 2) == [8, 16, 32, 64]
     with pytest.raises(UsageError, match=r"-b='4Q' is not a size"):
         parse_size("4Q", "-b")
-    with pytest.raises(UsageError, match=r"-f 1 must be >= 2"):
-        sizes(8, 64, 1)
+    with pytest.raises(UsageError, match=r"-f -1 must be >= 2 \(a factor\), or 0 or 1 \(step by -i"):
+        sizes(8, 64, -1)
     assert sizes(0, 4, None) == [0, 1, 2, 4]                      # -f defaults to 2
     assert sizes(1 << 20, 4 << 20, None, 1 << 20) == [1 << 20, 2 << 20, 3 << 20, 4 << 20]   # -i: additive
     assert sizes(10, 25, None, 10) == [10, 20]
@@ -29,7 +29,28 @@ def test_sizes_are_ascii_digits():
         parse_size("\u0664K", "-b")
 
 
-def test_sizes_of_the_same_element_count_make_one_row_as_in_nccl_tests():
+def test_sizes_read_as_nccl_tests_parsesize_reads_them():
+    """nccl-tests reads a size with sscanf("%lf %1s"): decimals, exponents and KiB-style suffixes; -b 1.5M was
+    refused here."""
+    assert parse_size("1.5M", "-b") == 3 << 19 and parse_size("1e6", "-e") == 10 ** 6
+    assert parse_size("4KiB", "-b") == parse_size("4kb", "-b") == parse_size("4 K", "-b") == 4096
+    assert parse_size("2.5", "-b") == 2 and parse_size("0.5K", "-b") == 512 and parse_size("1.", "-b") == 1
+    for bad in ("1e999999999999", "2G" * 1 + "x", "1..5M", "-1K", "1e", "K"):
+        with pytest.raises(UsageError, match=r"-b='.*'"):
+            parse_size(bad, "-b")
+    with pytest.raises(UsageError, match=r"accepted at most 1,152,921,504,606,846,976"):
+        parse_size("1e30", "-b")
+
+
+def test_a_factor_of_0_or_1_steps_by_i_as_nccl_tests_does():
+    """nccl-tests steps by -i (default 1 MiB) when -f is not above 1; -f 1 was an error here."""
+    assert sizes(0, 3 << 20, 1) == [0, 1 << 20, 2 << 20, 3 << 20]
+    assert sizes(8, 40, 1, 16) == sizes(8, 40, 0, 16) == [8, 24, 40]
+    with pytest.raises(UsageError, match=r"-f 4 and -i 8: give one .*-f 1 -i 8 steps by -i"):
+        sizes(8, 64, 4, 8)
+
+
+def test_sizes_of_the_same_element_count_make_one_row():
     """-b 0 steps 0, 1, 2, 4 B: float32 makes 0, 0, 0, 1 elements, and one zero-element row, not three."""
     assert distinct_sizes(sizes(0, 16, 2), "all_reduce", 4, 2) == [0, 4, 8, 16]
     assert distinct_sizes(sizes(0, 16, 2), "all_reduce", 1, 2) == [0, 1, 2, 4, 8, 16]

@@ -131,7 +131,8 @@ AVERAGE = {0: "rank 0's", 1: "the mean over ranks of the", 2: "the least over ra
 def _gather(comm, key: str, vals: list[float], times: tuple[int, ...], average: int,
             block: int | None = None) -> list[float]:
     """On rank 0, every rank's vals combined through the rendezvous store (the timing exchange is no collective of
-    ours): the times at `times` as -a says, the wrong-value count (vals[1]) summed, the rest their max; vals[block:]
+    ours): the times at `times` as -a says, the wrong values (vals[1]) and the ranks with any (vals[2]) summed, the
+    rest their max; vals[block:]
     (the overhead's figures) all from one rank, the one whose vals[block + 2] (median ratio) is largest."""
     store = comm._session.store
     store.set(f"bench/{key}/{comm.rank}", json.dumps(vals).encode())
@@ -141,7 +142,7 @@ def _gather(comm, key: str, vals: list[float], times: tuple[int, ...], average: 
     for r in range(comm.world_size):
         store.delete(f"bench/{key}/{r}")        # read once: -N 0 would grow the launcher's store without end
     out = [max(v[i] for v in allv) for i in range(len(vals))]
-    out[1] = sum(v[1] for v in allv)
+    out[1], out[2] = sum(v[1] for v in allv), sum(v[2] for v in allv)
     for i in times:
         col = [v[i] for v in allv]
         out[i] = (col[0], sum(col) / len(col), min(col), max(col))[average]
@@ -287,7 +288,7 @@ def _one(comm, op, nbytes, dtype, o, xp, to_dev, to_host, sync, ref, key):
     flush = comm.flush_profiler if comm.profiler_enabled else None
     with comm.profiling(not o.get("main_unprofiled")):       # --overhead alone: the main columns unprofiled
         t = _time(fn, o["iters"], sync, flush if not o.get("main_unprofiled") else None)
-    vals = [t, float(n_wrong)]
+    vals = [t, float(n_wrong), float(n_wrong > 0)]
     if ref is not None:
         rfn = (lambda: ref.run(op, x, out, redop, root))
         _repeat(rfn, o["warmup"], ref.sync)
@@ -315,8 +316,8 @@ def _one(comm, op, nbytes, dtype, o, xp, to_dev, to_host, sync, ref, key):
         q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else ratios * 3
         lo, hi = median_ci(ratios)
         vals += [statistics.median(on), statistics.median(off), statistics.median(ratios), q1, q3, lo, hi]
-    vals = _gather(comm, key, vals, (0, 2) if ref is not None else (0,), o.get("average", 3),
-                   (3 if ref is not None else 2) if o["overhead"] else None)
+    vals = _gather(comm, key, vals, (0, 3) if ref is not None else (0,), o.get("average", 3),
+                   (4 if ref is not None else 3) if o["overhead"] else None)
     if rank != 0:
         return None
     t = vals[0]
@@ -329,7 +330,9 @@ def _one(comm, op, nbytes, dtype, o, xp, to_dev, to_host, sync, ref, key):
            "redop": redop if op in REDUCING else "none", "inplace": inplace,
            "root": root if op in ("broadcast", "reduce") else -1, "time_us": t * 1e6,
            "algbw": algbw, "busbw": algbw * f, "wrong": int(vals[1]) if o["check"] else None, "ranks": n}
-    k = 2
+    if o["check"]:
+        row["wrong_ranks"] = int(vals[2])       # nccl-tests' error count: one per rank whose check failed
+    k = 3
     if ref is not None:
         rt = vals[k]
         k += 1

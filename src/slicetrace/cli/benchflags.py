@@ -25,8 +25,9 @@ def parse_ops(text: str) -> list[str]:
     if "all" in ops:
         raise SliceTraceError(f"--op {text!r}: 'all' runs every op ({', '.join(OPS)}); give it alone, or list ops")
     bad = [x for x in ops if x not in OPS]
-    if bad:
-        raise SliceTraceError(f"--op {bad}: each must be one of {OPS} or 'all'")
+    if bad:                     # nccl-tests' --op is the reduction, -o here
+        hint = "; the reduction is -o/--redop (nccl-tests' --op)" if set(bad) & set(REDOPS) else ""
+        raise SliceTraceError(f"--op {bad}: each must be one of {OPS} or 'all' (the collectives to run){hint}")
     twice = sorted({x for x in ops if ops.count(x) > 1})
     if twice:                   # it would run (and print) the same sweep again
         raise SliceTraceError(f"--op {text!r} names {', '.join(twice)} more than once; give each op once")
@@ -52,7 +53,8 @@ def check_flags(a: argparse.Namespace) -> list[str]:
     if a.run_cycles == 0 and a.json is not None:
         raise SliceTraceError(f"--json {a.json!r} with -N 0: a run without end never writes it; give -N a count")
     if a.timeout is not None and not a.timeout > 0:
-        raise SliceTraceError(f"-T {a.timeout} must be > 0 seconds")
+        raise SliceTraceError(f"-T {a.timeout} must be > 0 seconds (nccl-tests' -T 0, no timeout, is not offered: "
+                              f"every wait here has a timeout)")
     if a.channels is not None and not 0 <= a.channels <= MAXCHANNELS:
         raise UsageError(f"--channels {a.channels} must be in 0..{MAXCHANNELS} (0: the backend chooses)")
     if a.seed < 0:
@@ -124,8 +126,7 @@ def bench_settings(a: argparse.Namespace) -> tuple[Settings, dict]:
     elif a.overhead:                            # the environment's plugins are what --overhead measures, if any
         overrides["profiler_plugin"] = with_example(None) if (env_plugins or "none").strip().lower() == "none" \
             else env_plugins
-    if a.trace is not None:
-        writable_folder("--trace", a.trace)
+    if a.trace is not None:             # the folder is made after the checks below: a refused run leaves none
         overrides["profile_dump_file"] = os.path.join(a.trace, "trace")
     s = _settings(overrides)
     if a.overhead_of == "kernel_step" and (a.profile is None or a.profile < 0) and s.profile_event_mask is not None \
@@ -144,4 +145,6 @@ def bench_settings(a: argparse.Namespace) -> tuple[Settings, dict]:
                               f"(--compare gloo with cpu, --compare nccl with cuda)")
     if want and importlib.util.find_spec("torch") is None:      # before any rank starts
         raise UsageError(f"--compare {a.compare} needs torch installed (pip install torch)")
+    if a.trace is not None:
+        writable_folder("--trace", a.trace)
     return s, overrides

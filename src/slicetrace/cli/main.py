@@ -142,7 +142,7 @@ def run_bench(a: argparse.Namespace) -> int:
             except Exception as e:      # no CuPy, no driver, no device: say so plainly
                 raise BackendError(f"{backend_source(a, s)}: no usable CUDA device ({type(e).__name__}: {e})") \
                     from None
-    if not 0 <= a.root < nranks:
+    if not 0 <= a.root < nranks and {"broadcast", "reduce"} & set(ops):     # the rest have no root (-1)
         raise UsageError(f"-r {a.root} must be a rank, 0..{nranks - 1} (the run has {nranks} rank(s): --ranks)"
                          + ("; nccl-tests' -r -1, every root in turn, is not supported" if a.root == -1 else ""))
     if s.backend == "cpu":
@@ -212,12 +212,16 @@ def run_report(a: argparse.Namespace) -> int:
     from ..analyze.report import build, render
     from ..analyze.steps_csv import write_steps_csv
     from ..analyze.trace import (absent, coll_spans, counters, kernel_chs, kernel_steps, load_files, op_starts,
-                                 run_ranks)
+                                 run_ranks, trace_files)
     if a.top < 0:
         raise UsageError(f"--top {a.top} must be >= 0")
-    for flag, path in (("--json", a.json), ("--csv", a.csv)):
-        if path is not None:            # '' too: writable_file refuses it, rather than writing nothing
-            writable_file(flag, path)
+    outs = [(flag, path) for flag, path in (("--json", a.json), ("--csv", a.csv)) if path is not None]
+    for flag, path in outs:             # '' too: writable_file refuses it, rather than writing nothing
+        writable_file(flag, path)
+    _not_an_input(outs, trace_files(a.traces))
+    if len(outs) == 2 and (a.json == a.csv or _same_file(a.json, a.csv)):
+        raise UsageError(f"--json {a.json!r} and --csv {a.csv!r} are one file: the CSV would replace the JSON; "
+                         f"give each its own file")
     loaded = load_files(a.traces, skip_empty=a.partial)
     recs = [r for _, rs in loaded for r in rs]
     ranks = run_ranks(loaded)
@@ -270,10 +274,7 @@ def run_convert(a: argparse.Namespace) -> int:
     from ..analyze.trace import trace_files
     writable_file("-o", a.output)
     files = trace_files(a.traces)
-    same = next((f for f in files if _same_file(f, a.output)), None)
-    if same is not None:            # convert would write over a file it reads
-        raise UsageError(f"-o {a.output!r} is one of the input trace files ({same!r}); give another file, e.g. "
-                         f"run.pftrace")
+    _not_an_input([("-o", a.output)], files, "run.pftrace")
     try:
         got = convert(files, a.output)
     except OSError as e:            # reading is TraceFormatError: an OSError here is the write
@@ -281,6 +282,15 @@ def run_convert(a: argparse.Namespace) -> int:
     print(f"# {a.output}: {got['files']} rank file(s), {got['slices']} slices on {got['tracks']} tracks, "
           f"{got['flows']} send -> receive flows (open in https://ui.perfetto.dev)")
     return 0
+
+
+def _not_an_input(outs: list[tuple[str, str]], files: list[str], example: str = "report.json") -> None:
+    """Refuse an output path that is one of the trace files read: writing it would destroy that rank's trace."""
+    for flag, path in outs:
+        same = next((f for f in files if _same_file(f, path)), None)
+        if same is not None:
+            raise UsageError(f"{flag} {path!r} is one of the input trace files ({same!r}); give another file, "
+                             f"e.g. {example}")
 
 
 def _same_file(a: str, b: str) -> bool:

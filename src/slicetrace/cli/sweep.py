@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 
 import numpy as np
 
@@ -13,17 +14,23 @@ OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all
 DTYPE_ALIASES = {"int8": "int8", "char": "int8", "uint8": "uint8", "int32": "int32", "int": "int32",
                  "int64": "int64", "half": "float16", "float16": "float16", "float": "float32",
                  "float32": "float32", "double": "float64", "float64": "float64", "bfloat16": "bfloat16"}
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "G": 1 << 30, "GB": 1 << 30}
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 MAX_BYTES = 1 << 60         # past any memory (a failed allocation says what it needs), below numpy's index limit
 
 
 def parse_size(text: str, what: str) -> int:
-    m = re.fullmatch(r"\s*([0-9]+)\s*([KMG]?B?)\s*", str(text).upper())    # not \d: it takes any script's digits
-    if not m:
-        raise UsageError(f"{what}={text!r} is not a size (e.g. 8, 4K, 64M, 1G)")
-    n = int(m.group(1)) * _UNITS[m.group(2)]
+    """A size as nccl-tests' parsesize reads it: a decimal number (1.5, 1e6) and an optional K, M or G (x 1024**n;
+    KB, KiB alike), truncated to whole bytes."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?(?:E[+-]?[0-9]+)?)\s*(?:([KMG]?)(?:I?B)?)\s*", str(text).upper())
+    if not m:                                       # [0-9], not \d: \d takes any script's digits
+        raise UsageError(f"{what}={text!r} is not a size (e.g. 8, 4K, 1.5M, 1e6, 1G)")
+    try:
+        n = int(Decimal(m.group(1)) * _UNITS[m.group(2)])
+    except (ArithmeticError, ValueError):           # 1e999999999: past any exponent Decimal takes
+        n = MAX_BYTES + 1
     if n > MAX_BYTES:
-        raise UsageError(f"{what}={text!r} is {n:,} bytes: accepted at most {MAX_BYTES:,} (2**60)")
+        raise UsageError(f"{what}={text!r} is {n:,} bytes: accepted at most {MAX_BYTES:,} (2**60)"
+                         if n <= 1 << 80 else f"{what}={text!r}: accepted at most {MAX_BYTES:,} bytes (2**60)")
     return n
 
 
@@ -53,12 +60,18 @@ MAX_SIZES = 10_000          # a sweep longer than this is a typo in -i, not a be
 
 
 def sizes(minbytes: int, maxbytes: int, factor: int | None = 2, step: int | None = None) -> list[int]:
-    """nccl-tests' sweep: minbytes, then times factor (-f) or plus step (-i), up to maxbytes."""
+    """nccl-tests' sweep: minbytes, then times factor (-f 2 or more) or plus step (-i; -f 0 or 1 steps by -i,
+    1 MiB without it, as nccl-tests), up to maxbytes."""
     if minbytes < 0 or maxbytes < minbytes:
         raise UsageError(f"-b {minbytes} / -e {maxbytes}: need 0 <= minbytes <= maxbytes")
+    if factor is not None and factor < 0:
+        raise UsageError(f"-f {factor} must be >= 2 (a factor), or 0 or 1 (step by -i, as nccl-tests)")
+    if factor is not None and factor <= 1:
+        step = 1 << 20 if step is None else step
+    elif step is not None and factor is not None:
+        raise UsageError(f"-f {factor} and -i {step}: give one (a factor or an increment; -f 1 -i {step} steps by "
+                         f"-i, as nccl-tests)")
     if step is not None:
-        if factor is not None:
-            raise UsageError(f"-f {factor} and -i {step}: give one (a factor or an increment)")
         if step < 1:
             raise UsageError(f"-i {step} must be >= 1 byte")
         n = (maxbytes - minbytes) // step + 1
@@ -67,8 +80,6 @@ def sizes(minbytes: int, maxbytes: int, factor: int | None = 2, step: int | None
                              f"a larger -i, or -f")
         return list(range(minbytes, maxbytes + 1, step))
     factor = 2 if factor is None else factor
-    if factor < 2:
-        raise UsageError(f"-f {factor} must be >= 2")
     out, s = [], minbytes
     while s <= maxbytes:
         out.append(s)
@@ -77,8 +88,8 @@ def sizes(minbytes: int, maxbytes: int, factor: int | None = 2, step: int | None
 
 
 def distinct_sizes(sizes: list[int], op: str, itemsize: int, n: int) -> list[int]:
-    """The sizes whose element counts differ from the previous kept size's, as nccl-tests' rows do: -b 0 with
-    float32 makes 0, 1, 2 B, all zero elements, and one zero-element row."""
+    """The sizes whose element counts differ from the previous kept size's (nccl-tests prints a row for each size,
+    repeats too): -b 0 with float32 makes 0, 1, 2 B, all zero elements, and one zero-element row here."""
     out, last = [], None
     for s in sizes:
         c = counts(op, s, itemsize, n)
@@ -108,6 +119,8 @@ def all_dtypes(backend: str = "cpu", left_out: list[str] | None = None) -> list[
     """-d all: every dtype the bench can make arrays of on `backend`, as nccl-tests runs all it has; why each
     other one is left out is appended to left_out."""
     names = []
+    if left_out is not None:            # nccl-tests' -d all has them: say why they are not here
+        left_out.append("uint32, uint64 left out: slicetrace's backends have no unsigned 32- or 64-bit types")
     for n in DTYPES:
         try:
             names.append(bench_dtype(n, backend))

@@ -8,8 +8,9 @@ UNITS = ("#{:>11} {:>12} {:>9} {:>6} {:>5} {:>10} {:>8} {:>8} {:>7}".format(
 
 
 def summarize(rows: list[dict], check: bool) -> dict:
-    """nccl-tests' closing lines: wrong values in all (None when unchecked) and the mean busbw over the rows."""
-    s = {"out_of_bounds": sum(r["wrong"] for r in rows) if check else None,
+    """nccl-tests' closing lines: its error count, one per rank and row whose check found a wrong value (None when
+    unchecked; #wrong holds the values), and the mean busbw over the rows."""
+    s = {"out_of_bounds": sum(r["wrong_ranks"] for r in rows) if check else None,
          "avg_busbw": sum(r["busbw"] for r in rows) / len(rows) if rows else 0.0}
     if rows and "ref_busbw" in rows[0]:
         s["ref_avg_busbw"] = sum(r["ref_busbw"] for r in rows) / len(rows)
@@ -19,21 +20,26 @@ def summarize(rows: list[dict], check: bool) -> dict:
 def format_summary(s: dict, ref_name: str | None) -> list[str]:
     oob = s["out_of_bounds"]
     verdict = "N/A (-c 0)" if oob is None else f"{oob} {'OK' if oob == 0 else 'FAILED'}"
-    lines = [f"# Out of bounds values : {verdict}", f"# Avg bus bandwidth    : {s['avg_busbw']:.3f}"]
+    lines = [f"# Out of bounds values : {verdict}", f"# Avg bus bandwidth    : {s['avg_busbw']:g}"]   # as nccl-tests
     if "ref_avg_busbw" in s:
-        lines.append(f"# Avg bus bandwidth of {ref_name} : {s['ref_avg_busbw']:.3f}")
+        lines.append(f"# Avg bus bandwidth of {ref_name} : {s['ref_avg_busbw']:g}")
     return lines
 
 
 NCCL_TYPE = {"float16": "half", "float32": "float", "float64": "double"}    # nccl-tests' names; the rest alike
 
 
+def us(t: float) -> str:
+    """A time as nccl-tests prints it: 0 decimals from 10 ms, 1 from 100 us, else 2."""
+    return f"{t:.0f}" if t >= 10000 else f"{t:.1f}" if t >= 100 else f"{t:.2f}"
+
+
 def format_row(r: dict, ref: bool, overhead: bool) -> str:
-    s = "{:>12} {:>12} {:>9} {:>6} {:>5} {:>10.1f} {:>8.3f} {:>8.3f} {:>7}".format(
-        r["size"], r["count"], NCCL_TYPE.get(r["type"], r["type"]), r["redop"], r["root"], r["time_us"], r["algbw"],
+    s = "{:>12} {:>12} {:>9} {:>6} {:>5} {:>10} {:>8.3f} {:>8.3f} {:>7}".format(
+        r["size"], r["count"], NCCL_TYPE.get(r["type"], r["type"]), r["redop"], r["root"], us(r["time_us"]), r["algbw"],
         r["busbw"], "N/A" if r["wrong"] is None else r["wrong"])
     if ref:
-        s += "  {:>8.1f} {:>8.3f} {:>6}".format(r["ref_time_us"], r["ref_busbw"],
+        s += "  {:>8} {:>8.3f} {:>6}".format(us(r["ref_time_us"]), r["ref_busbw"],
                                                 "N/A" if r["ratio"] is None else f"{r['ratio']:.2f}")
     if overhead:
         s += "  {:>8.2f}% [{:.1f}, {:.1f}]".format(r["overhead_pct"], *r["overhead_ci95_pct"])
