@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from typing import Any
 
 from ..rendezvous import Store
@@ -51,20 +52,19 @@ def proc_dead(pid: int, start: int) -> str | None:
 
 
 class TwoChecks:
-    """A peer counts as gone only when seen so at two consecutive checks (for any reason): it may have posted
-    the last of our data just before it left, and the caller re-checks that data first."""
+    """A peer counts as gone only when seen so at two checks at least gap_s apart (for any reason): it may have
+    posted the last of our data just before it left, and the caller re-checks that data in between. Apart in
+    time, not merely consecutive: two threads (a wait and the watchdog) may check back to back."""
 
-    def __init__(self):
-        self._seen: set[int] = set()
+    def __init__(self, gap_s: float = 0.02):
+        self._first: dict[int, float] = {}
+        self._gap = gap_s
 
     def confirm(self, peer: int, why: str | None) -> bool:
         if why is None:
-            self._seen.discard(peer)
+            self._first.pop(peer, None)
             return False
-        if peer in self._seen:
-            return True
-        self._seen.add(peer)
-        return False
+        return time.monotonic() - self._first.setdefault(peer, time.monotonic()) >= self._gap
 
 
 class PeerWatch:

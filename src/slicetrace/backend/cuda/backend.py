@@ -274,7 +274,8 @@ class CudaBackend(Completion, Backend, KernelArgs):
         met = False
         try:
             self.store.barrier(f"{self._prefix}/close", self.rank, self.world,     # a dead peer ends it at once
-                               5.0 if self._broken else self.settings.timeout_s, check=self.check_peers)
+                               5.0 if self._broken else self.settings.timeout_s,
+                               check=lambda: self.check_peers(closing=True))
             met = True
         except Exception as e:
             if self._broken is None:
