@@ -131,3 +131,53 @@ def test_another_runs_trace_still_being_written_beside_ours_is_not_called_incomp
         stop.set()
         t.join(5)
     assert "trace_4242_<rank>.json" in note
+
+
+def test_a_slow_file_does_not_hold_the_callback_that_filled_a_buffer(tmp_path, monkeypatch):
+    """The example plugin wrote a full buffer inside the callback that filled it, under the host's lock: a million
+    KernelSteps (about a second to format and write) held the user's thread at begin_op for the host's 1 s wait,
+    and the ops behind went unprofiled (consumer_behind). A writer thread appends now; here the file's writes
+    block until released, and every op is still begun, delivered and ended, then written whole at close."""
+    import threading
+    real_open, gate = open, threading.Event()
+
+    class Blocks:
+        def __init__(self, f):
+            self.f, self.n = f, 0
+
+        def write(self, data):
+            self.n += 1
+            if self.n > 1:                  # the first record goes at init; every later write waits for the gate
+                assert gate.wait(60), "never released"
+            return self.f.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+    monkeypatch.setattr(chrome_store, "open", lambda path, *a, **kw: Blocks(real_open(path, *a, **kw)),
+                        raising=False)
+    # 448 KernelSteps: one full buffer (256) goes to the writer during the loop, within its one-pool queue
+    p = ChromePlugin(Settings(profile_dump_file=str(tmp_path / "trace"), pool_sizes={**POOLS, "KERNEL_STEP": 256}))
+    host = EventHost([LoadedPlugin(p)], COMM)
+    ctx = host.plugins[0].ctx
+    src = SyntheticSource(nranks=4, rank=1, nchannels=2, loops=2, funcs=("all_reduce", "send_recv"), seed=3)
+
+    def ops():
+        for op in src.ops(8):
+            op.info.mask = host.op_mask()
+            host.begin_op(op.info)
+            deliver(host, op, batch=5)
+    t = threading.Thread(target=ops, daemon=True)
+    t.start()
+    t.join(30)
+    done = not t.is_alive()
+    gate.set()                              # release the writes (and a callback stuck in one, on the old code)
+    t.join(60)
+    assert done, "the op loop waited for the file"
+    host.close()
+    recs = read_records(ctx.path)
+    c = recs[-1]["args"]
+    assert recs[-1]["name"] == "slicetrace_counters" and host.counters()["consumer_behind"] == 0
+    for pool in ("KERNEL_STEP", "KERNEL_CH", "COLL", "P2P"):
+        assert c[f"plugin_lost_{pool}"] == 0 and c[f"plugin_written_{pool}"] == c[f"delivered_{pool.lower()}"] > 0
+    assert c["plugin_written_KERNEL_STEP"] == sum(r.get("name") == "KernelStep" for r in recs)
+    assert not [th for th in threading.enumerate() if th.name.startswith("slicetrace-trace")]

@@ -15,8 +15,8 @@ named e.g. "ch 3 send->1"; slices of one connection are sequential, so they rend
 Pools (sizes from settings.pool_sizes): a pool bounds the events of one type *in flight*; a slot is retired
 when its event stops, so only events beyond the pool size still in flight are dropped (and counted). Completed
 records are buffered (KernelSteps as numpy column chunks) and appended to the file whenever a buffer reaches
-its pool size, so memory stays bounded on long runs (with no dump file, KernelSteps are counted and their
-chunk reused every 65,536 rows). The last record, "slicetrace_counters", carries the rank's drop counters with
+its pool size, by a writer thread (sinks/chrome_writer.py: off the host's lock), so memory stays bounded on long
+runs (with no dump file, KernelSteps are counted and their chunk reused every 65,536 rows). The last record, "slicetrace_counters", carries the rank's drop counters with
 this plugin's deliveries and refusals (handed over by `report_counters` before `finalize`) and its own drops. A
 failed write (a full disk) ends the file at its last whole record, and finalize raises OSError saying what was lost.
 """
@@ -229,7 +229,7 @@ class ChromePlugin:
         out = {f"plugin_dropped_{p}": n for p, n in ctx.dropped.items()}
         out.update({f"plugin_unfinished_{p}": n for p, n in ctx.inflight.items()})
         out.update({f"plugin_lost_{p}": n for p, n in ctx.lost.items()})
-        out.update({f"plugin_written_{p}": n + (len(ctx.lines[p]) // 2)
+        out.update({f"plugin_written_{p}": n + (len(ctx.lines[p]) // 2) + ctx.pending(p)
                     + (ctx.stored + ctx.pend_n + len(ctx.slow) if p == "KERNEL_STEP" else 0)
                     + (ctx.chans_n if p == "KERNEL_CH" else 0)
                     for p, n in ctx.written.items()})
@@ -244,6 +244,7 @@ class ChromePlugin:
             ctx.flush_chans()
             for pool in ctx.lines:
                 ctx.flush_lines(pool)
+            ctx.close_writer()          # the counters below count what it wrote
             if ctx.path is None:
                 return
             ctx.write("".join(ctx.proxy))
@@ -253,6 +254,7 @@ class ChromePlugin:
                                   "args": args}, separators=(",", ":")) + "\n]\n")
         finally:
             ctx.done = True             # a failed write (disk full) is not retried, and the file is closed anyway
+            ctx.close_writer()          # finalize raised before its own call: the thread still ends
             if ctx.file is not None:
                 ctx.file.close()
         if ctx.error is not None:       # the caller (the host logs it) must learn that the trace is cut short

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..events.abi import KERNEL_CH_DTYPE, KERNEL_STEP_DTYPE, ActivationMask, CollDescr, CommInfo, EventType
 from .chrome_text import CH_LINES, STEP_LINE, RowFormat, id_base, trace_pid
+from .chrome_writer import Writer
 
 log = logging.getLogger("slicetrace")
 T = EventType
@@ -28,6 +29,8 @@ _SLOW_ROWS = 4096
 _BIG_BATCH = 512                # rows per pending batch from which a fold copies batches one by one
 _FORMAT_ROWS = 16384
 _FORMATS: dict[str, RowFormat] = {}
+_ROOM_S = 60.0                  # the most a full KernelStep buffer waits for the writer to be a pool behind
+_CLOSE_S = 300.0                # finalize's wait for what is queued to be written
 
 
 class Ev:
@@ -50,6 +53,7 @@ class Ctx:
         self.sizes = dict(plugin.pool_sizes)
         self.path = (f"{plugin.dump}_{comm.comm_hash}_{comm.rank}.json" if plugin.dump else None)
         self.file: Any = None
+        self.writer: Writer | None = None       # formats and appends off the host's lock, once the file exists
         self.good = 0                           # bytes of the file up to the end of its last whole record
         self.error: OSError | None = None       # the write that failed: nothing more is written
         self.next_id = id_base(comm.comm_hash, comm.rank)   # async ids unique across merged files, < 2**53
@@ -90,8 +94,34 @@ class Ctx:
             self.file.close()
             raise
         self.good = len(data)
+        self.writer = Writer(f"slicetrace-trace-r{self.rank}", self.sizes["KERNEL_STEP"])
+
+    def close_writer(self) -> None:
+        """Wait for what is queued to be written (finalize: its last records go after them, inline)."""
+        w, self.writer = self.writer, None
+        if w is None:
+            return
+        if self.error is not None:
+            w.close(_CLOSE_S)
+        elif not w.close(_CLOSE_S):         # a hung filesystem: end the file at its last whole record
+            self._broken(TimeoutError(f"the writer thread did not finish within {_CLOSE_S:g} s"))
+        elif w.failure is not None:
+            self._broken(OSError(f"the writer thread failed: {w.failure!r}"))
+
+    def pending(self, pool: str) -> int:
+        """Records of `pool` queued for the writer, not yet written."""
+        w = self.writer
+        return 0 if w is None else w.pending(pool)
 
     def write(self, text: Any, pool: str | None = None, n: int = 0) -> None:
+        """_write_now, by the writer thread once there is one."""
+        w = self.writer
+        if w is None:
+            self._write_now(text, pool, n)
+        else:
+            w.put(lambda: self._write_now(text, pool, n), pool, n)
+
+    def _write_now(self, text: Any, pool: str | None = None, n: int = 0) -> None:
         """Append str (utf-8) or bytes-like (formatted rows, ASCII) holding whole records, `n` of them from `pool`,
         counted written or lost (no file: written). A failed write cuts the file back to its last whole record and
         no later one is written."""
@@ -142,9 +172,21 @@ class Ctx:
         self.fold()
         chunks = self.full + ([self.cur] if self.cur is not None and self.cur.fill else [])
         self.full, self.cur, self.stored = [], None, 0
+        w = self.writer
+        if w is None or not chunks:
+            self._write_chunks(chunks)
+            return
+        rows = sum(c.fill for c in chunks)
+        if not w.room(rows, _ROOM_S):      # a stuck disk: queue it anyway (memory) rather than lose it
+            log.warning("slicetrace example plugin: the writer of %s is more than a pool of KernelSteps behind "
+                        "after %g s", self.path, _ROOM_S)
+        w.put(lambda: self._write_chunks(chunks), "KERNEL_STEP", rows)
+
+    def _write_chunks(self, chunks: list) -> None:
+        """The chunks' rows formatted and appended; the chunks are free for reuse after."""
         for c in chunks:
             if self.path is None or self.error is not None:
-                self.write("", "KERNEL_STEP", c.fill)          # counted only: no file, or a broken one
+                self._write_now("", "KERNEL_STEP", c.fill)     # counted only: no file, or a broken one
             else:
                 self._write_steps(c.steps[:c.fill], c.pid[:c.fill], c.seq[:c.fill])
             c.fill = 0
@@ -163,8 +205,14 @@ class Ctx:
             return
         chans, self.chans, n = self.chans, [], self.chans_n
         self.chans_n = 0
+        if self.writer is None:
+            self._write_chans(chans, n)
+        else:
+            self.writer.put(lambda: self._write_chans(chans, n), "KERNEL_CH", n)
+
+    def _write_chans(self, chans: list, n: int) -> None:
         if self.path is None or self.error is not None:
-            self.write("", "KERNEL_CH", n)
+            self._write_now("", "KERNEL_CH", n)
             return
         recs, lens = _concat([c[0] for c in chans], KERNEL_CH_DTYPE)
         ids = np.concatenate([np.arange(c[1], c[1] + len(c[0]), dtype=np.int64) for c in chans])
@@ -198,7 +246,7 @@ class Ctx:
         fmt = _FORMATS.get(line) or _FORMATS.setdefault(line, RowFormat(line))
         for a in range(0, len(cols), _FORMAT_ROWS):
             block = cols[a:a + _FORMAT_ROWS]
-            self.write(fmt(block) if self.error is None else "", pool, len(block))
+            self._write_now(fmt(block) if self.error is None else "", pool, len(block))
 
     def add_slow(self, row: tuple, parent: Any) -> None:
         self.slow.append(row)
