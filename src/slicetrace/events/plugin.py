@@ -7,8 +7,8 @@ profiler_v*.cc adapters do: bits the version does not know are stripped from its
 plugin, unknown states are dropped, and descriptors are rewritten (v4-: Coll/P2p parent := parent_group;
 v3-: KernelCh without p_timer; v1: enum codes instead of strings).
 
-Plugins without `kernel_step_batch` (`kernel_ch_batch`) get the per-event slow path (reference semantics of the
-batch call):
+Plugins without `kernel_step_batch` (`kernel_ch_batch`) but with `kernel_step_runs` (`kernel_ch_runs`) get each batch
+as one run; plugins with neither get the per-event slow path (reference semantics of the batch call):
 
     for each record: h = start_event(ctx, KernelStepDescr(...))        # KernelChDescr(ts=start_ns, p_timer=start_clk)
                      record_event_state(h, KERNEL_STEP_STOP, StateArgs(p_timer=done_clk, ts_ns=done_ns))
@@ -65,7 +65,8 @@ class Plugin(Protocol):
     kernel_step_batch per run, which is what plugins without it get; a batch method that returns None is taken to
     keep every record, logged once), `kernel_ch_batch(ctx, parent_handle, recs) -> int`
     (native version only; whole KernelCh events, abi.KERNEL_CH_DTYPE, start and stop in one row),
-    `kernel_ch_runs(ctx, parents, recs, starts, stops) -> int` (kernel_ch_batch for a poll's collectives at once)
+    `kernel_ch_runs(ctx, parents, recs, starts, stops) -> int` (kernel_ch_batch for a poll's collectives at once;
+    either *_runs method works without its *_batch, which it then replaces as one run per batch)
     and `report_counters(ctx, counters)`, called once right
     before `finalize` with the host's drop and delivery counters so a trace can carry its loss accounting.
     Optional (native version only): `unrecorded_handle(ctx) -> handle`, a promise that start_event returns
@@ -105,9 +106,11 @@ class LoadedPlugin:
         batch = getattr(plugin, "kernel_step_batch", None)
         self.knows_ks = bool(self.known_types & int(_KS))
         self.has_batch = self.knows_ks and callable(batch)
-        self.has_runs = self.has_batch and callable(getattr(plugin, "kernel_step_runs", None))
-        self.has_ch_batch = version == NATIVE_VERSION and callable(getattr(plugin, "kernel_ch_batch", None))
-        self.has_ch_runs = self.has_ch_batch and callable(getattr(plugin, "kernel_ch_runs", None))
+        # Each *_runs method stands alone: without its *_batch, a batch goes to it as one run.
+        self.has_runs = self.knows_ks and callable(getattr(plugin, "kernel_step_runs", None))
+        native = version == NATIVE_VERSION
+        self.has_ch_batch = native and callable(getattr(plugin, "kernel_ch_batch", None))
+        self.has_ch_runs = native and callable(getattr(plugin, "kernel_ch_runs", None))
         self._mask = ActivationMask(0)
         self.ctx: Any = None
         self.passthrough: Any = None      # the plugin's unrecorded_handle(ctx), if it declares one
@@ -220,6 +223,8 @@ class LoadedPlugin:
             return 0
         if self.has_batch:
             return self._kept("kernel_step_batch", self.plugin.kernel_step_batch(self.ctx, parent, recs), len(recs))
+        if self.has_runs:
+            return self.kernel_step_runs([parent], recs, [0], [len(recs)])
         ctx, rank, p = self.ctx, self.rank, self.plugin
         return _one_by_one(self, lambda d: p.start_event(ctx, d), p.record_event_state, p.stop_event, _KS_STOP, (
             (KernelStepDescr(_KS, parent, rank, wn, ch, bool(snd), peer, step, size, wc, rc, dc), dc, dn)
@@ -237,6 +242,8 @@ class LoadedPlugin:
         """Deliver whole KernelCh events (abi.KERNEL_CH_DTYPE) under `parent`; returns how many were kept."""
         if self.has_ch_batch:
             return self._kept("kernel_ch_batch", self.plugin.kernel_ch_batch(self.ctx, parent, recs), len(recs))
+        if self.has_ch_runs:
+            return self.kernel_ch_runs([parent], recs, [0], [len(recs)])
         rank = self.rank
         return _one_by_one(self, self.start_event, self.record_event_state, self.plugin.stop_event, _KCH_STOP, (
             (KernelChDescr(_KCH, parent, rank, t0, ch, c0), c1, t1) for ch, _, _, c0, c1, t0, t1 in recs.tolist()),
