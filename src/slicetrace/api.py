@@ -338,7 +338,8 @@ class Communicator:
 
     def drop_counters(self) -> dict[str, int]:
         """Records lost or left out, by reason, and delivered, by type: the per-plugin counts (delivered_*,
-        declined, pool_full, ...) summed over the plugins (each plugin's own output carries its own)."""
+        unrecorded_* for parents skipped through a plugin's unrecorded_handle, declined, pool_full, ...) summed over
+        the plugins (each plugin's own output carries its own)."""
         return self._session.counters()
 
     def flush_profiler(self, timeout_s: float | None = None) -> None:

@@ -272,7 +272,7 @@ def render(rep: Report, console=None) -> None:
                   f"in most of its ops)")
     if rep.counters or rep.no_counters:
         lost = {r: {k: v for k, v in c.items() if v and k != "sampled_out"
-                    and not k.startswith(("delivered", "plugin_written", "clock_", "ops_"))}
+                    and not k.startswith(("delivered", "unrecorded_", "plugin_written", "clock_", "ops_"))}
                 for r, c in rep.counters.items()}
         cut = {r: "no counters record (file cut short?), its losses unknown" for r in rep.no_counters}
         con.print(f"loss counters: "

@@ -99,7 +99,7 @@ class Emitter:
     def _skip(self, i: int, key: str, parent: Any) -> Any:
         """_start for a type outside the plugin's live mask when it declared `unrecorded_handle`: the plugin
         promised start_event would return that handle without side effects, so the call and its descriptor
-        are skipped; the accounting is _start's."""
+        are skipped, counted under `key` (unrecorded_<type>: the plugin never saw it, so not delivered_<type>)."""
         s = self._slots[i]
         if not self._admit(s, parent):
             return None
@@ -143,7 +143,7 @@ class Emitter:
         ga = _OFF
         if pm & _GA:
             ga = kept(self._start(i, GroupApiDescr(T.GROUP_API, None, rank, ts, group_depth=info.group_depth), _OFF)
-                      if real & _GA else self._skip(i, "delivered_group_api", _OFF), _GA)
+                      if real & _GA else self._skip(i, "unrecorded_group_api", _OFF), _GA)
         apis: list[Any] = []
         for t in op.tasks:
             api = _OFF
@@ -152,22 +152,22 @@ class Emitter:
                 api = kept(self._start(i, P2pApiDescr(T.P2P_API, None, rank, ts, func=ti.func, count=ti.count,
                                                        datatype=ti.datatype, stream=info.stream,
                                                        user_tag=_tag(info, ti)), ga)
-                           if real & _PA else self._skip(i, "delivered_p2p_api", ga), _PA, ga)
+                           if real & _PA else self._skip(i, "unrecorded_p2p_api", ga), _PA, ga)
             elif not t.p2p and pm & _CA:
                 api = kept(self._start(i, CollApiDescr(T.COLL_API, None, rank, ts, func=ti.func, count=ti.count,
                                                         datatype=ti.datatype, root=ti.root, stream=info.stream,
                                                         user_tag=_tag(info, ti)), ga)
-                           if real & _CA else self._skip(i, "delivered_coll_api", ga), _CA, ga)
+                           if real & _CA else self._skip(i, "unrecorded_coll_api", ga), _CA, ga)
             apis.append(api)
             self._stop(i, api, ts)        # API events stop once enqueued (NCCL semantics)
         if pm & _KL:
             kl = (self._start(i, KernelLaunchDescr(T.KERNEL_LAUNCH, None, rank, ts, stream=info.stream), ga)
-                  if real & _KL else self._skip(i, "delivered_kernel_launch", ga))
+                  if real & _KL else self._skip(i, "unrecorded_kernel_launch", ga))
             self._stop(i, kl, ts)
         grp = _OFF
         if pm & _B.GROUP:
             grp = kept(self._start(i, GroupDescr(T.GROUP, None, rank, ts), _OFF)
-                       if real & _B.GROUP else self._skip(i, "delivered_group", _OFF), _B.GROUP)
+                       if real & _B.GROUP else self._skip(i, "unrecorded_group", _OFF), _B.GROUP)
         op.groups[i] = grp
         old_parenting = self._slots[i].lp.version <= 4
         for t, api in zip(op.tasks, apis):
@@ -175,11 +175,11 @@ class Emitter:
             parent = grp if old_parenting else api
             if t.p2p and pm & _B.P2P:
                 if not real & _B.P2P:
-                    t.handles[i] = self._skip(i, "delivered_p2p", parent)
+                    t.handles[i] = self._skip(i, "unrecorded_p2p", parent)
                     continue
             elif not t.p2p and pm & _B.COLL:
                 if not real & _B.COLL:
-                    t.handles[i] = self._skip(i, "delivered_coll", parent)
+                    t.handles[i] = self._skip(i, "unrecorded_coll", parent)
                     continue
             else:
                 continue
@@ -190,7 +190,7 @@ class Emitter:
 
     def _emit_fast(self, i: int, op: _Op, pm: int, real: int, pt: Any) -> None:
         """_emit_begin when every API/Group/KernelLaunch parent is skipped (the example plugin's default): the
-        same counts and handles, with the skips counted in bulk."""
+        same counts and handles, with the skips (unrecorded_<type>) counted in bulk."""
         c, info, tasks = self._slots[i].counts, op.info, op.tasks
         n_p2p = op.n_p2p
         key = (pm, real, n_p2p, len(tasks))
@@ -198,11 +198,11 @@ class Emitter:
         if adds is None:
             n_coll = len(tasks) - n_p2p
             adds = self._skip_counts[key] = [(k, n) for k, n in (
-                ("delivered_group_api", 1 if pm & _GA else 0), ("delivered_coll_api", n_coll if pm & _CA else 0),
-                ("delivered_p2p_api", n_p2p if pm & _PA else 0), ("delivered_kernel_launch", 1 if pm & _KL else 0),
-                ("delivered_group", 1 if pm & _B.GROUP else 0),
-                ("delivered_coll", n_coll if pm & _B.COLL and not real & _B.COLL else 0),
-                ("delivered_p2p", n_p2p if pm & _B.P2P and not real & _B.P2P else 0)) if n]
+                ("unrecorded_group_api", 1 if pm & _GA else 0), ("unrecorded_coll_api", n_coll if pm & _CA else 0),
+                ("unrecorded_p2p_api", n_p2p if pm & _PA else 0),
+                ("unrecorded_kernel_launch", 1 if pm & _KL else 0), ("unrecorded_group", 1 if pm & _B.GROUP else 0),
+                ("unrecorded_coll", n_coll if pm & _B.COLL and not real & _B.COLL else 0),
+                ("unrecorded_p2p", n_p2p if pm & _B.P2P and not real & _B.P2P else 0)) if n]
         for k, n in adds:
             c[k] = c.get(k, 0) + n
         grp = pt if pm & _B.GROUP else _OFF
