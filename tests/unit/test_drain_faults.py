@@ -85,6 +85,21 @@ def test_stop_gives_up_on_a_flush_stuck_in_another_thread():
     assert not flusher.is_alive() and sink.ended == [1]
 
 
+def test_a_flush_waiting_for_an_op_that_never_completes_backs_off():
+    """A dead peer: the op's KernelCh start and a step are read, a second step never completes, nor does the op.
+    Before, flush polled every ~20 us for its whole timeout (15,831 done_fn calls in 2 s); now it backs off."""
+    v, calls = rings(1, 64), []
+    w, d = RingWriter(v, 0), Drain(v, Recorder())
+    d.op_submitted(1, lambda: calls.append(1) is None and False)        # never done
+    w.channel(False, 0, 1, 0, 100)
+    s = w.start(KIND_STEP, FLAG_SEND, 1, 0, 64, 1, 110, 111)
+    w.complete(s, KIND_STEP, FLAG_SEND, 1, 0, 64, 1, 120)
+    w.start(KIND_STEP, FLAG_SEND, 1, 2, 64, 1, 130, 131)             # re-read at every poll: not progress
+    ok, took = _within(0.5 + SLACK_S, d.flush, 0.5)
+    assert ok is False and took >= 0.5 and not d.idle()
+    assert len(calls) < 200, len(calls)
+
+
 def _device(nch, slots=64):
     """Host rings the drain reads, 'device' rings the writer fills, and a fetch that copies and logs."""
     v, dev, sink, calls = rings(nch, slots), rings(nch, slots), Recorder(), []

@@ -4,14 +4,12 @@ Reads each channel in seq order (one cursor per channel, the same rule the write
 and device can never disagree on which op a stamp belongs to: every stamp carries its op tag.
 KernelCh start and stop are separate records (stamps.layout); the drain keeps open starts aside and delivers
 one paired KernelCh record at the stop, which in seq order comes after every KernelStep of its program.
-Imports errors, stamps.layout, .pairing and .scratch only; the consumer is anything with channel/steps/end_op/drop (the event host).
+Imports errors, stamps.layout, .pairing, .scratch and .waits only; the consumer is anything with channel/steps/end_op/drop (the event host).
 """
 from __future__ import annotations
 
-import sys
 import threading
 import time
-import traceback
 from typing import Callable, Protocol
 
 import numpy as np
@@ -21,11 +19,11 @@ from .layout import (FLAG_SEND, KIND_CHANNEL, PAIRED_DTYPE, SEQ_PROVISIONAL, Rin
                      published, take_rows)
 from .pairing import pair_channels
 from .scratch import Scratch
+from .waits import MAX_INTERVAL_S, Backoff, stuck_in
 
 LOST_LAG = 4096        # an entry this far behind the newest reservation, still incomplete once no op runs, is lost
 _PROV, _LO32, _LO31 = np.uint64(SEQ_PROVISIONAL), np.uint64(0xFFFFFFFF), np.uint64(0x7FFFFFFF)
 _DROPPED = np.iinfo(np.int64).max        # sort key of rows the KernelCh pairing removed
-MAX_INTERVAL_S = 0.016  # adaptive polling backs off to this: each poll has a fixed cost, batches amortise it
 
 
 class Consumer(Protocol):
@@ -105,7 +103,7 @@ class Drain:
     def flush(self, timeout_s: float) -> bool:
         """Drain until every op submitted before the call has ended (not those another thread submits meanwhile);
         False if that took longer than timeout_s."""
-        deadline = time.monotonic() + timeout_s
+        deadline, wait = time.monotonic() + timeout_s, Backoff(self.cursor)
         with self._lock:
             ops = dict(self._ops)
 
@@ -113,10 +111,10 @@ class Drain:
             with self._lock:
                 return any(self._ops.get(k) is op for k, op in ops.items())
         while ops and left():          # the caller polls too, but waits no longer than the deadline for a poller
-            if (self.poll_once(False, max(0.0, deadline - time.monotonic())) is None
-                    or (time.monotonic() > deadline and left())):
+            n = self.poll_once(False, max(0.0, deadline - time.monotonic()))
+            if n is None or (time.monotonic() > deadline and left()):
                 return False
-            time.sleep(20e-6)
+            wait.sleep(n, deadline)
         return True
 
     def stop(self, timeout_s: float = 5.0) -> None:
@@ -127,10 +125,7 @@ class Drain:
         if t is not None:
             t.join(timeout_s)
             if t.is_alive():              # stuck in a poll: name the call that does not return
-                f = sys._current_frames().get(t.ident)
-                stuck = "the drain thread is still running, in " + " <- ".join(
-                    f"{x.name} ({x.filename.rsplit('/', 1)[-1]}:{x.lineno})"
-                    for x in reversed(traceback.extract_stack(f, 3) if f else []))
+                stuck = "the drain thread is still running, in " + stuck_in(t)
         try:
             if stuck is None:
                 self.settled = self.poll_once(True, max(0.0, deadline - time.monotonic())) is not None

@@ -1,0 +1,35 @@
+"""How the drain's pollers wait between polls, and where a stuck one is (stamps/drain.py)."""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import traceback
+
+import numpy as np
+
+MAX_INTERVAL_S = 0.016  # adaptive polling backs off to this: each poll has a fixed cost, batches amortise it
+FIRST_PAUSE_S = 20e-6   # a flush's pause after progress: an op about to end is seen at once
+
+
+class Backoff:
+    """A flush's pauses between its polls: tiny while the drain makes progress, doubling up to MAX_INTERVAL_S
+    while it does not (an op that never completes, e.g. a dead peer, cost ~37% of a core for the whole timeout)."""
+
+    def __init__(self, cursor: np.ndarray) -> None:
+        self._cursor, self._seen, self._pause = cursor, int(cursor.sum()), FIRST_PAUSE_S
+
+    def sleep(self, n: int, deadline: float) -> None:
+        """After a poll that consumed or ended n; a moved cursor is progress too (the drain thread's polls)."""
+        seen = int(self._cursor.sum())
+        if n or seen != self._seen:
+            self._seen, self._pause = seen, FIRST_PAUSE_S
+        time.sleep(max(0.0, min(self._pause, deadline - time.monotonic())))
+        self._pause = min(MAX_INTERVAL_S, self._pause * 2)
+
+
+def stuck_in(t: threading.Thread) -> str:
+    """The calls thread t is in, innermost first: the one that does not return."""
+    f = sys._current_frames().get(t.ident)
+    return " <- ".join(f"{x.name} ({x.filename.rsplit('/', 1)[-1]}:{x.lineno})"
+                       for x in reversed(traceback.extract_stack(f, 3) if f else []))
