@@ -275,8 +275,9 @@ class Session:
             if drain.error is not None and drain.error is not self._drain_died:     # that one was logged already
                 log.error("slicetrace drain thread failed: %r", drain.error)
             fenced = drain.fence(1.0)   # False: a poll still runs; it would read rings the backend freed
-            if not drain.settled:       # stop gave up: what it left in the rings is lost, counted (after the
-                self.undrained = sum(max(0, int(r) - int(c)) for r, c in zip(self._reserved, drain.cursor))
+            if not drain.settled:       # stop gave up: what it left in the rings, and the KernelCh starts it
+                left = sum(max(0, int(r) - int(c)) for r, c in zip(self._reserved, drain.cursor))
+                self.undrained = left + drain.open_records  # holds for their stop, is lost, counted (after the
             if not fenced:              # fence, so a poll that ended meanwhile is not counted twice)
                 _step(errs, "keeping the stamp rings", self.backend.keep_rings)
             else:                       # nothing reads the rings now: the backend can unmap them

@@ -7,10 +7,15 @@ from collections import Counter
 
 import pytest
 
+import slicetrace.session as session_mod
+from slicetrace.config import Settings
 from slicetrace.errors import CommTimeoutError
+from slicetrace.events.plugin import LoadedPlugin
+from slicetrace.rendezvous import DictStore
 from slicetrace.stamps.drain import Drain
 from slicetrace.stamps.layout import FLAG_SEND, KIND_STEP, RingWriter, provisional_word
 from tests.unit.test_drain import Recorder, _entry, gpu_program, rings
+from tests.unit.test_plugin import RecPlugin
 
 SLACK_S = 2.0        # scheduling slack on a loaded machine; a hang is what these tests catch
 
@@ -98,6 +103,38 @@ def test_a_flush_waiting_for_an_op_that_never_completes_backs_off():
     ok, took = _within(0.5 + SLACK_S, d.flush, 0.5)
     assert ok is False and took >= 0.5 and not d.idle()
     assert len(calls) < 200, len(calls)
+
+
+class QuickDrain(Drain):
+    def stop(self, timeout_s=0.3):          # the session's 5 s, shortened
+        super().stop(timeout_s)
+
+
+def test_close_counts_the_kernelch_start_a_stuck_drain_holds_as_undrained(monkeypatch):
+    """The drain thread read a program's KernelCh start and 3 steps, then a plugin hung in steps(); the stop
+    record came after. stop and fence give up. Before, close counted only the stop (undrained 1): the held start
+    was neither delivered nor counted, 4 of 5 records accounted for."""
+    monkeypatch.setattr(session_mod, "load_plugins", lambda spec, s: [LoadedPlugin(RecPlugin())])
+    s = session_mod.Session(Settings(backend="null", nchannels=1, profiler_plugin="rec", timeout_s=0.3), 0, 1,
+                            DictStore({}), "held")
+    v, sink = rings(1, 64), Blocking()
+    w, s.drain = RingWriter(v, 0), QuickDrain(v, sink, interval_us=100)
+    s._reserved = v.header["reserved"]
+    s.drain.op_submitted(1, lambda: False)             # still running
+    w.channel(False, 0, 1, 0, 100)
+    for i in range(3):
+        w.complete(w.start(KIND_STEP, FLAG_SEND, 1, i, 64, 1, 110, 111), KIND_STEP, FLAG_SEND, 1, i, 64, 1, 120)
+    s.drain.start()
+    try:
+        assert sink.entered.wait(10)
+        w.channel(True, 0, 1, 0, 200)
+        assert len(s.drain._open) == 1 and int(v.header["reserved"][0]) == 5       # the start, held
+        _within(0.3 + 0.3 + 1.0 + SLACK_S, s.close)        # flush, stop and fence give up
+        assert s.undrained == 2                            # the stop in the ring and the start held
+    finally:
+        sink.release.set()
+        s.drain._thread.join(10)
+    assert not s.drain.alive and sum(len(r) for _, r in sink.step_calls) == 3   # 3 + 2 = 5: all accounted for
 
 
 def _device(nch, slots=64):

@@ -100,6 +100,11 @@ class Drain:
         """The drain thread still runs (after stop: stuck in a consumer or fetch call, see `error`)."""
         return self._thread is not None and self._thread.is_alive()
 
+    @property
+    def open_records(self) -> int:
+        """KernelCh starts read and held for a stop: neither delivered nor counted (len(): no lock, a poll may hang)."""
+        return len(self._open)
+
     def flush(self, timeout_s: float) -> bool:
         """Drain until every op submitted before the call has ended (not those another thread submits meanwhile);
         False if that took longer than timeout_s."""
