@@ -339,3 +339,39 @@ def test_a_plugin_disabled_mid_run_still_gets_the_stop_of_every_event_it_started
     c = h.counters()
     # op 0: 2 KernelSteps failed, 2 and its KernelCh not offered; ops 1-2: nobody listens (8 KernelSteps)
     assert (c["delivered_coll"], c["plugin_error"], c["plugin_disabled"], c["masked_out"]) == (1, 2, 3, 8)
+
+
+def test_an_interrupt_inside_a_plugin_start_leaves_no_event_open():
+    """A Ctrl-C landing in a plugin's start_event during begin_op (the user catches it and goes on) left that op's
+    GroupApi and Group started and never stopped, and no counter said so: the op is registered before its
+    starts now (end_op or close ends what started) and the GroupApi stops whatever happens after it."""
+    from slicetrace.events.abi import EventType as T
+    from tests.unit.test_host import chrec, coll_op, host_of, recs
+    from tests.unit.test_plugin import RecPlugin
+
+    class Interrupted(RecPlugin):
+        fire = False
+
+        def start_event(self, ctx, d):
+            if self.fire and d.type == T.COLL:
+                self.fire = False
+                raise KeyboardInterrupt
+            return super().start_event(ctx, d)
+    p = Interrupted(mask=int(T.GROUP_API | T.COLL | T.KERNEL_STEP))
+    h = host_of(p)
+    interrupted = []
+    for tag in (1, 2, 3):
+        p.fire = tag == 2
+        try:
+            h.begin_op(coll_op(tag))
+        except KeyboardInterrupt:
+            interrupted.append(tag)
+            continue
+        h.steps(tag, recs(tag, 3))
+        h.channel(tag, chrec(tag))
+        h.end_op(tag, 9999)
+    h.close()
+    assert interrupted == [2]
+    stopped = {c[1][:2] for c in p.of("stop")}
+    assert {("h", i) for i in range(1, p.n + 1)} - stopped == set()
+    assert h.counters()["missing_kernel_ch"] == 1        # op 2 never ran: its expected KernelCh is counted

@@ -144,49 +144,51 @@ class Emitter:
         if pm & _GA:
             ga = kept(self._start(i, GroupApiDescr(T.GROUP_API, None, rank, ts, group_depth=info.group_depth), _OFF)
                       if real & _GA else self._skip(i, "unrecorded_group_api", _OFF), _GA)
-        apis: list[Any] = []
-        for t in op.tasks:
-            api = _OFF
-            ti = t.info
-            if t.p2p and pm & _PA:
-                api = kept(self._start(i, P2pApiDescr(T.P2P_API, None, rank, ts, func=ti.func, count=ti.count,
-                                                       datatype=ti.datatype, stream=info.stream,
-                                                       user_tag=_tag(info, ti)), ga)
-                           if real & _PA else self._skip(i, "unrecorded_p2p_api", ga), _PA, ga)
-            elif not t.p2p and pm & _CA:
-                api = kept(self._start(i, CollApiDescr(T.COLL_API, None, rank, ts, func=ti.func, count=ti.count,
-                                                        datatype=ti.datatype, root=ti.root, stream=info.stream,
-                                                        user_tag=_tag(info, ti)), ga)
-                           if real & _CA else self._skip(i, "unrecorded_coll_api", ga), _CA, ga)
-            apis.append(api)
-            self._stop(i, api, ts)        # API events stop once enqueued (NCCL semantics)
-        if pm & _KL:
-            kl = (self._start(i, KernelLaunchDescr(T.KERNEL_LAUNCH, None, rank, ts, stream=info.stream), ga)
-                  if real & _KL else self._skip(i, "unrecorded_kernel_launch", ga))
-            self._stop(i, kl, ts)
-        grp = _OFF
-        if pm & _B.GROUP:
-            grp = kept(self._start(i, GroupDescr(T.GROUP, None, rank, ts), _OFF)
-                       if real & _B.GROUP else self._skip(i, "unrecorded_group", _OFF), _B.GROUP)
-        op.groups[i] = grp
-        old_parenting = self._slots[i].lp.version <= 4
-        for t, api in zip(op.tasks, apis):
-            ti = t.info
-            parent = grp if old_parenting else api
-            if t.p2p and pm & _B.P2P:
-                if not real & _B.P2P:
-                    t.handles[i] = self._skip(i, "unrecorded_p2p", parent)
+        try:                          # a Ctrl-C inside a plugin call: the GroupApi stops all the same
+            apis: list[Any] = []
+            for t in op.tasks:
+                api = _OFF
+                ti = t.info
+                if t.p2p and pm & _PA:
+                    api = kept(self._start(i, P2pApiDescr(T.P2P_API, None, rank, ts, func=ti.func, count=ti.count,
+                                                           datatype=ti.datatype, stream=info.stream,
+                                                           user_tag=_tag(info, ti)), ga)
+                               if real & _PA else self._skip(i, "unrecorded_p2p_api", ga), _PA, ga)
+                elif not t.p2p and pm & _CA:
+                    api = kept(self._start(i, CollApiDescr(T.COLL_API, None, rank, ts, func=ti.func, count=ti.count,
+                                                            datatype=ti.datatype, root=ti.root, stream=info.stream,
+                                                            user_tag=_tag(info, ti)), ga)
+                               if real & _CA else self._skip(i, "unrecorded_coll_api", ga), _CA, ga)
+                apis.append(api)
+                self._stop(i, api, ts)        # API events stop once enqueued (NCCL semantics)
+            if pm & _KL:
+                kl = (self._start(i, KernelLaunchDescr(T.KERNEL_LAUNCH, None, rank, ts, stream=info.stream), ga)
+                      if real & _KL else self._skip(i, "unrecorded_kernel_launch", ga))
+                self._stop(i, kl, ts)
+            grp = _OFF
+            if pm & _B.GROUP:
+                grp = kept(self._start(i, GroupDescr(T.GROUP, None, rank, ts), _OFF)
+                           if real & _B.GROUP else self._skip(i, "unrecorded_group", _OFF), _B.GROUP)
+            op.groups[i] = grp
+            old_parenting = self._slots[i].lp.version <= 4
+            for t, api in zip(op.tasks, apis):
+                ti = t.info
+                parent = grp if old_parenting else api
+                if t.p2p and pm & _B.P2P:
+                    if not real & _B.P2P:
+                        t.handles[i] = self._skip(i, "unrecorded_p2p", parent)
+                        continue
+                elif not t.p2p and pm & _B.COLL:
+                    if not real & _B.COLL:
+                        t.handles[i] = self._skip(i, "unrecorded_coll", parent)
+                        continue
+                else:
                     continue
-            elif not t.p2p and pm & _B.COLL:
-                if not real & _B.COLL:
-                    t.handles[i] = self._skip(i, "unrecorded_coll", parent)
-                    continue
-            else:
-                continue
-            t.handles[i] = kept(self._start(i, self._task_descr(info, ti, t.p2p, grp), parent),
-                                _B.P2P if t.p2p else _B.COLL, parent)
-        if ga is not _OFF:
-            self._stop(i, ga, ts)
+                t.handles[i] = kept(self._start(i, self._task_descr(info, ti, t.p2p, grp), parent),
+                                    _B.P2P if t.p2p else _B.COLL, parent)
+        finally:
+            if ga is not _OFF:
+                self._stop(i, ga, ts)
 
     def _emit_fast(self, i: int, op: _Op, pm: int, real: int, pt: Any) -> None:
         """_emit_begin when every API/Group/KernelLaunch parent is skipped (the example plugin's default): the

@@ -122,10 +122,10 @@ class EventHost(Emitter, PollRuns):
         old = self._ops.pop(info.tag, None)
         if old is not None:           # a tag reused before its end_op: close the old op first
             self._finish(old, info.ts_ns)
+        self._ops[info.tag] = op      # first: a Ctrl-C in a plugin's start leaves what started to end_op or close
         for i, pm in enumerate(pms):
             if pm:
                 self._emit_begin(i, op, pm if self._slots[i].lp.passthrough is None else pm & lives[i], lives[i])
-        self._ops[info.tag] = op
 
     def _route(self, op: _Op, recs: np.ndarray) -> list[tuple[_Task, Any]]:
         """(task, row selection or None = all rows) per task that has records. Each record goes to one task:
