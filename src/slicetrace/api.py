@@ -184,8 +184,8 @@ class Communicator:
 
     def reduce(self, x: Any, out: Any = None, root: int = 0, op: str = "sum", *, user_tag: int = 0,
                stream: Any = None):
-        """The reduction into out (or a new array) on the root; None on the other ranks, whose out, if given, is
-        left as it was (NCCL's recvbuff is used on the root only)."""
+        """The reduction into out (or a new array) on the root; on the other ranks, out as it was if given, else
+        None (NCCL's recvbuff is used on the root only)."""
         return self._collective("reduce", x, out, lambda n: (n, n), op, root, user_tag, stream)
 
     def all_gather(self, x: Any, out: Any = None, *, user_tag: int = 0, stream: Any = None):

@@ -289,7 +289,7 @@ class Settings:
                                   + (f", {rule[1]}" if rule else "")) from None
         pools = dict(DEFAULT_POOL_SIZES)
         for name, var in zip(POOL_NAMES, POOL_VARIABLES):
-            if var in env:
+            if var in env and overrides.get("pool_sizes") is None:     # the keyword replaces them all: unread
                 try:
                     pools[name] = _int(env[var])
                 except ValueError:

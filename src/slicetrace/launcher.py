@@ -71,8 +71,9 @@ def init(backend: str | None = None, rank: int | None = None, world_size: int | 
             world_size = _LAUNCH[1]
         store = _LAUNCH[2] if store is None else store
     env = dist_env(ranks=rank is None or world_size is None, master=False)
-    rank_name = "RANK" if rank is None and env.rank is not None else "rank"       # upper case: from the environment
-    world_name = "WORLD_SIZE" if world_size is None and env.world_size is not None else "world_size"
+    used = (rank is None and env.rank is not None) or (world_size is None and env.world_size is not None)
+    rank_name = "RANK" if rank is None and (env.rank is not None or used) else "rank"   # upper: the environment's
+    world_name = "WORLD_SIZE" if world_size is None and (env.world_size is not None or used) else "world_size"
     rank = env.rank if rank is None else rank
     world_size = env.world_size if world_size is None else world_size
     if rank is None or world_size is None:

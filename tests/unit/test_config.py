@@ -558,3 +558,26 @@ def test_a_closing_communicators_last_info_lines_show_beside_a_warn_one(capsys, 
     finally:
         log.setLevel(level)
     assert "slicetrace rank 0 INFO: slicetrace linkstats rank 0: " in capsys.readouterr().err
+
+
+def test_pool_size_variables_are_not_read_when_pool_sizes_is_given():
+    """pool_sizes= replaces every pool variable (README), as any keyword its variable: a bad
+    SLICETRACE_PROFILE_COLL_POOL_SIZE still failed init(pool_sizes={...})."""
+    env = {"SLICETRACE_PROFILE_COLL_POOL_SIZE": "x", "SLICETRACE_PROFILE_P2P_POOL_SIZE": "9"}
+    s = Settings.from_env(env, pool_sizes={"COLL": 5})
+    assert dict(s.pool_sizes) == {"COLL": 5}                # the variables, bad or good, are not read
+    with pytest.raises(ConfigError, match="SLICETRACE_PROFILE_COLL_POOL_SIZE='x' must be an integer >= 1"):
+        Settings.from_env(env)
+
+
+def test_init_with_rank_from_the_environment_names_the_missing_world_size_variable(monkeypatch):
+    """RANK=1 alone said "RANK=1 and world_size=None": no world_size keyword was given; WORLD_SIZE is missing."""
+    import slicetrace
+    from slicetrace.errors import UsageError
+    for var in ("WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(UsageError, match=r"^RANK=1 and WORLD_SIZE=None: give both"):
+        slicetrace.init(backend="null")
+    with pytest.raises(UsageError, match=r"^rank=1 and world_size=None: give both"):
+        slicetrace.init(rank=1, backend="null")

@@ -212,8 +212,9 @@ def test_none_spec_loads_nothing():
 
 def test_a_plugin_listed_twice_is_refused():
     """Two example plugins would write the same <prefix>_<commHash>_<rank>.json, one over the other."""
-    with pytest.raises(PluginError, match=r"^profiler_plugin='example, linkstats,example': 'example' is listed "
-                                          r"twice \(maybe by another name\); list each plugin once$"):
+    with pytest.raises(PluginError, match=r"^profiler_plugin \(SLICETRACE_PROFILER_PLUGIN\)='example, linkstats,"
+                                          r"example': 'example' is listed twice \(maybe by another name\); list each "
+                                          r"plugin once$"):
         load_plugins("example, linkstats,example", Settings())
 
 
@@ -271,8 +272,8 @@ def test_entry_point_names_resolve(plugmod, monkeypatch):
 
 def test_unknown_name_names_the_value_and_what_is_accepted(monkeypatch):
     monkeypatch.setattr(loading, "_entry_points", lambda: {"mine": None})
-    with pytest.raises(PluginError, match=r"^profiler_plugin='nope' is not a built-in or entry point name "
-                                          r"\(\['example', 'linkstats', 'mine'\]\) nor a 'module:attr' path"):
+    with pytest.raises(PluginError, match=r"^profiler_plugin \(SLICETRACE_PROFILER_PLUGIN\)='nope' is not a "
+                                          r"built-in or entry point name \(\['example', 'linkstats', 'mine'\]\) nor a 'module:attr' path"):
         load_plugins("example,nope", Settings())
 
 

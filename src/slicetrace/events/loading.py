@@ -15,6 +15,7 @@ ENTRY_POINT_GROUP = "slicetrace.profilers"
 # Imported lazily by string: events must not import sinks.
 BUILTINS: dict[str, str] = {"example": "slicetrace.sinks.chrome:ChromePlugin",
                              "linkstats": "slicetrace.sinks.linkstats:LinkStatsPlugin"}
+_SPEC = "profiler_plugin (SLICETRACE_PROFILER_PLUGIN)"     # where a spec comes from: the keyword or the variable
 
 
 def _entry_points() -> dict[str, Any]:
@@ -49,8 +50,8 @@ def resolve(item: str) -> Any:
         except Exception as e:
             raise PluginError(f"profiler_plugin item {item!r}: entry point {eps[item].value!r} failed to load ({e})") from e
     known = sorted(set(BUILTINS) | set(eps))
-    raise PluginError(f"profiler_plugin={item!r} is not a built-in or entry point name ({known}) nor a "
-                      f"'module:attr' path; use 'none' to disable profiling")
+    raise PluginError(f"{_SPEC}={item!r} is not a built-in or entry point name ({known}) nor a 'module:attr' "
+                      f"path; use 'none' to disable profiling")
 
 
 def _construct(factory: Any, item: str, settings: Any) -> Any:
@@ -88,11 +89,11 @@ def load_plugins(spec: str | None, settings: Any) -> list[LoadedPlugin]:
         if not item:
             continue
         if item.lower() == "none":
-            raise PluginError(f"profiler_plugin={spec!r}: 'none' cannot be combined with other plugins")
+            raise PluginError(f"{_SPEC}={spec!r}: 'none' cannot be combined with other plugins")
         obj = resolve(item)
         if any(o is obj for o in seen):                 # two of one plugin would write the same files
-            raise PluginError(f"profiler_plugin={spec!r}: {item!r} is listed twice (maybe by another name); list "
-                              f"each plugin once")
+            raise PluginError(f"{_SPEC}={spec!r}: {item!r} is listed twice (maybe by another name); list each "
+                              f"plugin once")
         seen.append(obj)
         if isinstance(obj, type) or not hasattr(obj, "init"):
             if not callable(obj):
