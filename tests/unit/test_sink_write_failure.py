@@ -133,7 +133,7 @@ def test_another_runs_trace_still_being_written_beside_ours_is_not_called_incomp
     assert "trace_4242_<rank>.json" in note
 
 
-def test_a_slow_file_does_not_hold_the_callback_that_filled_a_buffer(tmp_path, monkeypatch):
+def test_a_slow_file_does_not_hold_the_callback_that_filled_a_buffer(tmp_path, monkeypatch, caplog):
     """The example plugin wrote a full buffer inside the callback that filled it, under the host's lock: a million
     KernelSteps (about a second to format and write) held the user's thread at begin_op for the host's 1 s wait,
     and the ops behind went unprofiled (consumer_behind). A writer thread appends now; here the file's writes
@@ -173,7 +173,9 @@ def test_a_slow_file_does_not_hold_the_callback_that_filled_a_buffer(tmp_path, m
     gate.set()                              # release the writes (and a callback stuck in one, on the old code)
     t.join(60)
     assert done, "the op loop waited for the file"
-    host.close()
+    with caplog.at_level(logging.INFO, logger="slicetrace"):
+        host.close()
+    assert f"slicetrace example plugin rank 1: wrote {ctx.path} (448 KernelSteps, " in caplog.text   # launch()'s users
     recs = read_records(ctx.path)
     c = recs[-1]["args"]
     assert recs[-1]["name"] == "slicetrace_counters" and host.counters()["consumer_behind"] == 0

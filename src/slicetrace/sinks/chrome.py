@@ -23,6 +23,7 @@ failed write (a full disk) ends the file at its last whole record, and finalize 
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import numpy as np
@@ -34,6 +35,8 @@ from ..events.abi import (ActivationMask, CollApiDescr, CollDescr, CommInfo, Eve
                           State, StateArgs)
 from .chrome_store import NO_IDS, POOL_OF, Ctx, Ev, parent_ids
 from .chrome_text import COLL_B, OP_E, P2P_B, js, metadata, pair, us
+
+log = logging.getLogger("slicetrace")
 
 T = EventType
 DEFAULT_MASK = int(T.COLL | T.P2P | T.KERNEL_CH | T.KERNEL_STEP)      # 65606
@@ -252,6 +255,9 @@ class ChromePlugin:
             args = {**ctx.host_counters, **self.counters(ctx)}
             ctx.write(json.dumps({"name": "slicetrace_counters", "ph": "M", "pid": ctx.pid, "tid": 0,
                                   "args": args}, separators=(",", ":")) + "\n]\n")
+            if ctx.error is None:           # where the trace went (bench prints it; launch() and init() users)
+                log.info("slicetrace example plugin rank %d: wrote %s (%d KernelSteps, %d B)", ctx.rank, ctx.path,
+                         ctx.written["KERNEL_STEP"], ctx.good)
         finally:
             ctx.done = True             # a failed write (disk full) is not retried, and the file is closed anyway
             ctx.close_writer()          # finalize raised before its own call: the thread still ends
