@@ -307,3 +307,9 @@ def test_all_gather_and_reduce_scatter_get_channels_by_nccls_bytes(per_rank, wan
         assert len(plan.programs) == want, (func, len(plan.programs))
     assert len(plan_collective("all_reduce", n, 3, count, 4, 0, auto_channels(count * 4, 32), 1 << 19).programs) \
         == max(1, min(32, per_rank // (32 << 10)))
+
+
+def test_a_cached_plan_takes_keywords_and_one_op_is_one_entry_however_called():
+    """The cache's wrapper took positional arguments only: plan_collective(..., root=0) raised TypeError."""
+    pos = plan_collective("all_reduce", 2, 0, 100, 4, 0, 1, STEP)
+    assert plan_collective("all_reduce", 2, 0, 100, 4, root=0, nchannels=1, step_bytes=STEP) is pos

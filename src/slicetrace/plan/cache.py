@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 from functools import lru_cache
 from typing import Any, Callable
 
@@ -14,9 +15,14 @@ def plans_cache(nbytes_of: Callable[..., int]) -> Callable:
     250-630 MB in a run of random large counts."""
     def deco(fn: Callable) -> Callable:
         small, large = lru_cache(maxsize=4096)(fn), lru_cache(maxsize=64)(fn)
+        sig = inspect.signature(fn)
 
         @functools.wraps(fn)
-        def plan(*args: Any) -> Any:
+        def plan(*args: Any, **kw: Any) -> Any:
+            if kw:                          # one key per op, however it is called: all positional, defaults filled
+                b = sig.bind(*args, **kw)
+                b.apply_defaults()
+                args = b.args
             return (small if nbytes_of(*args) <= _SMALL_PLAN else large)(*args)
         plan.caches = (small, large)        # type: ignore[attr-defined]
         return plan
