@@ -287,7 +287,8 @@ def test_a_link_slow_in_half_the_ops_only_is_not_named():
     assert [(ln["src"], ln["ops"], ln["ops_slow"], ln["sender_outlier"]) for ln in rep.slow_links] == [(0, 4, 3, True)]
     text = _text(rep)
     assert "slow link: rank 0's data path or link 0->1 moves 10.00 GB/s (typical slice), 75 % below the median " \
-        "link (40.00), in 3 of 4 ops; rank 0 also moves data longest (975.0 us, the median rank 300.0 us)" in text
+        "link (40.00), in 3 of 4 ops; rank 0 also moves data longest (975.0 us of copies, the median rank 300.0 " \
+        "us)" in text
     assert "channels" not in text.split("slow link:")[1]
 
 

@@ -80,11 +80,12 @@ def test_slow_links_tell_a_slow_link_from_a_slow_channel():
     con = Console(record=True, width=200)
     render(rep, console=con)
     text = con.export_text()
-    assert re.search(r"2->3 │\s+3\.8 │\s+4 │\s+10\.00 │", text)     # 4 x 1 MB in MiB, 4 slices
+    # 4 x 1 MB in MiB, 4 slices, on 4 channels at once: 4 MB in 100 us (a channel alone moves 10 GB/s)
+    assert re.search(r"2->3 │\s+3\.8 │\s+4 │\s+40\.00 │\s+100\.0 │", text)
     flat = " ".join(text.split())                       # rich wraps the long lines
     assert "slow link: rank 2's data path or link 2->3 moves 10.00 GB/s (typical slice), 68 % below the median " \
-        "link (31.43); that far below the other links on 4 of 4 channels; rank 2 also moves data longest (400.0 us, " \
-        "the median rank 137.5 us)" in flat          # its sends are all rank 2 moves: the two look alike
+        "link (31.43); that far below the other links on 4 of 4 channels; rank 2 also moves data longest (400.0 us " \
+        "of copies, the median rank 137.5 us)" in flat          # its sends are all rank 2 moves: the two look alike
     assert "slow link: link 0->1 moves" in flat
     even = build(_rows([r[:8] + (25_000,) for r in rows]))                 # all links alike: none is slow
     assert even.slow_links == []
@@ -406,3 +407,22 @@ def test_kernel_ch_without_kernel_steps_says_why_the_link_tables_are_empty():
     render(build(_rows([(0, 0, 1, 1, 0, 8, 0, 1, 2)])), console=con)
     assert "no KernelStep events" not in con.export_text()
 
+
+
+def test_channels_moving_at_once_are_not_added_up_in_link_rates_and_rank_times():
+    """Link GB/s was bytes over the transfer times summed over channels, one channel's rate (1/C of the link's on
+    C channels), and a rank's waiting and moving times were sums that could pass the run's length. 0->1 on 2
+    channels at once, 1 MiB per slice in 1 ms, 10 steps: the link moved 20 MiB in 10 ms."""
+    rows = []
+    for step in range(10):
+        t0 = step * 1_000_000
+        for ch in range(2):
+            rows.append((0, ch, 1, 1, step, 1 << 20, t0, t0, t0 + 1_000_000))
+            rows.append((1, ch, 0, 0, step, 1 << 20, t0 - 500_000, t0, t0 + 1_000_000))   # waited 0.5 ms for it
+    rep = build(_rows(rows))
+    (ln,) = rep.links
+    assert ln["busy_us"] == pytest.approx(10_000) and ln["gbps"] == pytest.approx(20 * 2**20 / 10e6)
+    assert ln["send_transfer_us"] == pytest.approx(20_000)      # the channel-summed figure stays in the JSON
+    r0, r1 = rep.ranks
+    assert r0["transfer_us"] == pytest.approx(10_000) and r0["copy_us"] == pytest.approx(20_000)
+    assert r1["recv_wait_us"] == pytest.approx(5_000)           # 0.5 ms before each step, both channels at once

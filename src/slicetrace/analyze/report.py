@@ -59,7 +59,8 @@ def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.n
     ranks = sorted(int(r) for r in ranks)
     wait = (ks["ready_ns"] - ks["wait_ns"]).astype(np.float64)
     r_half, s_half = fused_pairs(ks, ks["rank"], ks["op"], ks["channel"])
-    xfer = (ks["done_ns"] - moving_from(ks, pairs=(r_half, s_half))).astype(np.float64)
+    moved = moving_from(ks, pairs=(r_half, s_half))
+    xfer = (ks["done_ns"] - moved).astype(np.float64)
     once = np.ones(len(ks), bool)           # a fused slice's time counted once per rank: by its send half
     once[r_half] = False
     send = ks["is_send"] == 1
@@ -68,18 +69,22 @@ def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.n
         m = send & (ks["rank"] == src) & (ks["peer"] == dst)
         rm = ~send & (ks["rank"] == dst) & (ks["peer"] == src)
         b = int(ks["size"][m].sum())
-        t = float(xfer[m].sum())
+        busy = _union_ns(moved[m], ks["done_ns"][m])        # channels move at once: their time counted once
         links.append({"src": src, "dst": dst, "bytes": b, "slices": int(m.sum()),
                       "judged_slices": int((m & (ks["size"] >= MIN_JUDGED_BYTES) & (xfer > 0)).sum()),
-                      "send_transfer_us": t / 1e3, "send_credit_wait_us": float(wait[m].sum()) / 1e3,
+                      "send_transfer_us": float(xfer[m].sum()) / 1e3, "busy_us": busy / 1e3,
+                      "send_credit_wait_us": float(wait[m].sum()) / 1e3,
                       "recv_data_wait_us": float(wait[rm].sum()) / 1e3,
-                      "gbps": b / t if t > 0 else None})
+                      "gbps": b / busy if busy > 0 else None})
     per_rank = []
     for r in sorted(set(int(x) for x in ks["rank"])):
         m = ks["rank"] == r
-        per_rank.append({"rank": r, "recv_wait_us": float(wait[m & ~send].sum()) / 1e3,
-                         "send_wait_us": float(wait[m & send].sum()) / 1e3,
-                         "transfer_us": float(xfer[m & once].sum()) / 1e3, "slices": int(m.sum())})
+        w, x = m & ~send, m & once          # wall time in each state, on any channel or peer (summed, it can
+        per_rank.append({"rank": r,         # pass the run's length: channels wait and move at once)
+                         "recv_wait_us": _union_ns(ks["wait_ns"][w], ks["ready_ns"][w]) / 1e3,
+                         "send_wait_us": _union_ns(ks["wait_ns"][m & send], ks["ready_ns"][m & send]) / 1e3,
+                         "transfer_us": _union_ns(moved[x], ks["done_ns"][x]) / 1e3, "slices": int(m.sum()),
+                         "copy_us": float(xfer[x].sum()) / 1e3})    # its copies' work, summed over channels
     waited = {}
     for r, p, w in zip(ks["rank"][~send], ks["peer"][~send], wait[~send]):
         waited[(int(r), int(p))] = waited.get((int(r), int(p)), 0.0) + float(w)
@@ -93,12 +98,24 @@ def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.n
                 "transfer_us": float(xfer[i]) / 1e3, "gbps": float(bw[i])} for i in order if np.isfinite(bw[i])]
     skew = stragglers(chs, top, ranks)
     no_counters = [r for r in ranks if r not in counters] if counters is not None else []
-    moving = {r["rank"]: r["transfer_us"] for r in per_rank}
+    moving = {r["rank"]: r["copy_us"] for r in per_rank}
     ops = op_index(ks)
     return Report(links, per_rank, waited_on, slowest, counters or {}, skew.ranks, skew.ops,
                   slow_links(ks[send], xfer[send], ops[send], moving), skew.left_out, no_counters,
                   skew.startup, skew.rule, held_up(ks, ops, starts),
                   unfinished(spans or [], chs, ranks))
+
+
+def _union_ns(starts: np.ndarray, ends: np.ndarray) -> float:
+    """Length of the union of the intervals [starts, ends): each adds what it reaches past every earlier-starting
+    one."""
+    if not len(starts):
+        return 0.0
+    o = np.argsort(starts, kind="stable")
+    s, e = starts[o].astype(np.int64), ends[o].astype(np.int64)
+    reach = np.maximum.accumulate(e)
+    before = np.concatenate(([np.iinfo(np.int64).min], reach[:-1]))
+    return float(np.maximum(0, e - np.maximum(s, before)).sum())
 
 
 def _typical(sends: np.ndarray, xfer: np.ndarray, *cols: np.ndarray):
@@ -185,13 +202,13 @@ def slow_links(sends: np.ndarray, xfer: np.ndarray, ops: np.ndarray | None = Non
 def render(rep: Report, console=None) -> None:
     from rich.table import Table
     con = console or _console()
-    t = Table(title="links (sender side transfer; receiver side wait)")
-    for c in ("src->dst", "MiB", "slices", "GB/s", "transfer us", "credit wait us", "data wait us"):
+    t = Table(title="links (sender side moving: any channel; waits summed over channels; receiver side data wait)")
+    for c in ("src->dst", "MiB", "slices", "GB/s", "moving us", "credit wait us", "data wait us"):
         t.add_column(c, justify="right")
     for ln in rep.links:                # exact bytes are in --json; MiB keeps the row within 80 columns
         g = "n/a" if ln["gbps"] is None else f"{ln['gbps']:.2f}"       # None: no transfer time (coarse clock)
         t.add_row(f"{ln['src']}->{ln['dst']}", f"{ln['bytes'] / 2**20:,.1f}", str(ln["slices"]), g,
-                  f"{ln['send_transfer_us']:.1f}", f"{ln['send_credit_wait_us']:.1f}", f"{ln['recv_data_wait_us']:.1f}")
+                  f"{ln['busy_us']:.1f}", f"{ln['send_credit_wait_us']:.1f}", f"{ln['recv_data_wait_us']:.1f}")
     con.print(t)
     sampled = {r: c.get("sampled_out", 0) for r, c in rep.counters.items() if c.get("sampled_out")}
     if sampled:
@@ -248,7 +265,7 @@ def render(rep: Report, console=None) -> None:
                       f"after their first op ({w['data_us']:.1f} us for its data, {w['credit_us']:.1f} us for room "
                       f"in its buffers; a wait on a rank that was itself waiting is passed on to the rank it waited "
                       f"for){nxt}{why}")
-    moving = {r["rank"]: r["transfer_us"] for r in rep.ranks}
+    moving = {r["rank"]: r["copy_us"] for r in rep.ranks}
     for ln in rep.slow_links:
         s, d = ln["src"], ln["dst"]
         who = f"rank {s}'s data path or link {s}->{d}" if ln["sender_outlier"] else f"link {s}->{d}"
@@ -257,7 +274,7 @@ def render(rep: Report, console=None) -> None:
                   + (f", in {ln['ops_slow']} of {ln['ops']} ops" if ln["ops"] > 1 else "")
                   + (f"; that far below the other links on {ln['channels_slow']} of {ln['channels']} channels"
                      if ln["channels"] > 1 else "")
-                  + (f"; rank {s} also moves data longest ({moving[s]:.1f} us, the median rank "
+                  + (f"; rank {s} also moves data longest ({moving[s]:.1f} us of copies, the median rank "
                      f"{float(np.median(list(moving.values()))):.1f} us): a slow rank's copies look like a slow link"
                      if ln["sender_outlier"] else ""))
     judged = sum(1 for ln in rep.links if ln.get("judged_slices", 1))
