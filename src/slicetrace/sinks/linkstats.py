@@ -42,12 +42,12 @@ _SAMPLED = " (of the profiled ops' kept slices only: see slicetrace_sampling)"
 _METRICS = (("slices_total", "KernelStep slices of this link" + _SAMPLED, 1.0),
             ("bytes_total", "Bytes that this link's slices moved" + _SAMPLED, 1.0),
             ("wait_seconds_total", "Time its slices waited for data (recv) or credit (send)" + _SAMPLED, 1e-9),
-            ("transfer_seconds_total", "Time its slices spent moving data" + _SAMPLED, 1e-9))
+            ("transfer_seconds_total", "Time its slices spent moving data, summed over channels" + _SAMPLED, 1e-9))
 
 
 def prometheus_text(comm: CommInfo, table: dict, counters: dict[str, int], sampling: dict | None = None) -> str:
     """The link table (and loss counters) in the Prometheus text format; rate(bytes) / rate(transfer_seconds) is
-    a link's bandwidth while it moves data."""
+    a link's bandwidth per channel while it moves data (C channels at once move up to C times that)."""
     base = f'comm="{comm.comm_hash}",comm_name="{_escape(comm.comm_name)}",rank="{comm.rank}"'
     lines = []
     if sampling:                    # the counters count what was profiled and kept, not everything: say how much
