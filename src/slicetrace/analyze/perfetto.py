@@ -96,7 +96,7 @@ class _File:
                 t0 = round(float(r["ts"]) * 1000)
                 tid = r.get("tid", 0)
                 a = r.get("args", {})
-                key = (_flow_key(self.comm, self.rank, parent_cat.get(a.get("ParentId")), a)
+                key = (_flow_key(self.comm, self.rank, _kind(parent_cat, a), a)
                        if r.get("name") == "KernelStep" and "Step" in a and "Peer" in a else None)
                 self.slices.append((names.get(tid) or f"tid {tid}", r.get("name", ""), r.get("cat", ""), t0,
                                     t0 + round(float(r.get("dur", 0)) * 1000), a, key))
@@ -111,6 +111,16 @@ class _File:
                          else "operations" if b.get("cat") in ("COLL", "P2P") else str(b.get("cat", "async")))
                 self.slices.append((track, b.get("name", ""), b.get("cat", ""), round(float(b["ts"]) * 1000),
                                     round(float(r["ts"]) * 1000), args, None))
+
+
+def _kind(parent_cat: dict, a: dict) -> str | None:
+    """A KernelStep's parent kind: its Coll/P2p record's, or, when that record is not in the file (cut short: the
+    sink writes KernelSteps ahead of their ops), from its SeqNum (a collective's is >= 0); None without a parent."""
+    pid = a.get("ParentId")
+    kind = parent_cat.get(pid)
+    if kind is None and type(pid) is int and pid >= 0 and type(a.get("SeqNum")) is int:
+        kind = "COLL" if a["SeqNum"] >= 0 else "P2P"
+    return kind
 
 
 def _flow_key(comm: str, rank: int, kind: str | None, a: dict) -> tuple:
