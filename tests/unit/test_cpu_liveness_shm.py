@@ -31,9 +31,9 @@ def guard_with_peer(timeout_s: float, heartbeat_age_s: float, pid: int | None = 
     return g
 
 
-def check_twice(g: Guard) -> None:
+def check_twice(g: Guard, waiting_on: tuple[int, ...] = (1,)) -> None:
     for _ in range(2):               # a peer counts as gone when seen so at two checks 20 ms apart or more
-        g.check((1,))
+        g.check(waiting_on)
         time.sleep(0.025)
 
 
@@ -56,6 +56,34 @@ def test_a_dead_peer_is_found_at_once_whatever_timeout_s():
     p.wait(10)
     g = guard_with_peer(timeout_s=600, heartbeat_age_s=0, pid=p.pid)
     with pytest.raises(PeerError, match=rf"rank 1 \(pid {p.pid}\) exited"):
+        check_twice(g)
+
+
+def test_a_peer_that_exited_is_judged_only_by_the_waits_that_need_it():
+    """A rank that did its part and exited without close() aborted a point-to-point op between two other ranks
+    (and, with one rank descheduled for 0.4 s, a reduce that would have completed): every wait judged every peer
+    dead. A ring's dead rank is still found, by the neighbour that waits on it, whose abort reaches every rank."""
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait(10)
+    g = guard_with_peer(timeout_s=600, heartbeat_age_s=0, pid=p.pid)
+    check_twice(g, waiting_on=(2,))                     # a wait on another rank: rank 1 is not its concern
+    check_twice(g, waiting_on=())
+    with pytest.raises(PeerError, match=rf"rank 1 \(pid {p.pid}\) exited"):
+        check_twice(g)
+
+
+def test_a_peer_in_another_pid_namespace_is_not_judged_by_its_pid():
+    """Containers that share /dev/shm but not a PID namespace: a peer's pid (1 in its own namespace) named some
+    other process here, and any wait over 50 ms aborted the communicator ("rank 1 (pid 1) exited (pid reused)").
+    Its attach records pid 0 for such a peer, which only its heartbeat and closed word judge."""
+    from slicetrace.backend.procs import pid_ns_id
+    assert pid_ns_id() == int(os.readlink("/proc/self/ns/pid").split("[")[1][:-1]) > 0
+    g = guard_with_peer(timeout_s=600, heartbeat_age_s=0)
+    pctl, reason, _, start = g.peers[1]
+    g.peers[1] = (pctl, reason, 0, start)               # as _attach stores a peer of another namespace
+    check_twice(g)                                      # alive by its heartbeat
+    pctl[C_HEARTBEAT] = time.monotonic_ns() - int(700 * 1e9)
+    with pytest.raises(PeerError, match=r"rank 1 \(pid \d+\) stopped responding"):
         check_twice(g)
 
 

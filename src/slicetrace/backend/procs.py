@@ -22,6 +22,15 @@ def pid_space() -> str:
     return f"{socket.gethostname()}/{ns}"
 
 
+def pid_ns_id() -> int:
+    """This process's PID namespace as a number (the inode of /proc/self/ns/pid), 0 if unknown: a peer's pid is
+    judged only when both say the same non-zero number."""
+    try:
+        return int(os.readlink("/proc/self/ns/pid").rsplit("[", 1)[1].rstrip("]"))
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 def _stat(pid: int) -> list[bytes]:
     """The fields of /proc/<pid>/stat after the command name (fields 3..); OSError if unreadable."""
     with open(f"/proc/{pid}/stat", "rb") as f:

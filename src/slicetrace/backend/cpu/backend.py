@@ -20,10 +20,10 @@ import numpy as np
 from ...errors import BackendError, MismatchError, PeerError, UsageError
 from ...stamps.layout import RingViews, ring_bytes
 from ..base import HostBackend, Work, host_pointer, part_views, quiet_thread
-from ..procs import proc_dead, proc_start_time
+from ..procs import pid_ns_id, proc_dead, proc_start_time
 from ..segment import Segment, host_id, sigterm_exits, unlink_name
 from .shm import (ABORT_MISMATCH, ABORT_PEER, C_ABORT, C_BUFFSIZE, C_CLOSED, C_FUTEX, C_HEARTBEAT, C_MAGIC, C_NCH,
-                  C_P2PCHUNK, C_PID, C_SLOTS, C_START, C_WORLD, H_MSG, MAGIC, NSIG, PAGE, REASON_MAX,
+                  C_P2PCHUNK, C_PID, C_PIDNS, C_SLOTS, C_START, C_WORLD, H_MSG, MAGIC, NSIG, PAGE, REASON_MAX,
                   REASON_OFF, layout, segment_size)
 from . import affinity, futex
 from .stamper import FastRingWriter
@@ -115,6 +115,7 @@ class CpuBackend(HostBackend):
         ctl[C_PID], ctl[C_START], ctl[C_HEARTBEAT] = os.getpid(), proc_start_time(os.getpid()), time.monotonic_ns()
         ctl[C_NCH], ctl[C_BUFFSIZE], ctl[C_WORLD], ctl[C_SLOTS] = nch, s.buffsize, world, s.ring_slots
         ctl[C_P2PCHUNK] = s.p2p_chunk_bytes
+        ctl[C_PIDNS] = pid_ns_id()
         ctl[C_MAGIC] = MAGIC
         self.ctl = ctl
         self._rings = RingViews(self.seg.bytes_(rings, ring_bytes(nch, s.ring_slots)), nch, s.ring_slots)
@@ -186,14 +187,16 @@ class CpuBackend(HostBackend):
             raise MismatchError(f"rank {p} runs the cpu backend with (nchannels, buffsize, world, ring_slots, "
                                 f"p2p_chunksize)={theirs}, rank {self.rank} with {mine}; every rank needs the same "
                                 f"settings")
-        self.guard.peers[p] = (pctl, seg.bytes_(REASON_OFF, REASON_MAX), pctl[C_PID], pctl[C_START])
+        same_ns = pctl[C_PIDNS] and pctl[C_PIDNS] == self.ctl[C_PIDNS]     # else pid 0: not judged by its pid
+        self.guard.peers[p] = (pctl, seg.bytes_(REASON_OFF, REASON_MAX), pctl[C_PID] if same_ns else 0,
+                               pctl[C_START])
 
     def _unlink_dead_peers(self) -> None:
         """Set-up failed: remove the names of attached peers that died (no one else will outside launch());
         one that is alive or closed removes its own."""
         g = getattr(self, "guard", None)
         for p, (pctl, _, pid, start) in list(g.peers.items()) if g is not None else ():
-            if not pctl[C_CLOSED] and proc_dead(pid, start):
+            if not pctl[C_CLOSED] and pid and proc_dead(pid, start):
                 unlink_name(self._names[p])
 
     @staticmethod

@@ -26,6 +26,7 @@ C_MAGIC, C_PID, C_START, C_HEARTBEAT, C_ABORT, C_ABORT_FROM, C_CLOSED, C_REASON_
 C_NCH, C_BUFFSIZE, C_WORLD, C_SLOTS = 8, 9, 10, 11
 C_FUTEX = 12                               # 1: this rank's ring waits sleep on a futex; its peers wake it
 C_P2PCHUNK = 13                            # p2p_chunksize: both ends must cut a message's steps alike
+C_PIDNS = 14                               # its PID namespace (procs.pid_ns_id): a pid means nothing elsewhere
 REASON_OFF, REASON_MAX = 256, 512          # bytes
 SIG_WORD = 1024 // 8                       # 16 entries x 4 words: seq, count, packed, cfg
 # connection header, u64 word indices (tail and head on separate cache lines)

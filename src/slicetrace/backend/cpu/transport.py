@@ -20,7 +20,7 @@ from ..base import host_pointer
 from ..opsig import differ_text
 from ..procs import TwoChecks, proc_dead
 from . import futex
-from .shm import (ABORT_MISMATCH, ABORT_PEER, ABORT_TIMEOUT, C_ABORT, C_ABORT_FROM, C_CLOSED, C_HEARTBEAT,
+from .shm import (ABORT_MISMATCH, ABORT_PEER, ABORT_TIMEOUT, C_ABORT, C_ABORT_FROM, C_CLOSED, C_HEARTBEAT, C_PID,
                   C_REASON_LEN, H_RECLAIM, H_RECLAIMED, H_SLEEP, NSIG, REASON_MAX, SIG_WORD)
 
 SPINS = 400
@@ -191,17 +191,18 @@ class Guard:
             raise self.abort_error()
         now = time.monotonic_ns()
         for p, (pctl, _, pid, start) in self.peers.items():
-            closed = pctl[C_CLOSED]
-            why = None if closed else proc_dead(pid, start)    # a closed peer finished its work: not dead
-            if why is None and p in waiting_on:
-                if closed:
+            closed, why = pctl[C_CLOSED], None
+            if p in waiting_on:             # only the peers this wait needs: one that did its part and exited
+                if closed:                  # unclosed is nobody's concern (a needed one's neighbour aborts all)
                     why = "closed its communicator"
-                elif now - pctl[C_HEARTBEAT] > self.stale_ns:
+                elif pid:                   # 0: another PID namespace, judged by its heartbeat and closed word
+                    why = proc_dead(pid, start)
+                if why is None and not closed and now - pctl[C_HEARTBEAT] > self.stale_ns:
                     why = f"stopped responding (no heartbeat for {(now - pctl[C_HEARTBEAT]) / 1e9:.1f}s)"
             if self._twice.confirm(p, why):
                 if self.on_dead is not None and not closed:
                     self.on_dead(p)
-                raise self.fail(ABORT_PEER, f"rank {p} (pid {pid}) {why}; detected by rank {self.rank}")
+                raise self.fail(ABORT_PEER, f"rank {p} (pid {pid or pctl[C_PID]}) {why}; detected by rank {self.rank}")
         if self.sig is not None:
             self.check_sigs(self.sig)
 
