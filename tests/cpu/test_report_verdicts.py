@@ -93,6 +93,34 @@ def test_a_healthy_run_names_no_straggler(runs, capsys):
     assert doc["startup_skew"]["seq"] == 0 and doc["straggler_rule"]["collectives"] == 5
 
 
+def test_a_clock_offset_between_ranks_is_told_before_the_verdicts_that_compare_clocks(runs, capsys, tmp_path):
+    """Rank 2's clock 20 ms ahead (GPU timers mapped to the host clock with an error) was reported as a near-certain
+    straggler, without a word; convert warned on the same files. Matched receives ready before their sends had
+    moved say so now; one host's CLOCK_MONOTONIC never shows one."""
+    text, doc = _report(runs, "ok", capsys)
+    assert doc["clocks"]["matched"] > 0 and doc["clocks"]["early"] == 0 and "clocks:" not in text
+    shifted = tmp_path / "shifted"
+    shifted.mkdir()
+    for f in sorted((runs / "ok").iterdir()):
+        if not f.name.endswith(".json"):
+            continue
+        recs = json.loads(f.read_text())
+        for r in recs if _rank_of(recs) == 2 else ():
+            if "ts" in r:
+                r["ts"] = round(r["ts"] + 20_000, 3)            # us
+        (shifted / f.name).write_text(json.dumps(recs))
+    assert main(["report", str(shifted), "--json", str(tmp_path / "s.json")]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    ck = json.loads((tmp_path / "s.json").read_text())["clocks"]
+    assert ck["early"] > 0 and ck["link"][0] == 2 and ck["worst_us"] > 19_000   # its sends seem to land early
+    assert f"clocks: {ck['early']:,} of {ck['matched']:,} matched receives had their data before the send moved " \
+           f"it" in text and "may name an offset, not a late rank" in text
+
+
+def _rank_of(recs) -> int:
+    return next(r["args"]["Rank"] for r in recs if r.get("name") == "slicetrace_comm")
+
+
 def test_a_rank_arriving_late_is_the_straggler_and_the_most_waited_on(runs, capsys):
     """Before: the most waited on line named the sender next to the longest wait (rank 0 waiting on rank 2, which
     was itself waiting on rank 1)."""

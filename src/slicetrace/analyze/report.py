@@ -15,9 +15,10 @@ import numpy as np
 
 from ..errors import TraceFormatError
 from ..events.abi import fused_pairs, moving_from
-from .verdicts import (OP_FRACTION, SPREAD_X, held_up, noise_rule, none_left_out, op_index,
+from .verdicts import (OP_FRACTION, SPREAD_X, clock_check, held_up, noise_rule, none_left_out, op_index,
                        stragglers, unfinished)
 
+CLOCK_SLACK_NS = 1000       # a receive this far ahead of its send, past the clocks' stated uncertainty, is an offset
 MIN_JUDGED_BYTES = 4096      # slices below this are latency, not bandwidth: not used to judge links
 
 
@@ -38,13 +39,15 @@ class Report:
     straggler_rule: dict = field(default_factory=lambda: noise_rule(0, 0.0, 0.0))
     held_up: list[dict] = field(default_factory=list)      # per rank: the waits that lead to it (verdicts.held_up)
     unfinished: list[dict] = field(default_factory=list)   # collectives failed or cut short (verdicts.unfinished)
+    clocks: dict = field(default_factory=dict)          # receives ready before their sends had moved (clock_check)
 
     def to_dict(self) -> dict:
         return {"links": self.links, "ranks": self.ranks, "waited_on": self.waited_on, "slowest": self.slowest,
                 "counters": self.counters, "stragglers": self.stragglers, "late_ops": self.late_ops,
                 "slow_links": self.slow_links, "stragglers_left_out": self.stragglers_left_out,
                 "ranks_without_counters": self.no_counters, "startup_skew": self.startup,
-                "straggler_rule": self.straggler_rule, "held_up": self.held_up, "unfinished": self.unfinished}
+                "straggler_rule": self.straggler_rule, "held_up": self.held_up, "unfinished": self.unfinished,
+                "clocks": self.clocks}
 
 
 def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.ndarray | None = None,
@@ -100,10 +103,11 @@ def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.n
     no_counters = [r for r in ranks if r not in counters] if counters is not None else []
     moving = {r["rank"]: r["copy_us"] for r in per_rank}
     ops = op_index(ks)
+    unc = max([int(c.get("clock_uncertainty_ns", 0) or 0) for c in (counters or {}).values()] + [0])
     return Report(links, per_rank, waited_on, slowest, counters or {}, skew.ranks, skew.ops,
                   slow_links(ks[send], xfer[send], ops[send], moving), skew.left_out, no_counters,
                   skew.startup, skew.rule, held_up(ks, ops, starts),
-                  unfinished(spans or [], chs, ranks))
+                  unfinished(spans or [], chs, ranks), clock_check(ks, CLOCK_SLACK_NS + unc))
 
 
 def _union_ns(starts: np.ndarray, ends: np.ndarray) -> float:
@@ -233,6 +237,12 @@ def render(rep: Report, console=None) -> None:
             t.add_row(str(sl["rank"]), "send" if sl["is_send"] else "recv", str(sl["peer"]), str(sl["channel"]),
                       str(sl["step"]), f"{sl['bytes']:,}", f"{sl['transfer_us']:.1f}", f"{sl['gbps']:.3g}")
         con.print(t)
+    ck = rep.clocks
+    if ck.get("early"):                 # before the verdicts that compare the ranks' clocks
+        s, d = ck["link"]
+        con.print(f"clocks: {ck['early']:,} of {ck['matched']:,} matched receives had their data before the send "
+                  f"moved it (up to {ck['worst_us']:.1f} us, link {s}->{d}): the ranks' clocks disagree, and the "
+                  f"straggler and wait verdicts below, which compare them, may name an offset, not a late rank")
     _skew(rep, con)                     # the findings: stragglers first, then whom the waits lead to, links
     for c in rep.unfinished:            # where a failed run stopped, and who came late to it
         late = f"; rank {c['last_rank']} began it {c['late_us']:.1f} us after the first" if c["began"] > 1 else ""

@@ -272,3 +272,30 @@ def held_up(ks: np.ndarray, ops: np.ndarray | None = None, starts: dict | None =
         if d + c > 0:
             out.append({"rank": r, "wait_us": d + c, "data_us": d, "credit_us": c})
     return sorted(out, key=lambda x: (-x["wait_us"], x["rank"]))
+
+
+def clock_check(ks: np.ndarray, tol_ns: int) -> dict:
+    """Ranks' clocks against causality: a collective's receive (matched to its send by link, channel, SeqNum and
+    step) cannot have its data before the send had moved it. Counts the receives ready more than tol_ns before
+    their send's done clock; on one host's CLOCK_MONOTONIC none are, so each is a clock offset between ranks (GPU
+    timers mapped to the host clock), which the straggler and wait verdicts would read as lateness."""
+    coll = ks["seq_number"] >= 0
+    send, recv = ks[coll & (ks["is_send"] == 1)], ks[coll & (ks["is_send"] == 0)]
+    if not len(send) or not len(recv):
+        return {"matched": 0, "early": 0, "worst_us": 0.0, "link": None}
+    key = np.dtype([("src", "<i8"), ("dst", "<i8"), ("ch", "<i8"), ("seq", "<i8"), ("step", "<i8")])
+
+    def keys(t: np.ndarray, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        k = np.empty(len(t), key)
+        k["src"], k["dst"], k["ch"], k["seq"], k["step"] = src, dst, t["channel"], t["seq_number"], t["step"]
+        return k
+    _, si, ri = np.intersect1d(keys(send, send["rank"], send["peer"]), keys(recv, recv["peer"], recv["rank"]),
+                               return_indices=True)
+    ahead = send["done_ns"][si] - recv["ready_ns"][ri]          # > 0: the data arrived before it left
+    early = ahead > tol_ns
+    out = {"matched": int(len(si)), "early": int(early.sum()), "worst_us": 0.0, "link": None}
+    if early.any():
+        w = int(np.argmax(ahead))
+        out["worst_us"] = float(ahead[w]) / 1e3
+        out["link"] = [int(send["rank"][si[w]]), int(send["peer"][si[w]])]
+    return out
