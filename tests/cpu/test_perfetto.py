@@ -364,3 +364,24 @@ def test_a_rank_file_that_lost_its_op_records_keeps_its_flows(tmp_path):
     got = convert(sorted(str(p) for p in cut.iterdir()), str(tmp_path / "cut.pftrace"))
     assert got["flows"] == whole["flows"] > 0 and got["unpaired_sends"] == 0
     assert _arrows(tmp_path / "cut.pftrace") == _arrows(tmp_path / "whole.pftrace")
+
+
+def test_two_zero_length_slices_at_one_instant_are_not_nested(tmp_path):
+    """Two 0-ns sends (and their receives) at one instant shared a lane and came out begin, begin, end, end:
+    Perfetto nested the second in the first and hung each arrow on the other's slice. Each gets a lane of its
+    own now, its begin and end adjacent."""
+    for rank in (0, 1):
+        json.dump([dict(_one_step(rank, 1 - rank, 10.0, 0.0), args={**_one_step(rank, 1 - rank, 10.0, 0.0)["args"],
+                                                                      "Step": step}) for step in (0, 1)],
+                  open(tmp_path / f"t_7_{rank}.json", "w"))
+    out = tmp_path / "z.pftrace"
+    got = convert([str(tmp_path / "t_7_0.json"), str(tmp_path / "t_7_1.json")], str(out))
+    assert got["flows"] == 2 and _flow_order(out) == 0
+    per_track: dict = defaultdict(list)
+    for _, pkt in _fields(open(out, "rb").read()):
+        p = _fields(pkt)
+        te = _one(p, 11)
+        if te is not None:
+            e = _fields(te)
+            per_track[_one(e, 11)].append(_one(e, 9))
+    assert sorted(per_track.values()) == [[1, 2]] * 4              # each slice alone on its lane: begin, end

@@ -184,17 +184,20 @@ def convert(paths: Iterable[str], out_path: str) -> dict[str, int]:
         descriptors.append(_bytes(_P_TRACK_DESCRIPTOR, _int(_TD_UUID, proc) + _bytes(    # pid 0: Perfetto's idle
             _TD_PROCESS, _int(_PD_PID, f.rank + 1) + _str(_PD_NAME, f"rank {f.rank} (comm {f.comm})"))))
         lanes: dict[str, list[int]] = {}       # track name -> end of the last slice of each lane
+        flat: dict[str, list[int]] = {}        # ... the instant of its last slice if that one had no length, else -1
         order = sorted(range(len(f.slices)), key=lambda i: (f.slices[i][3], -f.slices[i][4]))
         for si in order:
             track, name, cat, t0, t1, args, key = f.slices[si]
-            ends = lanes.setdefault(track, [])
-            lane = next((i for i, e in enumerate(ends) if e <= t0), len(ends))
+            ends, zs = lanes.setdefault(track, []), flat.setdefault(track, [])
+            # two zero-length slices at one instant on one lane would come out begin, begin, end, end: nested
+            lane = next((i for i, e in enumerate(ends) if e <= t0 and not (t1 <= t0 and zs[i] == t0)), len(ends))
             uid = _uuid("track", f.comm, f.rank, track, lane)
             if lane == len(ends):
                 ends.append(t1)
+                zs.append(-1)
                 descriptors.append(_bytes(_P_TRACK_DESCRIPTOR, _int(_TD_UUID, uid) + _int(_TD_PARENT, proc)
                                           + _str(_TD_NAME, track if lane == 0 else f"{track} #{lane}")))
-            ends[lane] = t1
+            ends[lane], zs[lane] = t1, (t0 if t1 <= t0 else -1)
             ev = _int(_TE_TYPE, SLICE_BEGIN) + _int(_TE_TRACK, uid) + _str(_TE_NAME, name)
             if cat:
                 ev += _str(_TE_CATEGORIES, cat)
