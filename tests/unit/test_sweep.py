@@ -35,7 +35,7 @@ def test_sizes_read_as_nccl_tests_parsesize_reads_them():
     assert parse_size("1.5M", "-b") == 3 << 19 and parse_size("1e6", "-e") == 10 ** 6
     assert parse_size("4KiB", "-b") == parse_size("4kb", "-b") == parse_size("4 K", "-b") == 4096
     assert parse_size("2.5", "-b") == 2 and parse_size("0.5K", "-b") == 512 and parse_size("1.", "-b") == 1
-    for bad in ("1e999999999999", "2G" * 1 + "x", "1..5M", "-1K", "1e", "K"):
+    for bad in ("1e999999999999", "1e999999", "2Gx", "1..5M", "-1K", "1e", "K"):
         with pytest.raises(UsageError, match=r"-b='.*'"):
             parse_size(bad, "-b")
     with pytest.raises(UsageError, match=r"accepted at most 1,152,921,504,606,846,976"):

@@ -25,12 +25,14 @@ def parse_size(text: str, what: str) -> int:
     if not m:                                       # [0-9], not \d: \d takes any script's digits
         raise UsageError(f"{what}={text!r} is not a size (e.g. 8, 4K, 1.5M, 1e6, 1G)")
     try:
-        n = int(Decimal(m.group(1)) * _UNITS[m.group(2)])
-    except (ArithmeticError, ValueError):           # 1e999999999: past any exponent Decimal takes
-        n = MAX_BYTES + 1
+        d = Decimal(m.group(1)) * _UNITS[m.group(2)]
+    except ArithmeticError:                         # an exponent past Decimal's range
+        d = None
+    if d is None or d.adjusted() >= 30:             # no int of a million digits (1e999999 took 35 s)
+        raise UsageError(f"{what}={text!r}: accepted at most {MAX_BYTES:,} bytes (2**60)")
+    n = int(d)
     if n > MAX_BYTES:
-        raise UsageError(f"{what}={text!r} is {n:,} bytes: accepted at most {MAX_BYTES:,} (2**60)"
-                         if n <= 1 << 80 else f"{what}={text!r}: accepted at most {MAX_BYTES:,} bytes (2**60)")
+        raise UsageError(f"{what}={text!r} is {n:,} bytes: accepted at most {MAX_BYTES:,} (2**60)")
     return n
 
 
