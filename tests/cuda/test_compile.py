@@ -60,3 +60,21 @@ def test_compile_error_shows_log_and_numbered_source():
     msg = str(ei.value)
     assert "NVRTC failed for 'bad.cu' (-arch=sm_90)" in msg and "expected an expression" in msg
     assert "   2   int x = ;" in msg
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("arch", ["sm_75", "sm_90"])
+def test_bfloat16_kernels_compile_below_sm_80_and_use_the_hardware_cvt_from_it(arch):
+    """cvt.rn.bf16.f32 needs sm_80: on a V100 or T4 every bfloat16 kernel failed in ptxas, and prepare() with the
+    default dtypes with it. Below sm_80 the conversion rounds to nearest even by hand."""
+    from cupy.cuda import nvrtc
+    src = kc.load_source("slicetrace.cu")
+    prog = nvrtc.createProgram(src, "slicetrace.cu", [], [])
+    try:
+        nvrtc.compileProgram(prog, [f"-arch=compute_{arch[3:]}", "-std=c++17", "-DST_STEPS=0", "-DST_T=b16"])
+        ptx = nvrtc.getPTX(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+    ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
+    assert ("cvt.rn.bf16.f32" in ptx) == (arch == "sm_90")
+    kc.nvrtc_compile(src, (f"-arch={arch}", "-std=c++17", "-DST_STEPS=0", "-DST_T=b16"), "slicetrace.cu")   # to SASS

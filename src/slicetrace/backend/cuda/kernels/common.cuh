@@ -88,7 +88,15 @@ struct b16 { u16 x; };
 __device__ __forceinline__ float h2f(u16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 __device__ __forceinline__ u16 f2h(float f) { u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
 __device__ __forceinline__ float b2f(u16 b) { return __uint_as_float(((u32)b) << 16); }
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 __device__ __forceinline__ u16 f2b(float f) { u16 h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+#else  // cvt to bf16 needs sm_80: round to nearest even by hand (a NaN stays a NaN, quiet)
+__device__ __forceinline__ u16 f2b(float f) {
+  u32 u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x40u);
+  return (u16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+#endif
 
 template <typename T> struct Num { typedef T A; static __device__ A up(T x) { return x; } static __device__ T down(A a) { return a; } };
 template <> struct Num<signed char> { typedef int A; static __device__ A up(signed char x) { return x; } static __device__ signed char down(A a) { return (signed char)a; } };
