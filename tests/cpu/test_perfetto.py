@@ -275,13 +275,19 @@ def _flow_ends(path):
     return out
 
 
-def test_kernel_steps_recorded_without_their_ops_get_the_flows_they_get_with_them(tmp_path):
-    """--profile KernelStep: with no Coll/P2p parent, a ring's and a p2p connection's step k had one key, and
-    convert dropped both as ambiguous (126 of 146 flows kept). Each key's sends and receives pair in time order."""
-    prefix = str(tmp_path / "t")
+@pytest.fixture(scope="module")
+def ops_files(tmp_path_factory) -> list[str]:
+    """One 3-rank run of _ops on 2 channels, rings and p2p, traced (read only by the tests that use it)."""
+    prefix = str(tmp_path_factory.mktemp("ops") / "t")
     slicetrace.launch(_ops, 3, profiler_plugin="example", profile_dump_file=prefix, buffsize=1 << 16,
                       nchannels=2, timeout_s=30.0)
-    files = sorted(glob.glob(prefix + "_*.json"))
+    return sorted(glob.glob(prefix + "_*.json"))
+
+
+def test_kernel_steps_recorded_without_their_ops_get_the_flows_they_get_with_them(tmp_path, ops_files):
+    """--profile KernelStep: with no Coll/P2p parent, a ring's and a p2p connection's step k had one key, and
+    convert dropped both as ambiguous (126 of 146 flows kept). Each key's sends and receives pair in time order."""
+    files = ops_files
     with_ops = convert(files, str(tmp_path / "with.pftrace"))
     bare = tmp_path / "bare"
     bare.mkdir()
@@ -345,14 +351,11 @@ def test_a_receive_that_ends_before_its_send_is_told(tmp_path, caplog):
     assert "1 send -> receive arrow(s) whose receive ends before its send" in caplog.text
 
 
-def test_a_rank_file_that_lost_its_op_records_keeps_its_flows(tmp_path):
+def test_a_rank_file_that_lost_its_op_records_keeps_its_flows(tmp_path, ops_files):
     """A file cut short keeps KernelSteps whose Coll/P2p records never made it (the sink writes steps ahead of their
     ops): their parent kind was unknown, so their keys no longer met the peers' and 58 % of a run's arrows went.
     The kind comes from the step's own SeqNum now (a collective's is >= 0)."""
-    prefix = str(tmp_path / "t")
-    slicetrace.launch(_ops, 3, profiler_plugin="example", profile_dump_file=prefix, buffsize=1 << 16,
-                      nchannels=2, timeout_s=30.0)
-    files = sorted(glob.glob(prefix + "_*.json"))
+    files = ops_files
     whole = convert(files, str(tmp_path / "whole.pftrace"))
     cut = tmp_path / "cut"
     cut.mkdir()
