@@ -72,6 +72,23 @@ def test_a_peer_that_exited_is_judged_only_by_the_waits_that_need_it():
         check_twice(g)
 
 
+def test_a_wait_on_a_live_peer_does_not_clear_another_waits_sighting_of_a_dead_one():
+    """Channel threads share one Guard: a check by a wait on live rank 2 cleared the first sighting a wait on dead
+    rank 1 had made, so with the two in phase the death went unseen until timeout_s (a 60 s hang by default)."""
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait(10)
+    g = guard_with_peer(timeout_s=600, heartbeat_age_s=0, pid=p.pid)
+    pctl = memoryview(bytearray(PAGE)).cast("Q")
+    pctl[C_HEARTBEAT] = time.monotonic_ns()
+    g.peers[2] = (pctl, memoryview(bytearray(REASON_MAX)), os.getpid(), proc_start_time(os.getpid()))
+    g.check((1,))                                       # channel 0's wait: first sighting of rank 1's death
+    g.check((2,))                                       # channel 1's wait, on a live peer
+    time.sleep(0.025)
+    g.check((2,))
+    with pytest.raises(PeerError, match=rf"rank 1 \(pid {p.pid}\) exited"):
+        g.check((1,))
+
+
 def test_a_peer_in_another_pid_namespace_is_not_judged_by_its_pid():
     """Containers that share /dev/shm but not a PID namespace: a peer's pid (1 in its own namespace) named some
     other process here, and any wait over 50 ms aborted the communicator ("rank 1 (pid 1) exited (pid reused)").

@@ -191,14 +191,15 @@ class Guard:
             raise self.abort_error()
         now = time.monotonic_ns()
         for p, (pctl, _, pid, start) in self.peers.items():
-            closed, why = pctl[C_CLOSED], None
-            if p in waiting_on:             # only the peers this wait needs: one that did its part and exited
-                if closed:                  # unclosed is nobody's concern (a needed one's neighbour aborts all)
-                    why = "closed its communicator"
-                elif pid:                   # 0: another PID namespace, judged by its heartbeat and closed word
-                    why = proc_dead(pid, start)
-                if why is None and not closed and now - pctl[C_HEARTBEAT] > self.stale_ns:
-                    why = f"stopped responding (no heartbeat for {(now - pctl[C_HEARTBEAT]) / 1e9:.1f}s)"
+            if p not in waiting_on:         # one that did its part and exited unclosed is nobody's concern (a
+                continue                    # needed one's neighbour aborts all); its sightings stay as they are
+            closed, why = pctl[C_CLOSED], None      # (channel threads share them: a reset would hide a death)
+            if closed:
+                why = "closed its communicator"
+            elif pid:                       # 0: another PID namespace, judged by its heartbeat and closed word
+                why = proc_dead(pid, start)
+            if why is None and not closed and now - pctl[C_HEARTBEAT] > self.stale_ns:
+                why = f"stopped responding (no heartbeat for {(now - pctl[C_HEARTBEAT]) / 1e9:.1f}s)"
             if self._twice.confirm(p, why):
                 if self.on_dead is not None and not closed:
                     self.on_dead(p)
