@@ -157,3 +157,26 @@ def test_the_cuda_close_barrier_waits_for_a_late_rank_past_peers_that_closed():
     time.sleep(0.025)
     with pytest.raises(PeerError, match="rank 0: rank 1 closed its communicator"):
         Completion.check_peers(me)
+
+
+def test_the_cuda_close_barrier_finds_a_peer_that_closed_and_died_before_it_came_not_one_that_came():
+    """closed_ok took a closed peer for on its way whatever became of its process: one killed between closing and
+    the barrier left the others waiting out timeout_s. One that reached the barrier may exit."""
+    import types
+
+    from slicetrace.backend.cuda.completion import Completion
+    store, prefix = DictStore({}), "st/j/cuda1"
+    me = types.SimpleNamespace(store=store, rank=0, world=3, _prefix=prefix, watch=PeerWatch(store, prefix, 0))
+    me._abort_reason = types.MethodType(Completion._abort_reason, me)
+    for r in (1, 2):                                    # both closed, both processes gone
+        w = PeerWatch(store, prefix, r)
+        publish_as(w, finished_child().pid)
+        w.closed()
+    store.set(f"{prefix}/close/2", b"1")                # rank 2 reached the barrier before it exited
+    assert Completion.check_peers(me, closing=True) is None
+    time.sleep(0.025)
+    with pytest.raises(PeerError, match="rank 0: rank 1 exited"):
+        Completion.check_peers(me, closing=True)
+    store.set(f"{prefix}/close/1", b"1")
+    me.watch = PeerWatch(store, prefix, 0)
+    assert [Completion.check_peers(me, closing=True) for _ in range(2)] == [None, None]

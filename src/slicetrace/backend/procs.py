@@ -96,12 +96,13 @@ class PeerWatch:
     def closed(self) -> None:
         self.store.set(f"{self.prefix}/closed/{self.rank}", b"1")
 
-    def gone(self, peers: tuple[int, ...], did_its_part: Any = None) -> str | None:
+    def gone(self, peers: tuple[int, ...], did_its_part: Any = None, closed_ok: bool = False) -> str | None:
         """'rank p <reason>' for the first peer seen gone at this check and the one before, else None.
-        did_its_part(p): a closed peer that did is not gone (what we wait on from it is on its way to us)."""
+        did_its_part(p): a closed peer that did is not gone (what we wait on from it is on its way to us).
+        closed_ok (the close barrier's check): a closed peer is on its way there, gone only if its process is."""
         for p in peers:
             why = None
-            if self.store.try_get(f"{self.prefix}/closed/{p}") is not None:
+            if not closed_ok and self.store.try_get(f"{self.prefix}/closed/{p}") is not None:
                 why = None if did_its_part is not None and did_its_part(p) else "closed its communicator"
             else:
                 if p not in self._procs:

@@ -91,12 +91,13 @@ class Completion:
 
     def check_peers(self, closing: bool = False) -> None:
         """closing (the close barrier's check): a peer that closed its communicator is on its way to the barrier,
-        not gone; only a dead process is."""
+        not gone; one whose process died before it got there is (one that got there may exit)."""
         why = self._abort_reason()
         if why is not None:
             raise PeerError(f"rank {self.rank}: a peer aborted: {why}")
-        gone = self.watch.gone(tuple(p for p in range(self.world) if p != self.rank),
-                               (lambda p: True) if closing else None)
+        peers = tuple(p for p in range(self.world) if p != self.rank and not (
+            closing and self.store.try_get(f"{self._prefix}/close/{p}") is not None))
+        gone = self.watch.gone(peers, closed_ok=closing)
         if gone is not None:
             raise PeerError(f"rank {self.rank}: {gone}")
 
