@@ -183,3 +183,78 @@ def test_a_slow_file_does_not_hold_the_callback_that_filled_a_buffer(tmp_path, m
         assert c[f"plugin_lost_{pool}"] == 0 and c[f"plugin_written_{pool}"] == c[f"delivered_{pool.lower()}"] > 0
     assert c["plugin_written_KERNEL_STEP"] == sum(r.get("name") == "KernelStep" for r in recs)
     assert not [th for th in threading.enumerate() if th.name.startswith("slicetrace-trace")]
+
+
+def _stalled_run(tmp_path, monkeypatch, gate, at: int):
+    """Synthetic ops into a file whose at-th write blocks on `gate` (a hung filesystem)."""
+    real_open = open
+
+    class Stalls:
+        def __init__(self, f):
+            self.f, self.n = f, 0
+
+        def write(self, data):
+            self.n += 1
+            if self.n == at:
+                gate.wait(60)
+            return self.f.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+    monkeypatch.setattr(chrome_store, "open", lambda path, *a, **kw: Stalls(real_open(path, *a, **kw)), raising=False)
+    p = ChromePlugin(Settings(profile_dump_file=str(tmp_path / "trace"), pool_sizes=POOLS))
+    host = EventHost([LoadedPlugin(p)], COMM)
+    src = SyntheticSource(nranks=4, rank=1, nchannels=2, loops=2, funcs=("all_reduce", "send_recv"), seed=3)
+    return p, host, src
+
+
+def test_a_hung_disk_costs_one_wait_and_what_it_never_wrote_is_counted_lost(tmp_path, monkeypatch, caplog):
+    """With the writer stuck, every full buffer waited the whole room timeout again under the host's lock (13 s for
+    8 ops at 0.5 s each), and a close that timed out left the queued records neither written nor lost."""
+    import threading
+    import time
+    monkeypatch.setattr(chrome_store, "_ROOM_S", 0.5)
+    monkeypatch.setattr(chrome_store, "_CLOSE_S", 1.0)
+    gate = threading.Event()
+    p, host, src = _stalled_run(tmp_path, monkeypatch, gate, at=3)
+    ctx = host.plugins[0].ctx
+    t0 = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="slicetrace"):
+        for op in src.ops(8):
+            op.info.mask = host.op_mask()
+            host.begin_op(op.info)
+            deliver(host, op, batch=5)
+        took = time.monotonic() - t0
+        host.close()
+    running = 16                            # the job stuck in its write: counted when its write returns
+    gate.set()
+    assert took < 5 and caplog.text.count("more than a pool of KernelSteps behind") == 1
+    assert "did not finish within 1 s" in caplog.text
+    c = p.counters(ctx)
+    delivered = host.counters()
+    for pool in ("KERNEL_STEP", "KERNEL_CH", "COLL", "P2P"):
+        left = running if pool == "KERNEL_STEP" else 0
+        assert c[f"plugin_written_{pool}"] + c[f"plugin_lost_{pool}"] + left == delivered[f"delivered_{pool.lower()}"]
+
+
+def test_a_formatting_failure_counts_what_it_did_not_write_and_ends_the_file(tmp_path, monkeypatch):
+    """A job that raised other than through the file (MemoryError formatting a block) lost its rows uncounted and
+    later jobs appended after the gap."""
+    from slicetrace.sinks import chrome_text
+    real, calls = chrome_text.RowFormat.__call__, [0]
+
+    def flaky(self, cols):
+        calls[0] += 1
+        if calls[0] == 3:
+            raise MemoryError("np.column_stack")
+        return real(self, cols)
+    monkeypatch.setattr(chrome_text.RowFormat, "__call__", flaky)
+    p, host, ctx, _ = _run(tmp_path, monkeypatch, fail_at=10**9)
+    with pytest.raises(OSError, match=r"formatting the records failed: MemoryError"):
+        p.finalize(ctx)
+    c = p.counters(ctx)
+    delivered = host.counters()
+    for pool in ("KERNEL_STEP", "KERNEL_CH", "COLL", "P2P"):
+        assert c[f"plugin_written_{pool}"] + c[f"plugin_lost_{pool}"] == delivered[f"delivered_{pool.lower()}"], pool
+    assert sum(r.get("name") == "KernelStep" for r in read_records(ctx.path)) == c["plugin_written_KERNEL_STEP"]
+    host.close()

@@ -101,12 +101,12 @@ class Ctx:
         w, self.writer = self.writer, None
         if w is None:
             return
-        if self.error is not None:
-            w.close(_CLOSE_S)
-        elif not w.close(_CLOSE_S):         # a hung filesystem: end the file at its last whole record
-            self._broken(TimeoutError(f"the writer thread did not finish within {_CLOSE_S:g} s"))
-        elif w.failure is not None:
-            self._broken(OSError(f"the writer thread failed: {w.failure!r}"))
+        if not w.close(_CLOSE_S):           # a hung filesystem: what is queued is lost, counted
+            for pool, n in w.abandon().items():
+                if pool is not None:
+                    self.lost[pool] += n
+            if self.error is None:          # the file ends at its last whole record
+                self._broken(TimeoutError(f"the writer thread did not finish within {_CLOSE_S:g} s"))
 
     def pending(self, pool: str) -> int:
         """Records of `pool` queued for the writer, not yet written."""
@@ -119,7 +119,21 @@ class Ctx:
         if w is None:
             self._write_now(text, pool, n)
         else:
-            w.put(lambda: self._write_now(text, pool, n), pool, n)
+            self._queue(lambda: self._write_now(text, pool, n), pool, n)
+
+    def _queue(self, job: Any, pool: str | None, n: int) -> None:
+        """A job for the writer; one that raises (not the file's OSError, which _write_now handles: a bug, a
+        MemoryError) counts what it did not write as lost and ends the file at its last whole record."""
+        def run() -> None:
+            before = self.written.get(pool, 0) + self.lost.get(pool, 0)
+            try:
+                job()
+            except Exception as e:              # noqa: BLE001 - counted and told at finalize
+                if pool is not None:
+                    self.lost[pool] += n - (self.written[pool] + self.lost[pool] - before)
+                if self.error is None:
+                    self._broken(OSError(f"formatting the records failed: {e!r}"))
+        self.writer.put(run, pool, n)
 
     def _write_now(self, text: Any, pool: str | None = None, n: int = 0) -> None:
         """Append str (utf-8) or bytes-like (formatted rows, ASCII) holding whole records, `n` of them from `pool`,
@@ -177,10 +191,11 @@ class Ctx:
             self._write_chunks(chunks)
             return
         rows = sum(c.fill for c in chunks)
-        if not w.room(rows, _ROOM_S):      # a stuck disk: queue it anyway (memory) rather than lose it
+        was = w.stuck
+        if not w.room(rows, _ROOM_S) and not was:      # a stuck disk: queue it anyway (memory), said once
             log.warning("slicetrace example plugin: the writer of %s is more than a pool of KernelSteps behind "
                         "after %g s", self.path, _ROOM_S)
-        w.put(lambda: self._write_chunks(chunks), "KERNEL_STEP", rows)
+        self._queue(lambda: self._write_chunks(chunks), "KERNEL_STEP", rows)
 
     def _write_chunks(self, chunks: list) -> None:
         """The chunks' rows formatted and appended; the chunks are free for reuse after."""
@@ -208,7 +223,7 @@ class Ctx:
         if self.writer is None:
             self._write_chans(chans, n)
         else:
-            self.writer.put(lambda: self._write_chans(chans, n), "KERNEL_CH", n)
+            self._queue(lambda: self._write_chans(chans, n), "KERNEL_CH", n)
 
     def _write_chans(self, chans: list, n: int) -> None:
         if self.path is None or self.error is not None:

@@ -23,7 +23,8 @@ class Writer:
         self._cv = threading.Condition()
         self._limit = limit_rows
         self.queued: dict[str | None, int] = {}     # records per pool queued and not yet written
-        self.failure: BaseException | None = None   # a job that raised other than through the file (a bug)
+        self._stuck = False                         # room() timed out: later calls do not wait again until it moves
+        self._running: tuple[str | None, int] | None = None    # the job being run: its pool and records
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -34,15 +35,35 @@ class Writer:
             self._cv.notify_all()
 
     def room(self, rows: int, timeout_s: float) -> bool:
-        """Wait until `rows` more KernelSteps fit under the limit (or nothing is queued); False at the timeout."""
-        deadline = time.monotonic() + timeout_s
+        """Wait until `rows` more KernelSteps fit under the limit (or nothing is queued); False at the timeout, and
+        at once while a previous wait's timeout stands (a hung disk: not another timeout_s per pool)."""
+        deadline = time.monotonic() + (0.0 if self._stuck else timeout_s)
         with self._cv:
             while self.queued.get("KERNEL_STEP", 0) and self.queued["KERNEL_STEP"] + rows > self._limit:
                 left = deadline - time.monotonic()
                 if left <= 0 or not self._thread.is_alive():
+                    self._stuck = True
                     return False
                 self._cv.wait(min(left, 1.0))
+        self._stuck = False
         return True
+
+    @property
+    def stuck(self) -> bool:
+        return self._stuck
+
+    def abandon(self) -> dict[str | None, int]:
+        """Give up on what is queued (close timed out): the records per pool it held, none of which is written
+        after this; the job running may still finish (its rows are counted in it, not written twice)."""
+        with self._cv:
+            left = dict(self.queued)
+            if self._running is not None:           # its own writes count its rows, written or lost
+                left[self._running[0]] -= self._running[1]
+            left = {k: v for k, v in left.items() if v}
+            self._jobs.clear()
+            self._jobs.append((None, None, 0))
+            self._cv.notify_all()
+        return left
 
     def close(self, timeout_s: float) -> bool:
         """Run what is queued, then end the thread; False if it has not finished within timeout_s."""
@@ -58,17 +79,17 @@ class Writer:
                 while not self._jobs:
                     self._cv.wait()
                 job, pool, rows = self._jobs.popleft()
+                self._running = (pool, rows)
             if job is None:
                 return
             try:
                 job()
-            except BaseException as e:      # noqa: BLE001 - kept for finalize to raise; the thread goes on
-                if self.failure is None:
-                    self.failure = e
+            except BaseException as e:      # noqa: BLE001 - jobs count their own failures; the thread goes on
                 log.error("slicetrace example plugin: writing the trace failed: %r", e)
             finally:
                 with self._cv:
                     self.queued[pool] -= rows
+                    self._running = None
                     self._cv.notify_all()
 
     def pending(self, pool: Any) -> int:
