@@ -292,6 +292,18 @@ def test_a_credit_wait_counts_against_the_receiver_and_passes_down_the_chain():
     assert "most waited on: no single rank" in _text(build(both))
 
 
+def test_the_waits_of_channels_that_wait_at_once_count_once():
+    """The ring of test_a_data_wait_passes_up_the_ring_..., on 4 channels that wait at once: each rank's waits
+    were summed over them, 4 x the rank time (7600 of 8000 us, past the run's length) against a per-op floor."""
+    rows = list(FIRST_OPS)
+    for ch in range(4):
+        rows += [(2, ch, 0, 1, 1_000_000, 2_000_000, 1), (0, ch, 0, 2, 1_100_000, 2_100_000, 1)]
+    rep = build(_ks(rows))
+    assert rep.held_up == [{"rank": 1, "wait_us": 1900.0, "data_us": 1900.0, "credit_us": 0.0},
+                           {"rank": 2, "wait_us": 100.0, "data_us": 100.0, "credit_us": 0.0}]
+    assert "most waited on: rank 1, 1900.0 of the 2000.0 us" in _text(rep)
+
+
 def _ring_ops(slow_ops, slow_link=(0, 1), nops=4):
     """3-rank ring, one channel, `nops` ops of 3 slices of 1 MB per link: 25 us a slice (40 GB/s), 100 us on
     slow_link in the ops of slow_ops."""

@@ -237,8 +237,12 @@ def held_up(ks: np.ndarray, ops: np.ndarray | None = None, starts: dict | None =
     first = _first_ops(ks, key, starts)
     tables = _waits(ks)
     m = (ks["ready_ns"] > ks["wait_ns"]) & ~first
+    # a wait counts 1/C on an op of C channels: its channels wait at once, so the sums stay rank time (C of them
+    # read C times the time, past the run's length, against a floor that is per op)
+    weight = 1.0 / _channels_per_op(ks, key)[m]
     q = [ks["peer"][m].astype(np.int64), ks["channel"][m].astype(np.int64), ks["is_send"][m].astype(np.int64),
-         ks["wait_ns"][m].astype(np.int64), ks["ready_ns"][m].astype(np.int64), ks["rank"][m].astype(np.int64)]
+         ks["wait_ns"][m].astype(np.int64), ks["ready_ns"][m].astype(np.int64), ks["rank"][m].astype(np.int64),
+         weight]
     blame: dict[tuple[int, int], float] = {}
     hops = len(np.unique(ks["rank"]))
     for hop in range(hops):
@@ -250,8 +254,8 @@ def held_up(ks: np.ndarray, ops: np.ndarray | None = None, starts: dict | None =
         nxt = []
         for lo, hi in zip(np.concatenate(([0], cuts)).tolist(), np.concatenate((cuts, [len(q[0])])).tolist()):
             at, ch, kind = int(q[0][lo]), int(q[1][lo]), int(q[2][lo])
-            s, e, origin = q[3][lo:hi], q[4][lo:hi], q[5][lo:hi]
-            passed = 0
+            s, e, origin, w = q[3][lo:hi], q[4][lo:hi], q[5][lo:hi], q[6][lo:hi]
+            passed = 0.0
             t = tables.get((at, ch, kind)) if hop < hops - 1 else None
             if t is not None:
                 S, E, P = t
@@ -261,17 +265,27 @@ def held_up(ks: np.ndarray, ops: np.ndarray | None = None, starts: dict | None =
                 ii = np.repeat(i0, n) + np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)
                 ps, pe = np.maximum(s[qi], S[ii]), np.minimum(e[qi], E[ii])
                 go = (pe > ps) & (P[ii] != origin[qi])
-                passed = int((pe - ps)[go].sum())
+                passed = float(((pe - ps) * w[qi])[go].sum())
                 nxt.append([P[ii][go].astype(np.int64), np.full(int(go.sum()), ch), np.full(int(go.sum()), kind),
-                            ps[go], pe[go], origin[qi][go]])
-            blame[(at, kind)] = blame.get((at, kind), 0.0) + float((e - s).sum() - passed)
-        q = [np.concatenate([b[i] for b in nxt]) for i in range(6)] if nxt else [np.zeros(0, np.int64)] * 6
+                            ps[go], pe[go], origin[qi][go], w[qi][go]])
+            blame[(at, kind)] = blame.get((at, kind), 0.0) + float(((e - s) * w).sum() - passed)
+        q = ([np.concatenate([b[i] for b in nxt]) for i in range(7)] if nxt
+             else [np.zeros(0, np.int64)] * 6 + [np.zeros(0)])
     out = []
     for r in sorted({r for r, _ in blame}):
         d, c = blame.get((r, 0), 0.0) / 1e3, blame.get((r, 1), 0.0) / 1e3
         if d + c > 0:
             out.append({"rank": r, "wait_us": d + c, "data_us": d, "credit_us": c})
     return sorted(out, key=lambda x: (-x["wait_us"], x["rank"]))
+
+
+def _channels_per_op(ks: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """Per record, how many channels its rank's op ran on (1 for records of no known op)."""
+    trip = np.stack([ks["rank"].astype(np.int64), key.astype(np.int64), ks["channel"].astype(np.int64)], axis=1)
+    uniq = np.unique(trip, axis=0)
+    ops, counts = np.unique(uniq[:, :2], axis=0, return_counts=True)
+    idx = np.searchsorted(ops[:, 0] * (1 << 32) + ops[:, 1], trip[:, 0] * (1 << 32) + trip[:, 1])
+    return np.where(key < 0, 1, counts[idx]).astype(np.float64)
 
 
 def clock_check(ks: np.ndarray, tol_ns: int) -> dict:
