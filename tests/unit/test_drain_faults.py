@@ -112,8 +112,9 @@ def test_a_flushs_pauses_double_from_20_us_to_2_ms_and_restart_on_progress(monke
 
     import numpy as np
     from slicetrace.stamps import waits
-    asked: list[float] = []
-    monkeypatch.setattr(waits.time, "sleep", asked.append)
+    import types
+    asked: list[float] = []                 # waits' own clock stubbed: other threads keep the real time.sleep
+    monkeypatch.setattr(waits, "time", types.SimpleNamespace(sleep=asked.append, monotonic=time.monotonic))
     cursor = np.zeros(2, np.uint64)
     b, far = waits.Backoff(cursor), time.monotonic() + 60
     for _ in range(12):

@@ -106,13 +106,18 @@ def test_a_peer_in_another_pid_namespace_is_not_judged_by_its_pid():
     assert check(me, (1,)) is None and check(me, (1,)) == "rank 1 closed its communicator"
 
 
-def test_two_checks_back_to_back_are_one_sighting():
+def test_two_checks_back_to_back_are_one_sighting(monkeypatch):
     """The wait and the watchdog share one watch: their checks, microseconds apart, confirmed a peer gone before
     the waiting side had looked at its data again (a false PeerError for a peer that sent all and exited)."""
+    import types
+    now = [100.0]
+    monkeypatch.setattr(procs, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
     me, peer = watch_pair()
     peer.closed()
     assert [me.gone((1,)) for _ in range(50)] == [None] * 50
-    time.sleep(0.025)
+    now[0] += 0.0195
+    assert me.gone((1,)) is None
+    now[0] += 0.001                         # 20.5 ms after the first sighting
     assert me.gone((1,)) == "rank 1 closed its communicator"
 
 
@@ -179,4 +184,30 @@ def test_the_cuda_close_barrier_finds_a_peer_that_closed_and_died_before_it_came
         Completion.check_peers(me, closing=True)
     store.set(f"{prefix}/close/1", b"1")
     me.watch = PeerWatch(store, prefix, 0)
-    assert [Completion.check_peers(me, closing=True) for _ in range(2)] == [None, None]
+    assert Completion.check_peers(me, closing=True) is None
+    time.sleep(0.025)
+    assert Completion.check_peers(me, closing=True) is None            # both came: neither is judged
+
+
+def test_the_cuda_close_barrier_does_not_judge_a_peer_that_came_and_exited():
+    """Rank 2 reached the barrier and exited; rank 1, alive, is still on its way: no error while waiting for it."""
+    import types
+
+    from slicetrace.backend.cuda.completion import Completion
+    store, prefix = DictStore({}), "st/j/cuda1"
+    me = types.SimpleNamespace(store=store, rank=0, world=3, _prefix=prefix, watch=PeerWatch(store, prefix, 0))
+    me._abort_reason = types.MethodType(Completion._abort_reason, me)
+    PeerWatch(store, prefix, 1).publish()              # alive (this process), closed, not yet at the barrier
+    PeerWatch(store, prefix, 1).closed()
+    gone = PeerWatch(store, prefix, 2)
+    publish_as(gone, finished_child().pid)
+    gone.closed()
+    store.set(f"{prefix}/close/2", b"1")
+    for _ in range(3):
+        assert Completion.check_peers(me, closing=True) is None
+        time.sleep(0.025)
+    store.delete(f"{prefix}/close/2")                  # had it not come, its death would end the wait
+    Completion.check_peers(me, closing=True)
+    time.sleep(0.025)
+    with pytest.raises(PeerError, match="rank 0: rank 2 exited"):
+        Completion.check_peers(me, closing=True)

@@ -168,7 +168,7 @@ def test_a_slow_file_does_not_hold_the_callback_that_filled_a_buffer(tmp_path, m
             deliver(host, op, batch=5)
     t = threading.Thread(target=ops, daemon=True)
     t.start()
-    t.join(30)
+    t.join(10)
     done = not t.is_alive()
     gate.set()                              # release the writes (and a callback stuck in one, on the old code)
     t.join(60)
@@ -226,15 +226,16 @@ def test_a_hung_disk_costs_one_wait_and_what_it_never_wrote_is_counted_lost(tmp_
             deliver(host, op, batch=5)
         took = time.monotonic() - t0
         host.close()
-    running = 16                            # the job stuck in its write: counted when its write returns
-    gate.set()
+    gate.set()                              # the hung write returns into a closed file: its job counts the rest
+    for th in [th for th in threading.enumerate() if th.name.startswith("slicetrace-trace")]:
+        th.join(10)
+        assert not th.is_alive()
     assert took < 5 and caplog.text.count("more than a pool of KernelSteps behind") == 1
     assert "did not finish within 1 s" in caplog.text
     c = p.counters(ctx)
     delivered = host.counters()
-    for pool in ("KERNEL_STEP", "KERNEL_CH", "COLL", "P2P"):
-        left = running if pool == "KERNEL_STEP" else 0
-        assert c[f"plugin_written_{pool}"] + c[f"plugin_lost_{pool}"] + left == delivered[f"delivered_{pool.lower()}"]
+    for pool in ("KERNEL_STEP", "KERNEL_CH", "COLL", "P2P"):       # every record once, written or lost
+        assert c[f"plugin_written_{pool}"] + c[f"plugin_lost_{pool}"] == delivered[f"delivered_{pool.lower()}"], pool
 
 
 def test_a_formatting_failure_counts_what_it_did_not_write_and_ends_the_file(tmp_path, monkeypatch):

@@ -54,6 +54,7 @@ class Ctx:
         self.path = (f"{plugin.dump}_{comm.comm_hash}_{comm.rank}.json" if plugin.dump else None)
         self.file: Any = None
         self.writer: Writer | None = None       # formats and appends off the host's lock, once the file exists
+        self.counted = 0                        # records the writer's current job has counted (_queue)
         self.good = 0                           # bytes of the file up to the end of its last whole record
         self.error: OSError | None = None       # the write that failed: nothing more is written
         self.next_id = id_base(comm.comm_hash, comm.rank)   # async ids unique across merged files, < 2**53
@@ -125,12 +126,12 @@ class Ctx:
         """A job for the writer; one that raises (not the file's OSError, which _write_now handles: a bug, a
         MemoryError) counts what it did not write as lost and ends the file at its last whole record."""
         def run() -> None:
-            before = self.written.get(pool, 0) + self.lost.get(pool, 0)
+            self.counted = 0                    # what this job's writes counted (not others' counts meanwhile)
             try:
                 job()
             except Exception as e:              # noqa: BLE001 - counted and told at finalize
                 if pool is not None:
-                    self.lost[pool] += n - (self.written[pool] + self.lost[pool] - before)
+                    self.lost[pool] += n - self.counted
                 if self.error is None:
                     self._broken(OSError(f"formatting the records failed: {e!r}"))
         self.writer.put(run, pool, n)
@@ -139,6 +140,8 @@ class Ctx:
         """Append str (utf-8) or bytes-like (formatted rows, ASCII) holding whole records, `n` of them from `pool`,
         counted written or lost (no file: written). A failed write cuts the file back to its last whole record and
         no later one is written."""
+        if pool is not None:
+            self.counted += n
         if self.file is None or self.error is not None:
             if pool is not None:
                 (self.written if self.path is None else self.lost)[pool] += n
@@ -151,6 +154,10 @@ class Ctx:
             if pool is not None:
                 self.lost[pool] += n
             return
+        except BaseException:                   # not written (a file closed under it): its job counts it
+            if pool is not None:
+                self.counted -= n
+            raise
         self.good += memoryview(data).nbytes
         if pool is not None:
             self.written[pool] += n

@@ -51,6 +51,11 @@ def _pool_thread() -> None:
     quiet_thread()
 
 
+def peer_pid(pctl: Any, own_ns: int) -> int:
+    """A peer's pid as this process may judge it: 0 (not judged by pid) unless both name one PID namespace."""
+    return int(pctl[C_PID]) if pctl[C_PIDNS] and pctl[C_PIDNS] == own_ns else 0
+
+
 class CpuBackend(HostBackend):
     STORE_KEYS = ("seg/{r}", "attached/{r}", "failed/{r}")
     name = "cpu"
@@ -187,8 +192,7 @@ class CpuBackend(HostBackend):
             raise MismatchError(f"rank {p} runs the cpu backend with (nchannels, buffsize, world, ring_slots, "
                                 f"p2p_chunksize)={theirs}, rank {self.rank} with {mine}; every rank needs the same "
                                 f"settings")
-        same_ns = pctl[C_PIDNS] and pctl[C_PIDNS] == self.ctl[C_PIDNS]     # else pid 0: not judged by its pid
-        self.guard.peers[p] = (pctl, seg.bytes_(REASON_OFF, REASON_MAX), pctl[C_PID] if same_ns else 0,
+        self.guard.peers[p] = (pctl, seg.bytes_(REASON_OFF, REASON_MAX), peer_pid(pctl, self.ctl[C_PIDNS]),
                                pctl[C_START])
 
     def _unlink_dead_peers(self) -> None:
