@@ -34,6 +34,14 @@ class ChRunsOnly(RecPlugin):
         return sum(stops) - sum(starts)
 
 
+def _host(p, *ops) -> EventHost:
+    """A host over plugin p with `ops` begun."""
+    h = EventHost([LoadedPlugin(p)], COMM)
+    for op in ops:
+        h.begin_op(op)
+    return h
+
+
 def _rows(p, kind="runs"):
     """(parent, row) for every row the plugin's runs calls were handed."""
     return [(ps[k], r) for _, ps, got, st, sp in p.of(kind) for k in range(len(ps)) for r in got[st[k]:sp[k]]]
@@ -41,11 +49,7 @@ def _rows(p, kind="runs"):
 
 def test_kernel_step_runs_alone_gets_every_kernel_step_per_op_and_per_poll():
     p = StepRunsOnly(mask=KS)
-    h = EventHost([LoadedPlugin(p)], COMM)
-    h.begin_op(coll_op(tag=1))
-    h.begin_op(p2p_op(tag=2))
-    h.begin_op(coll_op(tag=3))
-    h.begin_op(coll_op(tag=4))
+    h = _host(p, coll_op(tag=1), p2p_op(tag=2), coll_op(tag=3), coll_op(tag=4))
     h.steps(1, recs(1, 4))                                   # one op's records: kernel_step_batch's path
     h.steps(2, np.concatenate([recs(2, 2, send=1, peer=2), recs(2, 3, peer=0)]))
     h.batch(np.concatenate([recs(3, 3), recs(4, 2)]), [(3, KIND_STEP, 0, 3), (4, KIND_STEP, 3, 5)])
@@ -63,10 +67,7 @@ def test_kernel_step_runs_alone_gets_every_kernel_step_per_op_and_per_poll():
 
 def test_kernel_ch_runs_alone_gets_every_kernel_ch_and_no_per_record_calls():
     p = ChRunsOnly(mask=CH)
-    h = EventHost([LoadedPlugin(p)], COMM)
-    h.begin_op(coll_op(tag=1))
-    h.begin_op(p2p_op(tag=2))
-    h.begin_op(coll_op(tag=3))
+    h = _host(p, coll_op(tag=1), p2p_op(tag=2), coll_op(tag=3))
     h.channel(1, chrec(1))                                  # one op's KernelCh: kernel_ch_batch's path
     h.channel(2, np.concatenate([chrec(2, send=1, peer=2), chrec(2, peer=0)]))     # p2p: always per op
     h.batch(chrec(3), [(3, KIND_CHANNEL, 0, 1)])
