@@ -259,3 +259,41 @@ def test_a_formatting_failure_counts_what_it_did_not_write_and_ends_the_file(tmp
         assert c[f"plugin_written_{pool}"] + c[f"plugin_lost_{pool}"] == delivered[f"delivered_{pool.lower()}"], pool
     assert sum(r.get("name") == "KernelStep" for r in read_records(ctx.path)) == c["plugin_written_KERNEL_STEP"]
     host.close()
+
+
+def test_a_writer_that_moves_again_is_waited_for_again():
+    """After one timed-out wait, a full buffer never waited again: on a slow disk that still moved, the queue grew
+    past any bound (310 rows queued against a limit of 10)."""
+    import threading
+    import time
+
+    from slicetrace.sinks.chrome_writer import Writer
+    w, gate = Writer("slicetrace-trace-test", 10), threading.Event()
+    w.put(lambda: gate.wait(30), "KERNEL_STEP", 10)
+    assert w.room(5, 0.05) is False and w.stuck                 # the disk hangs: one wait, then none
+    assert w.room(5, 30) is False
+    gate.set()
+    for _ in range(3000):                                       # the job ends: the writer moved
+        if not w.pending("KERNEL_STEP"):
+            break
+        time.sleep(0.01)
+    assert not w.stuck
+    gate.clear()
+    w.put(lambda: gate.wait(30), "KERNEL_STEP", 10)
+    threading.Timer(0.2, gate.set).start()
+    assert w.room(5, 30) is True and not w.stuck                # waited for again, and room found
+    w.put(lambda: gate.wait(30), "KERNEL_STEP", 10)
+    assert w.close(10) and w.pending("KERNEL_STEP") == 0
+
+
+def test_records_whose_text_cannot_be_encoded_are_counted_lost(tmp_path):
+    """A MemoryError encoding a buffer of op records (before its write) left them counted nowhere."""
+    class Unencodable(str):
+        def encode(self, *a, **kw):
+            raise MemoryError("encode")
+    p = ChromePlugin(Settings(profile_dump_file=str(tmp_path / "trace"), pool_sizes=POOLS))
+    ctx = p.init(COMM, abi.ActivationMask())
+    ctx.write(Unencodable("x"), "COLL", 5)
+    with pytest.raises(OSError, match=r"formatting the records failed: MemoryError\('encode'\)"):
+        p.finalize(ctx)
+    assert ctx.lost["COLL"] == 5 and ctx.written["COLL"] == 0

@@ -280,12 +280,12 @@ def held_up(ks: np.ndarray, ops: np.ndarray | None = None, starts: dict | None =
 
 
 def _channels_per_op(ks: np.ndarray, key: np.ndarray) -> np.ndarray:
-    """Per record, how many channels its rank's op ran on (1 for records of no known op)."""
+    """Per record, how many channels its rank's op ran on (records of no known op, key -1: as one op)."""
     trip = np.stack([ks["rank"].astype(np.int64), key.astype(np.int64), ks["channel"].astype(np.int64)], axis=1)
     uniq = np.unique(trip, axis=0)
     ops, counts = np.unique(uniq[:, :2], axis=0, return_counts=True)
     idx = np.searchsorted(ops[:, 0] * (1 << 32) + ops[:, 1], trip[:, 0] * (1 << 32) + trip[:, 1])
-    return np.where(key < 0, 1, counts[idx]).astype(np.float64)
+    return counts[idx].astype(np.float64)
 
 
 def clock_check(ks: np.ndarray, tol_ns: int) -> dict:

@@ -129,38 +129,37 @@ class Ctx:
             self.counted = 0                    # what this job's writes counted (not others' counts meanwhile)
             try:
                 job()
-            except Exception as e:              # noqa: BLE001 - counted and told at finalize
+            except BaseException as e:          # noqa: BLE001 - counted and told at finalize
                 if pool is not None:
                     self.lost[pool] += n - self.counted
                 if self.error is None:
                     self._broken(OSError(f"formatting the records failed: {e!r}"))
+                if not isinstance(e, Exception):
+                    raise
         self.writer.put(run, pool, n)
 
     def _write_now(self, text: Any, pool: str | None = None, n: int = 0) -> None:
         """Append str (utf-8) or bytes-like (formatted rows, ASCII) holding whole records, `n` of them from `pool`,
         counted written or lost (no file: written). A failed write cuts the file back to its last whole record and
         no later one is written."""
-        if pool is not None:
-            self.counted += n
         if self.file is None or self.error is not None:
             if pool is not None:
                 (self.written if self.path is None else self.lost)[pool] += n
+                self.counted += n
             return
-        data = text.encode("utf-8") if isinstance(text, str) else text
-        try:
+        try:                                    # anything else raised (a MemoryError encoding, a file closed
+            data = text.encode("utf-8") if isinstance(text, str) else text      # under it): the job counts it
             _write_all(self.file, data)
         except OSError as e:
             self._broken(e)
             if pool is not None:
                 self.lost[pool] += n
+                self.counted += n
             return
-        except BaseException:                   # not written (a file closed under it): its job counts it
-            if pool is not None:
-                self.counted -= n
-            raise
         self.good += memoryview(data).nbytes
         if pool is not None:
             self.written[pool] += n
+            self.counted += n
 
     def _broken(self, e: OSError) -> None:
         self.error = e

@@ -23,7 +23,7 @@ class Writer:
         self._cv = threading.Condition()
         self._limit = limit_rows
         self.queued: dict[str | None, int] = {}     # records per pool queued and not yet written
-        self._stuck = False                         # room() timed out: later calls do not wait again until it moves
+        self._stuck = False                         # room() timed out: later calls wait again once a job ends
         self._running: tuple[str | None, int] | None = None    # the job being run: its pool and records
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -90,6 +90,7 @@ class Writer:
                 with self._cv:
                     self.queued[pool] -= rows
                     self._running = None
+                    self._stuck = False             # it moves: a full buffer waits for it again
                     self._cv.notify_all()
 
     def pending(self, pool: Any) -> int:
