@@ -16,9 +16,10 @@ Pools (sizes from settings.pool_sizes): a pool bounds the events of one type *in
 when its event stops, so only events beyond the pool size still in flight are dropped (and counted). Completed
 records are buffered (KernelSteps as numpy column chunks) and appended to the file whenever a buffer reaches
 its pool size, by a writer thread (sinks/chrome_writer.py: off the host's lock), so memory stays bounded on long
-runs (with no dump file, KernelSteps are counted and their chunk reused every 65,536 rows). The last record, "slicetrace_counters", carries the rank's drop counters with
-this plugin's deliveries and refusals (handed over by `report_counters` before `finalize`) and its own drops. A
-failed write (a full disk) ends the file at its last whole record, and finalize raises OSError saying what was lost.
+runs (with no dump file, KernelSteps are counted and their chunk reused every 65,536 rows). The last record,
+"slicetrace_counters", carries the rank's drop counters with this plugin's deliveries and refusals (handed over by
+`report_counters` before `finalize`) and its own drops. A failed write (a full disk) ends the file at its last
+whole record, and finalize raises OSError saying what was lost.
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Reads each channel in seq order (one cursor per channel, the same rule the write
 and device can never disagree on which op a stamp belongs to: every stamp carries its op tag.
 KernelCh start and stop are separate records (stamps.layout); the drain keeps open starts aside and delivers
 one paired KernelCh record at the stop, which in seq order comes after every KernelStep of its program.
-Imports errors, stamps.layout, .pairing, .scratch and .waits only; the consumer is anything with channel/steps/end_op/drop (the event host).
+Imports errors, stamps.layout, .pairing, .scratch, .waits; its consumer has channel/steps/end_op/drop (the event host).
 """
 from __future__ import annotations
 
