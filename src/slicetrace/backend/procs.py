@@ -15,11 +15,7 @@ from ..rendezvous import Store
 
 def pid_space() -> str:
     """This host and PID namespace: a peer's pid means something here only if it says the same."""
-    try:
-        ns = os.readlink("/proc/self/ns/pid")
-    except OSError:
-        ns = "?"
-    return f"{socket.gethostname()}/{ns}"
+    return f"{socket.gethostname()}/{pid_ns_id()}"
 
 
 def pid_ns_id() -> int:
