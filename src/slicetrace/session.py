@@ -6,17 +6,16 @@ thread for asynchronous backends (cuda) and runs inline between ops for synchron
 from __future__ import annotations
 
 import atexit
-import contextlib
 import hashlib
 import logging
 import os
-import signal
 import threading
 import time
 import weakref
-from typing import Any, Iterator
+from typing import Any
 
-from .backend.base import HELD_SIGNALS, Backend, Work, create
+from .backend.base import Backend, Work, create
+from .backend.signals import signals_held
 from .config import Settings
 from .errors import SliceTraceError, UsageError
 from .events.abi import CommInfo, EventType, effective_mask
@@ -113,8 +112,9 @@ class Session:
             plugins = load_plugins(settings.profiler_plugin, settings)
             if plugins:
                 info = CommInfo(self.comm_hash, name or f"slicetrace-{job}", 1, world, rank, settings.backend)
-                self.host = EventHost(plugins, info, settings.plugin_max_failures)
-                _LIVE.add(self)
+                with signals_held():       # a Ctrl-C between a plugin's init and the host taking its context
+                    self.host = EventHost(plugins, info, settings.plugin_max_failures)   # left its trace unended
+                    _LIVE.add(self)
                 self.drain = Drain(self.backend.rings, self.host, settings.drain_interval_us,
                                    fetch=self.backend.fetch_stamps if self.backend.stamps_fetched else None,
                                    thread_init=self.backend.thread_init, on_error=self._drain_failed)
@@ -211,7 +211,7 @@ class Session:
                 else int((reserved - cur).max()))
         if self._since_poll >= 32 or now >= self._poll_at or fill > self.drain.slots // 4:
             self._since_poll, self._poll_at = 0, now + 0.02
-            with _signals_held():       # a Ctrl-C inside a plugin's callback lost an op's Coll, kept its steps
+            with signals_held():       # a Ctrl-C inside a plugin's callback lost an op's Coll, kept its steps
                 self.drain.poll_once(False, self.settings.timeout_s)    # None: another poller drains meanwhile
 
     def synchronize(self) -> None:
@@ -316,20 +316,6 @@ class Session:
         self.host.close(notes=self._op_counts(), timeout_s=self.settings.timeout_s if timeout_s is None else timeout_s)
 
 
-@contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
-    """SIGINT, SIGTERM and SIGUSR1 wait (blocked, then delivered) while the main thread hands records to the
-    plugins: an interrupt there left a plugin's event half-made (its Coll gone, its KernelSteps written)."""
-    if not _MASKABLE or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
 _LIVE: weakref.WeakSet = weakref.WeakSet()     # sessions with plugins, for _finish_at_exit
 _FORKS = [0]                                    # forks this process descends from (Session.forked)
 if hasattr(os, "register_at_fork"):
@@ -351,9 +337,6 @@ def _finish_at_exit() -> None:
             sess._close_host(max(0.1, deadline - time.monotonic()))
         except Exception as e:  # noqa: BLE001 - at exit: say so, finish the others
             log.warning("slicetrace: rank %d: finishing the profiler plugins at exit failed: %r", sess.rank, e)
-
-
-_MASKABLE = hasattr(signal, "pthread_sigmask")
 
 
 def _step(errs: list[BaseException], what: str, fn: Any) -> None:

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -127,30 +128,39 @@ def test_ctrl_c_stops_bench_with_a_message_and_no_traceback_and_the_traces_writt
     """Before: the ranks were killed at once, so the example plugin never wrote what it held: 0-byte trace files
     that report could not read. Now each rank closes its communicator first (the plugins' finalize)."""
     from slicetrace.analyze.trace import check_trace, kernel_steps, load_traces
-    p = subprocess.Popen([sys.executable, "-m", "slicetrace.cli.main", "bench", "-b", "1M", "-e", "1M", "-n",
-                          "1000000", "-w", "1", "--trace", str(tmp_path / "tr")], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, start_new_session=True)
-    ours = set()
+    # -N 0: cycles until interrupted; its first row says the warm-up and the first ops ran (a fixed sleep after
+    # start-up did not: under CI's load the Ctrl-C came before the warm-up op, and its trace had no KernelSteps)
+    p = subprocess.Popen([sys.executable, "-m", "slicetrace.cli.main", "bench", "-b", "1M", "-e", "1M", "-n", "5",
+                          "-w", "1", "-N", "0", "--trace", str(tmp_path / "tr")], stdout=subprocess.PIPE,
+                         stderr=open(tmp_path / "err", "wb"), start_new_session=True)
+    rows: list[str] = []
+    first_row = threading.Event()
+
+    def read_rows():
+        for line in p.stdout:
+            rows.append(line.decode(errors="replace"))
+            if rows[-1].strip().startswith("1048576"):
+                first_row.set()
+    reader = threading.Thread(target=read_rows, daemon=True)
+    reader.start()
     try:
-        # not a fixed sleep: under load the ranks may still be importing after seconds (an interrupt there is
-        # their own traceback); two mapped segments mean both ranks are past start-up
-        deadline = time.monotonic() + 60
-        while len(ours) < 2 and p.poll() is None and time.monotonic() < deadline:
-            ours = _mapped_segments(_session_pids(p.pid))
-            time.sleep(0.1)
-        assert len(ours) == 2, f"the bench's ranks did not map their segments: {ours}"
-        time.sleep(0.5)                                  # timing
+        assert first_row.wait(120), f"no row from the bench: {rows}"
+        ours = _mapped_segments(_session_pids(p.pid))
+        assert len(ours) == 2, f"the bench's ranks do not map their segments: {ours}"
         os.killpg(p.pid, signal.SIGINT)                  # what a terminal's Ctrl-C does: the whole group
-        out, err = p.communicate(timeout=30)
+        p.wait(timeout=30)
+        reader.join(10)
     finally:
         _reap(p)
-    assert p.returncode == 130
-    assert "slicetrace: interrupted" in err.decode() and "Traceback" not in err.decode()
+    err = (tmp_path / "err").read_text(errors="replace")
+    assert p.returncode == 130, err
+    assert "slicetrace: interrupted" in err and "Traceback" not in err
     assert _left_of_job(ours) == set()                   # removed before the launcher exited: no waiting
     files = sorted(glob.glob(str(tmp_path / "tr" / "trace_*_*.json")))
     assert len(files) == 2
     for f in files:
         assert check_trace(f) == [], f
+        assert open(f).read().endswith("]\n"), f               # finalized, not cut short
         assert len(kernel_steps(load_traces([f]))) >= 8      # at least the warm-up op's slices
 
 

@@ -10,7 +10,8 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "slicetrace"
 BASE = {"errors"}
 LOW = BASE | {"config", "rendezvous"}
 CONTRACTS = {"stamps.layout", "events.abi"}
-BACKEND = LOW | {"stamps.layout", "plan", "backend.base", "backend.procs", "backend.segment", "backend.opsig"}
+BACKEND = LOW | {"stamps.layout", "plan", "backend.base", "backend.procs", "backend.segment", "backend.opsig",
+                   "backend.signals"}
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "backend": set(), "events": set(), "stamps": set(),     # package __init__ files
@@ -19,6 +20,7 @@ ALLOWED: dict[str, set[str]] = {
     "stamps.layout": BASE,
     "events.abi": BASE,
     "plan": BASE | {"config"},
+    "backend.signals": set(),
     "backend.procs": LOW,
     "backend.segment": BASE,
     "backend.opsig": LOW | {"plan", "backend.base", "backend.segment"},
@@ -41,7 +43,7 @@ ALLOWED: dict[str, set[str]] = {
                                 "plan"},
     "sinks": BASE | {"config", "events.abi", "events.plugin"},
     "analyze": BASE | {"events.abi", "plan"},
-    "session": LOW | CONTRACTS | {"plan", "backend.base", "stamps.drain", "events.loading", "events.host"},
+    "session": LOW | CONTRACTS | {"plan", "backend.base", "backend.signals", "stamps.drain", "events.loading", "events.host"},
     "api_checks": BASE | {"backend.base", "events.abi"},
     "api_p2p": BASE | {"plan", "backend.base", "api_checks"},
     "api": LOW | CONTRACTS | {"plan", "backend.base", "events.host", "session", "api_checks", "api_p2p"},

@@ -8,9 +8,7 @@ import abc
 import ctypes
 import importlib
 import json
-import signal
 import sys
-import threading
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -21,6 +19,7 @@ from ..errors import ConfigError, UsageError
 from ..plan.schedule import OpPlan, P2pPart
 from ..rendezvous import Store
 from ..stamps.layout import RingViews
+from .signals import quiet_thread  # noqa: F401 - the backends' import
 
 REDOPS = ("sum", "prod", "min", "max", "avg")
 DTYPES = ("int8", "uint8", "int32", "int64", "float16", "float32", "float64", "bfloat16")
@@ -121,19 +120,6 @@ class Work:
     sample_rate: int = 1
     stream: Any = None             # cuda: the caller's stream
     extra: dict = field(default_factory=dict)
-
-
-# the signals a Ctrl-C or the launcher sends: held in the main thread around plugin callbacks
-# (session._signals_held), blocked in every thread the library starts (quiet_thread)
-HELD_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGUSR1", signal.SIGINT)})
-
-
-def quiet_thread() -> None:
-    """In a thread of ours: SIGINT, SIGTERM and SIGUSR1 blocked, so the kernel hands a process-directed one to the
-    main thread, whose signal hold (session._signals_held) then delays it past a plugin callback; taken here, its
-    Python handler ran in the main thread at once, inside the callback."""
-    if hasattr(signal, "pthread_sigmask") and threading.current_thread() is not threading.main_thread():
-        signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
 
 
 # backends made per (job, rank) in this process: keeps re-inits' store keys and traces apart, while ranks that are
