@@ -19,11 +19,15 @@ TIMEOUT = 6.0
 JOIN = 120          # every launch() is bounded: a hang fails the test instead of stalling the suite
 
 
-def _shm():
-    return set(glob.glob("/dev/shm/st_*"))
+def _job_shm(job):
+    """The shared-memory segments of one launch() job (st_<job id>_...): other test runs on the machine create and
+    remove st_* segments of their own meanwhile, so only this job's are looked at."""
+    return glob.glob(f"/dev/shm/st_{job}*")
 
 
-def _die_mid_op(comm):
+def _die_mid_op(comm, folder):
+    with open(os.path.join(folder, f"job{comm.rank}"), "w") as f:      # the job id, to find its segments after
+        f.write(comm._session.job)
     x = np.ones(8 << 20, dtype=np.float32)
     if comm.rank == 1:
         threading.Timer(0.05, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
@@ -38,10 +42,9 @@ PEER_GONE = re.compile(r"slicetrace\.errors\.PeerError: rank 1 \(pid \d+\) (exit
                        r"died \(zombie\)); detected by rank [02]( \(abort posted by rank [02]\))?")
 
 
-def test_killed_rank_fails_every_other_rank_with_the_peer_death():
-    before = _shm()
+def test_killed_rank_fails_every_other_rank_with_the_peer_death(tmp_path):
     with pytest.raises(slicetrace.LaunchError) as e:
-        slicetrace.launch(_die_mid_op, 3, timeout_s=TIMEOUT, join_timeout_s=JOIN)
+        slicetrace.launch(_die_mid_op, 3, str(tmp_path), timeout_s=TIMEOUT, join_timeout_s=JOIN)
     errs = e.value.errors
     assert str(e.value).startswith("rank 1 failed: rank 1 died with exit code -9"), str(e.value)
     assert sorted(errs) == [0, 1, 2] and errs[1] == ("rank 1 died with exit code -9 (SIGKILL: the kernel's "
@@ -49,7 +52,9 @@ def test_killed_rank_fails_every_other_rank_with_the_peer_death():
     for r in (0, 2):                 # the survivors' own errors: they noticed the death, they did not finish
         last = errs[r].strip().splitlines()[-1]
         assert PEER_GONE.fullmatch(last), (r, last)
-    assert _shm() <= before
+    jobs = {(tmp_path / f"job{r}").read_text() for r in (0, 2)}      # the survivors wrote theirs before any op
+    assert len(jobs) == 1, jobs
+    assert _job_shm(jobs.pop()) == []                                  # nothing of the job left behind
 
 
 def _arrive_except_2(ctx):
@@ -154,22 +159,32 @@ def test_bad_input_gets_a_clear_error_naming_the_parameter():
         assert key in msg, (key, msg)
 
 
+def _inside_an_op(comm, t, what):
+    """Wait until thread t holds the communicator's op lock (Communicator._enter) and is in the op's try."""
+    import time
+    deadline = time.monotonic() + 60
+    while not (comm._busy.locked() and comm._active == t.ident):
+        assert t.is_alive() and time.monotonic() < deadline, f"{what}: the thread never got inside its op"
+        time.sleep(0.001)
+
+
 def _two_threads(comm):
     import threading
-    import time
+    store, key = comm._session.store, "test/two_threads/refused"
     x = np.ones(1000, dtype=np.float32)
     if comm.rank == 1:
-        time.sleep(1.0)                            # rank 0's first op waits for us meanwhile
+        store.get(key, 60)                         # rank 0's first op waits for us until its second call was made
         comm.all_reduce(x)
         return "peer", float(comm.all_reduce(x)[0])
     first = threading.Thread(target=comm.all_reduce, args=(x,))
     first.start()
-    time.sleep(0.3)
+    _inside_an_op(comm, first, "rank 0")           # it cannot finish: rank 1 has not joined it yet
     try:
         comm.all_reduce(x)                         # while `first` is inside its op
         err = None
     except slicetrace.UsageError as e:
         err = str(e)
+    store.set(key, b"1")                           # now rank 1 may join `first`'s op
     first.join(TIMEOUT)
     alive = first.is_alive()
     return err, alive, float(comm.all_reduce(x)[0])
