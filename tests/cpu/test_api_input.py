@@ -311,19 +311,24 @@ def test_empty_messages_both_ways_and_far_ahead_neither_hang_nor_fail():
 
 def _close_during_an_op(comm):
     import threading
+    store, key = comm._session.store, "test/close_during_an_op/refused"
     x = np.ones(1 << 16, np.float32)
     if comm.rank == 1:
-        time.sleep(1.5)                   # rank 0's op waits for this one meanwhile
+        store.get(key, 60)                # rank 0's op waits for this one until rank 0's close() was made
         comm.all_reduce(x, x)
         return float(x[0])
     t = threading.Thread(target=comm.all_reduce, args=(x, x))
     t.start()
-    time.sleep(0.3)
+    deadline = time.monotonic() + 60      # until t holds the op lock and is in the op's try (api.Communicator)
+    while not (comm._busy.locked() and comm._active == t.ident):
+        assert t.is_alive() and time.monotonic() < deadline, "the thread never got inside its op"
+        time.sleep(0.001)
     try:
-        comm.close()
+        comm.close()                      # t cannot have finished: rank 1 has not joined its op yet
         refused = None
     except UsageError as e:
         refused = str(e)
+    store.set(key, b"1")                  # now rank 1 may join t's op
     t.join(30)
     alive = t.is_alive()
     comm.close()                          # now it may
