@@ -397,12 +397,15 @@ def test_kernel_step_sampling_keeps_the_same_slices_at_both_ends_of_a_connection
 
 
 def _late_send(comm, delay_s):
+    store, key = comm._session.store, "test/late_send/receiving"
     x = np.ones(1000, np.float32)
-    comm.all_reduce(x)                       # both ranks past start-up: the receive below is posted early
+    comm.all_reduce(x)                       # both ranks past start-up
     if comm.rank == 0:
+        store.get(key, 60)                   # rank 1 is about to post its receive: it waits from there on
         time.sleep(delay_s)
         comm.send(x, 1)
     else:
+        store.set(key, b"1")
         comm.recv(np.empty_like(x), 0)
     comm.flush_profiler()
 
@@ -416,4 +419,4 @@ def test_a_receive_posted_before_its_sender_sends_records_its_wait(tmp_path):
     recv = ks[(ks["rank"] == 1) & (ks["is_send"] == 0) & (ks["peer"] == 0) & (ks["size"] == 4000)]
     assert len(recv) == 1, ks                # 4000 bytes: one step of the send/recv, not the all_reduce's
     waited = int(recv["ready_ns"][0] - recv["wait_ns"][0])
-    assert waited >= 500_000_000, waited     # half the sleep: the ranks leave the all_reduce close together
+    assert waited >= 500_000_000, waited     # half the sleep: it began once rank 1 was about to receive
