@@ -382,7 +382,7 @@ EARLY_DRIVER = textwrap.dedent("""
             start = mm.BaseManager.start
             def slow_start(self, *a, **k):
                 open(os.path.join(sys.argv[1], "starting"), "w").close()
-                time.sleep(0.5)
+                time.sleep(30)   # the test's SIGINT ends it (KeyboardInterrupt) unless the launcher loses it
                 return start(self, *a, **k)
             mm.BaseManager.start = slow_start
         print("DONE", slicetrace.launch(fn, 2, sys.argv[1], timeout_s=20.0), flush=True)
@@ -402,7 +402,7 @@ def _early(tmp_path, mode: str, sleep_s: float, wait_for: str):
             time.sleep(0.005)
         ready = len(list(tmp_path.glob(wait_for))) >= want
         os.killpg(p.pid, signal.SIGINT)
-        out, err = p.communicate(timeout=30)
+        out, err = p.communicate(timeout=90)     # a lost Ctrl-C: start-up's 30 s, then the run
     finally:
         _reap(p)
     return p.returncode, out.decode(), err.decode(errors="replace"), ready
