@@ -65,6 +65,14 @@ def _blocked(tid: int) -> int:
     return 0
 
 
+def _pending(tid: int) -> int:
+    """The signals pending for thread tid alone (SigPnd; ShdPnd is the process-directed ones)."""
+    for line in open(f"/proc/self/task/{tid}/status"):
+        if line.startswith("SigPnd:"):
+            return int(line.split()[1], 16)
+    return 0
+
+
 def test_the_librarys_threads_leave_ctrl_c_to_the_main_thread():
     """A process-directed SIGINT went to a thread of ours (the heartbeat) while the main thread held it during a
     plugin callback, and its handler then ran in the main thread inside the callback: the Ctrl-C test above failed
@@ -108,7 +116,7 @@ def test_a_signal_taken_by_a_thread_that_does_not_block_it_still_waits():
     handler in the main thread inside the section. Python-level handlers are now swapped for the section."""
     from slicetrace.backend.signals import signals_held
     ready, stop = threading.Event(), threading.Event()
-    t = threading.Thread(target=lambda: (ready.set(), stop.wait(30)), daemon=True)    # nothing blocked
+    t = threading.Thread(target=lambda: (ready.set(), stop.wait(120)), daemon=True)   # nothing blocked
     old = signal.signal(signal.SIGINT, signal.default_int_handler)
     t.start()
     ready.wait(10)
@@ -117,7 +125,12 @@ def test_a_signal_taken_by_a_thread_that_does_not_block_it_still_waits():
         with pytest.raises(KeyboardInterrupt):
             with signals_held():
                 signal.pthread_kill(t.ident, signal.SIGINT)
-                deadline = time.monotonic() + 1.0       # the thread wakes and trips the flag; Python code runs on
+                # until the kernel delivered it to t (its C handler trips Python's flag there): pending no more
+                deadline = time.monotonic() + 30
+                while _pending(t.native_id) & (1 << (signal.SIGINT - 1)):
+                    assert time.monotonic() < deadline, "thread t never took the SIGINT sent to it"
+                    time.sleep(0.001)
+                deadline = time.monotonic() + 0.2       # Python code runs on: an unheld handler would fire here
                 while time.monotonic() < deadline:
                     pass
                 done = True
@@ -126,3 +139,4 @@ def test_a_signal_taken_by_a_thread_that_does_not_block_it_still_waits():
         t.join(10)
         signal.signal(signal.SIGINT, old)
     assert done                                      # the section ran to its end, then the interrupt came
+
