@@ -112,24 +112,20 @@ def test_a_trace_that_was_written_whole_is_named_by_the_note(tmp_path, monkeypat
 def test_another_runs_trace_still_being_written_beside_ours_is_not_called_incomplete(tmp_path, monkeypatch):
     """A second job writing into the same --trace folder made a successful bench fail ('1 of the 2 trace file(s)
     this run wrote are incomplete'): a file that still grows is another writer's, not a broken one."""
-    import threading
+    from slicetrace.cli import outputs
     p, host, ctx, before = _run(tmp_path, monkeypatch, fail_at=10**9)
     host.close()
     other = tmp_path / "trace_777_0.json"
     other.write_text('[\n{"name":"slicetrace_comm"},\n')
-    stop = threading.Event()
+    waits = []
 
-    def grow():
-        while not stop.wait(0.02):
-            with open(other, "a") as f:
-                f.write('{"name":"x"},\n')
-    t = threading.Thread(target=grow)
-    t.start()
-    try:
-        note = trace_note(str(tmp_path), before, "example", None)
-    finally:
-        stop.set()
-        t.join(5)
+    def grow(seconds):          # trace_note's wait for growth: the other writer appends meanwhile, for certain
+        waits.append(seconds)
+        with open(other, "a") as f:
+            f.write('{"name":"x"},\n')
+    monkeypatch.setattr(outputs.time, "sleep", grow)
+    note = trace_note(str(tmp_path), before, "example", None)
+    assert waits, "trace_note never waited to see whether the unfinished file grows"
     assert "trace_4242_<rank>.json" in note
 
 
