@@ -139,4 +139,3 @@ def test_a_signal_taken_by_a_thread_that_does_not_block_it_still_waits():
         t.join(10)
         signal.signal(signal.SIGINT, old)
     assert done                                      # the section ran to its end, then the interrupt came
-
