@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import multiprocessing
+import os
 import re
 import time
 import uuid
@@ -529,20 +530,39 @@ def test_most_waited_on_says_why_its_rank_is_not_a_straggler_too():
            "others waited on it; a few long delays lead here)" in text
 
 
-def _late_to_the_failing_op(comm):
-    for i in range(5):
-        if i == 3 and comm.rank == 1:
-            time.sleep(1.5)                 # past the others' timeout: the op they wait in fails
-        comm.all_reduce(np.ones(1 << 14, np.float32))
+LATE_TIMEOUT_S = 3.0        # the failing op's timeout: past any scheduling delay of the ops before it
+
+
+def _late_to_the_failing_op(comm, prefix: str, folder: str, job: str):
+    """The launch's communicator (timeout_s=30) only lines the ranks up: set-up bounded by a short timeout_s raced
+    the spawned ranks' import skew under load. The short timeout is the traced communicator's, made once every rank
+    is past the barrier. Rank 1 comes to op #3 only once ranks 0 and 2 have failed in it (each leaves a file), so it
+    begins it at least LATE_TIMEOUT_S after them, whatever the load."""
+    comm.barrier()
+    r = comm.rank
+    with slicetrace.init(rank=r, world_size=comm.world_size, job=job, timeout_s=LATE_TIMEOUT_S,
+                         profiler_plugin="example", profile_dump_file=prefix) as sub:
+        for i in range(5):
+            if i == 3 and r == 1:           # past the others' timeout: the op they wait in fails
+                deadline = time.monotonic() + 25     # before the launcher's kill (timeout_s + 5 s)
+                while not all(os.path.exists(f"{folder}/failed{p}") for p in (0, 2)):
+                    assert time.monotonic() < deadline, "ranks 0 and 2 did not fail in op #3 within 25 s"
+                    time.sleep(0.01)
+            try:
+                sub.all_reduce(np.ones(1 << 14, np.float32))
+            except slicetrace.SliceTraceError:
+                if i == 3 and r != 1:
+                    open(f"{folder}/failed{r}", "w").close()
+                raise
 
 
 def test_the_op_a_failed_run_stopped_in_names_who_came_late(tmp_path, capsys):
     """A failed op has its Coll but no KernelCh, which the straggler verdict reads: the report showed the earlier,
-    healthy collectives only, and not that rank 1 began the failing one 1.5 s after the others."""
+    healthy collectives only, and not that rank 1 began the failing one seconds after the others."""
     prefix = str(tmp_path / "t")
-    with pytest.raises(slicetrace.LaunchError, match="waited 0.5s"):
-        slicetrace.launch(_late_to_the_failing_op, 3, timeout_s=0.5, profiler_plugin="example",
-                          profile_dump_file=prefix, join_timeout_s=60)
+    with pytest.raises(slicetrace.LaunchError, match=re.escape(f"waited {LATE_TIMEOUT_S}s")):
+        slicetrace.launch(_late_to_the_failing_op, 3, prefix, str(tmp_path), uuid.uuid4().hex[:10], timeout_s=30,
+                          join_timeout_s=60)
     assert main(["report", prefix]) == 0
     text = " ".join(capsys.readouterr().out.split())
     got = re.search(r"unfinished: AllReduce #3 has no channel records on rank\(s\) ([0-9, ]+): it failed \(a "
