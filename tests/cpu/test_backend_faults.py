@@ -54,20 +54,58 @@ def idle_then(ctx, key: str, kw: dict, action: str, delay: float):
     return "done"
 
 
+def then_signal(ctx, key: str, fn, *args):
+    """fn(ctx, key, *args), then set the store key `<key>/done` (whatever fn did): a peer idling in
+    idle_until_done may close once this rank has seen its op end."""
+    try:
+        return fn(ctx, key, *args)
+    finally:
+        ctx["store"].set(f"{key}/done", b"1")
+
+
+def idle_until_done(ctx, key: str, kw: dict):
+    """Set up, then stay alive without submitting until the peer's `<key>/done` (then_signal); 60 s at most."""
+    backend(ctx, key, **kw)
+    try:
+        ctx["store"].get(f"{key}/done", 60.0, what=f"the peer's end of test case {key!r}")
+    finally:
+        ctx["state"]["backends"].pop(key).close()
+    return "done"
+
+
 def shm_left(ctx, key: str) -> list:
     return glob.glob(f"/dev/shm/st_{ctx['job']}{key}_*")
 
 
+def _warm(ctx):
+    """A no-op from this module: a pool process imports the test modules (numpy, hypothesis) and the cpu backend on
+    its first message, which under load took longer than a test's 1 s set-up timeout."""
+    import slicetrace.backend.cpu.backend  # noqa: F401
+    import slicetrace.plan.schedule  # noqa: F401
+    return ctx["rank"]
+
+
+def warm_pool(world: int) -> RankPool:
+    """A pool whose processes have all answered once: they are past their imports."""
+    p = RankPool(world, timeout=60)
+    try:
+        assert p.run(_warm) == list(range(world))
+    except BaseException:
+        p.close()
+        raise
+    return p
+
+
 @pytest.fixture(scope="module")
 def pool3():
-    p = RankPool(3, timeout=60)
+    p = warm_pool(3)
     yield p
     p.close()
 
 
 @pytest.fixture(scope="module")
 def pool2():
-    p = RankPool(2, timeout=60)
+    p = warm_pool(2)
     yield p
     p.close()
 
@@ -90,10 +128,12 @@ def test_abort_reaches_every_rank(pool3):
 
 def test_timeout_when_a_rank_never_submits(pool2):
     kw = dict(SMALL, timeout_s=1.0)
-    res = _results(pool2, [(submit_case, ("tmo", kw, dict(func="all_reduce", count=100, dtype="int32"))),
-                           (idle_then, ("tmo", kw, "idle", 2.0))])
+    # rank 1 idles, alive, until rank 0 has seen its op end (not for a fixed time that a loaded machine could overrun)
+    res = _results(pool2, [(then_signal, ("tmo", submit_case, kw, dict(func="all_reduce", count=100, dtype="int32"))),
+                           (idle_until_done, ("tmo", kw))])
     # the deadline of rank 0's first wait ran out (rank 1 is alive, so no peer check fires): it says what it
     # waited for and how long
+    assert res[1] == "done"
     assert res[0] == ("CommTimeoutError", "rank 0 waited 1.0s (timeout_s) for data from rank 1 on channel 0 (step 0)")
 
 
@@ -122,7 +162,7 @@ def test_a_failed_op_publishes_the_slices_it_completed(pool2):
     """Staged records reach the rings when the op fails (stamper.py): the sends made before the wait for data
     that timed out are published whole, with their KernelCh start."""
     kw = dict(SMALL, timeout_s=1.0)
-    res = _results(pool2, [(stamped_until_timeout, ("pub", kw)), (idle_then, ("pub", kw, "idle", 2.0))])
+    res = _results(pool2, [(then_signal, ("pub", stamped_until_timeout, kw)), (idle_until_done, ("pub", kw))])
     kind, ents = res[0]
     assert kind == "CommTimeoutError" and len(ents) >= 2, res[0]
     assert all(st == co == q for q, (st, co, *_) in enumerate(ents, 1))            # every reserved seq published
