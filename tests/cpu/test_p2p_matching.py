@@ -2,8 +2,10 @@
 (count or dtype) is an error on both ranks at once, never a timeout or data taken as another message's."""
 from __future__ import annotations
 
+import os
 import re
 import time
+import uuid
 
 import numpy as np
 import pytest
@@ -96,21 +98,37 @@ def test_a_receive_whose_pieces_match_two_whole_sends_is_still_a_mismatch():
             "rank 0 sends a message of 196608 x float32") in str(e.value), str(e.value)
 
 
-def _recv_never_sent(comm):
-    if comm.rank == 0:
-        time.sleep(4)                  # alive, never sends: rank 1's receive can only time out
-        return "idle"
-    comm.recv(np.zeros(1000, np.float32), 0)
+RECV_TIMEOUT_S = 1.5
 
 
-def test_a_receive_that_times_out_names_what_it_waited_for():
+def _recv_never_sent(comm, folder: str, job: str):
+    """The launch's communicator (timeout_s=30) only lines the ranks up: a set-up bounded by the short timeout_s
+    raced the spawned ranks' import skew under load. The receive's communicator is made past the barrier."""
+    comm.barrier()
+    with slicetrace.init(rank=comm.rank, world_size=2, job=job, backend="cpu",
+                         timeout_s=RECV_TIMEOUT_S) as sub:
+        if comm.rank == 0:              # alive, never sends: rank 1's receive can only time out
+            deadline = time.monotonic() + 25        # before the launcher's kill (timeout_s + 5 s)
+            while not os.path.exists(f"{folder}/recv_ended"):
+                assert time.monotonic() < deadline, "rank 1's receive did not end within 25 s"
+                time.sleep(0.01)
+            return "idle"
+        try:
+            sub.recv(np.zeros(1000, np.float32), 0)
+        finally:
+            open(f"{folder}/recv_ended", "w").close()
+
+
+def test_a_receive_that_times_out_names_what_it_waited_for(tmp_path):
     """The message said only 'point-to-point progress with rank(s) [0]'; the README promises the wait's kind,
     peer, channel and step."""
     with pytest.raises(LaunchError) as e:
-        slicetrace.launch(_recv_never_sent, 2, backend="cpu", timeout_s=1.5, join_timeout_s=120)
+        slicetrace.launch(_recv_never_sent, 2, str(tmp_path), uuid.uuid4().hex[:10], backend="cpu", timeout_s=30,
+                          join_timeout_s=120)
     msg = e.value.errors[1]
     assert msg.startswith("CommTimeoutError") and re.search(
         r"point-to-point progress: data from rank 0 on channel \d+ \(step 0\)", msg), msg
+    assert f"rank 1 waited {RECV_TIMEOUT_S}s (timeout_s) for point-to-point progress" in msg, msg   # the receive's
 
 
 def _one_send_two_recvs(comm, n):
