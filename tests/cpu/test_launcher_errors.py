@@ -14,7 +14,10 @@ import pytest
 import slicetrace
 from slicetrace.errors import PeerError
 
-TIMEOUT = 2.0       # small: the stuck-rank case waits timeout_s + 5 s before the launcher kills
+# timeout_s also bounds each rank's set-up rendezvous, which a short one made race the spawned ranks' import skew
+# under load (a CommTimeoutError at set-up led the LaunchError instead of the error under test)
+TIMEOUT = 4.0       # the stuck-rank cases wait timeout_s + 5 s before the launcher kills: short, past set-up's skew
+LONG = 30.0         # where no rank waits timeout_s out (they fail, return or learn a peer's end at once)
 JOIN = 60           # every launch() is bounded: a hang fails the test instead of stalling the suite
 
 
@@ -41,7 +44,7 @@ def test_a_users_error_that_says_died_still_leads_the_launch_error():
     """Before, "died" anywhere in a rank's text counted as a death the launcher found: rank 0's relayed PeerError
     (which quotes rank 2's message) led."""
     with pytest.raises(slicetrace.LaunchError) as e:
-        slicetrace.launch(_user_error_with_a_scary_word, 3, timeout_s=TIMEOUT, join_timeout_s=JOIN)
+        slicetrace.launch(_user_error_with_a_scary_word, 3, timeout_s=LONG, join_timeout_s=JOIN)
     msg = str(e.value)
     assert msg.startswith("rank 2 failed: RuntimeError: worker process died unexpectedly\nTraceback"), msg
     errs = e.value.errors
@@ -59,7 +62,7 @@ def _peer_error_of_its_own(comm):
 @pytest.mark.timeout(60)
 def test_a_peer_error_that_says_died_does_not_lead_before_a_ranks_own_error():
     with pytest.raises(slicetrace.LaunchError) as e:
-        slicetrace.launch(_peer_error_of_its_own, 2, timeout_s=TIMEOUT, join_timeout_s=JOIN)
+        slicetrace.launch(_peer_error_of_its_own, 2, timeout_s=LONG, join_timeout_s=JOIN)
     msg = str(e.value)
     assert msg.startswith("rank 0 failed: ValueError: rank 0's own error\nTraceback"), msg
     assert "other ranks: {1: 'PeerError: rank 0 (pid 1) died (zombie); detected by rank 1'}" in msg, msg
@@ -81,8 +84,8 @@ def test_a_rank_killed_for_running_on_after_a_failure_has_an_error_saying_so(tmp
     msg, errs = str(e.value), e.value.errors
     assert msg.startswith("rank 0 failed: ValueError: rank 0 failed first\nTraceback"), msg
     assert sorted(errs) == [0, 1], errs
-    m = re.fullmatch(r"rank 1 was still running (\d+\.\d) s after rank 0 failed \(timeout_s=2 \+ 5 s\) and was "
-                     r"killed", errs[1])
+    m = re.fullmatch(rf"rank 1 was still running (\d+\.\d) s after rank 0 failed \(timeout_s={TIMEOUT:g} \+ 5 s\) "
+                     r"and was killed", errs[1])
     assert m and float(m.group(1)) >= TIMEOUT + 5, errs[1]       # killed no sooner than the launcher promises
     assert f"other ranks: {{1: {errs[1]!r}}}" in msg, msg
     pid = int((tmp_path / "rank1.pid").read_text())
@@ -101,7 +104,7 @@ def _rank_1_exits_0(comm):
 def test_a_rank_that_exits_0_without_a_result_leads_the_launch_error():
     """Before, rank 1 was missing from `.errors` and rank 0's PeerError led."""
     with pytest.raises(slicetrace.LaunchError) as e:
-        slicetrace.launch(_rank_1_exits_0, 2, timeout_s=TIMEOUT, join_timeout_s=JOIN)
+        slicetrace.launch(_rank_1_exits_0, 2, timeout_s=LONG, join_timeout_s=JOIN)
     msg, errs = str(e.value), e.value.errors
     assert msg.startswith("rank 1 failed: rank 1 exited (code 0) without a result\nother ranks: {0: "), msg
     assert sorted(errs) == [0, 1] and errs[1] == "rank 1 exited (code 0) without a result", errs
@@ -115,7 +118,7 @@ def _rank_1_returns_a_lambda(comm):
 def test_an_unpicklable_return_value_is_named_as_fns_return_value():
     """Before, the rank's error was the pickler's bare "AttributeError: Can't pickle local object ..."."""
     with pytest.raises(slicetrace.LaunchError) as e:
-        slicetrace.launch(_rank_1_returns_a_lambda, 2, timeout_s=TIMEOUT, join_timeout_s=JOIN)
+        slicetrace.launch(_rank_1_returns_a_lambda, 2, timeout_s=LONG, join_timeout_s=JOIN)
     errs = e.value.errors
     assert sorted(errs) == [1], errs                 # rank 0's result came; only rank 1 failed
     want = (r"rank 1: fn's return value could not be sent to the launcher \(pickle\): \w+: .*<lambda>.*; return "
@@ -146,7 +149,7 @@ def test_a_return_value_that_does_not_unpickle_in_the_launcher_is_a_launch_error
     """It escaped launch() as the bare ValueError of the rebuild, naming no rank, the other results lost."""
     monkeypatch.setenv("ST_TEST_LAUNCHER_REBUILD", "1")        # the ranks inherit it too, but only unpickle here
     with pytest.raises(slicetrace.LaunchError) as e:
-        slicetrace.launch(_rank_1_returns_what_the_launcher_cannot_rebuild, 2, timeout_s=TIMEOUT, join_timeout_s=JOIN)
+        slicetrace.launch(_rank_1_returns_what_the_launcher_cannot_rebuild, 2, timeout_s=LONG, join_timeout_s=JOIN)
     assert sorted(e.value.errors) == [1]
     assert e.value.errors[1] == ("rank 1: its return value could not be rebuilt in the launcher (unpickling): "
                                  "ValueError: cannot rebuild here; return plain data")
@@ -184,8 +187,8 @@ def test_a_killed_low_rank_neither_leads_nor_is_blamed_on_a_relaying_rank():
     with pytest.raises(PeerError) as e:
         slicetrace.launch(_low_rank_stuck, 3, backend="cpu", timeout_s=TIMEOUT)
     assert str(e.value).startswith("rank 2 failed: ValueError: rank 2's own error"), str(e.value)
-    assert re.fullmatch(r"rank 0 was still running [\d.]+ s after rank 2 failed \(timeout_s=2 \+ 5 s\) and was "
-                        r"killed", e.value.errors[0]), e.value.errors[0]
+    assert re.fullmatch(rf"rank 0 was still running [\d.]+ s after rank 2 failed \(timeout_s={TIMEOUT:g} \+ 5 s\) "
+                        r"and was killed", e.value.errors[0]), e.value.errors[0]
 
 
 # ---- init(): torchrun's variables only when used; a job id per call ----
