@@ -139,3 +139,22 @@ def test_a_signal_taken_by_a_thread_that_does_not_block_it_still_waits():
         t.join(10)
         signal.signal(signal.SIGINT, old)
     assert done                                      # the section ran to its end, then the interrupt came
+
+
+def test_handlers_are_all_put_back_when_a_pending_one_raises_while_they_are(monkeypatch):
+    """signal.signal runs pending handlers before it sets one: a SIGINT handler put back first raised there, the
+    other signals kept the recorder of a hold that had ended, and later signals of theirs went nowhere."""
+    from slicetrace.backend import signals as sg
+    handlers: dict[int, object] = {}
+    raised = []
+
+    class Raw:
+        def signal(self, sig, h):
+            if sig != signal.SIGINT and not raised and handlers.get(signal.SIGINT) == "int":
+                raised.append(sig)          # the SIGINT handler just put back runs, before this call sets its own
+                raise KeyboardInterrupt
+            handlers[sig] = h
+    monkeypatch.setattr(sg, "_raw", Raw())
+    caught = sg._restore({signal.SIGUSR1: "usr1", signal.SIGINT: "int", signal.SIGTERM: "term"})
+    assert isinstance(caught, KeyboardInterrupt) and raised
+    assert handlers == {signal.SIGINT: "int", signal.SIGTERM: "term", signal.SIGUSR1: "usr1"}

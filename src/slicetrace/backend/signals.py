@@ -2,10 +2,9 @@
 it hands records to the plugins (an interrupt there left a plugin's event half-made, or its trace unended)."""
 from __future__ import annotations
 
-import contextlib
 import signal
 import threading
-from typing import Any, Iterator
+from typing import Any
 
 try:        # the C module signal.py wraps: its calls skip the enum conversions (0.3 us a call, not 3.7 us)
     import _signal as _raw
@@ -18,56 +17,53 @@ _MASKABLE = hasattr(signal, "pthread_sigmask")
 
 
 def quiet_thread() -> None:
-    """In a thread of ours: HELD_SIGNALS blocked, so the kernel hands a process-directed one elsewhere (the main
-    thread, or a thread we did not start) and not to a library thread that may sit in a plugin's callback."""
+    """In a thread of ours: HELD_SIGNALS blocked, so a process-directed one is not taken there (its waits are not
+    cut short by EINTR); whichever thread takes it, Python runs the handler in the main thread."""
     if _MASKABLE and threading.current_thread() is not threading.main_thread():
         signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
 
 
-@contextlib.contextmanager
-def signals_held() -> Iterator[None]:
-    """HELD_SIGNALS wait until the block ends, then come as they would have. Blocking them in the main thread is
-    not enough: the kernel hands a process-directed one to a thread that does not block it (numpy's OpenBLAS
-    workers, in every process of ours) and Python runs the handler in the main thread at once. So Python-level
-    handlers are swapped for a recorder, and what it recorded is raised again at the end. Off the main thread
-    (no handlers run there) it does nothing."""
-    if not _MASKABLE or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    came: list[int] = []
+class signals_held:
+    """HELD_SIGNALS wait until the block ends, then come as they would have. Python-level handlers are swapped for a
+    recorder, and what it recorded is raised again at the end. Blocking the signals (pthread_sigmask) was not
+    enough: the kernel hands a process-directed one to a thread that does not block it (numpy's OpenBLAS workers,
+    in every process of ours) and Python runs the handler in the main thread at once. A signal left at SIG_DFL ends
+    the process whatever is held. Off the main thread (no handlers run there) it does nothing."""
+    __slots__ = ("came", "swapped")
 
-    def record(signum: int, frame: Any) -> None:
-        came.append(signum)
-    swapped: dict[int, Any] = {}
-    old = _raw.pthread_sigmask(signal.SIG_BLOCK, _HELD_INTS)
-    try:
+    def __enter__(self) -> "signals_held":
+        self.came: list[int] = []
+        self.swapped: dict[int, Any] = {}
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        record = self.came.append
         for sig in _HELD_INTS:
             h = _raw.getsignal(sig)
-            if callable(h):                 # SIG_IGN, SIG_DFL and C handlers (None) are left to the mask
-                swapped[sig] = h
-                _raw.signal(sig, record)
-        yield
-    finally:
-        caught = _restore(swapped, old)
-        for sig in dict.fromkeys(came):
+            if callable(h):                 # SIG_IGN, SIG_DFL and C handlers (None) stay
+                self.swapped[sig] = h
+                _raw.signal(sig, lambda signum, frame: record(signum))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        caught = _restore(self.swapped)
+        for sig in dict.fromkeys(self.came):
             signal.raise_signal(sig)
         if caught is not None:
             raise caught
 
 
-def _restore(swapped: dict[int, Any], mask: Any) -> BaseException | None:
-    """Put the handlers and the mask back. signal.signal and pthread_sigmask run pending handlers: one restored
-    first (KeyboardInterrupt) would stop the others' restoring, and the main thread kept the signals blocked for
-    good. Each step is repeated until it holds (they are idempotent); the first such exception is returned."""
+def _restore(swapped: dict[int, Any]) -> BaseException | None:
+    """Put the handlers back. signal.signal runs pending handlers first: one restored already (KeyboardInterrupt)
+    would stop the others' restoring, which then recorded for good. Each is repeated until it holds (idempotent);
+    the first such exception is returned."""
     caught: BaseException | None = None
     todo = list(swapped.items())
-    while True:
+    while todo:
         try:
             while todo:
                 _raw.signal(*todo[-1])
                 todo.pop()
-            _raw.pthread_sigmask(signal.SIG_SETMASK, mask)
-            return caught
         except BaseException as e:  # noqa: BLE001 - a handler's exception, raised by the caller once all is back
             if caught is None:
                 caught = e
+    return caught
