@@ -33,7 +33,6 @@ class Communicator:
         if not isinstance(name, str):
             raise UsageError(f"name={name!r} must be a str (the communicator's name in traces and metrics)")
         self._settings, self._rank, self._world = settings, rank, world_size
-        self._session = Session(settings, rank, world_size, store, job, name)
         self._tag = 0
         self._seq: dict[str, int] = {}
         self._group: list[tuple[P2pPart, Any, str, int]] | None = None
@@ -46,6 +45,8 @@ class Communicator:
         self._busy = threading.Lock()   # one op at a time: a second thread gets an error, not a corrupted step count
         self._closing = threading.Lock()    # one closer; a second close returns
         self._active = 0                    # thread inside an op's try (0: none), see close()
+        # last: an interrupt in a statement after it dropped a made session, whose plugins were never finalized
+        self._session = Session(settings, rank, world_size, store, job, name)
 
     # read-only: the FIFOs, plans and peers were set up for these (an assignment would aim ops at wrong peers)
     rank = property(lambda self: self._rank, doc="this rank, 0..world_size - 1")

@@ -158,3 +158,43 @@ def test_handlers_are_all_put_back_when_a_pending_one_raises_while_they_are(monk
     caught = sg._restore({signal.SIGUSR1: "usr1", signal.SIGINT: "int", signal.SIGTERM: "term"})
     assert isinstance(caught, KeyboardInterrupt) and raised
     assert handlers == {signal.SIGINT: "int", signal.SIGTERM: "term", signal.SIGUSR1: "usr1"}
+
+
+def test_an_interrupt_at_any_line_of_making_a_communicator_leaves_no_trace_unended(tmp_path):
+    """A KeyboardInterrupt raised at each line of Communicator.__init__ in turn (a Ctrl-C lands between
+    statements): any trace its plugins began is ended. Statements after the session was made used to drop it, its
+    plugins never finalized (a trace of one record)."""
+    import sys
+    from slicetrace.api import Communicator
+    code = Communicator.__init__.__code__
+    lines: list[int] = []
+
+    def tracer(frame, event, arg):
+        if frame.f_code is not code:
+            return None
+
+        def local(frame, event, arg):
+            if event == "line":
+                if at is None:
+                    lines.append(frame.f_lineno)
+                elif frame.f_lineno == at:
+                    raise KeyboardInterrupt(f"line {at}")
+            return local
+        return local
+    at = None
+    sys.settrace(tracer)
+    try:
+        slicetrace.init(backend="null").close()          # the lines a made communicator runs through
+    finally:
+        sys.settrace(None)
+    assert len(lines) > 5
+    for at in sorted(set(lines)):
+        prefix = str(tmp_path / f"l{at}")
+        sys.settrace(tracer)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                slicetrace.init(backend="null", profiler_plugin="example", profile_dump_file=prefix)
+        finally:
+            sys.settrace(None)
+        for f in tmp_path.glob(f"l{at}_*.json"):
+            assert f.read_text().endswith("]\n"), f"interrupted at line {at}: {f.name} left unended"
