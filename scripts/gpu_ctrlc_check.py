@@ -33,7 +33,8 @@ except subprocess.TimeoutExpired:
     os.killpg(p.pid, signal.SIGKILL)
     rc = "killed after 60 s"
 err = open(out + ".err", errors="replace").read()
-files = {os.path.basename(f): {"whole": open(f).read().endswith("]\n"), "kernel_steps": len(kernel_steps(load_traces([f])))}
+files = {os.path.basename(f): {"whole": open(f).read().endswith("]\n"),
+                                "kernel_steps": len(kernel_steps(load_traces([f])))}
          for f in sorted(glob.glob(os.path.join(out, "trace_*.json")))}
 print(json.dumps({"first_row_s": first, "close_s": round(time.monotonic() - t1, 2), "rc": rc,
                   "traceback": "Traceback" in err, "interrupted_msg": "slicetrace: interrupted" in err,
