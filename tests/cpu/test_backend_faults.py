@@ -64,10 +64,11 @@ def then_signal(ctx, key: str, fn, *args):
 
 
 def idle_until_done(ctx, key: str, kw: dict):
-    """Set up, then stay alive without submitting until the peer's `<key>/done` (then_signal); 60 s at most."""
+    """Set up, then stay alive without submitting until the peer's `<key>/done` (then_signal); 50 s at most (under
+    the pool's 60 s, so a missing peer shows as this store error)."""
     backend(ctx, key, **kw)
     try:
-        ctx["store"].get(f"{key}/done", 60.0, what=f"the peer's end of test case {key!r}")
+        ctx["store"].get(f"{key}/done", 50.0, what=f"the peer's end of test case {key!r}")
     finally:
         ctx["state"]["backends"].pop(key).close()
     return "done"

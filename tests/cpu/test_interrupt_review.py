@@ -145,19 +145,95 @@ def test_handlers_are_all_put_back_when_a_pending_one_raises_while_they_are(monk
     """signal.signal runs pending handlers before it sets one: a SIGINT handler put back first raised there, the
     other signals kept the recorder of a hold that had ended, and later signals of theirs went nowhere."""
     from slicetrace.backend import signals as sg
-    handlers: dict[int, object] = {}
+    handlers: dict[int, object] = dict.fromkeys((signal.SIGINT, signal.SIGTERM, signal.SIGUSR1), "rec")
     raised = []
 
     class Raw:
+        def getsignal(self, sig):
+            return handlers[sig]
+
         def signal(self, sig, h):
-            if sig != signal.SIGINT and not raised and handlers.get(signal.SIGINT) == "int":
+            if sig != signal.SIGINT and not raised and handlers[signal.SIGINT] == "int":
                 raised.append(sig)          # the SIGINT handler just put back runs, before this call sets its own
                 raise KeyboardInterrupt
             handlers[sig] = h
     monkeypatch.setattr(sg, "_raw", Raw())
-    caught = sg._restore({signal.SIGUSR1: "usr1", signal.SIGINT: "int", signal.SIGTERM: "term"})
+    caught = sg._restore({signal.SIGUSR1: "usr1", signal.SIGINT: "int", signal.SIGTERM: "term"}, "rec")
     assert isinstance(caught, KeyboardInterrupt) and raised
     assert handlers == {signal.SIGINT: "int", signal.SIGTERM: "term", signal.SIGUSR1: "usr1"}
+
+
+@pytest.fixture
+def own_handlers():
+    """SIGINT, SIGUSR1 and SIGTERM as they were before the test."""
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGUSR1, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    for s, h in old.items():
+        signal.signal(s, h)
+
+
+def test_a_handler_that_raises_while_the_hold_begins_leaves_none_swapped(own_handlers, monkeypatch):
+    """The swaps are one call each: a pending handler of a signal not yet swapped ran (and raised) between them,
+    __enter__ raised, no __exit__ followed, and SIGINT kept the dead hold's recorder: Ctrl-C was lost for good."""
+    from slicetrace.backend import signals as sg
+    real = sg._raw
+
+    class Raw:
+        getsignal = staticmethod(real.getsignal)
+
+        def signal(self, sig, h):
+            if sig == signal.SIGUSR1 and callable(h) and h != usr1:
+                raise SystemExit(3)         # as an application's raising SIGUSR1 handler would, right here
+            return real.signal(sig, h)
+
+    def usr1(signum, frame):
+        pass
+    signal.signal(signal.SIGUSR1, usr1)
+    monkeypatch.setattr(sg, "_raw", Raw())
+    with pytest.raises(SystemExit):
+        with sg.signals_held():
+            pass
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler and signal.getsignal(signal.SIGUSR1) is usr1
+
+
+def test_every_signal_that_came_is_delivered_when_the_first_handler_raises(own_handlers):
+    """A Ctrl-C and a SIGUSR1 in one hold: the SIGINT handler raised at the end and the SIGUSR1 one never ran."""
+    from slicetrace.backend.signals import signals_held
+    got = []
+    signal.signal(signal.SIGUSR1, lambda n, f: got.append(n))
+    with pytest.raises(KeyboardInterrupt):
+        with signals_held():
+            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGUSR1)
+            assert got == []
+    assert got == [signal.SIGUSR1]
+
+
+def test_a_handler_set_inside_the_hold_is_kept(own_handlers):
+    from slicetrace.backend.signals import signals_held
+
+    def mine(signum, frame):
+        pass
+    signal.signal(signal.SIGUSR1, lambda n, f: None)    # the application's, swapped by the hold
+    with signals_held():
+        signal.signal(signal.SIGUSR1, mine)     # a plugin's init installing its own
+    assert signal.getsignal(signal.SIGUSR1) is mine and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_second_ctrl_c_a_while_after_the_first_goes_through_a_stuck_hold(own_handlers, monkeypatch):
+    """A plugin hung inside the hold (a trace file on a stuck mount) could not be interrupted at all."""
+    from slicetrace.backend import signals as sg
+    monkeypatch.setattr(sg, "FORCE_AFTER_S", 0.05)
+    reached = []
+    with pytest.raises(KeyboardInterrupt):
+        with sg.signals_held():
+            signal.raise_signal(signal.SIGINT)      # held
+            reached.append(1)
+            time.sleep(0.1)
+            signal.raise_signal(signal.SIGINT)      # the same again later: through at once
+            reached.append(2)
+    assert reached == [1] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_an_interrupt_at_any_line_of_making_a_communicator_leaves_no_trace_unended(tmp_path):

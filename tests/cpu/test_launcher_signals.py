@@ -130,9 +130,11 @@ def test_ctrl_c_stops_bench_with_a_message_and_no_traceback_and_the_traces_writt
     from slicetrace.analyze.trace import check_trace, kernel_steps, load_traces
     # -N 0: cycles until interrupted; its first row says the warm-up and the first ops ran (a fixed sleep after
     # start-up did not: under CI's load the Ctrl-C came before the warm-up op, and its trace had no KernelSteps)
+    err_file = open(tmp_path / "err", "wb")
     p = subprocess.Popen([sys.executable, "-m", "slicetrace.cli.main", "bench", "-b", "1M", "-e", "1M", "-n", "5",
                           "-w", "1", "-N", "0", "--trace", str(tmp_path / "tr")], stdout=subprocess.PIPE,
-                         stderr=open(tmp_path / "err", "wb"), start_new_session=True)
+                         stderr=err_file, start_new_session=True)
+    err_file.close()                                     # the child has its own copy
     rows: list[str] = []
     first_row = threading.Event()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import types
 
 import pytest
 
@@ -123,7 +124,7 @@ def test_another_runs_trace_still_being_written_beside_ours_is_not_called_incomp
         waits.append(seconds)
         with open(other, "a") as f:
             f.write('{"name":"x"},\n')
-    monkeypatch.setattr(outputs.time, "sleep", grow)
+    monkeypatch.setattr(outputs, "time", types.SimpleNamespace(sleep=grow))    # outputs' time only
     note = trace_note(str(tmp_path), before, "example", None)
     assert waits, "trace_note never waited to see whether the unfinished file grows"
     assert "trace_4242_<rank>.json" in note

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from typing import Any
 
 try:        # the C module signal.py wraps: its calls skip the enum conversions (0.3 us a call, not 3.7 us)
@@ -23,45 +24,76 @@ def quiet_thread() -> None:
         signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
 
 
+FORCE_AFTER_S = 1.0     # the same signal again this long after the first goes through (a plugin hung in the hold)
+
+
 class signals_held:
     """HELD_SIGNALS wait until the block ends, then come as they would have. Python-level handlers are swapped for a
     recorder, and what it recorded is raised again at the end. Blocking the signals (pthread_sigmask) was not
     enough: the kernel hands a process-directed one to a thread that does not block it (numpy's OpenBLAS workers,
     in every process of ours) and Python runs the handler in the main thread at once. A signal left at SIG_DFL ends
-    the process whatever is held. Off the main thread (no handlers run there) it does nothing."""
-    __slots__ = ("came", "swapped")
+    the process whatever is held. The same signal again FORCE_AFTER_S or more after the first goes through at once
+    (a second Ctrl-C ends a hold stuck in a plugin; launch() forwards a Ctrl-C to its ranks after 0.2 s). A handler
+    the body set is kept. Off the main thread (no handlers run there) it does nothing."""
+    __slots__ = ("came", "swapped", "first", "record")
 
     def __enter__(self) -> "signals_held":
         self.came: list[int] = []
         self.swapped: dict[int, Any] = {}
+        self.first: dict[int, float] = {}
+        self.record = self._record
         if threading.current_thread() is not threading.main_thread():
             return self
-        record = self.came.append
-        for sig in _HELD_INTS:
-            h = _raw.getsignal(sig)
-            if callable(h):                 # SIG_IGN, SIG_DFL and C handlers (None) stay
-                self.swapped[sig] = h
-                _raw.signal(sig, lambda signum, frame: record(signum))
+        try:
+            for sig in _HELD_INTS:
+                h = _raw.getsignal(sig)
+                if callable(h):                 # SIG_IGN, SIG_DFL and C handlers (None) stay
+                    self.swapped[sig] = h
+                    _raw.signal(sig, self.record)
+        except BaseException:                   # a handler not yet swapped ran and raised: no __exit__ follows
+            self.__exit__()
+            raise
         return self
 
+    def _record(self, signum: int, frame: Any) -> None:
+        now = time.monotonic()
+        if now - self.first.setdefault(signum, now) < FORCE_AFTER_S:
+            self.came.append(signum)
+            return
+        self.came = [s for s in self.came if s != signum]      # delivered now, not again at the end
+        caught = _restore(self.swapped, self.record)
+        self.swapped = {}
+        h = _raw.getsignal(signum)
+        if callable(h):
+            h(signum, frame)
+        if caught is not None:
+            raise caught
+
     def __exit__(self, *exc: Any) -> None:
-        caught = _restore(self.swapped)
-        for sig in dict.fromkeys(self.came):
-            signal.raise_signal(sig)
+        caught = _restore(self.swapped, self.record)
+        self.swapped = {}
+        for sig in dict.fromkeys(self.came):    # each in turn: one whose handler raises must not drop the others
+            try:
+                signal.raise_signal(sig)
+            except BaseException as e:  # noqa: BLE001 - raised once all came
+                caught = caught if caught is not None else e
+        self.came = []
         if caught is not None:
             raise caught
 
 
-def _restore(swapped: dict[int, Any]) -> BaseException | None:
-    """Put the handlers back. signal.signal runs pending handlers first: one restored already (KeyboardInterrupt)
-    would stop the others' restoring, which then recorded for good. Each is repeated until it holds (idempotent);
-    the first such exception is returned."""
+def _restore(swapped: dict[int, Any], record: Any) -> BaseException | None:
+    """Put the handlers back where the recorder still stands (one the body set stays). signal.signal runs pending
+    handlers first: one restored already (KeyboardInterrupt) would stop the others' restoring, which then recorded
+    for good. Each is repeated until it holds (idempotent); the first such exception is returned."""
     caught: BaseException | None = None
     todo = list(swapped.items())
     while todo:
         try:
             while todo:
-                _raw.signal(*todo[-1])
+                sig, h = todo[-1]
+                if _raw.getsignal(sig) == record:
+                    _raw.signal(sig, h)
                 todo.pop()
         except BaseException as e:  # noqa: BLE001 - a handler's exception, raised by the caller once all is back
             if caught is None:
