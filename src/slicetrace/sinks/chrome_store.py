@@ -116,11 +116,14 @@ class Ctx:
 
     def write(self, text: Any, pool: str | None = None, n: int = 0) -> None:
         """_write_now, by the writer thread once there is one."""
-        w = self.writer
-        if w is None:
-            self._write_now(text, pool, n)
+        self._submit(lambda: self._write_now(text, pool, n), pool, n)
+
+    def _submit(self, job: Any, pool: str | None, n: int) -> None:
+        """job now, without a writer thread (none yet, or closed: finalize's last records), else queued for it."""
+        if self.writer is None:
+            job()
         else:
-            self._queue(lambda: self._write_now(text, pool, n), pool, n)
+            self._queue(job, pool, n)
 
     def _queue(self, job: Any, pool: str | None, n: int) -> None:
         """A job for the writer; one that raises (not the file's OSError, which _write_now handles: a bug, a
@@ -226,10 +229,7 @@ class Ctx:
             return
         chans, self.chans, n = self.chans, [], self.chans_n
         self.chans_n = 0
-        if self.writer is None:
-            self._write_chans(chans, n)
-        else:
-            self._queue(lambda: self._write_chans(chans, n), "KERNEL_CH", n)
+        self._submit(lambda: self._write_chans(chans, n), "KERNEL_CH", n)
 
     def _write_chans(self, chans: list, n: int) -> None:
         if self.path is None or self.error is not None:
