@@ -69,7 +69,8 @@ class TwoChecks:
         if why is None:
             self._first.pop(peer, None)
             return False
-        return time.monotonic() - self._first.setdefault(peer, time.monotonic()) >= self._gap
+        now = time.monotonic()
+        return now - self._first.setdefault(peer, now) >= self._gap
 
 
 class PeerWatch:
@@ -93,7 +94,7 @@ class PeerWatch:
         self.store.set(f"{self.prefix}/closed/{self.rank}", b"1")
 
     def gone(self, peers: tuple[int, ...], did_its_part: Any = None, closed_ok: bool = False) -> str | None:
-        """'rank p <reason>' for the first peer seen gone at this check and the one before, else None.
+        """'rank p <reason>' for the first peer seen gone at two checks at least TwoChecks' gap apart, else None.
         did_its_part(p): a closed peer that did is not gone (what we wait on from it is on its way to us).
         closed_ok (the close barrier's check): a closed peer is on its way there, gone only if its process is."""
         for p in peers:

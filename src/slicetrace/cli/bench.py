@@ -132,8 +132,8 @@ def _gather(comm, key: str, vals: list[float], times: tuple[int, ...], average: 
             block: int | None = None) -> list[float]:
     """On rank 0, every rank's vals combined through the rendezvous store (the timing exchange is no collective of
     ours): the times at `times` as -a says, the wrong values (vals[1]) and the ranks with any (vals[2]) summed, the
-    rest their max; vals[block:]
-    (the overhead's figures) all from one rank, the one whose vals[block + 2] (median ratio) is largest."""
+    rest their max; vals[block:] (the overhead's figures) all from one rank, the one whose vals[block + 2] (median
+    ratio) is largest."""
     store = comm._session.store
     store.set(f"bench/{key}/{comm.rank}", json.dumps(vals).encode())
     if comm.rank != 0:

@@ -40,7 +40,7 @@ def format_row(r: dict, ref: bool, overhead: bool) -> str:
         r["busbw"], "N/A" if r["wrong"] is None else r["wrong"])
     if ref:
         s += "  {:>8} {:>8.3f} {:>6}".format(us(r["ref_time_us"]), r["ref_busbw"],
-                                                "N/A" if r["ratio"] is None else f"{r['ratio']:.2f}")
+                                             "N/A" if r["ratio"] is None else f"{r['ratio']:.2f}")
     if overhead:
         s += "  {:>8.2f}% [{:.1f}, {:.1f}]".format(r["overhead_pct"], *r["overhead_ci95_pct"])
         if "overhead_ci_coverage_pct" in r:          # fewer than 6 ratios: say what the interval covers
