@@ -91,8 +91,9 @@ def poisoned(be: Any, like: Any, n: int) -> Any:
 
 
 def run_coll(ctx: dict, func: str, dtype: str, op: str, count: int, root: int, seed: int,
-             nchannels: int = 0, steps: bool = False, wait_s: float = 0.0, nans: bool = False) -> dict:
-    """Run one collective; return this rank's output (host) for the test to check."""
+             nchannels: int = 0, steps: bool = False, wait_s: float = 0.0, nans: bool = False,
+             late_s: float = 0.0) -> dict:
+    """Run one collective (late_s after the ranks met); return this rank's output (host) for the test to check."""
     be = ctx["state"]["be"]
     r, w = ctx["rank"], ctx["world"]
     n_in = count * w if func == "reduce_scatter" else count
@@ -108,6 +109,7 @@ def run_coll(ctx: dict, func: str, dtype: str, op: str, count: int, root: int, s
     work = Work(ctx["state"]["tag"], plan, dtype, op, sendbuf=send, recvbuf=recv,
                 stamp_steps=steps, stamp_channels=steps, sample_rate=be.settings.sample_rate)
     ctx["store"].barrier(f"coll/{work.tag}", r, w, 300.0)     # big inputs take long to make: start together
+    time.sleep(late_s)
     before = be.rings.header["reserved"].astype(np.int64)
     tok = be.submit(work)
     be.wait(tok, wait_s or be.settings.timeout_s)
@@ -261,13 +263,15 @@ def failed_setup(ctx: dict, kw: dict, how: str) -> str:
 
 
 def mismatch_case(ctx: dict, cases: list, wait_s: float, next_op: bool = True) -> dict:
-    """Collective cases[rank] (func, dtype, op, count, root: the ranks disagree), then (next_op) a matching
-    all_reduce, then close; stops at the first error. Returns it ('Type: message'), where it came, and a sum the
-    GPU must compute afterwards."""
+    """Collective cases[rank] (func, dtype, op, count, root: the ranks disagree; late_s: start that much after
+    the peer; no_watchdog: stop this rank's first), then (next_op) a matching all_reduce, then close; stops at the
+    first error. Returns it ('Type: message'), where it came, and a sum the GPU must compute afterwards."""
     import cupy
     c, err, where = cases[ctx["rank"]], None, None
+    if c.get("no_watchdog"):
+        ctx["state"]["be"]._dog.stop()
     steps = (("op", lambda: run_coll(ctx, c["func"], c["dtype"], c.get("op", "sum"), c["count"], c.get("root", 0),
-                                    1, wait_s=wait_s)),
+                                    1, wait_s=wait_s, late_s=c.get("late_s", 0.0))),
              ("next op", lambda: _unsynced_all_reduce(ctx, wait_s) if next_op else None),
              ("close", lambda: close_backend(ctx)))
     for where, fn in steps:

@@ -142,6 +142,25 @@ def test_ranks_that_run_different_collectives_raise_mismatch_error_on_both(gpu, 
 
 
 @pytest.mark.cuda
+def test_a_mismatch_the_peer_found_first_is_raised_at_close_not_logged(gpu, kcache):
+    """Rank 0's broadcast (root 0) only sends: it ends before rank 1 (root 1, 0.5 s late) says what it runs, and
+    with its watchdog stopped rank 0 goes to close first. Rank 1 finds the mismatch and aborts; before, rank 0's
+    close barrier failed on that abort and close only logged a warning (seen once in a full run of tests/cuda)."""
+    a, b = MISMATCHES["root"]
+    pool = RankPool(2, timeout=120)
+    try:
+        pool.run(ranks.setup, {"cache_dir": kcache, "timeout_s": 20.0, "dtypes": ("int8",)})
+        res = pool.run(ranks.mismatch_case, [dict(a, no_watchdog=True), dict(b, late_s=0.5)], 10.0, False)
+    finally:
+        pool.close()
+    print(f"\n{res}")
+    assert res[0]["where"] == "close" and res[0]["err"].startswith("MismatchError: rank 0: found at close:"), res
+    assert "root=1" in res[0]["err"], res
+    assert res[1]["err"].startswith("MismatchError") and res[1]["where"] == "op", res
+    assert [x["z"] for x in res] == [499500.0] * 2
+
+
+@pytest.mark.cuda
 def test_an_op_after_one_that_exited_on_a_peers_abort_is_refused(gpu, kcache):
     """A kernel that saw a peer's abort word exits, and its event completes: nothing set the communicator broken,
     so the next op launched from stale step counters and moved garbage with no error (a user who synchronizes the

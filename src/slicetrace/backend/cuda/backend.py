@@ -271,25 +271,27 @@ class CudaBackend(Completion, Backend, KernelArgs):
             self._rt.streamSynchronize(self._side)
         except Exception:
             pass
-        met = False
+        failed = None
         try:
             self.store.barrier(f"{self._prefix}/close", self.rank, self.world,     # a dead peer ends it at once
                                5.0 if self._broken else self.settings.timeout_s,
                                check=lambda: self.check_peers(closing=True))
-            met = True
         except Exception as e:
-            if self._broken is None:
-                log.warning("rank %d: the close barrier failed (unreceived messages not checked): %s", self.rank, e)
+            failed = e
         unheard = (self._broken_as, self._broken) if self._broken is not None and not self._told else None
-        if met and self._broken is None:    # every rank's ops have ended and its sends are published
-            mism = self.mismatch()          # every collective every rank ran is in the table now
-            try:
-                keys = {p: f"{self._prefix}/sent/{p}" for p in self._all}
-                self._lost = self.ledger.lost(self.store, keys, self.rank, 5.0)
-                mism = mism or "; ".join(self.ledger.mismatched) or None
-            except Exception as e:          # a diagnostic: closing goes on
-                log.warning("rank %d: could not check for unreceived messages at close: %s", self.rank, e)
+        if self._broken is None:            # met: every collective every rank ran is in the table now; not met
+            mism = self.mismatch()          # (a peer that found a mismatch first aborted): its row is there too
+            if failed is None:              # every rank's ops have ended and its sends are published
+                try:
+                    keys = {p: f"{self._prefix}/sent/{p}" for p in self._all}
+                    self._lost = self.ledger.lost(self.store, keys, self.rank, 5.0)
+                    mism = mism or "; ".join(self.ledger.mismatched) or None
+                except Exception as e:      # a diagnostic: closing goes on
+                    log.warning("rank %d: could not check for unreceived messages at close: %s", self.rank, e)
             unheard = None if mism is None else (MismatchError, mism)
+            if failed is not None and mism is None:
+                log.warning("rank %d: the close barrier failed (unreceived messages not checked): %s", self.rank,
+                            failed)
         self._cache.clear()
         self._free()
         if unheard is not None:     # an op the watchdog aborted (its results are wrong), or one that ended before
