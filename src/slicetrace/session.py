@@ -129,6 +129,7 @@ class Session:
         except BaseException as e:
             # The plugins may have opened files already: finalize them, then free the backend.
             errs: list[BaseException] = [e]
+            _LIVE.discard(self)
             if self.host is not None:
                 _step(errs, "closing the event host", self.host.close)
             _step(errs, "closing the backend", self.backend.close)
@@ -255,6 +256,7 @@ class Session:
         if self._closed:
             return
         self._closed = True
+        _LIVE.discard(self)
         try:
             self._close()
         finally:                        # after the plugins' last words at close (linkstats' summary is INFO)
@@ -316,7 +318,9 @@ class Session:
         self.host.close(notes=self._op_counts(), timeout_s=self.settings.timeout_s if timeout_s is None else timeout_s)
 
 
-_LIVE: weakref.WeakSet = weakref.WeakSet()     # sessions with plugins, for _finish_at_exit
+# Sessions with plugins until closed, for _finish_at_exit. Strong: a communicator the program dropped unclosed
+# lives on (as NCCL's does until ncclCommDestroy), so its trace is still finished at exit, not cut short.
+_LIVE: set = set()
 _FORKS = [0]                                    # forks this process descends from (Session.forked)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=lambda: _FORKS.__setitem__(0, _FORKS[0] + 1))
@@ -324,9 +328,9 @@ if hasattr(os, "register_at_fork"):
 
 @atexit.register
 def _finish_at_exit() -> None:
-    """A communicator never closed (kept to the process's end, as a torchrun script's often is): its plugins still
-    get its records and finish their files (a trace was cut mid-record, its losses uncounted), bounded; the
-    backend is left to the process's exit (its peers may be gone)."""
+    """A communicator never closed (kept to the process's end, as a torchrun script's often is, or dropped): its
+    plugins still get its records and finish their files (a trace was cut mid-record, its losses uncounted),
+    bounded; the backend is left to the process's exit (its peers may be gone)."""
     deadline = time.monotonic() + 5.0           # for them all, not each
     for sess in list(_LIVE):
         if sess._closed or sess.forked or sess.host is None:

@@ -174,6 +174,25 @@ def test_a_communicator_never_closed_still_finishes_its_trace(tmp_path):
     assert any(r.get("name") == "slicetrace_counters" for r in recs)
 
 
+@pytest.mark.parametrize("backend", ["null", "cpu"])
+def test_a_communicator_dropped_unclosed_still_finishes_its_trace_at_exit(tmp_path, backend):
+    """One made in a function and dropped there (garbage-collected, not kept to the end) left its trace cut after
+    the header: every record lost, uncounted. It now lives on until exit, as an NCCL communicator does until
+    ncclCommDestroy."""
+    code = ("import gc, numpy as np, slicetrace\n"
+            "def train():\n"
+            f"    c = slicetrace.init(backend={backend!r}, profiler_plugin='example', "
+            f"profile_dump_file={str(tmp_path / 't')!r})\n"
+            "    for _ in range(5):\n        c.all_reduce(np.ones(4, np.float32))\n"
+            "train()\ngc.collect()\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLICETRACE_", "RANK", "WORLD_SIZE"))}
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120, cwd=str(ROOT), env=env)
+    (f,) = tmp_path.glob("t_*_0.json")
+    recs = json.loads(f.read_text())
+    assert sum(r.get("cat") == "COLL" and r.get("ph") == "b" for r in recs) == 5
+    assert any(r.get("name") == "slicetrace_counters" for r in recs)
+
+
 def test_all_to_all_keeps_to_the_group_rules_too(comm):
     """all_to_all skipped the checks send/recv got: inside another communicator's group it ran at once, and from
     another thread it joined an open group and returned before its output was filled."""
