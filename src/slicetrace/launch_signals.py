@@ -153,9 +153,16 @@ def _interrupted(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt          # communicators' plugins writing their traces)
 
 
+def _terminated(signum: int, frame: Any) -> None:
+    """SIGTERM to the whole group (timeout(1), Slurm, Kubernetes, kill -- -PGID) reaches the ranks too: they close
+    as on Ctrl-C (the default action killed them, every trace cut after its header)."""
+    _no_interrupts()
+    raise SystemExit(128 + signum)
+
+
 def _no_interrupts() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(CLOSE_SIGNAL, signal.SIG_IGN)
+    for sig in (signal.SIGINT, CLOSE_SIGNAL, signal.SIGTERM):      # the close runs to its end (the launcher's
+        signal.signal(sig, signal.SIG_IGN)                         # kill is SIGKILL)
 
 
 def _start_watch(parent: int, grace_s: float, job: str, running: threading.Event | None = None) -> None:

@@ -24,7 +24,7 @@ from .config import Settings, dist_env, job_attempt, job_world_size, quiet_unkno
 from .errors import ConfigError, LaunchError, SliceTraceError, UsageError, ours
 from .launch_signals import (CLOSE_SIGNAL, ORPHAN_GRACE_S, _asked_to_close, _hold_signals, _interrupted,
                              _let_ranks_close, _no_interrupts, _QuietContext, _release_signals, _remove_job_shm,
-                             _start_watch, _terminate_as_exit)
+                             _start_watch, _terminate_as_exit, _terminated)
 from .rendezvous import DictStore, Store, TorchStore
 
 
@@ -172,6 +172,7 @@ def _child(fn: Callable, rank: int, world: int, store_map: Any, job: str, settin
     comm = None
     try:
         signal.signal(CLOSE_SIGNAL, _asked_to_close)     # the launcher's request, even with SIGINT ignored
+        signal.signal(signal.SIGTERM, _terminated)
         if not sigint_ignored:                   # ignored while we started (_QuietProcess): Ctrl-C is on again
             signal.signal(signal.SIGINT, _interrupted)
         if Settings.from_env(**settings).cpu_bind == "auto" and _crowding(world):
