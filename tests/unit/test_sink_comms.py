@@ -55,3 +55,27 @@ def test_pids_and_id_bases_of_many_communicators_do_not_meet():
     bases = {id_base(h, r) for h, r in pairs}
     assert len(pids) == len(bases) == len(pairs)
     assert all(0 < p < 2 ** 31 for p in pids) and all(b + 2 ** 26 <= 2 ** 53 for b in bases)
+
+
+def test_async_ids_start_over_within_the_files_own_span_once_spent(tmp_path, monkeypatch):
+    """Each event and KernelCh row took the next id with no end: past a file's 2**26 (~500k ops at 64 channels)
+    its ids ran into another file's span, and past 2**53 for the highest bases. Started near the end of the span,
+    the ids now start over at the file's base and the trace still pairs."""
+    from slicetrace.sinks import chrome_store
+    from slicetrace.sinks.chrome_text import ID_SPAN, id_base
+    made = []
+
+    class NearTheEnd(chrome_store.Ctx):
+        def __init__(self, *a):
+            super().__init__(*a)
+            self.next_id = self.id0 + ID_SPAN - 5       # a few ids left: the first op's events spend them
+            made.append(self)
+    monkeypatch.setattr("slicetrace.sinks.chrome.Ctx", NearTheEnd)
+    f = _write(tmp_path, 333, 1)
+    base = id_base(333, 1)
+    recs = [r for r in json.load(open(f)) if r]
+    ids = [r["id"] for r in recs if r.get("ph") == "b"]
+    assert made and made[0].id0 == base
+    assert all(base <= i < base + ID_SPAN for i in ids), [i - base for i in ids]
+    assert min(ids) == base and max(ids) >= base + ID_SPAN - 5      # both ends of the span were used
+    assert check_trace(recs) == []

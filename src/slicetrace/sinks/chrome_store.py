@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..events.abi import KERNEL_CH_DTYPE, KERNEL_STEP_DTYPE, ActivationMask, CollDescr, CommInfo, EventType
-from .chrome_text import CH_LINES, STEP_LINE, RowFormat, id_base, trace_pid
+from .chrome_text import CH_LINES, ID_SPAN, STEP_LINE, RowFormat, id_base, trace_pid
 from .chrome_writer import Writer
 
 log = logging.getLogger("slicetrace")
@@ -38,8 +38,7 @@ class Ev:
 
     def __init__(self, ctx: "Ctx", descr: Any, pool: str | None):
         self.ctx, self.type, self.pool, self.descr = ctx, descr.type, pool, descr
-        self.id = ctx.next_id
-        ctx.next_id += 1
+        self.id = ctx.take_ids(1)
         self.gpu_stop = 0
         self.stopped = False
         # what a child's ParentId/SeqNum columns show (read once per child batch, so computed here)
@@ -57,7 +56,7 @@ class Ctx:
         self.counted = 0                        # records the writer's current job has counted (_queue)
         self.good = 0                           # bytes of the file up to the end of its last whole record
         self.error: OSError | None = None       # the write that failed: nothing more is written
-        self.next_id = id_base(comm.comm_hash, comm.rank)   # async ids unique across merged files, < 2**53
+        self.id0 = self.next_id = id_base(comm.comm_hash, comm.rank)    # async ids unique across merged files
         self.inflight = dict.fromkeys(POOL_OF.values(), 0)
         self.dropped = dict.fromkeys(POOL_OF.values(), 0)
         self.written = dict.fromkeys(POOL_OF.values(), 0)
@@ -216,9 +215,18 @@ class Ctx:
             c.fill = 0
         self.free.extend(chunks)
 
+    def take_ids(self, n: int) -> int:
+        """The first of n consecutive async ids. The file's own 2**26 (id_base) start over once spent (~500k ops
+        at 64 channels): past them the ids ran into another file's or past 2**53. A reused id's event ended
+        ~67M events before."""
+        i = self.next_id
+        if i + n > self.id0 + ID_SPAN:
+            i = self.id0
+        self.next_id = i + n
+        return i
+
     def add_chans(self, recs: np.ndarray, pid: Any) -> None:
-        self.chans.append((recs, self.next_id, pid))
-        self.next_id += len(recs)
+        self.chans.append((recs, self.take_ids(len(recs)), pid))
         self.chans_n += len(recs)
         if self.chans_n >= self.sizes["KERNEL_CH"]:
             self.flush_chans()

@@ -67,9 +67,12 @@ def trace_pid(comm_hash: int, rank: int) -> int:
     return 1 + _mix(comm_hash, rank) % 0x7FFFFFFE
 
 
+ID_SPAN = 1 << 26        # async ids of one file's own
+
+
 def id_base(comm_hash: int, rank: int) -> int:
-    """The first async id of a file: 27 bits of (communicator, rank) above 2**26 ids of its own, so ids stay under
-    2**53 (exact as doubles: spreadsheets, JavaScript viewers) and differ across the merged files of every
+    """The first async id of a file: 27 bits of (communicator, rank) above ID_SPAN ids of its own, so ids stay
+    under 2**53 (exact as doubles: spreadsheets, JavaScript viewers) and differ across the merged files of every
     communicator (odds ~M**2 / 2**28)."""
     return (_mix(comm_hash, rank) >> 37) << 26
 
