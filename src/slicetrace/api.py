@@ -320,6 +320,7 @@ class Communicator:
         rule has it: 'KernelStep' keeps Coll/P2p and the API events); the plugins' own masks still apply."""
         if not isinstance(enabled, bool):       # "no" would be truthy
             raise UsageError(f"enabled={enabled!r} must be True or False")
+        self._check_open()
         mask = profile_mask(mask)
         s, me = self._session, threading.get_ident()
         if s.profiling_owner not in (None, me):     # one switch per communicator: the other thread's would win

@@ -297,6 +297,10 @@ class Settings:
                 if pools[name] < 1:
                     raise ConfigError(f"{var}={env[var]!r} must be an integer >= 1 (decimal or 0x hex)")
         vals["pool_sizes"] = pools
+        known = {f.name for f in fields(cls)}
+        bad = sorted(set(overrides) - known)        # None too: nchanels=None was a misspelling let through
+        if bad:
+            raise ConfigError(f"unknown setting(s) {bad}{_keyword_hint(bad, known)}; known: {sorted(known)}")
         overrides = {k: v for k, v in overrides.items() if v is not None}
         if isinstance(overrides.get("profile_event_mask"), str):     # type names, as the variable takes
             try:
@@ -304,10 +308,6 @@ class Settings:
             except ValueError as e:
                 raise ConfigError(f"profile_event_mask={overrides['profile_event_mask']!r}: {e}; expected "
                                   f"{_FORMATS[_mask]}") from None
-        known = {f.name for f in fields(cls)}
-        bad = sorted(set(overrides) - known)
-        if bad:
-            raise ConfigError(f"unknown setting(s) {bad}{_keyword_hint(bad, known)}; known: {sorted(known)}")
         try:
             return cls(**{**vals, **overrides})
         except ConfigError as e:            # name the variable the bad value came from

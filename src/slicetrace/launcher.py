@@ -20,6 +20,7 @@ import numpy as np
 
 from .api import Communicator
 from .api_checks import as_index, seconds_or_none
+from .backend.cpu.shm import shm_shortfall
 from .config import Settings, dist_env, job_attempt, job_world_size, quiet_unknown
 from .errors import ConfigError, LaunchError, SliceTraceError, UsageError, ours
 from .launch_signals import (CLOSE_SIGNAL, ORPHAN_GRACE_S, _asked_to_close, _hold_signals, _interrupted,
@@ -76,6 +77,8 @@ def init(backend: str | None = None, rank: int | None = None, world_size: int | 
     world_name = "WORLD_SIZE" if world_size is None and (env.world_size is not None or used) else "world_size"
     rank = env.rank if rank is None else rank
     world_size = env.world_size if world_size is None else world_size
+    if world_size is not None and world_size < 1:       # before "give both": that is not what is wrong
+        raise UsageError(f"{world_name}={world_size} must be an int >= 1")
     if rank is None or world_size is None:
         if rank not in (None, 0) or world_size not in (None, 1):
             raise UsageError(f"{rank_name}={rank!r} and {world_name}={world_size!r}: give both, or neither for one "
@@ -84,8 +87,6 @@ def init(backend: str | None = None, rank: int | None = None, world_size: int | 
     if store is not None and not isinstance(store, Store):
         raise UsageError(f"store={store!r} (type {type(store).__name__}) must be a slicetrace.rendezvous.Store, "
                          f"e.g. DictStore(a dict shared by the ranks)")
-    if world_size < 1:
-        raise UsageError(f"{world_name}={world_size} must be an int >= 1")
     if not 0 <= rank < world_size:
         raise UsageError(f"{rank_name}={rank} must be an int in 0..{world_size - 1} ({world_name}={world_size})")
     if store is None:
@@ -169,7 +170,7 @@ def _child(fn: Callable, rank: int, world: int, store_map: Any, job: str, settin
     running.set()
     _start_watch(parent, ORPHAN_GRACE_S, job, running)
     _send(conn, ("started",))                    # fn was unpickled: a later death is not an import problem
-    comm = None
+    comm, me = None, os.getpid()
     try:
         signal.signal(CLOSE_SIGNAL, _asked_to_close)     # the launcher's request, even with SIGINT ignored
         signal.signal(signal.SIGTERM, _terminated)
@@ -181,6 +182,7 @@ def _child(fn: Callable, rank: int, world: int, store_map: Any, job: str, settin
         _LAUNCH = (rank, world, DictStore(store_map))
         comm = init(rank=rank, world_size=world, store=_LAUNCH[2], job=job, **settings)
         result = fn(comm, *args)
+        _leave_if_forked(me)
         running.clear()
         _no_interrupts()                         # an interrupted launch lets closing ranks finish (plugins)
         comm.close()
@@ -195,6 +197,7 @@ def _child(fn: Callable, rank: int, world: int, store_map: Any, job: str, settin
             _send(conn, ("err", f"rank {rank}: fn's return value could not be sent to the launcher (pickle): "
                                 f"{type(e).__name__}: {e}; return plain data (numbers, strings, numpy arrays)", ""))
     except BaseException as e:  # noqa: BLE001 - reported to the parent with its traceback
+        _leave_if_forked(me, e)
         _no_interrupts()                         # the launcher forwards the terminal's Ctrl-C: close first
         running.clear()
         try:
@@ -211,6 +214,19 @@ def _child(fn: Callable, rank: int, world: int, store_map: Any, job: str, settin
                 pass
         if os.getppid() != parent:
             _remove_job_shm(job)                 # orphaned: the launcher that would have removed it is gone
+
+
+def _leave_if_forked(me: int, exc: BaseException | None = None) -> None:
+    """A child fn forked that came back here (returned or raised) exits: the rank's pipe, result and communicator
+    are its parent's (it aborted the job, or replaced the rank's result)."""
+    if os.getpid() != me:
+        code = 0
+        if isinstance(exc, SystemExit):
+            code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+        elif exc is not None:
+            traceback.print_exc()
+            code = 1
+        os._exit(code)
 
 
 def _lead(k: int, errors: dict, dead: set, stuck: set) -> tuple:
@@ -243,6 +259,10 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
         raise UsageError(f"fn={fn.__qualname__!r}: spawned ranks import fn by name, so it must be a function defined "
                          f"at the top level of a module (not a lambda or a nested function)")
     _check_picklable(fn, args)
+    own = sorted(set(settings) & {"rank", "world_size", "store", "job", "name"})
+    if own:                             # passed on, they met launch()'s own: a TypeError in every rank
+        raise UsageError(f"launch(): {', '.join(f'{k}=' for k in own)}: init()'s own arguments, not settings; "
+                         f"launch() sets them for each rank (for a named communicator, call init(name=...) in fn)")
     try:
         s = Settings.from_env(**settings)
     except ConfigError as e:            # launch(fn, 2, lr=0.1): fn's own arguments go positionally
@@ -250,6 +270,9 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
             raise
         raise ConfigError(f"launch(): {e}; its keywords are init()'s settings: give fn's own arguments after "
                           f"nranks, launch(fn, n, *args), or bind them with functools.partial") from None
+    why = shm_shortfall(nranks, s.channels, s.buffsize, s.ring_slots) if s.backend == "cpu" else None
+    if why is not None:                 # before any rank starts: a typo of 100000 would spawn them all
+        raise UsageError(f"nranks={nranks}: {why}, or give fewer nranks")
     ctx = _QuietContext()
     job = uuid.uuid4().hex[:10]
     mgr = SyncManager(ctx=ctx)

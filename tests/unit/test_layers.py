@@ -49,7 +49,7 @@ ALLOWED: dict[str, set[str]] = {
     "api_p2p": BASE | {"plan", "backend.base", "api_checks"},
     "api": LOW | CONTRACTS | {"plan", "backend.base", "events.host", "session", "api_checks", "api_p2p"},
     "launch_signals": set(),
-    "launcher": LOW | {"api", "api_checks", "launch_signals"},
+    "launcher": LOW | {"api", "api_checks", "launch_signals", "backend.cpu"},   # /dev/shm sized before spawning
     "cli": None,                 # the top: may import anything
     "__init__": LOW | {"api", "launcher"},
 }

@@ -139,6 +139,9 @@ def bench_settings(a: argparse.Namespace) -> tuple[Settings, dict]:
     if a.trace is not None and s.profile_event_mask == 0:
         raise UsageError(f"--trace {a.trace!r} with event mask 0 (SLICETRACE_PROFILE_EVENT_MASK or --profile) records "
                          f"nothing; leave the mask unset or give the event types to record")
+    if a.profile == 0:                          # it said "profiling on" and recorded nothing
+        raise UsageError("--profile 0 records nothing: give the event types to record (e.g. --profile "
+                         "'Coll|KernelCh|KernelStep'), a bare --profile for the default mask, or leave it out")
     want = {"gloo": "cpu", "nccl": "cuda"}.get(a.compare or "")
     if want and s.backend != want:              # each reference runs where its library runs: same buffers, same device
         raise SliceTraceError(f"--compare {a.compare} runs beside --backend {want}, not {backend_source(a, s)} "

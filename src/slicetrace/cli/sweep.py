@@ -37,25 +37,11 @@ def parse_size(text: str, what: str) -> int:
 
 
 def shm_check(nranks: int, settings) -> None:
-    """cpu: refuse, before any rank starts, a run whose ranks' segments together would not fit in /dev/shm (each
-    rank reserves (nchannels + ranks) FIFOs of buffsize): --ranks 100000 would otherwise spawn 100000 processes
-    that each fail."""
-    import os
-
-    from ..backend.cpu.backend import advice
-    from ..backend.cpu.shm import segment_size
-    from ..backend.segment import SHM_DIR
-    try:
-        st = os.statvfs(SHM_DIR)
-    except OSError:
-        return                  # no /dev/shm to measure: the backend reports its own failure
-    free = st.f_bavail * st.f_frsize
-    nch, size, slots = settings.channels, settings.buffsize, settings.ring_slots
-    need = nranks * segment_size(nch, nranks, size, slots)
-    if need > free:             # what each segment is made of and the settings that size it: the backend's words
-        raise UsageError(f"--ranks {nranks}: the cpu backend's shared memory would need about {need / 2**20:,.0f} "
-                         f"MiB in {SHM_DIR} and {free / 2**20:,.0f} MiB is free{advice(nch, nranks, size, slots)}, "
-                         f"or give fewer --ranks or --channels")
+    """cpu: refuse, before any rank starts, a run whose ranks' segments together would not fit in /dev/shm."""
+    from ..backend.cpu.shm import shm_shortfall
+    why = shm_shortfall(nranks, settings.channels, settings.buffsize, settings.ring_slots)
+    if why is not None:
+        raise UsageError(f"--ranks {nranks}: {why}, or give fewer --ranks or --channels")
 
 
 MAX_SIZES = 10_000          # a sweep longer than this is a typo in -i, not a benchmark

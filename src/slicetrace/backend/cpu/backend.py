@@ -24,7 +24,7 @@ from ..procs import pid_ns_id, proc_dead, proc_start_time
 from ..segment import Segment, host_id, sigterm_exits, unlink_name
 from .shm import (ABORT_MISMATCH, ABORT_PEER, C_ABORT, C_BUFFSIZE, C_CLOSED, C_FUTEX, C_HEARTBEAT, C_MAGIC, C_NCH,
                   C_P2PCHUNK, C_PID, C_PIDNS, C_SLOTS, C_START, C_WORLD, H_MSG, MAGIC, NSIG, PAGE, REASON_MAX,
-                  REASON_OFF, layout, segment_size)
+                  REASON_OFF, advice, layout, segment_size)
 from . import affinity, futex
 from .stamper import FastRingWriter
 from ..opsig import encode_sig
@@ -33,17 +33,6 @@ from .p2p import run_p2p
 from .worker import RingJob, run_ring
 
 HEARTBEAT_S = 0.1
-
-
-def advice(nch: int, world: int, buffsize: int, slots: int) -> str:
-    """What a segment that did not fit is made of, and the settings that size each part."""
-    _, stride, rings = layout(nch, world, buffsize)
-    fifo, ring = (nch + world) * stride, segment_size(nch, world, buffsize, slots) - rings
-    return (f", and every rank on this host needs one such segment: {fifo / 2**20:.1f} MiB of FIFOs ((nchannels "
-            f"{nch} + world {world}) x buffsize {buffsize}) and {ring / 2**20:.1f} MiB of stamp rings (nchannels x "
-            f"ring_slots {slots}). Lower SLICETRACE_BUFFSIZE (buffsize=, default 4M), SLICETRACE_NCHANNELS "
-            f"(nchannels=) or SLICETRACE_STAMP_RING_SLOTS (ring_slots=)")
-
 
 
 def _pool_thread() -> None:

@@ -15,7 +15,10 @@ removes what a set-up that failed part way left, by the job string in the name (
 """
 from __future__ import annotations
 
+import os
+
 from ...stamps.layout import ring_bytes
+from ..segment import SHM_DIR
 
 PAGE = 4096
 MAGIC = 0x53544350_55000005        # "STCPU" + layout version 5
@@ -50,3 +53,28 @@ def layout(nch: int, world: int, buffsize: int) -> tuple[int, int, int]:
 def segment_size(nch: int, world: int, buffsize: int, slots: int) -> int:
     _, _, rings = layout(nch, world, buffsize)
     return rings + -(-ring_bytes(nch, slots) // PAGE) * PAGE
+
+
+def advice(nch: int, world: int, buffsize: int, slots: int) -> str:
+    """What a segment that did not fit is made of, and the settings that size each part."""
+    _, stride, rings = layout(nch, world, buffsize)
+    fifo, ring = (nch + world) * stride, segment_size(nch, world, buffsize, slots) - rings
+    return (f", and every rank on this host needs one such segment: {fifo / 2**20:.1f} MiB of FIFOs ((nchannels "
+            f"{nch} + world {world}) x buffsize {buffsize}) and {ring / 2**20:.1f} MiB of stamp rings (nchannels x "
+            f"ring_slots {slots}). Lower SLICETRACE_BUFFSIZE (buffsize=, default 4M), SLICETRACE_NCHANNELS "
+            f"(nchannels=) or SLICETRACE_STAMP_RING_SLOTS (ring_slots=)")
+
+
+def shm_shortfall(nranks: int, nch: int, buffsize: int, slots: int) -> str | None:
+    """Why nranks ranks' segments together cannot fit in /dev/shm, else None: asked before any rank starts (a
+    typo of 100000 ranks would otherwise spawn 100000 processes that each fail)."""
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return None             # no /dev/shm to measure: the backend reports its own failure
+    free = st.f_bavail * st.f_frsize
+    need = nranks * segment_size(nch, nranks, buffsize, slots)
+    if need <= free:
+        return None
+    return (f"the cpu backend's shared memory would need about {need / 2**20:,.0f} MiB in {SHM_DIR} and "
+            f"{free / 2**20:,.0f} MiB is free{advice(nch, nranks, buffsize, slots)}")

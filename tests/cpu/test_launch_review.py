@@ -1,0 +1,95 @@
+"""launch() and init() under uses a review tried (session 28): a child fn forks inside a rank, init()'s own
+arguments given to launch(), a misspelled setting given as None, a rank count whose shared memory cannot fit,
+world_size=0, --profile 0, profiling() after close. Each test failed on the tree before its fix."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import slicetrace
+from slicetrace.cli.main import main
+from slicetrace.errors import ConfigError, UsageError
+
+LONG = 30.0         # no rank waits timeout_s out here; it only bounds set-up under load
+
+
+@pytest.fixture(autouse=True)
+def _no_survivors():
+    yield
+    for p in mp.active_children():
+        if p.name.startswith("slicetrace-rank"):
+            p.kill()
+
+
+def fork_in_fn(comm, how: str) -> str:
+    """Rank 1 forks; the child leaves fn by `how` (return, raise, sys.exit) without using the communicator."""
+    x = np.ones(1024, np.float32)
+    x = comm.all_reduce(x)
+    if comm.rank == 1:
+        pid = os.fork()
+        if pid == 0:
+            if how == "raise":
+                raise RuntimeError("the child raised")
+            if how == "exit":
+                sys.exit(0)
+            return "the child's result"
+        os.waitpid(pid, 0)
+    for _ in range(3):
+        x = comm.all_reduce(x)
+    return f"rank {comm.rank}: {float(x[0])}"
+
+
+@pytest.mark.parametrize("how", ["return", "raise", "exit"])
+def test_a_child_forked_in_fn_leaves_the_ranks_job_and_result_alone(how):
+    """Before: the child ran the rest of the rank's code, so it aborted the job (raise, exit: rank 0 got a PeerError)
+    or sent its own result down the rank's pipe in place of the parent's (return, no error)."""
+    res = slicetrace.launch(fork_in_fn, 2, how, timeout_s=LONG, join_timeout_s=120)
+    assert res == ["rank 0: 16.0", "rank 1: 16.0"]
+
+
+@pytest.mark.parametrize("kw", ["rank", "world_size", "store", "job", "name"])
+def test_launch_refuses_inits_own_arguments_before_any_rank_starts(kw):
+    """Before: launch(fn, 2, rank=None) started the ranks, each failing with 'init() got multiple values for
+    keyword argument'."""
+    with pytest.raises(UsageError, match=rf"launch\(\): {kw}=: init\(\)'s own arguments, not settings"):
+        slicetrace.launch(fork_in_fn, 2, "return", **{kw: None})
+    assert not [p for p in mp.active_children() if p.name.startswith("slicetrace-rank")]
+
+
+def test_a_misspelled_setting_given_as_none_is_refused():
+    """Before: None overrides were dropped before the names were checked: nchanels=None went through unnoticed."""
+    with pytest.raises(ConfigError, match=r"unknown setting\(s\) \['nchanels'\]"):
+        slicetrace.init(backend="null", nchanels=None)
+    with pytest.raises(ConfigError, match=r"unknown setting\(s\) \['timout_s'\]"):
+        slicetrace.launch(fork_in_fn, 2, "return", timout_s=None)
+
+
+def test_launch_refuses_ranks_whose_shared_memory_cannot_fit_before_spawning_them(monkeypatch):
+    """Before: launch(fn, 10**6) spawned process after process (bench refused the same with --ranks)."""
+    started = []
+    monkeypatch.setattr(mp.get_context("spawn").Process, "start", lambda self: started.append(self))
+    with pytest.raises(UsageError, match=r"nranks=1000000: the cpu backend's shared memory would need about"):
+        slicetrace.launch(fork_in_fn, 10 ** 6, "return")
+    assert started == []
+
+
+def test_world_size_zero_names_itself_not_the_rank():
+    """Before: 'rank=None and world_size=0: give both, or neither for one rank'."""
+    with pytest.raises(UsageError, match=r"^world_size=0 must be an int >= 1$"):
+        slicetrace.init(backend="null", world_size=0)
+
+
+def test_profile_zero_is_refused_and_profiling_after_close_too(capsys):
+    """Before: `bench --profile 0` printed 'profiling on' and recorded nothing; comm.profiling() after close went
+    through where every other method refuses."""
+    assert main(["bench", "--profile", "0", "--ranks", "1", "-b", "64", "-e", "64"]) == 2
+    assert "--profile 0 records nothing" in capsys.readouterr().err
+    comm = slicetrace.init(backend="null")
+    comm.close()
+    with pytest.raises(UsageError, match="closed"):
+        with comm.profiling(False):
+            pass
