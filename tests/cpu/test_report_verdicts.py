@@ -237,6 +237,24 @@ def test_stragglers_name_the_rank_that_starts_collectives_last():
     assert (empty.ranks, empty.ops, empty.left_out, empty.startup) == ([], [], {"collectives": 0, "lacking": []}, None)
 
 
+def test_without_kernel_ch_the_straggler_is_judged_from_the_coll_events():
+    """A mask without KernelCh ('Coll|KernelStep'): before, the report said 'none to name' and the JSON's empty
+    stragglers read as judged; rank 1, 20 ms late at every op, went unnamed. Coll begins (the op's call) judge it."""
+    late = {0: 0, 1: 20_000_000, 2: 300}
+    spans = [(r, "AllReduce", seq, seq * 50_000_000 + late[r], seq * 50_000_000 + 21_000_000)
+             for seq in range(12) for r in range(3)]
+    ks = np.array([(0, 0, 1, 1, 0, 8, 0, 1, 2, 0, 0), (1, 0, 1, 2, 0, 8, 0, 1, 2, 0, 0)], KERNEL_STEP_TABLE)
+    rep = build(ks, chs=None, spans=spans, ranks=[0, 1, 2])
+    assert [r["rank"] for r in rep.stragglers if r["consistent"]] == [1]
+    assert rep.straggler_rule["judged_from"] == "Coll" and rep.straggler_rule["collectives"] == 11
+    text = _text(rep)
+    assert "straggler: rank 1 started last in 11 of 11" in text and "Coll event began" in text
+    assert rep.unfinished == []                                     # every Coll ended on every rank
+    bare = build(ks, chs=None, spans=[], ranks=[0, 1, 2])           # neither KernelCh nor Coll: not judged
+    assert bare.straggler_rule["judged_from"] is None
+    assert "stragglers: not judged, no collective recorded on every rank" in _text(bare)
+
+
 def test_stragglers_count_a_collective_only_when_every_rank_has_it():
     rows = [(r, 0, seq, "AllReduce", 1_000 * seq + (500 if r == 2 else 10 * r), 1_000 * seq + 900)
             for seq in range(3) for r in range(3) if (r, seq) != (2, 1)]

@@ -4,8 +4,9 @@ Works on the KernelStep table of analyze.trace (any number of ranks' files merge
 wait = ready - wait (credit for a send, data for a receive), transfer = done - ready, where a fused slice (one
 primitive's receive and send on a rank, stamped with one done clock) moves from the later of its two readies: on
 the GPU both waits run at once, and a send that had room but no data yet is waiting, not moving. With the KernelCh
-table too, stragglers (analyze.verdicts): per collective (function, SeqNum) seen on every rank, the rank whose
-channel programs started last, and how late; each rank's first collective apart, as start-up skew.
+table (else the Coll events) too, stragglers (analyze.verdicts): per collective (function, SeqNum) seen on every
+rank, the rank whose channel programs started last, and how late; each rank's first collective apart, as start-up
+skew.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import numpy as np
 
 from ..errors import TraceFormatError
 from ..events.abi import fused_pairs, moving_from
+from .trace import KERNEL_CH_TABLE
 from .verdicts import (OP_FRACTION, SPREAD_X, clock_check, held_up, noise_rule, none_left_out, op_index,
                        stragglers, unfinished)
 
@@ -99,7 +101,11 @@ def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.n
     slowest = [{"rank": int(ks["rank"][i]), "peer": int(ks["peer"][i]), "channel": int(ks["channel"][i]),
                 "is_send": bool(ks["is_send"][i]), "step": int(ks["step"][i]), "bytes": int(ks["size"][i]),
                 "transfer_us": float(xfer[i]) / 1e3, "gbps": float(bw[i])} for i in order if np.isfinite(bw[i])]
+    source = "KernelCh"
+    if (chs is None or not len(chs)) and spans:     # the mask left KernelCh out: "none to name" was no verdict
+        chs, source = _from_colls(spans), "Coll"
     skew = stragglers(chs, top, ranks)
+    skew.rule["judged_from"] = source if skew.rule["collectives"] else None
     no_counters = [r for r in ranks if r not in counters] if counters is not None else []
     moving = {r["rank"]: r["copy_us"] for r in per_rank}
     ops = op_index(ks)
@@ -107,7 +113,14 @@ def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.n
     return Report(links, per_rank, waited_on, slowest, counters or {}, skew.ranks, skew.ops,
                   slow_links(ks[send], xfer[send], ops[send], moving), skew.left_out, no_counters,
                   skew.startup, skew.rule, held_up(ks, ops, starts),
-                  unfinished(spans or [], chs, ranks), clock_check(ks, CLOCK_SLACK_NS + unc))
+                  unfinished(spans or [], chs, ranks, lacking=source == "Coll"), clock_check(ks, CLOCK_SLACK_NS + unc))
+
+
+def _from_colls(spans: list) -> np.ndarray:
+    """KernelCh-like rows (one channel per op) from the Coll events that ended: a Coll begins when its rank calls
+    the op, so who called last is the straggler; a Coll with no end is left to `unfinished`, as a missing KernelCh."""
+    rows = [(r, 0, seq, func[:24], t0, t1) for r, func, seq, t0, t1 in spans if seq >= 0 and t1 >= 0]
+    return np.array(rows, KERNEL_CH_TABLE)
 
 
 def _union_ns(starts: np.ndarray, ends: np.ndarray) -> float:
@@ -249,6 +262,10 @@ def render(rep: Report, console=None) -> None:
         never = f"; rank(s) {', '.join(map(str, c['not_begun']))} never began it" if c["not_begun"] else ""
         ended = f" (no end on rank(s) {', '.join(map(str, c['never_ended']))})" if c["never_ended"] else ""
         on = ", ".join(map(str, c["ranks"]))
+        if not on:                      # judged from Coll events (no KernelCh): they ended where they began
+            con.print(f"unfinished: {c['func']} #{c['seq']}{never[1:]}: a rank that died, or whose file was cut "
+                      f"short, before it (see the loss counters){late}")
+            continue
         con.print(f"unfinished: {c['func']} #{c['seq']} has no channel records on rank(s) {on}{ended}: it failed "
                   f"(a timeout, a peer's error), the run stopped in it, or its records were lost (see the loss "
                   f"counters); stragglers cannot judge it{late}{never}")
@@ -322,8 +339,10 @@ def _skew(rep: Report, con) -> None:
              f"{rule['others_spread_us']:.1f} us, and {OP_FRACTION:g} x the median op, {rule['op_us']:.1f} us")
     named = [r for r in rep.stragglers if r["consistent"]]
     if rep.stragglers and rule["collectives"]:      # shown either way: a rank last in most is worth a look
-        t = Table(title=f"who started last (the rank whose channel programs started last, of {rule['collectives']} "
-                        f"collectives after the first)")
+        what = ("channel programs started" if rule.get("judged_from") != "Coll" else
+                "Coll event began (called the op: KernelCh not recorded)")
+        t = Table(title=f"who started last (the rank whose {what} last, of {rule['collectives']} collectives after "
+                        f"the first)")
         for c in ("rank", "collectives started last", "beyond the floor", "median late us", "worst us", "chance"):
             t.add_column(c, justify="right")
         for r in rep.stragglers:
@@ -355,8 +374,9 @@ def _skew(rep: Report, con) -> None:
                   f"counters): the rank that started them last may be one that lacks them"
                   + (", so the verdict counts the other collectives only" if rule["collectives"] else ""))
     elif rep.links and not rep.stragglers and not rep.startup and not rule["collectives"]:
-        con.print("stragglers: none to name (matched across ranks by a collective's SeqNum, from KernelCh events; "
-                  "point-to-point ops carry none: see who waited on whom)")
+        con.print("stragglers: not judged, no collective recorded on every rank (matched by SeqNum from KernelCh, "
+                  "else Coll events: point-to-point ops carry none, see who waited on whom; a mask without KernelCh "
+                  "and Coll leaves them out)")
 
 
 def _console():

@@ -108,11 +108,13 @@ def stragglers(chs: np.ndarray | None, top: int = 10, ranks=None) -> Skew:
     return Skew(ranked, ops, left_out, startup, rule)
 
 
-def unfinished(spans: list[tuple], chs: np.ndarray | None, ranks, top: int = 3) -> list[dict]:
+def unfinished(spans: list[tuple], chs: np.ndarray | None, ranks, top: int = 3, lacking: bool = False) -> list[dict]:
     """Collectives with a Coll event but, on some rank, no channel record or no end: an op that failed (a timeout,
     a peer's error: its KernelCh never came), never ended (a crash, a file cut short) or whose records were lost.
     The straggler verdict, which reads KernelCh, cannot judge them; their Coll begins still say who came late to
-    the op a failed run stopped in. From trace.coll_spans; earliest first. None when the trace has no KernelCh."""
+    the op a failed run stopped in. From trace.coll_spans; earliest first. None when the trace has no KernelCh.
+    lacking (chs made from the Coll events, no KernelCh recorded): also those a rank with Coll events has no begin of
+    (where it stopped; a rank with none says nothing of where)."""
     if chs is None or not len(chs):
         return []
     have = set(zip(chs["rank"].tolist(), chs["func"].tolist(), chs["seq_number"].tolist()))
@@ -120,10 +122,10 @@ def unfinished(spans: list[tuple], chs: np.ndarray | None, ranks, top: int = 3) 
     for rank, func, seq, t0, t1 in spans:
         if seq >= 0:
             by.setdefault((func, seq), {})[rank] = (t0, t1)
-    out = []
+    out, seen = [], {r for r, *_ in spans}
     for (func, seq), sp in sorted(by.items(), key=lambda kv: min(v[0] for v in kv[1].values())):
         short = sorted(r for r, (_, t1) in sp.items() if t1 < 0 or (r, func, seq) not in have)
-        if not short:
+        if not short and not (lacking and (set(ranks) & seen) - sp.keys()):
             continue
         t_first = min(t0 for t0, _ in sp.values())
         t_last, last = max((t0, r) for r, (t0, _) in sp.items())
