@@ -15,7 +15,7 @@ import weakref
 from typing import Any
 
 from .backend.base import Backend, Work, create
-from .backend.signals import signals_held
+from .backend.signals import signals_held, term_exits
 from .config import Settings
 from .errors import SliceTraceError, UsageError
 from .events.abi import CommInfo, EventType, effective_mask
@@ -115,6 +115,7 @@ class Session:
                 with signals_held():       # a Ctrl-C between a plugin's init and the host taking its context
                     self.host = EventHost(plugins, info, settings.plugin_max_failures)   # left its trace unended
                     _LIVE.add(self)
+                term_exits(self, True)     # outside the hold, which shows its own handler
                 self.drain = Drain(self.backend.rings, self.host, settings.drain_interval_us,
                                    fetch=self.backend.fetch_stamps if self.backend.stamps_fetched else None,
                                    thread_init=self.backend.thread_init, on_error=self._drain_failed)
@@ -130,6 +131,7 @@ class Session:
             # The plugins may have opened files already: finalize them, then free the backend.
             errs: list[BaseException] = [e]
             _LIVE.discard(self)
+            term_exits(self, False)
             if self.host is not None:
                 _step(errs, "closing the event host", self.host.close)
             _step(errs, "closing the backend", self.backend.close)
@@ -257,6 +259,7 @@ class Session:
             return
         self._closed = True
         _LIVE.discard(self)
+        term_exits(self, False)
         try:
             self._close()
         finally:                        # after the plugins' last words at close (linkstats' summary is INFO)

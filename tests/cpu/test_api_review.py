@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -191,6 +192,41 @@ def test_a_communicator_dropped_unclosed_still_finishes_its_trace_at_exit(tmp_pa
     recs = json.loads(f.read_text())
     assert sum(r.get("cat") == "COLL" and r.get("ph") == "b" for r in recs) == 5
     assert any(r.get("name") == "slicetrace_counters" for r in recs)
+
+
+def test_sigterm_to_a_profiled_program_still_finishes_its_trace(tmp_path):
+    """torchrun's agent and Slurm stop ranks with SIGTERM, whose default action killed the process: the trace was
+    cut after its header. While a communicator has plugins, SIGTERM at its default raises SystemExit(143); the
+    default comes back at close, and a handler the program set is left alone."""
+    code = ("import os, signal, sys, time, numpy as np, slicetrace\n"
+            "t = sys.argv[1]\n"
+            "c = slicetrace.init(backend='cpu', profiler_plugin='example', profile_dump_file=t + '/a')\n"
+            "assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL\n"
+            "d = slicetrace.init(backend='null', profiler_plugin='example', profile_dump_file=t + '/b')\n"
+            "d.close()\n"
+            "assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL  # c still open\n"
+            "for _ in range(5):\n    c.all_reduce(np.ones(4, np.float32))\n"
+            "os.kill(os.getpid(), signal.SIGTERM)\n"
+            "time.sleep(30)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLICETRACE_", "RANK", "WORLD_SIZE"))}
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path)], timeout=60, cwd=str(ROOT), env=env,
+                       capture_output=True, text=True)
+    assert p.returncode == 128 + signal.SIGTERM, p.stderr
+    (f,) = tmp_path.glob("a_*_0.json")
+    recs = json.loads(f.read_text())
+    assert sum(r.get("cat") == "COLL" and r.get("ph") == "b" for r in recs) == 5
+    assert any(r.get("name") == "slicetrace_counters" for r in recs)
+    back = ("import signal, slicetrace\n"
+            "c = slicetrace.init(backend='null', profiler_plugin='example')\n"
+            "c.close()\n"
+            "assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, 'not restored'\n"
+            "mine = lambda n, f: None\n"
+            "signal.signal(signal.SIGTERM, mine)\n"
+            "c = slicetrace.init(backend='null', profiler_plugin='example')\n"
+            "assert signal.getsignal(signal.SIGTERM) is mine, 'replaced'\n"
+            "c.close()\n"
+            "assert signal.getsignal(signal.SIGTERM) is mine, 'replaced at close'\n")
+    subprocess.run([sys.executable, "-c", back], check=True, timeout=60, cwd=str(ROOT))
 
 
 def test_all_to_all_keeps_to_the_group_rules_too(comm):

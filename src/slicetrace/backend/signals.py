@@ -99,3 +99,25 @@ def _restore(swapped: dict[int, Any], record: Any) -> BaseException | None:
             if caught is None:
                 caught = e
     return caught
+
+
+_TERM_OWNERS: set = set()     # profiled communicators, while SIGTERM raises SystemExit for them
+
+
+def _term_exits(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def term_exits(owner: object, on: bool) -> None:
+    """While an owner is registered (a communicator with plugins), SIGTERM at its default action raises
+    SystemExit(143) in the main thread instead, so the program unwinds and the at-exit finish writes the traces:
+    torchrun's agent and Slurm stop ranks with SIGTERM, whose default killed them, every trace cut short. A handler
+    the program set is left alone; the default comes back with the last owner (from the main thread only)."""
+    (_TERM_OWNERS.add if on else _TERM_OWNERS.discard)(owner)
+    if threading.current_thread() is not threading.main_thread():
+        return
+    cur = signal.getsignal(signal.SIGTERM)
+    if _TERM_OWNERS and cur is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _term_exits)
+    elif not _TERM_OWNERS and cur is _term_exits:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
