@@ -59,6 +59,28 @@ def test_a_fused_slice_moves_from_the_later_of_its_two_readies():
     assert moving_from(ks[:1]).tolist() == [0]
 
 
+def test_a_slow_link_into_the_rank_that_moves_data_longest_says_so():
+    """4-rank ring: 1->2 is slow and rank 2 moves data longest (its receives). Before, the report named link 1->2
+    as a culprit of its own beside rank 2; writes into a lagging rank's buffers are slowed too, and it now says so."""
+    rows, step = [], 0
+    for src in range(4):
+        dst = (src + 1) % 4
+        rows.append((src, 0, 1, dst, step, 1_000_000, 0, 0, 100_000 if src == 1 else 25_000))       # its send
+        rows.append((dst, 0, 0, src, step, 1_000_000, 0, 0, 200_000 if dst == 2 else 25_000))       # dst's receive
+        step += 1
+    rep = build(_rows(rows))
+    assert [(ln["src"], ln["dst"], ln["sender_outlier"], ln["receiver_outlier"]) for ln in rep.slow_links] == \
+        [(1, 2, False, True)]
+    from rich.console import Console
+    from slicetrace.analyze.report import render
+    con = Console(record=True, width=200)
+    render(rep, console=con)
+    flat = " ".join(con.export_text().split())
+    assert "slow link: link 1->2 moves 10.00 GB/s" in flat
+    assert "it feeds rank 2, which moves data longest (225.0 us of copies, the median rank 75.0 us): writes into a " \
+        "lagging rank's buffers are slowed too, so this may be rank 2, not the link" in flat
+
+
 def test_slow_links_tell_a_slow_link_from_a_slow_channel():
     """4-rank ring, 4 channels, 1 MB per slice. 2->3 takes 4x longer on every channel (a degraded link); 0->1 only
     on channel 2 (one channel's program). Both are well below the median link; the channel counts say which."""

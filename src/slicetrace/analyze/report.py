@@ -164,7 +164,8 @@ def slow_links(sends: np.ndarray, xfer: np.ndarray, ops: np.ndarray | None = Non
     long by the pooled median only is not named (nor one in no such op, e.g. a link of a rank whose file was cut
     short; only a trace without op keys is judged by the pooled median alone). `sender_outlier`: its sending rank
     moves data longest, 1 / (1 - below) times the median rank's or more (`moving`: rank -> us), so its copies may
-    be the slow part. sends, xfer: send records, their transfer ns; ops: their op keys."""
+    be the slow part; `receiver_outlier` the same of its receiving rank (writes into a lagging rank's buffers are
+    slowed too). sends, xfer: send records, their transfer ns; ops: their op keys."""
     # latency-bound slices (a few KiB) say nothing of a link's bandwidth; 0-byte ones would divide by zero
     ok = (xfer > 0) & (sends["size"] >= MIN_JUDGED_BYTES)
     sends, xfer = sends[ok], xfer[ok]
@@ -207,12 +208,13 @@ def slow_links(sends: np.ndarray, xfer: np.ndarray, ops: np.ndarray | None = Non
         if 2 * n_slow <= n_ops and (n_ops or keyed):        # no op keys (a KernelStep-only mask): pooled only
             continue
         chans = [c for c, v in ch_gbps.items() if k in v and c in ch_med]
-        t = (moving or {}).get(k[0], 0.0)
+        t, td = (moving or {}).get(k[0], 0.0), (moving or {}).get(k[1], 0.0)
         out.append({"src": k[0], "dst": k[1], "gbps": g, "median_gbps": med, "below_pct": 100 * (1 - g / med),
                     "channels": len(chans),
                     "channels_slow": sum(ch_gbps[c][k] < (1 - below) * ch_med[c] for c in chans),
                     "ops": n_ops, "ops_slow": n_slow,
-                    "sender_outlier": bool(t > 0 and t >= busiest and (1 - below) * t > typical_rank)})
+                    "sender_outlier": bool(t > 0 and t >= busiest and (1 - below) * t > typical_rank),
+                    "receiver_outlier": bool(td > 0 and td >= busiest and (1 - below) * td > typical_rank)})
     return out
 
 
@@ -303,7 +305,11 @@ def render(rep: Report, console=None) -> None:
                      if ln["channels"] > 1 else "")
                   + (f"; rank {s} also moves data longest ({moving[s]:.1f} us of copies, the median rank "
                      f"{float(np.median(list(moving.values()))):.1f} us): a slow rank's copies look like a slow link"
-                     if ln["sender_outlier"] else ""))
+                     if ln["sender_outlier"] else "")
+                  + (f"; it feeds rank {d}, which moves data longest ({moving[d]:.1f} us of copies, the median rank "
+                     f"{float(np.median(list(moving.values()))):.1f} us): writes into a lagging rank's buffers are "
+                     f"slowed too, so this may be rank {d}, not the link"
+                     if ln.get("receiver_outlier") and not ln["sender_outlier"] else ""))
     judged = sum(1 for ln in rep.links if ln.get("judged_slices", 1))
     if 0 < len(rep.links) < 3:
         con.print(f"slow links: not judged, {len(rep.links)} link(s) in this trace and the check compares each with "
