@@ -45,6 +45,13 @@ def test_bench_checks_traces_and_reports(tmp_path, capfd):
         assert float(r["gbps"]) == pytest.approx(int(r["size"]) / xfer if xfer > 0 else 0.0, abs=1e-3)
     sent = sum(int(r["size"]) for r in rows if r["is_send"] == "1" and r["rank"] == "0")
     assert sent == sum(int(s) for s in ks["size"][(ks["is_send"] == 1) & (ks["rank"] == 0)])
+    # a rank whose file was cut after its header (killed before its first write) is present, and said to be empty
+    (f2,) = glob.glob(str(tmp_path / "tr" / "trace_*_2.json"))
+    head = open(f2).read().split("\n")[:2]
+    open(f2, "w").write("\n".join(head) + "\n")
+    capfd.readouterr()
+    assert main(["report", str(tmp_path / "tr" / "trace")]) == 0
+    assert "# rank(s) 2: the file holds no events (cut short before its first write?)" in capfd.readouterr().out
 
 
 def test_a_wrong_value_is_counted_and_fails_the_run(tmp_path, capfd, monkeypatch):

@@ -234,6 +234,11 @@ def run_report(a: argparse.Namespace) -> int:
     if missing:
         print(f"# --partial: rank(s) {listed} of {ranks.n} absent; stragglers, waits and links are among the "
               f"ranks present only")
+    evented = {r["pid"] for r in recs if r.get("ph") in ("b", "X") and type(r.get("pid")) is int}
+    bare = [r for r in present if r not in evented]
+    if bare and evented:            # present by their header only: the tables would just lack them
+        print(f"# rank(s) {', '.join(map(str, bare))}: the file holds no events (cut short before its first "
+              f"write?); the tables and verdicts have nothing of it")
     ks, chs = kernel_steps(recs), kernel_chs(recs)
     if not len(ks) and not len(chs) and any(r.get("name") == "slicetrace_comm" and (r.get("args") or {}).get(
             "nRanks") == 1 for r in recs):      # (load_run checked that args, where present, are an object)
