@@ -11,6 +11,7 @@ import logging
 import numbers
 import os
 import re
+import tempfile
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Mapping
 
@@ -316,6 +317,11 @@ class Settings:
             if var is None:
                 raise
             raise ConfigError(f"{var}={env[var]!r}: {e}") from None
+
+
+def temp_dir() -> str:
+    """TMPDIR's folder, as tempfile reads it: the cpu backend's core locks, bench --compare's store file."""
+    return tempfile.gettempdir()
 
 
 def env_source(attr: str, env: Mapping[str, str] | None = None) -> str | None:

@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from typing import Any
 
 from ..backend.cpu.affinity import unbound
+from ..config import temp_dir
 from ..errors import UsageError
 
 _REDUCE = {"sum": "SUM", "prod": "PRODUCT", "min": "MIN", "max": "MAX", "avg": "AVG"}
@@ -21,7 +21,7 @@ class TorchReference:
         import warnings
         warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.")   # deprecation chatter
         self.torch, self.dist, self.kind, self.rank, self.world = torch, dist, kind, rank, world
-        path = os.path.join(tempfile.gettempdir(), f"slicetrace_{kind}_{job}")
+        path = os.path.join(temp_dir(), f"slicetrace_{kind}_{job}")
         self.device = device
         if kind == "nccl":
             torch.cuda.set_device(device)

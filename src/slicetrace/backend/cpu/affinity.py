@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import fcntl
 import os
-import tempfile
 import threading
 from contextlib import contextmanager
 from typing import Iterator
 
+from ...config import temp_dir
+
 _lock = threading.Lock()
 _held: dict[int, list] = {}          # native thread id -> [mask before binding, communicators holding it, lock fd]
 _first: set[int] | None = None       # the first bound thread's mask before it was bound
-LOCK_DIR = os.path.join(tempfile.gettempdir(), f"slicetrace-cpus-{os.getuid() if hasattr(os, 'getuid') else 0}")
+LOCK_DIR = os.path.join(temp_dir(), f"slicetrace-cpus-{os.getuid() if hasattr(os, 'getuid') else 0}")
 
 
 def supported() -> bool:
