@@ -5,69 +5,43 @@ track and large files are slow. Its own format (TrackEvent packets) keeps nanose
 per rank (and communicator) a process, in it one track per channel, direction and peer for the KernelSteps,
 one per channel for KernelCh and one for the operations; slices that would overlap on a track get a lane of their
 own. Each KernelStep send gets a flow to the receive that took its data on the peer (same communicator, channel
-and FIFO step), so Perfetto draws who waited on whom. The protobuf is written by hand (a few field types).
+and FIFO step), so Perfetto draws who waited on whom. The protobuf is written by hand (a few field types, analyze/protobuf.py).
+
+Memory and time: files are read one at a time (runfiles.load_each), each slice kept as a few numbers; the
+annotations of records of one shape (the KernelSteps) as an int64 matrix, encoded in numpy a chunk at a time as
+they are written. Each file's packets are generated in time order and merged (heapq) straight into the file.
 """
 from __future__ import annotations
 
 import hashlib
+import heapq
 import logging
 import os
 import struct
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
+
+import numpy as np
 
 from ..errors import TraceFormatError
 from .atomic import atomic_open
-from .trace import comm_of, load_files
+from .protobuf import (P_SEQ_ID, P_TIMESTAMP, P_TRACK_DESCRIPTOR, P_TRACK_EVENT, PD_NAME, PD_PID, TD_NAME,
+                       TD_PARENT, TD_PROCESS, TD_UUID, TE_CATEGORIES, TE_FLOW, TE_FLOW_END, TE_NAME, TE_TRACK, TE_TYPE,
+                       TRACE_PACKET, annotation, annotation_rows, fits_rows, pb_bytes, pb_int, pb_str, tag, varint,
+                       varint_rows, wire_fields)
+from .runfiles import load_each
+from .trace import comm_of
 
+__all__ = ["convert", "wire_fields"]
 log = logging.getLogger("slicetrace")
 
-# field numbers of perfetto/trace/*.proto
-_TRACE_PACKET = 1
-_P_TIMESTAMP, _P_SEQ_ID, _P_TRACK_EVENT, _P_TRACK_DESCRIPTOR = 8, 10, 11, 60
-_TD_UUID, _TD_NAME, _TD_PROCESS, _TD_PARENT = 1, 2, 3, 5
-_PD_PID, _PD_NAME = 1, 6
-_TE_ANNOTATIONS, _TE_TYPE, _TE_TRACK, _TE_CATEGORIES, _TE_NAME, _TE_FLOW, _TE_FLOW_END = 4, 9, 11, 22, 23, 47, 48
-_DA_BOOL, _DA_UINT, _DA_INT, _DA_DOUBLE, _DA_STRING, _DA_NAME = 2, 3, 4, 5, 6, 10
 SLICE_BEGIN, SLICE_END = 1, 2
 _SEQ = 1                        # one writer sequence: every packet carries it
-
-
-def _varint(n: int) -> bytes:
-    n &= (1 << 64) - 1          # negative int64s as two's complement, as protobuf does
-    out = bytearray()
-    while n > 0x7F:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _int(field: int, v: int) -> bytes:
-    return _varint(field << 3) + _varint(v)
-
-
-def _bytes(field: int, payload: bytes) -> bytes:
-    return _varint(field << 3 | 2) + _varint(len(payload)) + payload
-
-
-def _str(field: int, text: str) -> bytes:
-    return _bytes(field, text.encode())
-
-
-def _fixed64(field: int, v: int) -> bytes:
-    return _varint(field << 3 | 1) + struct.pack("<Q", v & ((1 << 64) - 1))
-
-
-def _annotation(name: str, v: Any) -> bytes:
-    if isinstance(v, bool):
-        val = _int(_DA_BOOL, int(v))
-    elif isinstance(v, int):
-        val = _int(_DA_UINT if v >= 1 << 63 else _DA_INT, v)       # e.g. a comm hash past int64
-    elif isinstance(v, float):
-        val = _varint(_DA_DOUBLE << 3 | 1) + struct.pack("<d", v)
-    else:
-        val = _str(_DA_STRING, str(v))
-    return _bytes(_TE_ANNOTATIONS, _str(_DA_NAME, name) + val)
+_KINDS = (None, "COLL", "P2P")  # a KernelStep's parent kind (_kind), as a code
+# tag bytes that every packet repeats, computed once
+_PKT, _TS, _SEQ_TE = tag(TRACE_PACKET, 2), tag(P_TIMESTAMP, 0), pb_int(P_SEQ_ID, _SEQ) + tag(P_TRACK_EVENT, 2)
+_FLOW, _FLOW_END = tag(TE_FLOW, 1), tag(TE_FLOW_END, 1)
+_CHUNK = 8192                   # events encoded per numpy call
+_INT = {int}
 
 
 def _uuid(*parts: Any) -> int:
@@ -76,41 +50,89 @@ def _uuid(*parts: Any) -> int:
 
 
 class _File:
-    """One rank's trace: its slices, grouped by the track they go on."""
+    """One rank's trace, as columns: per slice its track, name and category (indices into strs), begin and end ns,
+    and its annotations (a row of `vals` when its args have the shape `main` and int values, else encoded bytes in
+    `other`); `keys` holds a (slice, parent kind, is send, src, dst, channel, step) row per KernelStep."""
 
     def __init__(self, path: str, recs: list[dict]):
         self.path, self.records = path, len(recs)
         self.comm = comm_of(path, recs)
-        self.rank = next((int(r["pid"]) for r in recs if "pid" in r), 0)
+        self.rank = rank = next((int(r["pid"]) for r in recs if "pid" in r), 0)
         names = {r.get("tid"): r.get("args", {}).get("name", "") for r in recs
                  if r.get("ph") == "M" and r.get("name") == "thread_name"}
-        # (track name, name, cat, start_ns, end_ns, args, flow key: a KernelStep's, else None)
-        self.slices: list[tuple] = []
         # ring and point-to-point connections count their FIFO steps apart: a flow key needs the parent's kind
         parent_cat = {r.get("id"): r.get("cat") for r in recs if r.get("ph") == "b" and r.get("cat") in
                       ("COLL", "P2P")}
+        strs: dict[str, int] = {}
+        track, name, cat, t0, t1, row, keys, rows = [], [], [], [], [], [], [], []
+        self.other: dict[int, bytes] = {}
+        main: tuple | None = None
+
+        def add(tr: str, nm: str, ct: str, b: int, e: int, a: dict) -> None:
+            nonlocal main
+            track.append(strs.setdefault(tr, len(strs)))
+            name.append(strs.setdefault(nm, len(strs)))
+            cat.append(strs.setdefault(ct, len(strs)))
+            t0.append(b)
+            t1.append(e)
+            shape = tuple(a)
+            if shape == main or main is None and fits_rows(shape):
+                vs = tuple(a.values())
+                if set(map(type, vs)) == _INT:         # not bool, float, str: those encode otherwise
+                    main = shape
+                    row.append(len(rows))
+                    rows.append(vs)
+                    return
+            row.append(-1)
+            self.other[len(t0) - 1] = b"".join(annotation(k, v) for k, v in a.items())
         opened: dict[tuple, dict] = {}
+        tracks: dict[Any, str] = {}
         for r in recs:
             ph = r.get("ph")
             if ph == "X":
-                t0 = round(float(r["ts"]) * 1000)
+                b = round(float(r["ts"]) * 1000)
                 tid = r.get("tid", 0)
-                a = r.get("args", {})
-                key = (_flow_key(self.comm, self.rank, _kind(parent_cat, a), a)
-                       if r.get("name") == "KernelStep" and "Step" in a and "Peer" in a else None)
-                self.slices.append((names.get(tid) or f"tid {tid}", r.get("name", ""), r.get("cat", ""), t0,
-                                    t0 + round(float(r.get("dur", 0)) * 1000), a, key))
+                a = r.get("args") or {}
+                if r.get("name") == "KernelStep" and "Step" in a and "Peer" in a:
+                    snd = a.get("IsSend")
+                    keys.append((len(t0), _KINDS.index(_kind(parent_cat, a)), 1 if snd else 0,
+                                 *((rank, a["Peer"]) if snd else (a["Peer"], rank)), a.get("Channel", 0), a["Step"]))
+                tr = tracks.get(tid)
+                if tr is None:
+                    tr = tracks[tid] = names.get(tid) or f"tid {tid}"
+                add(tr, r.get("name", ""), r.get("cat", ""), b, b + round(float(r.get("dur", 0)) * 1000), a)
             elif ph == "b":
                 opened[(r.get("cat"), r.get("id"))] = r
             elif ph == "e":
-                b = opened.pop((r.get("cat"), r.get("id")), None)
-                if b is None:
+                bg = opened.pop((r.get("cat"), r.get("id")), None)
+                if bg is None:
                     continue                   # check_trace reports these; a viewer just skips them
-                args = b.get("args", {})
-                track = (f"ch {args.get('Channel', 0)} programs" if b.get("name") == "KernelCh"
-                         else "operations" if b.get("cat") in ("COLL", "P2P") else str(b.get("cat", "async")))
-                self.slices.append((track, b.get("name", ""), b.get("cat", ""), round(float(b["ts"]) * 1000),
-                                    round(float(r["ts"]) * 1000), args, None))
+                args = bg.get("args") or {}
+                tr = (f"ch {args.get('Channel', 0)} programs" if bg.get("name") == "KernelCh"
+                      else "operations" if bg.get("cat") in ("COLL", "P2P") else str(bg.get("cat", "async")))
+                add(tr, bg.get("name", ""), bg.get("cat", ""), round(float(bg["ts"]) * 1000),
+                    round(float(r["ts"]) * 1000), args)
+        self.strs = list(strs)
+        self.track, self.name, self.cat = (np.array(x, np.int32) for x in (track, name, cat))
+        self.t0, self.t1 = np.array(t0, np.int64), np.array(t1, np.int64)
+        self.row, self.main = np.array(row, np.int64), main or ()
+        self.keys = np.array(keys, np.int64).reshape(-1, 7)
+        try:
+            self.vals = np.array(rows, np.int64).reshape(len(rows), len(self.main))
+        except OverflowError:               # a value past int64 (a comm hash): those rows as the others
+            for si in np.flatnonzero(self.row >= 0).tolist():
+                self.other[si] = b"".join(annotation(k, v) for k, v in zip(self.main, rows[self.row[si]]))
+            self.row[:] = -1
+            self.vals = np.zeros((0, len(self.main)), np.int64)
+
+    def annotations(self, sis: np.ndarray) -> dict[int, bytes]:
+        """Slice index -> its annotations' bytes, for the slices `sis`."""
+        rows = self.row[sis]
+        m = rows >= 0
+        out = dict(zip(sis[m].tolist(), annotation_rows(self.main, self.vals[rows[m]]) if m.any() else []))
+        for si in sis[~m].tolist():
+            out[si] = self.other[si]
+        return out
 
 
 def _kind(parent_cat: dict, a: dict) -> str | None:
@@ -123,145 +145,147 @@ def _kind(parent_cat: dict, a: dict) -> str | None:
     return kind
 
 
-def _flow_key(comm: str, rank: int, kind: str | None, a: dict) -> tuple:
-    """What a send and its receive share: the connection (ring and point-to-point ones count their steps apart; a
-    connection sits on one channel at both ends, plan.schedule.p2p_channel) and the FIFO step. Without parents
-    (kind None) a ring's and a p2p connection's step k share a key: _flows pairs those in time order."""
-    src, dst = (rank, a["Peer"]) if a.get("IsSend") else (a["Peer"], rank)
-    return comm, kind, src, dst, a.get("Channel", 0), a["Step"]
+def _flows(files: list[_File]) -> tuple[list[np.ndarray], int, int, int]:
+    """Per file the flow id of each slice (0: none) for both ends of each send whose receive is in the files, how
+    many flows, how many sends got none, and how many receives end before their send. What a send and its receive share (the key):
+    the communicator, the connection (ring and point-to-point ones count their steps apart, hence the parent kind;
+    a connection sits on one channel at both ends, plan.schedule.p2p_channel) and the FIFO step. A key seen n times
+    on both sides (connections told apart by no parent, or a connection's step counter reused) pairs its i-th send
+    with its i-th receive by time: one communicator's ops run one after the other on each rank. A key with more
+    sends than receives (or fewer) pairs nothing: which is which is not known."""
+    comms = sorted({f.comm for f in files})
+    cols = np.concatenate([np.column_stack([np.full(len(f.keys), comms.index(f.comm)), f.keys[:, 1:],
+                                            f.t0[f.keys[:, 0]], np.full(len(f.keys), fi), f.keys[:, 0],
+                                            f.t1[f.keys[:, 0]]]) for fi, f in enumerate(files)])
+    # columns: comm, kind, snd, src, dst, ch, step, t0, file, slice, t1
+    fids = [np.zeros(len(f.t0), np.uint64) for f in files]
+    if not len(cols):
+        return fids, 0, 0, 0
+    # by key, receives before sends, each by (begin, file, slice): a group's i-th receive pairs its i-th send
+    order = np.lexsort((cols[:, 9], cols[:, 8], cols[:, 7], cols[:, 2], cols[:, 6], cols[:, 5], cols[:, 4],
+                        cols[:, 3], cols[:, 1], cols[:, 0]))
+    c = cols[order]
+    key = c[:, [0, 1, 3, 4, 5, 6]]
+    start = np.flatnonzero(np.r_[True, (key[1:] != key[:-1]).any(1)])
+    size = np.diff(np.r_[start, len(c)])
+    sends = np.add.reduceat(c[:, 2], start)
+    ok = sends * 2 == size
+    unpaired = int(sends[~ok].sum())
+    n = sends[ok]
+    nth = np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)           # a pair's index in its group
+    rcv, snd = c[np.repeat(start[ok], n) + nth], c[np.repeat(start[ok] + n, n) + nth]
+    ids = np.array([_uuid("flow", comms[s[0]], _KINDS[s[1]], *s[3:7], i)
+                    for s, i in zip(snd[:, :7].tolist(), nth.tolist())], np.uint64)
+    for end in (snd, rcv):
+        for fi in range(len(files)):
+            at = end[:, 8] == fi
+            fids[fi][end[at, 9]] = ids[at]
+    return fids, len(ids), unpaired, int((rcv[:, 10] < snd[:, 10]).sum())
 
 
-def _flows(files: list[_File]) -> tuple[dict[tuple[int, int], int], int]:
-    """((file index, slice index) -> flow id) for both ends of each send whose receive is in the files, and how
-    many sends got none. A key seen n times on both sides (connections told apart by no parent, or a connection's
-    step counter reused) pairs its i-th send with its i-th receive by time: one communicator's ops run one after
-    the other on each rank. A key with more sends than receives (or fewer) pairs nothing: which is which is not
-    known."""
-    sides: tuple[dict[tuple, list], dict[tuple, list]] = ({}, {})
-    for fi, f in enumerate(files):
-        for si, s in enumerate(f.slices):
-            if s[6] is not None:
-                sides[0 if s[5].get("IsSend") else 1].setdefault(s[6], []).append((s[3], fi, si))
-    sends, recvs = sides
-    out: dict[tuple[int, int], int] = {}
-    unpaired = 0
-    for key, ss in sends.items():
-        rs = recvs.get(key, [])
-        if len(rs) != len(ss):
-            unpaired += len(ss)
-            continue
-        for i, (s, r) in enumerate(zip(sorted(ss), sorted(rs))):
-            out[s[1:]] = out[r[1:]] = _uuid("flow", *key, i)
-    return out, unpaired
+def _lanes(f: _File, descriptors: list[bytes]) -> tuple[list[int], np.ndarray]:
+    """Each slice's track uuid (slices that would overlap on a track get a lane of their own, lanes first fit in
+    begin order) and that order; appends the process's and each new lane's descriptor."""
+    proc = _uuid("proc", f.comm, f.rank)
+    descriptors.append(pb_bytes(P_TRACK_DESCRIPTOR, pb_int(TD_UUID, proc) + pb_bytes(    # pid 0: Perfetto's idle
+        TD_PROCESS, pb_int(PD_PID, f.rank + 1) + pb_str(PD_NAME, f"rank {f.rank} (comm {f.comm})"))))
+    lanes: dict[int, list[int]] = {}        # track -> end of the last slice of each lane
+    flat: dict[int, list[int]] = {}         # ... the instant of its last slice if that one had no length, else -1
+    uid_of: dict[tuple[int, int], int] = {}
+    order = np.lexsort((-f.t1, f.t0))       # by begin, longest first; stable
+    t0s, t1s, trs = f.t0.tolist(), f.t1.tolist(), f.track.tolist()
+    uids = [0] * len(t0s)
+    for si in order.tolist():
+        t0, t1, tr = t0s[si], t1s[si], trs[si]
+        ends = lanes.get(tr)
+        if ends is None:
+            ends, zs = lanes[tr], flat[tr] = [], []
+        else:
+            zs = flat[tr]
+        # two zero-length slices at one instant on one lane would come out begin, begin, end, end: nested
+        lane = next((i for i, e in enumerate(ends) if e <= t0 and not (t1 <= t0 and zs[i] == t0)), len(ends))
+        if lane == len(ends):
+            name = f.strs[tr]
+            uid = uid_of[(tr, lane)] = _uuid("track", f.comm, f.rank, name, lane)
+            ends.append(t1)
+            zs.append(-1)
+            descriptors.append(pb_bytes(P_TRACK_DESCRIPTOR, pb_int(TD_UUID, uid) + pb_int(TD_PARENT, proc)
+                                        + pb_str(TD_NAME, name if lane == 0 else f"{name} #{lane}")))
+        ends[lane], zs[lane] = t1, (t0 if t1 <= t0 else -1)
+        uids[si] = uid_of[(tr, lane)]
+    return uids, order
+
+
+def _packets(fi: int, f: _File, uids: list[int], order: np.ndarray, fid: np.ndarray) -> Iterator[tuple]:
+    """The file's TrackEvent packets in write order, as (ns, order at that ns, file, index, packet). At one instant:
+    ends (a lane's next slice may begin when the last one ends), the begin of a zero-length send with its flow, ends
+    of receives with theirs (after their send: Perfetto drops a terminating flow id met before its start), begins,
+    then ends of zero-length slices (32 ns GPU ticks), a zero-length receive's with its flow last. Ties keep the
+    order of files, then of `order` (begin before end)."""
+    n = len(f.t0)
+    zero, has = f.t1 <= f.t0, fid != 0
+    snd = np.zeros(n, bool)
+    snd[f.keys[:, 0]] = f.keys[:, 2] == 1
+    b_at = np.where(has & snd & zero, 1, 3)            # its begin is its end, and goes before the receives' ends
+    e_at = np.where(has & ~(snd & zero), np.where(snd, 0, np.where(zero, 5, 2)), np.where(zero, 4, 0))
+    pos = np.empty(n, np.int64)
+    pos[order] = np.arange(n)
+    ts, at, seq = np.r_[f.t0, f.t1], np.r_[b_at, e_at], np.r_[2 * pos, 2 * pos + 1]
+    events = np.lexsort((seq, at, ts))
+    names, cats, fids, snds, b_ats = f.name.tolist(), f.cat.tolist(), fid.tolist(), snd.tolist(), b_at.tolist()
+    begin: dict[tuple, bytes] = {}
+    end: dict[int, bytes] = {}
+    for c in range(0, 2 * n, _CHUNK):
+        idx = events[c:c + _CHUNK]
+        ann = f.annotations(idx[idx < n])
+        for e, t, tb, a, s in zip(idx.tolist(), ts[idx].tolist(), varint_rows(ts[idx]), at[idx].tolist(),
+                                  seq[idx].tolist()):
+            if e < n:
+                k = (uids[e], names[e], cats[e])
+                ev = begin.get(k)
+                if ev is None:
+                    ev = begin[k] = (pb_int(TE_TYPE, SLICE_BEGIN) + pb_int(TE_TRACK, k[0]) + pb_str(TE_NAME, f.strs[k[1]])
+                                     + (pb_str(TE_CATEGORIES, f.strs[k[2]]) if f.strs[k[2]] else b""))
+                ev += ann[e]
+                if a == 1:
+                    ev += _FLOW + struct.pack("<Q", fids[e])
+            else:
+                e -= n
+                ev = end.get(uids[e])
+                if ev is None:
+                    ev = end[uids[e]] = pb_int(TE_TYPE, SLICE_END) + pb_int(TE_TRACK, uids[e])
+                if fids[e] and b_ats[e] != 1:
+                    ev += (_FLOW if snds[e] else _FLOW_END) + struct.pack("<Q", fids[e])
+            inner = _TS + tb + _SEQ_TE + varint(len(ev)) + ev
+            yield t, a, fi, s, _PKT + varint(len(inner)) + inner
 
 
 def convert(paths: Iterable[str], out_path: str) -> dict[str, int]:
     """Write the Perfetto trace of `paths` (per-rank Chrome traces of one run, read and checked as report reads
     them: trace.load_files) to out_path; returns what it wrote."""
     paths = [os.fspath(p) for p in paths]
-    files = [_File(f, recs) for f, recs in load_files(paths, "convert")] if paths else []
+    files = load_each(paths, "convert", _File) if paths else []
     if not files:
         raise TraceFormatError("convert: no trace files given")
-    if not any(f.slices for f in files):        # a viewer would show nothing: not what the user meant to convert
+    if not any(len(f.t0) for f in files):      # a viewer would show nothing: not what the user meant to convert
         names = ", ".join(repr(f.path) for f in files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
         raise TraceFormatError(f"{names}: no slices to convert ({sum(f.records for f in files)} records, none a "
                                f"complete 'X' event or 'b'/'e' pair); give per-rank trace files, e.g. those of "
                                f"`slicetrace bench --trace DIR`")
-    flows, unpaired = _flows(files)
+    fids, nflows, unpaired, back = _flows(files)
     if unpaired:
         log.warning("slicetrace convert: %d KernelStep send(s) have no send -> receive arrow: their receive is not "
                     "in the files given, or sends and receives of one connection and step do not pair up", unpaired)
-    # (ns, order, packet), sorted later. At one instant: ends (a lane's next slice may begin when the last one ends),
-    # the begin of a zero-length send with its flow, ends of receives with theirs (after their send: Perfetto drops
-    # a terminating flow id met before its start), begins, then ends of zero-length slices (32 ns GPU ticks), a
-    # zero-length receive's with its flow last
-    packets: list[tuple[int, int, bytes]] = []
-    flow_at: dict[int, list[int]] = {}          # flow id -> [its start ns, its end ns]
-    descriptors: list[bytes] = []
-    nslices = nflows = 0
-    for fi, f in enumerate(files):
-        proc = _uuid("proc", f.comm, f.rank)
-        descriptors.append(_bytes(_P_TRACK_DESCRIPTOR, _int(_TD_UUID, proc) + _bytes(    # pid 0: Perfetto's idle
-            _TD_PROCESS, _int(_PD_PID, f.rank + 1) + _str(_PD_NAME, f"rank {f.rank} (comm {f.comm})"))))
-        lanes: dict[str, list[int]] = {}       # track name -> end of the last slice of each lane
-        flat: dict[str, list[int]] = {}        # ... the instant of its last slice if that one had no length, else -1
-        order = sorted(range(len(f.slices)), key=lambda i: (f.slices[i][3], -f.slices[i][4]))
-        for si in order:
-            track, name, cat, t0, t1, args, key = f.slices[si]
-            ends, zs = lanes.setdefault(track, []), flat.setdefault(track, [])
-            # two zero-length slices at one instant on one lane would come out begin, begin, end, end: nested
-            lane = next((i for i, e in enumerate(ends) if e <= t0 and not (t1 <= t0 and zs[i] == t0)), len(ends))
-            uid = _uuid("track", f.comm, f.rank, track, lane)
-            if lane == len(ends):
-                ends.append(t1)
-                zs.append(-1)
-                descriptors.append(_bytes(_P_TRACK_DESCRIPTOR, _int(_TD_UUID, uid) + _int(_TD_PARENT, proc)
-                                          + _str(_TD_NAME, track if lane == 0 else f"{track} #{lane}")))
-            ends[lane], zs[lane] = t1, (t0 if t1 <= t0 else -1)
-            ev = _int(_TE_TYPE, SLICE_BEGIN) + _int(_TE_TRACK, uid) + _str(_TE_NAME, name)
-            if cat:
-                ev += _str(_TE_CATEGORIES, cat)
-            ev += b"".join(_annotation(k, v) for k, v in args.items())
-            end = _int(_TE_TYPE, SLICE_END) + _int(_TE_TRACK, uid)
-            fid = None if key is None else flows.get((fi, si))
-            zero, snd, b_at, e_at = t1 <= t0, bool(args.get("IsSend")), 3, (4 if t1 <= t0 else 0)
-            if fid is not None:         # on the ends: a receive may begin waiting before its send begins, but it
-                flow_at.setdefault(fid, [0, 0])[not snd] = t1       # ends after the send ends
-                nflows += snd
-                if snd and zero:        # its begin is its end, and goes before the receives' ends
-                    ev, b_at = ev + _fixed64(_TE_FLOW, fid), 1
-                else:
-                    end += _fixed64(_TE_FLOW if snd else _TE_FLOW_END, fid)
-                    e_at = 0 if snd else (5 if zero else 2)
-            packets.append((t0, b_at, _packet(t0, ev)))
-            packets.append((t1, e_at, _packet(t1, end)))
-            nslices += 1
-    back = sum(1 for a, b in flow_at.values() if b < a)
     if back:
         log.warning("slicetrace convert: %d send -> receive arrow(s) whose receive ends before its send (the ranks' "
                     "clocks disagree by more than the slice): Perfetto does not draw those", back)
-    packets.sort(key=lambda p: (p[0], p[1]))
+    descriptors: list[bytes] = []
+    streams = [_packets(fi, f, *_lanes(f, descriptors), fids[fi]) for fi, f in enumerate(files)]
+    # one sequence, written in time order: a flow's terminating id must come after its start in the file
     with atomic_open(out_path, "wb") as out:        # a failed write leaves no half trace
         for d in descriptors:
-            out.write(_bytes(_TRACE_PACKET, d + _int(_P_SEQ_ID, _SEQ)))
-        for _, _, p in packets:
+            out.write(pb_bytes(TRACE_PACKET, d + pb_int(P_SEQ_ID, _SEQ)))
+        for *_, p in heapq.merge(*streams):
             out.write(p)
-    return {"files": len(files), "slices": nslices, "flows": nflows, "tracks": len(descriptors) - len(files),
-            "unpaired_sends": unpaired}
-
-
-def wire_fields(buf: bytes) -> list[tuple[int, int | bytes]]:
-    """One protobuf message's (field number, value): varints and fixed64 as int, length-delimited as bytes (for
-    checking what convert wrote without Perfetto's own packages)."""
-    out: list[tuple[int, int | bytes]] = []
-    i = 0
-
-    def varint() -> int:
-        nonlocal i
-        v = shift = 0
-        while True:
-            b = buf[i]
-            i += 1
-            v |= (b & 0x7F) << shift
-            shift += 7
-            if b < 0x80:
-                return v
-    while i < len(buf):
-        key = varint()
-        field, wire = key >> 3, key & 7
-        if wire == 0:
-            out.append((field, varint()))
-        elif wire == 1:
-            out.append((field, struct.unpack_from("<Q", buf, i)[0]))
-            i += 8
-        elif wire == 2:
-            n = varint()
-            out.append((field, buf[i:i + n]))
-            i += n
-        else:
-            raise TraceFormatError(f"protobuf wire type {wire} at byte {i}: not one convert writes")
-    return out
-
-
-def _packet(ts: int, event: bytes) -> bytes:
-    return _bytes(_TRACE_PACKET, _int(_P_TIMESTAMP, ts) + _int(_P_SEQ_ID, _SEQ) + _bytes(_P_TRACK_EVENT, event))
+    return {"files": len(files), "slices": sum(len(f.t0) for f in files), "flows": nflows,
+            "tracks": len(descriptors) - len(files), "unpaired_sends": unpaired}

@@ -1,0 +1,137 @@
+"""The few protobuf wire pieces `slicetrace convert` writes (perfetto/trace/*.proto), by hand: scalar helpers, a
+numpy encoder of many debug annotations at once, and a decoder for checking the output."""
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import numpy as np
+
+from ..errors import TraceFormatError
+
+# field numbers of perfetto/trace/*.proto
+TRACE_PACKET = 1
+P_TIMESTAMP, P_SEQ_ID, P_TRACK_EVENT, P_TRACK_DESCRIPTOR = 8, 10, 11, 60
+TD_UUID, TD_NAME, TD_PROCESS, TD_PARENT = 1, 2, 3, 5
+PD_PID, PD_NAME = 1, 6
+TE_ANNOTATIONS, TE_TYPE, TE_TRACK, TE_CATEGORIES, TE_NAME, TE_FLOW, TE_FLOW_END = 4, 9, 11, 22, 23, 47, 48
+DA_BOOL, DA_UINT, DA_INT, DA_DOUBLE, DA_STRING, DA_NAME = 2, 3, 4, 5, 6, 10
+_M64 = (1 << 64) - 1
+# most varints are lengths (packets of a few hundred bytes) and small values: looked up, no loop
+_SMALL = [bytes([i]) for i in range(128)] + [bytes([i & 0x7F | 0x80, i >> 7]) for i in range(128, 1 << 14)]
+_SHIFTS = np.arange(0, 70, 7, dtype=np.uint64)      # a uint64 varint has up to 10 groups of 7 bits
+_COL10 = np.arange(10)
+
+
+def varint(n: int) -> bytes:
+    if 0 <= n < 16384:
+        return _SMALL[n]
+    n &= _M64                   # negative int64s as two's complement, as protobuf does
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def tag(field: int, wire: int) -> bytes:
+    return varint(field << 3 | wire)
+
+
+def pb_int(field: int, v: int) -> bytes:
+    return varint(field << 3) + varint(v)
+
+
+def pb_bytes(field: int, payload: bytes) -> bytes:
+    return varint(field << 3 | 2) + varint(len(payload)) + payload
+
+
+def pb_str(field: int, text: str) -> bytes:
+    return pb_bytes(field, text.encode())
+
+
+def pb_fixed64(field: int, v: int) -> bytes:
+    return varint(field << 3 | 1) + struct.pack("<Q", v & _M64)
+
+
+def annotation(name: str, v: Any) -> bytes:
+    if isinstance(v, bool):
+        val = pb_int(DA_BOOL, int(v))
+    elif isinstance(v, int):
+        val = pb_int(DA_UINT if v >= 1 << 63 else DA_INT, v)       # e.g. a comm hash past int64
+    elif isinstance(v, float):
+        val = varint(DA_DOUBLE << 3 | 1) + struct.pack("<d", v)
+    else:
+        val = pb_str(DA_STRING, str(v))
+    return pb_bytes(TE_ANNOTATIONS, pb_str(DA_NAME, name) + val)
+
+
+def fits_rows(names: tuple[str, ...]) -> bool:
+    """annotation_rows writes each annotation's length as one byte: short names only."""
+    return bool(names) and all(len(n.encode()) <= 100 for n in names)
+
+
+def annotation_rows(names: tuple[str, ...], vals: np.ndarray) -> list[bytes]:
+    """b"".join(annotation(n, v) for n, v in zip(names, row)) for each row of an int64 matrix, in numpy: the bytes
+    of each row are laid out in a matrix with a mask of the ones used, then read out row by row."""
+    k = len(vals)
+    u = np.ascontiguousarray(vals, np.int64).view(np.uint64)
+    parts, used = [], []
+    for j, name in enumerate(names):
+        nb = name.encode()
+        col = u[:, j, None]
+        n = 1 + (col >> _SHIFTS[1:] != 0).sum(1)                    # varint length, 1..10
+        more = (_COL10 < (n - 1)[:, None]).astype(np.uint64) << np.uint64(7)
+        head = np.empty((k, 5 + len(nb)), np.uint8)
+        head[:] = np.frombuffer(bytes([0x22, 0, 0x52, len(nb)]) + nb + bytes([DA_INT << 3]), np.uint8)
+        head[:, 1] = 3 + len(nb) + n                                # DebugAnnotation length: < 128, one byte
+        parts += [head, ((col >> _SHIFTS) & np.uint64(0x7F) | more).astype(np.uint8)]
+        used += [np.ones(head.shape, bool), _COL10 < n[:, None]]
+    mask = np.hstack(used)
+    flat = np.hstack(parts)[mask].tobytes()
+    ends = np.cumsum(mask.sum(1)).tolist()
+    return [flat[a:b] for a, b in zip([0] + ends[:-1], ends)]
+
+
+def wire_fields(buf: bytes) -> list[tuple[int, int | bytes]]:
+    """One protobuf message's (field number, value): varints and fixed64 as int, length-delimited as bytes (for
+    checking what convert wrote without Perfetto's own packages)."""
+    out: list[tuple[int, int | bytes]] = []
+    i = 0
+
+    def read_varint() -> int:
+        nonlocal i
+        v = shift = 0
+        while True:
+            b = buf[i]
+            i += 1
+            v |= (b & 0x7F) << shift
+            shift += 7
+            if b < 0x80:
+                return v
+    while i < len(buf):
+        key = read_varint()
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            out.append((field, read_varint()))
+        elif wire == 1:
+            out.append((field, struct.unpack_from("<Q", buf, i)[0]))
+            i += 8
+        elif wire == 2:
+            n = read_varint()
+            out.append((field, buf[i:i + n]))
+            i += n
+        else:
+            raise TraceFormatError(f"protobuf wire type {wire} at byte {i}: not one convert writes")
+    return out
+
+
+def varint_rows(vals: np.ndarray) -> list[bytes]:
+    """[varint(v) for v in vals] for an int64 array, in numpy."""
+    u = np.ascontiguousarray(vals, np.int64).view(np.uint64)[:, None]
+    n = 1 + (u >> _SHIFTS[1:] != 0).sum(1)
+    more = (_COL10 < (n - 1)[:, None]).astype(np.uint64) << np.uint64(7)
+    flat = ((u >> _SHIFTS) & np.uint64(0x7F) | more).astype(np.uint8)[_COL10 < n[:, None]].tobytes()
+    ends = np.cumsum(n).tolist()
+    return [flat[a:b] for a, b in zip([0] + ends[:-1], ends)]
