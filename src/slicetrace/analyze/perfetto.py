@@ -5,29 +5,29 @@ track and large files are slow. Its own format (TrackEvent packets) keeps nanose
 per rank (and communicator) a process, in it one track per channel, direction and peer for the KernelSteps,
 one per channel for KernelCh and one for the operations; slices that would overlap on a track get a lane of their
 own. Each KernelStep send gets a flow to the receive that took its data on the peer (same communicator, channel
-and FIFO step), so Perfetto draws who waited on whom. The protobuf is written by hand (a few field types, analyze/protobuf.py).
+and FIFO step), so Perfetto draws who waited on whom. The protobuf is written by hand (a few field types:
+analyze/protobuf.py).
 
 Memory and time: files are read one at a time (runfiles.load_each), each slice kept as a few numbers; the
 annotations of records of one shape (the KernelSteps) as an int64 matrix, encoded in numpy a chunk at a time as
-they are written. Each file's packets are generated in time order and merged (heapq) straight into the file.
+they are written. Packets are made in time order (one lexsort of every event) and written a chunk at a time.
 """
 from __future__ import annotations
 
 import hashlib
-import heapq
 import logging
 import os
 import struct
-from typing import Any, Iterable, Iterator
+from itertools import chain
+from typing import Any, Iterable
 
 import numpy as np
 
 from ..errors import TraceFormatError
 from .atomic import atomic_open
-from .protobuf import (P_SEQ_ID, P_TIMESTAMP, P_TRACK_DESCRIPTOR, P_TRACK_EVENT, PD_NAME, PD_PID, TD_NAME,
-                       TD_PARENT, TD_PROCESS, TD_UUID, TE_CATEGORIES, TE_FLOW, TE_FLOW_END, TE_NAME, TE_TRACK, TE_TYPE,
-                       TRACE_PACKET, annotation, annotation_rows, fits_rows, pb_bytes, pb_int, pb_str, tag, varint,
-                       varint_rows, wire_fields)
+from .protobuf import (P_SEQ_ID, P_TRACK_DESCRIPTOR, PD_NAME, PD_PID, TD_NAME, TD_PARENT, TD_PROCESS, TD_UUID,
+                       TE_CATEGORIES, TE_FLOW, TE_FLOW_END, TE_NAME, TE_TRACK, TE_TYPE, TRACE_PACKET, annotation,
+                       annotation_rows, fits_rows, packet_heads, pb_bytes, pb_int, pb_str, tag, wire_fields)
 from .runfiles import load_each
 from .trace import comm_of
 
@@ -37,8 +37,6 @@ log = logging.getLogger("slicetrace")
 SLICE_BEGIN, SLICE_END = 1, 2
 _SEQ = 1                        # one writer sequence: every packet carries it
 _KINDS = (None, "COLL", "P2P")  # a KernelStep's parent kind (_kind), as a code
-# tag bytes that every packet repeats, computed once
-_PKT, _TS, _SEQ_TE = tag(TRACE_PACKET, 2), tag(P_TIMESTAMP, 0), pb_int(P_SEQ_ID, _SEQ) + tag(P_TRACK_EVENT, 2)
 _FLOW, _FLOW_END = tag(TE_FLOW, 1), tag(TE_FLOW_END, 1)
 _CHUNK = 8192                   # events encoded per numpy call
 _INT = {int}
@@ -63,67 +61,74 @@ class _File:
         # ring and point-to-point connections count their FIFO steps apart: a flow key needs the parent's kind
         parent_cat = {r.get("id"): r.get("cat") for r in recs if r.get("ph") == "b" and r.get("cat") in
                       ("COLL", "P2P")}
-        strs: dict[str, int] = {}
-        track, name, cat, t0, t1, row, keys, rows = [], [], [], [], [], [], [], []
+        places: dict[tuple, int] = {}       # (track, name, cat) -> its index in self.place
+        place, t0, t1, row, keys, flat = [], [], [], [], [], []
         self.other: dict[int, bytes] = {}
         main: tuple | None = None
 
-        def add(tr: str, nm: str, ct: str, b: int, e: int, a: dict) -> None:
+        def args(a: dict) -> None:          # a slice's annotations, apart from the common shape
             nonlocal main
-            track.append(strs.setdefault(tr, len(strs)))
-            name.append(strs.setdefault(nm, len(strs)))
-            cat.append(strs.setdefault(ct, len(strs)))
-            t0.append(b)
-            t1.append(e)
             shape = tuple(a)
-            if shape == main or main is None and fits_rows(shape):
-                vs = tuple(a.values())
-                if set(map(type, vs)) == _INT:         # not bool, float, str: those encode otherwise
-                    main = shape
-                    row.append(len(rows))
-                    rows.append(vs)
-                    return
+            if main is None and fits_rows(shape) and set(map(type, a.values())) == _INT:
+                main = shape
+                row.append(len(flat) // len(shape))
+                flat.extend(a.values())
+                return
             row.append(-1)
             self.other[len(t0) - 1] = b"".join(annotation(k, v) for k, v in a.items())
         opened: dict[tuple, dict] = {}
-        tracks: dict[Any, str] = {}
+        x_place: dict[tuple, int] = {}      # (tid, name, cat) of an X record -> its place
         for r in recs:
             ph = r.get("ph")
             if ph == "X":
-                b = round(float(r["ts"]) * 1000)
-                tid = r.get("tid", 0)
+                nm = r.get("name", "")
+                k = (r.get("tid", 0), nm, r.get("cat", ""))
+                w = x_place.get(k)
+                if w is None:
+                    w = x_place[k] = places.setdefault((names.get(k[0]) or f"tid {k[0]}", nm, k[2]), len(places))
                 a = r.get("args") or {}
-                if r.get("name") == "KernelStep" and "Step" in a and "Peer" in a:
+                if nm == "KernelStep" and "Step" in a and "Peer" in a:
                     snd = a.get("IsSend")
-                    keys.append((len(t0), _KINDS.index(_kind(parent_cat, a)), 1 if snd else 0,
-                                 *((rank, a["Peer"]) if snd else (a["Peer"], rank)), a.get("Channel", 0), a["Step"]))
-                tr = tracks.get(tid)
-                if tr is None:
-                    tr = tracks[tid] = names.get(tid) or f"tid {tid}"
-                add(tr, r.get("name", ""), r.get("cat", ""), b, b + round(float(r.get("dur", 0)) * 1000), a)
+                    keys += (len(t0), _KINDS.index(_kind(parent_cat, a)), 1 if snd else 0,
+                             *((rank, a["Peer"]) if snd else (a["Peer"], rank)), a.get("Channel", 0), a["Step"])
+                b = round(float(r["ts"]) * 1000)
+                place.append(w)
+                t0.append(b)
+                t1.append(b + round(float(r.get("dur", 0)) * 1000))
+                if main is not None and tuple(a) == main and set(map(type, a.values())) == _INT:
+                    row.append(len(flat) // len(main))
+                    flat.extend(a.values())         # not bool, float, str: those encode otherwise
+                else:
+                    args(a)
             elif ph == "b":
                 opened[(r.get("cat"), r.get("id"))] = r
             elif ph == "e":
                 bg = opened.pop((r.get("cat"), r.get("id")), None)
                 if bg is None:
                     continue                   # check_trace reports these; a viewer just skips them
-                args = bg.get("args") or {}
-                tr = (f"ch {args.get('Channel', 0)} programs" if bg.get("name") == "KernelCh"
+                a = bg.get("args") or {}
+                tr = (f"ch {a.get('Channel', 0)} programs" if bg.get("name") == "KernelCh"
                       else "operations" if bg.get("cat") in ("COLL", "P2P") else str(bg.get("cat", "async")))
-                add(tr, bg.get("name", ""), bg.get("cat", ""), round(float(bg["ts"]) * 1000),
-                    round(float(r["ts"]) * 1000), args)
-        self.strs = list(strs)
-        self.track, self.name, self.cat = (np.array(x, np.int32) for x in (track, name, cat))
+                place.append(places.setdefault((tr, bg.get("name", ""), bg.get("cat", "")), len(places)))
+                t0.append(round(float(bg["ts"]) * 1000))
+                t1.append(round(float(r["ts"]) * 1000))
+                args(a)
+        self.strs = list({s: None for p in places for s in p})
+        index = {s: i for i, s in enumerate(self.strs)}
+        table = np.array([[index[s] for s in p] for p in places], np.int32).reshape(-1, 3)[np.array(place, np.int64)]
+        self.track, self.name, self.cat = table[:, 0], table[:, 1], table[:, 2]
         self.t0, self.t1 = np.array(t0, np.int64), np.array(t1, np.int64)
         self.row, self.main = np.array(row, np.int64), main or ()
         self.keys = np.array(keys, np.int64).reshape(-1, 7)
         try:
-            self.vals = np.array(rows, np.int64).reshape(len(rows), len(self.main))
+            self.vals = np.array(flat, np.int64).reshape(len(flat) // max(len(self.main), 1), len(self.main))
         except OverflowError:               # a value past int64 (a comm hash): those rows as the others
+            m = len(self.main)
             for si in np.flatnonzero(self.row >= 0).tolist():
-                self.other[si] = b"".join(annotation(k, v) for k, v in zip(self.main, rows[self.row[si]]))
+                r0 = self.row[si] * m
+                self.other[si] = b"".join(annotation(k, v) for k, v in zip(self.main, flat[r0:r0 + m]))
             self.row[:] = -1
-            self.vals = np.zeros((0, len(self.main)), np.int64)
+            self.vals = np.zeros((0, m), np.int64)
 
     def annotations(self, sis: np.ndarray) -> dict[int, bytes]:
         """Slice index -> its annotations' bytes, for the slices `sis`."""
@@ -147,9 +152,10 @@ def _kind(parent_cat: dict, a: dict) -> str | None:
 
 def _flows(files: list[_File]) -> tuple[list[np.ndarray], int, int, int]:
     """Per file the flow id of each slice (0: none) for both ends of each send whose receive is in the files, how
-    many flows, how many sends got none, and how many receives end before their send. What a send and its receive share (the key):
-    the communicator, the connection (ring and point-to-point ones count their steps apart, hence the parent kind;
-    a connection sits on one channel at both ends, plan.schedule.p2p_channel) and the FIFO step. A key seen n times
+    many flows, how many sends got none, and how many receives end before their send. What a send and its receive
+    share (the key): the communicator, the connection (ring and point-to-point ones count their steps apart, hence
+    the parent kind; a connection sits on one channel at both ends, plan.schedule.p2p_channel) and the FIFO step.
+    Paired in numpy: one lexsort by key, receives before sends, each by time. A key seen n times
     on both sides (connections told apart by no parent, or a connection's step counter reused) pairs its i-th send
     with its i-th receive by time: one communicator's ops run one after the other on each rank. A key with more
     sends than receives (or fewer) pairs nothing: which is which is not known."""
@@ -165,8 +171,11 @@ def _flows(files: list[_File]) -> tuple[list[np.ndarray], int, int, int]:
     order = np.lexsort((cols[:, 9], cols[:, 8], cols[:, 7], cols[:, 2], cols[:, 6], cols[:, 5], cols[:, 4],
                         cols[:, 3], cols[:, 1], cols[:, 0]))
     c = cols[order]
-    key = c[:, [0, 1, 3, 4, 5, 6]]
-    start = np.flatnonzero(np.r_[True, (key[1:] != key[:-1]).any(1)])
+    del cols, order
+    new = np.zeros(len(c) - 1, bool)
+    for j in (0, 1, 3, 4, 5, 6):            # the key's columns
+        new |= c[1:, j] != c[:-1, j]
+    start = np.flatnonzero(np.r_[True, new])
     size = np.diff(np.r_[start, len(c)])
     sends = np.add.reduceat(c[:, 2], start)
     ok = sends * 2 == size
@@ -174,8 +183,11 @@ def _flows(files: list[_File]) -> tuple[list[np.ndarray], int, int, int]:
     n = sends[ok]
     nth = np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)           # a pair's index in its group
     rcv, snd = c[np.repeat(start[ok], n) + nth], c[np.repeat(start[ok] + n, n) + nth]
-    ids = np.array([_uuid("flow", comms[s[0]], _KINDS[s[1]], *s[3:7], i)
-                    for s, i in zip(snd[:, :7].tolist(), nth.tolist())], np.uint64)
+    del c
+    ids = np.zeros(len(snd), np.uint64)
+    for a in range(0, len(snd), 1 << 15):   # a chunk of Python ints at a time
+        ids[a:a + (1 << 15)] = [_uuid("flow", comms[s[0]], _KINDS[s[1]], *s[3:7], i) for s, i in
+                                zip(snd[a:a + (1 << 15), :7].tolist(), nth[a:a + (1 << 15)].tolist())]
     for end in (snd, rcv):
         for fi in range(len(files)):
             at = end[:, 8] == fi
@@ -183,18 +195,20 @@ def _flows(files: list[_File]) -> tuple[list[np.ndarray], int, int, int]:
     return fids, len(ids), unpaired, int((rcv[:, 10] < snd[:, 10]).sum())
 
 
-def _lanes(f: _File, descriptors: list[bytes]) -> tuple[list[int], np.ndarray]:
-    """Each slice's track uuid (slices that would overlap on a track get a lane of their own, lanes first fit in
-    begin order) and that order; appends the process's and each new lane's descriptor."""
+def _lanes(f: _File, descriptors: list[bytes], pre: dict[tuple, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each slice's place: slices that would overlap on a track get a lane (a track of its own), lanes first fit in
+    begin order. Returns that order and each slice's begin and end event's head (an id in `pre`: track, name,
+    category); appends the process's and each new lane's descriptor."""
     proc = _uuid("proc", f.comm, f.rank)
     descriptors.append(pb_bytes(P_TRACK_DESCRIPTOR, pb_int(TD_UUID, proc) + pb_bytes(    # pid 0: Perfetto's idle
         TD_PROCESS, pb_int(PD_PID, f.rank + 1) + pb_str(PD_NAME, f"rank {f.rank} (comm {f.comm})"))))
     lanes: dict[int, list[int]] = {}        # track -> end of the last slice of each lane
     flat: dict[int, list[int]] = {}         # ... the instant of its last slice if that one had no length, else -1
     uid_of: dict[tuple[int, int], int] = {}
+    head_of: dict[tuple, tuple[int, int]] = {}     # (track, lane, name, cat) -> its begin's and end's heads
     order = np.lexsort((-f.t1, f.t0))       # by begin, longest first; stable
-    t0s, t1s, trs = f.t0.tolist(), f.t1.tolist(), f.track.tolist()
-    uids = [0] * len(t0s)
+    t0s, t1s, trs, names, cats = f.t0.tolist(), f.t1.tolist(), f.track.tolist(), f.name.tolist(), f.cat.tolist()
+    heads = [0] * len(t0s) * 2
     for si in order.tolist():
         t0, t1, tr = t0s[si], t1s[si], trs[si]
         ends = lanes.get(tr)
@@ -203,7 +217,10 @@ def _lanes(f: _File, descriptors: list[bytes]) -> tuple[list[int], np.ndarray]:
         else:
             zs = flat[tr]
         # two zero-length slices at one instant on one lane would come out begin, begin, end, end: nested
-        lane = next((i for i, e in enumerate(ends) if e <= t0 and not (t1 <= t0 and zs[i] == t0)), len(ends))
+        if ends and ends[0] <= t0 and not (t1 <= t0 and zs[0] == t0):
+            lane = 0                        # the common case, without the generator
+        else:
+            lane = next((i for i, e in enumerate(ends) if e <= t0 and not (t1 <= t0 and zs[i] == t0)), len(ends))
         if lane == len(ends):
             name = f.strs[tr]
             uid = uid_of[(tr, lane)] = _uuid("track", f.comm, f.rank, name, lane)
@@ -212,52 +229,63 @@ def _lanes(f: _File, descriptors: list[bytes]) -> tuple[list[int], np.ndarray]:
             descriptors.append(pb_bytes(P_TRACK_DESCRIPTOR, pb_int(TD_UUID, uid) + pb_int(TD_PARENT, proc)
                                         + pb_str(TD_NAME, name if lane == 0 else f"{name} #{lane}")))
         ends[lane], zs[lane] = t1, (t0 if t1 <= t0 else -1)
-        uids[si] = uid_of[(tr, lane)]
-    return uids, order
+        k = (tr, lane, names[si], cats[si])
+        h = head_of.get(k)
+        if h is None:
+            uid = uid_of[(tr, lane)]
+            h = head_of[k] = (pre.setdefault((uid, f.strs[k[2]], f.strs[k[3]]), len(pre)),
+                              pre.setdefault((uid,), len(pre)))
+        heads[2 * si], heads[2 * si + 1] = h
+    heads_a = np.array(heads, np.int64).reshape(-1, 2)
+    return order, heads_a[:, 0], heads_a[:, 1]
 
 
-def _packets(fi: int, f: _File, uids: list[int], order: np.ndarray, fid: np.ndarray) -> Iterator[tuple]:
-    """The file's TrackEvent packets in write order, as (ns, order at that ns, file, index, packet). At one instant:
-    ends (a lane's next slice may begin when the last one ends), the begin of a zero-length send with its flow, ends
-    of receives with theirs (after their send: Perfetto drops a terminating flow id met before its start), begins,
-    then ends of zero-length slices (32 ns GPU ticks), a zero-length receive's with its flow last. Ties keep the
-    order of files, then of `order` (begin before end)."""
+def _events(f: _File, order: np.ndarray, fid: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The file's begin (slice i: event i) and end (n + i) events: ns, order at that ns, order among ties, flow
+    (0, 1: _FLOW, 2: _FLOW_END) and flow id. At one instant: ends (a lane's next slice may begin when the last one
+    ends), the begin of a zero-length send with its flow, ends of receives with theirs (after their send: Perfetto
+    drops a terminating flow id met before its start), begins, then ends of zero-length slices (32 ns GPU ticks), a
+    zero-length receive's with its flow last. Ties keep `order` (begin before end)."""
     n = len(f.t0)
     zero, has = f.t1 <= f.t0, fid != 0
     snd = np.zeros(n, bool)
     snd[f.keys[:, 0]] = f.keys[:, 2] == 1
-    b_at = np.where(has & snd & zero, 1, 3)            # its begin is its end, and goes before the receives' ends
-    e_at = np.where(has & ~(snd & zero), np.where(snd, 0, np.where(zero, 5, 2)), np.where(zero, 4, 0))
+    first = has & snd & zero                # its begin is its end, and goes before the receives' ends
+    b_at = np.where(first, 1, 3)
+    e_at = np.where(has & ~first, np.where(snd, 0, np.where(zero, 5, 2)), np.where(zero, 4, 0))
+    flow = np.r_[np.where(first, 1, 0), np.where(has & ~first, np.where(snd, 1, 2), 0)]
     pos = np.empty(n, np.int64)
     pos[order] = np.arange(n)
-    ts, at, seq = np.r_[f.t0, f.t1], np.r_[b_at, e_at], np.r_[2 * pos, 2 * pos + 1]
-    events = np.lexsort((seq, at, ts))
-    names, cats, fids, snds, b_ats = f.name.tolist(), f.cat.tolist(), fid.tolist(), snd.tolist(), b_at.tolist()
-    begin: dict[tuple, bytes] = {}
-    end: dict[int, bytes] = {}
-    for c in range(0, 2 * n, _CHUNK):
-        idx = events[c:c + _CHUNK]
-        ann = f.annotations(idx[idx < n])
-        for e, t, tb, a, s in zip(idx.tolist(), ts[idx].tolist(), varint_rows(ts[idx]), at[idx].tolist(),
-                                  seq[idx].tolist()):
-            if e < n:
-                k = (uids[e], names[e], cats[e])
-                ev = begin.get(k)
-                if ev is None:
-                    ev = begin[k] = (pb_int(TE_TYPE, SLICE_BEGIN) + pb_int(TE_TRACK, k[0]) + pb_str(TE_NAME, f.strs[k[1]])
-                                     + (pb_str(TE_CATEGORIES, f.strs[k[2]]) if f.strs[k[2]] else b""))
-                ev += ann[e]
-                if a == 1:
-                    ev += _FLOW + struct.pack("<Q", fids[e])
-            else:
-                e -= n
-                ev = end.get(uids[e])
-                if ev is None:
-                    ev = end[uids[e]] = pb_int(TE_TYPE, SLICE_END) + pb_int(TE_TRACK, uids[e])
-                if fids[e] and b_ats[e] != 1:
-                    ev += (_FLOW if snds[e] else _FLOW_END) + struct.pack("<Q", fids[e])
-            inner = _TS + tb + _SEQ_TE + varint(len(ev)) + ev
-            yield t, a, fi, s, _PKT + varint(len(inner)) + inner
+    return np.r_[f.t0, f.t1], np.r_[b_at, e_at], np.r_[2 * pos, 2 * pos + 1], flow, np.r_[fid, fid]
+
+
+def _write(out: Any, files: list[_File], evs: list[tuple], heads: list[np.ndarray], pre: list[bytes]) -> None:
+    """Every file's events as TrackEvent packets, in (ns, order at that ns, file, order among ties) order, a chunk
+    at a time: one sequence in time order (a flow's terminating id must come after its start in the file)."""
+    ts, at, seq, flow, fid = (np.concatenate([e[j] for e in evs]) for j in range(5))
+    fi = np.concatenate([np.full(len(e[0]), i) for i, e in enumerate(evs)])
+    ev = np.concatenate([np.arange(len(e[0])) for e in evs])
+    head = np.concatenate(heads)
+    del evs
+    order = np.lexsort((seq, fi, at, ts))
+    del seq
+    tags = (b"", _FLOW, _FLOW_END)
+    pre_len = np.array([len(p) for p in pre], np.int64)
+    for c in range(0, len(order), _CHUNK):
+        idx = order[c:c + _CHUNK]
+        gf, ge, h, fl = fi[idx], ev[idx], head[idx], flow[idx]
+        ann = [b""] * len(idx)
+        for k in np.unique(gf).tolist():
+            at_k = np.flatnonzero((gf == k) & (ge < len(files[k].t0)))
+            got = files[k].annotations(ge[at_k])
+            for p, si in zip(at_k.tolist(), ge[at_k].tolist()):
+                ann[p] = got[si]
+        flows = [b""] * len(idx)
+        for p in np.flatnonzero(fl).tolist():
+            flows[p] = tags[fl[p]] + struct.pack("<Q", int(fid[idx[p]]))
+        size = pre_len[h] + np.fromiter(map(len, ann), np.int64, len(idx)) + np.where(fl > 0, 8 + len(_FLOW), 0)
+        out.write(b"".join(chain.from_iterable(zip(packet_heads(ts[idx], size, _SEQ), map(pre.__getitem__, h.tolist()),
+                                                   ann, flows))))
 
 
 def convert(paths: Iterable[str], out_path: str) -> dict[str, int]:
@@ -280,12 +308,17 @@ def convert(paths: Iterable[str], out_path: str) -> dict[str, int]:
         log.warning("slicetrace convert: %d send -> receive arrow(s) whose receive ends before its send (the ranks' "
                     "clocks disagree by more than the slice): Perfetto does not draw those", back)
     descriptors: list[bytes] = []
-    streams = [_packets(fi, f, *_lanes(f, descriptors), fids[fi]) for fi, f in enumerate(files)]
-    # one sequence, written in time order: a flow's terminating id must come after its start in the file
+    pre: dict[tuple, int] = {}      # begin heads (track, name, category) and end heads (track): their bytes once
+    placed = [_lanes(f, descriptors, pre) for f in files]
+    evs = [_events(f, order, fids[fi]) for fi, (f, (order, _, _)) in enumerate(zip(files, placed))]
+    heads = [np.r_[b, e] for _, b, e in placed]
+    del placed
+    pre_bytes = [pb_int(TE_TYPE, SLICE_END) + pb_int(TE_TRACK, h[0]) if len(h) == 1 else
+                 pb_int(TE_TYPE, SLICE_BEGIN) + pb_int(TE_TRACK, h[0]) + pb_str(TE_NAME, h[1])
+                 + (pb_str(TE_CATEGORIES, h[2]) if h[2] else b"") for h in pre]
     with atomic_open(out_path, "wb") as out:        # a failed write leaves no half trace
         for d in descriptors:
             out.write(pb_bytes(TRACE_PACKET, d + pb_int(P_SEQ_ID, _SEQ)))
-        for *_, p in heapq.merge(*streams):
-            out.write(p)
+        _write(out, files, evs, heads, pre_bytes)
     return {"files": len(files), "slices": sum(len(f.t0) for f in files), "flows": nflows,
             "tracks": len(descriptors) - len(files), "unpaired_sends": unpaired}

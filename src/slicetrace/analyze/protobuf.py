@@ -21,6 +21,7 @@ _M64 = (1 << 64) - 1
 _SMALL = [bytes([i]) for i in range(128)] + [bytes([i & 0x7F | 0x80, i >> 7]) for i in range(128, 1 << 14)]
 _SHIFTS = np.arange(0, 70, 7, dtype=np.uint64)      # a uint64 varint has up to 10 groups of 7 bits
 _COL10 = np.arange(10)
+_LIMITS = np.array([1 << (7 * i) for i in range(1, 10)], np.uint64)    # a varint's length grows at each
 
 
 def varint(n: int) -> bytes:
@@ -72,26 +73,53 @@ def fits_rows(names: tuple[str, ...]) -> bool:
     return bool(names) and all(len(n.encode()) <= 100 for n in names)
 
 
-def annotation_rows(names: tuple[str, ...], vals: np.ndarray) -> list[bytes]:
-    """b"".join(annotation(n, v) for n, v in zip(names, row)) for each row of an int64 matrix, in numpy: the bytes
-    of each row are laid out in a matrix with a mask of the ones used, then read out row by row."""
-    k = len(vals)
+def _varints(vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Varints of an int64 array as a (n, width) byte matrix and the mask of the bytes used (width: the longest)."""
     u = np.ascontiguousarray(vals, np.int64).view(np.uint64)
-    parts, used = [], []
-    for j, name in enumerate(names):
-        nb = name.encode()
-        col = u[:, j, None]
-        n = 1 + (col >> _SHIFTS[1:] != 0).sum(1)                    # varint length, 1..10
-        more = (_COL10 < (n - 1)[:, None]).astype(np.uint64) << np.uint64(7)
-        head = np.empty((k, 5 + len(nb)), np.uint8)
-        head[:] = np.frombuffer(bytes([0x22, 0, 0x52, len(nb)]) + nb + bytes([DA_INT << 3]), np.uint8)
-        head[:, 1] = 3 + len(nb) + n                                # DebugAnnotation length: < 128, one byte
-        parts += [head, ((col >> _SHIFTS) & np.uint64(0x7F) | more).astype(np.uint8)]
-        used += [np.ones(head.shape, bool), _COL10 < n[:, None]]
-    mask = np.hstack(used)
-    flat = np.hstack(parts)[mask].tobytes()
+    n = 1 + np.searchsorted(_LIMITS, u, side="right")              # 1..10 bytes
+    w = int(n.max()) if len(n) else 1
+    used = _COL10[:w] < n[:, None]
+    more = used[:, 1:].astype(np.uint8) << 7
+    b = ((u[:, None] >> _SHIFTS[:w]) & np.uint64(0x7F)).astype(np.uint8)
+    b[:, :-1] |= more
+    return b, used
+
+
+def _const(k: int, b: bytes) -> tuple[np.ndarray, np.ndarray]:
+    return np.broadcast_to(np.frombuffer(b, np.uint8), (k, len(b))), np.ones((k, len(b)), bool)
+
+
+def _rows(parts: list[tuple[np.ndarray, np.ndarray]]) -> list[bytes]:
+    """Rows of bytes laid out as matrices with masks of the bytes used, read out row by row."""
+    mask = np.hstack([m for _, m in parts])
+    flat = np.hstack([b for b, _ in parts])[mask].tobytes()
     ends = np.cumsum(mask.sum(1)).tolist()
     return [flat[a:b] for a, b in zip([0] + ends[:-1], ends)]
+
+
+def annotation_rows(names: tuple[str, ...], vals: np.ndarray) -> list[bytes]:
+    """b"".join(annotation(n, v) for n, v in zip(names, row)) for each row of an int64 matrix, in numpy."""
+    k = len(vals)
+    parts = []
+    for j, name in enumerate(names):
+        nb = name.encode()
+        v, used = _varints(vals[:, j])
+        head, every = _const(k, bytes([0x22, 0, 0x52, len(nb)]) + nb + bytes([DA_INT << 3]))
+        head = head.copy()
+        head[:, 1] = 3 + len(nb) + used.sum(1)                      # DebugAnnotation length: < 128, one byte
+        parts += [(head, every), (v, used)]
+    return _rows(parts)
+
+
+def packet_heads(ts: np.ndarray, event_len: np.ndarray, seq: int) -> list[bytes]:
+    """Each TracePacket's bytes up to its TrackEvent's payload: the packet's tag and length, its timestamp, the
+    sequence id and the TrackEvent's tag and length (event_len), in numpy."""
+    k = len(ts)
+    t, t_used = _varints(ts)
+    e, e_used = _varints(event_len)
+    inner = 1 + t_used.sum(1) + 3 + e_used.sum(1) + event_len
+    return _rows([_const(k, tag(TRACE_PACKET, 2)), _varints(inner), _const(k, tag(P_TIMESTAMP, 0)), (t, t_used),
+                  _const(k, pb_int(P_SEQ_ID, seq) + tag(P_TRACK_EVENT, 2)), (e, e_used)])
 
 
 def wire_fields(buf: bytes) -> list[tuple[int, int | bytes]]:
@@ -125,13 +153,3 @@ def wire_fields(buf: bytes) -> list[tuple[int, int | bytes]]:
         else:
             raise TraceFormatError(f"protobuf wire type {wire} at byte {i}: not one convert writes")
     return out
-
-
-def varint_rows(vals: np.ndarray) -> list[bytes]:
-    """[varint(v) for v in vals] for an int64 array, in numpy."""
-    u = np.ascontiguousarray(vals, np.int64).view(np.uint64)[:, None]
-    n = 1 + (u >> _SHIFTS[1:] != 0).sum(1)
-    more = (_COL10 < (n - 1)[:, None]).astype(np.uint64) << np.uint64(7)
-    flat = ((u >> _SHIFTS) & np.uint64(0x7F) | more).astype(np.uint8)[_COL10 < n[:, None]].tobytes()
-    ends = np.cumsum(n).tolist()
-    return [flat[a:b] for a, b in zip([0] + ends[:-1], ends)]
