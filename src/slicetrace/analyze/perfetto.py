@@ -236,7 +236,7 @@ def _lanes(f: _File, descriptors: list[bytes], pre: dict[tuple, int]) -> tuple[n
             h = head_of[k] = (pre.setdefault((uid, f.strs[k[2]], f.strs[k[3]]), len(pre)),
                               pre.setdefault((uid,), len(pre)))
         heads[2 * si], heads[2 * si + 1] = h
-    heads_a = np.array(heads, np.int64).reshape(-1, 2)
+    heads_a = np.array(heads, np.int32).reshape(-1, 2)
     return order, heads_a[:, 0], heads_a[:, 1]
 
 
@@ -256,15 +256,16 @@ def _events(f: _File, order: np.ndarray, fid: np.ndarray) -> tuple[np.ndarray, .
     flow = np.r_[np.where(first, 1, 0), np.where(has & ~first, np.where(snd, 1, 2), 0)]
     pos = np.empty(n, np.int64)
     pos[order] = np.arange(n)
-    return np.r_[f.t0, f.t1], np.r_[b_at, e_at], np.r_[2 * pos, 2 * pos + 1], flow, np.r_[fid, fid]
+    return (np.r_[f.t0, f.t1], np.r_[b_at, e_at].astype(np.int8), np.r_[2 * pos, 2 * pos + 1], flow.astype(np.int8),
+            np.r_[fid, fid])
 
 
 def _write(out: Any, files: list[_File], evs: list[tuple], heads: list[np.ndarray], pre: list[bytes]) -> None:
     """Every file's events as TrackEvent packets, in (ns, order at that ns, file, order among ties) order, a chunk
     at a time: one sequence in time order (a flow's terminating id must come after its start in the file)."""
     ts, at, seq, flow, fid = (np.concatenate([e[j] for e in evs]) for j in range(5))
-    fi = np.concatenate([np.full(len(e[0]), i) for i, e in enumerate(evs)])
-    ev = np.concatenate([np.arange(len(e[0])) for e in evs])
+    fi = np.concatenate([np.full(len(e[0]), i, np.int32) for i, e in enumerate(evs)])      # small types: memory
+    ev = np.concatenate([np.arange(len(e[0]), dtype=np.int32) for e in evs])
     head = np.concatenate(heads)
     del evs
     order = np.lexsort((seq, fi, at, ts))
