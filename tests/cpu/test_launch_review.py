@@ -93,3 +93,17 @@ def test_profile_zero_is_refused_and_profiling_after_close_too(capsys):
     with pytest.raises(UsageError, match="closed"):
         with comm.profiling(False):
             pass
+
+
+def test_a_torchrun_restart_meets_fresh_keys_for_a_job_string(monkeypatch):
+    """torchrun --max-restarts: the agent's store outlives the failed attempt, whose backend keys of a job= string
+    stayed; before, the restarted rank found its slot taken ('joined by another process first') and the job failed
+    for good. The keys now carry the attempt (TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT)."""
+    from slicetrace.rendezvous import DictStore
+    job = f"restart-{os.getpid()}"
+    left = {f"st/{attempt}{job}/cpu1/seg/0": b"st_gone 0 host/boot" for attempt in ("", "run.0/")}
+    store = DictStore(dict(left))                   # what attempt 0 (and a tree without attempts) left behind
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "run")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    with slicetrace.init(backend="cpu", rank=0, world_size=1, store=store, job=job) as comm:
+        assert comm.all_reduce(np.ones(4, np.float32)).tolist() == [1.0] * 4

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..config import Settings
+from ..config import Settings, job_attempt
 from ..errors import ConfigError, UsageError
 from ..plan.schedule import OpPlan, P2pPart
 from ..rendezvous import Store
@@ -164,7 +164,12 @@ class Backend(abc.ABC):
     def key_prefix(self) -> str:
         """This communicator's keys in the store: the job's, and the backend's count of communicators of that job
         made in this process (a job made again must not meet its predecessor's keys)."""
-        return getattr(self, "_prefix", f"st/{self.job}")
+        return getattr(self, "_prefix", None) or self.store_prefix("")
+
+    def store_prefix(self, kind: str, gen: int | str = "") -> str:
+        """torchrun's attempt first: a restart meets its agent's store again, where the failed attempt's keys of a
+        job= string stayed (its ranks' slots read as taken)."""
+        return f"st/{job_attempt()}{self.job}" + (f"/{kind}{gen}" if kind else "")
 
     def byte_view(self, buf: Any) -> Any:
         """buf's bytes, as a send/recv group of mixed dtypes moves them (offsets and counts in bytes)."""

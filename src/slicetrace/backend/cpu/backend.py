@@ -64,7 +64,7 @@ class CpuBackend(HostBackend):
         self._pool: ThreadPoolExecutor | None = None
         self._stop = threading.Event()
         gen = self.generation
-        self._prefix = f"st/{job}/cpu{gen}"
+        self._prefix = self.store_prefix("cpu", gen)
         with sigterm_exits():          # our name is in /dev/shm until every rank attached
             self._create(segment_size(nch, world, settings.buffsize, settings.ring_slots), gen)
 

@@ -65,7 +65,7 @@ class CudaBackend(Completion, Backend, KernelArgs):
         self.max_channels = settings.nchannels or (64 if world <= 4 else 32)
         self.n_warps = settings.nthreads // 32
         gen = self.generation
-        self._prefix = f"st/{job}/cuda{gen}"
+        self._prefix = self.store_prefix("cuda", gen)
         self._side = self._copy = self._fetch = self._fork = self._join = self._dog = self.sigs = None
         same_settings(store, self._prefix, rank, world, settings.timeout_s, nchannels=self.max_channels,
                       buffsize=settings.buffsize, p2p_chunksize=settings.p2p_chunk_bytes)
