@@ -401,6 +401,12 @@ def job_attempt(env: Mapping[str, str] | None = None) -> str:
     return "" if run is None and restart is None else f"{run or ''}.{restart or '0'}/"
 
 
+def job_rank(env: Mapping[str, str] | None = None) -> int | None:
+    """torchrun's RANK when it is a plain number, else None (no error: only which process this is)."""
+    v = (os.environ if env is None else env).get("RANK", "")
+    return int(v) if re.fullmatch(r"[0-9]+", v) else None
+
+
 def job_world_size(env: Mapping[str, str] | None = None) -> int | None:
     """torchrun's WORLD_SIZE when it is a plain number, else None (no error: only a hint for init())."""
     v = (os.environ if env is None else env).get("WORLD_SIZE", "")

@@ -21,7 +21,7 @@ import numpy as np
 from .api import Communicator
 from .api_checks import as_index, seconds_or_none
 from .backend.cpu.shm import shm_shortfall
-from .config import Settings, dist_env, job_attempt, job_world_size, quiet_unknown
+from .config import Settings, dist_env, job_attempt, job_rank, job_world_size, quiet_unknown
 from .errors import ConfigError, LaunchError, SliceTraceError, UsageError, ours
 from .launch_signals import (CLOSE_SIGNAL, ORPHAN_GRACE_S, _asked_to_close, _hold_signals, _interrupted,
                              _let_ranks_close, _no_interrupts, _QuietContext, _release_signals, _remove_job_shm,
@@ -29,8 +29,9 @@ from .launch_signals import (CLOSE_SIGNAL, ORPHAN_GRACE_S, _asked_to_close, _hol
 from .rendezvous import DictStore, Store, TorchStore
 
 
-# (world_size, rank) -> a count of this process's init() calls that take a job id from a store (ranks as threads
-# of one process count apart)
+# (world_size, who) -> a count of this process's init() calls that take a job id from a store; who: the process's
+# own rank (launch's, torchrun's RANK), so a communicator that reorders the ranks counts alike on all; else the
+# rank given (ranks as threads of one process count apart)
 _JOB_CALLS: defaultdict = defaultdict(itertools.count)
 _LAUNCH: tuple[int, int, Store] | None = None     # in a rank process of launch(): (rank, world, store)
 
@@ -102,7 +103,8 @@ def init(backend: str | None = None, rank: int | None = None, world_size: int | 
                              f"without one, groups of ranks making communicators of one size could join each other")
         # a key per call: the store outlives a communicator (torchrun's agent, torch's default store), so a fixed
         # key could hand a later call the previous communicator's id; every rank counts its calls alike
-        key = f"slicetrace/job/{job_attempt()}{world_size}/{next(_JOB_CALLS[world_size, rank])}"
+        who = _LAUNCH[0] if _LAUNCH is not None else job_rank()
+        key = f"slicetrace/job/{job_attempt()}{world_size}/{next(_JOB_CALLS[world_size, rank if who is None else who])}"
         twice = UsageError(f"init(): two communicators of world_size={world_size} met at the job id key {key!r} "
                            f"(groups of ranks making communicators over one store: sub-communicators); pass job=, "
                            f"a string the members of one communicator share and no other uses (NCCL's unique id)")

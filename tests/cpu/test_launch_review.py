@@ -107,3 +107,20 @@ def test_a_torchrun_restart_meets_fresh_keys_for_a_job_string(monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     with slicetrace.init(backend="cpu", rank=0, world_size=1, store=store, job=job) as comm:
         assert comm.all_reduce(np.ones(4, np.float32)).tolist() == [1.0] * 4
+
+
+def reordered(comm) -> list:
+    """Two more communicators over every rank, without job= (as torchrun's ranks would make them): the first in
+    the ranks' order, the second in another order while the first is open."""
+    w = comm.world_size
+    with slicetrace.init() as c1, slicetrace.init(rank=(c1.rank + 1) % w, world_size=w) as c2:
+        x = np.full(4, float(c2.rank), np.float32)
+        return [c2.rank, c2.all_reduce(x).tolist(), c2.broadcast(x, root=0).tolist()]
+
+
+def test_a_communicator_that_reorders_the_ranks_needs_no_job_string():
+    """Before: each process counted its init() calls by the new rank, so the reordered communicator's ranks read
+    different counts and met the first communicator's job key ('two communicators ... met at the job id key' on
+    one rank, 'joined by another process first' on the other)."""
+    res = slicetrace.launch(reordered, 3, timeout_s=LONG, join_timeout_s=120)
+    assert res == [[1, [3.0] * 4, [0.0] * 4], [2, [3.0] * 4, [0.0] * 4], [0, [3.0] * 4, [0.0] * 4]]
