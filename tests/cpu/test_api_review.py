@@ -229,6 +229,18 @@ def test_sigterm_to_a_profiled_program_still_finishes_its_trace(tmp_path):
     subprocess.run([sys.executable, "-c", back], check=True, timeout=60, cwd=str(ROOT))
 
 
+def test_a_profiled_communicator_made_off_the_main_thread_warns_once_that_sigterm_loses_its_trace():
+    """There no handler can be set: SIGTERM kills the process before the trace is finished; before, silently."""
+    code = ("import threading, slicetrace\n"
+            "def f():\n"
+            "    for _ in range(2):\n"
+            "        slicetrace.init(backend='null', profiler_plugin='example').close()\n"
+            "t = threading.Thread(target=f)\nt.start()\nt.join()\n")
+    p = subprocess.run([sys.executable, "-c", code], timeout=60, cwd=str(ROOT), capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert p.stderr.count("was made outside the main thread, where SIGTERM") == 1, p.stderr
+
+
 def test_all_to_all_keeps_to_the_group_rules_too(comm):
     """all_to_all skipped the checks send/recv got: inside another communicator's group it ran at once, and from
     another thread it joined an open group and returned before its output was filled."""

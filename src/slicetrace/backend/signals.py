@@ -2,6 +2,7 @@
 it hands records to the plugins (an interrupt there left a plugin's event half-made, or its trace unended)."""
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 import time
@@ -102,6 +103,7 @@ def _restore(swapped: dict[int, Any], record: Any) -> BaseException | None:
 
 
 _TERM_OWNERS: set = set()     # profiled communicators, while SIGTERM raises SystemExit for them
+_WARNED: list = []
 
 
 def _term_exits(signum: int, frame: Any) -> None:
@@ -115,6 +117,12 @@ def term_exits(owner: object, on: bool) -> None:
     the program set is left alone; the default comes back with the last owner (from the main thread only)."""
     (_TERM_OWNERS.add if on else _TERM_OWNERS.discard)(owner)
     if threading.current_thread() is not threading.main_thread():
+        if on and not _WARNED and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            _WARNED.append(True)        # once a process: handlers are set from the main thread only
+            logging.getLogger("slicetrace").warning(
+                "slicetrace: a communicator with profiler plugins was made outside the main thread, where SIGTERM "
+                "(torchrun, Slurm) cannot be turned into an exit that finishes its trace: set a SIGTERM handler "
+                "in the main thread, e.g. signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))")
         return
     cur = signal.getsignal(signal.SIGTERM)
     if _TERM_OWNERS and cur is signal.SIG_DFL:
