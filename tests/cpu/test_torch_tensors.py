@@ -68,6 +68,9 @@ def test_torch_tensors_the_cpu_backend_cannot_use_are_refused():
                          (torch.ones(2, dtype=torch.complex64), r"x dtype complex64 is not one of"),
                          (torch.ones(2).to_sparse(), r"x is a torch tensor of layout torch.sparse_coo; pass "
                                                      r"x.to_dense\(\)"),
+                         (torch._neg_view(torch.ones(2)), r"x is a torch view with its neg bit set \(its memory "
+                                                          r"holds the values before that operation\); pass "
+                                                          r"x.resolve_neg\(\)"),   # read un-negated before
                          (torch.Size([4]), r"x must be a numpy.ndarray, a torch CPU tensor or a host array with "
                                            r"__dlpack__ for backend='null', got torch.Size")):
             with pytest.raises(slicetrace.UsageError, match=msg):

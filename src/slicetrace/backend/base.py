@@ -292,6 +292,16 @@ def _is_torch(x: Any) -> bool:
     return torch is not None and isinstance(x, getattr(torch, "Tensor", ()))
 
 
+def refuse_lazy_torch_bits(x: Any, what: str) -> None:
+    """A torch view with its negative (or conjugate) bit set keeps the values un-negated in memory, which a
+    collective would read: the result was silently wrong (torch._neg_view, x.conj() of a complex result)."""
+    for bit, fix in (("is_neg", "resolve_neg"), ("is_conj", "resolve_conj")):
+        test = getattr(x, bit, None)
+        if test is not None and test():
+            raise UsageError(f"{what} is a torch view with its {bit[3:]} bit set (its memory holds the values "
+                             f"before that operation); pass {what}.{fix}()")
+
+
 def host_array(x: Any, what: str, backend: str) -> np.ndarray:
     """A torch CPU tensor, or any array with __dlpack__ in host memory, as a numpy view of its memory (results
     written into the view land in x). torch bfloat16 goes through its bits (numpy has no bfloat16 of its own)."""
@@ -305,6 +315,7 @@ def host_array(x: Any, what: str, backend: str) -> np.ndarray:
                              f"numpy arrays (backend='cuda' takes CUDA tensors)")
         if x.layout != torch.strided:
             raise UsageError(f"{what} is a torch tensor of layout {x.layout}; pass {what}.to_dense()")
+        refuse_lazy_torch_bits(x, what)
         name = str(x.dtype).replace("torch.", "")
         if name not in DTYPES:
             raise UsageError(f"{what} dtype {name} is not one of {DTYPES}")

@@ -8,7 +8,7 @@ import ctypes
 import sys
 from typing import Any
 
-from ...backend.base import DTYPES, dtype_name
+from ...backend.base import DTYPES, dtype_name, refuse_lazy_torch_bits
 from ...errors import UsageError
 from .layout import ITEMSIZE
 
@@ -119,6 +119,7 @@ def _torch_buffer(x: Any, what: str, device: int) -> tuple[Any, str, int]:
         raise UsageError(f"{what} is on cuda:{x.device.index}, this rank uses cuda:{device}")
     if not x.is_contiguous():
         raise UsageError(f"{what} is not contiguous; pass x.contiguous()")
+    refuse_lazy_torch_bits(x, what)
     name = str(x.dtype).replace("torch.", "")
     if name not in DTYPES:
         raise UsageError(f"{what} has dtype {name}; accepted: {DTYPES}")
