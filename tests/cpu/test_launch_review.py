@@ -124,3 +124,20 @@ def test_a_communicator_that_reorders_the_ranks_needs_no_job_string():
     one rank, 'joined by another process first' on the other)."""
     res = slicetrace.launch(reordered, 3, timeout_s=LONG, join_timeout_s=120)
     assert res == [[1, [3.0] * 4, [0.0] * 4], [2, [3.0] * 4, [0.0] * 4], [0, [3.0] * 4, [0.0] * 4]]
+
+
+def after_a_mismatch(comm) -> list:
+    said = []
+    for n in (4 + 4 * comm.rank, 4):                # the first differs across ranks, the second does not
+        try:
+            comm.all_reduce(np.ones(n, np.float32))
+        except slicetrace.errors.MismatchError as e:
+            said.append(str(e))
+    return said
+
+
+def test_an_op_after_an_abort_says_the_abort_came_earlier():
+    """Before: every later op raised the first op's MismatchError word for word, as if it mismatched too."""
+    for first, later in slicetrace.launch(after_a_mismatch, 2, timeout_s=LONG, join_timeout_s=120):
+        assert "differs across ranks" in first and "aborted earlier" not in first
+        assert later.startswith("rank ") and ": communicator aborted earlier: " in later and first in later

@@ -214,8 +214,7 @@ class CpuBackend(HostBackend):
         if self._closed:
             raise BackendError(f"rank {self.rank}: the cpu backend is closed; create a new communicator")
         if self.guard.aborted():
-            self._told = True
-            raise self.guard.abort_error()
+            raise self._aborted()
         if work.plan.nranks != self.world or work.plan.rank != self.rank:
             raise UsageError(f"plan for rank {work.plan.rank} of {work.plan.nranks} given to rank {self.rank} of "
                              f"{self.world}")
@@ -248,10 +247,14 @@ class CpuBackend(HostBackend):
         for w in self.writers:
             w.publish()
 
+    def _aborted(self) -> Exception:
+        """The abort's error; said again to a caller that heard it (a later op), it says it came earlier."""
+        err, told, self._told = self.guard.abort_error(), self._told, True
+        return type(err)(f"rank {self.rank}: communicator aborted earlier: {err}") if told else err
+
     def wait(self, token: Any, timeout_s: float) -> None:
         if self.guard.aborted():
-            self._told = True
-            raise self.guard.abort_error()
+            raise self._aborted()
 
     def _pending_messages(self) -> list[str]:
         """The caller's messages whose headers a peer posted to this rank past the last one it received (shm.H_MSG
