@@ -1,8 +1,8 @@
-"""Ctrl-C on a CUDA bench with a trace: the bench runs cycles (-N 0) until its first row, then its process group
-gets SIGINT; prints the exit code, whether stderr has a traceback, and per trace file whether it ends whole and
-its KernelSteps.
+"""Ctrl-C (or SIGTERM) on a CUDA bench with a trace: the bench runs cycles (-N 0) until its first row, then its
+process group gets the signal; prints the exit code, whether stderr has a traceback, and per trace file whether it
+ends whole and its KernelSteps.
 
-    PYTHONPATH=src python3 scripts/gpu_ctrlc_check.py OUT_DIR [RANKS [BACKEND]]
+    PYTHONPATH=src python3 scripts/gpu_ctrlc_check.py OUT_DIR [RANKS [BACKEND [SIGNAL]]]     (SIGNAL: INT, TERM)
 """
 import glob
 import json
@@ -16,6 +16,7 @@ from slicetrace.analyze.trace import kernel_steps, load_traces
 
 out, ranks = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "1"
 backend = sys.argv[3] if len(sys.argv) > 3 else "cuda"
+sig = getattr(signal, "SIG" + (sys.argv[4] if len(sys.argv) > 4 else "INT"))
 t0 = time.monotonic()
 p = subprocess.Popen([sys.executable, "-m", "slicetrace.cli.main", "bench", "--backend", backend, "--ranks", ranks,
                       "-b", "16M", "-e", "16M", "-n", "20", "-w", "2", "-N", "0", "--trace", out],
@@ -25,7 +26,7 @@ for line in p.stdout:
     if line.strip().startswith(b"16777216"):
         first = time.monotonic() - t0
         break
-os.killpg(p.pid, signal.SIGINT)
+os.killpg(p.pid, sig)
 t1 = time.monotonic()
 try:
     rc = p.wait(timeout=60)
