@@ -277,3 +277,19 @@ def test_other_ends_of_the_array_are_read_whole_and_bad_ones_refused_as_before(t
     else:
         with pytest.raises(TraceFormatError, match="cannot be read as JSON"):
             read_records(str(path))
+
+
+def test_a_cut_file_is_said_once_when_a_later_file_is_refused(run, tmp_path, caplog, capsys):
+    """Reading one file at a time, then the run again whole to word a refusal, said rank 0's cut twice."""
+    folder, path = _copy(run, tmp_path)
+    path.write_text("\n".join(path.read_text().split("\n")[:-4]))        # its last records and "]" lost
+    bad = folder / "tr_99_1.json"
+    recs = json.loads(bad.read_text())
+    next(r for r in recs if r and step(r))["args"]["Channel"] = 99
+    bad.write_text(json.dumps(recs))
+    for argv in (["report", str(folder)], ["convert", str(folder), "-o", str(tmp_path / "x.pftrace")]):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="slicetrace"):
+            assert main(argv) == 2
+        assert "'args.Channel' is 99" in capsys.readouterr().err
+        assert [r.getMessage().count("was cut short") for r in caplog.records] == [1], (argv, caplog.text)

@@ -1,23 +1,26 @@
 """One run's trace files read one at a time, through load_files' checks: a caller that keeps far less of a file
-than its records (convert) then holds one file's records at a time, not the whole run's."""
+than its records (convert, report) then holds one file's records at a time, not the whole run's."""
 from __future__ import annotations
 
+import logging
 import os
-from typing import Callable, Iterable, TypeVar
+from contextlib import contextmanager
+from typing import Callable, Iterable, Iterator, TypeVar
 
 from .records import read_records, record_problem
 from .trace import comm_of, load_files, run_ranks, trace_files
 from ..errors import TraceFormatError
 
 T = TypeVar("T")
+log = logging.getLogger("slicetrace")
 
 
 def load_each(paths: str | os.PathLike | Iterable[str | os.PathLike], command: str,
-              take: Callable[[str, list[dict]], T]) -> list[T]:
-    """[take(file, records)] for each file of load_files(paths, command), each file's records dropped once taken.
-    take sees records that passed record_problem but not yet the checks that need every file (communicators, rank
-    bounds, one file per rank): if any of those fails, load_files reads the run again and raises its own error,
-    so what is refused, and the message, are load_files'."""
+              take: Callable[[str, list[dict]], T], skip_empty: bool = False) -> list[T]:
+    """[take(file, records)] for each file of load_files(paths, command, skip_empty), each file's records dropped
+    once taken. take sees records that passed record_problem but not yet the checks that need every file
+    (communicators, rank bounds, one file per rank): if any of those fails, load_files reads the run again and
+    raises its own error, so what is refused, and the message, are load_files'."""
     unique: dict[str, str] = {}
     for p in trace_files(paths):
         unique.setdefault(os.path.realpath(p), p)
@@ -25,13 +28,21 @@ def load_each(paths: str | os.PathLike | Iterable[str | os.PathLike], command: s
     brief: list[tuple[str, list[dict]]] = []        # what run_ranks reads: the first pid, slicetrace_comm
     comms, pids = set(), []
     lo, hi = 0, 0
+    said = _Drop(0)                 # counts the reads' warnings: load_files' second read says them again
+
+    def whole() -> list[T]:
+        return _whole(paths, command, take, skip_empty, said.seen)
     for f in unique.values():
-        recs = read_records(f)
+        with _filtered(said):
+            recs = read_records(f, empty_ok=skip_empty)
+            if not recs and skip_empty:
+                log.warning("slicetrace: %r holds no records: left out", f)     # as load_files says it
+                continue
         if not recs or any(map(record_problem, recs)):
-            return _whole(paths, command, take)
+            return whole()
         first = next((r for r in recs if "pid" in r), None)
         if first is None:
-            return _whole(paths, command, take)
+            return whole()
         pids.append(first["pid"])
         comms.add(comm_of(f, recs))
         brief.append((f, [r for r in recs if r is first or r.get("name") == "slicetrace_comm"]))
@@ -43,9 +54,9 @@ def load_each(paths: str | os.PathLike | Iterable[str | os.PathLike], command: s
     try:
         ranks = run_ranks(brief) if len(comms) == 1 else None
     except TraceFormatError:
-        return _whole(paths, command, take)
+        return whole()
     if len(comms) != 1 or len(set(pids)) != len(pids) or (ranks is not None and not (0 <= lo and hi < ranks.n)):
-        return _whole(paths, command, take)
+        return whole()
     return kept
 
 
@@ -56,6 +67,29 @@ def _rank_values(recs: list[dict]) -> set[int]:
     return {v for v in got if type(v) is int}
 
 
-def _whole(paths, command: str, take: Callable[[str, list[dict]], T]) -> list[T]:
-    """The slow path: load_files raises what it refuses (a run it accepts is taken as it is)."""
-    return [take(f, recs) for f, recs in load_files(paths, command)]
+def _whole(paths, command: str, take: Callable[[str, list[dict]], T], skip_empty: bool, said: int) -> list[T]:
+    """The slow path: load_files raises what it refuses (a run it accepts is taken as it is). Its first `said`
+    warnings were said by load_each's reads of the same files already."""
+    with _filtered(_Drop(said)):
+        loaded = load_files(paths, command, skip_empty)
+    return [take(f, recs) for f, recs in loaded]
+
+
+class _Drop(logging.Filter):
+    """Drops the first `drop` records (None: all) and counts those it sees."""
+    def __init__(self, drop: int | None) -> None:
+        super().__init__()
+        self.drop, self.seen = drop, 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.seen += 1
+        return self.drop is not None and self.seen > self.drop
+
+
+@contextmanager
+def _filtered(f: logging.Filter) -> Iterator[None]:
+    log.addFilter(f)
+    try:
+        yield
+    finally:
+        log.removeFilter(f)
