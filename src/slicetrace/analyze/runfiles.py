@@ -60,6 +60,14 @@ def load_each(paths: str | os.PathLike | Iterable[str | os.PathLike], command: s
     return kept
 
 
+def load_again(paths: str | os.PathLike | Iterable[str | os.PathLike], command: str,
+               skip_empty: bool = False) -> list[tuple[str, list[dict]]]:
+    """load_files of a run that load_each has read and accepted: for a caller that needs every record at once
+    after all (rare inputs), without saying the reads' warnings twice."""
+    with _filtered(_Drop(None)):
+        return load_files(paths, command, skip_empty)
+
+
 def _rank_values(recs: list[dict]) -> set[int]:
     """The distinct values rank_problem bounds: int pids, args.Rank and args.Peer."""
     args = [a for a in (r.get("args") for r in recs) if type(a) is dict]

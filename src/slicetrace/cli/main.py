@@ -210,9 +210,9 @@ def run_config(a: argparse.Namespace) -> int:
 
 def run_report(a: argparse.Namespace) -> int:
     from ..analyze.report import build, render
+    from ..analyze.runtables import run_tables
     from ..analyze.steps_csv import write_steps_csv
-    from ..analyze.trace import (absent, coll_spans, counters, kernel_chs, kernel_steps, load_files, op_starts,
-                                 run_ranks, trace_files)
+    from ..analyze.trace import absent, trace_files
     if a.top < 0:
         raise UsageError(f"--top {a.top} must be >= 0")
     outs = [(flag, path) for flag, path in (("--json", a.json), ("--csv", a.csv)) if path is not None]
@@ -222,10 +222,8 @@ def run_report(a: argparse.Namespace) -> int:
     if len(outs) == 2 and (a.json == a.csv or _same_file(a.json, a.csv)):
         raise UsageError(f"--json {a.json!r} and --csv {a.csv!r} are one file: the CSV would replace the JSON; "
                          f"give each its own file")
-    loaded = load_files(a.traces, skip_empty=a.partial)
-    recs = [r for _, rs in loaded for r in rs]
-    ranks = run_ranks(loaded)
-    present = sorted({r["pid"] for r in recs if type(r.get("pid")) is int})    # below ranks.n: load_files checked
+    run = run_tables(a.traces, skip_empty=a.partial)      # one file's records at a time
+    ranks, present = run.ranks, run.present     # below ranks.n: load_files' checks
     missing, listed = absent(ranks, set(present)) if ranks else (0, "")
     if missing and not a.partial:   # stragglers, waits and links would be judged among the others, silently
         raise SliceTraceError(f"{' '.join(a.traces)}: the run had {ranks.n} ranks ({ranks.source}) and the files "
@@ -234,33 +232,30 @@ def run_report(a: argparse.Namespace) -> int:
     if missing:
         print(f"# --partial: rank(s) {listed} of {ranks.n} absent; stragglers, waits and links are among the "
               f"ranks present only")
-    evented = {r["pid"] for r in recs if r.get("ph") in ("b", "X") and type(r.get("pid")) is int}
-    bare = [r for r in present if r not in evented]
-    if bare and evented:            # present by their header only: the tables would just lack them
+    bare = [r for r in present if r not in run.evented]
+    if bare and run.evented:            # present by their header only: the tables would just lack them
         print(f"# rank(s) {', '.join(map(str, bare))}: the file holds no events (cut short before its first "
               f"write?); the tables and verdicts have nothing of it")
-    ks, chs = kernel_steps(recs), kernel_chs(recs)
-    if not len(ks) and not len(chs) and any(r.get("name") == "slicetrace_comm" and (r.get("args") or {}).get(
-            "nRanks") == 1 for r in recs):      # (load_run checked that args, where present, are an object)
+    ks, chs = run.steps()
+    if not len(ks) and not len(chs) and run.one_rank:
         raise SliceTraceError(f"{' '.join(a.traces)}: a 1-rank run moves no data between ranks, so it has no slices "
                               f"to analyse; run 2 or more ranks (--ranks 2; on one GPU they share it)")
-    counts = counters(recs)
+    counts = run.counters()
     if not len(ks) and not len(chs):
         left = [f"{n:,} {k} ({var})" for k, var in (("ops_below_min_bytes", "SLICETRACE_PROFILE_MIN_BYTES"),
                                                     ("ops_sampled_out", "SLICETRACE_PROFILE_OP_SAMPLE_RATE"))
                 if (n := sum(c[k] for c in counts.values() if type(c.get(k)) is int))]
-        ops = sum(r.get("ph") == "b" and r.get("cat") in ("COLL", "P2P") for r in recs)
         if left:                # left unprofiled on purpose: the mask may be right
-            raise SliceTraceError(f"{' '.join(a.traces)}: no KernelStep or KernelCh events to analyse ({len(recs)} "
-                                  f"events in all): the settings left ops unprofiled, {', '.join(left)}; record "
-                                  f"with SLICETRACE_PROFILE_MIN_BYTES below the ops' sizes (default 0) and "
-                                  f"SLICETRACE_PROFILE_OP_SAMPLE_RATE=1 (every op)" + (
-                                      f"; the {ops} op(s) profiled have none either: put KernelStep and KernelCh in "
-                                      f"the mask (SLICETRACE_PROFILE_EVENT_MASK=65606)" if ops else ""))
-        raise SliceTraceError(f"{' '.join(a.traces)}: no KernelStep or KernelCh events to analyse ({len(recs)} "
-                              f"events in all); record with both in the mask, e.g. `slicetrace bench --trace DIR` "
-                              f"or SLICETRACE_PROFILE_EVENT_MASK=65606")
-    rep = build(ks, counts, top=a.top, chs=chs, ranks=present, starts=op_starts(recs), spans=coll_spans(recs))
+            raise SliceTraceError(f"{' '.join(a.traces)}: no KernelStep or KernelCh events to analyse "
+                                  f"({run.records} events in all): the settings left ops unprofiled, "
+                                  f"{', '.join(left)}; record with SLICETRACE_PROFILE_MIN_BYTES below the ops' sizes "
+                                  f"(default 0) and SLICETRACE_PROFILE_OP_SAMPLE_RATE=1 (every op)" + (
+                                      f"; the {run.ops} op(s) profiled have none either: put KernelStep and KernelCh "
+                                      f"in the mask (SLICETRACE_PROFILE_EVENT_MASK=65606)" if run.ops else ""))
+        raise SliceTraceError(f"{' '.join(a.traces)}: no KernelStep or KernelCh events to analyse "
+                              f"({run.records} events in all); record with both in the mask, e.g. `slicetrace bench "
+                              f"--trace DIR` or SLICETRACE_PROFILE_EVENT_MASK=65606")
+    rep = build(ks, counts, top=a.top, chs=chs, ranks=present, starts=run.starts(), spans=run.spans())
     if a.json is not None:      # the files first: a reader that stops early (`| head`) does not lose them
         write_json("--json", a.json, rep.to_dict())
     if a.csv is not None:
