@@ -9,6 +9,7 @@ from .atomic import atomic_open
 from .trace import KERNEL_STEP_TABLE
 
 STEPS_CSV_COLUMNS = KERNEL_STEP_TABLE.names + ("wait_us", "transfer_us", "gbps")
+_ROWS = 1 << 15
 
 
 def write_steps_csv(ks: np.ndarray, path: str | os.PathLike) -> int:
@@ -19,8 +20,9 @@ def write_steps_csv(ks: np.ndarray, path: str | os.PathLike) -> int:
     xfer_ns = ks["done_ns"] - ks["ready_ns"]
     gbps = np.divide(ks["size"], xfer_ns, out=np.zeros(len(ks)), where=xfer_ns > 0)
     cols = [ks[n] for n in KERNEL_STEP_TABLE.names] + [wait_us, xfer_ns / 1e3, gbps]
+    line = ",".join("%.3f" if c.dtype.kind == "f" else "%d" for c in cols) + "\n"      # as f"{v:.3f}", str(v)
     with atomic_open(path, "w", encoding="utf-8", newline="") as f:
         f.write(",".join(STEPS_CSV_COLUMNS) + "\n")
-        for row in zip(*(c.tolist() for c in cols)):
-            f.write(",".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in row) + "\n")
+        for i in range(0, len(ks), _ROWS):      # a block's rows as Python values at a time, not every row's
+            f.write("".join(line % row for row in zip(*(c[i:i + _ROWS].tolist() for c in cols))))
     return len(ks)
