@@ -293,3 +293,13 @@ def test_a_cut_file_is_said_once_when_a_later_file_is_refused(run, tmp_path, cap
             assert main(argv) == 2
         assert "'args.Channel' is 99" in capsys.readouterr().err
         assert [r.getMessage().count("was cut short") for r in caplog.records] == [1], (argv, caplog.text)
+
+
+def test_a_record_whose_args_are_null_reads_as_no_args():
+    """record_problem takes "args": null as no args; counters (and the other readers) then raised a TypeError."""
+    from slicetrace.analyze.records import record_problem
+    from slicetrace.analyze.trace import coll_spans, counters
+    recs = [{"name": "slicetrace_counters", "ph": "M", "pid": 0, "tid": 0, "args": None},
+            {"name": "thread_name", "ph": "M", "pid": 0, "tid": 1, "args": None}]
+    assert [record_problem(r) for r in recs] == [None, None]
+    assert counters(recs) == {0: {}} and coll_spans(recs) == []

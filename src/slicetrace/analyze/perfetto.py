@@ -56,7 +56,7 @@ class _File:
         self.path, self.records = path, len(recs)
         self.comm = comm_of(path, recs)
         self.rank = rank = next((int(r["pid"]) for r in recs if "pid" in r), 0)
-        names = {r.get("tid"): r.get("args", {}).get("name", "") for r in recs
+        names = {r.get("tid"): (r.get("args") or {}).get("name", "") for r in recs
                  if r.get("ph") == "M" and r.get("name") == "thread_name"}
         # ring and point-to-point connections count their FIFO steps apart: a flow key needs the parent's kind
         parent_cat = {r.get("id"): r.get("cat") for r in recs if r.get("ph") == "b" and r.get("cat") in

@@ -215,7 +215,7 @@ def load_traces(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[
 
 def counters(records: list[dict]) -> dict[int, dict[str, int]]:
     """The "slicetrace_counters" metadata of each rank (pid)."""
-    return {r.get("pid", 0): dict(r.get("args", {})) for r in records if r.get("name") == "slicetrace_counters"}
+    return {r.get("pid", 0): dict(r.get("args") or {}) for r in records if r.get("name") == "slicetrace_counters"}
 
 
 def _end_us(r: dict) -> float:
@@ -273,7 +273,7 @@ def check_trace(path_or_records: str | os.PathLike | list[dict]) -> list[str]:
     ops: dict[tuple, tuple[float, float]] = {}              # (pid, op id) -> interval
     chans: dict[tuple, list[tuple[float, float]]] = {}      # (pid, op id, channel) -> KernelCh intervals
     for (pid, cat, eid), (b, e_ts) in pairs.items():
-        args = b.get("args", {})
+        args = b.get("args") or {}
         for (c, name), need in REQUIRED_ARGS.items():
             if cat == c and (name is None or b.get("name") == name):
                 missing = [a for a in need if a not in args]
@@ -291,7 +291,7 @@ def check_trace(path_or_records: str | os.PathLike | list[dict]) -> list[str]:
     for r in records:
         if r.get("name") != "KernelStep" or r.get("ph") != "X":
             continue
-        args = r.get("args", {})
+        args = r.get("args") or {}
         missing = [a for a in STEP_ARGS if a not in args]
         if missing:
             problems.append(f"KernelStep at ts {r['ts']} lacks args {missing}")
@@ -365,10 +365,10 @@ def coll_spans(records: list[dict]) -> list[tuple[int, str, int, int, int]]:
     (a Count of 0 runs no channel program)."""
     ends = {(r.get("pid"), r.get("id")): round(float(r["ts"]) * 1000) for r in records
             if r.get("ph") == "e" and r.get("cat") == "COLL" and isinstance(r.get("ts"), (int, float))}
-    return [(int(r.get("pid") or 0), str(r.get("name", "")), int(r.get("args", {}).get("SeqNum", -1)),
+    return [(int(r.get("pid") or 0), str(r.get("name", "")), int((r.get("args") or {}).get("SeqNum", -1)),
              round(float(r["ts"]) * 1000), ends.get((r.get("pid"), r.get("id")), -1)) for r in records
             if r.get("ph") == "b" and r.get("cat") == "COLL" and isinstance(r.get("ts"), (int, float))
-            and r.get("args", {}).get("Count") != 0]
+            and (r.get("args") or {}).get("Count") != 0]
 
 
 def _table(rows: list[tuple], dtype: np.dtype, what: str) -> np.ndarray:
@@ -384,13 +384,13 @@ def kernel_chs(records: list[dict]) -> np.ndarray:
     timeline, with its Coll's function and SeqNum (which match across ranks). KernelCh of p2p ops are left out."""
     problems: list[str] = []
     pairs = _pairs(records, problems)
-    colls = {(pid, eid): (b.get("name", ""), b.get("args", {}).get("SeqNum", -1))
+    colls = {(pid, eid): (b.get("name", ""), (b.get("args") or {}).get("SeqNum", -1))
              for (pid, cat, eid), (b, _) in pairs.items() if cat == "COLL"}
     rows = []
     for (pid, cat, _), (b, e_ts) in pairs.items():
         if cat != "GPU" or b.get("name") != "KernelCh":
             continue
-        a = b.get("args", {})
+        a = b.get("args") or {}
         parent = colls.get((pid, a.get("ParentId")))
         if parent is None or parent[1] < 0:
             continue
