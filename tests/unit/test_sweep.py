@@ -179,3 +179,19 @@ def test_avg_atol_is_2_n_u_max_for_floating_avg_and_0_otherwise():
     assert avg_atol(xs, "sum", np.float32) == 0.0
     assert avg_atol([x.astype(np.int32) for x in xs], "avg", np.int32) == 0.0      # SumPostDiv: exact
     assert avg_atol([np.zeros(0, np.float32)] * 2, "avg", np.float32) == 0.0
+
+
+def test_integer_inputs_reach_the_types_limits_and_the_reference_stays_exact():
+    """The bench drew integers from -8..8 (prod: 1, -1, 2): no sum or product ever wrapped, so a backend that got
+    wrapping wrong still showed #wrong 0. With values near the limits, int64 min/max and the data-movement ops'
+    references went through float64, which rounds past 2**53, and flagged right results as wrong."""
+    xs = [make_input(1, r, 70, np.int64, "max") for r in range(3)]
+    assert max(int(abs(v)) for x in xs for v in x) > 2 ** 62          # near the limits
+    for op, redop, want in (("all_reduce", "max", np.maximum.reduce(xs)), ("all_reduce", "min", np.minimum.reduce(xs)),
+                            ("broadcast", "sum", xs[0]), ("all_gather", "sum", np.concatenate(xs))):
+        ref = reference(op, xs, 1, 0, redop)
+        assert wrong(want, ref, np.int64) == 0, op
+    s8 = [make_input(1, r, 70, np.int8, "sum") for r in range(4)]
+    total = np.sum([x.astype(np.int64) for x in s8], 0)
+    assert (np.abs(total) > 127).any()                                 # some int8 sums wrap
+    assert wrong(np.sum(s8, 0, dtype=np.int8), reference("all_reduce", s8, 0, 0, "sum"), np.int8) == 0

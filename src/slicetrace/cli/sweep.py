@@ -149,20 +149,32 @@ def busbw_factor(op: str, n: int) -> float:
 
 def make_input(seed: int, rank: int, count: int, dtype, redop: str) -> np.ndarray:
     rng = np.random.default_rng([seed, rank, count])
+    dt = np.dtype(dtype)
     if redop == "prod":
         v = rng.choice(np.array([1, -1, 1, 2], dtype=np.int64), size=count)
-    elif np.dtype(dtype).kind == "u":
+    elif dt.kind == "u":
         v = rng.integers(0, 8, size=count)
     else:
         v = rng.integers(-8, 9, size=count)
+    if dt.kind in "iu" and count:   # one value in 7 near the type's limits: sums and products wrap, int64 is exact
+        info = np.iinfo(dt)
+        edge = rng.integers(info.min, info.max, size=count, endpoint=True)
+        v = np.where(np.arange(count) % 7 == 3, np.where(edge % 2 == 0, 3, -3) if redop == "prod" else edge, v)
     return v.astype(dtype)
 
 
+def _exact(x: np.ndarray) -> np.ndarray:
+    """int64 for integer types (float64 rounds int64 past 2**53), else float64."""
+    return x.astype(np.int64 if x.dtype.kind in "iu" else np.float64)
+
+
 def _combine(xs: list[np.ndarray], redop: str) -> np.ndarray:
-    if xs[0].dtype.kind in "iu" and redop in ("sum", "avg", "prod"):
+    if xs[0].dtype.kind in "iu":
         # in int64, which wraps mod 2**64 and so mod every narrower width (float64 lost it past 2**53: 255**4
         # cast to uint8 gave 0, not 1); avg: the sum wrapped in the type, then divided toward zero, as NCCL does
         acc = np.stack([x.astype(np.int64) for x in xs])
+        if redop in ("min", "max"):
+            return (acc.min if redop == "min" else acc.max)(0)
         with np.errstate(over="ignore"):
             r = acc.prod(0) if redop == "prod" else acc.sum(0)
         if redop == "avg":
@@ -179,7 +191,7 @@ def _combine(xs: list[np.ndarray], redop: str) -> np.ndarray:
 
 
 def reference(op: str, inputs: list[np.ndarray], rank: int, root: int, redop: str) -> np.ndarray | None:
-    """Expected output of `rank` (float64; int64 for integer reductions), or None where the output is unspecified
+    """Expected output of `rank` (float64; int64 for integer types), or None where the output is unspecified
     (reduce, non-root)."""
     n = len(inputs)
     if op == "all_reduce":
@@ -187,18 +199,18 @@ def reference(op: str, inputs: list[np.ndarray], rank: int, root: int, redop: st
     if op == "reduce":
         return _combine(inputs, redop) if rank == root else None
     if op == "broadcast":
-        return inputs[root].astype(np.float64)
+        return _exact(inputs[root])
     if op == "all_gather":
-        return np.concatenate(inputs).astype(np.float64)
+        return _exact(np.concatenate(inputs))
     if op == "reduce_scatter":
         full = _combine(inputs, redop)
         k = len(full) // n
         return full[rank * k:(rank + 1) * k]
     if op == "all_to_all":
         k = len(inputs[0]) // n
-        return np.concatenate([x[rank * k:(rank + 1) * k] for x in inputs]).astype(np.float64)
+        return _exact(np.concatenate([x[rank * k:(rank + 1) * k] for x in inputs]))
     if op == "send_recv":
-        return inputs[(rank - 1) % n].astype(np.float64)
+        return _exact(inputs[(rank - 1) % n])
     raise UsageError(f"--op {op!r} is not one of {OPS}")
 
 
