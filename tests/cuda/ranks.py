@@ -340,3 +340,28 @@ def queued_behind_work_then_abort(ctx: dict, spin_s: float) -> dict:
     except Exception as e:               # noqa: BLE001 - reported to the test
         err, z = f"{type(e).__name__}: {e}", None
     return {"err": err, "z": z, "close": closed}
+
+
+def queued_pair_then_abort(ctx: dict, count: int) -> int:
+    """Two all_reduces queued on this rank alone (the peer runs nothing): the first waits on the peer, the second
+    is queued behind it; abort, let both end, then count the second's values (5.0) in the peer's FIFO of
+    channel 0 (the first sent 3.0, earlier ops 1.0 and 2.0)."""
+    import cupy
+    be = ctx["state"]["be"]
+    plan = plan_collective("all_reduce", ctx["world"], ctx["rank"], count, 4, 0, be.channels_for(count * 4),
+                           be.settings.step_bytes)
+    toks = []
+    for v in (3.0, 5.0):
+        x = cupy.full(count, v, cupy.float32)
+        ctx["state"]["tag"] += 1
+        toks.append(be.submit(Work(ctx["state"]["tag"], plan, "float32", "sum", sendbuf=x,
+                                   recvbuf=cupy.empty_like(x))))
+    time.sleep(0.5)                     # the first spins on the peer, the second waits behind it
+    be.abort("the test aborts")
+    end = time.monotonic() + 20
+    while not toks[1].event.done and time.monotonic() < end:
+        time.sleep(1e-3)
+    peer = 1 - ctx["rank"]
+    h = np.zeros(be.mem.buffsize // 4, np.float32)
+    cupy.cuda.runtime.memcpy(h.ctypes.data, be.mem.peer_base[peer] + be.mem.fifo_off, h.nbytes, 2)
+    return int((h == 5.0).sum())

@@ -142,6 +142,16 @@ def test_ranks_that_run_different_collectives_raise_mismatch_error_on_both(gpu, 
 
 
 @pytest.mark.cuda
+def test_a_kernel_queued_behind_an_aborted_one_moves_nothing(gpu, kcache):
+    """The aborted kernel does not save its step counters, and the one queued behind it started on them: its first
+    send passed on stale credit and wrote its data over the peer's FIFO after the abort (found by a code review).
+    It now reads the abort word at its start."""
+    with healthy_pair(kcache, 30.0, 1 << 20) as pool:
+        n = pool.run(ranks.queued_pair_then_abort, 1 << 20, ranks=[0])[0]
+    assert n == 0, f"{n} values of the op queued behind the abort reached the peer's FIFO"
+
+
+@pytest.mark.cuda
 def test_a_mismatch_the_peer_found_first_is_raised_at_close_not_logged(gpu, kcache):
     """Rank 0's broadcast (root 0) only sends: it ends before rank 1 (root 1, 0.5 s late) says what it runs, and
     with its watchdog stopped rank 0 goes to close first. Rank 1 finds the mismatch and aborts; before, rank 0's

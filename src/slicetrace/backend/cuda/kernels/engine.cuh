@@ -135,6 +135,15 @@ template <typename T, bool STEPS> struct Eng {
   __device__ static u64 round_up(u64 s, int m) { return (s + m - 1) / m * m; }
 
   __device__ void begin(int peer, int flags) {
+    // A kernel queued behind one that aborted would start on the counters that one did not save: its first waits
+    // could pass on stale credit and write over a peer's FIFO. One thread reads this device's abort word (the
+    // aborted kernel set it), all agree; the second barrier frees the slot for slice 0.
+    if (g.tid == 0) gs->ab[0][0] = (int)ld_volatile_u32((const u32*)cm->peer_base[cm->rank]);
+    bar_sync(g.bar_all, g.nthr);
+    aborted = gs->ab[0][0] != 0;
+    bar_sync(g.bar_all, g.nthr);
+    chon = chpend = false;
+    if (aborted) return;
     sstep = c.s_stepp ? round_up(*c.s_stepp, a->chunk_steps) : 0;
     rstep = c.r_stepp ? round_up(*c.r_stepp, a->chunk_steps) : 0;
     // NCCL's PostRecv: return credit for the steps the rounding skipped at once. Without it, two connections
@@ -143,7 +152,6 @@ template <typename T, bool STEPS> struct Eng {
     ch_peer = peer; ch_flags = flags;
     // KernelCh start = seq_base, stop = seq_base + 1 (stamps.layout: reserved together before the slices)
     chon = a->stamp_ch && left >= 2;
-    chpend = false;
     if (chon) {
       chlap = (u64)left > mask + 1;   // the stop would overwrite one of the newest steps; counted overrun anyway
       chq = seq; seq += 2; left -= 2;
@@ -159,6 +167,7 @@ template <typename T, bool STEPS> struct Eng {
       if (c.r_stepp) *c.r_stepp = rstep;
     } else {
       st_volatile_u32((u32*)cm->status_host, 1u);
+      st_volatile_u32((u32*)cm->peer_base[cm->rank], 1u);   // the kernels queued behind it see it at begin
     }
   }
 
