@@ -139,6 +139,11 @@ def bench_settings(a: argparse.Namespace) -> tuple[Settings, dict]:
     if a.trace is not None and s.profile_event_mask == 0:
         raise UsageError(f"--trace {a.trace!r} with event mask 0 (SLICETRACE_PROFILE_EVENT_MASK or --profile) records "
                          f"nothing; leave the mask unset or give the event types to record")
+    k = s.op_sample_rate
+    if a.overhead and k > 1 and a.iters % k:    # else blocks hold different numbers of profiled ops: the median
+        raise UsageError(f"--overhead with SLICETRACE_PROFILE_OP_SAMPLE_RATE={k}: -n {a.iters} is not a multiple of "
+                         f"{k}, so the timed blocks would profile different numbers of ops and the median of their "
+                         f"ratios would mislead; give -n a multiple of {k} (e.g. -n {k * max(1, a.iters // k)})")
     if a.profile == 0:                          # it said "profiling on" and recorded nothing
         raise UsageError("--profile 0 records nothing: give the event types to record (e.g. --profile "
                          "'Coll|KernelCh|KernelStep'), a bare --profile for the default mask, or leave it out")

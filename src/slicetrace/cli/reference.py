@@ -40,7 +40,7 @@ class TorchReference:
     def run(self, op: str, x: Any, out: Any, redop: str, root: int) -> None:
         d, t = self.dist, self.tensor
         if redop == "avg" and self.kind == "gloo":
-            redop = "sum"       # gloo has no AVG; SUM moves the same bytes (only the time is compared)
+            redop = "sum"       # older torch's gloo has no AVG; SUM moves the same bytes (only the time is compared)
         rop = getattr(d.ReduceOp, _REDUCE[redop])
         # torch's all_reduce/broadcast/reduce work in place: run them on `out` as it is (no extra copy, which
         # would cost the reference bandwidth); the values drift, the traffic does not.
