@@ -73,3 +73,34 @@ def test_staged_records_are_reserved_at_once_and_published_only_by_publish():
     assert v.started["seq"][0, :4].tolist() == [0, 1, 2, 3] == v.completed["seq"][0, :4].tolist()
     assert v.started["wait"][0, 2:4].tolist() == [10, 20] and v.completed["done"][0, 2:4].tolist() == [12, 22]
     assert v.started["step"][0, 2:4].tolist() == [1, 2] and v.completed["op"][0, 2:4].tolist() == [5, 5]
+
+
+def test_two_publishers_leave_the_newest_records_in_the_ring(monkeypatch):
+    """An op's error path publishes from the op's thread while a flush_profiler() may publish from another. The
+    first publisher wrote outside the writer's lock: paused there, it laid its older block over the newer one
+    the second had published (64 newer records then read as lost). Publishers now go one at a time."""
+    import threading
+    import numpy as np
+    from slicetrace.backend.cpu import stamper
+    v, _ = pair_of_rings(1)
+    f = FastRingWriter(v, 0)
+    f.stage([1, 2, 3, 5, 0, 7] * 64)                       # seqs 1..64: every slot
+    paused, go, real = threading.Event(), threading.Event(), np.arange
+
+    def slow_arange(*a, **k):                               # the first publisher stops before its writes
+        if threading.current_thread().name == "first" and not go.is_set():
+            paused.set()
+            go.wait(5)
+        return real(*a, **k)
+    monkeypatch.setattr(stamper.np, "arange", slow_arange)
+    t = threading.Thread(target=f.publish, name="first")
+    t.start()
+    assert paused.wait(5)
+    f.stage([4, 5, 6, 5, 1, 7] * 64)                       # seqs 65..128: the same slots
+    second = threading.Thread(target=f.publish, name="second")
+    second.start()
+    second.join(0.5)
+    go.set()
+    t.join(5)
+    second.join(5)
+    assert sorted(v.started["seq"][0].tolist()) == list(range(65, 129)) == sorted(v.completed["seq"][0].tolist())

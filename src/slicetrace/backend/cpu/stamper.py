@@ -35,7 +35,7 @@ def tail(peer: int, kind: int, flags: int) -> int:
 
 
 class FastRingWriter:
-    __slots__ = ("hdr", "ri", "st_rows", "co_rows", "mask", "staged", "first", "lock")
+    __slots__ = ("hdr", "ri", "st_rows", "co_rows", "mask", "staged", "first", "lock", "pub")
 
     def __init__(self, views: RingViews, channel: int):
         self.hdr = memoryview(views.header).cast("B").cast("Q")
@@ -46,6 +46,7 @@ class FastRingWriter:
         self.staged = array("Q")        # [wait, ready, done, op, step, w5] per record, seqs first.. (contiguous)
         self.first = 0
         self.lock = threading.Lock()
+        self.pub = threading.Lock()     # one publisher at a time: an op's error path and a flush in another thread
 
     def stage(self, words: list) -> None:
         """A channel program's records, 6 words each (wait, ready, done, op, step, w5; op and step as the
@@ -67,6 +68,10 @@ class FastRingWriter:
         """Write every staged record into both rings (seq word 0, payload, then the seqs), as the reference
         RingWriter would have, one by one. Only the newest `slots` seqs can be in the ring: older staged ones are
         lapped (the reader counts them as overrun). Returns the records written."""
+        with self.pub:
+            return self._publish()
+
+    def _publish(self) -> int:
         with self.lock:
             words, first = self.staged, self.first
             if not words:
