@@ -172,6 +172,8 @@ class EventHost(Emitter, PollRuns):
             if t.done:
                 c["no_parent"] += n
                 continue
+            if not op.pm_any & _KCH:        # stamped for the op's ends (KernelStep on), taken by no plugin
+                c["masked_out"] += n
             kc = None
             for i, pm in enumerate(op.pmasks):
                 if not pm & _KCH:

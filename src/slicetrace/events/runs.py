@@ -63,6 +63,8 @@ class PollRuns:
                 self._finish(op, t.last_done)
                 self._ops.pop(tag, None)
                 continue
+            if not op.pm_any & _KCH:                # as _channel: stamped, taken by no plugin
+                c["masked_out"] += b - a
             for i, pm in enumerate(op.pmasks):
                 if not pm & _KCH:
                     continue
