@@ -187,7 +187,7 @@ class Session:
             work.stamp_steps = work.stamp_channels = False
             self._last = self.backend.submit(work)
             return self._last
-        self.drain.expect(work.tag)                 # stamps may appear as soon as the work starts
+        self.drain.expect(work.tag, work.stamp_channels)    # stamps may appear as soon as the work starts
         try:
             token = self.backend.submit(work)
         except BaseException:                       # its seqs are final too: later ops must still end

@@ -17,9 +17,9 @@ import numpy as np
 from ..errors import CommTimeoutError
 from .layout import (FLAG_SEND, KIND_CHANNEL, PAIRED_DTYPE, SEQ_PROVISIONAL, RingViews, decode_rows, member,
                      published, take_rows)
-from .pairing import pair_channels
+from .pairing import after_lap, pair_channels
 from .scratch import Scratch
-from .waits import MAX_INTERVAL_S, Backoff, stuck_in
+from .waits import MAX_INTERVAL_S, flush, stuck_in
 
 LOST_LAG = 4096        # an entry this far behind the newest reservation, still incomplete once no op runs, is lost
 _PROV, _LO32, _LO31 = np.uint64(SEQ_PROVISIONAL), np.uint64(0xFFFFFFFF), np.uint64(0x7FFFFFFF)
@@ -34,10 +34,10 @@ class Consumer(Protocol):
 
 
 class _Op:
-    __slots__ = ("tag", "done_fn", "snapshot", "done", "exact")
+    __slots__ = ("tag", "done_fn", "snapshot", "done", "exact", "ch")
 
-    def __init__(self, tag: int):
-        self.tag, self.done_fn, self.snapshot, self.done, self.exact = tag, None, None, False, False
+    def __init__(self, tag: int, ch: bool = False):
+        self.tag, self.done_fn, self.snapshot, self.done, self.exact, self.ch = tag, None, None, False, False, ch
 
 
 class Drain:
@@ -51,6 +51,8 @@ class Drain:
         self.views, self.consumer = views, consumer
         self.nch, self.slots = views.nchannels, views.slots
         self.cursor = np.zeros(self.nch, dtype=np.uint64)       # last consumed seq per channel
+        self._cut = np.zeros(self.nch, dtype=bool)      # cursor moved past lapped entries (pairing.after_lap)
+        self._any_cut = False                           # _cut.any(), without a numpy call per read
         self._fetch, self._sampled = fetch, 0
         self._thread_init = thread_init       # run first in the drain thread (cuda: select this rank's device)
         self._on_error = on_error or (lambda e: None)     # in the drain thread when an error ends it
@@ -73,10 +75,10 @@ class Drain:
         self._scratch = Scratch()
 
     # ---- called by the session (user thread) ----
-    def expect(self, tag: int) -> None:
-        """Before submit: stamps of `tag` may appear from now on."""
+    def expect(self, tag: int, channels: bool = False) -> None:
+        """Before submit: stamps of `tag` may appear from now on; channels: its programs stamp KernelCh records."""
         with self._lock:
-            self._ops[tag & 0xFFFFFFFF] = _Op(tag)
+            self._ops[tag & 0xFFFFFFFF] = _Op(tag, channels)
 
     def op_submitted(self, tag: int, done_fn: Callable[[], bool], snapshot: np.ndarray | None = None) -> None:
         """After submit: done_fn() tells when the op finished; snapshot = header.reserved once every seq of the
@@ -108,19 +110,7 @@ class Drain:
     def flush(self, timeout_s: float) -> bool:
         """Drain until every op submitted before the call has ended (not those another thread submits meanwhile);
         False if that took longer than timeout_s."""
-        deadline, wait = time.monotonic() + timeout_s, Backoff(self.cursor)
-        with self._lock:
-            ops = dict(self._ops)
-
-        def left() -> bool:
-            with self._lock:
-                return any(self._ops.get(k) is op for k, op in ops.items())
-        while ops and left():          # the caller polls too, but waits no longer than the deadline for a poller
-            n = self.poll_once(False, max(0.0, deadline - time.monotonic()))
-            if n is None or (time.monotonic() > deadline and left()):
-                return False
-            wait.sleep(n, deadline)
-        return True
+        return flush(self, timeout_s)
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the thread, then settle everything: what is still incomplete now is lost and counted. Returns
@@ -263,6 +253,7 @@ class Drain:
                 self.consumer.drop("overrun", t0 - c0 - N)
                 c0 = t0 - N
                 self.cursor[c] = c0                  # even if nothing past them is fetched yet (return 0 below)
+                self._cut[c] = self._any_cut = True
             t1 = t0 if cap is None else min(t0, int(cap[c]))
             if t1 <= c0:
                 return 0
@@ -276,6 +267,7 @@ class Drain:
                 self.consumer.drop("overrun", int(lap[lap > 0].sum()))
                 cur = np.maximum(cur, top - N)
                 self.cursor[chs] = cur.astype(np.uint64)     # counted once, even for channels cut below
+                self._cut[chs[lap > 0]] = self._any_cut = True
             cnt = (top if lim is None else np.minimum(top, lim)) - cur
             keep_ch = cnt > 0
             if not keep_ch.all():
@@ -327,9 +319,10 @@ class Drain:
                 pos = np.arange(len(seqs)) - np.repeat(offs, cnt)
                 end = np.minimum(np.minimum.reduceat(np.where(undecided, pos, cnt.max()), offs), cnt)
                 keep = pos < np.repeat(end, cnt)
-            lapped = int((keep & ~intact).sum())
-            if lapped:
-                self.consumer.drop("overrun", lapped)
+            lapped = keep & ~intact                  # a prefix of its channel's rows, like a cursor jump
+            if lapped.any():
+                self.consumer.drop("overrun", int(lapped.sum()))
+                self._cut[chs if chan is None else chan[lapped]] = self._any_cut = True
             unpaired = int((keep & intact & ~ok).sum())
             if unpaired:
                 self.consumer.drop("unpaired", unpaired)
@@ -345,6 +338,14 @@ class Drain:
                 st, co = st[same], co[same]
                 if chan is not None:
                     chan = chan[same]
+        if self._any_cut and len(st) and self._cut[chs].any():     # what is left of programs cut by a lap goes
+            with self._lock:
+                ch_ops = np.array([k for k, o in self._ops.items() if o.ch], np.uint64)
+            left = after_lap(st, int(chs[0]) if chan is None else chan, self._cut, ch_ops, self._open,
+                             self.consumer.drop)
+            self._any_cut = bool(self._cut.any())
+            if left is not None:
+                st, co, chan = st[left], (st[left] if merged else co[left]), (None if chan is None else chan[left])
         self.cursor[chs] = (cur + end).astype(np.uint64)
         if len(st):
             self._deliver(int(chs[0]) if chan is None else chan, st, co)

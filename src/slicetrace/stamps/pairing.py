@@ -1,11 +1,12 @@
-"""KernelCh start/stop pairing for the drain (stamps/drain.py): the two records a channel program leaves become one."""
+"""KernelCh start/stop pairing for the drain (stamps/drain.py): the two records a channel program leaves become
+one; and what is left of a program after a lap."""
 from __future__ import annotations
 
 from typing import Callable
 
 import numpy as np
 
-from .layout import FLAG_CH_STOP, take_rows
+from .layout import FLAG_CH_STOP, KIND_CHANNEL, member, take_rows
 
 
 def pair_channels(out: np.ndarray, is_ch: np.ndarray, open_: dict, drop: Callable[[str, int], None]) -> np.ndarray:
@@ -52,4 +53,43 @@ def pair_channels(out: np.ndarray, is_ch: np.ndarray, open_: dict, drop: Callabl
     out["wait"][rows] = out["ready"][rows] = start[ok]
     keep = ~is_ch
     keep[rows] = True
+    return keep
+
+
+def after_lap(st: np.ndarray, chan, cut: np.ndarray, ch_ops: np.ndarray, open_: dict,
+              drop: Callable[[str, int], None]) -> np.ndarray | None:
+    """Rows (ring words, seq order per channel) to keep, None for all, on channels whose cursor jumped over lapped
+    entries (cut[c], cleared once settled): a program whose KernelCh start was lapped must go whole, or its
+    KernelSteps would lie in no KernelCh. Either writer's program begins with its start (cpu stamper: start,
+    steps, stop; gpu writer: start, stop, steps), so a channel's rows before its next start go, counted as
+    overrun, and so do its held starts (unpaired: their stops were lapped). Unless its first KernelCh row is the
+    stop of a held start: the lap fell inside that program, which keeps its KernelCh and the rows up to it.
+    Rows of ops that stamp no KernelCh (not in ch_ops, the drain's expect) stay. chan: an array, or one int."""
+    w5, n = st[:, 5], len(st)
+    is_ch = ((w5 >> np.uint64(48)) & np.uint64(0xFF)) == KIND_CHANNEL
+    stop = ((w5 >> np.uint64(56)) & np.uint64(FLAG_CH_STOP)) != 0
+    chs = np.broadcast_to(np.asarray(chan, np.int64), (n,))
+    keep = np.ones(n, bool)
+    for c in np.unique(chs[cut[chs]]).tolist():
+        pos = np.flatnonzero(chs == c)
+        chp = pos[is_ch[pos]]
+        if len(chp):
+            j = int(chp[0])
+            w = int(w5[j])
+            if stop[j] and (c, int(st[j, 4]) & 0xFFFFFFFF, w >> 32 & 0xFFFF, w >> 56 & 1) in open_:
+                cut[c] = False
+                continue
+            held = [k for k in open_ if k[0] == c]
+            for k in held:
+                del open_[k]
+            if held:
+                drop("unpaired", len(held))
+        starts = chp[~stop[chp]]
+        if len(starts):
+            cut[c] = False
+            pos = pos[pos < starts[0]]
+        keep[pos[member(st[pos, 4] & np.uint64(0xFFFFFFFF), ch_ops)]] = False
+    if keep.all():
+        return None
+    drop("overrun", int(n - keep.sum()))
     return keep

@@ -1,4 +1,4 @@
-"""How the drain's pollers wait between polls, and where a stuck one is (stamps/drain.py)."""
+"""How the drain's pollers wait between polls, a flush, and where a stuck one is (stamps/drain.py)."""
 from __future__ import annotations
 
 import sys
@@ -28,6 +28,23 @@ class Backoff:
             self._seen, self._pause = seen, FIRST_PAUSE_S
         time.sleep(max(0.0, min(self._pause, deadline - time.monotonic())))
         self._pause = min(FLUSH_MAX_PAUSE_S, self._pause * 2)
+
+
+def flush(drain, timeout_s: float) -> bool:
+    """Drain.flush: poll until every op submitted before the call has ended; False past timeout_s."""
+    deadline, wait = time.monotonic() + timeout_s, Backoff(drain.cursor)
+    with drain._lock:
+        ops = dict(drain._ops)
+
+    def left() -> bool:
+        with drain._lock:
+            return any(drain._ops.get(k) is op for k, op in ops.items())
+    while ops and left():          # the caller polls too, but waits no longer than the deadline for a poller
+        n = drain.poll_once(False, max(0.0, deadline - time.monotonic()))
+        if n is None or (time.monotonic() > deadline and left()):
+            return False
+        wait.sleep(n, deadline)
+    return True
 
 
 def stuck_in(t: threading.Thread) -> str:
