@@ -12,6 +12,7 @@ import slicetrace
 from slicetrace.analyze.perfetto import convert, wire_fields as _fields
 from slicetrace.analyze.trace import load_traces
 from slicetrace.cli.main import main
+from tests.helpers.held import one_file_at_a_time
 
 
 def _one(fields, n, default=None):
@@ -393,27 +394,7 @@ def test_two_zero_length_slices_at_one_instant_are_not_nested(tmp_path):
 def test_convert_holds_one_rank_files_records_at_a_time(tmp_path, monkeypatch):
     """Memory: a file's records (dicts, ~4x its JSON) are dropped once its slices are taken, not all kept until the
     output is written (835 MB peak for 120 MB of JSON)."""
-    import gc
-    import weakref
-    from slicetrace.analyze import records, trace
-
-    class Records(list):                    # a list that a weak reference can watch
-        pass
-    alive: list = []
-
-    def read(path, *a, **kw):
-        gc.collect()
-        held = sum(r() is not None for r in alive)
-        got = Records(records.read_records(path, *a, **kw))
-        alive.append(weakref.ref(got))
-        assert held == 0, f"{held} file(s)' records still held when reading {path}"
-        return got
-    monkeypatch.setattr(trace, "_read", read)            # load_files' reader
-    try:                                                  # convert's own, one file at a time
-        from slicetrace.analyze import runfiles
-        monkeypatch.setattr(runfiles, "read_records", read)
-    except ImportError:
-        pass
+    alive = one_file_at_a_time(monkeypatch)
     json.dump([_one_step(0, 1, 10.0, 1.0)], open(tmp_path / "t_7_0.json", "w"))
     json.dump([_one_step(1, 0, 10.0, 2.0)], open(tmp_path / "t_7_1.json", "w"))
     got = convert([str(tmp_path / "t_7_0.json"), str(tmp_path / "t_7_1.json")], str(tmp_path / "x.pftrace"))

@@ -6,6 +6,7 @@ import pytest
 from slicetrace.analyze.report import build
 from slicetrace.analyze.trace import KERNEL_STEP_TABLE
 from slicetrace.errors import TraceFormatError
+from tests.helpers.held import one_file_at_a_time
 
 
 def _rows(rows):
@@ -453,28 +454,8 @@ def test_channels_moving_at_once_are_not_added_up_in_link_rates_and_rank_times()
 def test_report_holds_one_rank_files_records_at_a_time(tmp_path, monkeypatch, capsys):
     """Memory: a file's records (dicts, ~5x its JSON) are dropped once its tables are taken, not all kept until the
     report is built (580 MB peak for 120 MB of JSON)."""
-    import gc
-    import weakref
-    from slicetrace.analyze import records, trace
     from slicetrace.cli.main import main
-
-    class Records(list):                    # a list that a weak reference can watch
-        pass
-    alive: list = []
-
-    def read(path, *a, **kw):
-        gc.collect()
-        held = sum(r() is not None for r in alive)
-        got = Records(records.read_records(path, *a, **kw))
-        alive.append(weakref.ref(got))
-        assert held == 0, f"{held} file(s)' records still held when reading {path}"
-        return got
-    monkeypatch.setattr(trace, "_read", read)            # load_files' reader
-    try:                                                  # report's own, one file at a time
-        from slicetrace.analyze import runfiles
-        monkeypatch.setattr(runfiles, "read_records", read)
-    except ImportError:
-        pass
+    alive = one_file_at_a_time(monkeypatch)
     for rank in range(3):
         _coll_file(tmp_path, rank, 3, late_us=50.0 * (rank == 2))
     assert main(["report", str(tmp_path), "--json", str(tmp_path / "r.json")]) == 0 and len(alive) == 3
