@@ -149,3 +149,32 @@ def test_overhead_with_op_sampling_needs_blocks_of_whole_sampling_periods(capsys
     monkeypatch.setenv("SLICETRACE_PROFILE_OP_SAMPLE_RATE", "100")
     assert main(["bench", "--overhead", "-n", "20", "--ranks", "1", "-b", "64", "-e", "64"]) == 2
     assert "-n 20 is not a multiple of 100" in capsys.readouterr().err
+
+
+def test_close_removes_a_peers_segment_name_left_behind():
+    """Before: close() removed only the rank's own name; a peer killed in the window after the attached barrier,
+    before its own unlink, left its name in /dev/shm for good when the others ran no further op (found by a
+    review). Two ranks as threads of this process; rank 1's name is put back as that peer would have left it."""
+    import threading
+    from slicetrace.rendezvous import DictStore
+    store, comms = DictStore({}), {}
+
+    def make(r):
+        comms[r] = slicetrace.init(backend="cpu", rank=r, world_size=2, store=store, job=f"names-{os.getpid()}",
+                                   timeout_s=LONG)
+    ts = [threading.Thread(target=make, args=(r,)) for r in (0, 1)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    try:
+        name = comms[0]._session.backend._names[1]
+        os.close(os.open(f"/dev/shm/{name}", os.O_CREAT | os.O_RDWR, 0o600))
+        comms[0].close()
+        left = os.path.exists(f"/dev/shm/{name}")
+    finally:
+        for c in comms.values():
+            c.close()
+        if os.path.exists(f"/dev/shm/{name}"):
+            os.unlink(f"/dev/shm/{name}")
+    assert not left

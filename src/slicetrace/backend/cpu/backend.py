@@ -306,6 +306,8 @@ class CpuBackend(HostBackend):
         # communicator the caller keeps, or one a cycle holds, keeps its /dev/shm pages until GC)
         self.writers, self._rings, self.ring_send, self.ring_recv, self.p2p_recv, self.p2p_send = [], None, [], [], {}, {}
         self.seg.unlink()
+        for name in getattr(self, "_names", {}).values():      # a peer killed between the attached barrier and
+            unlink_name(name)                                   # its own unlink left its name (every rank attached)
         for seg in self._peer_segs.values():
             seg.close()
         self.seg.close()
