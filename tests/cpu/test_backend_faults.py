@@ -135,7 +135,8 @@ def test_timeout_when_a_rank_never_submits(pool2):
     # the deadline of rank 0's first wait ran out (rank 1 is alive, so no peer check fires): it says what it
     # waited for and how long
     assert res[1] == "done"
-    assert res[0] == ("CommTimeoutError", "rank 0 waited 1.0s (timeout_s) for data from rank 1 on channel 0 (step 0)")
+    assert res[0] == ("CommTimeoutError", "rank 0 waited 1.0s (timeout_s) for data from rank 1 on channel 0 (step 0); "
+                                          "rank(s) 1 had not started collective #1")
 
 
 def stamped_until_timeout(ctx, key: str, kw: dict):

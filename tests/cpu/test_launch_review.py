@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -178,3 +179,24 @@ def test_close_removes_a_peers_segment_name_left_behind():
         if os.path.exists(f"/dev/shm/{name}"):
             os.unlink(f"/dev/shm/{name}")
     assert not left
+
+
+def one_stays_away(comm) -> str:
+    if comm.rank == 1:
+        time.sleep(4)                   # never calls the collective within the others' timeout
+        return "away"
+    try:
+        comm.all_reduce(np.ones(4, np.float32))
+    except slicetrace.errors.CommTimeoutError as e:
+        return str(e)
+    return "returned"
+
+
+def test_a_timeout_names_the_rank_that_never_started_the_collective():
+    """Whichever rank's deadline fires first posts its wait: often one waiting on a healthy neighbour that was
+    itself blocked on the missing rank, so every rank's error named the healthy one (found by a review). The
+    message now adds the ranks that had not started the collective."""
+    res = slicetrace.launch(one_stays_away, 3, timeout_s=1.5, join_timeout_s=120)
+    assert res[1] == "away"
+    for r in (0, 2):
+        assert "rank(s) 1 had not started collective #1" in res[r], res

@@ -224,6 +224,16 @@ class Guard:
                 theirs = (pctl[base + 1], pctl[base + 2], pctl[base + 3])
                 raise self.fail(ABORT_MISMATCH, differ_text(seq, self.rank, (count, packed, cfg), p, theirs))
 
+    def not_started(self) -> str:
+        """For a timeout's message: the peers that have not begun this rank's current collective (the rank it
+        waited on may only be waiting on them)."""
+        if self.sig is None:
+            return ""
+        seq = self.sig[0]
+        base = SIG_WORD + (seq % NSIG) * 4
+        late = [p for p, (pctl, _, _, _) in sorted(self.peers.items()) if pctl[base] < seq]
+        return f"; rank(s) {', '.join(map(str, late))} had not started collective #{seq}" if late else ""
+
     # ---- waiting ----
     def wait_ge(self, mv: memoryview, idx: int, target: int, peer: int, what: Any, base: int = 0) -> None:
         """Return once mv[idx] >= target; PeerError / MismatchError / CommTimeoutError otherwise. base: mv's
@@ -296,4 +306,5 @@ class Backoff:
             self.check_at = now + CHECK_EVERY_S
             g.check(self.peers)
         if now > self.deadline:
-            raise g.fail(ABORT_TIMEOUT, f"rank {g.rank} waited {g.timeout_s}s (timeout_s) for {describe(self.what)}")
+            raise g.fail(ABORT_TIMEOUT, f"rank {g.rank} waited {g.timeout_s}s (timeout_s) for {describe(self.what)}"
+                         + g.not_started())
