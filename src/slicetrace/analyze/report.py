@@ -200,6 +200,10 @@ def slow_links(sends: np.ndarray, xfer: np.ndarray, ops: np.ndarray | None = Non
     ch_med = {c: float(np.median(list(v.values()))) for c, v in ch_gbps.items() if len(v) >= 3}
     busiest = max(moving.values()) if moving else 0.0
     typical_rank = float(np.median(list(moving.values()))) if moving else 0.0
+
+    def longest(r: int) -> bool:        # moves data longest, 1 / (1 - below) times the median rank's or more
+        t = (moving or {}).get(r, 0.0)
+        return bool(t > 0 and t >= busiest and (1 - below) * t > typical_rank)
     out = []
     for k, g in sorted(gbps.items(), key=lambda kv: kv[1]):
         if g >= (1 - below) * med:
@@ -208,13 +212,11 @@ def slow_links(sends: np.ndarray, xfer: np.ndarray, ops: np.ndarray | None = Non
         if 2 * n_slow <= n_ops and (n_ops or keyed):        # no op keys (a KernelStep-only mask): pooled only
             continue
         chans = [c for c, v in ch_gbps.items() if k in v and c in ch_med]
-        t, td = (moving or {}).get(k[0], 0.0), (moving or {}).get(k[1], 0.0)
         out.append({"src": k[0], "dst": k[1], "gbps": g, "median_gbps": med, "below_pct": 100 * (1 - g / med),
                     "channels": len(chans),
                     "channels_slow": sum(ch_gbps[c][k] < (1 - below) * ch_med[c] for c in chans),
                     "ops": n_ops, "ops_slow": n_slow,
-                    "sender_outlier": bool(t > 0 and t >= busiest and (1 - below) * t > typical_rank),
-                    "receiver_outlier": bool(td > 0 and td >= busiest and (1 - below) * td > typical_rank)})
+                    "sender_outlier": longest(k[0]), "receiver_outlier": longest(k[1])})
     return out
 
 
@@ -295,6 +297,10 @@ def render(rep: Report, console=None) -> None:
                       f"in its buffers; a wait on a rank that was itself waiting is passed on to the rank it waited "
                       f"for){nxt}{why}")
     moving = {r["rank"]: r["copy_us"] for r in rep.ranks}
+    med = float(np.median(list(moving.values()))) if moving else 0.0
+
+    def longest(r: int) -> str:
+        return f"moves data longest ({moving[r]:.1f} us of copies, the median rank {med:.1f} us)"
     for ln in rep.slow_links:
         s, d = ln["src"], ln["dst"]
         who = f"rank {s}'s data path or link {s}->{d}" if ln["sender_outlier"] else f"link {s}->{d}"
@@ -303,12 +309,10 @@ def render(rep: Report, console=None) -> None:
                   + (f", in {ln['ops_slow']} of {ln['ops']} ops" if ln["ops"] > 1 else "")
                   + (f"; that far below the other links on {ln['channels_slow']} of {ln['channels']} channels"
                      if ln["channels"] > 1 else "")
-                  + (f"; rank {s} also moves data longest ({moving[s]:.1f} us of copies, the median rank "
-                     f"{float(np.median(list(moving.values()))):.1f} us): a slow rank's copies look like a slow link"
+                  + (f"; rank {s} also {longest(s)}: a slow rank's copies look like a slow link"
                      if ln["sender_outlier"] else "")
-                  + (f"; it feeds rank {d}, which moves data longest ({moving[d]:.1f} us of copies, the median rank "
-                     f"{float(np.median(list(moving.values()))):.1f} us): writes into a lagging rank's buffers are "
-                     f"slowed too, so this may be rank {d}, not the link"
+                  + (f"; it feeds rank {d}, which {longest(d)}: writes into a lagging rank's buffers are slowed "
+                     f"too, so this may be rank {d}, not the link"
                      if ln.get("receiver_outlier") and not ln["sender_outlier"] else ""))
     judged = sum(1 for ln in rep.links if ln.get("judged_slices", 1))
     if 0 < len(rep.links) < 3:
