@@ -52,10 +52,6 @@ def pb_str(field: int, text: str) -> bytes:
     return pb_bytes(field, text.encode())
 
 
-def pb_fixed64(field: int, v: int) -> bytes:
-    return varint(field << 3 | 1) + struct.pack("<Q", v & _M64)
-
-
 def annotation(name: str, v: Any) -> bytes:
     if isinstance(v, bool):
         val = pb_int(DA_BOOL, int(v))
