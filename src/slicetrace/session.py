@@ -259,10 +259,11 @@ class Session:
             return
         self._closed = True
         _LIVE.discard(self)
-        term_exits(self, False)
         try:
-            self._close()
+            with signals_held():        # a SIGTERM (SystemExit) or Ctrl-C in a plugin's flush or finalize cut its file
+                self._close()
         finally:                        # after the plugins' last words at close (linkstats' summary is INFO)
+            term_exits(self, False)     # only now: at SIG_DFL a SIGTERM during the close killed the rank mid-trace
             _log_to_stderr(None, self.rank, self)
 
     def _close(self) -> None:

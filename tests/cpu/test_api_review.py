@@ -229,6 +229,29 @@ def test_sigterm_to_a_profiled_program_still_finishes_its_trace(tmp_path):
     subprocess.run([sys.executable, "-c", back], check=True, timeout=60, cwd=str(ROOT))
 
 
+def test_sigterm_while_the_last_profiled_communicator_closes_still_finishes_its_trace(tmp_path):
+    """close put SIGTERM's default back first, then flushed and finalized the plugins (seconds, for a big trace):
+    a SIGTERM there (torchrun's agent stopping the ranks) killed the rank with its trace cut after the header."""
+    code = ("import os, signal, sys, numpy as np, slicetrace\n"
+            "from slicetrace import session\n"
+            "c = slicetrace.init(backend='cpu', profiler_plugin='example', profile_dump_file=sys.argv[1] + '/a')\n"
+            "for _ in range(5):\n    c.all_reduce(np.ones(4, np.float32))\n"
+            "finish = session.Session._close_host\n"
+            "def close_host(self, *a):\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    finish(self, *a)\n"
+            "session.Session._close_host = close_host\n"
+            "c.close()\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLICETRACE_", "RANK", "WORLD_SIZE"))}
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path)], timeout=60, cwd=str(ROOT), env=env,
+                       capture_output=True, text=True)
+    assert p.returncode == 128 + signal.SIGTERM, p.stderr
+    (f,) = tmp_path.glob("a_*_0.json")
+    recs = json.loads(f.read_text())
+    assert sum(r.get("cat") == "COLL" and r.get("ph") == "b" for r in recs) == 5
+    assert any(r.get("name") == "slicetrace_counters" for r in recs)
+
+
 def test_a_profiled_communicator_made_off_the_main_thread_warns_once_that_sigterm_loses_its_trace():
     """There no handler can be set: SIGTERM kills the process before the trace is finished; before, silently."""
     code = ("import threading, slicetrace\n"
