@@ -57,10 +57,10 @@ def test_pids_and_id_bases_of_many_communicators_do_not_meet():
     assert all(0 < p < 2 ** 31 for p in pids) and all(b + 2 ** 26 <= 2 ** 53 for b in bases)
 
 
-def test_async_ids_start_over_within_the_files_own_span_once_spent(tmp_path, monkeypatch):
-    """Each event and KernelCh row took the next id with no end: past a file's 2**26 (~500k ops at 64 channels)
+def test_async_ids_take_a_further_span_once_the_files_own_is_spent(tmp_path, monkeypatch):
+    """Each event and KernelCh row took the next id with no end: past a file's 2**26 (~1M ops at 64 channels)
     its ids ran into another file's span, and past 2**53 for the highest bases. Started near the end of the span,
-    the ids now start over at the file's base and the trace still pairs."""
+    the ids now go on in a further span of the file's own (id_base's next), and the trace still pairs."""
     from slicetrace.sinks import chrome_store
     from slicetrace.sinks.chrome_text import ID_SPAN, id_base
     made = []
@@ -72,10 +72,29 @@ def test_async_ids_start_over_within_the_files_own_span_once_spent(tmp_path, mon
             made.append(self)
     monkeypatch.setattr("slicetrace.sinks.chrome.Ctx", NearTheEnd)
     f = _write(tmp_path, 333, 1)
-    base = id_base(333, 1)
+    base, more = id_base(333, 1), id_base(333, 1, 1)
     recs = [r for r in json.load(open(f)) if r]
     ids = [r["id"] for r in recs if r.get("ph") == "b"]
-    assert made and made[0].id0 == base
-    assert all(base <= i < base + ID_SPAN for i in ids), [i - base for i in ids]
-    assert min(ids) == base and max(ids) >= base + ID_SPAN - 5      # both ends of the span were used
+    assert made and made[0].spans == {base, more} and more != base
+    assert all(base + ID_SPAN - 5 <= i < base + ID_SPAN or more <= i < more + ID_SPAN for i in ids), ids
+    assert more in ids and base + ID_SPAN - 5 in ids and max(ids) < 2 ** 53      # both spans were used
     assert check_trace(recs) == []
+
+
+def test_a_file_that_spends_its_id_span_keeps_its_ids_unique(tmp_path, monkeypatch):
+    """Once a file's span was spent (2**26 ids: ~1M ops at 64 channels) its ids started over at its base: every
+    later event took an id an earlier one of the same file had, so check_trace found each 'b' and 'e' twice, and
+    report's KernelCh pairs, Coll ends and op starts (keyed by pid and id) lost or mixed them up. A span of 4
+    ids here, spent several times by the run."""
+    from slicetrace.analyze.trace import kernel_chs
+    from slicetrace.sinks import chrome_store
+    monkeypatch.setattr(chrome_store, "ID_SPAN", 4)
+    f = _write(tmp_path, 333, 1)
+    recs = [r for r in json.load(open(f)) if r]
+    ids = [(r["cat"], r["id"]) for r in recs if r.get("ph") == "b"]
+    assert len(ids) > 2 * 4
+    assert len(ids) == len(set(ids))
+    assert all(i < 2 ** 53 for _, i in ids)
+    assert check_trace(recs) == []
+    assert len(kernel_chs(recs)) == sum(r.get("name") == "KernelCh" and r.get("ph") == "b" and
+                                        r["args"].get("ParentId") in {i for c, i in ids if c == "COLL"} for r in recs)

@@ -57,6 +57,7 @@ class Ctx:
         self.good = 0                           # bytes of the file up to the end of its last whole record
         self.error: OSError | None = None       # the write that failed: nothing more is written
         self.id0 = self.next_id = id_base(comm.comm_hash, comm.rank)    # async ids unique across merged files
+        self.spans = {self.id0}                 # the id spans this file took
         self.inflight = dict.fromkeys(POOL_OF.values(), 0)
         self.dropped = dict.fromkeys(POOL_OF.values(), 0)
         self.written = dict.fromkeys(POOL_OF.values(), 0)
@@ -216,12 +217,17 @@ class Ctx:
         self.free.extend(chunks)
 
     def take_ids(self, n: int) -> int:
-        """The first of n consecutive async ids. The file's own 2**26 (id_base) start over once spent (~500k ops
-        at 64 channels): past them the ids ran into another file's or past 2**53. A reused id's event ended
-        ~67M events before."""
+        """The first of n consecutive async ids. Once the file's span of 2**26 (id_base) is spent (~1M ops at 64
+        channels) it takes a further span, drawn as its first was: past the span the ids ran into another file's
+        or past 2**53, and starting over gave this file's earlier events' ids again (b/e pairs and ParentIds are
+        matched by id: check_trace and report lost or mixed up those events)."""
         i = self.next_id
         if i + n > self.id0 + ID_SPAN:
-            i = self.id0
+            k = len(self.spans)
+            while (i := id_base(self.comm.comm_hash, self.rank, k)) in self.spans:
+                k += 1
+            self.id0 = i
+            self.spans.add(i)
         self.next_id = i + n
         return i
 

@@ -70,11 +70,12 @@ def trace_pid(comm_hash: int, rank: int) -> int:
 ID_SPAN = 1 << 26        # async ids of one file's own
 
 
-def id_base(comm_hash: int, rank: int) -> int:
+def id_base(comm_hash: int, rank: int, span: int = 0) -> int:
     """The first async id of a file: 27 bits of (communicator, rank) above ID_SPAN ids of its own, so ids stay
     under 2**53 (exact as doubles: spreadsheets, JavaScript viewers) and differ across the merged files of every
-    communicator (odds ~M**2 / 2**28)."""
-    return (_mix(comm_hash, rank) >> 37) << 26
+    communicator (odds ~M**2 / 2**28). span k > 0: the base of the file's next span once k are spent, drawn alike."""
+    m = _mix(comm_hash, rank)
+    return ((_fin((m + span) & _M64) if span else m) >> 37) << 26
 
 
 def pair(ev_id: int, pid: int, name: str, cat: str, ts0: int, ts1: int, args: dict) -> list[str]:
