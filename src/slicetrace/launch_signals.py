@@ -11,6 +11,8 @@ import threading
 import time
 from typing import Any
 
+from .backend.signals import exit_handler
+
 INTERRUPT_GRACE_S = 10.0     # an interrupted launch() lets its ranks close this long (plugins write their traces)
 
 
@@ -78,10 +80,7 @@ def _terminate_as_exit():
     old = signal.getsignal(signal.SIGTERM)
     if old is not signal.SIG_DFL:
         return None                       # the application has its own: leave it
-
-    def _exit(signum, frame):
-        raise SystemExit(128 + signum)
-    signal.signal(signal.SIGTERM, _exit)
+    signal.signal(signal.SIGTERM, exit_handler())
     return old
 
 
@@ -153,16 +152,14 @@ def _interrupted(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt          # communicators' plugins writing their traces)
 
 
-def _terminated(signum: int, frame: Any) -> None:
-    """SIGTERM to the whole group (timeout(1), Slurm, Kubernetes, kill -- -PGID) reaches the ranks too: they close
-    as on Ctrl-C (the default action killed them, every trace cut after its header)."""
-    _no_interrupts()
-    raise SystemExit(128 + signum)
-
-
 def _no_interrupts() -> None:
     for sig in (signal.SIGINT, CLOSE_SIGNAL, signal.SIGTERM):      # the close runs to its end (the launcher's
         signal.signal(sig, signal.SIG_IGN)                         # kill is SIGKILL)
+
+
+# SIGTERM to the whole group (timeout(1), Slurm, Kubernetes, kill -- -PGID) reaches the ranks too: they close as on
+# Ctrl-C (the default action killed them, every trace cut after its header)
+_terminated = exit_handler(first=_no_interrupts)
 
 
 def _start_watch(parent: int, grace_s: float, job: str, running: threading.Event | None = None) -> None:

@@ -22,7 +22,7 @@ ALLOWED: dict[str, set[str]] = {
     "plan": BASE | {"config"},
     "backend.signals": set(),
     "backend.procs": LOW,
-    "backend.segment": BASE,
+    "backend.segment": BASE | {"backend.signals"},
     "backend.opsig": LOW | {"plan", "backend.base", "backend.segment"},
     "backend.base": BACKEND - {"backend.segment", "backend.opsig"},
     "backend.null": BACKEND,
@@ -48,7 +48,7 @@ ALLOWED: dict[str, set[str]] = {
     "api_checks": BASE | {"backend.base", "events.abi"},
     "api_p2p": BASE | {"plan", "backend.base", "api_checks"},
     "api": LOW | CONTRACTS | {"plan", "backend.base", "events.host", "session", "api_checks", "api_p2p"},
-    "launch_signals": set(),
+    "launch_signals": {"backend.signals"},      # SIGTERM's exit handler
     "launcher": LOW | {"api", "api_checks", "launch_signals", "backend.cpu"},   # /dev/shm sized before spawning
     "cli": None,                 # the top: may import anything
     "__init__": LOW | {"api", "launcher"},

@@ -12,6 +12,7 @@ import threading
 from typing import Iterator
 
 from ..errors import BackendError
+from .signals import exit_handler
 
 try:
     import _posixshmem
@@ -42,10 +43,7 @@ def sigterm_exits() -> Iterator[None]:
             signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         yield
         return
-
-    def exit_(signum: int, frame: object) -> None:
-        raise SystemExit(128 + signum)
-    signal.signal(signal.SIGTERM, exit_)
+    signal.signal(signal.SIGTERM, exit_handler())
     try:
         yield
     finally:

@@ -6,7 +6,7 @@ import logging
 import signal
 import threading
 import time
-from typing import Any
+from typing import Any, Callable, NoReturn
 
 try:        # the C module signal.py wraps: its calls skip the enum conversions (0.3 us a call, not 3.7 us)
     import _signal as _raw
@@ -102,12 +102,20 @@ def _restore(swapped: dict[int, Any], record: Any) -> BaseException | None:
     return caught
 
 
+def exit_handler(first: Callable[[], None] | None = None) -> Callable[[int, Any], NoReturn]:
+    """A new signal handler that raises SystemExit(128 + signum) (the status a shell gives a process the signal
+    killed), so the program unwinds and its cleanup runs; first(), if given, runs before. New at each call: an
+    installer tells its own handler from another's (term_exits puts the default back over its own only)."""
+    def exit_(signum: int, frame: Any) -> NoReturn:
+        if first is not None:
+            first()
+        raise SystemExit(128 + signum)
+    return exit_
+
+
 _TERM_OWNERS: set = set()     # profiled communicators, while SIGTERM raises SystemExit for them
 _WARNED: list = []
-
-
-def _term_exits(signum: int, frame: Any) -> None:
-    raise SystemExit(128 + signum)
+_term_exits = exit_handler()
 
 
 def term_exits(owner: object, on: bool) -> None:
