@@ -97,6 +97,16 @@ class Drain:
         with self._lock:
             return not self._ops
 
+    def pending(self) -> dict[int, _Op]:
+        """The ops not yet ended, as now (a copy: what a flush waits for, see still_pending)."""
+        with self._lock:
+            return dict(self._ops)
+
+    def still_pending(self, ops: dict[int, _Op]) -> bool:
+        """Some op of `ops` (pending()'s) has not ended yet."""
+        with self._lock:
+            return any(self._ops.get(k) is op for k, op in ops.items())
+
     @property
     def alive(self) -> bool:
         """The drain thread still runs (after stop: stuck in a consumer or fetch call, see `error`)."""

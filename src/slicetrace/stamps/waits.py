@@ -33,15 +33,10 @@ class Backoff:
 def flush(drain, timeout_s: float) -> bool:
     """Drain.flush: poll until every op submitted before the call has ended; False past timeout_s."""
     deadline, wait = time.monotonic() + timeout_s, Backoff(drain.cursor)
-    with drain._lock:
-        ops = dict(drain._ops)
-
-    def left() -> bool:
-        with drain._lock:
-            return any(drain._ops.get(k) is op for k, op in ops.items())
-    while ops and left():          # the caller polls too, but waits no longer than the deadline for a poller
+    ops = drain.pending()
+    while ops and drain.still_pending(ops):  # the caller polls too, but waits no longer than the deadline for a poller
         n = drain.poll_once(False, max(0.0, deadline - time.monotonic()))
-        if n is None or (time.monotonic() > deadline and left()):
+        if n is None or (time.monotonic() > deadline and drain.still_pending(ops)):
             return False
         wait.sleep(n, deadline)
     return True
