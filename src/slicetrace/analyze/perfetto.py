@@ -293,7 +293,7 @@ def convert(paths: Iterable[str], out_path: str) -> dict[str, int]:
     """Write the Perfetto trace of `paths` (per-rank Chrome traces of one run, read and checked as report reads
     them: trace.load_files) to out_path; returns what it wrote."""
     paths = [os.fspath(p) for p in paths]
-    files = load_each(paths, "convert", _File) if paths else []
+    files = load_each(paths, "convert", _File)[0] if paths else []
     if not files:
         raise TraceFormatError("convert: no trace files given")
     if not any(len(f.t0) for f in files):      # a viewer would show nothing: not what the user meant to convert

@@ -7,7 +7,7 @@ import os
 from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator, TypeVar
 
-from .records import read_records, record_problem
+from .records import Ranks, read_records, record_problem
 from .trace import comm_of, load_files, run_ranks, trace_files
 from ..errors import TraceFormatError
 
@@ -16,11 +16,11 @@ log = logging.getLogger("slicetrace")
 
 
 def load_each(paths: str | os.PathLike | Iterable[str | os.PathLike], command: str,
-              take: Callable[[str, list[dict]], T], skip_empty: bool = False) -> list[T]:
+              take: Callable[[str, list[dict]], T], skip_empty: bool = False) -> tuple[list[T], Ranks | None]:
     """[take(file, records)] for each file of load_files(paths, command, skip_empty), each file's records dropped
-    once taken. take sees records that passed record_problem but not yet the checks that need every file
-    (communicators, rank bounds, one file per rank): if any of those fails, load_files reads the run again and
-    raises its own error, so what is refused, and the message, are load_files'."""
+    once taken, and the run's run_ranks. take sees records that passed record_problem but not yet the checks that
+    need every file (communicators, rank bounds, one file per rank): if any of those fails, load_files reads the
+    run again and raises its own error, so what is refused, and the message, are load_files'."""
     unique: dict[str, str] = {}
     for p in trace_files(paths):
         unique.setdefault(os.path.realpath(p), p)
@@ -30,7 +30,7 @@ def load_each(paths: str | os.PathLike | Iterable[str | os.PathLike], command: s
     lo, hi = 0, 0
     said = _Drop(0)                 # counts the reads' warnings: load_files' second read says them again
 
-    def whole() -> list[T]:
+    def whole() -> tuple[list[T], Ranks | None]:
         return _whole(paths, command, take, skip_empty, said.seen)
     for f in unique.values():
         with _filtered(said):
@@ -57,7 +57,7 @@ def load_each(paths: str | os.PathLike | Iterable[str | os.PathLike], command: s
         return whole()
     if len(comms) != 1 or len(set(pids)) != len(pids) or (ranks is not None and not (0 <= lo and hi < ranks.n)):
         return whole()
-    return kept
+    return kept, ranks
 
 
 def load_again(paths: str | os.PathLike | Iterable[str | os.PathLike], command: str,
@@ -75,12 +75,13 @@ def _rank_values(recs: list[dict]) -> set[int]:
     return {v for v in got if type(v) is int}
 
 
-def _whole(paths, command: str, take: Callable[[str, list[dict]], T], skip_empty: bool, said: int) -> list[T]:
+def _whole(paths, command: str, take: Callable[[str, list[dict]], T], skip_empty: bool,
+           said: int) -> tuple[list[T], Ranks | None]:
     """The slow path: load_files raises what it refuses (a run it accepts is taken as it is). Its first `said`
     warnings were said by load_each's reads of the same files already."""
     with _filtered(_Drop(said)):
         loaded = load_files(paths, command, skip_empty)
-    return [take(f, recs) for f, recs in loaded]
+    return [take(f, recs) for f, recs in loaded], run_ranks(loaded)
 
 
 class _Drop(logging.Filter):

@@ -16,7 +16,7 @@ import numpy as np
 
 from .records import Ranks
 from .runfiles import load_again, load_each
-from .trace import coll_spans, counters, kernel_chs, kernel_steps, op_starts, run_ranks
+from .trace import coll_spans, counters, kernel_chs, kernel_steps, op_starts
 
 
 class _Failed(NamedTuple):
@@ -24,7 +24,6 @@ class _Failed(NamedTuple):
 
 
 class _Part(NamedTuple):
-    brief: tuple[str, list[dict]]       # what run_ranks reads: the first record with a pid, slicetrace_comm
     paired: set                         # the pids of b and e records: pairs and ParentIds are looked up by them
     present: set                        # int pids
     evented: set                        # int pids of b and X records
@@ -46,8 +45,7 @@ def _attempt(fn: Callable[[list[dict]], Any], recs: list[dict]) -> Any:
 
 
 def _part(f: str, recs: list[dict]) -> _Part:
-    first = next((r for r in recs if "pid" in r), None)
-    brief, paired, present, evented = [], set(), set(), set()
+    paired, present, evented = set(), set(), set()
     ops, one_rank = 0, False
     for r in recs:
         pid, ph = r.get("pid"), r.get("ph")
@@ -60,10 +58,7 @@ def _part(f: str, recs: list[dict]) -> _Part:
             ops += ph == "b" and r.get("cat") in ("COLL", "P2P")
         if r.get("name") == "slicetrace_comm":
             one_rank = one_rank or (r.get("args") or {}).get("nRanks") == 1
-            brief.append(r)
-        elif r is first:
-            brief.append(r)
-    return _Part((f, brief), paired, present, evented, len(recs), ops, one_rank,
+    return _Part(paired, present, evented, len(recs), ops, one_rank,
                  *(_attempt(fn, recs) for fn in (kernel_steps, kernel_chs, counters, op_starts, coll_spans)))
 
 
@@ -115,14 +110,14 @@ def _merged(dicts: list[dict]) -> dict:
 def run_tables(paths: str | os.PathLike | Iterable[str | os.PathLike], skip_empty: bool = False) -> RunTables:
     """RunTables of load_files(paths, "report", skip_empty), reading one file at a time where that gives the same
     tables (the module's doc says when it does not)."""
-    parts = load_each(paths, "report", _part, skip_empty)
+    parts, ranks = load_each(paths, "report", _part, skip_empty)
     seen: set = set()
     for p in parts:
         if seen & p.paired or any(isinstance(v, _Failed) for v in (p.ks, p.chs, p.counts, p.starts, p.spans)):
             break
         seen |= p.paired
     else:
-        return RunTables(parts, run_ranks([p.brief for p in parts]))
+        return RunTables(parts, ranks)
     del parts, p            # a _Failed's traceback holds its file's records
-    loaded = load_again(paths, "report", skip_empty)
-    return RunTables([_part(loaded[0][0], [r for _, recs in loaded for r in recs])], run_ranks(loaded))
+    loaded = load_again(paths, "report", skip_empty)      # the files load_each read: their ranks
+    return RunTables([_part(loaded[0][0], [r for _, recs in loaded for r in recs])], ranks)
