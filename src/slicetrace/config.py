@@ -2,7 +2,7 @@
 
 `Settings.from_env()` builds one frozen Settings; explicit keyword arguments beat the environment.
 `VARIABLES` is the single table of every SLICETRACE_* variable (`slicetrace config` prints it; the README's
-table is written by hand: change both together).
+table is written by hand: change both together). The parsers of a variable's text are config_values'.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import tempfile
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Mapping
 
+from .config_values import FORMATS, as_bool, as_bytes, as_int, as_mask, as_seconds
 from .errors import ConfigError
 from .events.abi import parse_mask
 
@@ -34,53 +35,6 @@ MAX_RING_SLOTS = 1 << 24             # 1.5 GiB of stamps per channel; more fails
 MAX_BUFFSIZE = 1 << 30               # NCCL's is a few MiB: more is a typo (huge values overflowed os.ftruncate)
 
 
-def _bool(v: str) -> bool:
-    if v.strip().lower() in ("1", "true", "yes", "on"):
-        return True
-    if v.strip().lower() in ("0", "false", "no", "off", ""):
-        return False
-    raise ValueError(v)
-
-
-# what the README promises, no more: int(v, 0) also took 0o7, 0b11, 1_0, +3 and non-ASCII digits
-_INT = re.compile(r"-?(?:0|[1-9][0-9]*)|0[xX][0-9a-fA-F]+")
-
-
-def _int(v: str) -> int:
-    t = v.strip()
-    if not _INT.fullmatch(t):
-        raise ValueError(f"{v!r} is not a decimal (no leading zero) or 0x hex integer")
-    return int(t, 0)
-
-
-def _bytes(v: str) -> int:
-    """An integer, or one with a binary suffix K, M or G (64K = 65536), as the bench's -b/-e take."""
-    t = v.strip().upper()
-    if not t.startswith("0X"):               # hex digits include B
-        for i, suffix in enumerate("KMG"):
-            if t.endswith((suffix, suffix + "B")):
-                return _int(t[:t.rindex(suffix)]) << (10 * (i + 1))
-    return _int(t)
-
-
-def _mask(v: str) -> int:
-    t = v.strip()
-    if t and (t[0].isdigit() or t[0] in "+-"):     # a number (type names start with a letter): as strict as _int
-        return _int(t)
-    return parse_mask(v)
-
-
-_SECONDS = re.compile(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+")
-
-
-def _seconds(v: str) -> float:
-    """Decimal seconds, as the README says ('2.5'): float() also took '1_0', '1e3', 'inf' and non-ASCII digits."""
-    t = v.strip()
-    if not _SECONDS.fullmatch(t):
-        raise ValueError(v)
-    return float(t)
-
-
 DEFAULT_CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "slicetrace")
 
 
@@ -90,17 +44,6 @@ def _cache_dir(v: str) -> str:
 
 def _opt_str(v: str) -> str | None:
     return v or None
-
-
-# what each parser accepts, for its error message
-_FORMATS: dict[Callable[[str], Any], str] = {
-    _bool: "one of 0/1/true/false/yes/no/on/off (any case; empty = off)",
-    _int: "an integer, decimal or 0x hex",
-    _bytes: "bytes: an integer, or one with a binary suffix K, M or G (e.g. 65536, 64K, 4M)",
-    _seconds: "a number of seconds, e.g. 60 or 2.5",
-    _mask: "an integer, decimal or 0x hex, e.g. 65606 or 0x10046, or event type names joined by '|' or ',', "
-           "e.g. Coll|P2p|KernelCh|KernelStep (the same mask)",
-}
 
 
 @dataclass(frozen=True)
@@ -113,28 +56,28 @@ class Var:
 
 VARIABLES: tuple[Var, ...] = (
     Var("SLICETRACE_BACKEND", "backend", str, "engine backend: cpu (default), cuda, or null (tests)"),
-    Var("SLICETRACE_NCHANNELS", "nchannels", _int, "channels per collective; 0 = backend default (cpu 1; cuda picks by size as NCCL does, up to 64 with up to 4 ranks, 32 with more)"),
-    Var("SLICETRACE_BUFFSIZE", "buffsize", _bytes, "Simple-protocol FIFO bytes per connection (NCCL_BUFFSIZE), e.g. 4194304 or 4M (>= 32768, a multiple of 4096, <= 1G), default 4M; on cpu each rank reserves about (nchannels + world) x buffsize in /dev/shm"),
-    Var("SLICETRACE_P2P_CHUNKSIZE", "p2p_chunksize", _bytes, "send/recv chunk bytes (NCCL_P2P_NVL_CHUNKSIZE), e.g. 524288 or 512K (>= 4096, a multiple of 512; capped at BUFFSIZE/8), default 512K"),
-    Var("SLICETRACE_NTHREADS", "nthreads", _int, "CUDA threads per block (NCCL_NTHREADS): 64, 128, 256, 512 or 640, default 512"),
-    Var("SLICETRACE_TIMEOUT", "timeout_s", _seconds, "seconds any wait may take before it becomes an error (> 0, <= 86400), default 60"),
-    Var("SLICETRACE_STAMP_RING_SLOTS", "ring_slots", _int, "entries in each stamp ring of a channel (a power of two in 64..16777216), default 16384"),
-    Var("SLICETRACE_KERNEL_STEP_SAMPLE_RATE", "sample_rate", _int, "keep slice 0 and every k-th slice of each channel program and direction (1..255; both ends of a connection keep the same slices), default 1"),
-    Var("SLICETRACE_PROFILE_OP_SAMPLE_RATE", "op_sample_rate", _int, "profile the first op and every k-th op of a communicator, collectives and point-to-point groups counted apart (1..1000000, default 1 = every op); the others run unprofiled and are counted (ops_sampled_out)"),
-    Var("SLICETRACE_PROFILE_MIN_BYTES", "profile_min_bytes", _bytes, "bytes, e.g. 65536 or 64K: ops smaller than this (count x element size, as NCCL counts) run unprofiled and are counted (ops_below_min_bytes); default 0"),
-    Var("SLICETRACE_DRAIN_INTERVAL_US", "drain_interval_us", _int, "drain thread poll period in microseconds (10..1000000), cuda backend (adaptive, backs off to 16 ms; the cpu backend drains inline between ops), default 500"),
+    Var("SLICETRACE_NCHANNELS", "nchannels", as_int, "channels per collective; 0 = backend default (cpu 1; cuda picks by size as NCCL does, up to 64 with up to 4 ranks, 32 with more)"),
+    Var("SLICETRACE_BUFFSIZE", "buffsize", as_bytes, "Simple-protocol FIFO bytes per connection (NCCL_BUFFSIZE), e.g. 4194304 or 4M (>= 32768, a multiple of 4096, <= 1G), default 4M; on cpu each rank reserves about (nchannels + world) x buffsize in /dev/shm"),
+    Var("SLICETRACE_P2P_CHUNKSIZE", "p2p_chunksize", as_bytes, "send/recv chunk bytes (NCCL_P2P_NVL_CHUNKSIZE), e.g. 524288 or 512K (>= 4096, a multiple of 512; capped at BUFFSIZE/8), default 512K"),
+    Var("SLICETRACE_NTHREADS", "nthreads", as_int, "CUDA threads per block (NCCL_NTHREADS): 64, 128, 256, 512 or 640, default 512"),
+    Var("SLICETRACE_TIMEOUT", "timeout_s", as_seconds, "seconds any wait may take before it becomes an error (> 0, <= 86400), default 60"),
+    Var("SLICETRACE_STAMP_RING_SLOTS", "ring_slots", as_int, "entries in each stamp ring of a channel (a power of two in 64..16777216), default 16384"),
+    Var("SLICETRACE_KERNEL_STEP_SAMPLE_RATE", "sample_rate", as_int, "keep slice 0 and every k-th slice of each channel program and direction (1..255; both ends of a connection keep the same slices), default 1"),
+    Var("SLICETRACE_PROFILE_OP_SAMPLE_RATE", "op_sample_rate", as_int, "profile the first op and every k-th op of a communicator, collectives and point-to-point groups counted apart (1..1000000, default 1 = every op); the others run unprofiled and are counted (ops_sampled_out)"),
+    Var("SLICETRACE_PROFILE_MIN_BYTES", "profile_min_bytes", as_bytes, "bytes, e.g. 65536 or 64K: ops smaller than this (count x element size, as NCCL counts) run unprofiled and are counted (ops_below_min_bytes); default 0"),
+    Var("SLICETRACE_DRAIN_INTERVAL_US", "drain_interval_us", as_int, "drain thread poll period in microseconds (10..1000000), cuda backend (adaptive, backs off to 16 ms; the cpu backend drains inline between ops), default 500"),
     Var("SLICETRACE_PROFILER_PLUGIN", "profiler_plugin", _opt_str, "plugins: 'example', 'linkstats', 'module:attr', an entry point in group slicetrace.profilers, comma-separated for several, 'none' to disable"),
-    Var("SLICETRACE_PROFILE_EVENT_MASK", "profile_event_mask", _mask, "event mask the example plugin asks for: an integer in 0..2**32-1 or event type names, e.g. 65606 = 0x10046 = Coll|P2p|KernelCh|KernelStep (its default)"),
+    Var("SLICETRACE_PROFILE_EVENT_MASK", "profile_event_mask", as_mask, "event mask the example plugin asks for: an integer in 0..2**32-1 or event type names, e.g. 65606 = 0x10046 = Coll|P2p|KernelCh|KernelStep (its default)"),
     Var("SLICETRACE_PROFILE_DUMP_FILE", "profile_dump_file", _opt_str, "example plugin: trace path prefix, files are <prefix>_<commHash>_<rank>.json"),
     Var("SLICETRACE_LINKSTATS_FILE", "linkstats_file", _opt_str, "linkstats plugin: Prometheus text file prefix, files are <prefix>_<commHash>_<rank>.prom (node_exporter textfile collector); unset = no file"),
-    Var("SLICETRACE_LINKSTATS_INTERVAL_S", "linkstats_interval_s", _seconds, "linkstats plugin: seconds between rewrites of its .prom file while ops run (and once at close) (> 0, <= 86400), default 10"),
-    Var("SLICETRACE_PLUGIN_MAX_FAILURES", "plugin_max_failures", _int, "plugin exceptions before that plugin is disabled (>= 1), default 16"),
+    Var("SLICETRACE_LINKSTATS_INTERVAL_S", "linkstats_interval_s", as_seconds, "linkstats plugin: seconds between rewrites of its .prom file while ops run (and once at close) (> 0, <= 86400), default 10"),
+    Var("SLICETRACE_PLUGIN_MAX_FAILURES", "plugin_max_failures", as_int, "plugin exceptions before that plugin is disabled (>= 1), default 16"),
     Var("SLICETRACE_CPU_RECLAIM", "cpu_reclaim", str, "cpu: after reading a FIFO slot the receiver stores once per cache line so the sender's next write does not stall on lines shared across L3 caches: auto (default: measured per connection), on, off"),
     Var("SLICETRACE_CPU_WAIT", "cpu_wait", str, "cpu: how a rank waits for its ring neighbour: auto (default: sleep in the kernel (futex) when ranks outnumber this process's CPUs, else spin then yield), futex, spin"),
     Var("SLICETRACE_CPU_BIND", "cpu_bind", str, "cpu: bind the thread that runs a communicator's ops to a CPU of its own while it is open, when every rank can have one and runs one channel (as mpirun binds to cores): auto (default: in the rank processes slicetrace.launch and the CLI start, when they fill more than half of the CPUs; not in processes started otherwise, whose later threads and children would inherit it), on, off"),
     Var("SLICETRACE_CACHE_DIR", "cache_dir", _cache_dir, "compiled-kernel cache folder, default ~/.cache/slicetrace (empty: the default)"),
-    Var("SLICETRACE_ASSERT_WARM", "assert_warm", _bool, "1 = a kernel compile during timed work is an error (0/1/true/false/yes/no/on/off), default off"),
-    Var("SLICETRACE_CLOCK_RESYNC_S", "clock_resync_s", _seconds, "cuda: seconds between GPU/host clock offset re-measurements (> 0, <= 86400), default 1.0"),
+    Var("SLICETRACE_ASSERT_WARM", "assert_warm", as_bool, "1 = a kernel compile during timed work is an error (0/1/true/false/yes/no/on/off), default off"),
+    Var("SLICETRACE_CLOCK_RESYNC_S", "clock_resync_s", as_seconds, "cuda: seconds between GPU/host clock offset re-measurements (> 0, <= 86400), default 1.0"),
     Var("SLICETRACE_DEBUG", "debug", str, "log level: WARN (default), INFO, DEBUG"),
 )
 POOL_VARIABLES = tuple(f"SLICETRACE_PROFILE_{n}_POOL_SIZE" for n in POOL_NAMES)
@@ -284,15 +227,15 @@ class Settings:
             try:
                 vals[var.attr] = var.parse(raw)
             except ValueError as e:             # the reason (an unknown event type, a leading zero), the range
-                why = f" ({e})" if var.parse in (_mask, _int) else ""
+                why = f" ({e})" if var.parse in (as_mask, as_int) else ""
                 rule = RULES.get(var.attr)
-                raise ConfigError(f"{var.name}={raw!r} cannot be parsed{why}: expected {_FORMATS[var.parse]}"
+                raise ConfigError(f"{var.name}={raw!r} cannot be parsed{why}: expected {FORMATS[var.parse]}"
                                   + (f", {rule[1]}" if rule else "")) from None
         pools = dict(DEFAULT_POOL_SIZES)
         for name, var in zip(POOL_NAMES, POOL_VARIABLES):
             if var in env and overrides.get("pool_sizes") is None:     # the keyword replaces them all: unread
                 try:
-                    pools[name] = _int(env[var])
+                    pools[name] = as_int(env[var])
                 except ValueError:
                     pools[name] = 0
                 if pools[name] < 1:
@@ -308,7 +251,7 @@ class Settings:
                 overrides["profile_event_mask"] = parse_mask(overrides["profile_event_mask"])
             except ValueError as e:
                 raise ConfigError(f"profile_event_mask={overrides['profile_event_mask']!r}: {e}; expected "
-                                  f"{_FORMATS[_mask]}") from None
+                                  f"{FORMATS[as_mask]}") from None
         try:
             return cls(**{**vals, **overrides})
         except ConfigError as e:            # name the variable the bad value came from

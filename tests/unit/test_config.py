@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from slicetrace import config
+from slicetrace import config, config_values
 from slicetrace.config import POOL_VARIABLES, VARIABLES, Settings, describe, dist_env
 from slicetrace.errors import ConfigError
 
@@ -198,10 +198,12 @@ def test_every_parse_error_names_variable_value_and_format(var):
     with pytest.raises(ConfigError) as e:
         Settings.from_env({var.name: "?x"})
     why = (" ('?x' is not an event type, which are " if var.attr == "profile_event_mask" else
-           " ('?x' is not a decimal (no leading zero) or 0x hex integer)" if var.parse is config._int else "")
+           " ('?x' is not a decimal (no leading zero) or 0x hex integer)" if var.parse is config_values.as_int
+           else "")
     assert str(e.value).startswith(f"{var.name}='?x' cannot be parsed{why}")
     rule = config.RULES.get(var.attr)                  # and the range, where there is one
-    assert str(e.value).endswith(f": expected {config._FORMATS[var.parse]}" + (f", {rule[1]}" if rule else ""))
+    assert str(e.value).endswith(f": expected {config_values.FORMATS[var.parse]}"
+                                 + (f", {rule[1]}" if rule else ""))
 
 
 @pytest.mark.parametrize("raw,msg", [

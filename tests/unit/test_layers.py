@@ -15,7 +15,8 @@ BACKEND = LOW | {"stamps.layout", "plan", "backend.base", "backend.procs", "back
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "backend": set(), "events": set(), "stamps": set(),     # package __init__ files
-    "config": BASE | {"events.abi"},     # event type names in SLICETRACE_PROFILE_EVENT_MASK
+    "config_values": BASE | {"events.abi"},     # event type names in SLICETRACE_PROFILE_EVENT_MASK
+    "config": BASE | {"events.abi", "config_values"},
     "rendezvous": BASE,
     "stamps.layout": BASE,
     "events.abi": BASE,
