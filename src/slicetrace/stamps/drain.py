@@ -4,7 +4,8 @@ Reads each channel in seq order (one cursor per channel, the same rule the write
 and device can never disagree on which op a stamp belongs to: every stamp carries its op tag.
 KernelCh start and stop are separate records (stamps.layout); the drain keeps open starts aside and delivers
 one paired KernelCh record at the stop, which in seq order comes after every KernelStep of its program.
-Imports errors, stamps.layout, .pairing, .scratch, .waits; its consumer has channel/steps/end_op/drop (the event host).
+Imports errors, stamps.layout, .batches, .pairing, .scratch, .waits; its consumer has channel/steps/end_op/drop
+(the event host).
 """
 from __future__ import annotations
 
@@ -15,15 +16,14 @@ from typing import Callable, Protocol
 import numpy as np
 
 from ..errors import CommTimeoutError
-from .layout import (FLAG_SEND, KIND_CHANNEL, PAIRED_DTYPE, SEQ_PROVISIONAL, RingViews, decode_rows, member,
-                     published, take_rows)
-from .pairing import after_lap, pair_channels
+from .batches import op_runs
+from .layout import KIND_CHANNEL, SEQ_PROVISIONAL, RingViews, member, published
+from .pairing import after_lap
 from .scratch import Scratch
 from .waits import MAX_INTERVAL_S, flush, stuck_in
 
 LOST_LAG = 4096        # an entry this far behind the newest reservation, still incomplete once no op runs, is lost
 _PROV, _LO32, _LO31 = np.uint64(SEQ_PROVISIONAL), np.uint64(0xFFFFFFFF), np.uint64(0x7FFFFFFF)
-_DROPPED = np.iinfo(np.int64).max        # sort key of rows the KernelCh pairing removed
 
 
 class Consumer(Protocol):
@@ -363,39 +363,12 @@ class Drain:
 
     def _deliver(self, chan, st: np.ndarray, co: np.ndarray) -> None:
         """chan: the channel of every row (array), or one int when all rows come from one channel."""
-        w4, w5 = st[:, 4], st[:, 5]
-        kind = (w5 >> np.uint64(48)) & np.uint64(0xFF)
-        is_ch = kind == KIND_CHANNEL
-        has_ch = bool(is_ch.any())
-        # Rows that the run sort below copies are a temporary: built in a reused buffer (stamps.scratch).
-        resort = has_ch or bool(((w4 ^ w4[0]) & _LO32).any()) or bool((kind[0] != kind).any())   # every row's op
-        buf = self._scratch.rows("out", len(st), PAIRED_DTYPE) if resort else None
-        out = decode_rows(st, co, chan, kind, np.empty(len(st), dtype=PAIRED_DTYPE) if buf is None else buf)
-        keep = None                                   # rows left once KernelCh starts are paired into stops
-        if has_ch:
-            keep = pair_channels(out, is_ch, self._open, self.consumer.drop)
-            if not keep.any():
-                return
-        out["flags"] &= np.uint8(FLAG_SEND)           # PAIRED_DTYPE: FLAG_SEND only (the pairing read FLAG_CH_STOP)
-        off = np.int64(self.offset_ns)
-        for f in ("wait", "ready", "done"):
-            out[f + "_ns"] = out[f].view(np.int64) + off
-        ops, kinds = out["op"], out["kind"]
-        if not resort:                               # one op, one kind
-            starts = [0]
-        else:
-            # One run per kind and op across channels (a plugin takes an op's steps in one call, not one per
-            # channel), KernelCh last (one may complete its op); stable: each channel's seq order. Rows the
-            # pairing dropped sort last and are cut off.
-            key = (kinds.astype(np.int64) << 32) | ops.astype(np.int64)
-            if keep is not None:
-                key[~keep] = _DROPPED
-            o = np.argsort(key, kind="stable")[:None if keep is None else int(keep.sum())]
-            out, key = take_rows(out, o), key[o]
-            ops, kinds = out["op"], out["kind"]
-            starts = [0] + (np.flatnonzero(key[1:] != key[:-1]) + 1).tolist()
+        got = op_runs(chan, st, co, self._open, self.consumer.drop, self._scratch, self.offset_ns)
+        if got is None:
+            return
+        out, starts = got
         bounds = starts[1:] + [len(out)]
-        lows, kl = ops[starts].tolist(), kinds[starts].tolist()
+        lows, kl = out["op"][starts].tolist(), out["kind"][starts].tolist()
         with self._lock:
             tags = [self._ops.get(low) for low in lows]
         n = len(out)
