@@ -137,7 +137,7 @@ def test_launch_names_the_argument_that_cannot_be_pickled():
 def test_multiprocessing_objects_pickled_at_spawn_are_not_refused():
     import multiprocessing
 
-    from slicetrace.launcher import _check_picklable
+    from slicetrace.launch_checks import _check_picklable
     _check_picklable(_noop, (multiprocessing.get_context("spawn").Lock(), np.arange(3)))
 
 

@@ -51,7 +51,8 @@ ALLOWED: dict[str, set[str]] = {
     "api_p2p": BASE | {"plan", "backend.base", "api_checks"},
     "api": LOW | CONTRACTS | {"plan", "backend.base", "events.host", "session", "api_checks", "api_p2p"},
     "launch_signals": {"backend.signals"},      # SIGTERM's exit handler
-    "launcher": LOW | {"api", "api_checks", "launch_signals", "backend.cpu"},   # /dev/shm sized before spawning
+    "launch_checks": LOW | {"api_checks", "backend.cpu"},   # /dev/shm sized before spawning
+    "launcher": LOW | {"api", "api_checks", "launch_checks", "launch_signals"},
     "cli": None,                 # the top: may import anything
     "__init__": LOW | {"api", "launcher"},
 }

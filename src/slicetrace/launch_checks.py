@@ -1,0 +1,69 @@
+"""launch()'s arguments, checked before any process starts: fn (callable, importable by name, picklable with its
+args), nranks, join_timeout_s, and the settings (init()'s, not fn's) with the shared memory they need."""
+from __future__ import annotations
+
+from multiprocessing.reduction import ForkingPickler
+from typing import Any, Callable
+
+import numpy as np
+
+from .api_checks import as_index, seconds_or_none
+from .backend.cpu.shm import shm_shortfall
+from .config import Settings
+from .errors import ConfigError, UsageError
+
+
+def launch_settings(fn: Callable, nranks: Any, args: tuple, join_timeout_s: Any,
+                    settings: dict[str, Any]) -> tuple[int, Settings]:
+    """(nranks as an int, the Settings of every rank) for launch(fn, nranks, *args, join_timeout_s=,
+    **settings); UsageError or ConfigError naming the argument otherwise."""
+    if not callable(fn):
+        raise UsageError(f"fn={fn!r} (type {type(fn).__name__}) must be callable: a function defined at the top "
+                         f"level of a module, run as fn(comm, *args) on every rank")
+    n = as_index(nranks)
+    if n is None or n < 1:
+        raise UsageError(f"nranks={nranks!r} must be an int >= 1")
+    nranks = n
+    seconds_or_none(join_timeout_s, "join_timeout_s", "no limit (a failing rank still ends the others within "
+                    "timeout_s)")
+    if "<" in getattr(fn, "__qualname__", ""):
+        raise UsageError(f"fn={fn.__qualname__!r}: spawned ranks import fn by name, so it must be a function defined "
+                         f"at the top level of a module (not a lambda or a nested function)")
+    _check_picklable(fn, args)
+    own = sorted(set(settings) & {"rank", "world_size", "store", "job", "name"})
+    if own:                             # passed on, they met launch()'s own: a TypeError in every rank
+        raise UsageError(f"launch(): {', '.join(f'{k}=' for k in own)}: init()'s own arguments, not settings; "
+                         f"launch() sets them for each rank (for a named communicator, call init(name=...) in fn)")
+    try:
+        s = Settings.from_env(**settings)
+    except ConfigError as e:            # launch(fn, 2, lr=0.1): fn's own arguments go positionally
+        if not str(e).startswith("unknown setting"):
+            raise
+        raise ConfigError(f"launch(): {e}; its keywords are init()'s settings: give fn's own arguments after "
+                          f"nranks, launch(fn, n, *args), or bind them with functools.partial") from None
+    why = shm_shortfall(nranks, s.channels, s.buffsize, s.ring_slots) if s.backend == "cpu" else None
+    if why is not None:                 # before any rank starts: a typo of 100000 would spawn them all
+        raise UsageError(f"nranks={nranks}: {why}, or give fewer nranks")
+    return nranks, s
+
+
+def _check_picklable(fn: Callable, args: tuple) -> None:
+    """Spawned ranks get fn and args pickled: one that cannot be is named here, before any process starts, and not
+    as a bare TypeError from Process.start."""
+    for what, v in (("fn", fn), *((f"args[{i}]", a) for i, a in enumerate(args))):
+        if isinstance(v, (bytes, bytearray, str, int, float)) or (isinstance(v, np.ndarray) and not v.dtype.hasobject):
+            continue                                  # always pickle: no second copy of a large array
+        try:
+            ForkingPickler(_Discard()).dump(v)        # what Process.start would do, into no buffer
+        except RuntimeError as e:
+            if "through inheritance" not in str(e):     # a multiprocessing Lock, Queue: pickled only when spawning
+                raise UsageError(f"{what}={v!r} cannot be sent to the spawned ranks (pickle): {e}") from None
+        except Exception as e:  # noqa: BLE001 - pickle fails as TypeError, AttributeError, PicklingError
+            raise UsageError(f"{what}={v!r} cannot be sent to the spawned ranks (pickle): {type(e).__name__}: {e}; "
+                             f"pass plain data (numbers, strings, numpy arrays) and create locks, files and "
+                             f"connections inside fn") from None
+
+
+class _Discard:
+    def write(self, b: bytes) -> int:
+        return len(b)
