@@ -16,9 +16,9 @@ import numpy as np
 
 from ..errors import TraceFormatError
 from ..events.abi import fused_pairs, moving_from
+from .skew_text import render_skew
 from .trace import KERNEL_CH_TABLE
-from .verdicts import (OP_FRACTION, SPREAD_X, clock_check, held_up, noise_rule, none_left_out, op_index,
-                       stragglers, unfinished)
+from .verdicts import clock_check, held_up, noise_rule, none_left_out, op_index, stragglers, unfinished
 
 CLOCK_SLACK_NS = 1000       # a receive this far ahead of its send, past the clocks' stated uncertainty, is an offset
 MIN_JUDGED_BYTES = 4096      # slices below this are latency, not bandwidth: not used to judge links
@@ -260,7 +260,7 @@ def render(rep: Report, console=None) -> None:
         con.print(f"clocks: {ck['early']:,} of {ck['matched']:,} matched receives had their data before the send "
                   f"moved it (up to {ck['worst_us']:.1f} us, link {s}->{d}): the ranks' clocks disagree, and the "
                   f"straggler and wait verdicts below, which compare them, may name an offset, not a late rank")
-    _skew(rep, con)                     # the findings: stragglers first, then whom the waits lead to, links
+    render_skew(rep, con)               # the findings: stragglers first, then whom the waits lead to, links
     for c in rep.unfinished:            # where a failed run stopped, and who came late to it
         late = f"; rank {c['last_rank']} began it {c['late_us']:.1f} us after the first" if c["began"] > 1 else ""
         never = f"; rank(s) {', '.join(map(str, c['not_begun']))} never began it" if c["not_begun"] else ""
@@ -334,59 +334,6 @@ def render(rep: Report, console=None) -> None:
         skipped = {r: {k: v for k, v in c.items() if v and k.startswith("ops_")} for r, c in rep.counters.items()}
         if any(skipped.values()):       # left out on purpose (SLICETRACE_PROFILE_OP_SAMPLE_RATE / _MIN_BYTES)
             con.print(f"ops not profiled by the settings: {_per_rank(skipped)}")
-
-
-def _skew(rep: Report, con) -> None:
-    """Start-up skew, then the straggler verdict (its table only when a rank is a consistent straggler)."""
-    from rich.table import Table
-    gone, rule = rep.stragglers_left_out, rep.straggler_rule
-    if rep.startup:
-        w = rep.startup
-        con.print(f"start-up skew: {w['func']} #{w['seq']}, the first collective, rank {w['rank']} started "
-                  f"{w['late_us']:.1f} us after the first of {w['ranks']} ranks (the processes' start-up: left out "
-                  f"of the stragglers)")
-    floor = (f"{rule['floor_us']:.1f} us: the larger of {SPREAD_X:g} x the other ranks' median start spread, "
-             f"{rule['others_spread_us']:.1f} us, and {OP_FRACTION:g} x the median op, {rule['op_us']:.1f} us")
-    named = [r for r in rep.stragglers if r["consistent"]]
-    if rep.stragglers and rule["collectives"]:      # shown either way: a rank last in most is worth a look
-        what = ("channel programs started" if rule.get("judged_from") != "Coll" else
-                "Coll event began (called the op: KernelCh not recorded)")
-        t = Table(title=f"who started last (the rank whose {what} last, of {rule['collectives']} collectives after "
-                        f"the first)")
-        for c in ("rank", "collectives started last", "beyond the floor", "median late us", "worst us", "chance"):
-            t.add_column(c, justify="right")
-        for r in rep.stragglers:
-            t.add_row(str(r["rank"]), str(r["times_last"]), str(r["times_late"]), f"{r['median_late_us']:.1f}",
-                      f"{r['worst_us']:.1f}", f"{r['chance']:.2g}")
-        con.print(t)
-    if named:
-        for r in named:
-            con.print(f"straggler: rank {r['rank']} started last in {r['times_last']} of {rule['collectives']} "
-                      f"collectives after the first, {r['times_late']} times more than the noise floor after every "
-                      f"other rank (floor {floor}); median {r['median_late_us']:.1f} us after the first rank; odds "
-                      f"of so many by chance {r['chance']:.2g}")
-    elif rule["collectives"]:
-        late = rule.get("late_collectives", 0)
-        con.print(f"stragglers: no consistent straggler in {rule['collectives']} collectives after the first (" + (
-                  "no rank started more than the noise floor after every other rank in any of them" if not late else
-                  "no rank started more than the noise floor after every other rank in 2 or more of them and more "
-                  "often than chance explains, overall or in one function's") + f"; floor {floor})")
-    elif rep.startup and not gone["collectives"]:
-        con.print("stragglers: not judged, the first collective (start-up) is the only one recorded on every rank")
-    if rep.late_ops:                    # build kept the top N (--top 0: none)
-        w = rep.late_ops[0]
-        con.print(f"largest skew: {w['func']} #{w['seq']}, rank {w['rank']} started {w['late_us']:.1f} us after the "
-                  f"first of {w['ranks']} ranks")
-    if gone["collectives"]:             # a rank without the records may be the straggler: no confident wrong name
-        who = "; ".join(f"rank {d['rank']} lacked {d['collectives']}" for d in gone["lacking"])
-        con.print(f"stragglers: {gone['collectives']} collective(s) left out, not recorded on every rank ({who}; "
-                  f"their KernelCh or Coll records are missing: a file cut short, or records dropped, see the loss "
-                  f"counters): the rank that started them last may be one that lacks them"
-                  + (", so the verdict counts the other collectives only" if rule["collectives"] else ""))
-    elif rep.links and not rep.stragglers and not rep.startup and not rule["collectives"]:
-        con.print("stragglers: not judged, no collective recorded on every rank (matched by SeqNum from KernelCh, "
-                  "else Coll events: point-to-point ops carry none, see who waited on whom; a mask without KernelCh "
-                  "and Coll leaves them out)")
 
 
 def _console():

@@ -1,0 +1,63 @@
+"""report's text on when the ranks started their collectives (analyze/report.py render): start-up skew, the
+straggler verdict and its table, the largest skew, and collectives left out of the verdict."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .verdicts import OP_FRACTION, SPREAD_X
+
+if TYPE_CHECKING:       # report imports this module
+    from .report import Report
+
+
+def render_skew(rep: Report, con) -> None:
+    """Start-up skew, then the straggler verdict (its table only when a rank is a consistent straggler)."""
+    from rich.table import Table
+    gone, rule = rep.stragglers_left_out, rep.straggler_rule
+    if rep.startup:
+        w = rep.startup
+        con.print(f"start-up skew: {w['func']} #{w['seq']}, the first collective, rank {w['rank']} started "
+                  f"{w['late_us']:.1f} us after the first of {w['ranks']} ranks (the processes' start-up: left out "
+                  f"of the stragglers)")
+    floor = (f"{rule['floor_us']:.1f} us: the larger of {SPREAD_X:g} x the other ranks' median start spread, "
+             f"{rule['others_spread_us']:.1f} us, and {OP_FRACTION:g} x the median op, {rule['op_us']:.1f} us")
+    named = [r for r in rep.stragglers if r["consistent"]]
+    if rep.stragglers and rule["collectives"]:      # shown either way: a rank last in most is worth a look
+        what = ("channel programs started" if rule.get("judged_from") != "Coll" else
+                "Coll event began (called the op: KernelCh not recorded)")
+        t = Table(title=f"who started last (the rank whose {what} last, of {rule['collectives']} collectives after "
+                        f"the first)")
+        for c in ("rank", "collectives started last", "beyond the floor", "median late us", "worst us", "chance"):
+            t.add_column(c, justify="right")
+        for r in rep.stragglers:
+            t.add_row(str(r["rank"]), str(r["times_last"]), str(r["times_late"]), f"{r['median_late_us']:.1f}",
+                      f"{r['worst_us']:.1f}", f"{r['chance']:.2g}")
+        con.print(t)
+    if named:
+        for r in named:
+            con.print(f"straggler: rank {r['rank']} started last in {r['times_last']} of {rule['collectives']} "
+                      f"collectives after the first, {r['times_late']} times more than the noise floor after every "
+                      f"other rank (floor {floor}); median {r['median_late_us']:.1f} us after the first rank; odds "
+                      f"of so many by chance {r['chance']:.2g}")
+    elif rule["collectives"]:
+        late = rule.get("late_collectives", 0)
+        con.print(f"stragglers: no consistent straggler in {rule['collectives']} collectives after the first (" + (
+                  "no rank started more than the noise floor after every other rank in any of them" if not late else
+                  "no rank started more than the noise floor after every other rank in 2 or more of them and more "
+                  "often than chance explains, overall or in one function's") + f"; floor {floor})")
+    elif rep.startup and not gone["collectives"]:
+        con.print("stragglers: not judged, the first collective (start-up) is the only one recorded on every rank")
+    if rep.late_ops:                    # build kept the top N (--top 0: none)
+        w = rep.late_ops[0]
+        con.print(f"largest skew: {w['func']} #{w['seq']}, rank {w['rank']} started {w['late_us']:.1f} us after the "
+                  f"first of {w['ranks']} ranks")
+    if gone["collectives"]:             # a rank without the records may be the straggler: no confident wrong name
+        who = "; ".join(f"rank {d['rank']} lacked {d['collectives']}" for d in gone["lacking"])
+        con.print(f"stragglers: {gone['collectives']} collective(s) left out, not recorded on every rank ({who}; "
+                  f"their KernelCh or Coll records are missing: a file cut short, or records dropped, see the loss "
+                  f"counters): the rank that started them last may be one that lacks them"
+                  + (", so the verdict counts the other collectives only" if rule["collectives"] else ""))
+    elif rep.links and not rep.stragglers and not rep.startup and not rule["collectives"]:
+        con.print("stragglers: not judged, no collective recorded on every rank (matched by SeqNum from KernelCh, "
+                  "else Coll events: point-to-point ops carry none, see who waited on whom; a mask without KernelCh "
+                  "and Coll leaves them out)")
