@@ -23,6 +23,7 @@ import numpy as np
 from ..errors import CommTimeoutError, ConfigError
 from ..stamps.layout import take_rows
 from .abi import CommInfo, EventType, ProxyCtrlDescr, State, StateArgs, effective_mask
+from .accounts import Accounts
 from .emit import _B, _DELIVERED, Emitter
 from .ops import OFF as _OFF
 from .ops import SKIP as _SKIP
@@ -42,7 +43,7 @@ _KCH, _KS = _B.KERNEL_CH, _B.KERNEL_STEP
 _DKCH = _DELIVERED[T.KERNEL_CH]
 
 
-class EventHost(Emitter, PollRuns):
+class EventHost(Emitter, PollRuns, Accounts):
     def __init__(self, plugins: list[LoadedPlugin], comm: CommInfo, max_failures: int = 16):
         self.comm = comm
         self.max_failures = max(1, int(max_failures))
@@ -313,10 +314,6 @@ class EventHost(Emitter, PollRuns):
                 if op is not None:
                     self._finish(op, ts_ns)
 
-    def drop(self, reason: str, n: int = 1) -> None:
-        with self._lock:
-            self._counts[reason] = self._counts.get(reason, 0) + int(n)
-
     def proxy_ctrl(self, state: State, ts_ns: int | None = None) -> None:
         """A drain-thread state (ProxyCtrl Idle/Active/Sleep/Wakeup) for plugins whose live mask has ProxyCtrl."""
         ts = time.monotonic_ns() if ts_ns is None else ts_ns
@@ -329,32 +326,6 @@ class EventHost(Emitter, PollRuns):
                 if self._proxy[i] is _OFF:
                     self._proxy[i] = self._start(i, ProxyCtrlDescr(T.PROXY_CTRL, None, self.comm.rank, ts), _OFF)
                 self._state(i, self._proxy[i], State(state), StateArgs(ts_ns=ts))
-
-    def counters(self) -> dict[str, int]:
-        """The rank's counters: what each plugin was offered and kept, summed over the plugins."""
-        return self._unlocked(lambda: self._with_plugins(self._slots))
-
-    def _with_plugins(self, slots: Any) -> dict[str, int]:
-        """The rank-wide counters plus these plugins' own (added: a rank-wide count of the same name stays in);
-        one plugin's is what it reports."""
-        c = dict(self._counts)
-        c["consumer_behind"] += self._n_behind
-        with self._behind_lock:
-            c.update(self._notes)
-        for s in slots:
-            for k, v in s.counts.items():
-                c[k] = c.get(k, 0) + v
-        return c
-
-    def note(self, name: str, value: int) -> None:
-        """Record a fact for the plugins' loss accounting (e.g. clock_uncertainty_ns); reported at close. Never
-        waits for a plugin callback (the user's op calls it)."""
-        with self._behind_lock:
-            self._notes[name] = int(value)
-
-    def plugin_stats(self) -> list[dict[str, Any]]:
-        return self._unlocked(lambda: [{"name": s.lp.name, "version": s.lp.version, "failures": s.failures,
-                                        "disabled": s.disabled} for s in self._slots])
 
     def _unlocked(self, read: Any) -> Any:
         """read() under the lock, or, while a callback holds it past BEHIND_WAIT_S (stuck: it mutates nothing

@@ -1,0 +1,48 @@
+"""The event host's loss accounting (EventHost, host.py): drops counted rank-wide, notes for the plugins, and the
+counters each plugin is offered and kept, read out for close, `counters()` and the plugin stats.
+
+Mixed into EventHost, whose lock, counts, notes and slots these use.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .ops import _Slot
+
+
+class Accounts:
+    """Mixed into EventHost: expects its _lock, _counts, _n_behind, _behind_lock, _notes, _slots and _unlocked."""
+    _counts: dict[str, int]
+    _n_behind: int
+    _notes: dict[str, int]
+    _slots: list[_Slot]
+
+    def drop(self, reason: str, n: int = 1) -> None:
+        with self._lock:
+            self._counts[reason] = self._counts.get(reason, 0) + int(n)
+
+    def counters(self) -> dict[str, int]:
+        """The rank's counters: what each plugin was offered and kept, summed over the plugins."""
+        return self._unlocked(lambda: self._with_plugins(self._slots))
+
+    def _with_plugins(self, slots: Any) -> dict[str, int]:
+        """The rank-wide counters plus these plugins' own (added: a rank-wide count of the same name stays in);
+        one plugin's is what it reports."""
+        c = dict(self._counts)
+        c["consumer_behind"] += self._n_behind
+        with self._behind_lock:
+            c.update(self._notes)
+        for s in slots:
+            for k, v in s.counts.items():
+                c[k] = c.get(k, 0) + v
+        return c
+
+    def note(self, name: str, value: int) -> None:
+        """Record a fact for the plugins' loss accounting (e.g. clock_uncertainty_ns); reported at close. Never
+        waits for a plugin callback (the user's op calls it)."""
+        with self._behind_lock:
+            self._notes[name] = int(value)
+
+    def plugin_stats(self) -> list[dict[str, Any]]:
+        return self._unlocked(lambda: [{"name": s.lp.name, "version": s.lp.version, "failures": s.failures,
+                                        "disabled": s.disabled} for s in self._slots])
