@@ -27,15 +27,17 @@ class Rings:
         self.ref = [RingWriter(self.v, c) for c in range(nch)]
         self.done: set[int] = set()
         self.written = 0
+        self.programs: list[tuple[int, int, int, int]] = []     # (op, channel, start clock, stop clock)
 
-    def submit(self, tag: int) -> None:
-        self.d.expect(tag, channels=True)
+    def submit(self, tag: int, unique: bool = True) -> None:
+        self.d.expect(tag, channels=True, unique_keys=unique)
         self.d.op_submitted(tag, lambda: tag in self.done)
 
     def program(self, tag: int, nsteps: int, t0: int, ch: int = 0, peer: int = 1) -> None:
         steps = [(t0 + 10 * i + 10, t0 + 10 * i + 13, t0 + 10 * i + 17, 2 * i) for i in range(nsteps)]
         stop = t0 + 10 * nsteps + 10
         self.written += nsteps + 2
+        self.programs.append((tag, ch, t0, stop))
         if self.layout == "cpu":
             words = [t0, t0, t0, tag, 0, tail(peer, KIND_CHANNEL, FLAG_SEND)]
             for wait, ready, done, step in steps:
@@ -71,8 +73,10 @@ class Rings:
         return [(t, int(r["channel"]), int(r["ready"]), int(r["done"])) for t, rs in self.sink.channels for r in rs]
 
     def check(self) -> None:
-        """Every delivered KernelStep inside a delivered KernelCh of its op and channel; each record once."""
+        """Every delivered KernelCh one program's start and stop; every delivered KernelStep inside a delivered
+        KernelCh of its op and channel; each record once."""
         chs = self.kernel_chs()
+        assert set(chs) <= set(self.programs), (chs, self.programs)
         outside = [s for s in self.steps() if not any(c[:2] == s[:2] and c[2] <= s[2] and s[3] <= c[3] for c in chs)]
         assert outside == [], (outside, chs)
         drops = self.sink.drops
@@ -130,11 +134,41 @@ def test_a_lap_inside_a_program_whose_start_was_read_keeps_its_kernel_ch():
         if i == 9:
             r.poll()                 # start + 10 steps read, the start held for its stop
     w.channel(True, FLAG_SEND, 1, 1, 999)
-    r.written = 82
+    r.written, r.programs = 82, [(1, 0, 100, 999)]
     r.done.add(1)
     r.poll()
     assert r.sink.drops == Counter(overrun=7) and len(r.steps()) == 73 and r.kernel_chs() == [(1, 0, 100, 999)]
     r.check()
+
+
+def _steps(w, tag: int, n: int, t: int, peer: int = 1) -> None:
+    for i in range(n):
+        s = w.start(KIND_STEP, FLAG_SEND, tag, i, 64, peer, t + 3 * i, t + 3 * i + 1)
+        w.complete(s, KIND_STEP, FLAG_SEND, tag, i, 64, peer, t + 3 * i + 2)
+
+
+def test_a_lapped_stop_is_not_taken_from_a_later_program_with_the_same_key():
+    """Two parts of one op to one peer on one channel, per-record writer: part A's start is held, the lap takes
+    its stop and part B's start, and the first KernelCh row read is B's stop, with A's key. They were paired into
+    one KernelCh from A's start to B's stop (B's steps inside it). Where the op's keys repeat on a channel, that
+    stop cannot be told from A's own: A's start is unpaired and B's rest goes, counted overrun."""
+    r = Rings("ref")
+    r.submit(1, unique=False)
+    w = r.ref[0]
+    w.channel(False, FLAG_SEND, 1, 1, 100)          # A
+    _steps(w, 1, 10, 101)
+    r.poll()                                         # A's start held
+    _steps(w, 1, 60, 200)
+    w.channel(True, FLAG_SEND, 1, 1, 500)           # A's stop, lapped
+    w.channel(False, FLAG_SEND, 1, 1, 600)          # B's start, lapped
+    _steps(w, 1, 70, 601)
+    w.channel(True, FLAG_SEND, 1, 1, 999)           # B's stop: the newest 64 entries are B's last 63 steps and it
+    r.written, r.programs = 144, [(1, 0, 100, 500), (1, 0, 600, 999)]
+    r.done.add(1)
+    r.poll()
+    assert r.kernel_chs() == [] and len(r.steps()) == 10     # A's first steps went out while its start was held
+    assert r.sink.drops == Counter(overrun=144 - 10 - 1, unpaired=1)
+    assert r.sink.ended == [1] and r.d.idle() and not r.d.open_records
 
 
 def test_ops_that_stamp_no_kernel_ch_keep_their_newest_steps():

@@ -34,10 +34,11 @@ class Consumer(Protocol):
 
 
 class _Op:
-    __slots__ = ("tag", "done_fn", "snapshot", "done", "exact", "ch")
+    __slots__ = ("tag", "done_fn", "snapshot", "done", "exact", "ch", "uniq")
 
-    def __init__(self, tag: int, ch: bool = False):
+    def __init__(self, tag: int, ch: bool = False, uniq: bool = False):
         self.tag, self.done_fn, self.snapshot, self.done, self.exact, self.ch = tag, None, None, False, False, ch
+        self.uniq = uniq
 
 
 class Drain:
@@ -75,10 +76,12 @@ class Drain:
         self._scratch = Scratch()
 
     # ---- called by the session (user thread) ----
-    def expect(self, tag: int, channels: bool = False) -> None:
-        """Before submit: stamps of `tag` may appear from now on; channels: its programs stamp KernelCh records."""
+    def expect(self, tag: int, channels: bool = False, unique_keys: bool = False) -> None:
+        """Before submit: stamps of `tag` may appear from now on; channels: its programs stamp KernelCh records;
+        unique_keys: no two of its programs on one channel share a KernelCh key (peer, direction), so a stop read
+        after a lap is the held start's own (pairing.after_lap; else that program is dropped, counted)."""
         with self._lock:
-            self._ops[tag & 0xFFFFFFFF] = _Op(tag, channels)
+            self._ops[tag & 0xFFFFFFFF] = _Op(tag, channels, unique_keys)
 
     def op_submitted(self, tag: int, done_fn: Callable[[], bool], snapshot: np.ndarray | None = None) -> None:
         """After submit: done_fn() tells when the op finished; snapshot = header.reserved once every seq of the
@@ -351,7 +354,8 @@ class Drain:
         if self._any_cut and len(st) and self._cut[chs].any():     # what is left of programs cut by a lap goes
             with self._lock:
                 ch_ops = np.array([k for k, o in self._ops.items() if o.ch], np.uint64)
-            left = after_lap(st, int(chs[0]) if chan is None else chan, self._cut, ch_ops, self._open,
+                uniq = {k for k, o in self._ops.items() if o.uniq}
+            left = after_lap(st, int(chs[0]) if chan is None else chan, self._cut, ch_ops, uniq, self._open,
                              self.consumer.drop)
             self._any_cut = bool(self._cut.any())
             if left is not None:

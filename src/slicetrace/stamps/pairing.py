@@ -56,14 +56,16 @@ def pair_channels(out: np.ndarray, is_ch: np.ndarray, open_: dict, drop: Callabl
     return keep
 
 
-def after_lap(st: np.ndarray, chan, cut: np.ndarray, ch_ops: np.ndarray, open_: dict,
+def after_lap(st: np.ndarray, chan, cut: np.ndarray, ch_ops: np.ndarray, uniq, open_: dict,
               drop: Callable[[str, int], None]) -> np.ndarray | None:
     """Rows (ring words, seq order per channel) to keep, None for all, on channels whose cursor jumped over lapped
     entries (cut[c], cleared once settled): a program whose KernelCh start was lapped must go whole, or its
     KernelSteps would lie in no KernelCh. Either writer's program begins with its start (cpu stamper: start,
     steps, stop; gpu writer: start, stop, steps), so a channel's rows before its next start go, counted as
     overrun, and so do its held starts (unpaired: their stops were lapped). Unless its first KernelCh row is the
-    stop of a held start: the lap fell inside that program, which keeps its KernelCh and the rows up to it.
+    stop of a held start of an op in uniq (its programs' keys are unique per channel): the lap fell inside that
+    program, which keeps its KernelCh and the rows up to it. (Where keys repeat, the stop may close a later program
+    of that key, its start lapped with the held one's stop: pairing them made one KernelCh of two programs.)
     Rows of ops that stamp no KernelCh (not in ch_ops, the drain's expect) stay. chan: an array, or one int."""
     w5, n = st[:, 5], len(st)
     is_ch = ((w5 >> np.uint64(48)) & np.uint64(0xFF)) == KIND_CHANNEL
@@ -75,8 +77,8 @@ def after_lap(st: np.ndarray, chan, cut: np.ndarray, ch_ops: np.ndarray, open_: 
         chp = pos[is_ch[pos]]
         if len(chp):
             j = int(chp[0])
-            w = int(w5[j])
-            if stop[j] and (c, int(st[j, 4]) & 0xFFFFFFFF, w >> 32 & 0xFFFF, w >> 56 & 1) in open_:
+            w, op = int(w5[j]), int(st[j, 4]) & 0xFFFFFFFF
+            if stop[j] and op in uniq and (c, op, w >> 32 & 0xFFFF, w >> 56 & 1) in open_:
                 cut[c] = False
                 continue
             held = [k for k in open_ if k[0] == c]
