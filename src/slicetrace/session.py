@@ -33,13 +33,6 @@ def _done() -> bool:
     return True
 
 
-def unique_ch_keys(plan) -> bool:
-    """No two of the plan's programs on one channel stamp the same KernelCh key (peer, direction): p2p parts to one
-    peer in one direction may share a channel (Drain.expect's unique_keys)."""
-    keys = [(p.channel,) + ((p.params["peer"], p.params["is_send"]) if p.kind == "p2p" else ()) for p in plan.programs]
-    return len(set(keys)) == len(keys)
-
-
 def comm_hash(job: str, generation: int = 1) -> int:
     """The communicator's hash (trace file names, CommHash): the job's; for the job made again in this process
     (generation 2, ...), the job's with that count, so its traces do not overwrite the first one's."""
@@ -194,7 +187,7 @@ class Session:
             work.stamp_steps = work.stamp_channels = False
             self._last = self.backend.submit(work)
             return self._last
-        self.drain.expect(work.tag, work.stamp_channels, unique_ch_keys(work.plan))   # stamps may appear from now
+        self.drain.expect(work.tag, work.stamp_channels, work.plan.unique_ch_keys)   # stamps may appear from now
         try:
             token = self.backend.submit(work)
         except BaseException:                       # its seqs are final too: later ops must still end

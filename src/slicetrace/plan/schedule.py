@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 from ..config import NCCL_STEPS
 from ..errors import UsageError
@@ -81,6 +81,14 @@ class OpPlan:
     @property
     def n_channels(self) -> int:
         return len({p.channel for p in self.programs})
+
+    @cached_property
+    def unique_ch_keys(self) -> bool:
+        """No two programs on one channel stamp the same KernelCh key (peer, direction): p2p parts to one peer in
+        one direction may share a channel (the drain's after-lap pairing needs to know). Once per cached plan."""
+        keys = [(p.channel,) + ((p.params["peer"], p.params["is_send"]) if p.kind == "p2p" else ())
+                for p in self.programs]
+        return len(set(keys)) == len(keys)
 
 
 def div_up(a: int, b: int) -> int:
