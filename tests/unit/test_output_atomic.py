@@ -7,6 +7,8 @@ import errno
 import json
 import os
 import stat
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -101,3 +103,33 @@ def test_the_file_is_written_whole_through_a_link_and_in_place_on_a_fifo(run, tm
     assert got and got[0] == (tmp_path / "real").read_bytes() and stat.S_ISFIFO(os.stat(fifo).st_mode)
     if writer == "write_json":
         assert json.loads(got[0]) == {"rows": list(range(1000))}
+
+
+_TERM_MID_WRITE = """
+import os, signal, sys
+import slicetrace.analyze.atomic as atomic
+from slicetrace.cli.main import main
+
+def opener(file, mode="r", *a, **kw):      # SIGTERM once the temporary file exists, as timeout(1) may send it
+    f = open(file, mode, *a, **kw)
+    if str(file).endswith(".tmp"):
+        os.kill(os.getpid(), signal.SIGTERM)
+    return f
+atomic.open = opener
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("cmd", ["convert", "report"])
+def test_sigterm_during_the_write_leaves_no_temporary_file(run, tmp_path, cmd):
+    """SIGTERM (timeout(1), Slurm) killed report and convert outright: their half-written temporary file stayed
+    beside the output, e.g. a multi-GB out.pftrace.<pid>.<tid>.tmp."""
+    out = tmp_path / "out"
+    out.mkdir()
+    target = str(out / "result")
+    argv = [*run, "-o", target] if cmd == "convert" else [*run, "--csv", target]
+    src = os.path.join(os.path.dirname(__file__), "..", "..", "src")
+    p = subprocess.run([sys.executable, "-c", _TERM_MID_WRITE, cmd, *argv], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "PYTHONPATH": os.path.abspath(src)})
+    assert p.returncode == 143, (p.returncode, p.stderr)
+    assert os.listdir(out) == [], os.listdir(out)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from dataclasses import fields
 
@@ -12,6 +13,7 @@ from ..config import Settings, describe
 from ..errors import BackendError, SliceTraceError, UsageError
 from ..events.abi import parse_mask
 from ..events.loading import load_plugins
+from ..launch_signals import _terminate_as_exit
 from .benchflags import backend_source, bench_settings, check_flags, has_example
 from .outputs import dump_files, trace_note, writable_file, writable_folder, write_json
 from .sweep import DTYPE_ALIASES, OPS, all_dtypes, bench_dtype, parse_size, shm_check, sizes
@@ -319,6 +321,9 @@ def main(argv: list[str] | None = None) -> int:
     cp.add_argument("traces", nargs="+", help="trace files, their folder, a glob, or the dump prefix")
     cp.add_argument("-o", "--output", required=True, metavar="FILE", help="the .pftrace file to write")
     a = parser.parse_args(argv)
+    # report's and convert's files are written through a temporary file: SIGTERM (timeout(1), Slurm) killed the
+    # process outright and left it beside the output; as SystemExit(143) the write's cleanup removes it
+    term = _terminate_as_exit() if a.cmd in ("report", "convert") else None
     try:
         rc = {"bench": run_bench, "config": run_config, "report": run_report, "convert": run_convert}[a.cmd](a)
         sys.stdout.flush()          # a closed pipe shows here, not as a traceback at the interpreter's exit
@@ -338,6 +343,9 @@ def main(argv: list[str] | None = None) -> int:
         what = f"{e.filename!r}: {e.strerror or e}" if e.filename else f"cannot write the output ({e.strerror or e})"
         print(f"slicetrace: error: {what}", file=sys.stderr)
         return 2
+    finally:
+        if term is not None:
+            signal.signal(signal.SIGTERM, term)
 
 
 def _stdout_to_devnull() -> None:
