@@ -53,6 +53,10 @@ def kch_b(r):
     return r.get("name") == "KernelCh" and r["ph"] == "b"
 
 
+def comm_meta(r):
+    return r.get("name") == "slicetrace_comm"
+
+
 def _set(field, value):
     return lambda r: r["args"].update({field: value})
 
@@ -81,6 +85,9 @@ def _set(field, value):
     (coll_b, _set("nChannels", 65), "'args.nChannels' is 65: accepted 0..64 (a channel count)"),
     (p2p_b, _set("Peer", 5), "'args.Peer' is 5: accepted 0..1, the ranks of this run"),
     (p2p_b, _set("Rank", -1), "'args.Rank' is -1: accepted 0..1"),
+    # a hash that is no integer made its file a run of its own: "2 communicators", naming this run's prefix twice
+    (comm_meta, _set("CommHash", "x"), "'args.CommHash' must be an integer, not 'x'"),
+    (comm_meta, _set("CommHash", -1), "'args.CommHash' is -1: accepted 0..18446744073709551615 (a 64-bit hash)"),
 ])
 def test_report_and_convert_refuse_a_bad_value_naming_file_record_field_and_range(run, tmp_path, capsys, pred, fn,
                                                                                    want):

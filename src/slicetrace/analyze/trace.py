@@ -19,7 +19,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from ..errors import TraceFormatError
-from .records import _I32, REQUIRED_ARGS, STEP_ARGS, Ranks, rank_problem, read_records as _read, record_problem
+from .records import _I32, _U64, REQUIRED_ARGS, STEP_ARGS, Ranks, rank_problem, read_records as _read, record_problem
 
 KERNEL_STEP_TABLE = np.dtype([
     ("rank", "<i4"), ("channel", "<i4"), ("is_send", "u1"), ("peer", "<i4"), ("step", "<i8"), ("size", "<i8"),
@@ -81,7 +81,9 @@ def comm_of(path: str, records: list[dict]) -> str:
     for r in records:              # read before the records are checked: args may be anything
         a = r.get("args")
         h = a.get("CommHash") if isinstance(a, dict) else None
-        if h is not None:
+        # a malformed hash ('x', -1) is record_problem's to name: taken here, it made the file a run of its own
+        # and the error "2 communicators", whose suggested commands select that same file again
+        if type(h) is int and 0 <= h <= _U64:
             return str(h)
     m = re.search(r"_(\d+)_\d+\.json$", path)
     return m.group(1) if m else os.path.basename(path)
