@@ -57,6 +57,10 @@ def comm_meta(r):
     return r.get("name") == "slicetrace_comm"
 
 
+def counters_meta(r):
+    return r.get("name") == "slicetrace_counters"
+
+
 def _set(field, value):
     return lambda r: r["args"].update({field: value})
 
@@ -88,6 +92,8 @@ def _set(field, value):
     # a hash that is no integer made its file a run of its own: "2 communicators", naming this run's prefix twice
     (comm_meta, _set("CommHash", "x"), "'args.CommHash' must be an integer, not 'x'"),
     (comm_meta, _set("CommHash", -1), "'args.CommHash' is -1: accepted 0..18446744073709551615 (a 64-bit hash)"),
+    # a negative count was printed as a loss ("overrun -3")
+    (counters_meta, _set("overrun", -3), "'args.overrun' is -3: accepted >= 0 (a count"),
 ])
 def test_report_and_convert_refuse_a_bad_value_naming_file_record_field_and_range(run, tmp_path, capsys, pred, fn,
                                                                                    want):

@@ -122,6 +122,10 @@ def record_problem(r: dict, need_args: bool = True) -> str | None:
         bad = next((k for k, v in a.items() if type(v) is not int), None)
         if bad is not None:
             return f"'args.{bad}' must be an integer (a counter), not {a[bad]!r}"
+        # counts are never negative (report printed "overrun -3" as a loss); the clock offset may be
+        bad = next((k for k, v in a.items() if v < 0 and k != "clock_offset_ns"), None)
+        if bad is not None:
+            return f"'args.{bad}' is {a[bad]}: accepted >= 0 (a count; only clock_offset_ns may be negative)"
     if kind == ("COLL", None) and a.get("SeqNum", 0) < 0:        # stragglers match collectives by SeqNum
         return f"'args.SeqNum' is {a['SeqNum']}: accepted 0..{_I64}, the collective's sequence number"
     if kind is not None and kind[0] == "GPU":            # (a missing clock is need_args's to name)
