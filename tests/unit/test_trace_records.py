@@ -165,6 +165,18 @@ def test_a_rank_file_without_records_is_refused_naming_it(run, tmp_path, capsys,
     assert {r["pid"] for r in load_run(str(folder / "tr_99_0.json"))} == {0}    # the other rank, asked for by name
 
 
+def test_convert_does_not_tell_to_pass_reports_partial_which_it_refuses(run, tmp_path, capsys):
+    """A rank file without records: convert's error said to pass --partial, which convert refuses as an unknown
+    argument (it converts the ranks whose files are named)."""
+    folder, _ = _copy(run, tmp_path)
+    (folder / "tr_99_1.json").write_text("[]")
+    assert main(["convert", str(folder), "-o", str(tmp_path / "x.pftrace")]) == 2
+    err = capsys.readouterr().err
+    assert "holds no records" in err and "pass the other ranks' files by name" in err and "--partial" not in err
+    assert main(["report", str(folder)]) == 2 and "by name, or --partial," in capsys.readouterr().err
+    assert convert(trace_files(str(folder / "tr_99_0.json")), str(tmp_path / "x.pftrace"))["files"] == 1
+
+
 def test_convert_refuses_two_runs_in_one_folder_as_report_does(tmp_path, capsys, monkeypatch):
     """It used to merge them into one trace, the ranks of both runs sharing processes and connections."""
     monkeypatch.chdir(tmp_path)

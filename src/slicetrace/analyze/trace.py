@@ -112,9 +112,11 @@ def _checked(files: list[str], command: str = "report", skip_empty: bool = False
             log.warning("slicetrace: %r holds no records: left out", f)
             continue
         if not recs:
+            # --partial is report's only: convert refused it as an unknown argument
+            partial = ", or --partial," if command == "report" else ""
             raise TraceFormatError(f"trace file {f!r} holds no records: its rank's profiler wrote nothing, and "
                                    f"analysing the run without it would silently leave that rank out; pass the "
-                                   f"other ranks' files by name, or --partial, if that is what you want")
+                                   f"other ranks' files by name{partial} if that is what you want")
         loaded.append((f, recs))
     if not loaded:
         raise TraceFormatError(f"none of the {len(files)} trace file(s) holds a record")
