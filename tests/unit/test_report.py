@@ -416,6 +416,32 @@ def test_ops_left_out_by_min_bytes_or_sampling_are_named_not_the_mask(tmp_path, 
     assert "65606" in err and "MIN_BYTES" not in err
 
 
+def test_ops_that_moved_no_data_under_a_mask_with_both_are_not_blamed_on_the_mask(tmp_path, capsys):
+    """Count-0 ops, or send/recv to the rank itself, recorded with KernelStep and KernelCh in the mask: the error
+    told the user to put both in the mask (SLICETRACE_PROFILE_EVENT_MASK=65606), which the run had already."""
+    import json
+    from slicetrace.cli.main import main
+    for rank in range(2):
+        _coll_file(tmp_path, rank, 2, seqs=(), counters={})
+        f = tmp_path / f"trace_7_{rank}.json"
+        recs = json.loads(f.read_text())
+        recs[0]["args"]["EventMask"] = 65606
+        recs.append({"name": "AllReduce", "cat": "COLL", "ph": "b", "id": 1, "pid": rank, "ts": 0.0,
+                     "args": {"SeqNum": 0, "CommHash": 7, "Rank": rank, "Count": 0, "Datatype": "ncclFloat32",
+                              "Algorithm": "RING", "Protocol": "SIMPLE", "nChannels": 1}})
+        recs.append({"name": "AllReduce", "cat": "COLL", "ph": "e", "id": 1, "pid": rank, "ts": 5.0})
+        f.write_text(json.dumps(recs))
+    assert main(["report", str(tmp_path)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "no KernelStep or KernelCh events to analyse" in err and "the trace's event mask had both (EventMask " \
+        "65606): its 2 op(s) moved no data between ranks" in err and "SLICETRACE_PROFILE_EVENT_MASK" not in err
+    for rank in range(2):              # a mask without them: that is what to change
+        f = tmp_path / f"trace_7_{rank}.json"
+        f.write_text(f.read_text().replace('"EventMask": 65606', '"EventMask": 2'))
+    assert main(["report", str(tmp_path)]) == 2
+    assert "SLICETRACE_PROFILE_EVENT_MASK=65606" in capsys.readouterr().err
+
+
 def test_kernel_ch_without_kernel_steps_says_why_the_link_tables_are_empty():
     from rich.console import Console
     from slicetrace.analyze.report import render

@@ -65,7 +65,7 @@ def _part(f: str, recs: list[dict]) -> _Part:
 class RunTables:
     """A run's tables for report; ranks: run_ranks of its files; present: its int pids, sorted; evented: those
     with b or X records; records: how many; ops: its Coll and P2p b records; one_rank: a slicetrace_comm record
-    says nRanks 1. steps(), counters(), starts(), spans(): kernel_steps and kernel_chs, counters, op_starts,
+    says nRanks 1; masks: the EventMasks its slicetrace_comm records name. steps(), counters(), starts(), spans(): kernel_steps and kernel_chs, counters, op_starts,
     coll_spans of the run's records (raising what those raise)."""
 
     def __init__(self, parts: list[_Part], ranks: Ranks | None) -> None:
@@ -76,6 +76,9 @@ class RunTables:
         self.records = sum(p.records for p in parts)
         self.ops = sum(p.ops for p in parts)
         self.one_rank = any(p.one_rank for p in parts)
+        # the event masks the files say they were recorded with (slicetrace_comm's EventMask)
+        self.masks = {a["EventMask"] for p in parts for r in p.brief[1] if r.get("name") == "slicetrace_comm"
+                      and type(a := r.get("args")) is dict and type(a.get("EventMask")) is int}
 
     def _got(self, field: str) -> list:
         got = [getattr(p, field) for p in self._parts]

@@ -11,7 +11,7 @@ from ..backend.base import REDOPS
 from .. import errors
 from ..config import Settings, describe
 from ..errors import BackendError, SliceTraceError, UsageError
-from ..events.abi import parse_mask
+from ..events.abi import EventType, parse_mask
 from ..events.loading import load_plugins
 from ..launch_signals import _terminate_as_exit
 from .benchflags import backend_source, bench_settings, check_flags, has_example
@@ -254,6 +254,13 @@ def run_report(a: argparse.Namespace) -> int:
                                   f"(default 0) and SLICETRACE_PROFILE_OP_SAMPLE_RATE=1 (every op)" + (
                                       f"; the {run.ops} op(s) profiled have none either: put KernelStep and KernelCh "
                                       f"in the mask (SLICETRACE_PROFILE_EVENT_MASK=65606)" if run.ops else ""))
+        both = EventType.KERNEL_STEP | EventType.KERNEL_CH
+        if run.masks and all(m & both == both for m in run.masks):    # the mask was not it: told so, users set it
+            raise SliceTraceError(f"{' '.join(a.traces)}: no KernelStep or KernelCh events to analyse "
+                                  f"({run.records} events in all), though the trace's event mask had both "
+                                  f"(EventMask {', '.join(map(str, sorted(run.masks)))}): its {run.ops} op(s) moved "
+                                  f"no data between ranks (a count of 0 runs no channel program, and a send/recv to "
+                                  f"the rank itself is a local copy)")
         raise SliceTraceError(f"{' '.join(a.traces)}: no KernelStep or KernelCh events to analyse "
                               f"({run.records} events in all); record with both in the mask, e.g. `slicetrace bench "
                               f"--trace DIR` or SLICETRACE_PROFILE_EVENT_MASK=65606")
