@@ -30,6 +30,7 @@ class _Part(NamedTuple):
     records: int
     ops: int                            # Coll and P2p b records
     one_rank: bool                      # a slicetrace_comm record says nRanks 1
+    masks: set                          # the EventMasks its slicetrace_comm records name
     ks: Any                             # each: the function's result, or _Failed
     chs: Any
     counts: Any
@@ -46,7 +47,7 @@ def _attempt(fn: Callable[[list[dict]], Any], recs: list[dict]) -> Any:
 
 def _part(f: str, recs: list[dict]) -> _Part:
     paired, present, evented = set(), set(), set()
-    ops, one_rank = 0, False
+    ops, one_rank, masks = 0, False, set()
     for r in recs:
         pid, ph = r.get("pid"), r.get("ph")
         if type(pid) is int:
@@ -57,16 +58,19 @@ def _part(f: str, recs: list[dict]) -> _Part:
             paired.add(pid)
             ops += ph == "b" and r.get("cat") in ("COLL", "P2P")
         if r.get("name") == "slicetrace_comm":
-            one_rank = one_rank or (r.get("args") or {}).get("nRanks") == 1
-    return _Part(paired, present, evented, len(recs), ops, one_rank,
+            a = r.get("args") or {}
+            one_rank = one_rank or a.get("nRanks") == 1
+            if type(a) is dict and type(a.get("EventMask")) is int:
+                masks.add(a["EventMask"])
+    return _Part(paired, present, evented, len(recs), ops, one_rank, masks,
                  *(_attempt(fn, recs) for fn in (kernel_steps, kernel_chs, counters, op_starts, coll_spans)))
 
 
 class RunTables:
     """A run's tables for report; ranks: run_ranks of its files; present: its int pids, sorted; evented: those
     with b or X records; records: how many; ops: its Coll and P2p b records; one_rank: a slicetrace_comm record
-    says nRanks 1; masks: the EventMasks its slicetrace_comm records name. steps(), counters(), starts(), spans(): kernel_steps and kernel_chs, counters, op_starts,
-    coll_spans of the run's records (raising what those raise)."""
+    says nRanks 1; masks: the EventMasks its slicetrace_comm records name. steps(), counters(), starts(), spans():
+    kernel_steps and kernel_chs, counters, op_starts, coll_spans of the run's records (raising what those raise)."""
 
     def __init__(self, parts: list[_Part], ranks: Ranks | None) -> None:
         self._parts = parts
@@ -76,9 +80,7 @@ class RunTables:
         self.records = sum(p.records for p in parts)
         self.ops = sum(p.ops for p in parts)
         self.one_rank = any(p.one_rank for p in parts)
-        # the event masks the files say they were recorded with (slicetrace_comm's EventMask)
-        self.masks = {a["EventMask"] for p in parts for r in p.brief[1] if r.get("name") == "slicetrace_comm"
-                      and type(a := r.get("args")) is dict and type(a.get("EventMask")) is int}
+        self.masks = set().union(*(p.masks for p in parts))
 
     def _got(self, field: str) -> list:
         got = [getattr(p, field) for p in self._parts]
