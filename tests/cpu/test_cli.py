@@ -604,3 +604,41 @@ def test_a_dump_file_from_the_environment_is_checked_first_and_named(tmp_path, m
     monkeypatch.setenv("SLICETRACE_PROFILE_DUMP_FILE", str(tmp_path / "file" / "x"))
     assert main(["bench", "-b", "4K", "-e", "4K", "-n", "1", "-w", "0", "--ranks", "2"]) == 2
     assert "SLICETRACE_PROFILE_DUMP_FILE" in capsys.readouterr().err
+
+
+def test_a_dash_writes_reports_json_csv_or_converts_trace_to_stdout_and_the_text_to_stderr(tmp_path, capsys):
+    """`report --json -` wrote a file named '-' (and `--csv -` then replaced it); '-' is now standard output, as
+    Unix tools take it, with the human text on stderr so a pipe gets the file alone."""
+    import csv
+    import io
+    import os
+    import subprocess
+    import sys
+    prefix = _trace_files(tmp_path / "tr", 7)
+    src = os.path.join(os.path.dirname(__file__), "..", "..", "src")
+    env = {**os.environ, "PYTHONPATH": os.path.abspath(src)}
+
+    def cli(*argv):
+        return subprocess.run([sys.executable, "-m", "slicetrace.cli.main", *argv], capture_output=True,
+                              timeout=120, env=env, cwd=tmp_path)
+    assert main(["report", prefix, "--json", str(tmp_path / "r.json"), "--csv", str(tmp_path / "s.csv")]) == 0
+    p = cli("report", prefix, "--json", "-")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout) == json.load(open(tmp_path / "r.json"))
+    assert b"links" in p.stderr
+    p = cli("report", prefix, "--csv", "-", "--json", str(tmp_path / "r2.json"))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == (tmp_path / "s.csv").read_bytes()
+    assert len(list(csv.DictReader(io.StringIO(p.stdout.decode())))) == 4
+    assert b"# 4 KernelStep rows: standard output" in p.stderr
+    assert main(["convert", prefix, "-o", str(tmp_path / "run.pftrace")]) == 0
+    p = cli("convert", prefix, "-o", "-")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == (tmp_path / "run.pftrace").read_bytes() and b"# standard output: 2 rank file(s)" in p.stderr
+    assert not (tmp_path / "-").exists()
+    capsys.readouterr()
+    assert main(["report", prefix, "--json", "-", "--csv", "-"]) == 2
+    assert "standard output can carry one of them" in capsys.readouterr().err
+    assert main(["bench", "-b", "4K", "-e", "4K", "--json", "-"]) == 2
+    assert "--json '-': this command prints its table on standard output" in capsys.readouterr().err
+    assert not (tmp_path / "-").exists() and not os.path.exists("-")

@@ -336,9 +336,9 @@ def render(rep: Report, console=None) -> None:
             con.print(f"ops not profiled by the settings: {_per_rank(skipped)}")
 
 
-def _console():
-    """A rich Console that lets a closed stdout (`report | head`) raise BrokenPipeError, which the command line
-    ends quietly with rc 0, where rich's own exits with 1."""
+def _console(file=None):
+    """A rich Console (on file, default stdout) that lets a closed stdout (`report | head`) raise BrokenPipeError,
+    which the command line ends quietly with rc 0, where rich's own exits with 1."""
     from rich.console import Console
 
     class PipeConsole(Console):
@@ -346,7 +346,7 @@ def _console():
             self.quiet = True
             raise BrokenPipeError("stdout closed")
 
-    return PipeConsole()
+    return PipeConsole(file=file)
 
 
 def _per_rank(counts: dict, said: dict | None = None) -> str:

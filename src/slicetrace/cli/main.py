@@ -7,6 +7,7 @@ import signal
 import sys
 from dataclasses import fields
 
+from ..analyze.atomic import STDOUT
 from ..backend.base import REDOPS
 from .. import errors
 from ..config import Settings, describe
@@ -211,7 +212,7 @@ def run_config(a: argparse.Namespace) -> int:
 
 
 def run_report(a: argparse.Namespace) -> int:
-    from ..analyze.report import build, render
+    from ..analyze.report import _console, build, render
     from ..analyze.runtables import run_tables
     from ..analyze.steps_csv import write_steps_csv
     from ..analyze.trace import absent, trace_files
@@ -219,8 +220,11 @@ def run_report(a: argparse.Namespace) -> int:
         raise UsageError(f"--top {a.top} must be >= 0")
     outs = [(flag, path) for flag, path in (("--json", a.json), ("--csv", a.csv)) if path is not None]
     for flag, path in outs:             # '' too: writable_file refuses it, rather than writing nothing
-        writable_file(flag, path)
+        writable_file(flag, path, stdout_ok=True)
     _not_an_input(outs, trace_files(a.traces))
+    text = sys.stderr if STDOUT in (a.json, a.csv) else sys.stdout     # '-': stdout carries that file alone
+    if a.json == a.csv == STDOUT:
+        raise UsageError("--json '-' and --csv '-': standard output can carry one of them; give the other a file")
     if len(outs) == 2 and (a.json == a.csv or _same_file(a.json, a.csv)):
         raise UsageError(f"--json {a.json!r} and --csv {a.csv!r} are one file: the CSV would replace the JSON; "
                          f"give each its own file")
@@ -233,11 +237,11 @@ def run_report(a: argparse.Namespace) -> int:
                               f"--partial to analyse the ranks present")
     if missing:
         print(f"# --partial: rank(s) {listed} of {ranks.n} absent; stragglers, waits and links are among the "
-              f"ranks present only")
+              f"ranks present only", file=text)
     bare = [r for r in present if r not in run.evented]
     if bare and run.evented:            # present by their header only: the tables would just lack them
         print(f"# rank(s) {', '.join(map(str, bare))}: the file holds no events (cut short before its first "
-              f"write?); the tables and verdicts have nothing of it")
+              f"write?); the tables and verdicts have nothing of it", file=text)
     ks, chs = run.steps()
     if not len(ks) and not len(chs) and run.one_rank:
         raise SliceTraceError(f"{' '.join(a.traces)}: a 1-rank run moves no data between ranks, so it has no slices "
@@ -272,24 +276,25 @@ def run_report(a: argparse.Namespace) -> int:
             n = write_steps_csv(ks, a.csv)
         except OSError as e:
             raise UsageError(f"--csv {a.csv!r}: cannot write the file ({e.strerror or e})") from None
-    render(rep)
+    render(rep, _console(text))
     if a.csv is not None:
-        print(f"# {n} KernelStep rows: {a.csv}")
+        print(f"# {n} KernelStep rows: {'standard output' if a.csv == STDOUT else a.csv}", file=text)
     return 0
 
 
 def run_convert(a: argparse.Namespace) -> int:
     from ..analyze.perfetto import convert
     from ..analyze.trace import trace_files
-    writable_file("-o", a.output)
+    writable_file("-o", a.output, stdout_ok=True)
     files = trace_files(a.traces)
     _not_an_input([("-o", a.output)], files, "run.pftrace")
     try:
         got = convert(files, a.output)
     except OSError as e:            # reading is TraceFormatError: an OSError here is the write
         raise UsageError(f"-o {a.output!r}: cannot write the file ({e.strerror or e})") from None
-    print(f"# {a.output}: {got['files']} rank file(s), {got['slices']} slices on {got['tracks']} tracks, "
-          f"{got['flows']} send -> receive flows (open in https://ui.perfetto.dev)")
+    print(f"# {'standard output' if a.output == STDOUT else a.output}: {got['files']} rank file(s), {got['slices']} "
+          f"slices on {got['tracks']} tracks, {got['flows']} send -> receive flows (open in https://ui.perfetto.dev)",
+          file=sys.stderr if a.output == STDOUT else sys.stdout)
     return 0
 
 
@@ -318,15 +323,17 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("traces", nargs="+", help="trace files, their folder, a glob, or the dump prefix")
     rp.add_argument("--top", type=int, default=10,
                     help="slowest slices (and most skewed collectives) to list, default 10")
-    rp.add_argument("--json", metavar="FILE", help="write the report as JSON")
+    rp.add_argument("--json", metavar="FILE", help="write the report as JSON ('-': standard output, the text then "
+                    "goes to stderr)")
     rp.add_argument("--partial", action="store_true",
                     help="analyse the ranks present when the run's other ranks' files are not given")
     rp.add_argument("--csv", metavar="FILE", help="write every KernelStep as a CSV row (rank, channel, is_send, peer, "
                     "step, size, wait_ns, ready_ns, done_ns, seq_number, op, wait_us, transfer_us, gbps), for pandas "
-                    "or a spreadsheet")
+                    "or a spreadsheet ('-': standard output, the text then goes to stderr)")
     cp = sub.add_parser("convert", help="trace files -> one Perfetto protobuf trace, with send -> receive flows")
     cp.add_argument("traces", nargs="+", help="trace files, their folder, a glob, or the dump prefix")
-    cp.add_argument("-o", "--output", required=True, metavar="FILE", help="the .pftrace file to write")
+    cp.add_argument("-o", "--output", required=True, metavar="FILE", help="the .pftrace file to write ('-': "
+                    "standard output)")
     a = parser.parse_args(argv)
     # report's and convert's files are written through a temporary file: SIGTERM (timeout(1), Slurm) killed the
     # process outright and left it beside the output; as SystemExit(143) the write's cleanup removes it

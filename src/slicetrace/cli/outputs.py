@@ -10,13 +10,19 @@ import re
 import tempfile
 import time
 
-from ..analyze.atomic import atomic_open
+from ..analyze.atomic import STDOUT, atomic_open
 from ..errors import SliceTraceError, UsageError
 
 
-def writable_file(flag: str, path: str) -> None:
+def writable_file(flag: str, path: str, stdout_ok: bool = False) -> None:
     """Fail before the work, not after it: open the file for appending (os.access says yes to root everywhere,
-    /proc included), and remove it again if this made it."""
+    /proc included), and remove it again if this made it. stdout_ok: '-' is standard output (the command's own
+    text then goes to stderr); else '-' is refused, not made a file of that name."""
+    if path == STDOUT:
+        if stdout_ok:
+            return
+        raise UsageError(f"{flag} '-': this command prints its table on standard output, so '-' cannot be the "
+                         f"file too; give a file name (./- for a file named '-')")
     if not path:                            # open('') fails with a bare errno; name the flag instead
         raise UsageError(f"{flag} {path!r}: an empty path names no file; give a file name")
     if os.path.isdir(path):
