@@ -30,7 +30,7 @@ from .rendezvous import DictStore, Store, TorchStore
 # own rank (launch's, torchrun's RANK), so a communicator that reorders the ranks counts alike on all; else the
 # rank given (ranks as threads of one process count apart)
 _JOB_CALLS: defaultdict = defaultdict(itertools.count)
-_LAUNCH: tuple[int, int, Store] | None = None     # in a rank process of launch(): (rank, world, store)
+_LAUNCH: tuple[int, int, Store, dict] | None = None     # in a rank process of launch(): (rank, world, store, settings)
 
 
 def _torch_store(rank: int, world: int, timeout_s: float) -> Store:
@@ -58,7 +58,11 @@ def init(backend: str | None = None, rank: int | None = None, world_size: int | 
          store: Store | None = None, job: str | None = None, name: str = "", **settings: Any) -> Communicator:
     """Make this rank's Communicator. Explicit arguments beat SLICETRACE_* variables; without rank/world_size,
     torchrun's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT are used (in a rank of launch(): its rank, world and store);
-    without those, a world of one."""
+    without those, a world of one. In a rank of launch(), launch()'s settings are the defaults (not its cpu_bind,
+    which binds by rank in the launch's world)."""
+    if _LAUNCH is not None:     # a sub-communicator ran with the environment's settings, unprofiled, nothing said
+        backend = _LAUNCH[3].get("backend") if backend is None else backend
+        settings = {**{k: v for k, v in _LAUNCH[3].items() if k not in ("backend", "cpu_bind")}, **settings}
     s = Settings.from_env(backend=backend, **settings)
     # checked before any store is used: a bad rank would otherwise wait out the rendezvous timeout
     rank = None if rank is None else _as_int("rank", rank, "in 0..world_size-1")
@@ -156,7 +160,7 @@ def _child(fn: Callable, rank: int, world: int, store_map: Any, job: str, settin
         if Settings.from_env(**settings).cpu_bind == "auto" and _crowding(world):
             settings = {**settings, "cpu_bind": "on"}      # our own rank processes: nothing else inherits it
         global _LAUNCH
-        _LAUNCH = (rank, world, DictStore(store_map))
+        _LAUNCH = (rank, world, DictStore(store_map), settings)
         comm = init(rank=rank, world_size=world, store=_LAUNCH[2], job=job, **settings)
         result = fn(comm, *args)
         _leave_if_forked(me)

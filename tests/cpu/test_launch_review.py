@@ -200,3 +200,20 @@ def test_a_timeout_names_the_rank_that_never_started_the_collective():
     assert res[1] == "away"
     for r in (0, 2):
         assert "rank(s) 1 had not started collective #1" in res[r], res
+
+
+def sub_communicators(comm) -> list:
+    """init() inside a rank: one with the defaults, one with a keyword of its own."""
+    got = []
+    for kw in ({}, {"timeout_s": 9.0}):
+        with slicetrace.init(**kw) as sub:
+            got.append((sub.backend_name, sub.settings.timeout_s, sub.settings.buffsize, sub.settings.cpu_bind))
+    return got
+
+
+def test_init_inside_a_rank_takes_launchs_settings_as_its_defaults():
+    """Before: init() in fn read the environment only, so a second communicator ran on the default backend with
+    the default timeout, unprofiled, and nothing said so."""
+    res = slicetrace.launch(sub_communicators, 2, backend="null", timeout_s=LONG, buffsize=1 << 20, cpu_bind="on",
+                            join_timeout_s=120)
+    assert res == [[("null", LONG, 1 << 20, "auto"), ("null", 9.0, 1 << 20, "auto")]] * 2
