@@ -124,7 +124,8 @@ def test_ranks_and_shared_memory_do_not_outlive_the_launcher(tmp_path, sig, want
     assert (rc, survivors, leaked) == (want_rc, [], set()), err
 
 
-@pytest.mark.parametrize("sig,rc,said", [(signal.SIGINT, 130, "slicetrace: interrupted"), (signal.SIGTERM, 143, "")])
+@pytest.mark.parametrize("sig,rc,said", [(signal.SIGINT, 130, "slicetrace: interrupted"),
+                                         (signal.SIGTERM, 143, "slicetrace: terminated (SIGTERM)")])
 def test_ctrl_c_stops_bench_with_a_message_and_no_traceback_and_the_traces_written(tmp_path, sig, rc, said):
     """Before: the ranks were killed at once, so the example plugin never wrote what it held: 0-byte trace files
     that report could not read. Now each rank closes its communicator first (the plugins' finalize). SIGTERM to the

@@ -348,6 +348,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("slicetrace: interrupted", file=sys.stderr)
         return 130
+    except SystemExit as e:         # our SIGTERM handlers' (timeout(1), Slurm): said, as Ctrl-C is
+        if e.code == 128 + signal.SIGTERM:
+            print("slicetrace: terminated (SIGTERM)", file=sys.stderr)
+        raise
     except BrokenPipeError:         # `slicetrace config | head`: the reader is gone, which is not an error
         _stdout_to_devnull()
         return 0

@@ -44,6 +44,7 @@ def format_row(r: dict, ref: bool, overhead: bool) -> str:
     if overhead:
         s += "  {:>8.2f}% [{:.1f}, {:.1f}]".format(r["overhead_pct"], *r["overhead_ci95_pct"])
         if "overhead_ci_coverage_pct" in r:          # fewer than 6 ratios: say what the interval covers
-            s += " ({:.0f}% CI: {} ratios; --rounds 12 for 95%)".format(r["overhead_ci_coverage_pct"],
-                                                                       r["overhead_ratios"])
+            n = r["overhead_ratios"]
+            s += " ({:.0f}% CI: {} ratio{}; --rounds 12 for 95%)".format(r["overhead_ci_coverage_pct"], n,
+                                                                        "" if n == 1 else "s")
     return s
