@@ -238,3 +238,15 @@ def test_a_forked_child_exiting_does_not_rewrite_the_parents_file(tmp_path):
     """The exit hook ran in a forked child too: its exit rewrote the .prom with the table as it was at the fork."""
     before = "import os, sys, time\npid = os.fork()\nif pid == 0:\n    time.sleep(1.0)\n    sys.exit(0)"
     assert "slicetrace_link_bytes_total{" in _never_closed(tmp_path, before, "print(pid, flush=True)")
+
+
+def test_a_prefix_that_names_a_folder_puts_the_file_inside_it(tmp_path, monkeypatch):
+    """os.path.abspath dropped the trailing '/': SLICETRACE_LINKSTATS_FILE=textfile/ wrote textfile_<hash>_<rank>.prom
+    beside the folder, where node_exporter's textfile collector does not look (the example plugin writes inside)."""
+    monkeypatch.chdir(tmp_path)
+    for prefix in (str(tmp_path / "abs") + os.sep, "rel" + os.sep):
+        ctx = LinkStatsPlugin(Settings(linkstats_file=prefix)).init(CommInfo(7, "c", 1, 2, 0), ActivationMask())
+        assert ctx.path == str(tmp_path / prefix / "_7_0.prom")
+        assert (tmp_path / prefix / "_7_0.prom").read_text().startswith("# HELP")
+    monkeypatch.chdir(tmp_path / "rel")         # a later chdir still does not move it
+    assert os.path.isabs(ctx.path)

@@ -28,8 +28,9 @@ class _Ctx:
     def __init__(self, comm: CommInfo, prefix: str | None, s: Settings):
         self.comm = comm
         self.table: dict[tuple[int, int, int], np.ndarray] = {}   # key -> [slices, bytes, wait_ns, xfer_ns]
-        # absolute: a later chdir of the application must not move the file
-        self.path = f"{os.path.abspath(prefix)}_{comm.comm_hash}_{comm.rank}.prom" if prefix else None
+        # absolute: a later chdir of the application must not move the file; joined, not abspath'd, so a prefix
+        # that names a folder ('textfile/') keeps its '/' and the files go inside it, as the example plugin's do
+        self.path = f"{os.path.join(os.getcwd(), prefix)}_{comm.comm_hash}_{comm.rank}.prom" if prefix else None
         self.interval_s = s.linkstats_interval_s
         self.write_at = time.monotonic() + self.interval_s
         self.host_counters: dict[str, int] = {}
