@@ -250,3 +250,15 @@ def test_a_prefix_that_names_a_folder_puts_the_file_inside_it(tmp_path, monkeypa
         assert (tmp_path / prefix / "_7_0.prom").read_text().startswith("# HELP")
     monkeypatch.chdir(tmp_path / "rel")         # a later chdir still does not move it
     assert os.path.isabs(ctx.path)
+
+
+def test_the_summary_at_finalize_shows_plain_numbers(tmp_path, caplog):
+    """wait_us and transfer_us were numpy floats: under numpy 2 each summary line read
+    'wait_us': np.float64(0.5), not 'wait_us': 0.5."""
+    p, ctx = _plugin(tmp_path, name="c")
+    p.kernel_step_batch(ctx, None, _recs([(0, 1, 0, 1000, 0, 500, 2500)]))
+    assert all(type(v) in (int, float, bool) for row in p.snapshot(ctx) for v in row.values())
+    with caplog.at_level(logging.INFO, logger="slicetrace"):
+        p.finalize(ctx)
+    (line,) = [r.getMessage() for r in caplog.records if "linkstats rank" in r.getMessage()]
+    assert "'wait_us': 0.5, 'transfer_us': 2.0, 'gbps': 0.5}" in line and "np." not in line

@@ -184,8 +184,9 @@ class LinkStatsPlugin:
         ctx.host_counters = dict(counters)
 
     def snapshot(self, ctx: _Ctx) -> list[dict]:
+        # Python numbers only: numpy 2 shows its scalars as np.float64(...) in finalize's summary lines
         return [{"channel": c, "is_send": bool(s), "peer": p, "slices": int(v[0]), "bytes": int(v[1]),
-                 "wait_us": v[2] / 1e3, "transfer_us": v[3] / 1e3,
+                 "wait_us": int(v[2]) / 1e3, "transfer_us": int(v[3]) / 1e3,
                  "gbps": float(v[1] / v[3]) if v[3] else float("nan")}
                 for (c, s, p), v in sorted(ctx.table.items())]
 
