@@ -262,3 +262,22 @@ def test_the_summary_at_finalize_shows_plain_numbers(tmp_path, caplog):
         p.finalize(ctx)
     (line,) = [r.getMessage() for r in caplog.records if "linkstats rank" in r.getMessage()]
     assert "'wait_us': 0.5, 'transfer_us': 2.0, 'gbps': 0.5}" in line and "np." not in line
+
+
+@pytest.mark.parametrize("failing_before", [False, True])
+def test_a_write_that_fails_at_close_says_the_final_table_is_lost(tmp_path, caplog, failing_before):
+    """At close the error promised 'trying again every 10 s and at close' (no write follows), and after an earlier
+    failure the last write failed without a word: the final table, with the host's counters, lost silently."""
+    (tmp_path / "d").mkdir()
+    p = LinkStatsPlugin(Settings(linkstats_file=str(tmp_path / "d" / "m"),
+                                 linkstats_interval_s=1e-9 if failing_before else 10.0))
+    ctx = p.init(CommInfo(7, "c", 1, 2, 0), ActivationMask())
+    (tmp_path / "d" / "m_7_0.prom").unlink()
+    (tmp_path / "d").rmdir()
+    (tmp_path / "d").write_text("")                 # a file where the folder was: every write fails
+    with caplog.at_level(logging.ERROR, logger="slicetrace"):
+        p.kernel_step_batch(ctx, None, _recs([(0, 1, 1, 8, 0, 0, 1)]))
+        p.finalize(ctx)
+    msgs = [r.getMessage() for r in caplog.records]
+    assert len(msgs) == 1 + failing_before and "at close; its final table is lost" in msgs[-1]
+    assert "trying again" not in msgs[-1]

@@ -167,11 +167,14 @@ class LinkStatsPlugin:
             ctx.write_at = time.monotonic() + ctx.interval_s
             self._write(ctx)
 
-    def _write(self, ctx: _Ctx) -> None:
+    def _write(self, ctx: _Ctx, last: bool = False) -> None:
         try:
             _put(ctx)
         except OSError as e:            # a metrics file must not stop the job: say so once, try again later
-            if not ctx.failing:
+            if last:                    # no later: the final table (with the host's counters) is lost, say so
+                log.error("slicetrace linkstats: cannot write %s (%s) at close; its final table is lost",
+                          ctx.path, e)
+            elif not ctx.failing:
                 log.error("slicetrace linkstats: cannot write %s (%s); trying again every %g s and at close",
                           ctx.path, e, ctx.interval_s)
             ctx.failing = True
@@ -193,6 +196,6 @@ class LinkStatsPlugin:
     def finalize(self, ctx: _Ctx) -> None:
         """At close, or at exit for a communicator never closed (session._finish_at_exit)."""
         if ctx.path is not None:
-            self._write(ctx)
+            self._write(ctx, last=True)
         for row in self.snapshot(ctx):
             log.info("slicetrace linkstats rank %d: %s", ctx.comm.rank, row)
