@@ -38,6 +38,7 @@ class Communicator:
         self._group: list[tuple[P2pPart, Any, str, int]] | None = None
         self._group_depth = self._group_max = self._run_depth = 0    # user group nesting: now, deepest, at run
         self._group_owner = 0                                           # the thread that opened the group
+        self._group_lock = threading.Lock()     # a group's opening, and a call joining it: one thread at a time
         self._p2p_plans: dict[tuple, tuple] = {}
         self._p2p_pos: dict[tuple[int, bool], int] = {}   # (peer, is_send) -> its pieces so far, mod p2p_channels
         self._stream: Any = None        # cuda: None = the current stream at each call
@@ -206,12 +207,13 @@ class Communicator:
     def group(self) -> Iterator[None]:
         """Batch send/recv calls; they run concurrently when the outermost group ends (ncclGroupStart/End)."""
         self._check_open()
-        outside_groups(self, "comm.group()", span=False)       # a group of its own may open inside another's
-        self._group_depth += 1
-        self._group_max = max(self._group_max, self._group_depth)
-        if self._group is None:
-            group_opened(self, True)            # its owner first: a call in between would pass as the owner's
-            self._group = []
+        with self._group_lock:                  # two threads' checks passed at once: both opened, one's never ran
+            outside_groups(self, "comm.group()", span=False)   # a group of its own may open inside another's
+            self._group_depth += 1
+            self._group_max = max(self._group_max, self._group_depth)
+            if self._group is None:
+                group_opened(self, True)        # its owner first: a call in between would pass as the owner's
+                self._group = []
         ok = False
         try:
             yield
@@ -241,10 +243,12 @@ class Communicator:
     def _enqueue(self, entries: list, checked: bool = False) -> None:
         """Send/recv entries join the open group, or run now as a group of their own (checked: their buffers are
         known not to overlap, as all_to_all's)."""
-        if self._group is not None:
-            self._group.extend(entries)
-        else:
-            self._run_p2p(entries, checked)
+        with self._group_lock:          # a group another thread opened since the call's check: not joined
+            if self._group is not None:
+                outside_groups(self, "all_to_all" if checked else "send/recv")
+                self._group.extend(entries)
+                return
+        self._run_p2p(entries, checked)
 
     def send(self, x: Any, peer: int, *, user_tag: int = 0) -> None:
         self._p2p(x, peer, True, user_tag)

@@ -1,4 +1,5 @@
-"""Threads: ranks that are threads of one process, and a close() from another thread racing an op."""
+"""Threads: ranks that are threads of one process, a close() from another thread racing an op, and comm.group()
+opened by one thread while another opens one or calls in."""
 from __future__ import annotations
 
 import sys
@@ -73,3 +74,76 @@ def test_a_close_from_another_thread_never_meets_a_torn_down_backend():
     finally:
         sys.setswitchinterval(old)
     assert set(seen) == {"UsageError: communicator is closed"}, sorted(set(seen))
+
+
+def _slow_checks(monkeypatch, what: str) -> None:
+    """outside_groups(..., what) passes, then pauses: another thread runs in the window before the call acts."""
+    import slicetrace.api as api
+    real = api.outside_groups
+
+    def slow(comm, w, *a, **k):
+        real(comm, w, *a, **k)
+        if w == what:
+            time.sleep(0.1)
+    monkeypatch.setattr(api, "outside_groups", slow)
+
+
+def test_two_threads_opening_a_group_at_once_get_a_group_or_an_error(monkeypatch):
+    """Both passed the check before either opened and both were let in, one group nested in the other: under load
+    a thread's group ended as an inner one and ran nothing (its recv returned unfilled, no error), and its thread
+    kept the communicator among its open groups."""
+    from slicetrace.api_checks import _OPEN
+    _slow_checks(monkeypatch, "comm.group()")
+    c = slicetrace.init(backend="null")
+    start, res = threading.Barrier(2), {}
+
+    def body(k):
+        out = np.zeros(4, np.float32)
+        try:
+            start.wait(10)
+            with c.group():
+                c.send(np.full(4, k + 1, np.float32), 0)
+                c.recv(out, 0)
+            res[k] = ("ran", out.tolist() == [k + 1] * 4, bool(_OPEN.__dict__.get("stack")))
+        except UsageError as e:
+            res[k] = ("refused", "another thread has comm.group() open" in str(e), bool(_OPEN.__dict__.get("stack")))
+    threads = [threading.Thread(target=body, args=(k,), daemon=True) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert not any(t.is_alive() for t in threads), "a group() hung"
+    c.close()
+    assert sorted(res.values()) == [("ran", True, False), ("refused", True, False)], res
+
+
+def test_an_all_to_all_never_joins_a_group_another_thread_opened_meanwhile(monkeypatch):
+    """all_to_all passed the group check, another thread opened comm.group(), and its blocks joined that group: it
+    returned at once with its output unfilled (the group's owner then ran them)."""
+    _slow_checks(monkeypatch, "all_to_all")
+    c = slicetrace.init(backend="null")
+    res, opened, leave = {}, threading.Event(), threading.Event()
+
+    def owner():
+        try:
+            time.sleep(0.03)                    # inside all_to_all's window
+            with c.group():
+                opened.set()
+                leave.wait(10)
+            res["owner"] = "ran"
+        except UsageError as e:
+            res["owner"] = str(e)
+    t = threading.Thread(target=owner, daemon=True)
+    t.start()
+    out = np.zeros(8, np.float32)
+    try:
+        c.all_to_all(np.arange(8, dtype=np.float32), out)
+        res["a2a"] = f"returned, out filled: {out.tolist() == list(range(8))}"
+    except UsageError as e:
+        res["a2a"] = str(e)
+    leave.set()
+    t.join(20)
+    assert not t.is_alive(), "the group's owner hung"
+    c.close()
+    assert opened.is_set() and res["owner"] == "ran", res
+    assert res["a2a"].startswith("all_to_all: another thread has comm.group() open"), res
