@@ -402,3 +402,34 @@ def test_a_rank_that_cannot_make_its_segment_fails_the_others_set_up_at_once():
         assert f"rank 2 failed to set up its cpu backend: BackendError: {res[2][1]}; detected by rank " in msg, msg
         assert re.search(r"; detected by rank [01]$", msg), msg
     assert left == []
+
+
+def dies_after_attached(ctx, key: str, kw: dict):
+    """Rank 1 exits as its 'attached' barrier returns, before it unlinks its own name; rank 0 lists what is left
+    in /dev/shm once its set-up returned, before any op or close (a program that exits on an error does neither)."""
+    if ctx["rank"] == 1:
+        store = ctx["store"]
+        barrier = store.barrier
+
+        def dying(name, *a, **k):
+            barrier(name, *a, **k)
+            if name.endswith("/attached"):
+                os._exit(9)
+        store.barrier = dying
+    backend(ctx, key, **kw)
+    return shm_left(ctx, key)
+
+
+def test_a_rank_gone_between_the_attached_barrier_and_its_unlink_leaves_no_name():
+    """Past the barrier every rank has attached every segment, yet each unlinked its own name only: a rank killed
+    (or stopped, then killed) between the barrier and its unlink left its segment in /dev/shm for good unless a peer
+    closed its communicator or waited on it until it was found dead."""
+    pool = RankPool(2, timeout=30)
+    try:
+        res = pool.results_or_errors(dies_after_attached, "gone", dict(SMALL, timeout_s=8.0))
+    finally:
+        pool.close()
+        for name in glob.glob(f"/dev/shm/st_{pool.job}gone_*"):     # before the fix rank 1's stayed
+            os.unlink(name)
+    assert isinstance(res[1], RankError) and res[1].name == "EOFError", res[1]
+    assert res[0] == [], res[0]

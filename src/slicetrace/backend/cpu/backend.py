@@ -157,6 +157,8 @@ class CpuBackend(HostBackend):
         # leaves nothing in /dev/shm; the memory lives until the last rank unmaps it
         self.store.barrier(f"{self._prefix}/attached", rank, world, s.timeout_s, check=alive)
         self.seg.unlink()
+        for name in names.values():     # the peers' too: one stopped or killed before its own unlink left its name
+            unlink_name(name)
         cpus = affinity.candidates(rank, world, nch) if s.cpu_bind == "on" else []    # launch() resolves "auto"
         self._bound = affinity.bind(cpus) if cpus else None      # after the heartbeat thread started
 
@@ -306,8 +308,8 @@ class CpuBackend(HostBackend):
         # communicator the caller keeps, or one a cycle holds, keeps its /dev/shm pages until GC)
         self.writers, self._rings, self.ring_send, self.ring_recv, self.p2p_recv, self.p2p_send = [], None, [], [], {}, {}
         self.seg.unlink()
-        for name in getattr(self, "_names", {}).values():      # a peer killed between the attached barrier and
-            unlink_name(name)                                   # its own unlink left its name (every rank attached)
+        for name in getattr(self, "_names", {}).values():      # a set-up that failed at the attached barrier:
+            unlink_name(name)                                   # a peer gone before it unlinked its own left its name
         for seg in self._peer_segs.values():
             seg.close()
         self.seg.close()
