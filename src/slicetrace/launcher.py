@@ -307,7 +307,7 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
                             errors[r] = f"rank {r} exited (code 0) without a result" if code == 0 else (
                                 f"rank {r} died with exit code {code}" + (" (SIGKILL: the kernel's out-of-memory "
                                 "killer, if nobody else sent it; see dmesg)" if code == -9 else "") + (
-                                    "" if r in started else (
+                                    "" if r in started else " before running fn" if code < 0 else (   # a signal
                                     " before running fn: could it import fn? Spawned ranks import it by name: define "
                                     "it at the top level of an importable module, and launch under `if __name__ == "
                                     "'__main__':` (the rank's own error is on stderr)")))

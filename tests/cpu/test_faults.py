@@ -212,3 +212,22 @@ def test_launch_refuses_a_function_the_ranks_cannot_import(tmp_path, monkeypatch
     (tmp_path / "st_vanishing_mod.py").unlink()                # the parent still has it; a fresh rank cannot
     with pytest.raises(slicetrace.LaunchError, match="before running fn: could it import fn"):
         slicetrace.launch(job, 2, timeout_s=TIMEOUT, join_timeout_s=JOIN)
+
+
+def test_a_rank_killed_by_a_signal_before_fn_is_not_told_to_check_its_import(tmp_path, monkeypatch):
+    """A rank killed from outside while it still imported (SIGKILL, SIGTERM) read 'could it import fn?', which
+    sends the user after a healthy module."""
+    import importlib
+    import sys
+    (tmp_path / "st_killed_mod.py").write_text(
+        "import multiprocessing, os, signal\n"
+        "if multiprocessing.current_process().name.startswith('slicetrace-rank'):    # a rank, importing fn\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "def job(comm):\n    return comm.rank\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "st_killed_mod", raising=False)
+    job = importlib.import_module("st_killed_mod").job
+    with pytest.raises(slicetrace.LaunchError) as e:
+        slicetrace.launch(job, 2, timeout_s=TIMEOUT, join_timeout_s=JOIN)
+    assert "died with exit code -9" in str(e.value) and "before running fn" in str(e.value)
+    assert "could it import" not in str(e.value)
