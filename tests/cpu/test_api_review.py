@@ -284,3 +284,25 @@ def test_a_child_forked_inside_a_group_can_use_a_communicator_of_its_own(comm):
     with comm.group():
         got = _in_a_fork(own)
     assert got == "ok", got
+
+
+def test_a_child_forked_from_a_profiled_program_is_killed_by_sigterm_as_before(tmp_path):
+    """The SIGTERM-as-exit handler of a profiled communicator was inherited by forked children (DataLoader workers),
+    where SIGTERM then raised SystemExit inside the child's own code; they own no communicator, so it is undone."""
+    code = ("import os, signal, time, slicetrace\n"
+            "c = slicetrace.init(backend='null', profiler_plugin='example', profile_dump_file=%r)\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    try:\n"
+            "        os.kill(os.getpid(), signal.SIGTERM)\n"
+            "        time.sleep(30)\n"
+            "    finally:\n"
+            "        os._exit(7)                 # SystemExit unwound to here: the handler was inherited\n"
+            "_, status = os.waitpid(pid, 0)\n"
+            "assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM, status\n"
+            "assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL    # the parent keeps it\n"
+            "c.close()\n" % str(tmp_path / "t"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLICETRACE_", "RANK", "WORLD_SIZE"))}
+    p = subprocess.run([sys.executable, "-c", code], timeout=60, cwd=str(ROOT), env=env, capture_output=True,
+                       text=True)
+    assert p.returncode == 0, p.stderr

@@ -3,6 +3,7 @@ it hands records to the plugins (an interrupt there left a plugin's event half-m
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
@@ -137,3 +138,18 @@ def term_exits(owner: object, on: bool) -> None:
         signal.signal(signal.SIGTERM, _term_exits)
     elif not _TERM_OWNERS and cur is _term_exits:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _forked_child() -> None:
+    """A forked child (a DataLoader worker) owns none of its parent's communicators: SIGTERM kills it again, as it
+    would without slicetrace, rather than raise SystemExit wherever the child's own code runs."""
+    _TERM_OWNERS.clear()
+    try:
+        if signal.getsignal(signal.SIGTERM) is _term_exits:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    except ValueError:                  # not the interpreter's main thread: nothing to undo there
+        pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked_child)
