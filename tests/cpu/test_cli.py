@@ -642,3 +642,25 @@ def test_a_dash_writes_reports_json_csv_or_converts_trace_to_stdout_and_the_text
     assert main(["bench", "-b", "4K", "-e", "4K", "--json", "-"]) == 2
     assert "--json '-': this command prints its table on standard output" in capsys.readouterr().err
     assert not (tmp_path / "-").exists() and not os.path.exists("-")
+
+
+@pytest.mark.parametrize("argv", [["report", "--json", "-"], ["report", "--csv", "-"], ["convert", "-o", "-"]])
+def test_a_dash_output_into_a_pipe_that_closes_early_is_not_an_error(tmp_path, argv):
+    """`report --csv - | head`: the closed pipe was taken for the file's own write failing ("--csv '-': cannot
+    write the file (Broken pipe)", exit 2); a reader gone from standard output is not an error (as `config | head`)."""
+    import os
+    import subprocess
+    import sys
+    prefix = _trace_files(tmp_path / "tr", 7)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    p = subprocess.Popen([sys.executable, "-m", "slicetrace.cli.main", argv[0], prefix, *argv[1:]],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tmp_path)
+    p.stdout.close()                          # gone before the first byte: `| head -0`
+    try:
+        err = p.stderr.read().decode()
+        assert p.wait(timeout=120) == 0, err
+        assert "error" not in err and "Traceback" not in err, err
+    finally:
+        p.kill()
+        p.wait()
+    assert not (tmp_path / "-").exists()

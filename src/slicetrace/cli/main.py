@@ -275,6 +275,8 @@ def run_report(a: argparse.Namespace) -> int:
         try:
             n = write_steps_csv(ks, a.csv)
         except OSError as e:
+            if a.csv == STDOUT:     # standard output's (a reader gone, `| head`): main's to end, quietly for a pipe
+                raise
             raise UsageError(f"--csv {a.csv!r}: cannot write the file ({e.strerror or e})") from None
     render(rep, _console(text))
     if a.csv is not None:
@@ -291,6 +293,8 @@ def run_convert(a: argparse.Namespace) -> int:
     try:
         got = convert(files, a.output)
     except OSError as e:            # reading is TraceFormatError: an OSError here is the write
+        if a.output == STDOUT:      # standard output's (a reader gone, `| head`): main's to end, quietly for a pipe
+            raise
         raise UsageError(f"-o {a.output!r}: cannot write the file ({e.strerror or e})") from None
     print(f"# {'standard output' if a.output == STDOUT else a.output}: {got['files']} rank file(s), {got['slices']} "
           f"slices on {got['tracks']} tracks, {got['flows']} send -> receive flows (open in https://ui.perfetto.dev)",

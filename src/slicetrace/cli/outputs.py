@@ -71,6 +71,8 @@ def write_json(flag: str, path: str, obj) -> None:
         with atomic_open(path, "w", encoding="utf-8") as f:     # an error leaves no half-written file
             json.dump(_finite(obj), f, indent=1, allow_nan=False)
     except OSError as e:
+        if path == STDOUT:      # standard output's (a reader gone, `| head`): main's to end, quietly for a pipe
+            raise
         raise UsageError(f"{flag} {path!r}: cannot write the file ({e.strerror or e})") from None
 
 
