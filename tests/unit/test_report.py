@@ -442,6 +442,22 @@ def test_ops_that_moved_no_data_under_a_mask_with_both_are_not_blamed_on_the_mas
     assert "SLICETRACE_PROFILE_EVENT_MASK=65606" in capsys.readouterr().err
 
 
+def test_files_without_ops_under_a_mask_with_both_are_not_said_to_hold_ops_that_moved_no_data(tmp_path, capsys):
+    """Files that hold no op at all (the ranks stopped before their profiler's first write, or every op ran with
+    profiling off), recorded with KernelStep and KernelCh in the mask: the error said "its 0 op(s) moved no data
+    between ranks (a count of 0 runs no channel program, ...)", a cause no op of the run had."""
+    from slicetrace.cli.main import main
+    for rank in range(2):
+        _coll_file(tmp_path, rank, 2, seqs=(), counters={})
+        f = tmp_path / f"trace_7_{rank}.json"
+        f.write_text(f.read_text().replace('"commName": ""', '"commName": "", "EventMask": 65606'))
+    assert main(["report", str(tmp_path)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "no KernelStep or KernelCh events to analyse" in err and "moved no data" not in err, err
+    assert "the files hold no op (Coll or P2p event), though the trace's event mask had both (EventMask 65606)" \
+        in err and "SLICETRACE_PROFILE_EVENT_MASK" not in err, err
+
+
 def test_kernel_ch_without_kernel_steps_says_why_the_link_tables_are_empty():
     from rich.console import Console
     from slicetrace.analyze.report import render

@@ -259,6 +259,12 @@ def run_report(a: argparse.Namespace) -> int:
                                       f"; the {run.ops} op(s) profiled have none either: put KernelStep and KernelCh "
                                       f"in the mask (SLICETRACE_PROFILE_EVENT_MASK=65606)" if run.ops else ""))
         both = EventType.KERNEL_STEP | EventType.KERNEL_CH
+        if run.masks and all(m & both == both for m in run.masks) and not run.ops:   # no op to have moved data
+            raise SliceTraceError(f"{' '.join(a.traces)}: no KernelStep or KernelCh events to analyse "
+                                  f"({run.records} events in all): the files hold no op (Coll or P2p event), though "
+                                  f"the trace's event mask had both (EventMask {', '.join(map(str, sorted(run.masks)))}"
+                                  f"): no op ran with profiling on, or the ranks were stopped before their profiler's "
+                                  f"first write")
         if run.masks and all(m & both == both for m in run.masks):    # the mask was not it: told so, users set it
             raise SliceTraceError(f"{' '.join(a.traces)}: no KernelStep or KernelCh events to analyse "
                                   f"({run.records} events in all), though the trace's event mask had both "
