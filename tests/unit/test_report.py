@@ -458,6 +458,28 @@ def test_files_without_ops_under_a_mask_with_both_are_not_said_to_hold_ops_that_
         in err and "SLICETRACE_PROFILE_EVENT_MASK" not in err, err
 
 
+def test_ops_recorded_under_a_profiling_block_mask_without_both_are_not_only_said_to_have_moved_no_data(tmp_path,
+                                                                                                      capsys):
+    """An all_reduce of 4096 floats inside comm.profiling(True, mask="Coll"), the plugin's mask 65606: the error
+    said its ops "moved no data between ranks (a count of 0 ...)", though they did; the block's mask left the
+    KernelStep and KernelCh out, and the trace does not record it."""
+    import json
+    from slicetrace.cli.main import main
+    for rank in range(2):
+        _coll_file(tmp_path, rank, 2, seqs=(), counters={})
+        f = tmp_path / f"trace_7_{rank}.json"
+        recs = json.loads(f.read_text())
+        recs[0]["args"]["EventMask"] = 65606
+        recs.append({"name": "AllReduce", "cat": "COLL", "ph": "b", "id": 1, "pid": rank, "ts": 0.0,
+                     "args": {"SeqNum": 0, "CommHash": 7, "Rank": rank, "Count": 4096, "Datatype": "ncclFloat32",
+                              "Algorithm": "RING", "Protocol": "SIMPLE", "nChannels": 1}})
+        recs.append({"name": "AllReduce", "cat": "COLL", "ph": "e", "id": 1, "pid": rank, "ts": 5.0})
+        f.write_text(json.dumps(recs))
+    assert main(["report", str(tmp_path)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "no KernelStep or KernelCh events to analyse" in err and "comm.profiling(True, mask=...)" in err, err
+
+
 def test_kernel_ch_without_kernel_steps_says_why_the_link_tables_are_empty():
     from rich.console import Console
     from slicetrace.analyze.report import render

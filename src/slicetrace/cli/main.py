@@ -270,7 +270,8 @@ def run_report(a: argparse.Namespace) -> int:
                                   f"({run.records} events in all), though the trace's event mask had both "
                                   f"(EventMask {', '.join(map(str, sorted(run.masks)))}): its {run.ops} op(s) moved "
                                   f"no data between ranks (a count of 0 runs no channel program, and a send/recv to "
-                                  f"the rank itself is a local copy)")
+                                  f"the rank itself is a local copy), or ran inside comm.profiling(True, mask=...) "
+                                  f"with a mask without them (a block's mask is not in the trace)")
         raise SliceTraceError(f"{' '.join(a.traces)}: no KernelStep or KernelCh events to analyse "
                               f"({run.records} events in all); record with both in the mask, e.g. `slicetrace bench "
                               f"--trace DIR` or SLICETRACE_PROFILE_EVENT_MASK=65606")
