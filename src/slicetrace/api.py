@@ -219,16 +219,18 @@ class Communicator:
             yield
             ok = True
         finally:
-            self._group_depth -= 1
-            if self._group_depth == 0:
-                group_opened(self, False)
-                parts, self._group, depth, self._group_max = self._group, None, self._group_max, 0
-                if ok and parts:
-                    self._run_depth = depth     # the GroupApi event's groupDepth: 1 + the user's nesting
-                    try:
-                        self._run_p2p(parts)
-                    finally:
-                        self._run_depth = 0
+            with self._group_lock:              # closed in one step, as it opened: a group opened in between kept
+                self._group_depth -= 1          # its state, not this one's reset
+                parts = None
+                if self._group_depth == 0:
+                    group_opened(self, False)
+                    parts, self._group, depth, self._group_max = self._group, None, self._group_max, 0
+            if ok and parts:
+                self._run_depth = depth         # the GroupApi event's groupDepth: 1 + the user's nesting
+                try:
+                    self._run_p2p(parts)
+                finally:
+                    self._run_depth = 0
 
     def _p2p(self, x: Any, peer: int, is_send: bool, user_tag: int) -> None:
         self._check_open()

@@ -95,17 +95,19 @@ def test_two_threads_opening_a_group_at_once_get_a_group_or_an_error(monkeypatch
     from slicetrace.api_checks import _OPEN
     _slow_checks(monkeypatch, "comm.group()")
     c = slicetrace.init(backend="null")
-    start, res = threading.Barrier(2), {}
+    start, tried, res = threading.Barrier(2), threading.Barrier(2), {}
 
     def body(k):
         out = np.zeros(4, np.float32)
         try:
             start.wait(10)
             with c.group():
+                tried.wait(10)      # a group stays open until both tried: the first never ends before the second
                 c.send(np.full(4, k + 1, np.float32), 0)
                 c.recv(out, 0)
             res[k] = ("ran", out.tolist() == [k + 1] * 4, bool(_OPEN.__dict__.get("stack")))
         except UsageError as e:
+            tried.wait(10)
             res[k] = ("refused", "another thread has comm.group() open" in str(e), bool(_OPEN.__dict__.get("stack")))
     threads = [threading.Thread(target=body, args=(k,), daemon=True) for k in range(2)]
     for t in threads:
