@@ -82,6 +82,40 @@ def test_a_slow_link_into_the_rank_that_moves_data_longest_says_so():
         "lagging rank's buffers are slowed too, so this may be rank 2, not the link" in flat
 
 
+def _all_to_all_rows(slow):
+    """4 ranks, each sending 1 MB to each other rank: the links in slow take 100 us, the rest 25 us."""
+    rows, step = [], 0
+    for src in range(4):
+        for dst in range(4):
+            if src != dst:
+                rows.append((src, 0, 1, dst, step, 1_000_000, 0, 0, 100_000 if (src, dst) in slow else 25_000))
+                rows.append((dst, 0, 0, src, step, 1_000_000, 0, 0, 25_000))
+                step += 1
+    return _rows(rows)
+
+
+def test_a_slow_link_of_a_rank_whose_other_links_are_fine_is_the_link_not_its_copies():
+    """all_to_all, 0->2 alone slow: rank 0 moves data longest, so the report said "rank 0's data path or link 0->2
+    ... a slow rank's copies look like a slow link", though rank 0 sent to its two other peers at the usual rate.
+    A rank slow on every link it sends on is still named."""
+    from rich.console import Console
+    from slicetrace.analyze.report import render
+    one = build(_all_to_all_rows({(0, 2)}))
+    assert [(ln["src"], ln["dst"], ln["sender_outlier"], ln["sender_other_links"], ln["sender_other_links_slow"])
+            for ln in one.slow_links] == [(0, 2, True, 2, 0)]
+    con = Console(record=True, width=200)
+    render(one, console=con)
+    flat = " ".join(con.export_text().split())
+    assert "slow link: link 0->2 moves 10.00 GB/s" in flat and "but its 2 other link(s) move at the usual rate: the " \
+        "link, not its copies" in flat and "rank 0's data path" not in flat
+    every = build(_all_to_all_rows({(0, 1), (0, 2), (0, 3)}))
+    assert [(ln["src"], ln["dst"], ln["sender_other_links_slow"]) for ln in every.slow_links] == \
+        [(0, 1, 2), (0, 2, 2), (0, 3, 2)]
+    con = Console(record=True, width=200)
+    render(every, console=con)
+    assert "slow link: rank 0's data path or link 0->1" in " ".join(con.export_text().split())
+
+
 def test_slow_links_tell_a_slow_link_from_a_slow_channel():
     """4-rank ring, 4 channels, 1 MB per slice. 2->3 takes 4x longer on every channel (a degraded link); 0->1 only
     on channel 2 (one channel's program). Both are well below the median link; the channel counts say which."""

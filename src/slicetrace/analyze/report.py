@@ -165,7 +165,9 @@ def slow_links(sends: np.ndarray, xfer: np.ndarray, ops: np.ndarray | None = Non
     short; only a trace without op keys is judged by the pooled median alone). `sender_outlier`: its sending rank
     moves data longest, 1 / (1 - below) times the median rank's or more (`moving`: rank -> us), so its copies may
     be the slow part; `receiver_outlier` the same of its receiving rank (writes into a lagging rank's buffers are
-    slowed too). sends, xfer: send records, their transfer ns; ops: their op keys."""
+    slowed too); `sender_other_links`, `sender_other_links_slow`: the sending rank's links to other peers and how
+    many of them are that far below too (none: its copies move at the usual rate elsewhere, so the link is it).
+    sends, xfer: send records, their transfer ns; ops: their op keys."""
     # latency-bound slices (a few KiB) say nothing of a link's bandwidth; 0-byte ones would divide by zero
     ok = (xfer > 0) & (sends["size"] >= MIN_JUDGED_BYTES)
     sends, xfer = sends[ok], xfer[ok]
@@ -204,6 +206,10 @@ def slow_links(sends: np.ndarray, xfer: np.ndarray, ops: np.ndarray | None = Non
     def longest(r: int) -> bool:        # moves data longest, 1 / (1 - below) times the median rank's or more
         t = (moving or {}).get(r, 0.0)
         return bool(t > 0 and t >= busiest and (1 - below) * t > typical_rank)
+
+    def others(s: int, d: int) -> tuple[int, int]:      # the sender's links to its other peers: all, slow ones
+        o = [g for (a, b), g in gbps.items() if a == s and b != d]
+        return len(o), sum(g < (1 - below) * med for g in o)
     out = []
     for k, g in sorted(gbps.items(), key=lambda kv: kv[1]):
         if g >= (1 - below) * med:
@@ -216,7 +222,8 @@ def slow_links(sends: np.ndarray, xfer: np.ndarray, ops: np.ndarray | None = Non
                     "channels": len(chans),
                     "channels_slow": sum(ch_gbps[c][k] < (1 - below) * ch_med[c] for c in chans),
                     "ops": n_ops, "ops_slow": n_slow,
-                    "sender_outlier": longest(k[0]), "receiver_outlier": longest(k[1])})
+                    "sender_outlier": longest(k[0]), "receiver_outlier": longest(k[1]),
+                    **dict(zip(("sender_other_links", "sender_other_links_slow"), others(*k)))})
     return out
 
 
@@ -303,14 +310,18 @@ def render(rep: Report, console=None) -> None:
         return f"moves data longest ({moving[r]:.1f} us of copies, the median rank {med:.1f} us)"
     for ln in rep.slow_links:
         s, d = ln["src"], ln["dst"]
-        who = f"rank {s}'s data path or link {s}->{d}" if ln["sender_outlier"] else f"link {s}->{d}"
+        n_o = ln.get("sender_other_links", 0)
+        link_only = n_o > 0 and not ln.get("sender_other_links_slow", 0)    # its copies to other peers are fine
+        who = f"rank {s}'s data path or link {s}->{d}" if ln["sender_outlier"] and not link_only else f"link {s}->{d}"
         con.print(f"slow link: {who} moves {ln['gbps']:.2f} GB/s (typical slice), {ln['below_pct']:.0f} % below the "
                   f"median link ({ln['median_gbps']:.2f})"
                   + (f", in {ln['ops_slow']} of {ln['ops']} ops" if ln["ops"] > 1 else "")
                   + (f"; that far below the other links on {ln['channels_slow']} of {ln['channels']} channels"
                      if ln["channels"] > 1 else "")
                   + (f"; rank {s} also {longest(s)}: a slow rank's copies look like a slow link"
-                     if ln["sender_outlier"] else "")
+                     if ln["sender_outlier"] and not link_only else "")
+                  + (f"; rank {s} {longest(s)}, but its {n_o} other link(s) move at the usual rate: the link, not "
+                     f"its copies" if ln["sender_outlier"] and link_only else "")
                   + (f"; it feeds rank {d}, which {longest(d)}: writes into a lagging rank's buffers are slowed "
                      f"too, so this may be rank {d}, not the link"
                      if ln.get("receiver_outlier") and not ln["sender_outlier"] else ""))
