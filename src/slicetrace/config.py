@@ -213,6 +213,12 @@ class Settings:
         return self.nchannels or 1
 
     def with_(self, **kw: Any) -> "Settings":
+        """A copy with the given fields changed; an unknown name is a ConfigError, as from_env's (dataclasses'
+        replace raised a bare TypeError)."""
+        known = {f.name for f in fields(self)}
+        bad = sorted(set(kw) - known)
+        if bad:
+            raise ConfigError(f"unknown setting(s) {bad}{_keyword_hint(bad, known)}; known: {sorted(known)}")
         return replace(self, **kw)
 
     @classmethod

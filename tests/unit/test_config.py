@@ -583,3 +583,10 @@ def test_init_with_rank_from_the_environment_names_the_missing_world_size_variab
         slicetrace.init(backend="null")
     with pytest.raises(UsageError, match=r"^rank=1 and world_size=None: give both"):
         slicetrace.init(rank=1, backend="null")
+
+
+def test_with_an_unknown_setting_is_a_config_error_naming_it():
+    # Settings is public: with_(nchanels=2) raised dataclasses' bare TypeError
+    with pytest.raises(ConfigError, match=r"unknown setting\(s\) \['nchanels'\] \(did you mean nchanels: nchannels\?\)"):
+        Settings().with_(nchanels=2)
+    assert Settings().with_(nchannels=2).nchannels == 2
