@@ -173,6 +173,8 @@ class Settings:
             v = getattr(self, name)
             if isinstance(v, str) and v != v.strip().lower():
                 object.__setattr__(self, name, v.strip().lower())
+        if isinstance(self.cache_dir, str) and not self.cache_dir.strip():    # as the variable's: '' put kernels in
+            object.__setattr__(self, "cache_dir", DEFAULT_CACHE_DIR)          # the working directory
         for f in fields(self):
             v = getattr(self, f.name)
             if f.name == "pool_sizes":

@@ -590,3 +590,10 @@ def test_with_an_unknown_setting_is_a_config_error_naming_it():
     with pytest.raises(ConfigError, match=r"unknown setting\(s\) \['nchanels'\] \(did you mean nchanels: nchannels\?\)"):
         Settings().with_(nchanels=2)
     assert Settings().with_(nchannels=2).nchannels == 2
+
+
+def test_an_empty_cache_dir_keyword_is_the_default_as_the_variables_is():
+    # the README's row (variable and keyword): "empty: the default"; the keyword kept '', the working directory
+    assert Settings(cache_dir="").cache_dir == config.DEFAULT_CACHE_DIR
+    assert Settings.from_env({}, cache_dir=" ").cache_dir == config.DEFAULT_CACHE_DIR
+    assert Settings.from_env({"SLICETRACE_CACHE_DIR": ""}).cache_dir == config.DEFAULT_CACHE_DIR
