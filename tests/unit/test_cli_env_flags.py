@@ -84,3 +84,15 @@ def test_op_lists_are_refused_clearly(capsys, ops, want):
     assert main(["bench", *SMALL, "--op", ops]) == 2
     err = capsys.readouterr().err
     assert want in err and err.count("\n") == 1
+
+
+def test_bench_help_gives_every_flags_default(capsys):
+    # -d, -o, -r and --op ran with float, sum, 0 and all_reduce, and -T with 60 s, and their help did not say so
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    text = " ".join(capsys.readouterr().out.split()).split("options:", 1)[1]     # not the usage line
+    for flag, default in (("-d DATATYPE, --datatype DATATYPE", "(default float)"),
+                          ("-o REDOP, --redop REDOP", "(default sum)"), ("-r ROOT, --root ROOT", "(default 0)"),
+                          ("--op OPS", "(default all_reduce)"),
+                          ("-T TIMEOUT, --timeout TIMEOUT", "(default: SLICETRACE_TIMEOUT, else 60)")):
+        assert default in text.split(flag, 1)[1].split(" -", 1)[0], flag

@@ -93,18 +93,19 @@ def _bench_parser(sub) -> None:
     p.add_argument("-w", "--warmup_iters", type=int, default=5, help="warmup iterations (default 5)")
     p.add_argument("-c", "--check", type=int, choices=(0, 1), default=1,
                    help="1 = check results against numpy (default 1), 0 = do not")
-    p.add_argument("-d", "--datatype", default="float", help=f"one of {sorted(DTYPE_ALIASES)}, or all")
-    p.add_argument("-o", "--redop", dest="redop", default="sum", help="reduction: sum prod min max avg, or all")
-    p.add_argument("-r", "--root", type=int, default=0, help="root for broadcast/reduce")
+    p.add_argument("-d", "--datatype", default="float", help=f"one of {sorted(DTYPE_ALIASES)}, or all (default float)")
+    p.add_argument("-o", "--redop", dest="redop", default="sum", help="reduction: sum prod min max avg, or all (default sum)")
+    p.add_argument("-r", "--root", type=int, default=0, help="root for broadcast/reduce (default 0)")
     p.add_argument("-a", "--average", type=int, choices=(0, 1, 2, 3), default=3,
                    help="time reported per size, over the ranks' own timings: 0 rank 0, 1 mean (nccl-tests' "
                    "default), 2 min, 3 max (default: the slowest rank, which the collective waits for)")
     p.add_argument("-N", "--run_cycles", type=int, default=1,
                    help="run the sweep this many times (0 = until interrupted), as nccl-tests; rows carry the cycle")
     p.add_argument("-T", "--timeout", type=float, default=None,
-                   help="seconds any wait may take before it is an error on every rank (SLICETRACE_TIMEOUT)")
+                   help="seconds any wait may take before it is an error on every rank (default: SLICETRACE_TIMEOUT, "
+                   "else 60)")
     p.add_argument("--op", dest="ops", default="all_reduce",
-                   help=f"comma list of {OPS} or 'all'")
+                   help=f"comma list of {OPS} or 'all' (default all_reduce)")
     p.add_argument("--ranks", type=int, default=None, help="ranks to spawn (cpu default 2; cuda: GPUs)")
     p.add_argument("--backend", default=None, type=str.lower, help="cpu (default) or cuda")
     p.add_argument("--channels", type=int, default=None, help="channels per collective (0: the backend chooses)")
