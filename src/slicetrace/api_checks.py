@@ -6,6 +6,7 @@ import math
 import operator
 import os
 import threading
+from collections.abc import Mapping, Set
 from typing import Any
 
 import numpy as np
@@ -44,13 +45,14 @@ def int_index(v: Any, name: str, limit: int, accepted: str = "") -> int:
 
 def split_counts(v: Any, name: str, world: int) -> list[int]:
     """all_to_all's per-rank counts: world non-negative integers (a list, tuple or 1-D integer array)."""
-    try:
-        items = list(v) if not isinstance(v, (str, bytes)) else None
+    try:        # a dict iterates its keys and a set in no set order: neither is counts in rank order
+        items = list(v) if not isinstance(v, (str, bytes, Mapping, Set)) else None
     except TypeError:
         items = None
     counts = [as_index(c) for c in items] if items is not None else []
     if items is None or len(items) != world or any(c is None or c < 0 for c in counts):
-        raise UsageError(f"{name}={v!r} must be {world} non-negative ints, one per rank (world_size={world})")
+        raise UsageError(f"{name}={v!r} must be {world} non-negative ints, one per rank (world_size={world}), in "
+                         f"rank order: a list, tuple or 1-D integer array")
     return counts
 
 

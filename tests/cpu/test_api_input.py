@@ -62,6 +62,8 @@ def test_all_to_all_has_no_in_place_form(comm):
     (8, [8], r"send_counts=8 must be 1 non-negative ints"),
     ("8", [8], r"send_counts='8' must be 1"),
     ([8], [True], r"recv_counts=\[True\] must be 1 non-negative ints"),
+    ({0: 8}, [8], r"send_counts=\{0: 8\} must be 1 non-negative ints, one per rank \(world_size=1\), in rank order"),
+    ([8], {8}, r"recv_counts=\{8\} must be 1 non-negative ints"),     # a dict's keys, a set's order: not counts
     ([7], [7], r"all_to_all: x has 8 elements but send_counts=\[7\] sum to 7"),
     ([8], [5], r"rank 0 sends itself 8 elements \(send_counts\[0\]\) but receives 5 \(recv_counts\[0\]\)"),
 ])
