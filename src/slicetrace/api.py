@@ -351,7 +351,8 @@ class Communicator:
         return self._session.counters()
 
     def flush_profiler(self, timeout_s: float | None = None) -> None:
-        """Wait until every stamp of every finished op reached the plugins."""
+        """Wait until every stamp of every finished op reached the plugins (within timeout_s, default the
+        communicator's: else SliceTraceError)."""
         seconds_or_none(timeout_s, "timeout_s", "the communicator's timeout_s")
         self._check_open()                      # a poll after close would read rings the backend freed
         self._session.flush(timeout_s)
