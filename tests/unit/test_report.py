@@ -558,3 +558,82 @@ def test_report_holds_one_rank_files_records_at_a_time(tmp_path, monkeypatch, ca
         _coll_file(tmp_path, rank, 3, late_us=50.0 * (rank == 2))
     assert main(["report", str(tmp_path), "--json", str(tmp_path / "r.json")]) == 0 and len(alive) == 3
     assert "AllReduce" in capsys.readouterr().out
+
+
+def _p2p_rows(slow_recv=(), slow_send=()):
+    """4 ranks, each sending 1 MB to each other rank, one link at a time: a send takes 25 us (100 in slow_send),
+    its receive, from when the data was there, 25 us (100 in slow_recv)."""
+    rows, step = [], 0
+    for src in range(4):
+        for dst in range(4):
+            if src != dst:
+                t0 = step * 1_000_000
+                sent = t0 + (100_000 if (src, dst) in slow_send else 25_000)
+                rows.append((src, 0, 1, dst, step, 1_000_000, t0, t0, sent))
+                rows.append((dst, 0, 0, src, step, 1_000_000, t0, sent,
+                             sent + (100_000 if (src, dst) in slow_recv else 25_000)))
+                step += 1
+    return _rows(rows)
+
+
+def _text(rep):
+    from rich.console import Console
+    from slicetrace.analyze.report import render
+    con = Console(record=True, width=200)
+    render(rep, console=con)
+    return " ".join(con.export_text().split())
+
+
+def test_a_link_slow_on_its_receive_side_only_is_named():
+    """all_to_all where rank 2's copies out of link 0->2 are slow: the link's sends move at the usual rate (a p2p
+    send is done once its data is written), so links judged on their send side alone said 'slow links: none'
+    (a cpu run: 0->2's receives at 1.33 GB/s, the other links' about 6). Now the receive side is judged too."""
+    rep = build(_p2p_rows(slow_recv={(0, 2)}))
+    assert rep.slow_links == []
+    got = rep.to_dict()["slow_receive_sides"]
+    assert [(r["src"], r["dst"], r["ops_slow"], r["ops"], r["receiver_other_links"], r["receiver_other_links_slow"])
+            for r in got] == [(0, 2, 1, 1, 2, 0)]
+    assert got[0]["gbps"] == pytest.approx(10.0) and got[0]["median_gbps"] == pytest.approx(40.0)
+    assert got[0]["send_gbps"] == pytest.approx(40.0) and got[0]["below_pct"] == pytest.approx(75.0)
+    flat = _text(rep)
+    assert "slow receive side: link 0->2's receive side (rank 2's copies out of it) moves 10.00 GB/s (typical " \
+        "slice), 75 % below the median link's receive side (40.00); its send side moves at the usual rate (40.00 " \
+        "GB/s, the median link's 40.00): the data was there, rank 2 was slow to take it; rank 2's receives from its " \
+        "2 other peer(s) move at the usual rate: this link's receive, not all of rank 2's copies" in flat
+    assert "slow links: none among the 12 links by their send side (none more than 25 % below" in flat
+    every = build(_p2p_rows(slow_recv={(0, 2), (1, 2), (3, 2)}))        # rank 2 slow to take every peer's data
+    assert [(r["src"], r["receiver_other_links_slow"]) for r in every.slow_receive_sides] == [(0, 2), (1, 2), (3, 2)]
+    assert "rank 2's receives from 2 of its 2 other peer(s) are that slow too: rank 2's copies" in _text(every)
+
+
+def test_a_receive_side_is_not_named_where_the_send_side_is_slow_or_nothing_is():
+    """A link slow on both sides is slow_links' (the send's slowness makes its receive late, not slow here, but a
+    receiver that also lags is the same link); healthy links name nothing and print as before."""
+    both = build(_p2p_rows(slow_recv={(0, 2)}, slow_send={(0, 2)}))
+    assert [(ln["src"], ln["dst"]) for ln in both.slow_links] == [(0, 2)] and both.slow_receive_sides == []
+    assert "slow receive side" not in _text(both)
+    even = build(_p2p_rows())
+    assert even.slow_links == [] and even.to_dict()["slow_receive_sides"] == []
+    flat = _text(even)
+    assert "slow links: none among the 12 links (none more than 25 % below the median link in most of its ops)" in flat
+    assert "slow receive side" not in flat
+
+
+def test_a_fused_receive_is_timed_as_its_send_not_judged_as_a_receive_side():
+    """4-rank ring of fused slices (each rank's receive and send on one done clock): 1->2's send is slow, so rank
+    1's fused receive from 0 ends as late; it is the send's time (listed once, by the send), not link 0->1's
+    receive side. Rank 2's last, unfused receive from 1 is slow: link 1->2's receive side, its send side slow too."""
+    rows, t = [], 0
+    for step in range(4):
+        for r in range(4):
+            dur = 100_000 if r == 1 else 25_000
+            rows.append((r, 0, 0, (r - 1) % 4, step, 1_000_000, t, t, t + dur))        # fused: one done clock
+            rows.append((r, 0, 1, (r + 1) % 4, step, 1_000_000, t, t, t + dur))
+            t += 1_000_000
+    rep = build(_rows(rows))
+    assert [(ln["src"], ln["dst"]) for ln in rep.slow_links] == [(1, 2)]
+    assert rep.slow_receive_sides == []
+    for r in range(4):                  # a last receive of its own, at the usual rate: 4 links' receive sides
+        rows.append((r, 0, 0, (r - 1) % 4, 9, 1_000_000, t, t, t + 25_000))
+        t += 1_000_000
+    assert build(_rows(rows)).slow_receive_sides == []

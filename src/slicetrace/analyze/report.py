@@ -42,6 +42,7 @@ class Report:
     held_up: list[dict] = field(default_factory=list)      # per rank: the waits that lead to it (verdicts.held_up)
     unfinished: list[dict] = field(default_factory=list)   # collectives failed or cut short (verdicts.unfinished)
     clocks: dict = field(default_factory=dict)          # receives ready before their sends had moved (clock_check)
+    slow_receive_sides: list[dict] = field(default_factory=list)    # links slow on the receive side only
 
     def to_dict(self) -> dict:
         return {"links": self.links, "ranks": self.ranks, "waited_on": self.waited_on, "slowest": self.slowest,
@@ -49,7 +50,7 @@ class Report:
                 "slow_links": self.slow_links, "stragglers_left_out": self.stragglers_left_out,
                 "ranks_without_counters": self.no_counters, "startup_skew": self.startup,
                 "straggler_rule": self.straggler_rule, "held_up": self.held_up, "unfinished": self.unfinished,
-                "clocks": self.clocks}
+                "clocks": self.clocks, "slow_receive_sides": self.slow_receive_sides}
 
 
 def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.ndarray | None = None,
@@ -110,10 +111,13 @@ def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.n
     moving = {r["rank"]: r["copy_us"] for r in per_rank}
     ops = op_index(ks)
     unc = max([int(c.get("clock_uncertainty_ns", 0) or 0) for c in (counters or {}).values()] + [0])
+    rv = ~send & once                       # receives, not halves of fused slices (timed as their send)
+    send_gbps = _link_rates(ks[send], xfer[send], None, 0.25)[0]
     return Report(links, per_rank, waited_on, slowest, counters or {}, skew.ranks, skew.ops,
                   slow_links(ks[send], xfer[send], ops[send], moving), skew.left_out, no_counters,
                   skew.startup, skew.rule, held_up(ks, ops, starts),
-                  unfinished(spans or [], chs, ranks, lacking=source == "Coll"), clock_check(ks, CLOCK_SLACK_NS + unc))
+                  unfinished(spans or [], chs, ranks, lacking=source == "Coll"), clock_check(ks, CLOCK_SLACK_NS + unc),
+                  slow_receive_sides(ks[rv], xfer[rv], ops[rv], send_gbps, moving))
 
 
 def _from_colls(spans: list) -> np.ndarray:
@@ -153,6 +157,42 @@ def _typical(sends: np.ndarray, xfer: np.ndarray, *cols: np.ndarray):
     return [(k, float(np.median(r)), b) for k, r, b in zip(keys, rates, nbytes.tolist())]
 
 
+def _link_rates(recs: np.ndarray, xfer: np.ndarray, ops: np.ndarray | None, below: float):
+    """For slow_links and slow_receive_sides: records keyed by link as sends are (rank = src, peer = dst), their
+    transfer ns and op keys -> (per link its typical GB/s over its channels, per channel each link's, per link
+    [ops judged, ops more than `below` under that op's median link], whether any record had an op key)."""
+    # latency-bound slices (a few KiB) say nothing of a link's bandwidth; 0-byte ones would divide by zero
+    ok = (xfer > 0) & (recs["size"] >= MIN_JUDGED_BYTES)
+    recs, xfer = recs[ok], xfer[ok]
+    ops = np.full(len(recs), -1, np.int64) if ops is None else ops[ok]
+    ch_gbps: dict[int, dict[tuple[int, int], float]] = {}
+    lk: dict[tuple[int, int], list[float]] = {}             # link -> [bytes, time at the typical rates]
+    for (src, dst, c), g, b in _typical(recs, xfer, recs["channel"]):
+        ch_gbps.setdefault(c, {})[(src, dst)] = g
+        acc = lk.setdefault((src, dst), [0.0, 0.0])
+        acc[0] += b
+        acc[1] += b / g
+    gbps = {k: b / t for k, (b, t) in lk.items() if t > 0}
+    in_ops: dict[tuple[int, int], list[int]] = {}           # link -> [ops judged, ops that far below]
+    if len(gbps) < 3:
+        return gbps, ch_gbps, in_ops, False
+    per_op: dict[int, dict[tuple[int, int], list[float]]] = {}
+    for (src, dst, _, k), g, b in _typical(recs, xfer, recs["channel"], ops):
+        if k != -1:
+            acc = per_op.setdefault(k, {}).setdefault((src, dst), [0.0, 0.0])
+            acc[0] += b
+            acc[1] += b / g
+    for links in per_op.values():
+        rates = {k: b / t for k, (b, t) in links.items() if t > 0}
+        if len(rates) >= 3:
+            m = float(np.median(list(rates.values())))
+            for k, g in rates.items():
+                n = in_ops.setdefault(k, [0, 0])
+                n[0] += 1
+                n[1] += g < (1 - below) * m
+    return gbps, ch_gbps, in_ops, bool((ops != -1).any())
+
+
 def slow_links(sends: np.ndarray, xfer: np.ndarray, ops: np.ndarray | None = None, moving: dict | None = None,
                below: float = 0.25) -> list[dict]:
     """The links whose typical GB/s is more than `below` under the median link's (3 links or more), with the
@@ -168,48 +208,61 @@ def slow_links(sends: np.ndarray, xfer: np.ndarray, ops: np.ndarray | None = Non
     slowed too); `sender_other_links`, `sender_other_links_slow`: the sending rank's links to other peers and how
     many of them are that far below too (none: its copies move at the usual rate elsewhere, so the link is it).
     sends, xfer: send records, their transfer ns; ops: their op keys."""
-    # latency-bound slices (a few KiB) say nothing of a link's bandwidth; 0-byte ones would divide by zero
-    ok = (xfer > 0) & (sends["size"] >= MIN_JUDGED_BYTES)
-    sends, xfer = sends[ok], xfer[ok]
-    ops = np.full(len(sends), -1, np.int64) if ops is None else ops[ok]
-    ch_gbps: dict[int, dict[tuple[int, int], float]] = {}
-    lk: dict[tuple[int, int], list[float]] = {}             # link -> [bytes, time at the typical rates]
-    for (src, dst, c), g, b in _typical(sends, xfer, sends["channel"]):
-        ch_gbps.setdefault(c, {})[(src, dst)] = g
-        acc = lk.setdefault((src, dst), [0.0, 0.0])
-        acc[0] += b
-        acc[1] += b / g
-    gbps = {k: b / t for k, (b, t) in lk.items() if t > 0}
+    gbps, ch_gbps, in_ops, keyed = _link_rates(sends, xfer, ops, below)
     if len(gbps) < 3:
         return []
-    per_op: dict[int, dict[tuple[int, int], list[float]]] = {}
-    for (src, dst, _, k), g, b in _typical(sends, xfer, sends["channel"], ops):
-        if k != -1:
-            acc = per_op.setdefault(k, {}).setdefault((src, dst), [0.0, 0.0])
-            acc[0] += b
-            acc[1] += b / g
-    in_ops: dict[tuple[int, int], list[int]] = {}           # link -> [ops judged, ops that far below]
-    for links in per_op.values():
-        rates = {k: b / t for k, (b, t) in links.items() if t > 0}
-        if len(rates) >= 3:
-            m = float(np.median(list(rates.values())))
-            for k, g in rates.items():
-                n = in_ops.setdefault(k, [0, 0])
-                n[0] += 1
-                n[1] += g < (1 - below) * m
-    keyed = bool((ops != -1).any())
     med = float(np.median(list(gbps.values())))
-    ch_med = {c: float(np.median(list(v.values()))) for c, v in ch_gbps.items() if len(v) >= 3}
-    busiest = max(moving.values()) if moving else 0.0
-    typical_rank = float(np.median(list(moving.values()))) if moving else 0.0
-
-    def longest(r: int) -> bool:        # moves data longest, 1 / (1 - below) times the median rank's or more
-        t = (moving or {}).get(r, 0.0)
-        return bool(t > 0 and t >= busiest and (1 - below) * t > typical_rank)
+    longest = _longest(moving, below)
 
     def others(s: int, d: int) -> tuple[int, int]:      # the sender's links to its other peers: all, slow ones
         o = [g for (a, b), g in gbps.items() if a == s and b != d]
         return len(o), sum(g < (1 - below) * med for g in o)
+    return [{**row, "sender_outlier": longest(row["src"]), "receiver_outlier": longest(row["dst"]),
+             **dict(zip(("sender_other_links", "sender_other_links_slow"), others(row["src"], row["dst"])))}
+            for row in _below_median(gbps, ch_gbps, in_ops, keyed, below)]
+
+
+def slow_receive_sides(recvs: np.ndarray, xfer: np.ndarray, ops: np.ndarray | None = None,
+                       send_gbps: dict | None = None, moving: dict | None = None, below: float = 0.25) -> list[dict]:
+    """A link's receive side judged as slow_links judges send sides: the links whose receives' typical GB/s is
+    more than `below` under the median link's receive side (3 links or more), in more than half the ops, while
+    the link's send side is not that far below the median link's send side (`send_gbps`: link -> typical send
+    GB/s; a link whose send side is slow too, or not judged, is left to slow_links). A point-to-point receive
+    moves from when its data was there, so a slow one is the receiving rank's copies out of the link (in a ring a
+    slow receiver also slows its upstream sender, through credit waits, and slow_links sees it there).
+    `receiver_outlier`: the receiving rank moves data longest (as in slow_links); `receiver_other_links`,
+    `receiver_other_links_slow`: the receiving rank's receives from its other peers and how many are that far
+    below too (all of them: its copies, none: this link's). `send_gbps`, `send_median_gbps`: the link's send side
+    and the median link's. recvs, xfer: receive records, not halves of fused slices (their time is the send's),
+    their transfer ns; ops: their op keys."""
+    if not len(recvs) or not send_gbps:
+        return []
+    keyed = recvs.copy()                # keyed by link as a send is: rank = the link's src, peer = its dst
+    keyed["rank"], keyed["peer"] = recvs["peer"], recvs["rank"]
+    gbps, ch_gbps, in_ops, op_keyed = _link_rates(keyed, xfer, ops, below)
+    if len(gbps) < 3 or len(send_gbps) < 3:
+        return []
+    med, send_med = float(np.median(list(gbps.values()))), float(np.median(list(send_gbps.values())))
+    longest = _longest(moving, below)
+
+    def others(s: int, d: int) -> tuple[int, int]:      # the receiver's receives from its other peers
+        o = [g for (a, b), g in gbps.items() if b == d and a != s]
+        return len(o), sum(g < (1 - below) * med for g in o)
+    out = []
+    for row in _below_median(gbps, ch_gbps, in_ops, op_keyed, below):
+        sg = send_gbps.get((row["src"], row["dst"]))
+        if sg is None or sg < (1 - below) * send_med:
+            continue
+        out.append({**row, "send_gbps": sg, "send_median_gbps": send_med, "receiver_outlier": longest(row["dst"]),
+                    **dict(zip(("receiver_other_links", "receiver_other_links_slow"), others(row["src"], row["dst"])))})
+    return out
+
+
+def _below_median(gbps: dict, ch_gbps: dict, in_ops: dict, keyed: bool, below: float) -> list[dict]:
+    """From _link_rates: the links more than `below` under the median link, pooled and in more than half the ops
+    (no op keys: pooled only), slowest first, with their channel counts."""
+    med = float(np.median(list(gbps.values())))
+    ch_med = {c: float(np.median(list(v.values()))) for c, v in ch_gbps.items() if len(v) >= 3}
     out = []
     for k, g in sorted(gbps.items(), key=lambda kv: kv[1]):
         if g >= (1 - below) * med:
@@ -221,10 +274,20 @@ def slow_links(sends: np.ndarray, xfer: np.ndarray, ops: np.ndarray | None = Non
         out.append({"src": k[0], "dst": k[1], "gbps": g, "median_gbps": med, "below_pct": 100 * (1 - g / med),
                     "channels": len(chans),
                     "channels_slow": sum(ch_gbps[c][k] < (1 - below) * ch_med[c] for c in chans),
-                    "ops": n_ops, "ops_slow": n_slow,
-                    "sender_outlier": longest(k[0]), "receiver_outlier": longest(k[1]),
-                    **dict(zip(("sender_other_links", "sender_other_links_slow"), others(*k)))})
+                    "ops": n_ops, "ops_slow": n_slow})
     return out
+
+
+def _longest(moving: dict | None, below: float):
+    """rank -> whether it moves data longest, 1 / (1 - below) times the median rank's or more (`moving`: rank ->
+    us of copies)."""
+    busiest = max(moving.values()) if moving else 0.0
+    typical_rank = float(np.median(list(moving.values()))) if moving else 0.0
+
+    def longest(r: int) -> bool:
+        t = (moving or {}).get(r, 0.0)
+        return bool(t > 0 and t >= busiest and (1 - below) * t > typical_rank)
+    return longest
 
 
 def render(rep: Report, console=None) -> None:
@@ -325,6 +388,25 @@ def render(rep: Report, console=None) -> None:
                   + (f"; it feeds rank {d}, which {longest(d)}: writes into a lagging rank's buffers are slowed "
                      f"too, so this may be rank {d}, not the link"
                      if ln.get("receiver_outlier") and not ln["sender_outlier"] else ""))
+    for ln in rep.slow_receive_sides:     # p2p: a slow receiver does not slow its sender's slices
+        s, d = ln["src"], ln["dst"]
+        n_o, n_slow = ln["receiver_other_links"], ln["receiver_other_links_slow"]
+        sends = [x["dst"] for x in rep.slow_links if x["src"] == d]
+        con.print(f"slow receive side: link {s}->{d}'s receive side (rank {d}'s copies out of it) moves "
+                  f"{ln['gbps']:.2f} GB/s (typical slice), {ln['below_pct']:.0f} % below the median link's receive "
+                  f"side ({ln['median_gbps']:.2f})"
+                  + (f", in {ln['ops_slow']} of {ln['ops']} ops" if ln["ops"] > 1 else "")
+                  + (f"; that far below the other links on {ln['channels_slow']} of {ln['channels']} channels"
+                     if ln["channels"] > 1 else "")
+                  + f"; its send side moves at the usual rate ({ln['send_gbps']:.2f} GB/s, the median link's "
+                    f"{ln['send_median_gbps']:.2f}): the data was there, rank {d} was slow to take it"
+                  + (f"; rank {d}'s receives from its {n_o} other peer(s) move at the usual rate: this link's "
+                     f"receive, not all of rank {d}'s copies" if n_o and not n_slow else "")
+                  + (f"; rank {d}'s receives from {n_slow} of its {n_o} other peer(s) are that slow too: rank {d}'s "
+                     f"copies" if n_slow else "")
+                  + (f"; rank {d} also {longest(d)}" if ln["receiver_outlier"] else "")
+                  + (f"; rank {d} also sends on slow link(s) {', '.join(f'{d}->{x}' for x in sends)} above: both "
+                     f"point at rank {d}'s copies" if sends else ""))
     judged = sum(1 for ln in rep.links if ln.get("judged_slices", 1))
     if 0 < len(rep.links) < 3:
         con.print(f"slow links: not judged, {len(rep.links)} link(s) in this trace and the check compares each with "
@@ -333,8 +415,9 @@ def render(rep: Report, console=None) -> None:
         con.print(f"slow links: not judged, {judged} of the {len(rep.links)} links moved slices of {MIN_JUDGED_BYTES} "
                   f"B or more (smaller ones time latency, not bandwidth)")
     elif rep.links and not rep.slow_links:
-        con.print(f"slow links: none among the {len(rep.links)} links (none more than 25 % below the median link "
-                  f"in most of its ops)")
+        side = " by their send side" if rep.slow_receive_sides else ""       # a receive side is, above
+        con.print(f"slow links: none among the {len(rep.links)} links{side} (none more than 25 % below the median "
+                  f"link in most of its ops)")
     if rep.counters or rep.no_counters:
         lost = {r: {k: v for k, v in c.items() if v and k != "sampled_out"
                     and not k.startswith(("delivered", "unrecorded_", "plugin_written", "clock_", "ops_"))}
