@@ -1,0 +1,158 @@
+"""Which links are slow, for report: each link's typical GB/s per channel and per op from its slices (sends, or
+receives for their own side), and the links far below the median link, pooled and in most ops."""
+from __future__ import annotations
+
+import numpy as np
+
+MIN_JUDGED_BYTES = 4096      # slices below this are latency, not bandwidth: not used to judge links
+
+
+def _typical(sends: np.ndarray, xfer: np.ndarray, *cols: np.ndarray):
+    """Per group of send records with equal (src, dst, *cols): its key, its slices' median GB/s and its bytes."""
+    if not len(sends):
+        return []
+    cols = (sends["rank"], sends["peer"]) + cols
+    order = np.lexsort(cols[::-1])                          # each group's slices, one block each
+    cols = [np.asarray(c)[order] for c in cols]
+    new = np.zeros(len(order), bool)
+    new[0] = True
+    for c in cols:
+        new[1:] |= c[1:] != c[:-1]
+    starts = np.flatnonzero(new)
+    rates = np.split((sends["size"] / xfer)[order], starts[1:])
+    nbytes = np.add.reduceat(sends["size"][order].astype(np.float64), starts)
+    keys = zip(*(c[starts].tolist() for c in cols))
+    return [(k, float(np.median(r)), b) for k, r, b in zip(keys, rates, nbytes.tolist())]
+
+
+def link_rates(recs: np.ndarray, xfer: np.ndarray, ops: np.ndarray | None, below: float):
+    """For slow_links and slow_receive_sides: records keyed by link as sends are (rank = src, peer = dst), their
+    transfer ns and op keys -> (per link its typical GB/s over its channels, per channel each link's, per link
+    [ops judged, ops more than `below` under that op's median link], whether any record had an op key)."""
+    # latency-bound slices (a few KiB) say nothing of a link's bandwidth; 0-byte ones would divide by zero
+    ok = (xfer > 0) & (recs["size"] >= MIN_JUDGED_BYTES)
+    recs, xfer = recs[ok], xfer[ok]
+    ops = np.full(len(recs), -1, np.int64) if ops is None else ops[ok]
+    ch_gbps: dict[int, dict[tuple[int, int], float]] = {}
+    lk: dict[tuple[int, int], list[float]] = {}             # link -> [bytes, time at the typical rates]
+    for (src, dst, c), g, b in _typical(recs, xfer, recs["channel"]):
+        ch_gbps.setdefault(c, {})[(src, dst)] = g
+        acc = lk.setdefault((src, dst), [0.0, 0.0])
+        acc[0] += b
+        acc[1] += b / g
+    gbps = {k: b / t for k, (b, t) in lk.items() if t > 0}
+    in_ops: dict[tuple[int, int], list[int]] = {}           # link -> [ops judged, ops that far below]
+    if len(gbps) < 3:
+        return gbps, ch_gbps, in_ops, False
+    per_op: dict[int, dict[tuple[int, int], list[float]]] = {}
+    for (src, dst, _, k), g, b in _typical(recs, xfer, recs["channel"], ops):
+        if k != -1:
+            acc = per_op.setdefault(k, {}).setdefault((src, dst), [0.0, 0.0])
+            acc[0] += b
+            acc[1] += b / g
+    for links in per_op.values():
+        rates = {k: b / t for k, (b, t) in links.items() if t > 0}
+        if len(rates) >= 3:
+            m = float(np.median(list(rates.values())))
+            for k, g in rates.items():
+                n = in_ops.setdefault(k, [0, 0])
+                n[0] += 1
+                n[1] += g < (1 - below) * m
+    return gbps, ch_gbps, in_ops, bool((ops != -1).any())
+
+
+def slow_links(sends: np.ndarray, xfer: np.ndarray, ops: np.ndarray | None = None, moving: dict | None = None,
+               below: float = 0.25) -> list[dict]:
+    """The links whose typical GB/s is more than `below` under the median link's (3 links or more), with the
+    channels on which the link is also that far below the channel's median over links: every channel points at
+    the link (a degraded NVLink or path), one at that channel's program (its SM, its block). A link's typical
+    GB/s on a channel is the median of its slices' (one descheduled slice does not make a link slow); over its
+    channels, its bytes over the time they take at those rates. It must also be that far below the median link in
+    more than half the ops (verdicts.op_index) where 3 links or more moved, so a link a little slower all run
+    long by the pooled median only is not named (nor one in no such op, e.g. a link of a rank whose file was cut
+    short; only a trace without op keys is judged by the pooled median alone). `sender_outlier`: its sending rank
+    moves data longest, 1 / (1 - below) times the median rank's or more (`moving`: rank -> us), so its copies may
+    be the slow part; `receiver_outlier` the same of its receiving rank (writes into a lagging rank's buffers are
+    slowed too); `sender_other_links`, `sender_other_links_slow`: the sending rank's links to other peers and how
+    many of them are that far below too (none: its copies move at the usual rate elsewhere, so the link is it).
+    sends, xfer: send records, their transfer ns; ops: their op keys."""
+    gbps, ch_gbps, in_ops, keyed = link_rates(sends, xfer, ops, below)
+    if len(gbps) < 3:
+        return []
+    med = float(np.median(list(gbps.values())))
+    longest = _longest(moving, below)
+
+    def others(s: int, d: int) -> tuple[int, int]:      # the sender's links to its other peers: all, slow ones
+        o = [g for (a, b), g in gbps.items() if a == s and b != d]
+        return len(o), sum(g < (1 - below) * med for g in o)
+    return [{**row, "sender_outlier": longest(row["src"]), "receiver_outlier": longest(row["dst"]),
+             **dict(zip(("sender_other_links", "sender_other_links_slow"), others(row["src"], row["dst"])))}
+            for row in _below_median(gbps, ch_gbps, in_ops, keyed, below)]
+
+
+def slow_receive_sides(recvs: np.ndarray, xfer: np.ndarray, ops: np.ndarray | None = None,
+                       send_gbps: dict | None = None, moving: dict | None = None, below: float = 0.25) -> list[dict]:
+    """A link's receive side judged as slow_links judges send sides: the links whose receives' typical GB/s is
+    more than `below` under the median link's receive side (3 links or more), in more than half the ops, while
+    the link's send side is not that far below the median link's send side (`send_gbps`: link -> typical send
+    GB/s; a link whose send side is slow too, or not judged, is left to slow_links). A point-to-point receive
+    moves from when its data was there, so a slow one is the receiving rank's copies out of the link (in a ring a
+    slow receiver also slows its upstream sender, through credit waits, and slow_links sees it there).
+    `receiver_outlier`: the receiving rank moves data longest (as in slow_links); `receiver_other_links`,
+    `receiver_other_links_slow`: the receiving rank's receives from its other peers and how many are that far
+    below too (all of them: its copies, none: this link's). `send_gbps`, `send_median_gbps`: the link's send side
+    and the median link's. recvs, xfer: receive records, not halves of fused slices (their time is the send's),
+    their transfer ns; ops: their op keys."""
+    if not len(recvs) or not send_gbps:
+        return []
+    keyed = recvs.copy()                # keyed by link as a send is: rank = the link's src, peer = its dst
+    keyed["rank"], keyed["peer"] = recvs["peer"], recvs["rank"]
+    gbps, ch_gbps, in_ops, op_keyed = link_rates(keyed, xfer, ops, below)
+    if len(gbps) < 3 or len(send_gbps) < 3:
+        return []
+    med, send_med = float(np.median(list(gbps.values()))), float(np.median(list(send_gbps.values())))
+    longest = _longest(moving, below)
+
+    def others(s: int, d: int) -> tuple[int, int]:      # the receiver's receives from its other peers
+        o = [g for (a, b), g in gbps.items() if b == d and a != s]
+        return len(o), sum(g < (1 - below) * med for g in o)
+    out = []
+    for row in _below_median(gbps, ch_gbps, in_ops, op_keyed, below):
+        sg = send_gbps.get((row["src"], row["dst"]))
+        if sg is None or sg < (1 - below) * send_med:
+            continue
+        out.append({**row, "send_gbps": sg, "send_median_gbps": send_med, "receiver_outlier": longest(row["dst"]),
+                    **dict(zip(("receiver_other_links", "receiver_other_links_slow"), others(row["src"], row["dst"])))})
+    return out
+
+
+def _below_median(gbps: dict, ch_gbps: dict, in_ops: dict, keyed: bool, below: float) -> list[dict]:
+    """From _link_rates: the links more than `below` under the median link, pooled and in more than half the ops
+    (no op keys: pooled only), slowest first, with their channel counts."""
+    med = float(np.median(list(gbps.values())))
+    ch_med = {c: float(np.median(list(v.values()))) for c, v in ch_gbps.items() if len(v) >= 3}
+    out = []
+    for k, g in sorted(gbps.items(), key=lambda kv: kv[1]):
+        if g >= (1 - below) * med:
+            break
+        n_ops, n_slow = in_ops.get(k, (0, 0))
+        if 2 * n_slow <= n_ops and (n_ops or keyed):        # no op keys (a KernelStep-only mask): pooled only
+            continue
+        chans = [c for c, v in ch_gbps.items() if k in v and c in ch_med]
+        out.append({"src": k[0], "dst": k[1], "gbps": g, "median_gbps": med, "below_pct": 100 * (1 - g / med),
+                    "channels": len(chans),
+                    "channels_slow": sum(ch_gbps[c][k] < (1 - below) * ch_med[c] for c in chans),
+                    "ops": n_ops, "ops_slow": n_slow})
+    return out
+
+
+def _longest(moving: dict | None, below: float):
+    """rank -> whether it moves data longest, 1 / (1 - below) times the median rank's or more (`moving`: rank ->
+    us of copies)."""
+    busiest = max(moving.values()) if moving else 0.0
+    typical_rank = float(np.median(list(moving.values()))) if moving else 0.0
+
+    def longest(r: int) -> bool:
+        t = (moving or {}).get(r, 0.0)
+        return bool(t > 0 and t >= busiest and (1 - below) * t > typical_rank)
+    return longest
