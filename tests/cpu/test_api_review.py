@@ -194,6 +194,18 @@ def test_a_communicator_dropped_unclosed_still_finishes_its_trace_at_exit(tmp_pa
     assert any(r.get("name") == "slicetrace_counters" for r in recs)
 
 
+def _terminated_with_its_trace(code: str, tmp_path) -> None:
+    """Run code (argv[1]: tmp_path) to its SIGTERM: exit 143, and its trace a_*_0.json whole with 5 collectives."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLICETRACE_", "RANK", "WORLD_SIZE"))}
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path)], timeout=60, cwd=str(ROOT), env=env,
+                       capture_output=True, text=True)
+    assert p.returncode == 128 + signal.SIGTERM, p.stderr
+    (f,) = tmp_path.glob("a_*_0.json")
+    recs = json.loads(f.read_text())
+    assert sum(r.get("cat") == "COLL" and r.get("ph") == "b" for r in recs) == 5
+    assert any(r.get("name") == "slicetrace_counters" for r in recs)
+
+
 def test_sigterm_to_a_profiled_program_still_finishes_its_trace(tmp_path):
     """torchrun's agent and Slurm stop ranks with SIGTERM, whose default action killed the process: the trace was
     cut after its header. While a communicator has plugins, SIGTERM at its default raises SystemExit(143); the
@@ -208,14 +220,7 @@ def test_sigterm_to_a_profiled_program_still_finishes_its_trace(tmp_path):
             "for _ in range(5):\n    c.all_reduce(np.ones(4, np.float32))\n"
             "os.kill(os.getpid(), signal.SIGTERM)\n"
             "time.sleep(30)\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLICETRACE_", "RANK", "WORLD_SIZE"))}
-    p = subprocess.run([sys.executable, "-c", code, str(tmp_path)], timeout=60, cwd=str(ROOT), env=env,
-                       capture_output=True, text=True)
-    assert p.returncode == 128 + signal.SIGTERM, p.stderr
-    (f,) = tmp_path.glob("a_*_0.json")
-    recs = json.loads(f.read_text())
-    assert sum(r.get("cat") == "COLL" and r.get("ph") == "b" for r in recs) == 5
-    assert any(r.get("name") == "slicetrace_counters" for r in recs)
+    _terminated_with_its_trace(code, tmp_path)
     back = ("import signal, slicetrace\n"
             "c = slicetrace.init(backend='null', profiler_plugin='example')\n"
             "c.close()\n"
@@ -242,14 +247,7 @@ def test_sigterm_while_the_last_profiled_communicator_closes_still_finishes_its_
             "    finish(self, *a)\n"
             "session.Session._close_host = close_host\n"
             "c.close()\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLICETRACE_", "RANK", "WORLD_SIZE"))}
-    p = subprocess.run([sys.executable, "-c", code, str(tmp_path)], timeout=60, cwd=str(ROOT), env=env,
-                       capture_output=True, text=True)
-    assert p.returncode == 128 + signal.SIGTERM, p.stderr
-    (f,) = tmp_path.glob("a_*_0.json")
-    recs = json.loads(f.read_text())
-    assert sum(r.get("cat") == "COLL" and r.get("ph") == "b" for r in recs) == 5
-    assert any(r.get("name") == "slicetrace_counters" for r in recs)
+    _terminated_with_its_trace(code, tmp_path)
 
 
 def test_a_profiled_communicator_made_off_the_main_thread_warns_once_that_sigterm_loses_its_trace():

@@ -450,21 +450,26 @@ def test_ops_left_out_by_min_bytes_or_sampling_are_named_not_the_mask(tmp_path, 
     assert "65606" in err and "MIN_BYTES" not in err
 
 
-def test_ops_that_moved_no_data_under_a_mask_with_both_are_not_blamed_on_the_mask(tmp_path, capsys):
-    """Count-0 ops, or send/recv to the rank itself, recorded with KernelStep and KernelCh in the mask: the error
-    told the user to put both in the mask (SLICETRACE_PROFILE_EVENT_MASK=65606), which the run had already."""
+def _one_all_reduce_files(tmp_path, count):
+    """Two ranks' files of one AllReduce of count elements (Coll events only), recorded with the mask 65606."""
     import json
-    from slicetrace.cli.main import main
     for rank in range(2):
         _coll_file(tmp_path, rank, 2, seqs=(), counters={})
         f = tmp_path / f"trace_7_{rank}.json"
         recs = json.loads(f.read_text())
         recs[0]["args"]["EventMask"] = 65606
         recs.append({"name": "AllReduce", "cat": "COLL", "ph": "b", "id": 1, "pid": rank, "ts": 0.0,
-                     "args": {"SeqNum": 0, "CommHash": 7, "Rank": rank, "Count": 0, "Datatype": "ncclFloat32",
+                     "args": {"SeqNum": 0, "CommHash": 7, "Rank": rank, "Count": count, "Datatype": "ncclFloat32",
                               "Algorithm": "RING", "Protocol": "SIMPLE", "nChannels": 1}})
         recs.append({"name": "AllReduce", "cat": "COLL", "ph": "e", "id": 1, "pid": rank, "ts": 5.0})
         f.write_text(json.dumps(recs))
+
+
+def test_ops_that_moved_no_data_under_a_mask_with_both_are_not_blamed_on_the_mask(tmp_path, capsys):
+    """Count-0 ops, or send/recv to the rank itself, recorded with KernelStep and KernelCh in the mask: the error
+    told the user to put both in the mask (SLICETRACE_PROFILE_EVENT_MASK=65606), which the run had already."""
+    from slicetrace.cli.main import main
+    _one_all_reduce_files(tmp_path, count=0)
     assert main(["report", str(tmp_path)]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "no KernelStep or KernelCh events to analyse" in err and "the trace's event mask had both (EventMask " \
@@ -497,18 +502,8 @@ def test_ops_recorded_under_a_profiling_block_mask_without_both_are_not_only_sai
     """An all_reduce of 4096 floats inside comm.profiling(True, mask="Coll"), the plugin's mask 65606: the error
     said its ops "moved no data between ranks (a count of 0 ...)", though they did; the block's mask left the
     KernelStep and KernelCh out, and the trace does not record it."""
-    import json
     from slicetrace.cli.main import main
-    for rank in range(2):
-        _coll_file(tmp_path, rank, 2, seqs=(), counters={})
-        f = tmp_path / f"trace_7_{rank}.json"
-        recs = json.loads(f.read_text())
-        recs[0]["args"]["EventMask"] = 65606
-        recs.append({"name": "AllReduce", "cat": "COLL", "ph": "b", "id": 1, "pid": rank, "ts": 0.0,
-                     "args": {"SeqNum": 0, "CommHash": 7, "Rank": rank, "Count": 4096, "Datatype": "ncclFloat32",
-                              "Algorithm": "RING", "Protocol": "SIMPLE", "nChannels": 1}})
-        recs.append({"name": "AllReduce", "cat": "COLL", "ph": "e", "id": 1, "pid": rank, "ts": 5.0})
-        f.write_text(json.dumps(recs))
+    _one_all_reduce_files(tmp_path, count=4096)
     assert main(["report", str(tmp_path)]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "no KernelStep or KernelCh events to analyse" in err and "comm.profiling(True, mask=...)" in err, err
