@@ -336,15 +336,22 @@ def _finish_at_exit() -> None:
     plugins still get its records and finish their files (a trace was cut mid-record, its losses uncounted),
     bounded; the backend is left to the process's exit (its peers may be gone)."""
     deadline = time.monotonic() + 5.0           # for them all, not each
-    for sess in list(_LIVE):
-        if sess._closed or sess.forked or sess.host is None:
-            continue
-        try:
-            if sess.drain is not None:
-                sess.drain.flush(max(0.1, deadline - time.monotonic()))
-            sess._close_host(max(0.1, deadline - time.monotonic()))
-        except Exception as e:  # noqa: BLE001 - at exit: say so, finish the others
-            log.warning("slicetrace: rank %d: finishing the profiler plugins at exit failed: %r", sess.rank, e)
+    try:
+        # held, as in close(): torchrun's agent SIGTERMs the other ranks once one failed, often while they finish
+        # here after their PeerError, and the SystemExit(143) cut their traces short
+        with signals_held():
+            for sess in list(_LIVE):
+                if sess._closed or sess.forked or sess.host is None:
+                    continue
+                try:
+                    if sess.drain is not None:
+                        sess.drain.flush(max(0.1, deadline - time.monotonic()))
+                    sess._close_host(max(0.1, deadline - time.monotonic()))
+                except Exception as e:  # noqa: BLE001 - at exit: say so, finish the others
+                    log.warning("slicetrace: rank %d: finishing the profiler plugins at exit failed: %r", sess.rank,
+                                e)
+    except (SystemExit, KeyboardInterrupt):     # a held signal, raised again: the process is exiting already
+        pass
 
 
 def _step(errs: list[BaseException], what: str, fn: Any) -> None:
