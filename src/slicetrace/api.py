@@ -38,7 +38,9 @@ class Communicator:
         self._group: list[tuple[P2pPart, Any, str, int]] | None = None
         self._group_depth = self._group_max = self._run_depth = 0    # user group nesting: now, deepest, at run
         self._group_owner = 0                                           # the thread that opened the group
-        self._group_lock = threading.Lock()     # a group's opening, and a call joining it: one thread at a time
+        # a group's opening, and a call joining it: one thread at a time; re-entrant, as a signal handler's send in
+        # this thread while it holds the lock waited on itself for good (one from another op says so, _enter)
+        self._group_lock = threading.RLock()
         self._p2p_plans: dict[tuple, tuple] = {}
         self._p2p_pos: dict[tuple[int, bool], int] = {}   # (peer, is_send) -> its pieces so far, mod p2p_channels
         self._stream: Any = None        # cuda: None = the current stream at each call

@@ -162,6 +162,37 @@ def test_an_op_started_from_inside_another_says_so():
                                                    "communicator already (from a plugin callback or a signal handler?)")
 
 
+def test_a_send_from_a_signal_handler_inside_group_s_opening_does_not_hang():
+    """comm.group() holds the communicator's group lock while it opens; a signal handler that ran there (in the
+    same thread) and called send waited on that lock for good. It now gets its answer (here: a lone send to
+    itself is refused), and the group runs."""
+    code = ("import signal, numpy as np, slicetrace\n"
+            "import slicetrace.api as api\n"
+            "from slicetrace.errors import UsageError\n"
+            "c = slicetrace.init(backend='null')\n"
+            "real, seen = api.outside_groups, []\n"
+            "def checks(comm, what, *a, **k):\n"
+            "    real(comm, what, *a, **k)\n"
+            "    if what == 'comm.group()' and not seen:\n"
+            "        seen.append('in')\n"
+            "        signal.raise_signal(signal.SIGUSR1)\n"      # its handler runs here, under the lock
+            "api.outside_groups = checks\n"
+            "def handler(signum, frame):\n"
+            "    try:\n"
+            "        c.send(np.ones(4, np.float32), 0)\n"
+            "    except UsageError as e:\n"
+            "        seen.append(str(e))\n"
+            "signal.signal(signal.SIGUSR1, handler)\n"
+            "out = np.zeros(4, np.float32)\n"
+            "with c.group():\n"
+            "    c.send(np.full(4, 2, np.float32), 0)\n"
+            "    c.recv(out, 0)\n"
+            "assert out.tolist() == [2] * 4 and len(seen) == 2 and 'to itself' in seen[1], (seen, out)\n"
+            "c.close()\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLICETRACE_", "RANK", "WORLD_SIZE"))}
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60, cwd=str(ROOT), env=env)
+
+
 def test_a_communicator_never_closed_still_finishes_its_trace(tmp_path):
     """A script that kept its communicator to the end (a torchrun script's often does) left a trace cut mid-record:
     no Coll events, not JSON, its losses uncounted."""
