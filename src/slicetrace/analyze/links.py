@@ -127,7 +127,7 @@ def slow_receive_sides(recvs: np.ndarray, xfer: np.ndarray, ops: np.ndarray | No
 
 
 def _below_median(gbps: dict, ch_gbps: dict, in_ops: dict, keyed: bool, below: float) -> list[dict]:
-    """From _link_rates: the links more than `below` under the median link, pooled and in more than half the ops
+    """From link_rates: the links more than `below` under the median link, pooled and in more than half the ops
     (no op keys: pooled only), slowest first, with their channel counts."""
     med = float(np.median(list(gbps.values())))
     ch_med = {c: float(np.median(list(v.values()))) for c, v in ch_gbps.items() if len(v) >= 3}
