@@ -644,7 +644,8 @@ def test_a_dash_writes_reports_json_csv_or_converts_trace_to_stdout_and_the_text
     assert not (tmp_path / "-").exists() and not os.path.exists("-")
 
 
-@pytest.mark.parametrize("argv", [["report", "--json", "-"], ["report", "--csv", "-"], ["convert", "-o", "-"]])
+@pytest.mark.parametrize("argv", [["report", "--json", "-"], ["report", "--csv", "-"], ["convert", "-o", "-"],
+                                  ["report", "--csv", "/dev/stdout"]])
 def test_a_dash_output_into_a_pipe_that_closes_early_is_not_an_error(tmp_path, argv):
     """`report --csv - | head`: the closed pipe was taken for the file's own write failing ("--csv '-': cannot
     write the file (Broken pipe)", exit 2); a reader gone from standard output is not an error (as `config | head`)."""

@@ -16,7 +16,7 @@ from ..events.abi import EventType, parse_mask
 from ..events.loading import load_plugins
 from ..launch_signals import _terminate_as_exit
 from .benchflags import backend_source, bench_settings, check_flags, has_example
-from .outputs import dump_files, trace_note, writable_file, writable_folder, write_json
+from .outputs import dump_files, stdout_error, trace_note, writable_file, writable_folder, write_json
 from .sweep import DTYPE_ALIASES, OPS, all_dtypes, bench_dtype, parse_size, shm_check, sizes
 
 
@@ -283,7 +283,7 @@ def run_report(a: argparse.Namespace) -> int:
         try:
             n = write_steps_csv(ks, a.csv)
         except OSError as e:
-            if a.csv == STDOUT:     # standard output's (a reader gone, `| head`): main's to end, quietly for a pipe
+            if stdout_error(a.csv, e):
                 raise
             raise UsageError(f"--csv {a.csv!r}: cannot write the file ({e.strerror or e})") from None
     render(rep, _console(text))
@@ -301,7 +301,7 @@ def run_convert(a: argparse.Namespace) -> int:
     try:
         got = convert(files, a.output)
     except OSError as e:            # reading is TraceFormatError: an OSError here is the write
-        if a.output == STDOUT:      # standard output's (a reader gone, `| head`): main's to end, quietly for a pipe
+        if stdout_error(a.output, e):
             raise
         raise UsageError(f"-o {a.output!r}: cannot write the file ({e.strerror or e})") from None
     print(f"# {'standard output' if a.output == STDOUT else a.output}: {got['files']} rank file(s), {got['slices']} "

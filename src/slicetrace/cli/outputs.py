@@ -40,6 +40,12 @@ def writable_file(flag: str, path: str, stdout_ok: bool = False) -> None:
             pass
 
 
+def stdout_error(path: str, e: OSError) -> bool:
+    """An output's error that is standard output's (a reader gone, `| head`, also through /dev/stdout): main's to
+    end, quietly for a pipe, not the file's own write failing."""
+    return path == STDOUT or isinstance(e, BrokenPipeError)
+
+
 def writable_folder(flag: str, path: str) -> None:
     if not path:
         raise UsageError(f"{flag} {path!r}: an empty path names no folder; give a folder name (. for this one)")
@@ -71,7 +77,7 @@ def write_json(flag: str, path: str, obj) -> None:
         with atomic_open(path, "w", encoding="utf-8") as f:     # an error leaves no half-written file
             json.dump(_finite(obj), f, indent=1, allow_nan=False)
     except OSError as e:
-        if path == STDOUT:      # standard output's (a reader gone, `| head`): main's to end, quietly for a pipe
+        if stdout_error(path, e):
             raise
         raise UsageError(f"{flag} {path!r}: cannot write the file ({e.strerror or e})") from None
 
