@@ -56,7 +56,7 @@ FLAG_SEND = 1        # the slice was sent (else received); for KernelCh: the p2p
 FLAG_CH_STOP = 2     # KernelCh record that closes the program (else it opens it)
 SEQ_PROVISIONAL = 1 << 63   # seq word published without a fence: valid once its op completed (see above)
 
-# 48 bytes. Offsets are part of the contract: the CUDA kernels write the same layout (stamps.cuh).
+# 48 bytes. Offsets are part of the contract: the CUDA kernel writes the same layout (kernels/engine.cuh id0, id1).
 STAMP_DTYPE = np.dtype([
     ("seq", "<u8"),      # published last; 0 = never written
     ("wait", "<u8"),     # started ring: clock when the wait for credit (send) or data (recv) began
