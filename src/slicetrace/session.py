@@ -42,7 +42,8 @@ def comm_hash(job: str, generation: int = 1) -> int:
         raise UsageError(f"job={job!r} must be a str of 1..128 ASCII letters, digits and '.', '_', ':', '-' (the id "
                          f"every rank of one job shares; it names the job's shared-memory segments)")
     text = job if generation <= 1 else f"{job}#{generation}"
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") & ((1 << 63) - 1)
+    # 53 bits: traces write it as a JSON int, which JavaScript viewers and spreadsheets read as a double
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") & ((1 << 53) - 1)
 
 
 _LOG_LOCK = threading.Lock()

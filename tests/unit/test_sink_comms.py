@@ -98,3 +98,12 @@ def test_a_file_that_spends_its_id_span_keeps_its_ids_unique(tmp_path, monkeypat
     assert check_trace(recs) == []
     assert len(kernel_chs(recs)) == sum(r.get("name") == "KernelCh" and r.get("ph") == "b" and
                                         r["args"].get("ParentId") in {i for c, i in ids if c == "COLL"} for r in recs)
+
+
+def test_comm_hashes_stay_exact_as_doubles():
+    """The commHash is written as an int (args.CommHash of every Coll/P2p record and slicetrace_comm, the process
+    name, the file name): it was 63 bits, so a JavaScript viewer or a spreadsheet reading the trace rounded it
+    (7364671435790710097 of `bench --trace` read back as ...09760), and two communicators could read as one."""
+    from slicetrace.session import comm_hash
+    hashes = [comm_hash(f"job-{i}", g) for i in range(64) for g in (1, 2)]
+    assert all(0 <= h < 2 ** 53 for h in hashes) and len(set(hashes)) == len(hashes)
