@@ -265,19 +265,22 @@ def test_sigterm_to_a_profiled_program_still_finishes_its_trace(tmp_path):
     subprocess.run([sys.executable, "-c", back], check=True, timeout=60, cwd=str(ROOT))
 
 
+# a profiled program (argv[1]: its trace folder) that sends itself SIGTERM as its plugins start to finish
+_TERM_IN_FINISH = ("import os, signal, sys, numpy as np, slicetrace\n"
+                   "from slicetrace import session\n"
+                   "c = slicetrace.init(backend='cpu', profiler_plugin='example', profile_dump_file=sys.argv[1] + '/a')\n"
+                   "for _ in range(5):\n    c.all_reduce(np.ones(4, np.float32))\n"
+                   "finish = session.Session._close_host\n"
+                   "def close_host(self, *a):\n"
+                   "    os.kill(os.getpid(), signal.SIGTERM)\n"
+                   "    finish(self, *a)\n"
+                   "session.Session._close_host = close_host\n")
+
+
 def test_sigterm_while_the_last_profiled_communicator_closes_still_finishes_its_trace(tmp_path):
     """close put SIGTERM's default back first, then flushed and finalized the plugins (seconds, for a big trace):
     a SIGTERM there (torchrun's agent stopping the ranks) killed the rank with its trace cut after the header."""
-    code = ("import os, signal, sys, numpy as np, slicetrace\n"
-            "from slicetrace import session\n"
-            "c = slicetrace.init(backend='cpu', profiler_plugin='example', profile_dump_file=sys.argv[1] + '/a')\n"
-            "for _ in range(5):\n    c.all_reduce(np.ones(4, np.float32))\n"
-            "finish = session.Session._close_host\n"
-            "def close_host(self, *a):\n"
-            "    os.kill(os.getpid(), signal.SIGTERM)\n"
-            "    finish(self, *a)\n"
-            "session.Session._close_host = close_host\n"
-            "c.close()\n")
+    code = _TERM_IN_FINISH + "c.close()\n"
     _terminated_with_its_trace(code, tmp_path)
 
 
@@ -285,16 +288,7 @@ def test_sigterm_while_an_unclosed_communicator_is_finished_at_exit_still_finish
     """A rank whose op raised (a peer died) exits with its communicator open, and its trace is finished at exit;
     torchrun's agent SIGTERMs the other ranks once one failed, often just then: the SystemExit(143) raised in the
     at-exit finish cut the trace short ('Exception ignored in atexit callback', the file not JSON)."""
-    code = ("import os, signal, sys, numpy as np, slicetrace\n"
-            "from slicetrace import session\n"
-            "c = slicetrace.init(backend='cpu', profiler_plugin='example', profile_dump_file=sys.argv[1] + '/a')\n"
-            "for _ in range(5):\n    c.all_reduce(np.ones(4, np.float32))\n"
-            "finish = session.Session._close_host\n"
-            "def close_host(self, *a):\n"
-            "    os.kill(os.getpid(), signal.SIGTERM)\n"
-            "    finish(self, *a)\n"
-            "session.Session._close_host = close_host\n"
-            "raise RuntimeError('as a PeerError would')\n")
+    code = _TERM_IN_FINISH + "raise RuntimeError('as a PeerError would')\n"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLICETRACE_", "RANK", "WORLD_SIZE"))}
     p = subprocess.run([sys.executable, "-c", code, str(tmp_path)], timeout=60, cwd=str(ROOT), env=env,
                        capture_output=True, text=True)
