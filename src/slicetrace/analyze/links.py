@@ -61,8 +61,7 @@ def link_rates(recs: np.ndarray, xfer: np.ndarray, ops: np.ndarray | None, below
     return gbps, ch_gbps, in_ops, bool((ops != -1).any())
 
 
-def slow_links(sends: np.ndarray, xfer: np.ndarray, ops: np.ndarray | None = None, moving: dict | None = None,
-               below: float = 0.25) -> list[dict]:
+def slow_links(rates: tuple, moving: dict | None = None, below: float = 0.25) -> list[dict]:
     """The links whose typical GB/s is more than `below` under the median link's (3 links or more), with the
     channels on which the link is also that far below the channel's median over links: every channel points at
     the link (a degraded NVLink or path), one at that channel's program (its SM, its block). A link's typical
@@ -75,8 +74,8 @@ def slow_links(sends: np.ndarray, xfer: np.ndarray, ops: np.ndarray | None = Non
     be the slow part; `receiver_outlier` the same of its receiving rank (writes into a lagging rank's buffers are
     slowed too); `sender_other_links`, `sender_other_links_slow`: the sending rank's links to other peers and how
     many of them are that far below too (none: its copies move at the usual rate elsewhere, so the link is it).
-    sends, xfer: send records, their transfer ns; ops: their op keys."""
-    gbps, ch_gbps, in_ops, keyed = link_rates(sends, xfer, ops, below)
+    rates: link_rates of the send records (their typical GB/s also judges the receive sides)."""
+    gbps, ch_gbps, in_ops, keyed = rates
     if len(gbps) < 3:
         return []
     med = float(np.median(list(gbps.values())))

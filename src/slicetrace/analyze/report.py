@@ -112,12 +112,12 @@ def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.n
     ops = op_index(ks)
     unc = max([int(c.get("clock_uncertainty_ns", 0) or 0) for c in (counters or {}).values()] + [0])
     rv = ~send & once                       # receives, not halves of fused slices (timed as their send)
-    send_gbps = link_rates(ks[send], xfer[send], None, 0.25)[0]
+    send_rates = link_rates(ks[send], xfer[send], ops[send], 0.25)     # judges both sides' links
     return Report(links, per_rank, waited_on, slowest, counters or {}, skew.ranks, skew.ops,
-                  slow_links(ks[send], xfer[send], ops[send], moving), skew.left_out, no_counters,
+                  slow_links(send_rates, moving), skew.left_out, no_counters,
                   skew.startup, skew.rule, held_up(ks, ops, starts),
                   unfinished(spans or [], chs, ranks, lacking=source == "Coll"), clock_check(ks, CLOCK_SLACK_NS + unc),
-                  slow_receive_sides(ks[rv], xfer[rv], ops[rv], send_gbps, moving))
+                  slow_receive_sides(ks[rv], xfer[rv], ops[rv], send_rates[0], moving))
 
 
 def _from_colls(spans: list) -> np.ndarray:
