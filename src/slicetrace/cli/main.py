@@ -260,19 +260,18 @@ def run_report(a: argparse.Namespace) -> int:
                                       f"; the {run.ops} op(s) profiled have none either: put KernelStep and KernelCh "
                                       f"in the mask (SLICETRACE_PROFILE_EVENT_MASK=65606)" if run.ops else ""))
         both = EventType.KERNEL_STEP | EventType.KERNEL_CH
-        if run.masks and all(m & both == both for m in run.masks) and not run.ops:   # no op to have moved data
-            raise SliceTraceError(f"{' '.join(a.traces)}: no KernelStep or KernelCh events to analyse "
-                                  f"({run.records} events in all): the files hold no op (Coll or P2p event), though "
-                                  f"the trace's event mask had both (EventMask {', '.join(map(str, sorted(run.masks)))}"
-                                  f"): no op ran with profiling on, or the ranks were stopped before their profiler's "
-                                  f"first write")
         if run.masks and all(m & both == both for m in run.masks):    # the mask was not it: told so, users set it
+            masks = ', '.join(map(str, sorted(run.masks)))
             raise SliceTraceError(f"{' '.join(a.traces)}: no KernelStep or KernelCh events to analyse "
-                                  f"({run.records} events in all), though the trace's event mask had both "
-                                  f"(EventMask {', '.join(map(str, sorted(run.masks)))}): its {run.ops} op(s) moved "
-                                  f"no data between ranks (a count of 0 runs no channel program, and a send/recv to "
-                                  f"the rank itself is a local copy), or ran inside comm.profiling(True, mask=...) "
-                                  f"with a mask without them (a block's mask is not in the trace)")
+                                  f"({run.records} events in all)" + (
+                                      f": the files hold no op (Coll or P2p event), though the trace's event mask had "
+                                      f"both (EventMask {masks}): no op ran with profiling on, or the ranks were "
+                                      f"stopped before their profiler's first write" if not run.ops else
+                                      f", though the trace's event mask had both (EventMask {masks}): its {run.ops} "
+                                      f"op(s) moved no data between ranks (a count of 0 runs no channel program, and "
+                                      f"a send/recv to the rank itself is a local copy), or ran inside "
+                                      f"comm.profiling(True, mask=...) with a mask without them (a block's mask is not "
+                                      f"in the trace)"))
         raise SliceTraceError(f"{' '.join(a.traces)}: no KernelStep or KernelCh events to analyse "
                               f"({run.records} events in all); record with both in the mask, e.g. `slicetrace bench "
                               f"--trace DIR` or SLICETRACE_PROFILE_EVENT_MASK=65606")
