@@ -16,7 +16,7 @@ from ..events.abi import EventType, parse_mask
 from ..events.loading import load_plugins
 from ..launch_signals import _terminate_as_exit
 from .benchflags import backend_source, bench_settings, check_flags, has_example
-from .outputs import dump_files, stdout_error, trace_note, writable_file, writable_folder, write_json
+from .outputs import dump_files, output_errors, trace_note, writable_file, writable_folder, write_json
 from .sweep import DTYPE_ALIASES, OPS, all_dtypes, bench_dtype, parse_size, shm_check, sizes
 
 
@@ -279,12 +279,8 @@ def run_report(a: argparse.Namespace) -> int:
     if a.json is not None:      # the files first: a reader that stops early (`| head`) does not lose them
         write_json("--json", a.json, rep.to_dict())
     if a.csv is not None:
-        try:
+        with output_errors("--csv", a.csv):
             n = write_steps_csv(ks, a.csv)
-        except OSError as e:
-            if stdout_error(a.csv, e):
-                raise
-            raise UsageError(f"--csv {a.csv!r}: cannot write the file ({e.strerror or e})") from None
     render(rep, _console(text))
     if a.csv is not None:
         print(f"# {n} KernelStep rows: {'standard output' if a.csv == STDOUT else a.csv}", file=text)
@@ -297,12 +293,8 @@ def run_convert(a: argparse.Namespace) -> int:
     writable_file("-o", a.output, stdout_ok=True)
     files = trace_files(a.traces)
     _not_an_input([("-o", a.output)], files, "run.pftrace")
-    try:
+    with output_errors("-o", a.output):      # reading is TraceFormatError: an OSError here is the write
         got = convert(files, a.output)
-    except OSError as e:            # reading is TraceFormatError: an OSError here is the write
-        if stdout_error(a.output, e):
-            raise
-        raise UsageError(f"-o {a.output!r}: cannot write the file ({e.strerror or e})") from None
     print(f"# {'standard output' if a.output == STDOUT else a.output}: {got['files']} rank file(s), {got['slices']} "
           f"slices on {got['tracks']} tracks, {got['flows']} send -> receive flows (open in https://ui.perfetto.dev)",
           file=sys.stderr if a.output == STDOUT else sys.stdout)

@@ -2,6 +2,7 @@
 --trace's files named from what the run wrote."""
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import math
@@ -9,6 +10,7 @@ import os
 import re
 import tempfile
 import time
+from typing import Iterator
 
 from ..analyze.atomic import STDOUT, atomic_open
 from ..errors import SliceTraceError, UsageError
@@ -40,10 +42,16 @@ def writable_file(flag: str, path: str, stdout_ok: bool = False) -> None:
             pass
 
 
-def stdout_error(path: str, e: OSError) -> bool:
-    """An output's error that is standard output's (a reader gone, `| head`, also through /dev/stdout): main's to
-    end, quietly for a pipe, not the file's own write failing."""
-    return path == STDOUT or isinstance(e, BrokenPipeError)
+@contextlib.contextmanager
+def output_errors(flag: str, path: str) -> Iterator[None]:
+    """A write of flag's file that fails is a UsageError naming it; standard output's errors (a reader gone,
+    `| head`, also through /dev/stdout) are main's to end, quietly for a pipe."""
+    try:
+        yield
+    except OSError as e:
+        if path == STDOUT or isinstance(e, BrokenPipeError):
+            raise
+        raise UsageError(f"{flag} {path!r}: cannot write the file ({e.strerror or e})") from None
 
 
 def writable_folder(flag: str, path: str) -> None:
@@ -73,13 +81,8 @@ def _finite(obj):
 
 
 def write_json(flag: str, path: str, obj) -> None:
-    try:
-        with atomic_open(path, "w", encoding="utf-8") as f:     # an error leaves no half-written file
-            json.dump(_finite(obj), f, indent=1, allow_nan=False)
-    except OSError as e:
-        if stdout_error(path, e):
-            raise
-        raise UsageError(f"{flag} {path!r}: cannot write the file ({e.strerror or e})") from None
+    with output_errors(flag, path), atomic_open(path, "w", encoding="utf-8") as f:    # no half-written file
+        json.dump(_finite(obj), f, indent=1, allow_nan=False)
 
 
 def dump_files(folder: str, stem: str = "trace") -> dict[str, tuple[int, int]]:
