@@ -665,3 +665,15 @@ def test_a_dash_output_into_a_pipe_that_closes_early_is_not_an_error(tmp_path, a
         p.kill()
         p.wait()
     assert not (tmp_path / "-").exists()
+
+
+@pytest.mark.parametrize("argv", [["report", "--json"], ["report", "--csv"], ["convert", "-o"]])
+def test_an_output_file_whose_write_fails_is_one_line_naming_its_flag(tmp_path, capsys, argv):
+    """A write that fails after the up-front check (a full disk) is a UsageError naming the flag and the file."""
+    import os
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full on this system")
+    prefix = _trace_files(tmp_path / "tr", 7)
+    assert main([argv[0], prefix, argv[1], "/dev/full"]) == 2
+    assert capsys.readouterr().err == f"slicetrace: error: {argv[1]} '/dev/full': cannot write the file (No space " \
+        "left on device)\n"
