@@ -156,9 +156,7 @@ class CpuBackend(HostBackend):
         # everyone attached: the name is no longer needed, and a rank that ends without close() (torchrun, kill -9)
         # leaves nothing in /dev/shm; the memory lives until the last rank unmaps it
         self.store.barrier(f"{self._prefix}/attached", rank, world, s.timeout_s, check=alive)
-        self.seg.unlink()
-        for name in names.values():     # the peers' too: one stopped or killed before its own unlink left its name
-            unlink_name(name)
+        self._unlink_names()
         cpus = affinity.candidates(rank, world, nch) if s.cpu_bind == "on" else []    # launch() resolves "auto"
         self._bound = affinity.bind(cpus) if cpus else None      # after the heartbeat thread started
 
@@ -287,6 +285,13 @@ class CpuBackend(HostBackend):
         if not self._closed:
             self.guard.abort_all(ABORT_PEER, reason)
 
+    def _unlink_names(self) -> None:
+        """Every rank's segment name, ours and the peers' (each rank attached them all, or set-up failed): a peer
+        stopped or killed before its own unlink left its name in /dev/shm."""
+        self.seg.unlink()
+        for name in getattr(self, "_names", {}).values():
+            unlink_name(name)
+
     def close(self) -> None:
         if self._closed:
             return
@@ -307,9 +312,7 @@ class CpuBackend(HostBackend):
         # the numpy views over the segments (FIFO slots, stamp rings): gone, the mappings close now (else a closed
         # communicator the caller keeps, or one a cycle holds, keeps its /dev/shm pages until GC)
         self.writers, self._rings, self.ring_send, self.ring_recv, self.p2p_recv, self.p2p_send = [], None, [], [], {}, {}
-        self.seg.unlink()
-        for name in getattr(self, "_names", {}).values():      # a set-up that failed at the attached barrier:
-            unlink_name(name)                                   # a peer gone before it unlinked its own left its name
+        self._unlink_names()            # again: a set-up that failed at the attached barrier did not get there
         for seg in self._peer_segs.values():
             seg.close()
         self.seg.close()
