@@ -281,3 +281,15 @@ def test_a_write_that_fails_at_close_says_the_final_table_is_lost(tmp_path, capl
     msgs = [r.getMessage() for r in caplog.records]
     assert len(msgs) == 1 + failing_before and "at close; its final table is lost" in msgs[-1]
     assert "trying again" not in msgs[-1]
+
+
+def test_a_nul_byte_in_the_prefix_is_a_config_error_naming_it():
+    """os.makedirs raised ValueError in init: the host logged a traceback and ran on without the plugin."""
+    import slicetrace
+    from slicetrace.rendezvous import DictStore
+    want = r"^linkstats_file='m\\x00n' must be a path prefix without a NUL byte$"
+    with pytest.raises(ConfigError, match=want):
+        Settings(linkstats_file="m\0n")
+    with pytest.raises(ConfigError, match=want):
+        slicetrace.init(backend="null", rank=0, world_size=2, store=DictStore({}), profiler_plugin="linkstats",
+                        linkstats_file="m\0n")
