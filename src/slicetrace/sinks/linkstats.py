@@ -4,14 +4,16 @@ Keeps, per (channel, direction, peer): slices, bytes, time spent waiting (ready 
 (done - ready; a fused slice from the later ready of its two directions, events.abi.moving_from). Its own work
 is one call per drain poll; `snapshot()` returns the table, `finalize` logs a summary. With `linkstats_file` set
 it also writes the table as Prometheus text (`<prefix>_<commHash>_<rank>.prom`, for node_exporter's textfile
-collector), every `linkstats_interval_s` while ops run and at finalize, with the host's loss counters then. It
-is also the reference for writing a plugin: native version 8, batch paths for KernelSteps, nothing else recorded.
+collector), every `linkstats_interval_s` while ops run and at finalize, with the host's loss counters then. The
+periodic writes run on a thread of their own (_Writer), off the host's lock. It is also the reference for writing
+a plugin: native version 8, batch paths for KernelSteps, nothing else recorded.
 """
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
+import threading
 import time
 from typing import Any
 
@@ -32,6 +34,8 @@ class _Ctx:
         # that names a folder ('textfile/') keeps its '/' and the files go inside it, as the example plugin's do
         self.path = f"{os.path.join(os.getcwd(), prefix)}_{comm.comm_hash}_{comm.rank}.prom" if prefix else None
         self.interval_s = s.linkstats_interval_s
+        self.timeout_s = s.timeout_s
+        self.writer: _Writer | None = None      # started at the first periodic write
         self.write_at = time.monotonic() + self.interval_s
         self.host_counters: dict[str, int] = {}
         self.sampling = {"kernel_step_sample_rate": s.sample_rate, "op_sample_rate": s.op_sample_rate,
@@ -97,10 +101,64 @@ def write_atomic(path: str, text: str) -> None:
         raise
 
 
-def _put(ctx: _Ctx) -> None:
+def _put(ctx: _Ctx, table: dict) -> None:
     """The table as ctx.path now; its folder made first (at init, and again if it was removed)."""
     os.makedirs(os.path.dirname(ctx.path) or ".", exist_ok=True)
-    write_atomic(ctx.path, prometheus_text(ctx.comm, ctx.table, ctx.host_counters, ctx.sampling))
+    write_atomic(ctx.path, prometheus_text(ctx.comm, table, ctx.host_counters, ctx.sampling))
+
+
+class _Writer:
+    """Writes the periodic snapshots on a thread of its own: the host calls plugins under its lock, which the drain
+    and the user's next op wait for, and a slow or hung filesystem (NFS) must hold neither. Only the latest
+    snapshot is kept: a newer one replaces one not yet written."""
+
+    def __init__(self, write: Any, name: str):
+        self._write = write
+        self._cv = threading.Condition()
+        self._pending: dict | None = None
+        self._busy = self._stop = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def put(self, table: dict) -> None:
+        with self._cv:
+            self._pending = table
+            self._cv.notify_all()
+
+    def idle(self, timeout_s: float) -> bool:
+        """Wait until every snapshot handed over is written (or failed); False at the timeout."""
+        end = time.monotonic() + timeout_s
+        with self._cv:
+            while (self._pending is not None or self._busy) and self._thread.is_alive():
+                if not self._cv.wait(end - time.monotonic()):
+                    return False
+        return True
+
+    def close(self, timeout_s: float) -> bool:
+        """Write what is pending, then end the thread; False if a write is still running after timeout_s."""
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while self._pending is None and not self._stop:
+                    self._cv.wait()
+                table, self._pending = self._pending, None
+                if table is None:
+                    return
+                self._busy = True
+            try:
+                self._write(table)
+            except BaseException as e:      # noqa: BLE001 - _write logs OSError; anything else must not end it
+                log.error("slicetrace linkstats: writing the metrics file failed: %r", e)
+            finally:
+                with self._cv:
+                    self._busy = False
+                    self._cv.notify_all()
 
 
 class LinkStatsPlugin:
@@ -116,7 +174,7 @@ class LinkStatsPlugin:
         ctx = _Ctx(comm, s.linkstats_file, s)
         if ctx.path is not None:
             try:                        # an empty table now: a path that cannot be written is refused before any op
-                _put(ctx)
+                _put(ctx, ctx.table)
             except OSError as e:
                 raise ConfigError(f"linkstats_file (SLICETRACE_LINKSTATS_FILE)={s.linkstats_file!r}: cannot write "
                                   f"{ctx.path}: {e.strerror or e}; give a prefix in a writable folder") from e
@@ -165,11 +223,13 @@ class LinkStatsPlugin:
                     row += add
         if ctx.path is not None and time.monotonic() >= ctx.write_at:
             ctx.write_at = time.monotonic() + ctx.interval_s
-            self._write(ctx)
+            if ctx.writer is None:
+                ctx.writer = _Writer(lambda table: self._write(ctx, table), f"slicetrace-linkstats-{ctx.comm.rank}")
+            ctx.writer.put({k: v.copy() for k, v in ctx.table.items()})     # a copy: the drain adds on meanwhile
 
-    def _write(self, ctx: _Ctx, last: bool = False) -> None:
+    def _write(self, ctx: _Ctx, table: dict, last: bool = False) -> None:
         try:
-            _put(ctx)
+            _put(ctx, table)
         except OSError as e:            # a metrics file must not stop the job: say so once, try again later
             if last:                    # no later: the final table (with the host's counters) is lost, say so
                 log.error("slicetrace linkstats: cannot write %s (%s) at close; its final table is lost",
@@ -196,6 +256,11 @@ class LinkStatsPlugin:
     def finalize(self, ctx: _Ctx) -> None:
         """At close, or at exit for a communicator never closed (session._finish_at_exit)."""
         if ctx.path is not None:
-            self._write(ctx, last=True)
+            if ctx.writer is not None and not ctx.writer.close(ctx.timeout_s):
+                # the same temporary file, and a filesystem that hangs: no second write
+                log.error("slicetrace linkstats: a write of %s has not returned in %g s; its final table is lost",
+                          ctx.path, ctx.timeout_s)
+            else:
+                self._write(ctx, ctx.table, last=True)
         for row in self.snapshot(ctx):
             log.info("slicetrace linkstats rank %d: %s", ctx.comm.rank, row)

@@ -1,0 +1,48 @@
+"""The linkstats plugin's periodic writes run off the event host's lock (sinks/linkstats.py _Writer)."""
+import threading
+
+from slicetrace.config import Settings
+from slicetrace.events.host import EventHost
+from slicetrace.events.plugin import LoadedPlugin
+from slicetrace.sinks import linkstats as ls
+from tests.unit.test_host import COMM, coll_op, recs
+
+
+def test_the_periodic_write_runs_after_the_callback_returned_the_hosts_lock(tmp_path, monkeypatch):
+    """It ran inside kernel_step_runs, under the host's lock: a slow filesystem held the drain, and the user's next
+    op waited for the host up to BEHIND_WAIT_S and then ran unprofiled."""
+    plugin = ls.LinkStatsPlugin(Settings(linkstats_file=str(tmp_path / "m"), linkstats_interval_s=1e-9))
+    host = EventHost([LoadedPlugin(plugin)], COMM)
+    gate, seen = threading.Event(), []
+    real = ls.write_atomic
+
+    def slow_write(path, text):             # a filesystem that answers once the test says so (or in 5 s)
+        gate.wait(5)
+        seen.append(host._lock.locked())
+        real(path, text)
+    monkeypatch.setattr(ls, "write_atomic", slow_write)
+    host.begin_op(coll_op())
+    host.steps(1, recs(1, 4))               # due for a periodic write: handed over, not waited for
+    assert seen == []                       # the steps call returned with the write still waiting
+    gate.set()
+    ctx = host.plugins[0].ctx
+    assert ctx.writer.idle(30) and seen == [False]
+    assert 'slicetrace_link_slices_total{comm="77"' in (tmp_path / "m_77_1.prom").read_text()
+    host.close()                            # the final write, once the thread ended
+    assert seen == [False, True] and not ctx.writer._thread.is_alive()
+
+
+def test_a_write_that_never_returns_costs_close_its_timeout_not_forever(tmp_path, monkeypatch, caplog):
+    """finalize waits for the thread's write timeout_s at most, then says the final table is lost."""
+    plugin = ls.LinkStatsPlugin(Settings(linkstats_file=str(tmp_path / "m"), linkstats_interval_s=1e-9,
+                                         timeout_s=0.2))
+    host = EventHost([LoadedPlugin(plugin)], COMM)
+    gate = threading.Event()
+    monkeypatch.setattr(ls, "write_atomic", lambda path, text: gate.wait(30))
+    host.begin_op(coll_op())
+    host.steps(1, recs(1, 4))
+    try:
+        host.close()
+    finally:
+        gate.set()
+    assert any("has not returned in 0.2 s; its final table is lost" in r.getMessage() for r in caplog.records)
