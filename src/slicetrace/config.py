@@ -109,7 +109,10 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "drain_interval_us": (lambda v: 10 <= v <= 1_000_000, "in 10..1000000"),
     "profile_event_mask": (lambda v: 0 <= v < 1 << 32, "in 0..2**32-1"),
     "plugin_max_failures": (lambda v: v >= 1, ">= 1"),
-    "linkstats_file": (lambda v: "\0" not in v, "a path prefix without a NUL byte"),    # else a ValueError in init
+    # a NUL byte is a ValueError in open(): in a plugin's init, logged and the plugin dropped with no file
+    "profile_dump_file": (lambda v: "\0" not in v, "a path prefix without a NUL byte"),
+    "linkstats_file": (lambda v: "\0" not in v, "a path prefix without a NUL byte"),
+    "cache_dir": (lambda v: "\0" not in v, "a folder path without a NUL byte"),
     "linkstats_interval_s": (_secs, _SECS),
     "clock_resync_s": (_secs, _SECS),
     "cpu_reclaim": (lambda v: v in ("auto", "on", "off"), "one of ('auto', 'on', 'off')"),

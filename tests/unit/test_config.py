@@ -597,3 +597,10 @@ def test_an_empty_cache_dir_keyword_is_the_default_as_the_variables_is():
     assert Settings(cache_dir="").cache_dir == config.DEFAULT_CACHE_DIR
     assert Settings.from_env({}, cache_dir=" ").cache_dir == config.DEFAULT_CACHE_DIR
     assert Settings.from_env({"SLICETRACE_CACHE_DIR": ""}).cache_dir == config.DEFAULT_CACHE_DIR
+
+
+@pytest.mark.parametrize("name, what", [("profile_dump_file", "a path prefix"), ("cache_dir", "a folder path")])
+def test_a_nul_byte_in_a_path_setting_is_a_config_error_naming_it(name, what):
+    """open() raised ValueError in the example plugin's init: logged, the plugin dropped, the run went on untraced."""
+    with pytest.raises(ConfigError, match=rf"^{name}='m\\x00n' must be {what} without a NUL byte$"):
+        Settings(**{name: "m\0n"})
