@@ -172,6 +172,13 @@ class Settings:
     clock_resync_s: float = 1.0
     debug: str = "WARN"
 
+    def __new__(cls, *args: Any, **kw: Any) -> "Settings":
+        _refuse_unknown(kw)         # before dataclasses' __init__, whose error was a bare TypeError
+        if len(args) > len(fields(cls)):
+            raise ConfigError(f"Settings takes at most {len(fields(cls))} positional arguments (its fields in "
+                              f"order), got {len(args)}; pass settings by keyword")
+        return super().__new__(cls)
+
     def __post_init__(self) -> None:
         for name in _WORDS:                 # any case, from a keyword as from the environment
             v = getattr(self, name)
@@ -219,12 +226,7 @@ class Settings:
         return self.nchannels or 1
 
     def with_(self, **kw: Any) -> "Settings":
-        """A copy with the given fields changed; an unknown name is a ConfigError, as from_env's (dataclasses'
-        replace raised a bare TypeError)."""
-        known = {f.name for f in fields(self)}
-        bad = sorted(set(kw) - known)
-        if bad:
-            raise ConfigError(f"unknown setting(s) {bad}{_keyword_hint(bad, known)}; known: {sorted(known)}")
+        """A copy with the given fields changed; an unknown name is a ConfigError, as Settings()'s."""
         return replace(self, **kw)
 
     @classmethod
@@ -253,10 +255,7 @@ class Settings:
                 if pools[name] < 1:
                     raise ConfigError(f"{var}={env[var]!r} must be an integer >= 1 (decimal or 0x hex)")
         vals["pool_sizes"] = pools
-        known = {f.name for f in fields(cls)}
-        bad = sorted(set(overrides) - known)        # None too: nchanels=None was a misspelling let through
-        if bad:
-            raise ConfigError(f"unknown setting(s) {bad}{_keyword_hint(bad, known)}; known: {sorted(known)}")
+        _refuse_unknown(overrides)                  # None too: nchanels=None was a misspelling let through
         overrides = {k: v for k, v in overrides.items() if v is not None}
         if isinstance(overrides.get("profile_event_mask"), str):     # type names, as the variable takes
             try:
@@ -366,6 +365,14 @@ def job_world_size(env: Mapping[str, str] | None = None) -> int | None:
     """torchrun's WORLD_SIZE when it is a plain number, else None (no error: only a hint for init())."""
     v = (os.environ if env is None else env).get("WORLD_SIZE", "")
     return int(v) if re.fullmatch(r"[0-9]+", v) else None
+
+
+def _refuse_unknown(kw: Mapping[str, Any]) -> None:
+    """A ConfigError naming keywords that are no Settings field, with the closest and every known name."""
+    known = {f.name for f in fields(Settings)}
+    bad = sorted(set(kw) - known)
+    if bad:
+        raise ConfigError(f"unknown setting(s) {bad}{_keyword_hint(bad, known)}; known: {sorted(known)}")
 
 
 def _keyword_hint(bad: list[str], known: set[str]) -> str:
