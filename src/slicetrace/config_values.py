@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
-from .events.abi import parse_mask
+from .events.abi import INT_TEXT, parse_mask
 
 
 def as_bool(v: str) -> bool:
@@ -16,13 +16,9 @@ def as_bool(v: str) -> bool:
     raise ValueError(v)
 
 
-# what the README promises, no more: int(v, 0) also took 0o7, 0b11, 1_0, +3 and non-ASCII digits
-_INT = re.compile(r"-?(?:0|[1-9][0-9]*)|0[xX][0-9a-fA-F]+")
-
-
 def as_int(v: str) -> int:
     t = v.strip()
-    if not _INT.fullmatch(t):
+    if not INT_TEXT.fullmatch(t):           # what the README promises, no more
         raise ValueError(f"{v!r} is not a decimal (no leading zero) or 0x hex integer")
     return int(t, 0)
 
@@ -38,10 +34,7 @@ def as_bytes(v: str) -> int:
 
 
 def as_mask(v: str) -> int:
-    t = v.strip()
-    if t and (t[0].isdigit() or t[0] in "+-"):     # a number (type names start with a letter): as strict as as_int
-        return as_int(t)
-    return parse_mask(v)
+    return parse_mask(v)        # its integers as strict as as_int's, from a keyword or the CLI too
 
 
 _SECONDS = re.compile(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+")

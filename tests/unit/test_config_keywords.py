@@ -3,11 +3,14 @@ with_, from_env's keywords, the SLICETRACE_* variables, comm.profiling())."""
 from __future__ import annotations
 
 import pickle
+import re
 
 import pytest
 
+from slicetrace.api_checks import profile_mask
 from slicetrace.config import Settings
-from slicetrace.errors import ConfigError
+from slicetrace.errors import ConfigError, UsageError
+from slicetrace.events.abi import parse_mask
 
 
 @pytest.mark.parametrize("kw,named", [({"foo": 1}, r"\['foo'\]"),
@@ -29,3 +32,29 @@ def test_settings_still_builds_copies_and_pickles():
     s = Settings("null", nchannels=2)
     assert (s.backend, s.nchannels) == ("null", 2)
     assert pickle.loads(pickle.dumps(s)) == s and s.with_(nchannels=3).nchannels == 3
+
+
+MASK_VAR = "SLICETRACE_PROFILE_EVENT_MASK"
+
+
+@pytest.mark.parametrize("raw", ["0o7", "0b11", "1_0", "0x1_0", "+3", "07", "\u0667"])
+def test_a_mask_keyword_refuses_the_integer_forms_its_variable_refuses(raw):
+    # README: integers are decimal (no leading zero) or 0x hex, nothing else; the variable refused 0o7 while the
+    # keyword, comm.profiling(mask=) and bench --profile (all through parse_mask's int(v, 0)) took it as 7
+    why = rf"'{re.escape(raw)}' is not a decimal \(no leading zero\) or 0x hex integer"
+    with pytest.raises(ConfigError, match=rf"^{MASK_VAR}='{re.escape(raw)}' cannot be parsed \({why}\): expected an integer"):
+        Settings.from_env({MASK_VAR: raw})
+    with pytest.raises(ConfigError, match=rf"^profile_event_mask='{re.escape(raw)}': {why}; expected an integer, decimal or 0x"):
+        Settings.from_env({}, profile_event_mask=raw)
+    with pytest.raises(UsageError, match=rf"^mask='{re.escape(raw)}': {why}"):
+        profile_mask(raw)
+    with pytest.raises(ValueError, match=why):
+        parse_mask(raw)
+
+
+@pytest.mark.parametrize("raw,mask", [("65606", 65606), (" 0x10046 ", 65606), ("0X10", 16), ("0", 0),
+                                      ("Coll|KernelStep", 65538), ("coll, kernel_step", 65538)])
+def test_every_mask_door_takes_the_documented_forms_alike(raw, mask):
+    assert Settings.from_env({MASK_VAR: raw}).profile_event_mask == mask
+    assert Settings.from_env({}, profile_event_mask=raw).profile_event_mask == mask
+    assert profile_mask(raw) == mask == parse_mask(raw)

@@ -8,6 +8,7 @@ This module imports nothing from slicetrace but errors.
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -40,13 +41,19 @@ class EventType(enum.IntFlag):
 _TYPE_NAMES = {t.name.replace("_", "").lower(): int(t) for t in EventType}
 
 
+# an integer as the README promises: decimal without a leading zero, or 0x hex (int(v, 0) also took 0o7, 0b11, 1_0,
+# +3 and non-ASCII digits); the SLICETRACE_* integers and every event mask read this
+INT_TEXT = re.compile(r"-?(?:0|[1-9][0-9]*)|0[xX][0-9a-fA-F]+")
+
+
 def parse_mask(text: str) -> int:
     """An event mask: an integer (decimal or 0x hex), or event type names joined by ',' or '|'
     (Coll|KernelStep, coll,kernel_step: case and '_' do not matter). ValueError names what is accepted."""
-    try:
-        return int(text, 0)
-    except ValueError:
-        pass
+    t = text.strip()
+    if INT_TEXT.fullmatch(t):
+        return int(t, 0)
+    if t[:1].isdigit() or t[:1] in ("+", "-"):      # a number (type names start with a letter), not one we take
+        raise ValueError(f"{text!r} is not a decimal (no leading zero) or 0x hex integer")
     m = 0
     for name in text.replace("|", ",").split(","):
         bit = _TYPE_NAMES.get(name.strip().replace("_", "").lower())
