@@ -13,7 +13,7 @@ import numpy as np
 
 from .backend.base import host_pointer
 from .errors import UsageError
-from .events.abi import parse_mask
+from .events.abi import ALL_TYPES, parse_mask
 
 
 def writable(buf: Any, what: str) -> None:
@@ -205,6 +205,7 @@ def outside_groups(comm: Any, what: str, span: bool = True) -> None:
 
 def profile_mask(mask: Any) -> int | None:
     """comm.profiling()'s mask: EventType bits, type names ('Coll|KernelCh'), or None (no limit)."""
+    given = mask
     if isinstance(mask, str):
         try:
             mask = parse_mask(mask)
@@ -213,4 +214,7 @@ def profile_mask(mask: Any) -> int | None:
     if mask is not None and (isinstance(mask, bool) or not isinstance(mask, int) or mask < 0):
         raise UsageError(f"mask={mask!r} must be an int >= 0 of EventType bits, event type names such as "
                          f"'Coll|KernelCh', or None for no limit")
+    if mask is not None and mask >> 32:     # 32 bits, as SLICETRACE_PROFILE_EVENT_MASK's (and ~KernelStep & 2**32-1)
+        raise UsageError(f"mask={given!r} has bits {mask >> 32 << 32:#x} beyond an event mask's 32 (0..2**32-1); "
+                         f"the event types are {int(ALL_TYPES):#x} (GROUP 0x1 .. KERNEL_STEP 0x10000)")
     return mask
