@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import pickle
 import re
+from pathlib import Path
 
 import pytest
 
 from slicetrace.api_checks import profile_mask
-from slicetrace.config import Settings
-from slicetrace.errors import ConfigError, UsageError
+from slicetrace.config import VARIABLES, Settings
+from slicetrace.errors import ConfigError, PluginError, UsageError
 from slicetrace.events.abi import parse_mask
+from slicetrace.events.loading import load_plugins
 
 
 @pytest.mark.parametrize("kw,named", [({"foo": 1}, r"\['foo'\]"),
@@ -58,3 +60,17 @@ def test_every_mask_door_takes_the_documented_forms_alike(raw, mask):
     assert Settings.from_env({MASK_VAR: raw}).profile_event_mask == mask
     assert Settings.from_env({}, profile_event_mask=raw).profile_event_mask == mask
     assert profile_mask(raw) == mask == parse_mask(raw)
+
+
+def test_none_turns_profiling_off_in_any_case_as_documented():
+    # load_plugins, bench's flags and the README agree: 'none' in any case (a str(None) too) is no plugin, alone
+    for spec in ("none", "None", "NONE", " none "):
+        assert load_plugins(spec, Settings()) == [] and load_plugins(Settings(profiler_plugin=spec).profiler_plugin,
+                                                                     Settings()) == []
+    with pytest.raises(PluginError, match=r"'none' cannot be combined with other plugins"):
+        load_plugins("example,None", Settings())
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| `SLICETRACE_PROFILER_PLUGIN` |"))
+    assert "`none` (any case, as `None`; alone)" in row
+    assert "or `none` (any case, alone; plugin names are case-sensitive)" in readme
+    assert "'none' (any case) to disable" in next(v.doc for v in VARIABLES if v.attr == "profiler_plugin")
