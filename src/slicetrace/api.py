@@ -9,7 +9,7 @@ from typing import Any, Iterator
 
 from .api_checks import (a2a_counts, check_overlap, group_opened, int_index, outside_groups, profile_mask, ptr,
                          seconds_or_none, tag_value, writable)
-from .api_p2p import group_plan
+from .api_p2p import run_group
 from .backend.base import REDOPS, Work
 from .config import Settings
 from .errors import SliceTraceError, UsageError
@@ -262,30 +262,7 @@ class Communicator:
         return out
 
     def _run_p2p(self, entries: list, checked: bool = False) -> None:
-        self._guarded("send/recv", self._run_p2p_one, entries, checked)     # closed inside its group(): _guarded
-
-    def _run_p2p_one(self, entries: list, checked: bool = False) -> None:
-        given, be = entries, self._session.backend
-        entries, dtype, itemsize, (pieces, plan, nprog, moves, chans) = group_plan(self, entries, checked)
-        pos = self._p2p_pos
-        parts = [(part, entries[ei][1]) for part, ei in pieces]
-        sess = self._session                    # threshold on the group's largest message
-        mask = sess.op_mask_for(max(p.count for p, _, _, _ in entries) * itemsize if sess.profiling else 0, True)
-        tasks = []
-        if mask:                                # events only when a plugin listens
-            for (p, buf, dt, ut), n, ch in zip(given, nprog, chans):      # the caller's count and dtype
-                at = ptr(buf) + p.offset * buf.itemsize
-                tasks.append(TaskInfo(func="Send" if p.is_send else "Recv", peer=p.peer, is_send=p.is_send,
-                                      count=p.count, datatype=DATATYPE_NAMES.get(dt, dt), root=0,
-                                      send_buff=at if p.is_send else 0, recv_buff=0 if p.is_send else at,
-                                      n_programs=n, channels=ch, user_tag=ut))
-        self._tag += 1
-        info = self._info("send_recv", tasks, entries[0][3], mask, self._next_seq("send_recv"), self._stream)
-        self._session.run(Work(self._tag, plan, dtype, "sum", parts=parts, stream=self._stream), info)
-        if moves:                               # launched: the pair's next pieces start after these, at both ends
-            nconn = be.p2p_channels()           # (a group refused before its launch moves nothing)
-            for k, n in moves:
-                pos[k] = (pos.get(k, 0) + n) % nconn
+        self._guarded("send/recv", run_group, self, entries, checked)      # closed inside its group(): _guarded
 
     def all_to_all(self, x: Any, out: Any = None, *, send_counts: Any = None, recv_counts: Any = None,
                    user_tag: int = 0) -> Any:

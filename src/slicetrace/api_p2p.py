@@ -1,11 +1,14 @@
-"""A send/recv group's plan as the API runs it: a group of mixed dtypes moves bytes, its receives may not overlap
-other parts, and its layout (pieces, plan, connections moved on) is cached per shape and connection positions."""
+"""A send/recv group as the API runs it: a group of mixed dtypes moves bytes, its receives may not overlap other
+parts, its layout (pieces, plan, connections moved on) is cached per shape and connection positions, and its tasks
+are described to the plugins when one listens."""
 from __future__ import annotations
 
 from typing import Any
 
-from .api_checks import check_group_overlap, check_self_types
-from .backend.base import DTYPES
+from .api_checks import check_group_overlap, check_self_types, ptr
+from .backend.base import DTYPES, Work
+from .events.abi import DATATYPE_NAMES
+from .events.host import TaskInfo
 from .plan.groups import group_layout
 from .plan.schedule import P2pPart
 
@@ -36,3 +39,28 @@ def group_plan(comm: Any, entries: list, checked: bool) -> tuple[list, str, int,
         hit = comm._p2p_plans[key] = group_layout(*key, comm._rank, comm._world, be.channels_for, be.p2p_channels(),
                                                   s.p2p_chunk_bytes, s.step_bytes)
     return entries, dtype, itemsize, hit
+
+
+def run_group(comm: Any, entries: list, checked: bool = False) -> None:
+    """Run comm's send/recv entries as one group (inside its _guarded: one thread, on its device)."""
+    given, be = entries, comm._session.backend
+    entries, dtype, itemsize, (pieces, plan, nprog, moves, chans) = group_plan(comm, entries, checked)
+    pos = comm._p2p_pos
+    parts = [(part, entries[ei][1]) for part, ei in pieces]
+    sess = comm._session                    # threshold on the group's largest message
+    mask = sess.op_mask_for(max(p.count for p, _, _, _ in entries) * itemsize if sess.profiling else 0, True)
+    tasks = []
+    if mask:                                # events only when a plugin listens
+        for (p, buf, dt, ut), n, ch in zip(given, nprog, chans):      # the caller's count and dtype
+            at = ptr(buf) + p.offset * buf.itemsize
+            tasks.append(TaskInfo(func="Send" if p.is_send else "Recv", peer=p.peer, is_send=p.is_send,
+                                  count=p.count, datatype=DATATYPE_NAMES.get(dt, dt), root=0,
+                                  send_buff=at if p.is_send else 0, recv_buff=0 if p.is_send else at,
+                                  n_programs=n, channels=ch, user_tag=ut))
+    comm._tag += 1
+    info = comm._info("send_recv", tasks, entries[0][3], mask, comm._next_seq("send_recv"), comm._stream)
+    sess.run(Work(comm._tag, plan, dtype, "sum", parts=parts, stream=comm._stream), info)
+    if moves:                               # launched: the pair's next pieces start after these, at both ends
+        nconn = be.p2p_channels()           # (a group refused before its launch moves nothing)
+        for k, n in moves:
+            pos[k] = (pos.get(k, 0) + n) % nconn

@@ -49,7 +49,7 @@ ALLOWED: dict[str, set[str]] = {
     "session": LOW | CONTRACTS | {"plan", "backend.base", "backend.signals", "stamps.drain", "events.loading",
                                   "events.host"},
     "api_checks": BASE | {"backend.base", "events.abi"},
-    "api_p2p": BASE | {"plan", "backend.base", "api_checks"},
+    "api_p2p": BASE | {"plan", "backend.base", "events.abi", "events.host", "api_checks"},
     "api": LOW | CONTRACTS | {"plan", "backend.base", "events.host", "session", "api_checks", "api_p2p"},
     "launch_signals": {"backend.signals"},      # SIGTERM's exit handler
     "launch_checks": LOW | {"api_checks", "backend.cpu"},   # /dev/shm sized before spawning
