@@ -7,8 +7,8 @@ import threading
 import time
 from typing import Any, Iterator
 
-from .api_checks import (a2a_counts, check_overlap, group_opened, int_index, outside_groups, profile_mask, ptr,
-                         seconds_or_none, tag_value, writable)
+from .api_checks import (a2a_counts, as_index, check_overlap, group_opened, int_index, outside_groups, profile_mask,
+                         ptr, seconds_or_none, tag_value, writable)
 from .api_p2p import run_group
 from .backend.base import REDOPS, Work
 from .config import Settings
@@ -26,10 +26,15 @@ class Communicator:
     """NCCL-like collectives over `world_size` ranks. Buffers: host arrays (cpu) or CUDA arrays (cuda), see README."""
 
     def __init__(self, settings: Settings, rank: int, world_size: int, store: Store, job: str, name: str = ""):
-        if world_size < 1:
-            raise UsageError(f"world_size={world_size} must be >= 1")
-        if not 0 <= rank < world_size:
-            raise UsageError(f"rank={rank} must be in 0..{world_size - 1} (world_size={world_size})")
+        # public: made directly, a dict of settings or a float rank failed deep inside (or ran with rank 0.0)
+        if not isinstance(settings, Settings):
+            raise UsageError(f"settings={settings!r} (type {type(settings).__name__}) must be a slicetrace.Settings")
+        world = as_index(world_size)
+        if world is None or world < 1:
+            raise UsageError(f"world_size={world_size!r} (type {type(world_size).__name__}) must be an int >= 1")
+        world_size, rank = world, int_index(rank, "rank", world, f" (world_size={world})")
+        if not isinstance(store, Store):
+            raise UsageError(f"store={store!r} (type {type(store).__name__}) must be a slicetrace.rendezvous.Store")
         if not isinstance(name, str):
             raise UsageError(f"name={name!r} must be a str (the communicator's name in traces and metrics)")
         self._settings, self._rank, self._world = settings, rank, world_size

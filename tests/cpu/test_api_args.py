@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 
 import slicetrace
+from slicetrace.api import Communicator
+from slicetrace.config import Settings
 from slicetrace.errors import UsageError
 from slicetrace.events.abi import EventType
+from slicetrace.rendezvous import DictStore
 
 
 @pytest.fixture
@@ -35,3 +39,29 @@ def test_a_profiling_mask_of_32_bits_is_still_a_limit(comm):
     for mask in (0xFFFFFFFF, ~int(EventType.KERNEL_STEP) & 0xFFFFFFFF, EventType.COLL):
         with comm.profiling(True, mask=mask):
             assert s.mask_limit == int(mask)
+
+
+@pytest.mark.parametrize("args,msg", [
+    (({"backend": "null"}, 0, 1), r"settings=\{'backend': 'null'\} \(type dict\) must be a slicetrace.Settings"),
+    ((Settings(backend="null"), 0, "2"), r"world_size='2' \(type str\) must be an int >= 1"),
+    ((Settings(backend="null"), 0, 1.0), r"world_size=1.0 \(type float\) must be an int >= 1"),
+    ((Settings(backend="null"), 0, 0), r"world_size=0 \(type int\) must be an int >= 1"),
+    ((Settings(backend="null"), 0.0, 1), r"rank=0.0 must be an int in 0..0 \(world_size=1\)"),
+    ((Settings(backend="null"), True, 1), r"rank=True must be an int in 0..0 \(world_size=1\)"),
+    ((Settings(backend="null"), 1, 1), r"rank=1 must be an int in 0..0 \(world_size=1\)"),
+])
+def test_a_communicator_made_directly_checks_its_arguments(args, msg):
+    # Communicator is public (slicetrace.Communicator): a dict of settings was an AttributeError, world_size='2' a
+    # TypeError, and rank=0.0 made a communicator whose rank was a float
+    with pytest.raises(UsageError, match=rf"^{msg}$"):
+        Communicator(*args, DictStore({}), "direct")
+
+
+def test_a_communicator_made_directly_needs_a_store_and_takes_numpy_ints():
+    with pytest.raises(UsageError, match=r"^store=\{\} \(type dict\) must be a slicetrace.rendezvous.Store$"):
+        Communicator(Settings(backend="null"), 0, 1, {}, "direct")
+    c = Communicator(Settings(backend="null"), np.int64(0), np.int32(1), DictStore({}), "direct")
+    try:
+        assert (type(c.rank), type(c.world_size), c.rank, c.world_size) == (int, int, 0, 1)
+    finally:
+        c.close()
