@@ -211,10 +211,13 @@ def profile_mask(mask: Any) -> int | None:
             mask = parse_mask(mask)
         except ValueError as e:
             raise UsageError(f"mask={mask!r}: {e}") from None
-    if mask is not None and (isinstance(mask, bool) or not isinstance(mask, int) or mask < 0):
+    if mask is None:
+        return None
+    m = as_index(mask)                  # numpy ints too, as Settings' profile_event_mask takes them
+    if m is None or m < 0:
         raise UsageError(f"mask={mask!r} must be an int >= 0 of EventType bits, event type names such as "
                          f"'Coll|KernelCh', or None for no limit")
-    if mask is not None and mask >> 32:     # 32 bits, as SLICETRACE_PROFILE_EVENT_MASK's (and ~KernelStep & 2**32-1)
-        raise UsageError(f"mask={given!r} has bits {mask >> 32 << 32:#x} beyond an event mask's 32 (0..2**32-1); "
+    if m >> 32:                         # 32 bits, as SLICETRACE_PROFILE_EVENT_MASK's (and ~KernelStep & 2**32-1)
+        raise UsageError(f"mask={given!r} has bits {m >> 32 << 32:#x} beyond an event mask's 32 (0..2**32-1); "
                          f"the event types are {int(ALL_TYPES):#x} (GROUP 0x1 .. KERNEL_STEP 0x10000)")
-    return mask
+    return m

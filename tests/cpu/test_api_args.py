@@ -65,3 +65,13 @@ def test_a_communicator_made_directly_needs_a_store_and_takes_numpy_ints():
         assert (type(c.rank), type(c.world_size), c.rank, c.world_size) == (int, int, 0, 1)
     finally:
         c.close()
+
+
+def test_a_profiling_mask_may_be_a_numpy_int_as_settings_mask_may(comm):
+    # roots, peers, tags and Settings(profile_event_mask=) take numpy ints; comm.profiling(mask=) refused them
+    with comm.profiling(True, mask=np.int64(EventType.COLL)):
+        assert comm._session.mask_limit == 2 and type(comm._session.mask_limit) is int
+    for bad in (np.float32(2), True, -1, 2.0):
+        with pytest.raises(UsageError, match=rf"^mask={re.escape(repr(bad))} must be an int >= 0 of EventType bits"):
+            with comm.profiling(True, mask=bad):
+                pass
