@@ -224,6 +224,21 @@ def test_a_file_cut_short_is_read_to_its_last_whole_record_and_an_empty_one_says
         load_run(str(folder))
 
 
+def test_check_trace_lists_a_file_cut_short_as_a_problem(run, tmp_path, caplog):
+    """check_trace returned [] for a file cut short (a rank killed while writing): the cut was only a warning on
+    stderr, so a caller asserting the list empty passed a trace that lacks its last records."""
+    from slicetrace.analyze.trace import check_trace
+    _, f0 = _copy(run, tmp_path)
+    assert check_trace(str(f0)) == []
+    lines = f0.read_text().rstrip().split("\n")
+    f0.write_text("\n".join(lines[:-3]) + "\n" + lines[-3][: len(lines[-3]) // 2])    # mid-record, no end
+    with caplog.at_level("WARNING", logger="slicetrace"):
+        problems = check_trace(str(f0))
+    assert problems and problems[0].startswith(f"trace file {str(f0)!r} was cut short") and "whole records" in \
+        problems[0], problems
+    assert "cut short" not in caplog.text             # said in the list, not warned as well
+
+
 def test_two_runs_of_different_rank_counts_are_refused_as_two_runs(tmp_path, monkeypatch):
     """The rank count was read before the files were grouped by run, so a 2-rank and a 3-rank run in one folder
     got "the slicetrace_comm records' nRanks (...)" instead of the message naming how to pick each run."""

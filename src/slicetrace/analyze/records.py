@@ -171,26 +171,36 @@ def rank_problem(r: dict, ranks: Ranks) -> str | None:
     return None
 
 
-def read_records(path: str, empty_ok: bool = False) -> list[dict]:
+def read_records(path: str, empty_ok: bool = False, cut: list[str] | None = None) -> list[dict]:
     """One file's records (NCCL's trailing {} left out); TraceFormatError unless it is a JSON array of objects
     (an empty file: [] when empty_ok). An array cut short (a rank killed while writing; Chrome's trace format lets
-    the closing ] go) is read up to its last whole record, with a warning. The sinks' one record per line is read
-    a block of lines at a time (memory: the records, not the file's text too); other layouts whole. Pids become
-    ranks where slicetrace_comm names its pid's Rank (the sinks' pid is per communicator)."""
+    the closing ] go) is read up to its last whole record, with a warning, or with its message appended to `cut`
+    when given (check_trace's problem). The sinks' one record per line is read a block of lines at a time (memory:
+    the records, not the file's text too); other layouts whole. Pids become ranks where slicetrace_comm names its
+    pid's Rank (the sinks' pid is per communicator)."""
+    whole: list[int] = []            # the records read of a file cut short
     try:
         with open(path, encoding="utf-8") as f:
-            data = _by_lines(f, path)
+            data = _by_lines(f, whole)
             if data is None:
                 f.seek(0)
-                data = _whole(f.read(), path, empty_ok)
+                whole.clear()
+                data = _whole(f.read(), path, empty_ok, whole)
     except TraceFormatError:
         raise
     except (OSError, ValueError) as e:      # ValueError: not utf-8
         raise TraceFormatError(f"trace file {path!r} cannot be read: {e}") from e
+    for n in whole:
+        said = (f"trace file {path!r} was cut short (its rank was stopped, or its profiler's write failed, while "
+                f"writing): read its {n} whole records")
+        if cut is None:
+            log.warning("slicetrace: %s", said)
+        else:
+            cut.append(said)
     return _ranks_as_pids([r for r in data if r])      # NCCL's example plugin ends with an empty object
 
 
-def _whole(text: str, path: str, empty_ok: bool) -> list:
+def _whole(text: str, path: str, empty_ok: bool, whole: list[int]) -> list:
     if not text.strip():
         if empty_ok:
             return []
@@ -206,7 +216,7 @@ def _whole(text: str, path: str, empty_ok: bool) -> list:
         data = _cut_short(text)
         if data is None:
             raise TraceFormatError(f"trace file {path!r} cannot be read as JSON: {e}") from e
-        _warn_cut(path, len(data))
+        whole.append(len(data))
     if isinstance(data, dict) and "traceEvents" in data:
         data = data["traceEvents"]
     if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
@@ -217,9 +227,10 @@ def _whole(text: str, path: str, empty_ok: bool) -> list:
 _BLOCK = 1 << 22        # characters of lines parsed at once: json's key memo is shared within one loads
 
 
-def _by_lines(f: Any, path: str) -> list | None:
+def _by_lines(f: Any, whole: list[int]) -> list | None:
     """The records of a file laid out as the sinks write it ("[", then a record per line, then "]"), or None
-    for anything else (read whole then, which also words its errors) except a cut last line (read as cut short)."""
+    for anything else (read whole then, which also words its errors) except a cut last line (read as cut short:
+    how many records it had is appended to `whole`)."""
     first = f.readline()
     if first.strip() != "[":
         return None
@@ -246,13 +257,13 @@ def _by_lines(f: Any, path: str) -> list | None:
                 return None
             out += got
             if len(got) < len(block):       # its cut last line
-                _warn_cut(path, len(out))
+                whole.append(len(out))
                 return out
             block, size = [], 0
         if closed:
             return out if not f.read().strip() else None      # text after the end: read whole (and refused)
         if eof:
-            _warn_cut(path, len(out))
+            whole.append(len(out))
             return out
 
 
@@ -270,11 +281,6 @@ def _parse_block(block: list[str], eof: bool) -> list | None:
     if len(got) > len(block) or not all(isinstance(r, dict) for r in got):   # a line of several values
         return None
     return got
-
-
-def _warn_cut(path: str, n: int) -> None:
-    log.warning("slicetrace: trace file %r was cut short (its rank was stopped, or its profiler's write failed, "
-                "while writing): read its %d whole records", path, n)
 
 
 def _ranks_as_pids(recs: list[dict]) -> list[dict]:

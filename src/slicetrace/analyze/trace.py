@@ -253,15 +253,17 @@ def _pairs(records: list[dict], problems: list[str]) -> dict[tuple, tuple[dict, 
 
 
 def check_trace(path_or_records: str | os.PathLike | list[dict]) -> list[str]:
-    """Problems found in one trace (a path or loaded records); [] means every invariant holds."""
+    """Problems found in one trace (a path or loaded records); [] means every invariant holds. A file cut short is
+    one (its records read are checked too)."""
+    problems: list[str] = []
     if isinstance(path_or_records, (str, os.PathLike)):
         try:
-            records = load_trace(path_or_records, validate=False)
+            records = _read(os.fspath(path_or_records), cut=problems)
         except TraceFormatError as e:
             return [str(e)]
     else:
         records = [r for r in path_or_records if r]
-    problems: list[str] = []
+    cut = len(problems)
     for i, r in enumerate(records):
         if "ph" not in r or "name" not in r:
             problems.append(f"record {i} has no 'ph' or 'name': {r}")
@@ -271,7 +273,7 @@ def check_trace(path_or_records: str | os.PathLike | list[dict]) -> list[str]:
             problem = record_problem(r, need_args=False)
             if problem:
                 problems.append(f"record {i} ({r['name']}): {problem}")
-    if problems:
+    if len(problems) > cut:
         return problems
     pairs = _pairs(records, problems)
     ops: dict[tuple, tuple[float, float]] = {}              # (pid, op id) -> interval
