@@ -8,7 +8,8 @@ from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator, TypeVar
 
 from .records import Ranks, read_records, record_problem
-from .trace import comm_of, load_files, run_ranks, trace_files
+from .runranks import run_ranks
+from .trace import comm_of, load_files, trace_files
 from ..errors import TraceFormatError
 
 T = TypeVar("T")

@@ -214,9 +214,10 @@ def run_config(a: argparse.Namespace) -> int:
 
 def run_report(a: argparse.Namespace) -> int:
     from ..analyze.report import _console, build, render
+    from ..analyze.runranks import absent
     from ..analyze.runtables import run_tables
     from ..analyze.steps_csv import write_steps_csv
-    from ..analyze.trace import absent, trace_files
+    from ..analyze.trace import trace_files
     if a.top < 0:
         raise UsageError(f"--top {a.top} must be >= 0")
     outs = [(flag, path) for flag, path in (("--json", a.json), ("--csv", a.csv)) if path is not None]
