@@ -632,3 +632,37 @@ def test_a_fused_receive_is_timed_as_its_send_not_judged_as_a_receive_side():
         rows.append((r, 0, 0, (r - 1) % 4, 9, 1_000_000, t, t, t + 25_000))
         t += 1_000_000
     assert build(_rows(rows)).slow_receive_sides == []
+
+
+def _p2p_ops(slow_send_ops, slow_recv_ops, nops=4):
+    """_p2p_rows over nops ops (op keys): link 0->2's sends take 100 us in slow_send_ops, its receives 100 us in
+    slow_recv_ops; everything else 25 us a slice."""
+    rows, step = [], 0
+    for op in range(nops):
+        for src in range(4):
+            for dst in range(4):
+                if src != dst:
+                    t0 = step * 1_000_000
+                    link = (src, dst) == (0, 2)
+                    sent = t0 + (100_000 if link and op in slow_send_ops else 25_000)
+                    done = sent + (100_000 if link and op in slow_recv_ops else 25_000)
+                    rows.append((src, 0, 1, dst, step, 1_000_000, t0, t0, sent, op, op))
+                    rows.append((dst, 0, 0, src, step, 1_000_000, t0, sent, done, op, op))
+                    step += 1
+    return np.array(rows, KERNEL_STEP_TABLE)
+
+
+def test_a_receive_side_slow_in_most_ops_is_named_where_the_send_side_is_slow_pooled_only():
+    """0->2's sends 4x slower in 2 of 4 ops (37 % below the median link pooled, so not 'at the usual rate', but not
+    in most ops: slow_links leaves it), its receives in every op: the link was on neither list. It is slow_receive
+    _sides' now, and the line does not say its send side moves at the usual rate."""
+    rep = build(_p2p_ops({0, 1}, {0, 1, 2, 3}))
+    assert rep.slow_links == []
+    assert [(r["src"], r["dst"], r["ops_slow"], r["ops"]) for r in rep.slow_receive_sides] == [(0, 2, 4, 4)]
+    assert rep.slow_receive_sides[0]["send_gbps"] < 0.75 * rep.slow_receive_sides[0]["send_median_gbps"]
+    flat = _text(rep)
+    assert "slow receive side: link 0->2's receive side" in flat and "its send side is that far below only " \
+        "pooled, not in most of its ops (25.00 GB/s, the median link's 40.00): the data was there, rank 2 was slow " \
+        "to take it" in flat and "usual rate (25.00" not in flat, flat
+    both = build(_p2p_ops({0, 1, 2}, {0, 1, 2, 3}))          # its send side slow in most ops: slow_links' alone
+    assert [(ln["src"], ln["dst"]) for ln in both.slow_links] == [(0, 2)] and both.slow_receive_sides == []

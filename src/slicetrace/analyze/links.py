@@ -90,11 +90,12 @@ def slow_links(rates: tuple, moving: dict | None = None, below: float = 0.25) ->
 
 
 def slow_receive_sides(recvs: np.ndarray, xfer: np.ndarray, ops: np.ndarray | None = None,
-                       send_gbps: dict | None = None, moving: dict | None = None, below: float = 0.25) -> list[dict]:
+                       send_rates: tuple | None = None, moving: dict | None = None, below: float = 0.25) -> list[dict]:
     """A link's receive side judged as slow_links judges send sides: the links whose receives' typical GB/s is
     more than `below` under the median link's receive side (3 links or more), in more than half the ops, while
-    the link's send side is not that far below the median link's send side (`send_gbps`: link -> typical send
-    GB/s; a link whose send side is slow too, or not judged, is left to slow_links). A point-to-point receive
+    slow_links does not name the link's send side (`send_rates`: link_rates of the send records; a link named
+    there, or whose send side is not judged, is left to slow_links; one slow by the pooled median only is judged
+    here, else it was on neither list). A point-to-point receive
     moves from when its data was there, so a slow one is the receiving rank's copies out of the link (in a ring a
     slow receiver also slows its upstream sender, through credit waits, and slow_links sees it there).
     `receiver_outlier`: the receiving rank moves data longest (as in slow_links); `receiver_other_links`,
@@ -102,6 +103,7 @@ def slow_receive_sides(recvs: np.ndarray, xfer: np.ndarray, ops: np.ndarray | No
     below too (all of them: its copies, none: this link's). `send_gbps`, `send_median_gbps`: the link's send side
     and the median link's. recvs, xfer: receive records, not halves of fused slices (their time is the send's),
     their transfer ns; ops: their op keys."""
+    send_gbps = send_rates[0] if send_rates else {}
     if not len(recvs) or not send_gbps:
         return []
     keyed = recvs.copy()                # keyed by link as a send is: rank = the link's src, peer = its dst
@@ -111,6 +113,7 @@ def slow_receive_sides(recvs: np.ndarray, xfer: np.ndarray, ops: np.ndarray | No
         return []
     med, send_med = float(np.median(list(gbps.values()))), float(np.median(list(send_gbps.values())))
     longest = _longest(moving, below)
+    sends_named = {(r["src"], r["dst"]) for r in _below_median(*send_rates, below)}
 
     def others(s: int, d: int) -> tuple[int, int]:      # the receiver's receives from its other peers
         o = [g for (a, b), g in gbps.items() if b == d and a != s]
@@ -118,7 +121,7 @@ def slow_receive_sides(recvs: np.ndarray, xfer: np.ndarray, ops: np.ndarray | No
     out = []
     for row in _below_median(gbps, ch_gbps, in_ops, op_keyed, below):
         sg = send_gbps.get((row["src"], row["dst"]))
-        if sg is None or sg < (1 - below) * send_med:
+        if sg is None or (row["src"], row["dst"]) in sends_named:
             continue
         out.append({**row, "send_gbps": sg, "send_median_gbps": send_med, "receiver_outlier": longest(row["dst"]),
                     **dict(zip(("receiver_other_links", "receiver_other_links_slow"), others(row["src"], row["dst"])))})
