@@ -666,3 +666,22 @@ def test_a_receive_side_slow_in_most_ops_is_named_where_the_send_side_is_slow_po
         "to take it" in flat and "usual rate (25.00" not in flat, flat
     both = build(_p2p_ops({0, 1, 2}, {0, 1, 2, 3}))          # its send side slow in most ops: slow_links' alone
     assert [(ln["src"], ln["dst"]) for ln in both.slow_links] == [(0, 2)] and both.slow_receive_sides == []
+
+
+def test_files_without_ops_under_a_mask_without_coll_or_p2p_name_the_mask_and_the_profiling_block(tmp_path, capsys):
+    """The plugin's mask KernelStep|KernelCh (65600) records no op at all, so ops run inside comm.profiling(True,
+    mask="Coll") leave nothing: the error said "the files hold no op ... no op ran with profiling on", which the
+    files cannot tell. It names the mask, the bits it lacks, the block's mask and the fix."""
+    from slicetrace.cli.main import main
+    for mask, lacks in ((65600, "EventMask 65600 lacks Coll (1<<1) and P2p (1<<2)"),
+                        (65602, "EventMask 65602 lacks P2p (1<<2)")):
+        for rank in range(2):
+            _coll_file(tmp_path, rank, 2, seqs=(), counters={})
+            f = tmp_path / f"trace_7_{rank}.json"
+            f.write_text(f.read_text().replace('"commName": ""', f'"commName": "", "EventMask": {mask}'))
+        assert main(["report", str(tmp_path)]) == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert f"the files hold no op (Coll or P2p event), and the trace's event mask had both but not every op type " \
+            f"({lacks}), so those ops leave no record: ops may have run inside comm.profiling(True, mask=...) with a " \
+            f"block mask without KernelStep and KernelCh" in err and "SLICETRACE_PROFILE_EVENT_MASK=65606" in err, err
+        assert "no op ran with profiling on" not in err

@@ -263,8 +263,16 @@ def run_report(a: argparse.Namespace) -> int:
         both = EventType.KERNEL_STEP | EventType.KERNEL_CH
         if run.masks and all(m & both == both for m in run.masks):    # the mask was not it: told so, users set it
             masks = ', '.join(map(str, sorted(run.masks)))
+            blind = _ops_unrecorded(run.masks)
             raise SliceTraceError(f"{' '.join(a.traces)}: no KernelStep or KernelCh events to analyse "
                                   f"({run.records} events in all)" + (
+                                      f": the files hold no op (Coll or P2p event), and the trace's event mask had "
+                                      f"both but not every op type ({blind}), so those ops leave no record: ops may "
+                                      f"have run inside comm.profiling(True, mask=...) with a block mask without "
+                                      f"KernelStep and KernelCh (a block's mask is not in the trace); record with Coll "
+                                      f"and P2p in the mask too (SLICETRACE_PROFILE_EVENT_MASK=65606) to see which "
+                                      f"ops ran, and keep KernelStep|KernelCh in a block's mask"
+                                      if blind and not run.ops else
                                       f": the files hold no op (Coll or P2p event), though the trace's event mask had "
                                       f"both (EventMask {masks}): no op ran with profiling on, or the ranks were "
                                       f"stopped before their profiler's first write" if not run.ops else
@@ -286,6 +294,14 @@ def run_report(a: argparse.Namespace) -> int:
     if a.csv is not None:
         print(f"# {n} KernelStep rows: {'standard output' if a.csv == STDOUT else a.csv}", file=text)
     return 0
+
+
+def _ops_unrecorded(masks: set) -> str:
+    """Which of the trace's event masks lack Coll or P2p, and which ('' for none): ops of a type left out leave no
+    record, so files without ops say nothing of whether any ran."""
+    kinds = ((EventType.COLL, "Coll (1<<1)"), (EventType.P2P, "P2p (1<<2)"))
+    return "; ".join(f"EventMask {m} lacks {' and '.join(n for bit, n in kinds if not m & bit)}"
+                     for m in sorted(masks) if any(not m & bit for bit, _ in kinds))
 
 
 def run_convert(a: argparse.Namespace) -> int:
