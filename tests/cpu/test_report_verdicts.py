@@ -430,7 +430,7 @@ def test_a_link_in_no_judged_op_is_not_named_slow():
     cut short) was named slow from the pooled median alone."""
     rep = build(_ring_and_one_p2p_slice(True), {})
     assert any((ln["src"], ln["dst"]) == (1, 0) for ln in rep.links) and rep.slow_links == []
-    rep = build(_ring_and_one_p2p_slice(False), {})          # no op keys at all: the pooled median is all there is
+    rep = build(_ring_and_one_p2p_slice(False), {})          # no op keys: the p2p slice is like the ring's
     assert [(d["src"], d["dst"], d["ops"]) for d in rep.slow_links] == [(1, 0, 0)]
 
 
@@ -604,3 +604,43 @@ def test_empty_collectives_are_not_unfinished(tmp_path, capsys):
     assert main(["report", prefix]) == 0
     text = capsys.readouterr().out
     assert "unfinished" not in text and "loss counters: none" in text
+
+
+def _ring_and_all_to_all(slow=(), rounds=4):
+    """KernelSteps without op keys (a KernelStep-only mask), 4 ranks, 1 MB slices, rounds of a ring all_reduce (4
+    fused steps per rank: its receive from r-1 and send to r+1 on one done clock, 100 us: 10 GB/s) then an
+    all_to_all (a plain send and its receive per link, 25 us each: 40 GB/s); the links in slow take 4x on each."""
+    rows, t = [], 0
+    for _ in range(rounds):
+        for step in range(4):
+            for r in range(4):
+                dur = 100_000 * (4 if (r, (r + 1) % 4) in slow else 1)
+                rows.append((r, 0, 0, (r - 1) % 4, step, 1 << 20, t, t, t + dur, -1, -1))
+                rows.append((r, 0, 1, (r + 1) % 4, step, 1 << 20, t, t, t + dur, -1, -1))
+                t += 1_000_000
+        for src in range(4):
+            for dst in range(4):
+                if src != dst:
+                    sent = t + 25_000 * (4 if (src, dst) in slow else 1)
+                    rows.append((src, 0, 1, dst, 9, 1 << 20, t, t, sent, -1, -1))
+                    rows.append((dst, 0, 0, src, 9, 1 << 20, t, sent, sent + 25_000, -1, -1))
+                    t += 1_000_000
+    return np.array(rows, KERNEL_STEP_TABLE)
+
+
+def test_without_op_keys_links_are_judged_against_like_slices_not_pooled_over_mixed_ops():
+    """A KernelStep-only trace has no ops to judge links by: pooled over the run, the ring links' fused sends (a
+    reduce and forward, slower) were judged against the p2p-only links' plain sends, and all 4 healthy ring links
+    were named slow (in 3 of 4 healthy 4-rank cpu runs). Like slices are judged together now, in each quarter of
+    the run; a link slow all run long is still named, ring or p2p."""
+    rep = build(_ring_and_all_to_all())
+    assert rep.slow_links == [] and rep.slow_receive_sides == []
+    assert "slow links: none among the 12 links" in _text(rep)
+    for link, groups in (((1, 2), 8), ((0, 2), 4)):         # a ring link: fused and plain groups; p2p: plain only
+        rep = build(_ring_and_all_to_all({link}))
+        assert [(ln["src"], ln["dst"], ln["ops"], ln["slice_groups_slow"], ln["slice_groups"])
+                for ln in rep.slow_links] == [(*link, 0, groups, groups)], rep.slow_links
+    text = _text(rep)
+    assert "slow link: link 0->2 moves 10.49 GB/s" in text and "judged without ops (the trace has no Coll/P2p " \
+        "records) against the other links' slices of its size and kind (fused with a receive or not) in each " \
+        "quarter of the run: that far below in 4 of its 4 such groups, which carry most of its bytes" in text, text

@@ -1,5 +1,6 @@
 """Which links are slow, for report: each link's typical GB/s per channel and per op from its slices (sends, or
-receives for their own side), and the links far below the median link, pooled and in most ops."""
+receives for their own side), and the links far below the median link, pooled and in most ops (without op keys:
+in groups of like slices moved at about one time that carry most of its bytes)."""
 from __future__ import annotations
 
 import numpy as np
@@ -25,14 +26,34 @@ def _typical(sends: np.ndarray, xfer: np.ndarray, *cols: np.ndarray):
     return [(k, float(np.median(r)), b) for k, r, b in zip(keys, rates, nbytes.tolist())]
 
 
-def link_rates(recs: np.ndarray, xfer: np.ndarray, ops: np.ndarray | None, below: float):
+def _groups(recs: np.ndarray, fused: np.ndarray | None) -> np.ndarray:
+    """Per record, a key of the slices judged with it where no op says which: those of its size and kind (half of
+    a fused slice or not: a ring's reduce or copy and forward moves slower than a plain send of its size) in its
+    quarter of the run (by wait clock: a link slow in one stretch is not slow in most, as in ops)."""
+    if not len(recs):
+        return np.zeros(0, np.int64)
+    f = np.zeros(len(recs), np.int64) if fused is None else np.asarray(fused, np.int64)
+    t = recs["wait_ns"].astype(np.int64)
+    quarter = np.searchsorted(np.quantile(t, [0.25, 0.5, 0.75]), t, side="right")
+    _, key = np.unique(np.stack([recs["size"].astype(np.int64), f, quarter]), axis=1, return_inverse=True)
+    return np.asarray(key, np.int64).ravel()
+
+
+def link_rates(recs: np.ndarray, xfer: np.ndarray, ops: np.ndarray | None, below: float,
+               fused: np.ndarray | None = None):
     """For slow_links and slow_receive_sides: records keyed by link as sends are (rank = src, peer = dst), their
     transfer ns and op keys -> (per link its typical GB/s over its channels, per channel each link's, per link
-    [ops judged, ops more than `below` under that op's median link], whether any record had an op key)."""
+    [groups judged, groups more than `below` under that group's median link, its bytes in them, in the slow ones],
+    what the groups are: "ops", or "slices" where no record has an op key (a KernelStep-only mask): pooled over
+    the run, a ring's fused sends were judged against plain p2p sends, naming healthy links, so the groups of
+    _groups are judged instead (`fused`: per record, whether it is half of a fused slice))."""
     # latency-bound slices (a few KiB) say nothing of a link's bandwidth; 0-byte ones would divide by zero
     ok = (xfer > 0) & (recs["size"] >= MIN_JUDGED_BYTES)
     recs, xfer = recs[ok], xfer[ok]
     ops = np.full(len(recs), -1, np.int64) if ops is None else ops[ok]
+    by = "ops" if (ops != -1).any() else "slices"
+    if by == "slices":
+        ops = _groups(recs, None if fused is None else fused[ok])
     ch_gbps: dict[int, dict[tuple[int, int], float]] = {}
     lk: dict[tuple[int, int], list[float]] = {}             # link -> [bytes, time at the typical rates]
     for (src, dst, c), g, b in _typical(recs, xfer, recs["channel"]):
@@ -41,9 +62,9 @@ def link_rates(recs: np.ndarray, xfer: np.ndarray, ops: np.ndarray | None, below
         acc[0] += b
         acc[1] += b / g
     gbps = {k: b / t for k, (b, t) in lk.items() if t > 0}
-    in_ops: dict[tuple[int, int], list[int]] = {}           # link -> [ops judged, ops that far below]
+    in_ops: dict[tuple[int, int], list] = {}     # link -> [groups judged, that far below, bytes in them, in those]
     if len(gbps) < 3:
-        return gbps, ch_gbps, in_ops, False
+        return gbps, ch_gbps, in_ops, by
     per_op: dict[int, dict[tuple[int, int], list[float]]] = {}
     for (src, dst, _, k), g, b in _typical(recs, xfer, recs["channel"], ops):
         if k != -1:
@@ -55,10 +76,13 @@ def link_rates(recs: np.ndarray, xfer: np.ndarray, ops: np.ndarray | None, below
         if len(rates) >= 3:
             m = float(np.median(list(rates.values())))
             for k, g in rates.items():
-                n = in_ops.setdefault(k, [0, 0])
+                slow = g < (1 - below) * m
+                n = in_ops.setdefault(k, [0, 0, 0.0, 0.0])
                 n[0] += 1
-                n[1] += g < (1 - below) * m
-    return gbps, ch_gbps, in_ops, bool((ops != -1).any())
+                n[1] += slow
+                n[2] += links[k][0]
+                n[3] += links[k][0] * slow
+    return gbps, ch_gbps, in_ops, by
 
 
 def slow_links(rates: tuple, moving: dict | None = None, below: float = 0.25) -> list[dict]:
@@ -69,13 +93,14 @@ def slow_links(rates: tuple, moving: dict | None = None, below: float = 0.25) ->
     channels, its bytes over the time they take at those rates. It must also be that far below the median link in
     more than half the ops (verdicts.op_index) where 3 links or more moved, so a link a little slower all run
     long by the pooled median only is not named (nor one in no such op, e.g. a link of a rank whose file was cut
-    short; only a trace without op keys is judged by the pooled median alone). `sender_outlier`: its sending rank
+    short; a trace without op keys is judged so by link_rates' groups of slices, in those that carry more than half
+    its bytes, counted as `slice_groups`, `slice_groups_slow`). `sender_outlier`: its sending rank
     moves data longest, 1 / (1 - below) times the median rank's or more (`moving`: rank -> us), so its copies may
     be the slow part; `receiver_outlier` the same of its receiving rank (writes into a lagging rank's buffers are
     slowed too); `sender_other_links`, `sender_other_links_slow`: the sending rank's links to other peers and how
     many of them are that far below too (none: its copies move at the usual rate elsewhere, so the link is it).
     rates: link_rates of the send records (their typical GB/s also judges the receive sides)."""
-    gbps, ch_gbps, in_ops, keyed = rates
+    gbps, ch_gbps, in_ops, by = rates
     if len(gbps) < 3:
         return []
     med = float(np.median(list(gbps.values())))
@@ -86,7 +111,7 @@ def slow_links(rates: tuple, moving: dict | None = None, below: float = 0.25) ->
         return len(o), sum(g < (1 - below) * med for g in o)
     return [{**row, "sender_outlier": longest(row["src"]), "receiver_outlier": longest(row["dst"]),
              **dict(zip(("sender_other_links", "sender_other_links_slow"), others(row["src"], row["dst"])))}
-            for row in _below_median(gbps, ch_gbps, in_ops, keyed, below)]
+            for row in _below_median(gbps, ch_gbps, in_ops, by, below)]
 
 
 def slow_receive_sides(recvs: np.ndarray, xfer: np.ndarray, ops: np.ndarray | None = None,
@@ -108,7 +133,7 @@ def slow_receive_sides(recvs: np.ndarray, xfer: np.ndarray, ops: np.ndarray | No
         return []
     keyed = recvs.copy()                # keyed by link as a send is: rank = the link's src, peer = its dst
     keyed["rank"], keyed["peer"] = recvs["peer"], recvs["rank"]
-    gbps, ch_gbps, in_ops, op_keyed = link_rates(keyed, xfer, ops, below)
+    gbps, ch_gbps, in_ops, by = link_rates(keyed, xfer, ops, below)
     if len(gbps) < 3 or len(send_gbps) < 3:
         return []
     med, send_med = float(np.median(list(gbps.values()))), float(np.median(list(send_gbps.values())))
@@ -119,7 +144,7 @@ def slow_receive_sides(recvs: np.ndarray, xfer: np.ndarray, ops: np.ndarray | No
         o = [g for (a, b), g in gbps.items() if b == d and a != s]
         return len(o), sum(g < (1 - below) * med for g in o)
     out = []
-    for row in _below_median(gbps, ch_gbps, in_ops, op_keyed, below):
+    for row in _below_median(gbps, ch_gbps, in_ops, by, below):
         sg = send_gbps.get((row["src"], row["dst"]))
         if sg is None or (row["src"], row["dst"]) in sends_named:
             continue
@@ -128,23 +153,26 @@ def slow_receive_sides(recvs: np.ndarray, xfer: np.ndarray, ops: np.ndarray | No
     return out
 
 
-def _below_median(gbps: dict, ch_gbps: dict, in_ops: dict, keyed: bool, below: float) -> list[dict]:
+def _below_median(gbps: dict, ch_gbps: dict, in_ops: dict, by: str, below: float) -> list[dict]:
     """From link_rates: the links more than `below` under the median link, pooled and in more than half the ops
-    (no op keys: pooled only), slowest first, with their channel counts."""
+    (by "slices": in the groups of slices that carry more than half its bytes), slowest first, with their channel
+    counts."""
     med = float(np.median(list(gbps.values())))
     ch_med = {c: float(np.median(list(v.values()))) for c, v in ch_gbps.items() if len(v) >= 3}
     out = []
     for k, g in sorted(gbps.items(), key=lambda kv: kv[1]):
         if g >= (1 - below) * med:
             break
-        n_ops, n_slow = in_ops.get(k, (0, 0))
-        if 2 * n_slow <= n_ops and (n_ops or keyed):        # no op keys (a KernelStep-only mask): pooled only
+        n, n_slow, b, b_slow = in_ops.get(k, (0, 0, 0.0, 0.0))
+        if (2 * n_slow <= n) if by == "ops" else (2 * b_slow <= b):      # also: in no judged op or group
             continue
+        n_ops, n_groups = (n, 0) if by == "ops" else (0, n)
         chans = [c for c, v in ch_gbps.items() if k in v and c in ch_med]
         out.append({"src": k[0], "dst": k[1], "gbps": g, "median_gbps": med, "below_pct": 100 * (1 - g / med),
                     "channels": len(chans),
                     "channels_slow": sum(ch_gbps[c][k] < (1 - below) * ch_med[c] for c in chans),
-                    "ops": n_ops, "ops_slow": n_slow})
+                    "ops": n_ops, "ops_slow": n_slow if n_ops else 0, "slice_groups": n_groups,
+                    "slice_groups_slow": n_slow if n_groups else 0})
     return out
 
 

@@ -112,7 +112,9 @@ def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.n
     ops = op_index(ks)
     unc = max([int(c.get("clock_uncertainty_ns", 0) or 0) for c in (counters or {}).values()] + [0])
     rv = ~send & once                       # receives, not halves of fused slices (timed as their send)
-    send_rates = link_rates(ks[send], xfer[send], ops[send], 0.25)     # judges both sides' links
+    fused = np.zeros(len(ks), bool)
+    fused[s_half] = True
+    send_rates = link_rates(ks[send], xfer[send], ops[send], 0.25, fused[send])     # judges both sides' links
     return Report(links, per_rank, waited_on, slowest, counters or {}, skew.ranks, skew.ops,
                   slow_links(send_rates, moving), skew.left_out, no_counters,
                   skew.startup, skew.rule, held_up(ks, ops, starts),
@@ -227,7 +229,7 @@ def render(rep: Report, console=None) -> None:
         who = f"rank {s}'s data path or link {s}->{d}" if ln["sender_outlier"] and not link_only else f"link {s}->{d}"
         con.print(f"slow link: {who} moves {ln['gbps']:.2f} GB/s (typical slice), {ln['below_pct']:.0f} % below the "
                   f"median link ({ln['median_gbps']:.2f})"
-                  + (f", in {ln['ops_slow']} of {ln['ops']} ops" if ln["ops"] > 1 else "")
+                  + (f", in {ln['ops_slow']} of {ln['ops']} ops" if ln["ops"] > 1 else "") + _groups_text(ln)
                   + (f"; that far below the other links on {ln['channels_slow']} of {ln['channels']} channels"
                      if ln["channels"] > 1 else "")
                   + (f"; rank {s} also {longest(s)}: a slow rank's copies look like a slow link"
@@ -244,7 +246,7 @@ def render(rep: Report, console=None) -> None:
         con.print(f"slow receive side: link {s}->{d}'s receive side (rank {d}'s copies out of it) moves "
                   f"{ln['gbps']:.2f} GB/s (typical slice), {ln['below_pct']:.0f} % below the median link's receive "
                   f"side ({ln['median_gbps']:.2f})"
-                  + (f", in {ln['ops_slow']} of {ln['ops']} ops" if ln["ops"] > 1 else "")
+                  + (f", in {ln['ops_slow']} of {ln['ops']} ops" if ln["ops"] > 1 else "") + _groups_text(ln)
                   + (f"; that far below the other links on {ln['channels_slow']} of {ln['channels']} channels"
                      if ln["channels"] > 1 else "")
                   + (f"; its send side moves at the usual rate ({ln['send_gbps']:.2f} GB/s, the median link's "
@@ -280,6 +282,15 @@ def render(rep: Report, console=None) -> None:
         skipped = {r: {k: v for k, v in c.items() if v and k.startswith("ops_")} for r, c in rep.counters.items()}
         if any(skipped.values()):       # left out on purpose (SLICETRACE_PROFILE_OP_SAMPLE_RATE / _MIN_BYTES)
             con.print(f"ops not profiled by the settings: {_per_rank(skipped)}")
+
+
+def _groups_text(ln: dict) -> str:
+    """How a slow link of a trace without op records was judged (links.link_rates' groups of slices), else ''."""
+    if not ln.get("slice_groups"):
+        return ""
+    return (f", judged without ops (the trace has no Coll/P2p records) against the other links' slices of its size "
+            f"and kind (fused with a receive or not) in each quarter of the run: that far below in "
+            f"{ln['slice_groups_slow']} of its {ln['slice_groups']} such groups, which carry most of its bytes")
 
 
 def _console(file=None):
