@@ -608,7 +608,7 @@ def test_a_receive_side_is_not_named_where_the_send_side_is_slow_or_nothing_is()
     assert [(ln["src"], ln["dst"]) for ln in both.slow_links] == [(0, 2)] and both.slow_receive_sides == []
     assert "slow receive side" not in _text(both)
     even = build(_p2p_rows())
-    assert even.slow_links == [] and even.to_dict()["slow_receive_sides"] == []
+    assert even.slow_links == [] and even.to_dict()["slow_receive_sides"] == [] and even.links_judged_by == "ops"
     flat = _text(even)
     assert "slow links: none among the 12 links (none more than 25 % below the median link in most of its ops)" in flat
     assert "slow receive side" not in flat

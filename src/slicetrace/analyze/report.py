@@ -43,6 +43,7 @@ class Report:
     unfinished: list[dict] = field(default_factory=list)   # collectives failed or cut short (verdicts.unfinished)
     clocks: dict = field(default_factory=dict)          # receives ready before their sends had moved (clock_check)
     slow_receive_sides: list[dict] = field(default_factory=list)    # links slow on the receive side only
+    links_judged_by: str = "ops"    # or "slices": no op records, like slices in each quarter (links.link_rates)
 
     def to_dict(self) -> dict:
         return {"links": self.links, "ranks": self.ranks, "waited_on": self.waited_on, "slowest": self.slowest,
@@ -50,7 +51,8 @@ class Report:
                 "slow_links": self.slow_links, "stragglers_left_out": self.stragglers_left_out,
                 "ranks_without_counters": self.no_counters, "startup_skew": self.startup,
                 "straggler_rule": self.straggler_rule, "held_up": self.held_up, "unfinished": self.unfinished,
-                "clocks": self.clocks, "slow_receive_sides": self.slow_receive_sides}
+                "clocks": self.clocks, "slow_receive_sides": self.slow_receive_sides,
+                "links_judged_by": self.links_judged_by}
 
 
 def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.ndarray | None = None,
@@ -119,7 +121,7 @@ def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.n
                   slow_links(send_rates, moving), skew.left_out, no_counters,
                   skew.startup, skew.rule, held_up(ks, ops, starts),
                   unfinished(spans or [], chs, ranks, lacking=source == "Coll"), clock_check(ks, CLOCK_SLACK_NS + unc),
-                  slow_receive_sides(ks[rv], xfer[rv], ops[rv], send_rates, moving))
+                  slow_receive_sides(ks[rv], xfer[rv], ops[rv], send_rates, moving), send_rates[3])
 
 
 def _from_colls(spans: list) -> np.ndarray:
@@ -270,8 +272,10 @@ def render(rep: Report, console=None) -> None:
                   f"B or more (smaller ones time latency, not bandwidth)")
     elif rep.links and not rep.slow_links:
         side = " by their send side" if rep.slow_receive_sides else ""       # a receive side is, above
+        most = ("in the groups of like slices carrying most of its bytes (no op records)"
+                if rep.links_judged_by == "slices" else "in most of its ops")
         con.print(f"slow links: none among the {len(rep.links)} links{side} (none more than 25 % below the median "
-                  f"link in most of its ops)")
+                  f"link {most})")
     if rep.counters or rep.no_counters:
         lost = {r: {k: v for k, v in c.items() if v and k != "sampled_out"
                     and not k.startswith(("delivered", "unrecorded_", "plugin_written", "clock_", "ops_"))}
