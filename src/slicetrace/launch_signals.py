@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any
 
-from .backend.signals import exit_handler
+from .backend.signals import exit_handler, sigterm_default
 
 INTERRUPT_GRACE_S = 10.0     # an interrupted launch() lets its ranks close this long (plugins write their traces)
 
@@ -77,11 +77,10 @@ def _terminate_as_exit():
     shared memory) runs; returns the handler to restore, or None where it cannot be set (not the main thread)."""
     if threading.current_thread() is not threading.main_thread():
         return None
-    old = signal.getsignal(signal.SIGTERM)
-    if old is not signal.SIG_DFL:
+    if not sigterm_default():
         return None                       # the application has its own: leave it
     signal.signal(signal.SIGTERM, exit_handler())
-    return old
+    return signal.SIG_DFL
 
 
 def _hold_signals(term_after: Any) -> dict | None:

@@ -12,7 +12,7 @@ import threading
 from typing import Iterator
 
 from ..errors import BackendError
-from .signals import exit_handler
+from .signals import exit_handler, sigterm_default
 
 try:
     import _posixshmem
@@ -39,8 +39,7 @@ def sigterm_exits() -> Iterator[None]:
     in the main thread, so the set-up's cleanup removes the name: torchrun answers a rank that died at start-up
     with SIGTERM to the others, whose names were left behind (Docker's /dev/shm fills after a few). A handler the
     program installed (launch()'s ranks have one) is left as it is."""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+    if threading.current_thread() is not threading.main_thread() or not sigterm_default():
         yield
         return
     signal.signal(signal.SIGTERM, exit_handler())

@@ -116,14 +116,35 @@ def exit_handler(first: Callable[[], None] | None = None) -> Callable[[int, Any]
 
 _TERM_OWNERS: set = set()     # profiled communicators, while SIGTERM raises SystemExit for them
 _WARNED: list = []
-_term_exits = exit_handler()
+
+
+def _killed_if_unowned() -> None:
+    """The last owner closed off the main thread, where no handler can be set: the default comes back here (in
+    the main thread) and kills the process as it would have."""
+    if not _TERM_OWNERS:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.raise_signal(signal.SIGTERM)
+
+
+_term_exits = exit_handler(first=_killed_if_unowned)
+
+
+def sigterm_default() -> bool:
+    """SIGTERM is at its default action, or at term_exits' handler with no owner left (put back to the default
+    now, in the main thread): a handler may be set over it."""
+    cur = signal.getsignal(signal.SIGTERM)
+    if cur is _term_exits and not _TERM_OWNERS and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        cur = signal.SIG_DFL
+    return cur is signal.SIG_DFL
 
 
 def term_exits(owner: object, on: bool) -> None:
     """While an owner is registered (a communicator with plugins), SIGTERM at its default action raises
     SystemExit(143) in the main thread instead, so the program unwinds and the at-exit finish writes the traces:
     torchrun's agent and Slurm stop ranks with SIGTERM, whose default killed them, every trace cut short. A handler
-    the program set is left alone; the default comes back with the last owner (from the main thread only)."""
+    the program set is left alone; the default comes back with the last owner, or, when that closes off the main
+    thread, at the next main-thread call here or sigterm_default(), or when a SIGTERM comes (it then kills)."""
     (_TERM_OWNERS.add if on else _TERM_OWNERS.discard)(owner)
     if threading.current_thread() is not threading.main_thread():
         if on and not _WARNED and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
