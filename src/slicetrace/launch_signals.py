@@ -79,7 +79,7 @@ def _terminate_as_exit():
         return None
     if not sigterm_default():
         return None                       # the application has its own: leave it
-    signal.signal(signal.SIGTERM, exit_handler())
+    signal.signal(signal.SIGTERM, exit_handler(parent_only=True))     # a child forked meanwhile: killed
     return signal.SIG_DFL
 
 

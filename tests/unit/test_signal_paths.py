@@ -2,11 +2,20 @@
 closed off the main thread, and what a forked child inherits from a hold or set-up's SIGTERM window."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
+
+import pytest
+
+from slicetrace.backend.segment import sigterm_exits
+from slicetrace.backend.signals import exit_handler, signals_held
+from slicetrace.launch_signals import _terminate_as_exit
+from tests.helpers.procs import wait_child
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,3 +41,75 @@ def test_sigterm_kills_again_once_the_last_profiled_communicator_closed_off_the_
             "sys.exit(7)\n")
     p = _script(code, str(tmp_path))
     assert p.returncode == -signal.SIGTERM, (p.returncode, p.stderr)
+
+
+@pytest.fixture
+def own_handlers():
+    """SIGINT as Python's, SIGTERM at its default, SIGUSR1 as it was; all put back after the test."""
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGUSR1, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    yield
+    for s, h in old.items():
+        signal.signal(s, h)
+
+
+def _forked_from_a_thread(child) -> int:
+    """Fork from another thread (the main one goes on with what it holds); child() runs in the child, which then
+    leaves with os._exit(1) unless child left otherwise. The child's exit code."""
+    pids: list = []
+
+    def fork():
+        pid = os.fork()
+        if pid == 0:
+            try:
+                child()
+            finally:
+                os._exit(1)
+        pids.append(pid)
+    t = threading.Thread(target=fork)
+    t.start()
+    t.join(30)
+    assert pids, "no fork"
+    return wait_child(pids[0])
+
+
+def _interrupts_and_terminations_come() -> None:
+    try:
+        signal.raise_signal(signal.SIGINT)
+    except KeyboardInterrupt:
+        try:
+            signal.raise_signal(signal.SIGTERM)
+        except SystemExit as e:
+            os._exit(0 if e.code == 143 else 2)
+
+
+def test_a_child_forked_during_a_hold_takes_its_signals_at_once(own_handlers):
+    """The child kept the hold's recorder (its hold never ends there): Ctrl-C and SIGTERM were recorded for good,
+    and the child could not be interrupted or terminated."""
+    signal.signal(signal.SIGTERM, exit_handler())
+    with pytest.raises(KeyboardInterrupt):
+        with signals_held():
+            signal.raise_signal(signal.SIGINT)          # the parent's, not the child's
+            code = _forked_from_a_thread(_interrupts_and_terminations_come)
+    assert code == 0
+
+
+@contextlib.contextmanager
+def _launchers_window():
+    old = _terminate_as_exit()
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+@pytest.mark.parametrize("window", [sigterm_exits, _launchers_window], ids=["set-up", "launch"])
+def test_a_child_forked_during_a_sigterm_as_exit_window_is_killed_by_sigterm(own_handlers, window):
+    """The child kept the SIGTERM-as-exit of the cpu set-up (its segment names in /dev/shm) or of launch() (its
+    ranks): the window ends in the parent only, and SIGTERM raised SystemExit wherever the child's own code ran,
+    instead of ending it."""
+    with window():
+        assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+        code = _forked_from_a_thread(lambda: signal.raise_signal(signal.SIGTERM))
+    assert code == -signal.SIGTERM

@@ -42,7 +42,7 @@ def sigterm_exits() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread() or not sigterm_default():
         yield
         return
-    signal.signal(signal.SIGTERM, exit_handler())
+    signal.signal(signal.SIGTERM, exit_handler(parent_only=True))   # a child forked meanwhile owns no name
     try:
         yield
     finally:

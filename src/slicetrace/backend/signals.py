@@ -46,6 +46,7 @@ class signals_held:
         self.record = self._record
         if threading.current_thread() is not threading.main_thread():
             return self
+        _HOLDS.append(self)
         try:
             for sig in _HELD_INTS:
                 h = _raw.getsignal(sig)
@@ -74,6 +75,8 @@ class signals_held:
     def __exit__(self, *exc: Any) -> None:
         caught = _restore(self.swapped, self.record)
         self.swapped = {}
+        if self in _HOLDS:                      # after the restore: a fork in between still finds it
+            _HOLDS.remove(self)
         for sig in dict.fromkeys(self.came):    # each in turn: one whose handler raises must not drop the others
             try:
                 signal.raise_signal(sig)
@@ -82,6 +85,9 @@ class signals_held:
         self.came = []
         if caught is not None:
             raise caught
+
+
+_HOLDS: list = []       # holds under way in the main thread, innermost last (a forked child drops them)
 
 
 def _restore(swapped: dict[int, Any], record: Any) -> BaseException | None:
@@ -103,14 +109,16 @@ def _restore(swapped: dict[int, Any], record: Any) -> BaseException | None:
     return caught
 
 
-def exit_handler(first: Callable[[], None] | None = None) -> Callable[[int, Any], NoReturn]:
+def exit_handler(first: Callable[[], None] | None = None, parent_only: bool = False) -> Callable[[int, Any], NoReturn]:
     """A new signal handler that raises SystemExit(128 + signum) (the status a shell gives a process the signal
     killed), so the program unwinds and its cleanup runs; first(), if given, runs before. New at each call: an
-    installer tells its own handler from another's (term_exits puts the default back over its own only)."""
+    installer tells its own handler from another's (term_exits puts the default back over its own only).
+    parent_only: as SIGTERM's handler, a forked child puts the default back (what it guards is the parent's)."""
     def exit_(signum: int, frame: Any) -> NoReturn:
         if first is not None:
             first()
         raise SystemExit(128 + signum)
+    exit_.parent_only = parent_only             # type: ignore[attr-defined]
     return exit_
 
 
@@ -126,7 +134,7 @@ def _killed_if_unowned() -> None:
         signal.raise_signal(signal.SIGTERM)
 
 
-_term_exits = exit_handler(first=_killed_if_unowned)
+_term_exits = exit_handler(first=_killed_if_unowned, parent_only=True)
 
 
 def sigterm_default() -> bool:
@@ -162,11 +170,17 @@ def term_exits(owner: object, on: bool) -> None:
 
 
 def _forked_child() -> None:
-    """A forked child (a DataLoader worker) owns none of its parent's communicators: SIGTERM kills it again, as it
-    would without slicetrace, rather than raise SystemExit wherever the child's own code runs."""
+    """A forked child (a DataLoader worker) owns none of its parent's communicators, holds or set-up: signals come
+    at once (a hold forked from another thread never ends in the child: they were recorded for good; what the
+    parent's recorded is the parent's), and SIGTERM kills it again, as it would without slicetrace, rather than
+    raise SystemExit wherever the child's own code runs."""
     _TERM_OWNERS.clear()
     try:
-        if signal.getsignal(signal.SIGTERM) is _term_exits:
+        for hold in reversed(_HOLDS):   # innermost first: an outer hold's recorder comes back, then goes
+            _restore(hold.swapped, hold.record)
+            hold.swapped, hold.came = {}, []
+        _HOLDS.clear()
+        if getattr(signal.getsignal(signal.SIGTERM), "parent_only", False):
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
     except ValueError:                  # not the interpreter's main thread: nothing to undo there
         pass
