@@ -8,10 +8,12 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
+from slicetrace.backend import signals as sg
 from slicetrace.backend.segment import sigterm_exits
 from slicetrace.backend.signals import exit_handler, signals_held
 from slicetrace.launch_signals import _terminate_as_exit
@@ -113,3 +115,37 @@ def test_a_child_forked_during_a_sigterm_as_exit_window_is_killed_by_sigterm(own
         assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
         code = _forked_from_a_thread(lambda: signal.raise_signal(signal.SIGTERM))
     assert code == -signal.SIGTERM
+
+
+def _announcers(timeout: float = 30.0) -> None:
+    for t in threading.enumerate():
+        if t.name == "slicetrace-held-signal":
+            t.join(timeout)
+            assert not t.is_alive()
+
+
+def test_a_signal_still_held_when_a_second_one_would_go_through_says_so(own_handlers, monkeypatch, capfd):
+    """A Ctrl-C in a close stuck in a plugin (a trace on a hung mount) waited without a word: nothing told the user
+    that pressing it again interrupts. Said once the second one would go through, and only while still held."""
+    monkeypatch.setattr(sg, "FORCE_AFTER_S", 0.05)
+    err = ""
+    with pytest.raises(KeyboardInterrupt):
+        with signals_held():
+            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)                  # at once: held too, and said once
+            deadline = time.monotonic() + 30
+            while "again" not in err and time.monotonic() < deadline:
+                time.sleep(0.01)
+                err += capfd.readouterr().err
+    _announcers()
+    err += capfd.readouterr().err
+    assert err == ("slicetrace: Ctrl-C (SIGINT) held until the profiler plugins finish their traces; press Ctrl-C "
+                   "again to interrupt now, cutting them short\n"), err
+
+    monkeypatch.setattr(sg, "FORCE_AFTER_S", 30.0)
+    with pytest.raises(SystemExit):
+        signal.signal(signal.SIGTERM, exit_handler())
+        with signals_held():
+            signal.raise_signal(signal.SIGTERM)                 # the hold ends long before it would be said
+    _announcers()
+    assert capfd.readouterr().err == ""

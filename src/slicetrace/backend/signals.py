@@ -35,15 +35,17 @@ class signals_held:
     enough: the kernel hands a process-directed one to a thread that does not block it (numpy's OpenBLAS workers,
     in every process of ours) and Python runs the handler in the main thread at once. A signal left at SIG_DFL ends
     the process whatever is held. The same signal again FORCE_AFTER_S or more after the first goes through at once
-    (a second Ctrl-C ends a hold stuck in a plugin; launch() forwards a Ctrl-C to its ranks after 0.2 s). A handler
-    the body set is kept. Off the main thread (no handlers run there) it does nothing."""
-    __slots__ = ("came", "swapped", "first", "record")
+    (a second Ctrl-C ends a hold stuck in a plugin; launch() forwards a Ctrl-C to its ranks after 0.2 s), and a
+    signal still held by then says so on stderr. A handler the body set is kept. Off the main thread (no handlers
+    run there) it does nothing."""
+    __slots__ = ("came", "swapped", "first", "record", "ended")
 
     def __enter__(self) -> "signals_held":
         self.came: list[int] = []
         self.swapped: dict[int, Any] = {}
         self.first: dict[int, float] = {}
         self.record = self._record
+        self.ended: threading.Event | None = None
         if threading.current_thread() is not threading.main_thread():
             return self
         _HOLDS.append(self)
@@ -60,10 +62,14 @@ class signals_held:
 
     def _record(self, signum: int, frame: Any) -> None:
         now = time.monotonic()
-        if now - self.first.setdefault(signum, now) < FORCE_AFTER_S:
+        if signum not in self.first:
+            self.first[signum] = now
+            self._say_later(signum)
+        if now - self.first[signum] < FORCE_AFTER_S:
             self.came.append(signum)
             return
         self.came = [s for s in self.came if s != signum]      # delivered now, not again at the end
+        self._end()
         caught = _restore(self.swapped, self.record)
         self.swapped = {}
         h = _raw.getsignal(signum)
@@ -72,7 +78,22 @@ class signals_held:
         if caught is not None:
             raise caught
 
+    def _say_later(self, signum: int) -> None:
+        """Tell the user, if the hold still keeps signum when a second one would go through (a stuck plugin)."""
+        if self.ended is None:
+            self.ended = threading.Event()
+        try:
+            threading.Thread(target=_say_if_held, args=(self.ended, signum), name="slicetrace-held-signal",
+                             daemon=True).start()
+        except RuntimeError:            # no new thread at the interpreter's shutdown: nothing said
+            pass
+
+    def _end(self) -> None:
+        if self.ended is not None:
+            self.ended.set()
+
     def __exit__(self, *exc: Any) -> None:
+        self._end()
         caught = _restore(self.swapped, self.record)
         self.swapped = {}
         if self in _HOLDS:                      # after the restore: a fork in between still finds it
@@ -85,6 +106,19 @@ class signals_held:
         self.came = []
         if caught is not None:
             raise caught
+
+
+def _say_if_held(ended: threading.Event, signum: int) -> None:
+    quiet_thread()
+    if ended.wait(FORCE_AFTER_S):
+        return
+    name, again = (("Ctrl-C (SIGINT)", "press Ctrl-C again") if signum == signal.SIGINT else
+                   (signal.Signals(signum).name, f"send {signal.Signals(signum).name} again"))
+    try:                                # one write: not interleaved with the main thread's stderr
+        os.write(2, f"slicetrace: {name} held until the profiler plugins finish their traces; {again} to "
+                    f"interrupt now, cutting them short\n".encode())
+    except OSError:
+        pass
 
 
 _HOLDS: list = []       # holds under way in the main thread, innermost last (a forked child drops them)
