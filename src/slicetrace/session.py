@@ -276,12 +276,12 @@ class Session:
         drain = self.drain
         if drain is not None:
             _step(errs, "flushing the profiler drain", lambda: drain.flush(min(self.settings.timeout_s, 10.0)))
-            _step(errs, "stopping the profiler drain", drain.stop)
+            _step(errs, "stopping the profiler drain", lambda: drain.stop(0.0) if _insisted(errs) else drain.stop())
             if getattr(drain, "alive", False):
                 log.error("slicetrace: the drain thread did not stop; closing the plugins and backend regardless")
             if drain.error is not None and drain.error is not self._drain_died:     # that one was logged already
                 log.error("slicetrace drain thread failed: %r", drain.error)
-            fenced = drain.fence(1.0)   # False: a poll still runs; it would read rings the backend freed
+            fenced = drain.fence(0.0 if _insisted(errs) else 1.0)   # False: a poll still runs (rings kept)
             if not drain.settled:       # stop gave up: what it left in the rings, and the KernelCh starts it
                 left = sum(max(0, int(r) - int(c)) for r, c in zip(self._reserved, drain.cursor))
                 self.undrained = left + drain.open_records  # holds for their stop, is lost, counted (after the
@@ -291,7 +291,7 @@ class Session:
                 drain.release()
                 self._reserved = self._reserved.copy() if self._reserved is not None else None
         if self.host is not None:
-            _step(errs, "finalizing the profiler plugins", self._close_host)
+            _step(errs, "finalizing the profiler plugins", lambda: self._close_host(0.0 if _insisted(errs) else None))
         _step(errs, "closing the backend", self.backend.close)
         if errs:
             raise errs[0]
@@ -355,6 +355,12 @@ def _finish_at_exit() -> None:
         pass
 
 
+def _insisted(errs: list[BaseException]) -> bool:
+    """A step of close was cut by a signal that went through its hold (the same one again a second later: the user
+    insists): the steps left wait for no other thread (a plugin stuck there held the close up to timeout_s more)."""
+    return bool(errs) and isinstance(errs[0], (KeyboardInterrupt, SystemExit))
+
+
 def _step(errs: list[BaseException], what: str, fn: Any) -> None:
     """Run one teardown step; its error is kept in errs (the first is raised by the caller), later ones logged."""
     try:
@@ -362,4 +368,7 @@ def _step(errs: list[BaseException], what: str, fn: Any) -> None:
     except BaseException as e:
         if errs:
             log.error("slicetrace: %s failed too (after %r): %r", what, errs[0], e, exc_info=e)
+        elif isinstance(e, (KeyboardInterrupt, SystemExit)):
+            log.warning("slicetrace: %s interrupted (%r): what is left waits for no other thread; the traces may "
+                        "be cut short", what, e)
         errs.append(e)

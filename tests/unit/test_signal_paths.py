@@ -149,3 +149,49 @@ def test_a_signal_still_held_when_a_second_one_would_go_through_says_so(own_hand
             signal.raise_signal(signal.SIGTERM)                 # the hold ends long before it would be said
     _announcers()
     assert capfd.readouterr().err == ""
+
+
+def test_a_second_ctrl_c_in_a_close_stuck_on_a_plugin_stops_the_close_now(tmp_path, monkeypatch, own_handlers,
+                                                                         caplog):
+    """The second Ctrl-C went through the hold but cut one step only: the close went on to wait for the stuck
+    callback again (the host's lock, up to timeout_s) before it raised. Now its other steps wait for nothing."""
+    from tests.unit.test_close_stuck import Stuck, _all_reduce, _gpu
+    from tests.unit.test_gpu_writer_session import GpuLike
+    monkeypatch.setattr(sg, "FORCE_AFTER_S", 0.05)
+    p = Stuck()
+    s = _gpu(tmp_path, monkeypatch, GpuLike, [p], timeout_s=60)
+    _all_reduce(s, 1)
+    assert s.drain.flush(10)
+    p.block = True
+    _all_reduce(s, 2)
+    assert p.entered.wait(10)
+    main, done = threading.main_thread().ident, threading.Event()
+
+    def presses():              # the first once the close holds signals, the second once it would go through
+        deadline = time.monotonic() + 30
+        while not sg._HOLDS and time.monotonic() < deadline:
+            time.sleep(0.01)
+        signal.pthread_kill(main, signal.SIGINT)
+        while sg._HOLDS and time.monotonic() < deadline:
+            first = sg._HOLDS[-1].first.get(signal.SIGINT)
+            if first is not None and time.monotonic() - first > 2 * sg.FORCE_AFTER_S:
+                signal.pthread_kill(main, signal.SIGINT)
+                break
+            time.sleep(0.01)
+        if not done.wait(20):   # the close still waits for the callback: let it return
+            p.release.set()
+    t = threading.Thread(target=presses, daemon=True)
+    t.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            s.close()
+        returned_first = not p.release.is_set()
+        done.set()
+        assert returned_first, "the close waited for the stuck plugin callback after the second Ctrl-C"
+        assert s.backend._closed                                # the backend still freed
+        assert "flushing the profiler drain interrupted (KeyboardInterrupt())" in caplog.text
+    finally:
+        done.set()
+        p.release.set()
+        t.join(30)
+        s.drain._thread.join(10)
