@@ -48,6 +48,9 @@ def check_flags(a: argparse.Namespace) -> list[str]:
         raise SliceTraceError(f"-o {a.redop!r} is not one of {REDOPS} or 'all'")
     if a.ranks is not None and a.ranks < 1:
         raise SliceTraceError(f"--ranks {a.ranks} must be >= 1")
+    if a.compare == "gloo" and a.ranks == 1 and "send_recv" in ops:     # else torch's RuntimeError in every rank
+        raise UsageError(f"--compare gloo --ranks 1 --op {a.ops}: Gloo cannot send to its own rank, which a 1-rank "
+                         f"send_recv does; give --ranks 2 or more, or leave send_recv out of --op")
     if a.run_cycles < 0:
         raise SliceTraceError(f"-N {a.run_cycles} must be >= 0 (0: until interrupted)")
     if a.run_cycles == 0 and a.json is not None:

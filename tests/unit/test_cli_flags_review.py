@@ -1,0 +1,21 @@
+"""`slicetrace bench` flags probed as a new user would: each refusal comes before any rank starts (or any folder is
+made), in one line naming the flag, the value and what is accepted."""
+import pytest
+
+from slicetrace.cli.main import main
+
+
+@pytest.fixture(autouse=True)
+def _plain_env(monkeypatch):
+    for var in ("SLICETRACE_BACKEND", "SLICETRACE_PROFILER_PLUGIN", "SLICETRACE_PROFILE_DUMP_FILE"):
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.mark.parametrize("ops", ["send_recv", "all"])
+def test_compare_gloo_on_one_rank_refuses_send_recv_before_any_rank_starts(capsys, ops):
+    """Gloo cannot send to its own rank: every rank failed in torch's pair.cc with a RuntimeError and a traceback
+    (without torch: 'needs torch installed', which installing torch did not cure)."""
+    assert main(["bench", "--compare", "gloo", "--ranks", "1", "--op", ops, "-b", "4K", "-e", "4K"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert err.startswith(f"slicetrace: error: --compare gloo --ranks 1 --op {ops}: ") and "--ranks 2" in err
