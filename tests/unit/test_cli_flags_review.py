@@ -19,3 +19,17 @@ def test_compare_gloo_on_one_rank_refuses_send_recv_before_any_rank_starts(capsy
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1
     assert err.startswith(f"slicetrace: error: --compare gloo --ranks 1 --op {ops}: ") and "--ranks 2" in err
+
+
+@pytest.mark.parametrize("argv, want", [
+    (["-b", "garbage"], "-b='garbage' is not a size"),
+    (["-b", "1M", "-e", "4K"], "need 0 <= minbytes <= maxbytes"),
+    (["--op", "broadcast", "-r", "2", "--ranks", "2"], "-r 2 must be a rank, 0..1"),
+    (["--ranks", "100000"], "--ranks 100000: the cpu backend's shared memory"),
+])
+def test_a_run_refused_by_a_later_check_leaves_no_trace_folder(tmp_path, capsys, argv, want):
+    """--trace's folder was made before the sizes, -r, --ranks' shared memory and the other checks of run_bench,
+    so a refused run left an empty folder behind (only bench_settings' own checks came before it)."""
+    trace = tmp_path / "t"
+    assert main(["bench", "--trace", str(trace), *argv]) == 2
+    assert want in capsys.readouterr().err and not trace.exists()

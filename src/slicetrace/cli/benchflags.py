@@ -11,7 +11,7 @@ from ..config import MAXCHANNELS, Settings, env_source
 from ..errors import ConfigError, SliceTraceError, UsageError
 from ..events.abi import EventType
 from ..events.loading import BUILTINS, resolve
-from .outputs import writable_file, writable_folder
+from .outputs import writable_file
 from .sweep import DTYPE_ALIASES, OPS
 
 KERNEL_STEP = int(EventType.KERNEL_STEP)
@@ -129,7 +129,7 @@ def bench_settings(a: argparse.Namespace) -> tuple[Settings, dict]:
     elif a.overhead:                            # the environment's plugins are what --overhead measures, if any
         overrides["profiler_plugin"] = with_example(None) if (env_plugins or "none").strip().lower() == "none" \
             else env_plugins
-    if a.trace is not None:             # the folder is made after the checks below: a refused run leaves none
+    if a.trace is not None:             # the folder is made by run_bench, after every check
         overrides["profile_dump_file"] = os.path.join(a.trace, "trace")
     s = _settings(overrides)
     if a.overhead_of == "kernel_step" and (a.profile is None or a.profile < 0) and s.profile_event_mask is not None \
@@ -156,6 +156,4 @@ def bench_settings(a: argparse.Namespace) -> tuple[Settings, dict]:
                               f"(--compare gloo with cpu, --compare nccl with cuda)")
     if want and importlib.util.find_spec("torch") is None:      # before any rank starts
         raise UsageError(f"--compare {a.compare} needs torch installed (pip install torch)")
-    if a.trace is not None:
-        writable_folder("--trace", a.trace)
     return s, overrides

@@ -168,9 +168,10 @@ def run_bench(a: argparse.Namespace) -> int:
     dump = os.path.join(a.trace, "trace") if a.trace is not None else (
         s.profile_dump_file if s.profile_dump_file and has_example(s.profiler_plugin) else None)
     what = None if a.trace is not None else f"SLICETRACE_PROFILE_DUMP_FILE={s.profile_dump_file!r}"
-    if dump is not None and a.trace is None:
-        writable_folder("SLICETRACE_PROFILE_DUMP_FILE", os.path.dirname(dump) or ".")
     folder, stem = (os.path.dirname(dump) or ".", os.path.basename(dump)) if dump else ("", "")
+    if dump is not None:        # made after every check: a refused run leaves no folder behind
+        writable_folder("--trace" if a.trace is not None else "SLICETRACE_PROFILE_DUMP_FILE",
+                        a.trace if a.trace is not None else folder)
     traces_before = dump_files(folder, stem) if dump else {}
     results = launch(bench_rank, nranks, opts, **overrides)
     rows = results[0]
