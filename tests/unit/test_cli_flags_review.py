@@ -33,3 +33,23 @@ def test_a_run_refused_by_a_later_check_leaves_no_trace_folder(tmp_path, capsys,
     trace = tmp_path / "t"
     assert main(["bench", "--trace", str(trace), *argv]) == 2
     assert want in capsys.readouterr().err and not trace.exists()
+
+
+@pytest.mark.parametrize("env", [False, True])
+def test_json_naming_the_trace_folder_is_refused_before_the_run(tmp_path, capsys, monkeypatch, env):
+    """`--trace out --json out`: --json's check passed (out was not there yet), the sweep ran, --trace made the
+    folder, and the results were lost at the end (cannot write the file: Is a directory), against the README's
+    promise that output paths fail first; the same with SLICETRACE_PROFILE_DUMP_FILE=out/x."""
+    out = tmp_path / "out"
+    argv = ["bench", "-b", "4K", "-e", "4K", "-n", "1", "-w", "0", "--ranks", "1", "--json", str(out)]
+    if env:
+        monkeypatch.setenv("SLICETRACE_PROFILER_PLUGIN", "example")
+        monkeypatch.setenv("SLICETRACE_PROFILE_DUMP_FILE", str(out / "x"))
+    else:
+        argv += ["--trace", str(out)]
+    assert main(argv) == 2
+    std, err = capsys.readouterr()
+    flag = "SLICETRACE_PROFILE_DUMP_FILE" if env else "--trace"
+    assert std == "" and err == (f"slicetrace: error: --json '{out}' is the folder {flag} writes the trace files in; "
+                                 f"give the JSON a file of its own, e.g. {out}.json\n")
+    assert not out.exists()

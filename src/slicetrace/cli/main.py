@@ -170,8 +170,11 @@ def run_bench(a: argparse.Namespace) -> int:
     what = None if a.trace is not None else f"SLICETRACE_PROFILE_DUMP_FILE={s.profile_dump_file!r}"
     folder, stem = (os.path.dirname(dump) or ".", os.path.basename(dump)) if dump else ("", "")
     if dump is not None:        # made after every check: a refused run leaves no folder behind
-        writable_folder("--trace" if a.trace is not None else "SLICETRACE_PROFILE_DUMP_FILE",
-                        a.trace if a.trace is not None else folder)
+        flag, path = ("--trace", a.trace) if a.trace is not None else ("SLICETRACE_PROFILE_DUMP_FILE", folder)
+        if a.json is not None and os.path.realpath(a.json) == os.path.realpath(path):  # not there yet: --json passed
+            raise UsageError(f"--json {a.json!r} is the folder {flag} writes the trace files in; give the JSON a "
+                             f"file of its own, e.g. {a.json}.json")
+        writable_folder(flag, path)
     traces_before = dump_files(folder, stem) if dump else {}
     results = launch(bench_rank, nranks, opts, **overrides)
     rows = results[0]
