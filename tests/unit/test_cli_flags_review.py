@@ -1,5 +1,10 @@
 """`slicetrace bench` flags probed as a new user would: each refusal comes before any rank starts (or any folder is
 made), in one line naming the flag, the value and what is accepted."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from slicetrace.cli.main import main
@@ -53,3 +58,13 @@ def test_json_naming_the_trace_folder_is_refused_before_the_run(tmp_path, capsys
     assert std == "" and err == (f"slicetrace: error: --json '{out}' is the folder {flag} writes the trace files in; "
                                  f"give the JSON a file of its own, e.g. {out}.json\n")
     assert not out.exists()
+
+
+def test_python_dash_m_slicetrace_runs_the_command():
+    """`python -m slicetrace --help` said 'slicetrace is a package and cannot be directly executed' (exit 1): without
+    the console script (PYTHONPATH=src) the command was `python -m slicetrace.cli.main`."""
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    p = subprocess.run([sys.executable, "-m", "slicetrace", "bench", "--help"], env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout.startswith("usage: slicetrace bench "), p.stderr

@@ -55,6 +55,7 @@ ALLOWED: dict[str, set[str]] = {
     "launch_checks": LOW | {"api_checks", "backend.cpu"},   # /dev/shm sized before spawning
     "launcher": LOW | {"api", "api_checks", "launch_checks", "launch_signals"},
     "cli": None,                 # the top: may import anything
+    "__main__": {"cli"},         # python -m slicetrace
     "__init__": LOW | {"api", "launcher"},
 }
 
