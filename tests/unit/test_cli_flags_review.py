@@ -1,5 +1,6 @@
 """`slicetrace bench` flags probed as a new user would: each refusal comes before any rank starts (or any folder is
 made), in one line naming the flag, the value and what is accepted."""
+import io
 import os
 import subprocess
 import sys
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from slicetrace.cli.main import main
+from tests.cpu.test_cli import _trace_files
 
 
 @pytest.fixture(autouse=True)
@@ -68,3 +70,23 @@ def test_python_dash_m_slicetrace_runs_the_command():
     p = subprocess.run([sys.executable, "-m", "slicetrace", "bench", "--help"], env=env, capture_output=True,
                        text=True, timeout=60)
     assert p.returncode == 0 and p.stdout.startswith("usage: slicetrace bench "), p.stderr
+
+
+class _Terminal(io.TextIOWrapper):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_convert_to_a_terminal_is_refused_and_into_a_pipe_still_written(tmp_path, capsys, monkeypatch):
+    """`convert DIR -o -` typed at a terminal wrote the binary protobuf into it (exit 0, the terminal garbled)."""
+    prefix = _trace_files(tmp_path / "tr", 7)
+    term = _Terminal(io.BytesIO())
+    monkeypatch.setattr(sys, "stdout", term)
+    assert main(["convert", prefix, "-o", "-"]) == 2
+    assert capsys.readouterr().err.startswith("slicetrace: error: -o '-': standard output is a terminal and the "
+                                              "Perfetto trace is binary; redirect it")
+    assert term.buffer.getvalue() == b""
+    pipe = io.TextIOWrapper(io.BytesIO())
+    monkeypatch.setattr(sys, "stdout", pipe)
+    assert main(["convert", prefix, "-o", "-"]) == 0
+    assert pipe.buffer.getvalue()[:1] == b"\n"         # field 1 (TracePacket), length-delimited

@@ -312,6 +312,9 @@ def run_convert(a: argparse.Namespace) -> int:
     from ..analyze.perfetto import convert
     from ..analyze.trace import trace_files
     writable_file("-o", a.output, stdout_ok=True)
+    if a.output == STDOUT and sys.stdout.isatty():      # binary protobuf would garble the terminal (gzip refuses too)
+        raise UsageError("-o '-': standard output is a terminal and the Perfetto trace is binary; redirect it "
+                         "(-o - > run.pftrace, or into a pipe) or give a file name")
     files = trace_files(a.traces)
     _not_an_input([("-o", a.output)], files, "run.pftrace")
     with output_errors("-o", a.output):      # reading is TraceFormatError: an OSError here is the write
