@@ -7,17 +7,17 @@ import signal
 import sys
 from dataclasses import fields
 
-from ..analyze.atomic import STDOUT
 from ..backend.base import REDOPS
 from .. import errors
 from ..config import Settings, describe
 from ..errors import BackendError, SliceTraceError, UsageError
-from ..events.abi import EventType, parse_mask
+from ..events.abi import parse_mask
 from ..events.loading import load_plugins
 from ..launch_signals import _terminate_as_exit
 from .benchflags import backend_source, bench_settings, check_flags, has_example
-from .outputs import dump_files, output_errors, trace_note, writable_file, writable_folder, write_json
+from .outputs import dump_files, trace_note, writable_folder, write_json
 from .sweep import DTYPE_ALIASES, OPS, all_dtypes, bench_dtype, parse_size, shm_check, sizes
+from .trace_cmds import run_convert, run_report
 
 
 def _mask(v: str) -> int:
@@ -214,131 +214,6 @@ def run_config(a: argparse.Namespace) -> int:
         print(f"{var:{w[0]}}  {kw + '=':{w[1] + 1}}  {eff:{w[2]}}  env={raw:{w[3]}}  {doc}")
     load_plugins(s.profiler_plugin, s)          # a plugin that would not load is an error here too, not at the run
     return 0
-
-
-def run_report(a: argparse.Namespace) -> int:
-    from ..analyze.report import _console, build, render
-    from ..analyze.runranks import absent
-    from ..analyze.runtables import run_tables
-    from ..analyze.steps_csv import write_steps_csv
-    from ..analyze.trace import trace_files
-    if a.top < 0:
-        raise UsageError(f"--top {a.top} must be >= 0")
-    outs = [(flag, path) for flag, path in (("--json", a.json), ("--csv", a.csv)) if path is not None]
-    for flag, path in outs:             # '' too: writable_file refuses it, rather than writing nothing
-        writable_file(flag, path, stdout_ok=True)
-    _not_an_input(outs, trace_files(a.traces))
-    text = sys.stderr if STDOUT in (a.json, a.csv) else sys.stdout     # '-': stdout carries that file alone
-    if a.json == a.csv == STDOUT:
-        raise UsageError("--json '-' and --csv '-': standard output can carry one of them; give the other a file")
-    if len(outs) == 2 and (a.json == a.csv or _same_file(a.json, a.csv)):
-        raise UsageError(f"--json {a.json!r} and --csv {a.csv!r} are one file: the CSV would replace the JSON; "
-                         f"give each its own file")
-    run = run_tables(a.traces, skip_empty=a.partial)      # one file's records at a time
-    ranks, present = run.ranks, run.present     # below ranks.n: load_files' checks
-    missing, listed = absent(ranks, set(present)) if ranks else (0, "")
-    if missing and not a.partial:   # stragglers, waits and links would be judged among the others, silently
-        raise SliceTraceError(f"{' '.join(a.traces)}: the run had {ranks.n} ranks ({ranks.source}) and the files "
-                              f"given hold no records of rank(s) {listed}; give every rank's file, or pass "
-                              f"--partial to analyse the ranks present")
-    if missing:
-        print(f"# --partial: rank(s) {listed} of {ranks.n} absent; stragglers, waits and links are among the "
-              f"ranks present only", file=text)
-    bare = [r for r in present if r not in run.evented]
-    if bare and run.evented:            # present by their header only: the tables would just lack them
-        print(f"# rank(s) {', '.join(map(str, bare))}: the file holds no events (cut short before its first "
-              f"write?); the tables and verdicts have nothing of it", file=text)
-    ks, chs = run.steps()
-    if not len(ks) and not len(chs) and run.one_rank:
-        raise SliceTraceError(f"{' '.join(a.traces)}: a 1-rank run moves no data between ranks, so it has no slices "
-                              f"to analyse; run 2 or more ranks (--ranks 2; on one GPU they share it)")
-    counts = run.counters()
-    if not len(ks) and not len(chs):
-        left = [f"{n:,} {k} ({var})" for k, var in (("ops_below_min_bytes", "SLICETRACE_PROFILE_MIN_BYTES"),
-                                                    ("ops_sampled_out", "SLICETRACE_PROFILE_OP_SAMPLE_RATE"))
-                if (n := sum(c[k] for c in counts.values() if type(c.get(k)) is int))]
-        if left:                # left unprofiled on purpose: the mask may be right
-            raise SliceTraceError(f"{' '.join(a.traces)}: no KernelStep or KernelCh events to analyse "
-                                  f"({run.records} events in all): the settings left ops unprofiled, "
-                                  f"{', '.join(left)}; record with SLICETRACE_PROFILE_MIN_BYTES below the ops' sizes "
-                                  f"(default 0) and SLICETRACE_PROFILE_OP_SAMPLE_RATE=1 (every op)" + (
-                                      f"; the {run.ops} op(s) profiled have none either: put KernelStep and KernelCh "
-                                      f"in the mask (SLICETRACE_PROFILE_EVENT_MASK=65606)" if run.ops else ""))
-        both = EventType.KERNEL_STEP | EventType.KERNEL_CH
-        if run.masks and all(m & both == both for m in run.masks):    # the mask was not it: told so, users set it
-            masks = ', '.join(map(str, sorted(run.masks)))
-            blind = _ops_unrecorded(run.masks)
-            raise SliceTraceError(f"{' '.join(a.traces)}: no KernelStep or KernelCh events to analyse "
-                                  f"({run.records} events in all)" + (
-                                      f": the files hold no op (Coll or P2p event), and the trace's event mask had "
-                                      f"both but not every op type ({blind}), so those ops leave no record: ops may "
-                                      f"have run inside comm.profiling(True, mask=...) with a block mask without "
-                                      f"KernelStep and KernelCh (a block's mask is not in the trace); record with Coll "
-                                      f"and P2p in the mask too (SLICETRACE_PROFILE_EVENT_MASK=65606) to see which "
-                                      f"ops ran, and keep KernelStep|KernelCh in a block's mask"
-                                      if blind and not run.ops else
-                                      f": the files hold no op (Coll or P2p event), though the trace's event mask had "
-                                      f"both (EventMask {masks}): no op ran with profiling on, or the ranks were "
-                                      f"stopped before their profiler's first write" if not run.ops else
-                                      f", though the trace's event mask had both (EventMask {masks}): its {run.ops} "
-                                      f"op(s) moved no data between ranks (a count of 0 runs no channel program, and "
-                                      f"a send/recv to the rank itself is a local copy), or ran inside "
-                                      f"comm.profiling(True, mask=...) with a mask without them (a block's mask is not "
-                                      f"in the trace)"))
-        raise SliceTraceError(f"{' '.join(a.traces)}: no KernelStep or KernelCh events to analyse "
-                              f"({run.records} events in all); record with both in the mask, e.g. `slicetrace bench "
-                              f"--trace DIR` or SLICETRACE_PROFILE_EVENT_MASK=65606")
-    rep = build(ks, counts, top=a.top, chs=chs, ranks=present, starts=run.starts(), spans=run.spans())
-    if a.json is not None:      # the files first: a reader that stops early (`| head`) does not lose them
-        write_json("--json", a.json, rep.to_dict())
-    if a.csv is not None:
-        with output_errors("--csv", a.csv):
-            n = write_steps_csv(ks, a.csv)
-    render(rep, _console(text))
-    if a.csv is not None:
-        print(f"# {n} KernelStep rows: {'standard output' if a.csv == STDOUT else a.csv}", file=text)
-    return 0
-
-
-def _ops_unrecorded(masks: set) -> str:
-    """Which of the trace's event masks lack Coll or P2p, and which ('' for none): ops of a type left out leave no
-    record, so files without ops say nothing of whether any ran."""
-    kinds = ((EventType.COLL, "Coll (1<<1)"), (EventType.P2P, "P2p (1<<2)"))
-    return "; ".join(f"EventMask {m} lacks {' and '.join(n for bit, n in kinds if not m & bit)}"
-                     for m in sorted(masks) if any(not m & bit for bit, _ in kinds))
-
-
-def run_convert(a: argparse.Namespace) -> int:
-    from ..analyze.perfetto import convert
-    from ..analyze.trace import trace_files
-    writable_file("-o", a.output, stdout_ok=True)
-    if a.output == STDOUT and sys.stdout.isatty():      # binary protobuf would garble the terminal (gzip refuses too)
-        raise UsageError("-o '-': standard output is a terminal and the Perfetto trace is binary; redirect it "
-                         "(-o - > run.pftrace, or into a pipe) or give a file name")
-    files = trace_files(a.traces)
-    _not_an_input([("-o", a.output)], files, "run.pftrace")
-    with output_errors("-o", a.output):      # reading is TraceFormatError: an OSError here is the write
-        got = convert(files, a.output)
-    print(f"# {'standard output' if a.output == STDOUT else a.output}: {got['files']} rank file(s), {got['slices']} "
-          f"slices on {got['tracks']} tracks, {got['flows']} send -> receive flows (open in https://ui.perfetto.dev)",
-          file=sys.stderr if a.output == STDOUT else sys.stdout)
-    return 0
-
-
-def _not_an_input(outs: list[tuple[str, str]], files: list[str], example: str = "report.json") -> None:
-    """Refuse an output path that is one of the trace files read: writing it would destroy that rank's trace."""
-    for flag, path in outs:
-        same = next((f for f in files if _same_file(f, path)), None)
-        if same is not None:
-            raise UsageError(f"{flag} {path!r} is one of the input trace files ({same!r}); give another file, "
-                             f"e.g. {example}")
-
-
-def _same_file(a: str, b: str) -> bool:
-    try:
-        return os.path.samefile(a, b)       # links too
-    except OSError:                         # b not there yet: not an input
-        return False
 
 
 def main(argv: list[str] | None = None) -> int:

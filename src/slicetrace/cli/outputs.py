@@ -8,6 +8,7 @@ import json
 import math
 import os
 import re
+import sys
 import tempfile
 import time
 from typing import Iterator
@@ -20,11 +21,11 @@ def writable_file(flag: str, path: str, stdout_ok: bool = False) -> None:
     """Fail before the work, not after it: open the file for appending (os.access says yes to root everywhere,
     /proc included), and remove it again if this made it. stdout_ok: '-' is standard output (the command's own
     text then goes to stderr); else '-' is refused, not made a file of that name."""
-    if path == STDOUT:
+    if names_stdout(path):
         if stdout_ok:
             return
-        raise UsageError(f"{flag} '-': this command prints its table on standard output, so '-' cannot be the "
-                         f"file too; give a file name (./- for a file named '-')")
+        raise UsageError(f"{flag} {path!r}: this command prints its table on standard output, so that cannot be "
+                         f"the file too; give a file name" + (" (./- for a file named '-')" if path == STDOUT else ""))
     if not path:                            # open('') fails with a bare errno; name the flag instead
         raise UsageError(f"{flag} {path!r}: an empty path names no file; give a file name")
     if os.path.isdir(path):
@@ -40,6 +41,18 @@ def writable_file(flag: str, path: str, stdout_ok: bool = False) -> None:
             os.remove(path)
         except OSError:
             pass
+
+
+def names_stdout(path: str) -> bool:
+    """'-', or a path to the file standard output writes to (/dev/stdout, /proc/self/fd/1, the file it is
+    redirected to): written to as a file, the command's text would land in it too, or a rename replace it."""
+    if path == STDOUT:
+        return True
+    try:
+        a, b = os.stat(path), os.fstat(sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):       # not there; stdout closed, or not a real file (pytest's)
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 @contextlib.contextmanager
