@@ -90,3 +90,16 @@ def test_convert_to_a_terminal_is_refused_and_into_a_pipe_still_written(tmp_path
     monkeypatch.setattr(sys, "stdout", pipe)
     assert main(["convert", prefix, "-o", "-"]) == 0
     assert pipe.buffer.getvalue()[:1] == b"\n"         # field 1 (TracePacket), length-delimited
+
+
+@pytest.mark.parametrize("argv, name", [(["-g", "2"], "--ngpus"), (["-t", "1"], "--nthreads"), (["-z", "1"], "--blocking"),
+                                        (["-m", "4"], "--agg_iters"), (["-p", "1"], "--parallel_init"),
+                                        (["-G", "0"], "--cudagraph")])
+def test_nccl_tests_flags_without_a_counterpart_say_what_to_use(capsys, argv, name):
+    """nccl-tests' -g, -t, -m, -p, -z and -G got argparse's bare 'unrecognized arguments' under the top-level usage."""
+    with pytest.raises(SystemExit) as e:
+        main(["bench", *argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"slicetrace bench: error: {argv[0]} (nccl-tests' {name}) has no counterpart in " \
+        f"slicetrace bench: " in err, err
+    assert ("--ranks N" in err) == (argv[0] in ("-g", "-t"))

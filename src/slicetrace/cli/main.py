@@ -83,8 +83,28 @@ def _brief(e: SliceTraceError) -> str:
     return "; ".join(f"rank {r}: {str(v).splitlines()[0]}" for r, v in sorted(errs.items()))
 
 
+# nccl-tests' flags without a counterpart here: a hint, not argparse's bare "unrecognized arguments"
+_NCCL_TESTS_ONLY = {
+    ("-t", "--nthreads"): "one process runs each rank here; give the rank count with --ranks N",
+    ("-g", "--ngpus"): "one process runs each rank (on cuda, one GPU each) here; give the rank count with --ranks N",
+    ("-m", "--agg_iters"): "operations are not aggregated into groups here; -n sets the timed iterations",
+    ("-p", "--parallel_init"): "the ranks always start in parallel here",
+    ("-z", "--blocking"): "not supported: time is taken over -n iterations, synchronized once at their end",
+    ("-G", "--cudagraph"): "CUDA graphs are not supported",
+}
+
+
+class _NcclTestsOnly(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        key = next(k for k in _NCCL_TESTS_ONLY if option_string in k)
+        parser.error(f"{option_string} (nccl-tests' {key[1]}) has no counterpart in slicetrace bench: "
+                     f"{_NCCL_TESTS_ONLY[key]}")
+
+
 def _bench_parser(sub) -> None:
     p = sub.add_parser("bench", help="nccl-tests-style sweep on the cpu (default) or cuda backend")
+    for flags in _NCCL_TESTS_ONLY:
+        p.add_argument(*flags, nargs="?", action=_NcclTestsOnly, help=argparse.SUPPRESS)
     p.add_argument("-b", "--minbytes", default="4K", help="smallest size (default 4K)")
     p.add_argument("-e", "--maxbytes", default="64M", help="largest size (default 64M)")
     p.add_argument("-f", "--stepfactor", type=int, default=None, help="size multiplier (default 2)")
