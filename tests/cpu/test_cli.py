@@ -450,11 +450,14 @@ def test_count_column_is_nccl_tests_and_the_json_keeps_the_bench_flags(tmp_path,
     assert d["bench"]["average"] == 1 and d["bench"]["iters"] == 2 and d["bench"]["warmup_iters"] == 1
 
 
-def test_a_trace_with_event_mask_0_is_refused_before_the_run(tmp_path, capsys, monkeypatch):
-    """It printed "profiling on" and named trace files that held only metadata, which report then refused."""
-    monkeypatch.setenv("SLICETRACE_PROFILE_EVENT_MASK", "0")
+@pytest.mark.parametrize("mask", ["0", "1048576"])
+def test_a_trace_with_event_mask_0_is_refused_before_the_run(tmp_path, capsys, monkeypatch, mask):
+    """It printed "profiling on" and named trace files that held only metadata, which report then refused; a mask
+    of bits no event type has (1 << 20) did so still."""
+    monkeypatch.setenv("SLICETRACE_PROFILE_EVENT_MASK", mask)
     assert main(["bench", "-b", "4K", "-e", "4K", "--trace", str(tmp_path / "t")]) == 2
-    assert "with event mask 0 (SLICETRACE_PROFILE_EVENT_MASK or --profile) records nothing" in capsys.readouterr().err
+    assert f"with event mask {mask} (SLICETRACE_PROFILE_EVENT_MASK or --profile) records nothing: it has no event " \
+        f"type's bit (0x1ffff)" in " ".join(capsys.readouterr().err.split())
     assert not list((tmp_path / "t").glob("*.json"))
 
 

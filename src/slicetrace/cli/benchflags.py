@@ -9,7 +9,7 @@ import os
 from ..backend.base import REDOPS
 from ..config import MAXCHANNELS, Settings, env_source
 from ..errors import ConfigError, SliceTraceError, UsageError
-from ..events.abi import EventType
+from ..events.abi import ALL_TYPES, EventType
 from ..events.loading import BUILTINS, resolve
 from .outputs import writable_file
 from .sweep import DTYPE_ALIASES, OPS
@@ -139,17 +139,19 @@ def bench_settings(a: argparse.Namespace) -> tuple[Settings, dict]:
     if s.backend not in ("cpu", "cuda"):         # null: the tests' backend moves no data, so no sane row
         raise UsageError(f"{backend_source(a, s)}: bench runs 'cpu' or 'cuda' ({s.backend!r} is a test backend "
                          f"that moves no data)")
-    if a.trace is not None and s.profile_event_mask == 0:
-        raise UsageError(f"--trace {a.trace!r} with event mask 0 (SLICETRACE_PROFILE_EVENT_MASK or --profile) records "
-                         f"nothing; leave the mask unset or give the event types to record")
+    if a.trace is not None and s.profile_event_mask is not None and not s.profile_event_mask & ALL_TYPES:
+        raise UsageError(f"--trace {a.trace!r} with event mask {s.profile_event_mask} (SLICETRACE_PROFILE_EVENT_MASK or "
+                         f"--profile) records nothing: it has no event type's bit ({ALL_TYPES:#x}); leave the mask "
+                         f"unset or give the event types to record")
     k = s.op_sample_rate
     if a.overhead and k > 1 and a.iters % k:    # else blocks hold different numbers of profiled ops: the median
         raise UsageError(f"--overhead with SLICETRACE_PROFILE_OP_SAMPLE_RATE={k}: -n {a.iters} is not a multiple of "
                          f"{k}, so the timed blocks would profile different numbers of ops and the median of their "
                          f"ratios would mislead; give -n a multiple of {k} (e.g. -n {k * max(1, a.iters // k)})")
-    if a.profile == 0:                          # it said "profiling on" and recorded nothing
-        raise UsageError("--profile 0 records nothing: give the event types to record (e.g. --profile "
-                         "'Coll|KernelCh|KernelStep'), a bare --profile for the default mask, or leave it out")
+    if a.profile is not None and a.profile != -1 and not a.profile & ALL_TYPES:    # "profiling on", nothing recorded
+        raise UsageError(f"--profile {a.profile} records nothing: it has no event type's bit ({ALL_TYPES:#x}); give "
+                         f"the event types to record (e.g. --profile 'Coll|KernelCh|KernelStep'), a bare --profile for "
+                         f"the default mask, or leave it out")
     want = {"gloo": "cpu", "nccl": "cuda"}.get(a.compare or "")
     if want and s.backend != want:              # each reference runs where its library runs: same buffers, same device
         raise SliceTraceError(f"--compare {a.compare} runs beside --backend {want}, not {backend_source(a, s)} "
