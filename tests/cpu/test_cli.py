@@ -146,6 +146,7 @@ def test_output_paths_that_cannot_be_written_fail_before_the_run(tmp_path, capsy
         (["bench", "--json", str(tmp_path / "no" / "r.json")], f"--json '{tmp_path / 'no' / 'r.json'}': cannot write"),
         (["bench", "--json", str(tmp_path)], f"--json '{tmp_path}' is a folder"),
         (["bench", "--trace", str(afile / "tr")], f"--trace '{afile / 'tr'}': cannot create the folder"),
+        (["bench", "--trace", str(afile)], f"--trace '{afile}' is a file, not a folder; give a folder name"),
         (["report", str(afile), "--top", "-1"], "--top -1 must be >= 0"),
         (["report", str(afile), "--json", str(tmp_path / "no" / "r.json")], "cannot write a file there"),
     ):

@@ -70,6 +70,8 @@ def output_errors(flag: str, path: str) -> Iterator[None]:
 def writable_folder(flag: str, path: str) -> None:
     if not path:
         raise UsageError(f"{flag} {path!r}: an empty path names no folder; give a folder name (. for this one)")
+    if os.path.exists(path) and not os.path.isdir(path):    # makedirs' own word for it is 'File exists'
+        raise UsageError(f"{flag} {path!r} is a file, not a folder; give a folder name")
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as e:
