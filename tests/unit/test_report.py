@@ -31,7 +31,8 @@ def test_slow_link_and_waited_on_peer_are_found():
 
 
 def test_wrong_input_is_refused():
-    with pytest.raises(TraceFormatError):
+    with pytest.raises(TraceFormatError, match=r"^ks: expected the KernelStep table of slicetrace\.analyze\.trace\."
+                       r"kernel_steps\(\) \(fields \['rank', .*'op'\]\), got an array of dtype float64$"):
         build(np.zeros(3))
 
 

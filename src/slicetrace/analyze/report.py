@@ -18,7 +18,7 @@ from ..errors import TraceFormatError
 from ..events.abi import fused_pairs, moving_from
 from .links import MIN_JUDGED_BYTES, link_rates, slow_links, slow_receive_sides
 from .skew_text import render_skew
-from .trace import KERNEL_CH_TABLE
+from .trace import KERNEL_CH_TABLE, KERNEL_STEP_TABLE
 from .verdicts import clock_check, held_up, noise_rule, none_left_out, op_index, stragglers, unfinished
 
 CLOCK_SLACK_NS = 1000       # a receive this far ahead of its send, past the clocks' stated uncertainty, is an offset
@@ -61,7 +61,8 @@ def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.n
     counters record is still one of them); default, the ranks in ks and chs. starts: trace.op_starts(records);
     spans: trace.coll_spans(records)."""
     if ks.dtype.names is None or "ready_ns" not in ks.dtype.names:
-        raise TraceFormatError("expected the KernelStep table of slicetrace.analyze.trace.kernel_steps()")
+        raise TraceFormatError(f"ks: expected the KernelStep table of slicetrace.analyze.trace.kernel_steps() "
+                               f"(fields {list(KERNEL_STEP_TABLE.names)}), got an array of dtype {ks.dtype}")
     if ranks is None:
         ranks = set(ks["rank"].tolist()) | (set(chs["rank"].tolist()) if chs is not None else set())
     ranks = sorted(int(r) for r in ranks)
