@@ -103,3 +103,15 @@ def test_nccl_tests_flags_without_a_counterpart_say_what_to_use(capsys, argv, na
     assert e.value.code == 2 and f"slicetrace bench: error: {argv[0]} (nccl-tests' {name}) has no counterpart in " \
         f"slicetrace bench: " in err, err
     assert ("--ranks N" in err) == (argv[0] in ("-g", "-t"))
+
+
+@pytest.mark.parametrize("mask", ["0", "1048576"])
+def test_a_bare_profile_with_a_variable_mask_of_no_event_type_is_refused(capsys, monkeypatch, mask):
+    """A bare --profile takes SLICETRACE_PROFILE_EVENT_MASK's mask: one without an event type's bit printed
+    'profiling on' and recorded nothing, as --profile 0 did before it was refused."""
+    monkeypatch.setenv("SLICETRACE_PROFILE_EVENT_MASK", mask)
+    assert main(["bench", "--profile", "--ranks", "1", "-b", "64", "-e", "64"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert f"error: --profile with event mask {mask} (SLICETRACE_PROFILE_EVENT_MASK) records nothing: it has no " \
+        f"event type's bit (0x1ffff)" in err, err

@@ -139,10 +139,13 @@ def bench_settings(a: argparse.Namespace) -> tuple[Settings, dict]:
     if s.backend not in ("cpu", "cuda"):         # null: the tests' backend moves no data, so no sane row
         raise UsageError(f"{backend_source(a, s)}: bench runs 'cpu' or 'cuda' ({s.backend!r} is a test backend "
                          f"that moves no data)")
-    if a.trace is not None and s.profile_event_mask is not None and not s.profile_event_mask & ALL_TYPES:
-        raise UsageError(f"--trace {a.trace!r} with event mask {s.profile_event_mask} (SLICETRACE_PROFILE_EVENT_MASK or "
-                         f"--profile) records nothing: it has no event type's bit ({ALL_TYPES:#x}); leave the mask "
-                         f"unset or give the event types to record")
+    # a bare --profile (-1) takes the variable's mask: checked here, as --profile MASK is below
+    if (a.trace is not None or a.profile == -1) and s.profile_event_mask is not None \
+            and not s.profile_event_mask & ALL_TYPES:
+        flag, src = ((f"--trace {a.trace!r}", "SLICETRACE_PROFILE_EVENT_MASK or --profile") if a.trace is not None
+                     else ("--profile", "SLICETRACE_PROFILE_EVENT_MASK"))
+        raise UsageError(f"{flag} with event mask {s.profile_event_mask} ({src}) records nothing: it has no event "
+                         f"type's bit ({ALL_TYPES:#x}); leave the mask unset or give the event types to record")
     k = s.op_sample_rate
     if a.overhead and k > 1 and a.iters % k:    # else blocks hold different numbers of profiled ops: the median
         raise UsageError(f"--overhead with SLICETRACE_PROFILE_OP_SAMPLE_RATE={k}: -n {a.iters} is not a multiple of "
