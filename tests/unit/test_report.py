@@ -669,6 +669,21 @@ def test_a_receive_side_slow_in_most_ops_is_named_where_the_send_side_is_slow_po
     assert [(ln["src"], ln["dst"]) for ln in both.slow_links] == [(0, 2)] and both.slow_receive_sides == []
 
 
+def test_a_send_side_slow_pooled_only_without_op_records_is_not_said_to_be_judged_in_ops():
+    """The same link in a trace without op records: its receive side's line said it was judged without ops, then
+    that its send side was slow 'not in most of its ops'. It names the groups of like slices the sends were judged
+    in."""
+    ks = _p2p_ops({0, 1}, {0, 1, 2, 3})
+    ks["op"] = ks["seq_number"] = -1
+    rep = build(ks)
+    assert rep.links_judged_by == "slices" and rep.slow_links == []
+    assert [(r["src"], r["dst"], r["slice_groups_slow"], r["slice_groups"]) for r in rep.slow_receive_sides] == \
+        [(0, 2, 4, 4)]
+    flat = _text(rep)
+    assert "its send side is that far below only pooled, not in the groups of like slices carrying most of its " \
+        "bytes (25.00 GB/s, the median link's 40.00)" in flat and "ops (25.00" not in flat, flat
+
+
 def test_files_without_ops_under_a_mask_without_coll_or_p2p_name_the_mask_and_the_profiling_block(tmp_path, capsys):
     """The plugin's mask KernelStep|KernelCh (65600) records no op at all, so ops run inside comm.profiling(True,
     mask="Coll") leave nothing: the error said "the files hold no op ... no op ran with profiling on", which the

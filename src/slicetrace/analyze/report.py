@@ -242,6 +242,8 @@ def render(rep: Report, console=None) -> None:
                   + (f"; it feeds rank {d}, which {longest(d)}: writes into a lagging rank's buffers are slowed "
                      f"too, so this may be rank {d}, not the link"
                      if ln.get("receiver_outlier") and not ln["sender_outlier"] else ""))
+    bare = rep.links_judged_by == "slices"          # how the send sides were judged (links.link_rates)
+    most = "in the groups of like slices carrying most of its bytes" if bare else "in most of its ops"
     for ln in rep.slow_receive_sides:     # p2p: a slow receiver does not slow its sender's slices
         s, d = ln["src"], ln["dst"]
         n_o, n_slow = ln["receiver_other_links"], ln["receiver_other_links_slow"]
@@ -254,8 +256,8 @@ def render(rep: Report, console=None) -> None:
                      if ln["channels"] > 1 else "")
                   + (f"; its send side moves at the usual rate ({ln['send_gbps']:.2f} GB/s, the median link's "
                      if ln["send_gbps"] >= 0.75 * ln["send_median_gbps"] else     # slow_links' 25 %, pooled only
-                     f"; its send side is that far below only pooled, not in most of its ops ({ln['send_gbps']:.2f} "
-                     f"GB/s, the median link's ")
+                     f"; its send side is that far below only pooled, not {most} ({ln['send_gbps']:.2f} GB/s, the "
+                     f"median link's ")
                   + f"{ln['send_median_gbps']:.2f}): the data was there, rank {d} was slow to take it"
                   + (f"; rank {d}'s receives from its {n_o} other peer(s) move at the usual rate: this link's "
                      f"receive, not all of rank {d}'s copies" if n_o and not n_slow else "")
@@ -273,10 +275,8 @@ def render(rep: Report, console=None) -> None:
                   f"B or more (smaller ones time latency, not bandwidth)")
     elif rep.links and not rep.slow_links:
         side = " by their send side" if rep.slow_receive_sides else ""       # a receive side is, above
-        most = ("in the groups of like slices carrying most of its bytes (no op records)"
-                if rep.links_judged_by == "slices" else "in most of its ops")
         con.print(f"slow links: none among the {len(rep.links)} links{side} (none more than 25 % below the median "
-                  f"link {most})")
+                  f"link {most}{' (no op records)' if bare else ''})")
     if rep.counters or rep.no_counters:
         lost = {r: {k: v for k, v in c.items() if v and k != "sampled_out"
                     and not k.startswith(("delivered", "unrecorded_", "plugin_written", "clock_", "ops_"))}
