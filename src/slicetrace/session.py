@@ -358,7 +358,7 @@ def _finish_at_exit() -> None:
 def _insisted(errs: list[BaseException]) -> bool:
     """A step of close was cut by a signal that went through its hold (the same one again a second later: the user
     insists): the steps left wait for no other thread (a plugin stuck there held the close up to timeout_s more)."""
-    return bool(errs) and isinstance(errs[0], (KeyboardInterrupt, SystemExit))
+    return any(isinstance(e, (KeyboardInterrupt, SystemExit)) for e in errs)
 
 
 def _step(errs: list[BaseException], what: str, fn: Any) -> None:

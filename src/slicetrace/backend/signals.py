@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import signal
 import threading
 import time
@@ -38,16 +39,16 @@ class signals_held:
     (a second Ctrl-C ends a hold stuck in a plugin; launch() forwards a Ctrl-C to its ranks after 0.2 s), and a
     signal still held by then says so on stderr. A handler the body set is kept. Off the main thread (no handlers
     run there) it does nothing."""
-    __slots__ = ("came", "swapped", "first", "record", "ended")
+    __slots__ = ("came", "swapped", "first", "record")
 
     def __enter__(self) -> "signals_held":
         self.came: list[int] = []
         self.swapped: dict[int, Any] = {}
         self.first: dict[int, float] = {}
         self.record = self._record
-        self.ended: threading.Event | None = None
         if threading.current_thread() is not threading.main_thread():
             return self
+        _Notifier.ensure()
         _HOLDS.append(self)
         try:
             for sig in _HELD_INTS:
@@ -64,7 +65,7 @@ class signals_held:
         now = time.monotonic()
         if signum not in self.first:
             self.first[signum] = now
-            self._say_later(signum)
+            _Notifier.tell(signum)      # a byte to a pipe: a thread started here could deadlock (threading's lock)
         if now - self.first[signum] < FORCE_AFTER_S:
             self.came.append(signum)
             return
@@ -78,19 +79,9 @@ class signals_held:
         if caught is not None:
             raise caught
 
-    def _say_later(self, signum: int) -> None:
-        """Tell the user, if the hold still keeps signum when a second one would go through (a stuck plugin)."""
-        if self.ended is None:
-            self.ended = threading.Event()
-        try:
-            threading.Thread(target=_say_if_held, args=(self.ended, signum), name="slicetrace-held-signal",
-                             daemon=True).start()
-        except RuntimeError:            # no new thread at the interpreter's shutdown: nothing said
-            pass
-
     def _end(self) -> None:
-        if self.ended is not None:
-            self.ended.set()
+        if self.first:
+            _Notifier.tell(0)
 
     def __exit__(self, *exc: Any) -> None:
         self._end()
@@ -108,10 +99,56 @@ class signals_held:
             raise caught
 
 
-def _say_if_held(ended: threading.Event, signum: int) -> None:
-    quiet_thread()
-    if ended.wait(FORCE_AFTER_S):
-        return
+class _Notifier:
+    """Says on stderr that a signal is still held FORCE_AFTER_S after it came (a plugin stuck in the hold), from a
+    thread of its own started outside any handler: one started in the handler could deadlock on threading's lock,
+    which the interrupted main thread may hold. Handlers write a byte to its pipe: the signal, or 0 at the hold's
+    end. One per process (a forked child starts its own)."""
+    pid = -1
+    wfd = -1
+
+    @classmethod
+    def ensure(cls) -> None:
+        if cls.pid == os.getpid():
+            return
+        try:
+            r, w = os.pipe()
+        except OSError:
+            return
+        try:
+            threading.Thread(target=cls._run, args=(r,), name="slicetrace-held-signal", daemon=True).start()
+        except RuntimeError:            # no new thread at the interpreter's shutdown: nothing will be said
+            os.close(r)
+            os.close(w)
+            return
+        cls.pid, cls.wfd = os.getpid(), w
+
+    @classmethod
+    def tell(cls, byte: int) -> None:
+        if cls.pid == os.getpid():
+            try:
+                os.write(cls.wfd, bytes([byte]))
+            except OSError:
+                pass
+
+    @staticmethod
+    def _run(rfd: int) -> None:
+        quiet_thread()
+        pending: tuple[int, float] | None = None        # (signal, when to say it)
+        while True:
+            wait = None if pending is None else max(0.0, pending[1] - time.monotonic())
+            if select.select([rfd], [], [], wait)[0]:
+                for b in os.read(rfd, 64):
+                    if b == 0:
+                        pending = None
+                    elif pending is None:
+                        pending = (b, time.monotonic() + FORCE_AFTER_S)
+            elif pending is not None:
+                _say_held(pending[0])
+                pending = None
+
+
+def _say_held(signum: int) -> None:
     name, again = (("Ctrl-C (SIGINT)", "press Ctrl-C again") if signum == signal.SIGINT else
                    (signal.Signals(signum).name, f"send {signal.Signals(signum).name} again"))
     try:                                # one write: not interleaved with the main thread's stderr
