@@ -94,7 +94,7 @@ def test_convert_to_a_terminal_is_refused_and_into_a_pipe_still_written(tmp_path
 
 @pytest.mark.parametrize("argv, name", [(["-g", "2"], "--ngpus"), (["-t", "1"], "--nthreads"), (["-z", "1"], "--blocking"),
                                         (["-m", "4"], "--agg_iters"), (["-p", "1"], "--parallel_init"),
-                                        (["-G", "0"], "--cudagraph")])
+                                        (["-G", "1"], "--cudagraph")])
 def test_nccl_tests_flags_without_a_counterpart_say_what_to_use(capsys, argv, name):
     """nccl-tests' -g, -t, -m, -p, -z and -G got argparse's bare 'unrecognized arguments' under the top-level usage."""
     with pytest.raises(SystemExit) as e:
@@ -103,6 +103,15 @@ def test_nccl_tests_flags_without_a_counterpart_say_what_to_use(capsys, argv, na
     assert e.value.code == 2 and f"slicetrace bench: error: {argv[0]} (nccl-tests' {name}) has no counterpart in " \
         f"slicetrace bench: " in err, err
     assert ("--ranks N" in err) == (argv[0] in ("-g", "-t"))
+
+
+def test_nccl_tests_zero_for_blocking_and_cuda_graphs_is_what_bench_does(monkeypatch):
+    """-z 0 (non-blocking timing) and -G 0 (no CUDA graphs) are nccl-tests' defaults and bench's way: not refused;
+    and the hidden flags leave --p / --pro abbreviating --profile as before."""
+    seen = []
+    monkeypatch.setattr("slicetrace.cli.main.run_bench", lambda a: seen.append(a) or 0)
+    assert main(["bench", "-z", "0", "-G", "0", "--pro", "Coll"]) == 0
+    assert seen[0].profile == 2 and not hasattr(seen[0], "z")
 
 
 @pytest.mark.parametrize("mask", ["0", "1048576"])

@@ -97,14 +97,16 @@ _NCCL_TESTS_ONLY = {
 class _NcclTestsOnly(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None):
         key = next(k for k in _NCCL_TESTS_ONLY if option_string in k)
+        if key[0] in ("-z", "-G") and values == "0":        # nccl-tests' default, and what bench does
+            return
         parser.error(f"{option_string} (nccl-tests' {key[1]}) has no counterpart in slicetrace bench: "
                      f"{_NCCL_TESTS_ONLY[key]}")
 
 
 def _bench_parser(sub) -> None:
     p = sub.add_parser("bench", help="nccl-tests-style sweep on the cpu (default) or cuda backend")
-    for flags in _NCCL_TESTS_ONLY:
-        p.add_argument(*flags, nargs="?", action=_NcclTestsOnly, help=argparse.SUPPRESS)
+    for short, _ in _NCCL_TESTS_ONLY:      # short only: --parallel_init would make --p, --pro ambiguous
+        p.add_argument(short, nargs="?", action=_NcclTestsOnly, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     p.add_argument("-b", "--minbytes", default="4K", help="smallest size (default 4K)")
     p.add_argument("-e", "--maxbytes", default="64M", help="largest size (default 64M)")
     p.add_argument("-f", "--stepfactor", type=int, default=None, help="size multiplier (default 2)")
