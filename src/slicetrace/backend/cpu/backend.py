@@ -57,6 +57,7 @@ class CpuBackend(HostBackend):
             raise UsageError(f"rank={rank} must be in 0..{world - 1}")
         self.nch = nch = settings.channels
         self._closed = False
+        self._all_attached = False      # past the 'attached' barrier: every rank has every segment mapped
         self._told = False              # an abort's error reached the caller (else close raises a mismatch)
         self._ntok = 0
         self._coll_seq = 0
@@ -92,10 +93,12 @@ class CpuBackend(HostBackend):
 
     def _peers_alive(self) -> None:
         """Set-up waits: an attached peer that died or failed, or one that failed before it published its segment,
-        ends the wait now, not at timeout_s."""
+        ends the wait now, not at timeout_s. One whose set-up failed says why (it is closed, and set its key
+        first: this finds the key before check_peers confirms 'closed its communicator' at a second look)."""
         self.check_peers()
         for p in range(self.world):
-            if p != self.rank and p not in self.guard.peers:
+            peer = self.guard.peers.get(p)
+            if p != self.rank and (peer is None or peer[0][C_CLOSED]):
                 why = self.store.try_get(f"{self._prefix}/failed/{p}")
                 if why is not None:
                     raise PeerError(f"rank {p} failed to set up its cpu backend: {why.decode(errors='replace')}; "
@@ -156,6 +159,7 @@ class CpuBackend(HostBackend):
         # everyone attached: the name is no longer needed, and a rank that ends without close() (torchrun, kill -9)
         # leaves nothing in /dev/shm; the memory lives until the last rank unmaps it
         self.store.barrier(f"{self._prefix}/attached", rank, world, s.timeout_s, check=alive)
+        self._all_attached = True
         self._unlink_names()
         cpus = affinity.candidates(rank, world, nch) if s.cpu_bind == "on" else []    # launch() resolves "auto"
         self._bound = affinity.bind(cpus) if cpus else None      # after the heartbeat thread started
@@ -286,10 +290,11 @@ class CpuBackend(HostBackend):
             self.guard.abort_all(ABORT_PEER, reason)
 
     def _unlink_names(self) -> None:
-        """Every rank's segment name, ours and the peers' (each rank attached them all, or set-up failed): a peer
-        stopped or killed before its own unlink left its name in /dev/shm."""
+        """Every rank's segment name, ours and the peers' once each rank attached them all: a peer stopped or
+        killed before its own unlink left its name in /dev/shm. Before that, ours only: a peer still attaching
+        would find a live rank's segment gone and blame it (a dead one's is _unlink_dead_peers' or on_dead's)."""
         self.seg.unlink()
-        for name in getattr(self, "_names", {}).values():
+        for name in getattr(self, "_names", {}).values() if self._all_attached else ():
             unlink_name(name)
 
     def close(self) -> None:
@@ -312,7 +317,7 @@ class CpuBackend(HostBackend):
         # the numpy views over the segments (FIFO slots, stamp rings): gone, the mappings close now (else a closed
         # communicator the caller keeps, or one a cycle holds, keeps its /dev/shm pages until GC)
         self.writers, self._rings, self.ring_send, self.ring_recv, self.p2p_recv, self.p2p_send = [], None, [], [], {}, {}
-        self._unlink_names()            # again: a set-up that failed at the attached barrier did not get there
+        self._unlink_names()            # again: a set-up that failed did not get there
         for seg in self._peer_segs.values():
             seg.close()
         self.seg.close()

@@ -1,0 +1,71 @@
+"""cpu backend set-up that fails part way on one rank: the error each other rank gets names that rank, and
+nothing is left in /dev/shm. Orders are forced through the store (no sleeps): each rank's hook waits for a key."""
+from __future__ import annotations
+
+import glob
+import re
+
+from tests.cpu.test_backend import SMALL
+from tests.cpu.test_backend_faults import _timed_setup
+from tests.helpers.procs import RankPool
+
+FAIL = "injected: rank 1's set-up fails at the attached barrier"
+
+
+def _done(ctx, key: str, rank) -> str:
+    return f"test/{ctx['job']}{key}/done/{rank}"
+
+
+def fails_while_third_attaches(ctx, key: str, kw: dict):
+    """Rank 1 fails at the 'attached' barrier (it has read every name) once rank 0 attached every segment; rank 2,
+    which published its own, opens rank 0's segment only once rank 1's set-up has ended; rank 0 enters the
+    barrier only once rank 2's has."""
+    store, r = ctx["store"], ctx["rank"]
+    get, barrier = store.get, store.barrier
+
+    def failing(name, *a, **k):
+        if name.endswith("/attached"):
+            get(_done(ctx, key, "0 attached"), 20.0, what="rank 0 to attach every segment")
+            raise RuntimeError(FAIL)
+        return barrier(name, *a, **k)
+
+    def late(k_, *a, **kw_):
+        if k_.endswith("/seg/0"):
+            get(_done(ctx, key, 1), 20.0, what="rank 1's set-up to end")
+        return get(k_, *a, **kw_)
+
+    def held(name, *a, **k):
+        if name.endswith("/attached"):
+            store.set(_done(ctx, key, "0 attached"), b"1")
+            get(_done(ctx, key, 2), 20.0, what="rank 2's set-up to end")
+        return barrier(name, *a, **k)
+    if r == 1:
+        store.barrier = failing
+    elif r == 2:
+        store.get = late
+    else:
+        store.barrier = held
+    try:
+        return _timed_setup(ctx, key, kw)[:2]
+    finally:
+        store.set(_done(ctx, key, r), b"1")
+        store.get, store.barrier = get, barrier
+
+
+def test_a_set_up_failed_at_the_barrier_is_what_every_rank_hears():
+    """Rank 1's close after its failed set-up unlinked every name it had read, live rank 0's too: rank 2, still
+    attaching, was told "rank 0's segment ... is gone: rank 0 closed or was cleaned up", and rank 0 that rank 1
+    "closed its communicator". Each now hears that rank 1's set-up failed, and why."""
+    pool = RankPool(3, timeout=40)
+    try:
+        res = pool.results_or_errors(fails_while_third_attaches, "late", dict(SMALL, timeout_s=5.0))
+        left = glob.glob(f"/dev/shm/st_{pool.job}late_*")
+    finally:
+        pool.close()
+    assert res[1] == ("RuntimeError", FAIL), res[1]
+    kind, msg = res[2]
+    assert kind == "PeerError" and re.fullmatch(rf"rank 1's segment 'st_\w+' is gone: rank 1's set-up failed: "
+                                                rf"RuntimeError: {FAIL}", msg), res[2]
+    assert res[0] == ("PeerError", f"rank 1 failed to set up its cpu backend: RuntimeError: {FAIL}; detected by "
+                                   f"rank 0"), res[0]
+    assert left == []
