@@ -23,13 +23,13 @@ from ..base import HostBackend, Work, host_pointer, part_views, quiet_thread
 from ..procs import pid_ns_id, proc_dead, proc_start_time
 from ..segment import Segment, host_id, sigterm_exits, unlink_name
 from .shm import (ABORT_MISMATCH, ABORT_PEER, C_ABORT, C_BUFFSIZE, C_CLOSED, C_FUTEX, C_HEARTBEAT, C_MAGIC, C_NCH,
-                  C_P2PCHUNK, C_PID, C_PIDNS, C_SLOTS, C_START, C_WORLD, H_MSG, MAGIC, NSIG, PAGE, REASON_MAX,
+                  C_P2PCHUNK, C_PID, C_PIDNS, C_SLOTS, C_START, C_WORLD, MAGIC, PAGE, REASON_MAX,
                   REASON_OFF, advice, layout, segment_size)
 from . import affinity, futex
 from .stamper import FastRingWriter
 from ..opsig import encode_sig
 from .transport import Conn, Guard
-from .p2p import run_p2p
+from .p2p import pending_messages, run_p2p
 from .worker import RingJob, run_ring
 
 HEARTBEAT_S = 0.1
@@ -261,23 +261,8 @@ class CpuBackend(HostBackend):
             raise self._aborted()
 
     def _pending_messages(self) -> list[str]:
-        """The caller's messages whose headers a peer posted to this rank past the last one it received (shm.H_MSG
-        slots; one header per piece). Called once C_CLOSED is set: a sender posts, then looks at C_CLOSED (p2p.py),
-        so one of us sees the other (the stores and loads are many bytecodes apart)."""
-        lost = []
-        for p, conn in sorted(getattr(self, "p2p_recv", {}).items()):
-            ctl, m, k, msgs, left, first = conn.ctl, conn.msg_seq, 0, 0, conn.msg_left, None
-            while k < NSIG and ctl[H_MSG + (m + k) % NSIG * 4] == m + k + 1:
-                w = H_MSG + (m + k) % NSIG * 4
-                if left == 0:                   # a header that starts a message (pieces follow each other)
-                    left, msgs = ctl[w + 3], msgs + 1
-                    first = first if first is not None else ctl[w + 3]
-                left = max(0, left - ctl[w + 1])
-                k += 1
-            if msgs:
-                lost.append(f"{msgs}{'+' if k == NSIG else ''} from rank {p} (the first #{conn.msgs}: {first} "
-                            f"elements)")
-        return lost
+        """Messages a peer posted to this rank that it never received (p2p.pending_messages)."""
+        return pending_messages(getattr(self, "p2p_recv", {}))
 
     def check_peers(self) -> None:
         self.guard.check(tuple(self.guard.peers))

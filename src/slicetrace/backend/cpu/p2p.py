@@ -252,3 +252,23 @@ def _mismatch(guard, conn, m: int, msg: int, count: int, dcode: int) -> None:
     theirs = (f"a message of {pt} x {DTYPES[pd] if pd < len(DTYPES) else pd}" if seq else "no message")
     raise guard.fail(ABORT_MISMATCH, f"point-to-point mismatch: rank {guard.rank} expects message #{msg} of "
                      f"{count} x {DTYPES[dcode]} from rank {conn.peer}, rank {conn.peer} sends {theirs}")
+
+
+def pending_messages(p2p_recv) -> list[str]:
+    """The caller's messages whose headers a peer posted to this rank (p2p_recv: peer -> Conn) past the last one
+    it received (shm.H_MSG slots; one header per piece). Called once C_CLOSED is set: a sender posts, then looks
+    at C_CLOSED (above), so one of us sees the other (the stores and loads are many bytecodes apart)."""
+    lost = []
+    for p, conn in sorted(p2p_recv.items()):
+        ctl, m, k, msgs, left, first = conn.ctl, conn.msg_seq, 0, 0, conn.msg_left, None
+        while k < NSIG and ctl[H_MSG + (m + k) % NSIG * 4] == m + k + 1:
+            w = H_MSG + (m + k) % NSIG * 4
+            if left == 0:                   # a header that starts a message (pieces follow each other)
+                left, msgs = ctl[w + 3], msgs + 1
+                first = first if first is not None else ctl[w + 3]
+            left = max(0, left - ctl[w + 1])
+            k += 1
+        if msgs:
+            lost.append(f"{msgs}{'+' if k == NSIG else ''} from rank {p} (the first #{conn.msgs}: {first} "
+                        f"elements)")
+    return lost
