@@ -3,11 +3,14 @@ nothing is left in /dev/shm. Orders are forced through the store (no sleeps): ea
 from __future__ import annotations
 
 import glob
+import os
 import re
+
+import pytest
 
 from tests.cpu.test_backend import SMALL
 from tests.cpu.test_backend_faults import _timed_setup
-from tests.helpers.procs import RankPool
+from tests.helpers.procs import RankError, RankPool
 
 FAIL = "injected: rank 1's set-up fails at the attached barrier"
 
@@ -68,4 +71,35 @@ def test_a_set_up_failed_at_the_barrier_is_what_every_rank_hears():
                                                 rf"RuntimeError: {FAIL}", msg), res[2]
     assert res[0] == ("PeerError", f"rank 1 failed to set up its cpu backend: RuntimeError: {FAIL}; detected by "
                                    f"rank 0"), res[0]
+    assert left == []
+
+
+def killed_before_publishing(ctx, key: str, kw: dict, where: str):
+    """Rank 2 is killed once its segment exists in /dev/shm but before its name reached the store: in the store's
+    claim of its 'seg' key, or while its pages are reserved (the segment is created, not yet sized)."""
+    if ctx["rank"] == 2:
+        if where == "claim":
+            ctx["store"].claim = lambda *a: os._exit(9)
+        else:
+            os.posix_fallocate = lambda *a: os._exit(9)
+    return _timed_setup(ctx, key, kw)[:2]
+
+
+@pytest.mark.parametrize("where", ["claim", "reserve"])
+def test_a_rank_killed_before_it_published_its_segment_leaves_no_name(where):
+    """Its name was in no one's hands: it stayed in /dev/shm for good (outside launch()), and the others waited
+    timeout_s for the name and blamed a timeout. A rank says the name and its process before it creates the
+    segment: the others find it dead at once, and remove the name."""
+    pool = RankPool(3, timeout=40)
+    try:
+        res = pool.results_or_errors(killed_before_publishing, "pub", dict(SMALL, timeout_s=5.0), where)
+        left = glob.glob(f"/dev/shm/st_{pool.job}pub_*")
+    finally:
+        pool.close()
+    assert isinstance(res[2], RankError) and res[2].name == "EOFError", res[2]
+    for r in (0, 1):
+        kind, msg = res[r]      # a PeerError naming rank 2's death, directly or relayed, not CommTimeoutError
+        assert kind == "PeerError", res[r]
+        assert re.search(r"rank 2 \(pid \d+\) (exited|died \(zombie\)) during its cpu backend set-up; "
+                         r"detected by rank [01]", msg), res[r]
     assert left == []

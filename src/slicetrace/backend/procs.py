@@ -56,6 +56,18 @@ def proc_dead(pid: int, start: int) -> str | None:
     return None
 
 
+def this_proc() -> str:
+    """This process as a peer may judge it later (proc_gone): pid, start time, host and PID namespace."""
+    pid = os.getpid()
+    return f"{pid} {proc_start_time(pid)} {pid_space()}"
+
+
+def proc_gone(info: str) -> str | None:
+    """proc_dead of a this_proc() string; None (not judged) for a process of another host or PID namespace."""
+    pid, start, space = info.split(" ", 2)
+    return proc_dead(int(pid), int(start)) if space == pid_space() else None
+
+
 class TwoChecks:
     """A peer counts as gone only when seen so at two checks at least gap_s apart (for any reason): it may have
     posted the last of our data just before it left, and the caller re-checks that data in between. Apart in

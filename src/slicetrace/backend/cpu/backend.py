@@ -20,7 +20,7 @@ import numpy as np
 from ...errors import BackendError, MismatchError, PeerError, UsageError
 from ...stamps.layout import RingViews, ring_bytes
 from ..base import HostBackend, Work, host_pointer, part_views, quiet_thread
-from ..procs import pid_ns_id, proc_dead, proc_start_time
+from ..procs import pid_ns_id, proc_dead, proc_gone, proc_start_time, this_proc
 from ..segment import Segment, host_id, sigterm_exits, unlink_name
 from .shm import (ABORT_MISMATCH, ABORT_PEER, C_ABORT, C_BUFFSIZE, C_CLOSED, C_FUTEX, C_HEARTBEAT, C_MAGIC, C_NCH,
                   C_P2PCHUNK, C_PID, C_PIDNS, C_SLOTS, C_START, C_WORLD, MAGIC, PAGE, REASON_MAX,
@@ -46,7 +46,7 @@ def peer_pid(pctl: Any, own_ns: int) -> int:
 
 
 class CpuBackend(HostBackend):
-    STORE_KEYS = ("seg/{r}", "attached/{r}", "failed/{r}")
+    STORE_KEYS = ("making/{r}", "seg/{r}", "attached/{r}", "failed/{r}")
     name = "cpu"
     synchronous = True          # submit() returns when the work is done
     stamps_fetched = True       # ring programs stage their records; fetch_stamps publishes them (stamper.py)
@@ -62,6 +62,7 @@ class CpuBackend(HostBackend):
         self._ntok = 0
         self._coll_seq = 0
         self._peer_segs: dict[int, Segment] = {}
+        self._making: dict[int, bytes | None] = {}     # peers' 'making' keys: set once, read from the store once
         self._pool: ThreadPoolExecutor | None = None
         self._stop = threading.Event()
         gen = self.generation
@@ -71,9 +72,10 @@ class CpuBackend(HostBackend):
 
     def _create(self, size: int, gen: int) -> None:
         s, rank = self.settings, self.rank
-        try:
-            self.seg = Segment(f"st_{self.job}_{gen}_{rank}_{secrets.token_hex(3)}", size, create=True,
-                               advice=advice(self.nch, self.world, s.buffsize, s.ring_slots))
+        name = f"st_{self.job}_{gen}_{rank}_{secrets.token_hex(3)}"
+        try:        # the name and this process first: a peer that finds us killed before we publish removes it
+            self.store.set(f"{self._prefix}/making/{rank}", f"{name} {this_proc()}".encode())
+            self.seg = Segment(name, size, create=True, advice=advice(self.nch, self.world, s.buffsize, s.ring_slots))
         except BaseException as e:      # e.g. a full /dev/shm: peers waiting for our segment hear why at once
             self._say_failed(e)
             raise
@@ -103,6 +105,20 @@ class CpuBackend(HostBackend):
                 if why is not None:
                     raise PeerError(f"rank {p} failed to set up its cpu backend: {why.decode(errors='replace')}; "
                                     f"detected by rank {self.rank}")
+                dead = self._died_making(p) if peer is None else None
+                if dead:
+                    raise PeerError(f"rank {p} {dead} during its cpu backend set-up; detected by rank {self.rank}")
+
+    def _died_making(self, p: int) -> str | None:
+        """'(pid N) exited' for a peer killed in its set-up before we attached it; its name is then removed (if it
+        was killed before publishing it, no one else can)."""
+        raw = self._making[p] = self._making.get(p) or self.store.try_get(f"{self._prefix}/making/{p}")
+        name, info = raw.decode().split(" ", 1) if raw else ("", "")
+        why = proc_gone(info) if info else None
+        if why is None:
+            return None
+        unlink_name(name)
+        return f"(pid {info.split(' ', 1)[0]}) {why}"
 
     # ---- setup ----
     def _setup(self) -> None:
@@ -173,9 +189,10 @@ class CpuBackend(HostBackend):
                                    f"moves data through one host's shared memory (/dev/shm), so every rank must run "
                                    f"on one machine (in one container); across hosts use backend='cuda' or "
                                    f"torch.distributed") from None
-            why = self.store.try_get(f"{self._prefix}/failed/{p}")
+            why, dead = self.store.try_get(f"{self._prefix}/failed/{p}"), self._died_making(p)
             raise PeerError(f"rank {p}'s segment {name!r} is gone: " + (
-                f"rank {p}'s set-up failed: {why.decode()}" if why else f"rank {p} closed or was cleaned up")) from None
+                f"rank {p}'s set-up failed: {why.decode()}" if why else f"rank {p} {dead}" if dead else
+                f"rank {p} closed or was cleaned up")) from None
         self._peer_segs[p] = seg
         pctl = seg.words(0, PAGE)
         s = self.settings

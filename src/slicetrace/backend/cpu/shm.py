@@ -10,8 +10,9 @@ Segment of rank r (all offsets 4 KiB aligned):
 A segment's pages are reserved at creation (posix_fallocate): a /dev/shm too small is a BackendError, not SIGBUS.
 Segments bypass Python's resource_tracker (spawned ranks share one tracker, and a segment registered by
 both its creator and an attacher makes the tracker print spurious errors). The creator unlinks it
-once every rank attached (the mapping lives on), so nothing stays in /dev/shm however a rank ends; a launcher
-removes what a set-up that failed part way left, by the job string in the name (`st_<job>_...`).
+once every rank attached (the mapping lives on), so nothing stays in /dev/shm however a rank ends; before that, a
+rank killed in its set-up has its name removed by a peer (it says the name and its pid first: the `making` key),
+and a launcher removes what else a set-up that failed part way left, by the job string in the name (`st_<job>_...`).
 """
 from __future__ import annotations
 
