@@ -55,11 +55,11 @@ def pb_str(field: int, text: str) -> bytes:
 def annotation(name: str, v: Any) -> bytes:
     if isinstance(v, bool):
         val = pb_int(DA_BOOL, int(v))
-    elif isinstance(v, int):
+    elif isinstance(v, int) and -(1 << 63) <= v <= _M64:
         val = pb_int(DA_UINT if v >= 1 << 63 else DA_INT, v)       # e.g. a comm hash past int64
     elif isinstance(v, float):
         val = varint(DA_DOUBLE << 3 | 1) + struct.pack("<d", v)
-    else:
+    else:                       # also an int past 64 bits: no DebugAnnotation number holds it, its digits do
         val = pb_str(DA_STRING, str(v))
     return pb_bytes(TE_ANNOTATIONS, pb_str(DA_NAME, name) + val)
 

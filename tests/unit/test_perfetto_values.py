@@ -1,0 +1,52 @@
+"""`slicetrace convert`: values Perfetto would misread, checked in the protobuf it writes (analyze/protobuf.py's
+decoder; field numbers of perfetto_trace.proto)."""
+from __future__ import annotations
+
+import json
+
+from slicetrace.analyze.perfetto import convert, wire_fields
+
+_STEP = {"Channel": 0, "IsSend": 1, "Peer": 1, "Step": 0, "Size": 8, "WaitGpuClk": 0, "StartGpuClk": 0,
+         "StopGpuClk": 2250}
+
+
+def _events(path) -> list[tuple[int, dict]]:
+    """Each TrackEvent packet's timestamp (field 8) and its TrackEvent's fields (repeated ones as lists)."""
+    out = []
+    for _, pkt in wire_fields(path.read_bytes()):
+        p = dict(wire_fields(pkt))
+        if 11 in p:
+            te: dict = {}
+            for f, v in wire_fields(p[11]):
+                te.setdefault(f, []).append(v)
+            out.append((p[8], te))
+    return out
+
+
+def _annotations(te: dict) -> dict[str, dict]:
+    """A TrackEvent's debug annotations: name (field 10) -> {value field: value}."""
+    out = {}
+    for da in te.get(4, []):
+        d = dict(wire_fields(da))
+        out[d.pop(10).decode()] = d
+    return out
+
+
+def test_an_integer_arg_past_64_bits_is_written_as_its_digits(tmp_path):
+    """A DebugAnnotation holds int64 (int_value, 4) or uint64 (uint_value, 3): 2**64 + 5 was written as 5, -2**63 - 1
+    as 2**63 - 1 and 2**70 as 0. Such a value is written as a string (string_value, 6), its digits intact."""
+    path = tmp_path / "t_1_0.json"
+    recs = [{"name": "KernelStep", "cat": "GPU", "ph": "X", "pid": 0, "tid": 5, "ts": 1.0, "dur": 2.25,
+             "args": {**_STEP, "Big": 2 ** 64 + 5}},        # the run's one shape of int args: the numpy rows
+            {"name": "misc", "cat": "x", "ph": "X", "pid": 0, "tid": 6, "ts": 4.0, "dur": 1.0,
+             "args": {"Neg": -2 ** 63 - 1, "Huge": 2 ** 70, "Low": -2 ** 63, "High": 2 ** 64 - 1, "Bool": True}}]
+    path.write_text(json.dumps(recs))
+    out = tmp_path / "t.pftrace"
+    assert convert([str(path)], str(out))["slices"] == 2
+    got = {}
+    for _, te in _events(out):
+        got.update(_annotations(te))
+    assert got["Big"] == {6: str(2 ** 64 + 5).encode()}
+    assert got["Neg"] == {6: str(-2 ** 63 - 1).encode()} and got["Huge"] == {6: str(2 ** 70).encode()}
+    assert got["Low"] == {4: 2 ** 63} and got["High"] == {3: 2 ** 64 - 1}   # int64's least (as its varint), uint64's most
+    assert got["Size"] == {4: 8} and got["Bool"] == {2: 1}
