@@ -50,3 +50,35 @@ def test_an_integer_arg_past_64_bits_is_written_as_its_digits(tmp_path):
     assert got["Neg"] == {6: str(-2 ** 63 - 1).encode()} and got["Huge"] == {6: str(2 ** 70).encode()}
     assert got["Low"] == {4: 2 ** 63} and got["High"] == {3: 2 ** 64 - 1}   # int64's least (as its varint), uint64's most
     assert got["Size"] == {4: 8} and got["Bool"] == {2: 1}
+
+
+def test_a_trace_that_begins_before_zero_is_moved_after_it_whole(tmp_path, caplog):
+    """TracePacket.timestamp is read as int64 ns and Perfetto drops every event before 0: a slice at -1.5 µs was
+    written as 2**64 - 1500 (its begin dropped, its end then ending nothing). The whole trace moves later."""
+    path = tmp_path / "t_1_0.json"
+    recs = [{"name": "KernelStep", "cat": "GPU", "ph": "X", "pid": 0, "tid": 5, "ts": -1.5, "dur": 2.25,
+             "args": _STEP},
+            {"name": "phase", "cat": "x", "ph": "b", "id": 7, "pid": 0, "ts": -2.0},
+            {"name": "phase", "cat": "x", "ph": "e", "id": 7, "pid": 0, "ts": 3.0},
+            {"name": "misc", "cat": "x", "ph": "X", "pid": 0, "tid": 6, "ts": 3.0, "dur": 1.0}]
+    path.write_text(json.dumps(recs))
+    out = tmp_path / "t.pftrace"
+    assert convert([str(path)], str(out))["slices"] == 3
+    got = sorted((ts, te[9][0], te.get(23, [b""])[0].decode()) for ts, te in _events(out))
+    assert got == [(0, 1, "phase"), (500, 1, "KernelStep"), (2750, 2, ""), (5000, 1, "misc"), (5000, 2, ""),
+                   (6000, 2, "")]                         # (ns, 1 begin / 2 end, name): 2000 ns later
+    assert "the trace begins at -2000 ns, before 0, where Perfetto drops events: every timestamp is written " \
+           "2000 ns later" in caplog.text
+
+
+def test_a_trace_spanning_more_than_int64_ns_is_refused(tmp_path):
+    import pytest
+    from slicetrace.errors import TraceFormatError
+    path = tmp_path / "t_1_0.json"
+    far = 5_000_000_000_000_000                                # µs either side of 0: 10**19 ns apart
+    path.write_text(json.dumps([{"name": "a", "cat": "x", "ph": "X", "pid": 0, "tid": 1, "ts": t, "dur": 0}
+                                for t in (-far, far)]))
+    with pytest.raises(TraceFormatError, match=r"the trace's slices span -\d+ \.\. \d+ ns: a Perfetto trace's "
+                                               r"timestamps are ns from 0 to 9223372036854775807"):
+        convert([str(path)], str(tmp_path / "t.pftrace"))
+    assert not (tmp_path / "t.pftrace").exists()

@@ -40,6 +40,7 @@ _KINDS = (None, "COLL", "P2P")  # a KernelStep's parent kind (_kind), as a code
 _FLOW, _FLOW_END = tag(TE_FLOW, 1), tag(TE_FLOW_END, 1)
 _CHUNK = 8192                   # events encoded per numpy call
 _INT = {int}
+_I64 = (1 << 63) - 1            # Perfetto's timestamps are int64 ns
 
 
 def _uuid(*parts: Any) -> int:
@@ -289,6 +290,23 @@ def _write(out: Any, files: list[_File], evs: list[tuple], heads: list[np.ndarra
                                                    ann, flows))))
 
 
+def _from_zero(files: list[_File]) -> None:
+    """A trace that begins before 0 moves later as a whole: Perfetto drops each event before 0 (a slice's end
+    then ends nothing), and reads a timestamp as int64 ns."""
+    lo = min(int(f.t0.min()) for f in files if len(f.t0))
+    if lo >= 0:
+        return
+    hi = max(int(f.t1.max()) for f in files if len(f.t1))
+    if hi - lo > _I64:
+        raise TraceFormatError(f"the trace's slices span {lo} .. {hi} ns: a Perfetto trace's timestamps are ns from "
+                               f"0 to {_I64} (int64), so it holds a span of at most {_I64} ns")
+    for f in files:
+        f.t0 -= lo
+        f.t1 -= lo
+    log.warning("slicetrace convert: the trace begins at %d ns, before 0, where Perfetto drops events: every "
+                "timestamp is written %d ns later (order and durations kept)", lo, -lo)
+
+
 def convert(paths: Iterable[str], out_path: str) -> dict[str, int]:
     """Write the Perfetto trace of `paths` (per-rank Chrome traces of one run, read and checked as report reads
     them: trace.load_files) to out_path; returns what it wrote."""
@@ -301,6 +319,7 @@ def convert(paths: Iterable[str], out_path: str) -> dict[str, int]:
         raise TraceFormatError(f"{names}: no slices to convert ({sum(f.records for f in files)} records, none a "
                                f"complete 'X' event or 'b'/'e' pair); give per-rank trace files, e.g. those of "
                                f"`slicetrace bench --trace DIR`")
+    _from_zero(files)
     fids, nflows, unpaired, back = _flows(files)
     if unpaired:
         log.warning("slicetrace convert: %d KernelStep send(s) have no send -> receive arrow: their receive is not "
