@@ -82,3 +82,18 @@ def test_a_trace_spanning_more_than_int64_ns_is_refused(tmp_path):
                                                r"timestamps are ns from 0 to 9223372036854775807"):
         convert([str(path)], str(tmp_path / "t.pftrace"))
     assert not (tmp_path / "t.pftrace").exists()
+
+
+def test_a_timestamp_at_the_records_bound_converts_and_one_past_it_is_refused(tmp_path, capsys):
+    """9223372036854775 µs was accepted, then read as a float and * 1000 rounded to 2**63 ns: convert died with a
+    raw OverflowError. The bound is 1 µs lower, and a slice there is written below 2**63 ns."""
+    from slicetrace.cli.main import main
+    path = tmp_path / "t_1_0.json"
+    for ts in (9_223_372_036_854_774, -9_223_372_036_854_774):
+        path.write_text(json.dumps([{"name": "a", "cat": "x", "ph": "X", "pid": 0, "tid": 1, "ts": ts, "dur": 0}]))
+        assert convert([str(path)], str(tmp_path / "t.pftrace"))["slices"] == 1
+        assert all(0 <= t < 2 ** 63 for t, _ in _events(tmp_path / "t.pftrace"))
+    path.write_text('[{"name":"a","cat":"x","ph":"X","pid":0,"tid":1,"ts":9223372036854775,"dur":0}]')
+    assert main(["convert", str(path), "-o", str(tmp_path / "u.pftrace")]) == 2
+    assert "record 0 (a): 'ts' is 9223372036854775: accepted -9223372036854774..9223372036854774 µs (its ns must " \
+           "fit in int64)" in capsys.readouterr().err

@@ -18,7 +18,9 @@ log = logging.getLogger("slicetrace")
 
 MAX_CHANNELS = 64           # config.MAXCHANNELS (analyze may not import config): channels are 0..63
 _I32, _I64, _U64 = (1 << 31) - 1, (1 << 63) - 1, (1 << 64) - 1     # the analysis tables' column types
-_MAX_US = _I64 // 1000      # ts and dur are µs; the analyses hold them as int64 ns
+# ts and dur are µs; the analyses hold them as int64 ns. Less 1 µs: past 2**53 a float µs is 2 µs coarse, and
+# the bound itself (9223372036854775) read as a float and * 1000 rounded to 2**63
+_MAX_US = _I64 // 1000 - 1
 
 REQUIRED_ARGS: dict[tuple[str, str | None], tuple[str, ...]] = {
     ("COLL", None): ("SeqNum", "CommHash", "Rank", "Count", "Datatype", "Algorithm", "Protocol", "nChannels"),
