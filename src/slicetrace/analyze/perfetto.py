@@ -152,8 +152,10 @@ def _kind(parent_cat: dict, a: dict) -> str | None:
 
 
 def _flows(files: list[_File]) -> tuple[list[np.ndarray], int, int, int]:
-    """Per file the flow id of each slice (0: none) for both ends of each send whose receive is in the files, how
-    many flows, how many sends got none, and how many receives end before their send. What a send and its receive
+    """Per file the flow id of each slice (0: none) for both ends of each send whose receive is in the files and
+    ends no earlier than the send, how many flows, how many sends got none, and how many receives end before their
+    send (clocks that disagree; Perfetto drops a terminating flow id met before its start, so those are left out).
+    What a send and its receive
     share (the key): the communicator, the connection (ring and point-to-point ones count their steps apart, hence
     the parent kind; a connection sits on one channel at both ends, plan.schedule.p2p_channel) and the FIFO step.
     Paired in numpy: one lexsort by key, receives before sends, each by time. A key seen n times
@@ -185,6 +187,9 @@ def _flows(files: list[_File]) -> tuple[list[np.ndarray], int, int, int]:
     nth = np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)           # a pair's index in its group
     rcv, snd = c[np.repeat(start[ok], n) + nth], c[np.repeat(start[ok] + n, n) + nth]
     del c
+    back = rcv[:, 10] < snd[:, 10]
+    if back.any():
+        rcv, snd, nth = rcv[~back], snd[~back], nth[~back]
     ids = np.zeros(len(snd), np.uint64)
     for a in range(0, len(snd), 1 << 15):   # a chunk of Python ints at a time
         ids[a:a + (1 << 15)] = [_uuid("flow", comms[s[0]], _KINDS[s[1]], *s[3:7], i) for s, i in
@@ -193,7 +198,7 @@ def _flows(files: list[_File]) -> tuple[list[np.ndarray], int, int, int]:
         for fi in range(len(files)):
             at = end[:, 8] == fi
             fids[fi][end[at, 9]] = ids[at]
-    return fids, len(ids), unpaired, int((rcv[:, 10] < snd[:, 10]).sum())
+    return fids, len(ids), unpaired, int(back.sum())
 
 
 def _lanes(f: _File, descriptors: list[bytes], pre: dict[tuple, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -325,8 +330,8 @@ def convert(paths: Iterable[str], out_path: str) -> dict[str, int]:
         log.warning("slicetrace convert: %d KernelStep send(s) have no send -> receive arrow: their receive is not "
                     "in the files given, or sends and receives of one connection and step do not pair up", unpaired)
     if back:
-        log.warning("slicetrace convert: %d send -> receive arrow(s) whose receive ends before its send (the ranks' "
-                    "clocks disagree by more than the slice): Perfetto does not draw those", back)
+        log.warning("slicetrace convert: %d send -> receive arrow(s) left out: the receive ended before its send "
+                    "(the ranks' clocks disagree), and Perfetto does not draw an arrow back in time", back)
     descriptors: list[bytes] = []
     pre: dict[tuple, int] = {}      # begin heads (track, name, category) and end heads (track): their bytes once
     placed = [_lanes(f, descriptors, pre) for f in files]
