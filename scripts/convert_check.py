@@ -1,5 +1,6 @@
 """Check `slicetrace convert` on real traces: every KernelStep send gets exactly one flow to a receive (same
-step, mirrored ranks), every slice comes out as one begin and one end, and no track has overlapping slices.
+step, mirrored ranks), carried by instants inside the slices, every slice comes out as one begin and one end, and
+no track has overlapping slices (in file order, Perfetto's order among equal timestamps).
 
     python scripts/convert_check.py TRACE_PREFIX OUT.pftrace
 """
@@ -23,8 +24,8 @@ def main() -> int:
     got = convert(files, a.out)
     sends = sum(1 for r in recs if r.get("name") == "KernelStep" and r["args"]["IsSend"])
     slices = sum(1 for r in recs if r.get("ph") in ("X", "b"))
-    begins = ends = flows = flow_ends = 0
-    per_track = defaultdict(list)
+    begins = ends = instants = flows = flow_ends = overlaps = 0
+    depth: dict = defaultdict(int)
     for _, pkt in fields(open(a.out, "rb").read()):
         p = dict((f, v) for f, v in fields(pkt) if f in (8, 11))
         if 11 not in p:
@@ -34,18 +35,15 @@ def main() -> int:
         track = dict(e).get(11)
         begins += kind == 1
         ends += kind == 2
-        flows += sum(1 for f, _ in e if f == 47)
-        flow_ends += sum(1 for f, _ in e if f == 48)
-        per_track[track].append((p[8], 0 if kind == 2 else 1))
-    overlaps = 0
-    for evs in per_track.values():
-        depth = 0
-        for _, k in sorted(evs):
-            depth += 1 if k else -1
-            overlaps += depth > 1
-    print(f"files {got['files']} slices {slices} begins {begins} ends {ends} sends {sends} flows {flows} "
-          f"flow_ends {flow_ends} tracks {got['tracks']} overlaps {overlaps}")
-    ok = begins == ends == slices and flows == flow_ends == sends and overlaps == 0
+        instants += kind == 3
+        flows += sum(1 for f, _ in e if f == 47 and kind == 3)
+        flow_ends += sum(1 for f, _ in e if f == 48 and kind == 3)
+        depth[track] += 1 if kind == 1 else -1 if kind == 2 else 0
+        overlaps += not 0 <= depth[track] <= 1 or (kind == 3 and depth[track] != 1)     # an instant in its slice
+    print(f"files {got['files']} slices {slices} begins {begins} ends {ends} instants {instants} sends {sends} "
+          f"flows {flows} flow_ends {flow_ends} tracks {got['tracks']} overlaps {overlaps}")
+    ok = (begins == ends == slices and flows == flow_ends == sends == got["flows"] and instants == 2 * sends
+          and overlaps == 0)
     print("OK" if ok else "MISMATCH")
     return 0 if ok else 1
 

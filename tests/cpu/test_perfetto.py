@@ -41,7 +41,7 @@ def test_converted_trace_has_every_slice_on_non_overlapping_tracks_and_a_flow_pe
     out = str(tmp_path / "run.pftrace")
     assert main(["convert", prefix, "-o", out]) == 0
 
-    procs, tracks, begins, ends, stamps, ordered, open_on = {}, {}, [], [], [], [], {}
+    procs, tracks, begins, ends, marks, stamps, ordered, open_on = {}, {}, [], [], [], [], [], {}
     for field, pkt in _fields(open(out, "rb").read()):
         assert field == 1                                  # Trace.packet
         p = _fields(pkt)
@@ -66,7 +66,10 @@ def test_converted_trace_has_every_slice_on_non_overlapping_tracks_and_a_flow_pe
                 ann[_one(a, 10).decode()] = _one(a, 4) if _one(a, 4) is not None else _one(a, 6)
         ev = {"ts": ts, "track": _one(e, 11), "name": (_one(e, 23) or b"").decode(), "args": ann,
               "flow": [v for f, v in e if f == 47], "flow_end": [v for f, v in e if f == 48]}
-        if _one(e, 9) == 1:
+        if _one(e, 9) == 3:                 # a flow's instant: inside the track's open slice
+            ev["args"] = open_on[ev["track"]]["args"]
+            marks.append(ev)
+        elif _one(e, 9) == 1:
             begins.append(ev)
             open_on[ev["track"]] = ev
         else:                               # a track's slices never overlap: it ends the track's open one
@@ -99,10 +102,10 @@ def test_converted_trace_has_every_slice_on_non_overlapping_tracks_and_a_flow_pe
         for _, kind in sorted(evs):
             depth += 1 if kind else -1
             assert 0 <= depth <= 1
-    # a flow from every send to the receive of the same channel and step on the peer, on the slices' ends
-    assert not any(b["flow"] or b["flow_end"] for b in begins)
-    sends = {f: e for e in ends for f in e["flow"]}
-    recvs = {f: e for e in ends for f in e["flow_end"]}
+    # a flow from every send to the receive of the same channel and step on the peer, on instants in the slices
+    assert not any(b["flow"] or b["flow_end"] for b in begins + ends)
+    sends = {f: e for e in marks for f in e["flow"]}
+    recvs = {f: e for e in marks for f in e["flow_end"]}
     seen: set = set()                   # Perfetto drops a terminating id whose flow has not begun (file order)
     for e in ordered:
         seen.update(e["flow"])
@@ -315,10 +318,10 @@ def _arrows(path):
     return sorted(sorted(ends) for ends in by_id.values())
 
 
-def _one_step(rank, is_send, ts, dur):
+def _one_step(rank, is_send, ts, dur):          # ready (StartGpuClk) when done: a receive's arrow ends at its end
     return {"name": "KernelStep", "cat": "GPU", "ph": "X", "tid": 1, "pid": rank, "ts": ts, "dur": dur,
             "args": {"Channel": 0, "IsSend": is_send, "Peer": 1 - rank, "Step": 0, "Size": 8, "WaitGpuClk": 0,
-                     "StartGpuClk": 0, "StopGpuClk": round(dur * 1000)}}
+                     "StartGpuClk": round(dur * 1000), "StopGpuClk": round(dur * 1000)}}
 
 
 def _flow_order(path):
@@ -380,7 +383,7 @@ def test_two_zero_length_slices_at_one_instant_are_not_nested(tmp_path):
         if te is not None:
             e = _fields(te)
             per_track[_one(e, 11)].append(_one(e, 9))
-    assert sorted(per_track.values()) == [[1, 2]] * 4              # each slice alone on its lane: begin, end
+    assert sorted(per_track.values()) == [[1, 3, 2]] * 4    # each slice alone on its lane: begin, instant, end
 
 
 def test_convert_holds_one_rank_files_records_at_a_time(tmp_path, monkeypatch):

@@ -5,7 +5,10 @@ track and large files are slow. Its own format (TrackEvent packets) keeps nanose
 per rank (and communicator) a process, in it one track per channel, direction and peer for the KernelSteps,
 one per channel for KernelCh and one for the operations; slices that would overlap on a track get a lane of their
 own. Each KernelStep send gets a flow to the receive that took its data on the peer (same communicator, channel
-and FIFO step), so Perfetto draws who waited on whom. The protobuf is written by hand (a few field types:
+and FIFO step), so Perfetto draws who waited on whom: from an instant "send done" inside the send's slice at its
+end to an instant "recv ready" inside the receive's slice when its data was there. Not from slice to slice: Perfetto
+(since PR #2777) points a flow away from whichever of its slices began first, and a receive often begins (waits)
+before its send. The protobuf is written by hand (a few field types:
 analyze/protobuf.py).
 
 Memory and time: files are read one at a time (runfiles.load_each), each slice kept as a few numbers; the
@@ -34,7 +37,8 @@ from .trace import comm_of
 __all__ = ["convert", "wire_fields"]
 log = logging.getLogger("slicetrace")
 
-SLICE_BEGIN, SLICE_END = 1, 2
+SLICE_BEGIN, SLICE_END, INSTANT = 1, 2, 3
+_MARKS = (None, "send done", "recv ready")  # the flow's instants, by flow code (1: start, 2: end)
 _SEQ = 1                        # one writer sequence: every packet carries it
 _KINDS = (None, "COLL", "P2P")  # a KernelStep's parent kind (_kind), as a code
 _FLOW, _FLOW_END = tag(TE_FLOW, 1), tag(TE_FLOW_END, 1)
@@ -51,7 +55,8 @@ def _uuid(*parts: Any) -> int:
 class _File:
     """One rank's trace, as columns: per slice its track, name and category (indices into strs), begin and end ns,
     and its annotations (a row of `vals` when its args have the shape `main` and int values, else encoded bytes in
-    `other`); `keys` holds a (slice, parent kind, is send, src, dst, channel, step) row per KernelStep."""
+    `other`); `keys` holds a (slice, parent kind, is send, src, dst, channel, step, ready - wait ns) row per
+    KernelStep."""
 
     def __init__(self, path: str, recs: list[dict]):
         self.path, self.records = path, len(recs)
@@ -91,7 +96,9 @@ class _File:
                 if nm == "KernelStep" and "Step" in a and "Peer" in a:
                     snd = a.get("IsSend")
                     keys += (len(t0), _KINDS.index(_kind(parent_cat, a)), 1 if snd else 0,
-                             *((rank, a["Peer"]) if snd else (a["Peer"], rank)), a.get("Channel", 0), a["Step"])
+                             *((rank, a["Peer"]) if snd else (a["Peer"], rank)), a.get("Channel", 0), a["Step"],
+                             a["StartGpuClk"] - a["WaitGpuClk"] if "StartGpuClk" in a and "WaitGpuClk" in a
+                             else _I64)         # no clocks: ready when it was done
                 b = round(float(r["ts"]) * 1000)
                 place.append(w)
                 t0.append(b)
@@ -120,7 +127,7 @@ class _File:
         self.track, self.name, self.cat = table[:, 0], table[:, 1], table[:, 2]
         self.t0, self.t1 = np.array(t0, np.int64), np.array(t1, np.int64)
         self.row, self.main = np.array(row, np.int64), main or ()
-        self.keys = np.array(keys, np.int64).reshape(-1, 7)
+        self.keys = np.array(keys, np.int64).reshape(-1, 8)
         try:
             self.vals = np.array(flat, np.int64).reshape(len(flat) // max(len(self.main), 1), len(self.main))
         except OverflowError:               # a value past int64 (a comm hash): those rows as the others
@@ -151,11 +158,21 @@ def _kind(parent_cat: dict, a: dict) -> str | None:
     return kind
 
 
-def _flows(files: list[_File]) -> tuple[list[np.ndarray], int, int, int]:
+def _mark_ns(f: _File) -> np.ndarray:
+    """Each slice's flow instant (ns): a send's done (its end), a receive's ready (its wait + the clocks' ready -
+    wait, kept within the slice)."""
+    m = f.t1.copy()
+    rcv = f.keys[f.keys[:, 2] == 0]
+    si = rcv[:, 0]
+    m[si] = f.t0[si] + np.clip(rcv[:, 7], 0, f.t1[si] - f.t0[si])
+    return m
+
+
+def _flows(files: list[_File], at_ns: list[np.ndarray]) -> tuple[list[np.ndarray], int, int, int]:
     """Per file the flow id of each slice (0: none) for both ends of each send whose receive is in the files and
-    ends no earlier than the send, how many flows, how many sends got none, and how many receives end before their
-    send (clocks that disagree; Perfetto drops a terminating flow id met before its start, so those are left out).
-    What a send and its receive
+    was ready no earlier than the send was done, how many flows, how many sends got none, and how many receives
+    were ready before their send was done (clocks that disagree; Perfetto drops a terminating flow id met before
+    its start, so those are left out). What a send and its receive
     share (the key): the communicator, the connection (ring and point-to-point ones count their steps apart, hence
     the parent kind; a connection sits on one channel at both ends, plan.schedule.p2p_channel) and the FIFO step.
     Paired in numpy: one lexsort by key, receives before sends, each by time. A key seen n times
@@ -163,10 +180,10 @@ def _flows(files: list[_File]) -> tuple[list[np.ndarray], int, int, int]:
     with its i-th receive by time: one communicator's ops run one after the other on each rank. A key with more
     sends than receives (or fewer) pairs nothing: which is which is not known."""
     comms = sorted({f.comm for f in files})
-    cols = np.concatenate([np.column_stack([np.full(len(f.keys), comms.index(f.comm)), f.keys[:, 1:],
+    cols = np.concatenate([np.column_stack([np.full(len(f.keys), comms.index(f.comm)), f.keys[:, 1:7],
                                             f.t0[f.keys[:, 0]], np.full(len(f.keys), fi), f.keys[:, 0],
-                                            f.t1[f.keys[:, 0]]]) for fi, f in enumerate(files)])
-    # columns: comm, kind, snd, src, dst, ch, step, t0, file, slice, t1
+                                            at_ns[fi][f.keys[:, 0]]]) for fi, f in enumerate(files)])
+    # columns: comm, kind, snd, src, dst, ch, step, t0, file, slice, instant
     fids = [np.zeros(len(f.t0), np.uint64) for f in files]
     if not len(cols):
         return fids, 0, 0, 0
@@ -201,10 +218,18 @@ def _flows(files: list[_File]) -> tuple[list[np.ndarray], int, int, int]:
     return fids, len(ids), unpaired, int(back.sum())
 
 
-def _lanes(f: _File, descriptors: list[bytes], pre: dict[tuple, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _mark_kind(f: _File, fid: np.ndarray) -> np.ndarray:
+    """Each slice's flow instant: 0 none, 1 a send's (the flow's start), 2 a receive's (its end)."""
+    snd = np.zeros(len(f.t0), bool)
+    snd[f.keys[:, 0]] = f.keys[:, 2] == 1
+    return np.where(fid != 0, np.where(snd, 1, 2), 0).astype(np.int8)
+
+
+def _lanes(f: _File, descriptors: list[bytes], pre: dict[tuple, int], mark: np.ndarray) -> tuple[np.ndarray, ...]:
     """Each slice's place: slices that would overlap on a track get a lane (a track of its own), lanes first fit in
-    begin order. Returns that order and each slice's begin and end event's head (an id in `pre`: track, name,
-    category); appends the process's and each new lane's descriptor."""
+    begin order. Returns that order and each slice's begin, end and flow instant (mark: 0 none, else _MARKS's)
+    event's head (an id in `pre`: track, name, category; track; track, name, INSTANT); appends the process's and
+    each new lane's descriptor."""
     proc = _uuid("proc", f.comm, f.rank)
     descriptors.append(pb_bytes(P_TRACK_DESCRIPTOR, pb_int(TD_UUID, proc) + pb_bytes(    # pid 0: Perfetto's idle
         TD_PROCESS, pb_int(PD_PID, f.rank + 1) + pb_str(PD_NAME, f"rank {f.rank} (comm {f.comm})"))))
@@ -214,7 +239,8 @@ def _lanes(f: _File, descriptors: list[bytes], pre: dict[tuple, int]) -> tuple[n
     head_of: dict[tuple, tuple[int, int]] = {}     # (track, lane, name, cat) -> its begin's and end's heads
     order = np.lexsort((-f.t1, f.t0))       # by begin, longest first; stable
     t0s, t1s, trs, names, cats = f.t0.tolist(), f.t1.tolist(), f.track.tolist(), f.name.tolist(), f.cat.tolist()
-    heads = [0] * len(t0s) * 2
+    heads = [0] * len(t0s) * 3
+    marks = mark.tolist()
     for si in order.tolist():
         t0, t1, tr = t0s[si], t1s[si], trs[si]
         ends = lanes.get(tr)
@@ -241,29 +267,35 @@ def _lanes(f: _File, descriptors: list[bytes], pre: dict[tuple, int]) -> tuple[n
             uid = uid_of[(tr, lane)]
             h = head_of[k] = (pre.setdefault((uid, f.strs[k[2]], f.strs[k[3]]), len(pre)),
                               pre.setdefault((uid,), len(pre)))
-        heads[2 * si], heads[2 * si + 1] = h
-    heads_a = np.array(heads, np.int32).reshape(-1, 2)
-    return order, heads_a[:, 0], heads_a[:, 1]
+        heads[3 * si], heads[3 * si + 1] = h
+        if marks[si]:                       # on the slice's own lane: it nests in the slice
+            heads[3 * si + 2] = pre.setdefault((uid_of[(tr, lane)], _MARKS[marks[si]], INSTANT), len(pre))
+    heads_a = np.array(heads, np.int32).reshape(-1, 3)
+    return order, heads_a[:, 0], heads_a[:, 1], heads_a[:, 2]
 
 
-def _events(f: _File, order: np.ndarray, fid: np.ndarray) -> tuple[np.ndarray, ...]:
-    """The file's begin (slice i: event i) and end (n + i) events: ns, order at that ns, order among ties, flow
-    (0, 1: _FLOW, 2: _FLOW_END) and flow id. At one instant: ends (a lane's next slice may begin when the last one
-    ends), the begin of a zero-length send with its flow, ends of receives with theirs (after their send: Perfetto
-    drops a terminating flow id met before its start), begins, then ends of zero-length slices (32 ns GPU ticks), a
-    zero-length receive's with its flow last. Ties keep `order` (begin before end)."""
+def _events(f: _File, order: np.ndarray, fid: np.ndarray, mark: np.ndarray, at_ns: np.ndarray,
+            ) -> tuple[np.ndarray, ...]:
+    """The file's begin (slice i: event i), end (n + i) and flow instant events (2n + k, the k-th slice with a mark):
+    ns, order at that ns, order among ties, flow (0, 1: _FLOW, 2: _FLOW_END) and flow id. At one instant: the
+    instants of sends done there (inside their slice, before its end), ends (a lane's next slice may begin when the
+    last one ends), a zero-length send with its instant, receives' instants at their slice's end, those ends,
+    begins, the other receives' instants, then ends of zero-length slices (32 ns GPU ticks): every send's instant
+    before any receive's (Perfetto drops a terminating flow id met before its start), each instant inside its
+    slice. Ties keep `order` (begin, instant, end)."""
     n = len(f.t0)
-    zero, has = f.t1 <= f.t0, fid != 0
-    snd = np.zeros(n, bool)
-    snd[f.keys[:, 0]] = f.keys[:, 2] == 1
-    first = has & snd & zero                # its begin is its end, and goes before the receives' ends
-    b_at = np.where(first, 1, 3)
-    e_at = np.where(has & ~first, np.where(snd, 0, np.where(zero, 5, 2)), np.where(zero, 4, 0))
-    flow = np.r_[np.where(first, 1, 0), np.where(has & ~first, np.where(snd, 1, 2), 0)]
+    zero = f.t1 <= f.t0
+    zsend = (mark == 1) & zero
+    rend = (mark == 2) & (at_ns == f.t1) & ~zero
+    b_at = np.where(zsend, 2, 5)
+    e_at = np.where(zsend, 2, np.where(rend, 4, np.where(zero, 7, 1)))
+    k = np.flatnonzero(mark)
+    i_at = np.where(mark[k] == 1, np.where(zero[k], 2, 0), np.where(rend[k], 3, 6))
     pos = np.empty(n, np.int64)
     pos[order] = np.arange(n)
-    return (np.r_[f.t0, f.t1], np.r_[b_at, e_at].astype(np.int8), np.r_[2 * pos, 2 * pos + 1], flow.astype(np.int8),
-            np.r_[fid, fid])
+    return (np.r_[f.t0, f.t1, at_ns[k]], np.r_[b_at, e_at, i_at].astype(np.int8),
+            np.r_[3 * pos, 3 * pos + 2, 3 * pos[k] + 1], np.r_[np.zeros(2 * n, np.int8), mark[k]],
+            np.r_[np.zeros(2 * n, np.uint64), fid[k]])
 
 
 def _write(out: Any, files: list[_File], evs: list[tuple], heads: list[np.ndarray], pre: list[bytes]) -> None:
@@ -325,20 +357,23 @@ def convert(paths: Iterable[str], out_path: str) -> dict[str, int]:
                                f"complete 'X' event or 'b'/'e' pair); give per-rank trace files, e.g. those of "
                                f"`slicetrace bench --trace DIR`")
     _from_zero(files)
-    fids, nflows, unpaired, back = _flows(files)
+    at_ns = [_mark_ns(f) for f in files]
+    fids, nflows, unpaired, back = _flows(files, at_ns)
     if unpaired:
         log.warning("slicetrace convert: %d KernelStep send(s) have no send -> receive arrow: their receive is not "
                     "in the files given, or sends and receives of one connection and step do not pair up", unpaired)
     if back:
-        log.warning("slicetrace convert: %d send -> receive arrow(s) left out: the receive ended before its send "
-                    "(the ranks' clocks disagree), and Perfetto does not draw an arrow back in time", back)
+        log.warning("slicetrace convert: %d send -> receive arrow(s) left out: the receive was ready before its send "
+                    "was done (the ranks' clocks disagree), and Perfetto does not draw an arrow back in time", back)
     descriptors: list[bytes] = []
-    pre: dict[tuple, int] = {}      # begin heads (track, name, category) and end heads (track): their bytes once
-    placed = [_lanes(f, descriptors, pre) for f in files]
-    evs = [_events(f, order, fids[fi]) for fi, (f, (order, _, _)) in enumerate(zip(files, placed))]
-    heads = [np.r_[b, e] for _, b, e in placed]
-    del placed
+    pre: dict[tuple, int] = {}      # the events' heads (track, and name, category or INSTANT): their bytes once
+    marks = [_mark_kind(f, fid) for f, fid in zip(files, fids)]
+    placed = [_lanes(f, descriptors, pre, m) for f, m in zip(files, marks)]
+    evs = [_events(f, p[0], fids[fi], marks[fi], at_ns[fi]) for fi, (f, p) in enumerate(zip(files, placed))]
+    heads = [np.r_[b, e, i[m != 0]] for (_, b, e, i), m in zip(placed, marks)]
+    del placed, marks, at_ns
     pre_bytes = [pb_int(TE_TYPE, SLICE_END) + pb_int(TE_TRACK, h[0]) if len(h) == 1 else
+                 pb_int(TE_TYPE, INSTANT) + pb_int(TE_TRACK, h[0]) + pb_str(TE_NAME, h[1]) if h[2] == INSTANT else
                  pb_int(TE_TYPE, SLICE_BEGIN) + pb_int(TE_TRACK, h[0]) + pb_str(TE_NAME, h[1])
                  + (pb_str(TE_CATEGORIES, h[2]) if h[2] else b"") for h in pre]
     with atomic_open(out_path, "wb") as out:        # a failed write leaves no half trace
