@@ -170,9 +170,9 @@ def _mark_ns(f: _File) -> np.ndarray:
 
 def _flows(files: list[_File], at_ns: list[np.ndarray]) -> tuple[list[np.ndarray], int, int, int]:
     """Per file the flow id of each slice (0: none) for both ends of each send whose receive is in the files and
-    was ready no earlier than the send was done, how many flows, how many sends got none, and how many receives
-    were ready before their send was done (clocks that disagree; Perfetto drops a terminating flow id met before
-    its start, so those are left out). What a send and its receive
+    ended no earlier than the send was done, how many flows, how many sends got none, and how many receives ended
+    before their send was done (clocks that disagree; Perfetto drops a terminating flow id met before its start,
+    so those are left out). A receive ready a little before its send was done has its instant moved there (at_ns). What a send and its receive
     share (the key): the communicator, the connection (ring and point-to-point ones count their steps apart, hence
     the parent kind; a connection sits on one channel at both ends, plan.schedule.p2p_channel) and the FIFO step.
     Paired in numpy: one lexsort by key, receives before sends, each by time. A key seen n times
@@ -182,8 +182,8 @@ def _flows(files: list[_File], at_ns: list[np.ndarray]) -> tuple[list[np.ndarray
     comms = sorted({f.comm for f in files})
     cols = np.concatenate([np.column_stack([np.full(len(f.keys), comms.index(f.comm)), f.keys[:, 1:7],
                                             f.t0[f.keys[:, 0]], np.full(len(f.keys), fi), f.keys[:, 0],
-                                            at_ns[fi][f.keys[:, 0]]]) for fi, f in enumerate(files)])
-    # columns: comm, kind, snd, src, dst, ch, step, t0, file, slice, instant
+                                            at_ns[fi][f.keys[:, 0]], f.t1[f.keys[:, 0]]]) for fi, f in enumerate(files)])
+    # columns: comm, kind, snd, src, dst, ch, step, t0, file, slice, instant, t1
     fids = [np.zeros(len(f.t0), np.uint64) for f in files]
     if not len(cols):
         return fids, 0, 0, 0
@@ -204,7 +204,11 @@ def _flows(files: list[_File], at_ns: list[np.ndarray]) -> tuple[list[np.ndarray
     nth = np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)           # a pair's index in its group
     rcv, snd = c[np.repeat(start[ok], n) + nth], c[np.repeat(start[ok] + n, n) + nth]
     del c
-    back = rcv[:, 10] < snd[:, 10]
+    back = rcv[:, 11] < snd[:, 10]         # the receive ended before its send was done: no instant in it follows
+    late = (rcv[:, 10] < snd[:, 10]) & ~back
+    for fi in range(len(files)) if late.any() else ():     # ready a little early (two GPUs' clocks a few ns
+        m = late & (rcv[:, 8] == fi)                        # apart): drawn from the send's done, inside the receive
+        at_ns[fi][rcv[m, 9]] = snd[m, 10]
     if back.any():
         rcv, snd, nth = rcv[~back], snd[~back], nth[~back]
     ids = np.zeros(len(snd), np.uint64)
@@ -363,7 +367,7 @@ def convert(paths: Iterable[str], out_path: str) -> dict[str, int]:
         log.warning("slicetrace convert: %d KernelStep send(s) have no send -> receive arrow: their receive is not "
                     "in the files given, or sends and receives of one connection and step do not pair up", unpaired)
     if back:
-        log.warning("slicetrace convert: %d send -> receive arrow(s) left out: the receive was ready before its send "
+        log.warning("slicetrace convert: %d send -> receive arrow(s) left out: the receive ended before its send "
                     "was done (the ranks' clocks disagree), and Perfetto does not draw an arrow back in time", back)
     descriptors: list[bytes] = []
     pre: dict[tuple, int] = {}      # the events' heads (track, and name, category or INSTANT): their bytes once
