@@ -44,6 +44,16 @@ def test_freed_stores_once_per_line_of_the_slot_only_when_asked():
     assert (fifo == 0xAB).all() and rcv.ctl[H_RECLAIMED + 4] == 1
 
 
+def test_freed_follows_each_slots_size_as_it_changes():
+    _, rcv, buf = pair("on")
+    fifo = np.frombuffer(buf, np.uint8, offset=PAGE)
+    for slot, nbytes in ((3, 1000), (3, 200), (5, 64), (3, 3000), (3, 3000), (5, 65)):
+        fifo[:] = 0xAB
+        rcv.freed(slot, nbytes)
+        touched = np.flatnonzero(fifo != 0xAB)
+        assert touched.tolist() == list(range(slot * STEP, slot * STEP + nbytes, 64)), (slot, nbytes)
+
+
 def drive(snd, rcv, write_ns, reclaim_ns, n, slot0=0):
     """n FIFO steps: the sender writes (cost depends on how the receiver freed the slot last lap), then the
     receiver reads and frees it, reclaiming when the mode word says so."""
