@@ -146,6 +146,8 @@ def check_overlap(func: str, send: Any, recv: Any, count: int, rank: int) -> Non
     """x and out that share memory must be NCCL's in-place layout: any other overlap gives wrong results."""
     if not send.size or not recv.size:
         return
+    if send.__class__ is np.ndarray and recv.__class__ is np.ndarray and not np.may_share_memory(send, recv):
+        return                      # apart (their bounds: ~0.3 us; the two addresses cost ~1 us)
     sp, rp = ptr(send), ptr(recv)
     if not (sp < rp + recv.nbytes and rp < sp + send.nbytes):
         return

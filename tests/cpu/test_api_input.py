@@ -23,16 +23,23 @@ def comm():
     c.close()
 
 
-@pytest.mark.parametrize("func,shift", [("all_reduce", 1), ("all_reduce", 600), ("broadcast", 3), ("reduce", 1),
+@pytest.mark.parametrize("func,shift", [("all_reduce", 1), ("all_reduce", 600), ("all_reduce", 999), ("all_reduce", -999),
+                                        ("broadcast", 3), ("reduce", 1),
                                         ("all_gather", 1), ("reduce_scatter", 2)])
 def test_partial_overlap_is_refused(comm, func, shift):
     buf = np.arange(4000, dtype=np.float32)
     before = buf.copy()
-    x, out = buf[:1000], buf[shift:shift + 1000]
+    x, out = buf[1000:2000], buf[1000 + shift:2000 + shift]
     with pytest.raises(UsageError, match=f"{func}: x and out overlap without being in place") as e:
         getattr(comm, func)(x, out)
     assert "in place means" in str(e.value)
     assert (buf == before).all()                            # refused before anything ran
+
+
+def test_adjacent_buffers_are_not_an_overlap(comm):
+    buf = np.arange(3000, dtype=np.float32)
+    for x, out in ((buf[1000:2000], buf[2000:]), (buf[1000:2000], buf[:1000])):    # out after x, then before
+        assert comm.all_reduce(x, out) is out and (out == x).all()
 
 
 def test_in_place_layouts_are_accepted(comm):
