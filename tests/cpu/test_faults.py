@@ -121,6 +121,28 @@ def test_mismatched_operations_are_detected_and_reported(what):
         assert all(side in head for side in sides), (r, head, sides)
 
 
+def _mismatch_later(comm, what):
+    x = np.ones(1000, dtype=np.float32)
+    comm.all_reduce(x, op="max")
+    if what == "dtype":                         # the same plan as the first op's: only the dtype differs
+        comm.all_reduce(x.view(np.int32) if comm.rank else x, op="max")
+    else:
+        comm.all_reduce(x, op="min" if comm.rank else "max")
+    return "done"
+
+
+@pytest.mark.parametrize("what,theirs", [("dtype", "dtype=int32, op=max)"), ("redop", "dtype=float32, op=min)")])
+def test_a_collective_differing_after_a_matching_one_is_detected(what, theirs):
+    """Each op's own dtype and redop are compared, not those of an earlier op with the same plan."""
+    with pytest.raises(PeerError, match="Mismatch") as e:
+        slicetrace.launch(_mismatch_later, 2, what, timeout_s=TIMEOUT, join_timeout_s=JOIN)
+    assert sorted(e.value.errors) == [0, 1], e.value.errors
+    for err in e.value.errors.values():
+        head = err.split("\n", 1)[0]
+        assert head.startswith("MismatchError: collective #2 differs across ranks: "), err
+        assert "dtype=float32, op=max)" in head and theirs in head, head
+
+
 def _bad_input(comm):
     errors = []
     for call in (lambda: comm.all_reduce(np.ones(4), op="mean"),

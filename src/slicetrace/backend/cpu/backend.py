@@ -61,6 +61,7 @@ class CpuBackend(HostBackend):
         self._told = False              # an abort's error reached the caller (else close raises a mismatch)
         self._ntok = 0
         self._coll_seq = 0
+        self._sigs: dict[tuple, tuple] = {}     # (id(plan), dtype, redop) -> (plan, encode_sig's words)
         self._peer_segs: dict[int, Segment] = {}
         self._making: dict[int, bytes | None] = {}     # peers' 'making' keys: set once, read from the store once
         self._pool: ThreadPoolExecutor | None = None
@@ -329,27 +330,34 @@ class CpuBackend(HostBackend):
     # ---- collectives ----
     def _collective(self, work: Work) -> None:
         plan = work.plan
-        n, count = plan.nranks, plan.count
-        need_in, need_out = {"all_gather": (count, count * n), "reduce_scatter": (count * n, count)}.get(
-            plan.func, (count, count))
-        for buf, need, what in ((work.sendbuf, need_in, "sendbuf"), (work.recvbuf, need_out, "recvbuf")):
+        n, count, func = plan.nranks, plan.count, plan.func
+        a, b = work.sendbuf, work.recvbuf
+        need_in = count * n if func == "reduce_scatter" else count
+        need_out = count * n if func == "all_gather" else count
+        for buf, need, what in ((a, need_in, "sendbuf"), (b, need_out, "recvbuf")):
             if buf is None or buf.size != need:
                 got = None if buf is None else buf.size
-                raise UsageError(f"{plan.func}: {what} has {got} elements, the plan needs {need}")
+                raise UsageError(f"{func}: {what} has {got} elements, the plan needs {need}")
         if n == 1:
-            if host_pointer(work.sendbuf) != host_pointer(work.recvbuf) and count:
-                np.copyto(work.recvbuf, work.sendbuf[:count])
+            if host_pointer(a) != host_pointer(b) and count:
+                np.copyto(b, a[:count])
             return
         self._coll_seq += 1
-        sig = (self._coll_seq,) + encode_sig(plan.func, count, work.dtype, work.redop, plan.root, self.nch,
-                                             self.settings.step_bytes)
+        key = (id(plan), work.dtype, work.redop)        # plans are cached: one encoding per op kind, not per op
+        hit = self._sigs.get(key)
+        if hit is None or hit[0] is not plan:
+            if len(self._sigs) > 256:
+                self._sigs.clear()
+            hit = self._sigs[key] = (plan, encode_sig(func, count, work.dtype, work.redop, plan.root, self.nch,
+                                                      self.settings.step_bytes))
+        sig = (self._coll_seq,) + hit[1]
         g = self.guard
         g.publish_sig(sig)
         delta = None
-        a, b = work.sendbuf, work.recvbuf
-        pa, pb = host_pointer(a), host_pointer(b)
-        if pa < pb + b.nbytes and pb < pa + a.nbytes:
-            delta = pa - pb
+        if np.may_share_memory(a, b):                   # their bounds: cheaper than both addresses when apart
+            pa, pb = host_pointer(a), host_pointer(b)
+            if pa < pb + b.nbytes and pb < pa + a.nbytes:
+                delta = pa - pb
         progs = plan.programs
         stamps = work.stamp_steps or work.stamp_channels
 
