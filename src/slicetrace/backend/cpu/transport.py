@@ -137,10 +137,6 @@ class Conn:
             v = self._views[dtype] = np.frombuffer(self.fifo, dtype=dtype)
         return v
 
-    def round_step(self, mult: int) -> None:
-        """NCCL rounds conn->step up to a multiple of the chunk steps when a primitive starts."""
-        self.step = -(-self.step // mult) * mult
-
 
 class Guard:
     """Abort word, deadlines, peer liveness and cross-rank op signatures for one rank's backend."""

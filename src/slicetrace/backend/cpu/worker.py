@@ -87,12 +87,12 @@ def _ring_slices(prog, job: RingJob, recs: list) -> None:
     dt = work.recvbuf.dtype
     ss, spc = plan.proto.slice_steps, plan.proto.chunk_steps
     se = plan.proto.step_bytes // dt.itemsize
-    rconn.round_step(spc)
-    sconn.round_step(spc)
+    # NCCL rounds conn->step up to a multiple of the chunk steps when a primitive starts
+    rconn.step = rstep = -(-rconn.step // spc) * spc
+    sconn.step = sstep = -(-sconn.step // spc) * spc
     rview, sview, rctl, sctl = rconn.view(dt), sconn.view(dt), rconn.ctl, sconn.ctl
-    if rctl[H_HEAD] < rconn.step:        # credit for the steps the rounding skipped (NCCL's PostRecv does too)
-        rconn.post(H_HEAD, rconn.step)
-    rstep, sstep = rconn.step, sconn.step
+    if rctl[H_HEAD] < rstep:             # credit for the steps the rounding skipped (NCCL's PostRecv does too)
+        rconn.post(H_HEAD, rstep)
     r0, s0 = rstep, sstep               # slice k of a direction: (step - its first) // ss, as at the peer's end
     rwake, swake = rconn.wakes, sconn.wakes             # a neighbour that sleeps on a futex (transport.Conn.post)
     rbase, sbase = rconn.base, sconn.base
@@ -100,15 +100,18 @@ def _ring_slices(prog, job: RingJob, recs: list) -> None:
     isz = dt.itemsize
     bufs = {"in": work.sendbuf, "out": work.recvbuf, None: None}
     red = UFUNCS[work.redop]
-    pre, mul = premul(dt, work.redop, plan.nranks), np.multiply
-    avg = work.redop == "avg" and pre is None                  # integers: divided once, at the final write
+    avg = work.redop == "avg"
+    pre, mul = premul(dt, "avg", plan.nranks) if avg else None, np.multiply
+    avg = avg and pre is None                   # integers: divided once, at the final write
     nranks, ch, rpeer, speer = plan.nranks, prog.channel, rconn.peer, sconn.peer
     copyto, wait = np.copyto, guard.wait_ge
     op = work.tag & 0xFFFFFFFF
     stamp = w is not None and work.stamp_steps
-    rate = max(1, work.sample_rate)
+    rate = work.sample_rate if work.sample_rate > 1 else 1
     clock = time.monotonic_ns
-    rtail, stail = tail(rpeer, KIND_STEP, 0), tail(speer, KIND_STEP, FLAG_SEND)
+    rtail = stail = 0
+    if stamp:                                   # word 5's constant part, for KernelStep records only
+        rtail, stail = tail(rpeer, KIND_STEP, 0), tail(speer, KIND_STEP, FLAG_SEND)
     tw = tr = ts = t0 = td = 0
     last_n = nbr = nbs = 0
     for prim in prog.prims:
