@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from slicetrace.api_checks import ptr as _ptr
-from slicetrace.backend.base import host_pointer
+from slicetrace.backend.base import host_pointer, numpy_buffer
 from slicetrace.errors import UsageError
 
 _BYTES = b"abcdefgh" * 8
@@ -74,6 +74,20 @@ def test_views_of_one_buffer_differ_by_their_byte_offsets():
     ro = whole[7:]
     ro.setflags(write=False)
     assert host_pointer(ro) - host_pointer(whole) == 28                     # read-only: the fallback path
+
+
+def test_host_buffers_are_checked_per_array_whatever_passed_before():
+    """Dtypes that passed are remembered: a byte-swapped or unsupported one of the same kind is still refused, and
+    the flat view is a view of the array's own memory, not the array or a copy."""
+    for _ in range(2):
+        x = np.arange(6, dtype="=f4").reshape(2, 3)
+        flat, name, n = numpy_buffer(x, "x", "cpu")
+        assert (name, n, flat.shape) == ("float32", 6, (6,)) and flat is not x and np.shares_memory(flat, x)
+        for bad, msg in ((np.ones(4, ">f4" if np.little_endian else "<f4"), "is not in this machine's byte order"),
+                         (np.ones(4, np.complex64), "dtype complex64 is not one of"),
+                         (np.ones((4, 4), np.float32)[:, 1], "must be C-contiguous")):
+            with pytest.raises(UsageError, match=msg):
+                numpy_buffer(bad, "x", "cpu")
 
 
 def test_p2p_ledger_finds_the_messages_a_peer_sent_that_were_never_received():
