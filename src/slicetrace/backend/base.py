@@ -9,7 +9,7 @@ import ctypes
 import importlib
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -104,7 +104,7 @@ _REGISTRY = {
 }
 
 
-@dataclass
+@dataclass(slots=True)     # one per op: no __dict__ to make
 class Work:
     """One operation as the backend sees it. Buffers are flat, contiguous, backend-native arrays."""
     tag: int                       # communicator op counter; written into every stamp (routes to the parent)
@@ -119,7 +119,6 @@ class Work:
     stamp_channels: bool = False   # KernelCh boundaries on (KernelCh or KernelStep in the mask)
     sample_rate: int = 1
     stream: Any = None             # cuda: the caller's stream
-    extra: dict = field(default_factory=dict)
 
 
 # backends made per (job, rank) in this process: keeps re-inits' store keys and traces apart, while ranks that are
