@@ -38,6 +38,7 @@ class Communicator:
         if not isinstance(name, str):
             raise UsageError(f"name={name!r} must be a str (the communicator's name in traces and metrics)")
         self._settings, self._rank, self._world = settings, rank, world_size
+        self._step_bytes = settings.step_bytes      # a property of frozen settings: computed once, not per op
         self._tag = 0
         self._seq: dict[str, int] = {}
         self._group: list[tuple[P2pPart, Any, str, int]] | None = None
@@ -78,10 +79,6 @@ class Communicator:
         if not isinstance(op, str) or op not in REDOPS:     # `in` on a numpy array compares element-wise
             raise UsageError(f"op={op!r} is not one of {REDOPS}")
         return str(op)
-
-    def _root(self, root: int) -> int:
-        return root if root.__class__ is int and 0 <= root < self._world else int_index(
-            root, "root", self._world)
 
     def _out(self, out: Any, like: Any, dtype: str, count: int, what: str = "out", why: str = ""):
         if out is None:
@@ -148,9 +145,12 @@ class Communicator:
         outside_groups(self, func)
         if self._group is not None:
             raise UsageError(f"{func} inside comm.group(): only send/recv may be grouped")
-        send, dtype, n = self._buf(x, "x")
-        redop = self._redop(op)
-        root = self._root(root)
+        sess = self._session
+        be = sess.backend
+        send, dtype, n = be.as_buffer(x, "x")
+        redop = op if op.__class__ is str and op in REDOPS else self._redop(op)    # checks' fast paths inline
+        if root.__class__ is not int or not 0 <= root < self._world:
+            root = int_index(root, "root", self._world)
         count, out_n = out_count_of(n)
         user_out, recv = self._out(out, send, dtype, out_n)
         if user_out is not None:
@@ -159,10 +159,10 @@ class Communicator:
         self._tag += 1
         itemsize = send.itemsize
         nb = count * itemsize * (self._world if func in ("all_gather", "reduce_scatter") else 1)   # NCCL's bytes
-        plan = plan_collective(func, self._world, self._rank, count, itemsize, root,
-                               self._session.backend.channels_for(nb), self._settings.step_bytes)
-        mask = self._session.op_mask_for(count * itemsize)
-        seq = self._next_seq(func)
+        plan = plan_collective(func, self._world, self._rank, count, itemsize, root, be.channels_for(nb),
+                               self._step_bytes)
+        mask = sess.op_mask_for(count * itemsize) if sess.host is not None else 0    # no plugin: nothing to count
+        seq = self._seq[func] = self._seq.get(func, -1) + 1     # _next_seq, inline
         info = None
         if mask:                    # events only when a plugin listens: nothing to build otherwise
             task = TaskInfo(func=FUNC_NAMES[func], peer=-1, is_send=False, count=count,
