@@ -20,7 +20,7 @@ import numpy as np
 from ...errors import BackendError, MismatchError, PeerError, UsageError
 from ...stamps.layout import RingViews, ring_bytes
 from ..base import HostBackend, Work, host_pointer, part_views, quiet_thread
-from ..procs import pid_ns_id, proc_dead, proc_gone, proc_start_time, this_proc
+from ..procs import pid_ns_id, proc_start_time, this_proc
 from ..segment import Segment, host_id, sigterm_exits, unlink_name
 from .shm import (ABORT_MISMATCH, ABORT_PEER, C_ABORT, C_BUFFSIZE, C_CLOSED, C_FUTEX, C_HEARTBEAT, C_MAGIC, C_NCH,
                   C_P2PCHUNK, C_PID, C_PIDNS, C_SLOTS, C_START, C_WORLD, MAGIC, PAGE, REASON_MAX,
@@ -30,6 +30,7 @@ from .stamper import FastRingWriter
 from ..opsig import encode_sig
 from .transport import Conn, Guard
 from .p2p import pending_messages, run_p2p
+from .setup_peers import SetupPeers
 from .worker import RingJob, run_ring
 
 HEARTBEAT_S = 0.1
@@ -45,7 +46,7 @@ def peer_pid(pctl: Any, own_ns: int) -> int:
     return int(pctl[C_PID]) if pctl[C_PIDNS] and pctl[C_PIDNS] == own_ns else 0
 
 
-class CpuBackend(HostBackend):
+class CpuBackend(SetupPeers, HostBackend):
     STORE_KEYS = ("making/{r}", "seg/{r}", "attached/{r}", "failed/{r}")
     name = "cpu"
     synchronous = True          # submit() returns when the work is done
@@ -87,39 +88,6 @@ class CpuBackend(HostBackend):
             self._say_failed(e)     # a peer that finds our segment gone says why (not "closed or cleaned up")
             self.close()
             raise
-
-    def _say_failed(self, e: BaseException) -> None:
-        try:
-            self.store.set(f"{self._prefix}/failed/{self.rank}", f"{type(e).__name__}: {e}".encode())
-        except Exception:  # noqa: BLE001 - the store may be what failed
-            pass
-
-    def _peers_alive(self) -> None:
-        """Set-up waits: an attached peer that died or failed, or one that failed before it published its segment,
-        ends the wait now, not at timeout_s. One whose set-up failed says why (it is closed, and set its key
-        first: this finds the key before check_peers confirms 'closed its communicator' at a second look)."""
-        self.check_peers()
-        for p in range(self.world):
-            peer = self.guard.peers.get(p)
-            if p != self.rank and (peer is None or peer[0][C_CLOSED]):
-                why = self.store.try_get(f"{self._prefix}/failed/{p}")
-                if why is not None:
-                    raise PeerError(f"rank {p} failed to set up its cpu backend: {why.decode(errors='replace')}; "
-                                    f"detected by rank {self.rank}")
-                dead = self._died_making(p) if peer is None else None
-                if dead:
-                    raise PeerError(f"rank {p} {dead} during its cpu backend set-up; detected by rank {self.rank}")
-
-    def _died_making(self, p: int) -> str | None:
-        """'(pid N) exited' for a peer killed in its set-up before we attached it; its name is then removed (if it
-        was killed before publishing it, no one else can)."""
-        raw = self._making[p] = self._making.get(p) or self.store.try_get(f"{self._prefix}/making/{p}")
-        name, info = raw.decode().split(" ", 1) if raw else ("", "")
-        why = proc_gone(info) if info else None
-        if why is None:
-            return None
-        unlink_name(name)
-        return f"(pid {info.split(' ', 1)[0]}) {why}"
 
     # ---- setup ----
     def _setup(self) -> None:
@@ -205,14 +173,6 @@ class CpuBackend(HostBackend):
                                 f"settings")
         self.guard.peers[p] = (pctl, seg.bytes_(REASON_OFF, REASON_MAX), peer_pid(pctl, self.ctl[C_PIDNS]),
                                pctl[C_START])
-
-    def _unlink_dead_peers(self) -> None:
-        """Set-up failed: remove the names of attached peers that died (no one else will outside launch());
-        one that is alive or closed removes its own."""
-        g = getattr(self, "guard", None)
-        for p, (pctl, _, pid, start) in list(g.peers.items()) if g is not None else ():
-            if not pctl[C_CLOSED] and pid and proc_dead(pid, start):
-                unlink_name(self._names[p])
 
     @staticmethod
     def _heartbeat(ref: "weakref.ref[CpuBackend]", stop: threading.Event) -> None:
