@@ -156,6 +156,26 @@ def test_a_program_longer_than_the_ring_is_counted_overrun_whole(gpu, kcache):
         assert not c.get("delivered_kernel_step") and c.get("overrun", 0) > 64 and not c.get("unpaired"), c
 
 
+def _one_past_the_ring(comm):
+    import cupy
+    with cupy.cuda.Device(comm._session.backend.device):
+        x = cupy.ones(63 * 2048, dtype=cupy.float32)     # 63 one-step slices (8 KiB steps): 65 records, 64 slots
+        comm.broadcast(x, x, root=0)
+        comm.flush_profiler()
+        return dict(comm.drop_counters())
+
+
+@pytest.mark.cuda
+def test_a_program_one_record_longer_than_the_ring_writes_its_stop(gpu, kcache):
+    """A range of slots + 1 records laps the KernelCh start only (with the last step): the stop's slot holds no
+    newer record, so the stop is written and counted overrun with the rest. The kernel took any range past the
+    ring for one that laps its stop and left it out: 64 overrun and 1 unpaired on each rank."""
+    import slicetrace
+    for c in slicetrace.launch(_one_past_the_ring, 2, backend="cuda", cache_dir=kcache, nchannels=1, ring_slots=64,
+                               buffsize=65536, profiler_plugin="example", timeout_s=30.0, join_timeout_s=240):
+        assert c.get("overrun") == 65 and not c.get("unpaired") and not c.get("delivered_kernel_step"), c
+
+
 def _f16_avg(comm):
     import cupy
     with cupy.cuda.Device(comm._session.backend.device):

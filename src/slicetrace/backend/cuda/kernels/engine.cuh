@@ -103,7 +103,7 @@ template <typename T, bool STEPS> struct Eng {
   u32 seq, left;         // next seq of this program's reserved range, and how many of it remain
   u32 chq;               // KernelCh start seq (the stop is chq + 1), when chon
   bool chon, chpend;     // chpend: the start record (clock cht) is not written yet
-  bool chlap;            // the program's range is longer than the ring: its stop's slot holds a newer step
+  bool chlap;            // the program's range laps its stop: the stop's slot holds a newer step
   u64 cht;
   int ch_peer, ch_flags;
 
@@ -153,7 +153,8 @@ template <typename T, bool STEPS> struct Eng {
     // KernelCh start = seq_base, stop = seq_base + 1 (stamps.layout: reserved together before the slices)
     chon = a->stamp_ch && left >= 2;
     if (chon) {
-      chlap = (u64)left > mask + 1;   // the stop would overwrite one of the newest steps; counted overrun anyway
+      chlap = (u64)left > mask + 2;   // seq chq + 1 + slots is in the range: the stop would overwrite one of the
+                                      // newest steps (one record past the ring laps the start only)
       chq = seq; seq += 2; left -= 2;
       if (post()) { cht = gtimer(); chpend = true; }   // written after the first tail store (no fence waits)
     }
