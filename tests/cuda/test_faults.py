@@ -213,6 +213,28 @@ def test_a_misaligned_buffer_is_refused(gpu):
     assert as_buffer(cupy.ndarray(4, cupy.float32, memptr=raw.data + 4), "x", dev)[1:] == ("float32", 4)
 
 
+@pytest.mark.cuda
+def test_a_misaligned_torch_tensor_is_refused(gpu):
+    """A torch tensor over another library's memory (DLPack) may start at an odd address too; the torch path took
+    it unchecked (float32, and bfloat16's RawBuf), and the kernel's misaligned loads fault the context."""
+    torch = pytest.importorskip("torch")
+    import cupy
+
+    from slicetrace.backend.cuda.buffers import as_buffer
+    from slicetrace.errors import UsageError
+    dev = cupy.cuda.runtime.getDevice()
+    raw = cupy.zeros(64, cupy.uint8)
+    odd = torch.from_dlpack(cupy.ndarray(4, cupy.float32, memptr=raw.data + 1))
+    with pytest.raises(UsageError, match=r"x starts at address 0x[0-9a-f]+, not a multiple of its itemsize 4; "
+                                         r"pass an aligned copy \(x.clone\(\)\)"):
+        as_buffer(odd, "x", dev)
+    bf = torch.from_dlpack(cupy.ndarray(4, cupy.float16, memptr=raw.data + 3)).view(torch.bfloat16)
+    with pytest.raises(UsageError, match=r"out starts at address 0x[0-9a-f]+, not a multiple of its itemsize 2"):
+        as_buffer(bf, "out", dev)
+    ok = torch.from_dlpack(cupy.ndarray(4, cupy.float32, memptr=raw.data + 4))
+    assert as_buffer(ok, "x", dev)[1:] == ("float32", 4)
+
+
 def _cuda_keys_after_communicators(comm, n, kcache):
     """n cuda communicators made by init() inside a launch rank, used (a collective, send/recv, a barrier) and
     closed: the store keys naming any of them once every rank closed them all."""

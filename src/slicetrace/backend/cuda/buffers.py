@@ -123,6 +123,7 @@ def _torch_buffer(x: Any, what: str, device: int) -> tuple[Any, str, int]:
     name = str(x.dtype).replace("torch.", "")
     if name not in DTYPES:
         raise UsageError(f"{what} has dtype {name}; accepted: {DTYPES}")
+    _refuse_misaligned(x.data_ptr(), x.element_size(), what, "x.clone()")
     if name == "bfloat16" and not hasattr(cupy, "bfloat16"):
         return RawBuf(x.data_ptr(), x.numel(), name, owner=x), name, x.numel()
     arr = cupy.from_dlpack(x)
@@ -153,10 +154,14 @@ def as_buffer(x: Any, what: str, device: int) -> tuple[Any, str, int]:
     name = dtype_name(arr.dtype)
     if name not in DTYPES:
         raise UsageError(f"{what} has dtype {name}; accepted: {DTYPES}")
-    if arr.data.ptr % arr.itemsize:         # the kernels load whole elements: a misaligned one faults the context
-        raise UsageError(f"{what} starts at address {arr.data.ptr:#x}, not a multiple of its itemsize "
-                         f"{arr.itemsize}; pass an aligned copy (cupy.array(x))")
+    _refuse_misaligned(arr.data.ptr, arr.itemsize, what, "cupy.array(x)")
     return (arr if arr.ndim == 1 else arr.ravel()), name, int(arr.size)
+
+
+def _refuse_misaligned(ptr: int, itemsize: int, what: str, copy: str) -> None:
+    if ptr % itemsize:                      # the kernels load whole elements: a misaligned one faults the context
+        raise UsageError(f"{what} starts at address {ptr:#x}, not a multiple of its itemsize {itemsize}; pass an "
+                         f"aligned copy ({copy})")
 
 
 def user_buffer(buf: Any) -> Any:
