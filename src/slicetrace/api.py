@@ -78,7 +78,7 @@ class Communicator:
     def _redop(self, op: str) -> str:
         if not isinstance(op, str) or op not in REDOPS:     # `in` on a numpy array compares element-wise
             raise UsageError(f"op={op!r} is not one of {REDOPS}")
-        return str(op)
+        return REDOPS[REDOPS.index(op)]     # a plain str: str() of a (str, Enum) member is its 'Cls.NAME'
 
     def _out(self, out: Any, like: Any, dtype: str, count: int, what: str = "out", why: str = ""):
         if out is None:
