@@ -211,3 +211,18 @@ def test_the_cuda_close_barrier_does_not_judge_a_peer_that_came_and_exited():
     time.sleep(0.025)
     with pytest.raises(PeerError, match="rank 0: rank 2 exited"):
         Completion.check_peers(me, closing=True)
+
+
+def test_a_peer_of_an_unknown_pid_namespace_is_not_judged_by_its_pid(monkeypatch):
+    """No /proc (macOS, a chroot): every namespace reads 0 and every pid 'exited'; the cpu set-up's check of a peer
+    not yet attached (its 'making' key, procs.proc_gone) called a live one dead and removed its segment's name."""
+    monkeypatch.setattr(procs, "pid_ns_id", lambda: 0)
+    me = procs.this_proc()                              # this live process, as a peer on such a host says it
+    assert me.endswith("/0")
+
+    def no_proc(pid):
+        raise FileNotFoundError(f"/proc/{pid}/stat")
+    monkeypatch.setattr(procs, "_stat", no_proc)
+    assert procs.proc_gone(me) is None
+    monkeypatch.setattr(procs, "pid_ns_id", lambda: 4026531836)     # a known namespace: judged as before
+    assert procs.proc_gone(procs.this_proc()) == "exited"

@@ -63,9 +63,10 @@ def this_proc() -> str:
 
 
 def proc_gone(info: str) -> str | None:
-    """proc_dead of a this_proc() string; None (not judged) for a process of another host or PID namespace."""
+    """proc_dead of a this_proc() string; None (not judged) for a process of another host or PID namespace, or of
+    an unknown one (0: no /proc, where proc_dead would call every pid exited), as the cpu Guard's peer_pid."""
     pid, start, space = info.split(" ", 2)
-    return proc_dead(int(pid), int(start)) if space == pid_space() else None
+    return proc_dead(int(pid), int(start)) if space == pid_space() and not space.endswith("/0") else None
 
 
 class TwoChecks:
