@@ -194,6 +194,7 @@ def test_a_second_ctrl_c_in_a_close_stuck_on_a_plugin_stops_the_close_now(tmp_pa
 _AT_EXIT = """
 import atexit, signal, time
 from slicetrace.backend import signals as sg
+signal.signal(signal.SIGINT, signal.default_int_handler)   # a background job (CI's) starts with SIGINT ignored
 sg.FORCE_AFTER_S = 0.2
 with sg.signals_held():         # as every profiled rank's set-up holds one, well before its exit
     pass
