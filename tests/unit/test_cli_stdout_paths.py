@@ -11,7 +11,7 @@ import pytest
 
 from slicetrace.cli.main import main
 from tests.cpu.test_cli import _trace_files
-from tests.unit.test_report import _coll_file
+from tests.unit.test_report import _no_op_files
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -70,10 +70,7 @@ def test_bench_json_to_dev_stdout_is_refused_as_dash_is(tmp_path, monkeypatch, c
 def test_a_kernel_step_mask_without_kernel_steps_is_not_told_to_add_them(tmp_path, capsys, mask):
     """A KernelStep-only mask (KernelStep alone is enough to analyse) whose files hold no KernelStep was told
     'record with both in the mask', which its mask already had what analysis needs of."""
-    for rank in range(2):
-        _coll_file(tmp_path, rank, 2, seqs=(), counters={})
-        f = tmp_path / f"trace_7_{rank}.json"
-        f.write_text(f.read_text().replace('"commName": ""', f'"commName": "", "EventMask": {mask}'))
+    _no_op_files(tmp_path, mask)
     assert main(["report", str(tmp_path)]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert f"no KernelStep events to analyse (4 events in all), though the trace's event mask had KernelStep " \

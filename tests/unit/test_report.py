@@ -684,6 +684,14 @@ def test_a_send_side_slow_pooled_only_without_op_records_is_not_said_to_be_judge
         "bytes (25.00 GB/s, the median link's 40.00)" in flat and "ops (25.00" not in flat, flat
 
 
+def _no_op_files(folder, mask: int) -> None:
+    """Two ranks' files of a run that recorded no op, written under event mask `mask`."""
+    for rank in range(2):
+        _coll_file(folder, rank, 2, seqs=(), counters={})
+        f = folder / f"trace_7_{rank}.json"
+        f.write_text(f.read_text().replace('"commName": ""', f'"commName": "", "EventMask": {mask}'))
+
+
 def test_files_without_ops_under_a_mask_without_coll_or_p2p_name_the_mask_and_the_profiling_block(tmp_path, capsys):
     """The plugin's mask KernelStep|KernelCh (65600) records no op at all, so ops run inside comm.profiling(True,
     mask="Coll") leave nothing: the error said "the files hold no op ... no op ran with profiling on", which the
@@ -691,10 +699,7 @@ def test_files_without_ops_under_a_mask_without_coll_or_p2p_name_the_mask_and_th
     from slicetrace.cli.main import main
     for mask, lacks in ((65600, "EventMask 65600 lacks Coll (1<<1) and P2p (1<<2)"),
                         (65602, "EventMask 65602 lacks P2p (1<<2)")):
-        for rank in range(2):
-            _coll_file(tmp_path, rank, 2, seqs=(), counters={})
-            f = tmp_path / f"trace_7_{rank}.json"
-            f.write_text(f.read_text().replace('"commName": ""', f'"commName": "", "EventMask": {mask}'))
+        _no_op_files(tmp_path, mask)
         assert main(["report", str(tmp_path)]) == 2
         err = " ".join(capsys.readouterr().err.split())
         assert f"the files hold no op (Coll or P2p event), and the trace's event mask had both but not every op type " \
