@@ -144,6 +144,26 @@ def test_a_signal_still_held_when_a_second_one_would_go_through_says_so(own_hand
     assert capfd.readouterr().err == ""
 
 
+def test_an_inner_hold_ending_does_not_unsay_an_outer_holds_signal(own_handlers, monkeypatch, capfd):
+    """A hold inside another (close's inside the at-exit one): the inner one's end wrote the notifier a 0, which
+    cancelled the line for the Ctrl-C the outer hold still held. Each hold cancels only its own."""
+    monkeypatch.setattr(sg, "FORCE_AFTER_S", 0.3)
+    err = ""
+    with pytest.raises(KeyboardInterrupt):
+        with signals_held():
+            signal.raise_signal(signal.SIGINT)                  # held by the outer hold
+            with signals_held():
+                signal.raise_signal(signal.SIGINT)              # held by the inner one, which ends at once
+            deadline = time.monotonic() + 30
+            while "again" not in err and time.monotonic() < deadline:
+                time.sleep(0.01)
+                err += capfd.readouterr().err
+    time.sleep(0.6)                                             # said once, not again
+    err += capfd.readouterr().err
+    assert err == ("slicetrace: Ctrl-C (SIGINT) held until the profiler plugins finish their traces; press Ctrl-C "
+                   "again to interrupt now, cutting them short\n"), err
+
+
 def test_a_second_ctrl_c_in_a_close_stuck_on_a_plugin_stops_the_close_now(tmp_path, monkeypatch, own_handlers,
                                                                          caplog):
     """The second Ctrl-C went through the hold but cut one step only: the close went on to wait for the stuck

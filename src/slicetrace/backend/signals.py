@@ -2,6 +2,7 @@
 it hands records to the plugins (an interrupt there left a plugin's event half-made, or its trace unended)."""
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import select
@@ -39,9 +40,10 @@ class signals_held:
     (a second Ctrl-C ends a hold stuck in a plugin; launch() forwards a Ctrl-C to its ranks after 0.2 s), and a
     signal still held by then says so on stderr. A handler the body set is kept. Off the main thread (no handlers
     run there) it does nothing."""
-    __slots__ = ("came", "swapped", "first", "record")
+    __slots__ = ("came", "swapped", "first", "record", "hid")
 
     def __enter__(self) -> "signals_held":
+        self.hid = next(_HOLD_IDS) % 255 + 1     # the notifier's key: an inner hold's end cancels its own line only
         self.came: list[int] = []
         self.swapped: dict[int, Any] = {}
         self.first: dict[int, float] = {}
@@ -65,7 +67,7 @@ class signals_held:
         now = time.monotonic()
         if signum not in self.first:
             self.first[signum] = now
-            _Notifier.tell(signum)      # a byte to a pipe: a thread started here could deadlock (threading's lock)
+            _Notifier.tell(self.hid, signum)    # bytes to a pipe: a thread started here could deadlock (its lock)
         if now - self.first[signum] < FORCE_AFTER_S:
             self.came.append(signum)
             return
@@ -81,7 +83,7 @@ class signals_held:
 
     def _end(self) -> None:
         if self.first:
-            _Notifier.tell(0)
+            _Notifier.tell(self.hid, 0)
 
     def __exit__(self, *exc: Any) -> None:
         self._end()
@@ -102,8 +104,8 @@ class signals_held:
 class _Notifier:
     """Says on stderr that a signal is still held FORCE_AFTER_S after it came (a plugin stuck in the hold), from a
     thread of its own started outside any handler: one started in the handler could deadlock on threading's lock,
-    which the interrupted main thread may hold. Handlers write a byte to its pipe: the signal, or 0 at the hold's
-    end. One per process (a forked child starts its own)."""
+    which the interrupted main thread may hold. Handlers write two bytes to its pipe in one write: the hold's id,
+    then the signal, or 0 at that hold's end. One per process (a forked child starts its own)."""
     pid = -1
     wfd = -1
 
@@ -124,28 +126,31 @@ class _Notifier:
         cls.pid, cls.wfd = os.getpid(), w
 
     @classmethod
-    def tell(cls, byte: int) -> None:
+    def tell(cls, hid: int, byte: int) -> None:
         if cls.pid == os.getpid():
             try:
-                os.write(cls.wfd, bytes([byte]))
+                os.write(cls.wfd, bytes((hid, byte)))      # under PIPE_BUF: never split
             except OSError:
                 pass
 
     @staticmethod
     def _run(rfd: int) -> None:
         quiet_thread()
-        pending: tuple[int, float] | None = None        # (signal, when to say it)
+        pending: dict[int, tuple[int, float]] = {}      # hold id -> (signal, when to say it)
         while True:
-            wait = None if pending is None else max(0.0, pending[1] - time.monotonic())
+            wait = None if not pending else max(0.0, min(t for _, t in pending.values()) - time.monotonic())
             if select.select([rfd], [], [], wait)[0]:
-                for b in os.read(rfd, 64):
+                data = os.read(rfd, 64)         # whole pairs: each came in one write, and 64 is even
+                for hid, b in zip(data[::2], data[1::2]):
                     if b == 0:
-                        pending = None
-                    elif pending is None:
-                        pending = (b, time.monotonic() + FORCE_AFTER_S)
-            elif pending is not None:
-                _say_held(pending[0])
-                pending = None
+                        pending.pop(hid, None)
+                    elif hid not in pending:
+                        pending[hid] = (b, time.monotonic() + FORCE_AFTER_S)
+            now = time.monotonic()
+            for hid, (sig, t) in list(pending.items()):
+                if t <= now:
+                    _say_held(sig)
+                    del pending[hid]
 
 
 def _say_held(signum: int) -> None:
@@ -159,6 +164,7 @@ def _say_held(signum: int) -> None:
 
 
 _HOLDS: list = []       # holds under way in the main thread, innermost last (a forked child drops them)
+_HOLD_IDS = itertools.count()
 
 
 def _restore(swapped: dict[int, Any], record: Any) -> BaseException | None:
