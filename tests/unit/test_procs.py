@@ -226,3 +226,18 @@ def test_a_peer_of_an_unknown_pid_namespace_is_not_judged_by_its_pid(monkeypatch
     assert procs.proc_gone(me) is None
     monkeypatch.setattr(procs, "pid_ns_id", lambda: 4026531836)     # a known namespace: judged as before
     assert procs.proc_gone(procs.this_proc()) == "exited"
+
+
+def test_the_cuda_peer_watch_does_not_judge_a_peer_of_an_unknown_pid_namespace(monkeypatch):
+    """No /proc: both ranks' namespaces read 0, the same; PeerWatch judged the live peer by its pid anyway and
+    proc_dead called it 'exited', failing the waiting rank's op. Only its closed key counts there."""
+    monkeypatch.setattr(procs, "pid_ns_id", lambda: 0)
+
+    def no_proc(pid):
+        raise FileNotFoundError(f"/proc/{pid}/stat")
+    monkeypatch.setattr(procs, "_stat", no_proc)
+    me, peer = watch_pair()
+    peer.publish()                                     # this live process, as such a host says it
+    assert [check(me, (1,)) for _ in range(3)] == [None, None, None]
+    peer.closed()
+    assert [check(me, (1,)) for _ in range(2)] == [None, "rank 1 closed its communicator"]

@@ -91,7 +91,8 @@ class PeerWatch:
 
     A condition must be seen at two consecutive checks: a peer may finish its part of our op and close just
     before our side of the op completes (the caller checks a few times a second). A peer in another host or PID
-    namespace (containers) is never judged by its pid, only by its closed key (and the caller's timeout)."""
+    namespace (containers), or an unknown one (0: no /proc, as proc_gone), is never judged by its pid, only by its
+    closed key (and the caller's timeout)."""
 
     def __init__(self, store: Store, prefix: str, rank: int):
         self.store, self.prefix, self.rank = store, prefix, rank
@@ -119,7 +120,8 @@ class PeerWatch:
                     raw = self.store.try_get(f"{self.prefix}/proc/{p}")
                     if raw is not None:
                         pid, start, space = raw.decode().split(" ", 2)
-                        self._procs[p] = (int(pid), int(start)) if space == self._space else None
+                        known = space == self._space and not space.endswith("/0")     # 0: no /proc
+                        self._procs[p] = (int(pid), int(start)) if known else None
                 info = self._procs.get(p)
                 if info is not None:
                     why = proc_dead(*info)
