@@ -46,3 +46,36 @@ def test_a_write_that_never_returns_costs_close_its_timeout_not_forever(tmp_path
     finally:
         gate.set()
     assert any("has not returned in 0.2 s; its final table is lost" in r.getMessage() for r in caplog.records)
+
+
+_AT_EXIT = """
+import atexit, logging, sys, threading
+from slicetrace.config import Settings
+from slicetrace.events.host import EventHost
+from slicetrace.events.plugin import LoadedPlugin
+from slicetrace.sinks import linkstats as ls
+from tests.unit.test_host import COMM, coll_op, recs
+logging.basicConfig(level=logging.ERROR)
+ls._AT_EXIT_S = 0.2                     # session._finish_at_exit's budget, shortened for the test
+plugin = ls.LinkStatsPlugin(Settings(linkstats_file=sys.argv[1], linkstats_interval_s=1e-9, timeout_s=600))
+host = EventHost([LoadedPlugin(plugin)], COMM)
+ls.write_atomic = lambda path, text: threading.Event().wait()  # a filesystem that never answers
+host.begin_op(coll_op())
+host.steps(1, recs(1, 4))
+atexit.register(host.close)             # as _finish_at_exit closes a communicator never closed
+"""
+
+
+def test_a_write_that_never_returns_costs_the_exit_its_budget_not_the_communicators_timeout(tmp_path):
+    """At exit (session._finish_at_exit gives all plugins 5 s) finalize still waited timeout_s (60 s by default)
+    for a hung write: the process hung that long before it exited. There it waits the exit's budget at most."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    p = subprocess.run([sys.executable, "-c", _AT_EXIT, str(tmp_path / "m")], timeout=60,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join((str(root / "src"), str(root)))},
+                       capture_output=True, text=True, cwd=str(root))
+    assert p.returncode == 0, p.stderr
+    assert "has not returned in 0.2 s; its final table is lost" in p.stderr, p.stderr

@@ -24,6 +24,9 @@ from ..errors import ConfigError
 from ..events.abi import ActivationMask, CommInfo, EventType, moving_from
 
 log = logging.getLogger("slicetrace")
+# finalize's wait for a write at the interpreter's exit (threading's shutdown, before the atexit handlers, has
+# ended the main thread): session._finish_at_exit's budget for all plugins
+_AT_EXIT_S = 5.0
 
 
 class _Ctx:
@@ -256,10 +259,12 @@ class LinkStatsPlugin:
     def finalize(self, ctx: _Ctx) -> None:
         """At close, or at exit for a communicator never closed (session._finish_at_exit)."""
         if ctx.path is not None:
-            if ctx.writer is not None and not ctx.writer.close(ctx.timeout_s):
+            # at exit all plugins share _AT_EXIT_S: a hung write held the process timeout_s (60 s) there
+            wait = min(ctx.timeout_s, _AT_EXIT_S) if not threading.main_thread().is_alive() else ctx.timeout_s
+            if ctx.writer is not None and not ctx.writer.close(wait):
                 # the same temporary file, and a filesystem that hangs: no second write
                 log.error("slicetrace linkstats: a write of %s has not returned in %g s; its final table is lost",
-                          ctx.path, ctx.timeout_s)
+                          ctx.path, wait)
             else:
                 self._write(ctx, ctx.table, last=True)
         for row in self.snapshot(ctx):
