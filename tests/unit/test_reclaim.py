@@ -108,3 +108,35 @@ def test_auto_follows_the_host_turning_slow_without_waiting_for_a_probe(monkeypa
     assert snd.reclaim.best == 0
     drive(snd, rcv, (200_000, 26_000), 6_000, 200, 64)               # writes without reclaim turn slow
     assert snd.reclaim.best == 1 and snd.ctl[H_RECLAIM] == 1
+
+
+def _looped_ring(count: int, ops: int):
+    """`ops` float32 all_reduces of `count` through rank 0's ring program of 2 ranks, its FIFO looped back to
+    itself (no peer): the sender's Reclaim after them."""
+    from slicetrace.backend.base import Work
+    from slicetrace.backend.cpu import worker
+    from slicetrace.backend.cpu.transport import Guard
+    from slicetrace.plan.schedule import plan_collective
+    s = Settings(cpu_reclaim="auto")
+    ctl, fifo = memoryview(bytearray(PAGE)).cast("Q"), memoryview(bytearray(s.buffsize))
+    rconn, sconn = Conn(ctl, fifo, 0, False, "auto"), Conn(ctl, fifo, 0, True, "auto")
+    rconn.base = sconn.base = 0
+    guard = Guard(0, memoryview(bytearray(PAGE)).cast("Q"), memoryview(bytearray(256)), 5.0)
+    plan = plan_collective("all_reduce", 2, 0, count, 4, 0, 1, s.step_bytes)
+    x = np.arange(count, dtype=np.float32)
+    for tag in range(1, ops + 1):
+        out = np.empty_like(x)
+        work = Work(tag=tag, plan=plan, dtype="float32", redop="sum", sendbuf=x, recvbuf=out)
+        worker.run_ring(plan.programs[0], worker.RingJob(work, rconn, sconn, None, guard, None))
+        h = count // 2                                  # its own halves meet as the two ranks' would
+        np.testing.assert_array_equal(out, np.tile(x[:h] + x[h:], 2))
+    return sconn.reclaim
+
+
+def test_only_slices_of_reclaim_min_or_more_feed_the_reclaim_decision():
+    """The worker times the send-FIFO write of a slice for Reclaim.wrote from RECLAIM_MIN bytes only: smaller
+    ones (a small op's) leave the decision as it was; large ones feed it."""
+    small = _looped_ring(1024, 20)                      # 4 KiB: slices far below RECLAIM_MIN
+    assert small.cost == ([], []) and small.k == [0, 0]
+    large = _looped_ring(4 * RECLAIM_MIN, 3)            # 4 x RECLAIM_MIN floats: slices of RECLAIM_MIN or more
+    assert sum(map(len, large.cost)) > 0

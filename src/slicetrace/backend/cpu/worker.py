@@ -148,16 +148,19 @@ def _ring_slices(prog, job: RingJob, recs: list) -> None:
                     i = (sstep & 7) * se
                     s = sview[i:i + n]
             if n:
-                t1 = t2 = 0      # around the write into the send FIFO (the reclaim decision times it)
+                # the write into the send FIFO is timed for the reclaim decision, from RECLAIM_MIN bytes only
+                timed = hs and n * isz >= RECLAIM_MIN       # t1, t2 set and read only then
                 if kind == K_RRS:
                     a = so + off
-                    t1 = pc()
+                    if timed:
+                        t1 = pc()
                     if pre is None:
                         red(r, src[a:a + n], out=s)
                     else:
                         mul(src[a:a + n], pre, out=s)
                         red(s, r, out=s)
-                    t2 = pc()
+                    if timed:
+                        t2 = pc()
                 elif kind == K_RRCS or kind == K_RRC:
                     a, b = so + off, do + off
                     d = dst[b:b + n]
@@ -168,35 +171,45 @@ def _ring_slices(prog, job: RingJob, recs: list) -> None:
                         red(d, r, out=d)
                     if fin:
                         finish_avg(d, nranks)
-                    if hs:
+                    if timed:
                         t1 = pc()
                         copyto(s, d)
                         t2 = pc()
+                    elif hs:
+                        copyto(s, d)
                 elif kind == K_SEND:
                     a = so + off
-                    t1 = pc()
+                    if timed:
+                        t1 = pc()
                     if pre is None:
                         copyto(s, src[a:a + n])
                     else:
                         mul(src[a:a + n], pre, out=s)
-                    t2 = pc()
+                    if timed:
+                        t2 = pc()
                 elif kind == K_RCS:
                     b = do + off
-                    t1 = pc()
-                    copyto(s, r)
-                    t2 = pc()
+                    if timed:
+                        t1 = pc()
+                        copyto(s, r)
+                        t2 = pc()
+                    else:
+                        copyto(s, r)
                     copyto(dst[b:b + n], r)
                 elif kind == K_RECV:
                     b = do + off
                     copyto(dst[b:b + n], r)
                 else:   # K_COPYSEND
                     a, b = so + off, do + off
-                    t1 = pc()
-                    copyto(s, src[a:a + n])
-                    t2 = pc()
+                    if timed:
+                        t1 = pc()
+                        copyto(s, src[a:a + n])
+                        t2 = pc()
+                    else:
+                        copyto(s, src[a:a + n])
                     if not same:
                         copyto(dst[b:b + n], src[a:a + n])
-                if hs and n * isz >= RECLAIM_MIN:
+                if timed:
                     pol.wrote(sstep & 7, n * isz, t2 - t1)
                 if hr:
                     freed(rstep & 7, n * isz)
