@@ -310,6 +310,27 @@ def test_block_formatter_writes_the_same_json_as_one_percent_per_block(rows, neg
     assert len(got.splitlines()) == len(cols)
 
 
+def test_block_formatter_folds_constant_columns_and_blanks_only_narrow_rows():
+    """The fast formatter's own cases, against one % per block: columns of one value (written into the row
+    template), a column whose rows mix widths (a 4-digit group blank in some rows only), a block that is not a
+    whole number of 64-row groups (its column extremes), and a constant %03d field."""
+    rng = np.random.default_rng(7)
+    for n in (64, 100, 640, 1000):
+        cols = rng.integers(0, 2**48, (n, 16))
+        cols[:, 0] = 1835136600                     # pid: one value
+        cols[:, 6] = 0                              # channel: one value, 0
+        cols[:, 10] = 262144                        # size: one value
+        cols[:, 3] = rng.integers(0, 1000, n)
+        cols[:, 5] = 7                              # a constant %03d field
+        cols[:, 9] = rng.choice([0, 5, 9999, 10000, 123456789], n)   # narrow and wide rows in one column
+        cols[n - 1, 13] = 2**62                     # the widest value only in the last rows (past whole groups)
+        want = (STEP_LINE * n) % tuple(cols.ravel().tolist())
+        got = bytes(RowFormat(STEP_LINE)(cols)).decode("ascii")
+        assert [json.loads(x.rstrip(",")) for x in got.splitlines()] == \
+            [json.loads(x.rstrip(",")) for x in want.splitlines()]
+        assert got.count("\n") == n and '"pid":1835136600,' in got and '"Channel":0,' in got
+
+
 class StepsPerRun:
     """The chrome plugin without kernel_step_runs: the host hands it a poll's KernelSteps one run at a time."""
     name, version = "per-run", 8
