@@ -1,6 +1,7 @@
 """The cpu backend's stamp writer (immediate and staged records) leaves what the reference RingWriter leaves."""
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from slicetrace.backend.cpu.stamper import FastRingWriter, tail
@@ -73,6 +74,20 @@ def test_staged_records_are_reserved_at_once_and_published_only_by_publish():
     assert v.started["seq"][0, :4].tolist() == [0, 1, 2, 3] == v.completed["seq"][0, :4].tolist()
     assert v.started["wait"][0, 2:4].tolist() == [10, 20] and v.completed["done"][0, 2:4].tolist() == [12, 22]
     assert v.started["step"][0, 2:4].tolist() == [1, 2] and v.completed["op"][0, 2:4].tolist() == [5, 5]
+
+
+def test_a_word_outside_u64_is_refused_before_any_seq_is_reserved():
+    """stage() converts a program's words before reserving: a negative or a 65-bit word raises and reserves
+    nothing (a later program's seqs follow the last good one), the largest u64 word goes through whole."""
+    v, _ = pair_of_rings(1)
+    f = FastRingWriter(v, 0)
+    for bad in (-1, 1 << 64):
+        with pytest.raises(OverflowError):
+            f.stage([1, 2, 3, 5, 0, 7, 1, 2, bad, 5, 1, 7])
+        assert int(v.header["reserved"][0]) == 0
+    f.stage([1, 2, (1 << 64) - 1, 5, 0, 7])
+    assert int(v.header["reserved"][0]) == 1 and f.publish() == 1
+    assert v.completed["done"][0, 1] == (1 << 64) - 1 and v.started["seq"][0, 1] == 1
 
 
 def test_two_publishers_leave_the_newest_records_in_the_ring(monkeypatch):
