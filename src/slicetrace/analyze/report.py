@@ -232,9 +232,7 @@ def render(rep: Report, console=None) -> None:
         who = f"rank {s}'s data path or link {s}->{d}" if ln["sender_outlier"] and not link_only else f"link {s}->{d}"
         con.print(f"slow link: {who} moves {ln['gbps']:.2f} GB/s (typical slice), {ln['below_pct']:.0f} % below the "
                   f"median link ({ln['median_gbps']:.2f})"
-                  + (f", in {ln['ops_slow']} of {ln['ops']} ops" if ln["ops"] > 1 else "") + _groups_text(ln)
-                  + (f"; that far below the other links on {ln['channels_slow']} of {ln['channels']} channels"
-                     if ln["channels"] > 1 else "")
+                  + _judged_text(ln)
                   + (f"; rank {s} also {longest(s)}: a slow rank's copies look like a slow link"
                      if ln["sender_outlier"] and not link_only else "")
                   + (f"; rank {s} {longest(s)}, but its {n_o} other link(s) move at the usual rate: the link, not "
@@ -251,9 +249,7 @@ def render(rep: Report, console=None) -> None:
         con.print(f"slow receive side: link {s}->{d}'s receive side (rank {d}'s copies out of it) moves "
                   f"{ln['gbps']:.2f} GB/s (typical slice), {ln['below_pct']:.0f} % below the median link's receive "
                   f"side ({ln['median_gbps']:.2f})"
-                  + (f", in {ln['ops_slow']} of {ln['ops']} ops" if ln["ops"] > 1 else "") + _groups_text(ln)
-                  + (f"; that far below the other links on {ln['channels_slow']} of {ln['channels']} channels"
-                     if ln["channels"] > 1 else "")
+                  + _judged_text(ln)
                   + (f"; its send side moves at the usual rate ({ln['send_gbps']:.2f} GB/s, the median link's "
                      if ln["send_gbps"] >= 0.75 * ln["send_median_gbps"] else     # slow_links' 25 %, pooled only
                      f"; its send side is that far below only pooled, not {most} ({ln['send_gbps']:.2f} GB/s, the "
@@ -287,6 +283,14 @@ def render(rep: Report, console=None) -> None:
         skipped = {r: {k: v for k, v in c.items() if v and k.startswith("ops_")} for r, c in rep.counters.items()}
         if any(skipped.values()):       # left out on purpose (SLICETRACE_PROFILE_OP_SAMPLE_RATE / _MIN_BYTES)
             con.print(f"ops not profiled by the settings: {_per_rank(skipped)}")
+
+
+def _judged_text(ln: dict) -> str:
+    """What a slow link's (or receive side's) verdict rests on: its ops, or its groups of slices (a trace without
+    op records), and its channels."""
+    return ((f", in {ln['ops_slow']} of {ln['ops']} ops" if ln["ops"] > 1 else "") + _groups_text(ln)
+            + (f"; that far below the other links on {ln['channels_slow']} of {ln['channels']} channels"
+               if ln["channels"] > 1 else ""))
 
 
 def _groups_text(ln: dict) -> str:
