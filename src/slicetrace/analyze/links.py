@@ -114,21 +114,21 @@ def slow_links(rates: tuple, moving: dict | None = None, below: float = 0.25) ->
             for row in _below_median(gbps, ch_gbps, in_ops, by, below)]
 
 
-def slow_receive_sides(recvs: np.ndarray, xfer: np.ndarray, ops: np.ndarray | None = None,
-                       send_rates: tuple | None = None, moving: dict | None = None, below: float = 0.25) -> list[dict]:
+def slow_receive_sides(recvs: np.ndarray, xfer: np.ndarray, ops: np.ndarray | None, send_rates: tuple,
+                       slow_sends: list[dict], moving: dict | None = None, below: float = 0.25) -> list[dict]:
     """A link's receive side judged as slow_links judges send sides: the links whose receives' typical GB/s is
     more than `below` under the median link's receive side (3 links or more), in more than half the ops, while
-    slow_links does not name the link's send side (`send_rates`: link_rates of the send records; a link named
-    there, or whose send side is not judged, is left to slow_links; one slow by the pooled median only is judged
-    here, else it was on neither list). A point-to-point receive
-    moves from when its data was there, so a slow one is the receiving rank's copies out of the link (in a ring a
+    slow_links does not name the link's send side (`send_rates`: link_rates of the send records; `slow_sends`:
+    slow_links' rows of them; a link named there, or whose send side is not judged, is left to slow_links; one
+    slow by the pooled median only is judged here, else it was on neither list). A point-to-point receive moves
+    from when its data was there, so a slow one is the receiving rank's copies out of the link (in a ring a
     slow receiver also slows its upstream sender, through credit waits, and slow_links sees it there).
     `receiver_outlier`: the receiving rank moves data longest (as in slow_links); `receiver_other_links`,
     `receiver_other_links_slow`: the receiving rank's receives from its other peers and how many are that far
     below too (all of them: its copies, none: this link's). `send_gbps`, `send_median_gbps`: the link's send side
     and the median link's. recvs, xfer: receive records, not halves of fused slices (their time is the send's),
     their transfer ns; ops: their op keys."""
-    send_gbps = send_rates[0] if send_rates else {}
+    send_gbps = send_rates[0]
     if not len(recvs) or not send_gbps:
         return []
     keyed = recvs.copy()                # keyed by link as a send is: rank = the link's src, peer = its dst
@@ -138,7 +138,7 @@ def slow_receive_sides(recvs: np.ndarray, xfer: np.ndarray, ops: np.ndarray | No
         return []
     med, send_med = float(np.median(list(gbps.values()))), float(np.median(list(send_gbps.values())))
     longest = _longest(moving, below)
-    sends_named = {(r["src"], r["dst"]) for r in _below_median(*send_rates, below)}
+    sends_named = {(r["src"], r["dst"]) for r in slow_sends}
 
     def others(s: int, d: int) -> tuple[int, int]:      # the receiver's receives from its other peers
         o = [g for (a, b), g in gbps.items() if b == d and a != s]

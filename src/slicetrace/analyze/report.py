@@ -118,11 +118,12 @@ def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.n
     fused = np.zeros(len(ks), bool)
     fused[s_half] = True
     send_rates = link_rates(ks[send], xfer[send], ops[send], 0.25, fused[send])     # judges both sides' links
+    slow = slow_links(send_rates, moving)
     return Report(links, per_rank, waited_on, slowest, counters or {}, skew.ranks, skew.ops,
-                  slow_links(send_rates, moving), skew.left_out, no_counters,
+                  slow, skew.left_out, no_counters,
                   skew.startup, skew.rule, held_up(ks, ops, starts),
                   unfinished(spans or [], chs, ranks, lacking=source == "Coll"), clock_check(ks, CLOCK_SLACK_NS + unc),
-                  slow_receive_sides(ks[rv], xfer[rv], ops[rv], send_rates, moving), send_rates[3])
+                  slow_receive_sides(ks[rv], xfer[rv], ops[rv], send_rates, slow, moving), send_rates[3])
 
 
 def _from_colls(spans: list) -> np.ndarray:
