@@ -172,17 +172,21 @@ def _flows(files: list[_File], at_ns: list[np.ndarray]) -> tuple[list[np.ndarray
     """Per file the flow id of each slice (0: none) for both ends of each send whose receive is in the files and
     ended no earlier than the send was done, how many flows, how many sends got none, and how many receives ended
     before their send was done (clocks that disagree; Perfetto drops a terminating flow id met before its start,
-    so those are left out). A receive ready a little before its send was done has its instant moved there (at_ns). What a send and its receive
-    share (the key): the communicator, the connection (ring and point-to-point ones count their steps apart, hence
-    the parent kind; a connection sits on one channel at both ends, plan.schedule.p2p_channel) and the FIFO step.
-    Paired in numpy: one lexsort by key, receives before sends, each by time. A key seen n times
-    on both sides (connections told apart by no parent, or a connection's step counter reused) pairs its i-th send
-    with its i-th receive by time: one communicator's ops run one after the other on each rank. A key with more
-    sends than receives (or fewer) pairs nothing: which is which is not known."""
+    so those are left out). A receive ready a little before its send was done has its instant moved there (at_ns).
+    What a send and its receive share (the key): the communicator, the connection (ring and point-to-point ones
+    count their steps apart, hence the parent kind; a connection sits on one channel at both ends,
+    plan.schedule.p2p_channel) and the FIFO step. Paired in numpy: one lexsort by key, receives before sends, each
+    by time. A key seen n times on both sides (connections told apart by no parent, or a connection's step
+    counter reused) pairs its i-th send with its i-th receive by time: one communicator's ops run one after the
+    other on each rank. A key with more sends than receives (or fewer) pairs nothing: which is which is not
+    known."""
     comms = sorted({f.comm for f in files})
-    cols = np.concatenate([np.column_stack([np.full(len(f.keys), comms.index(f.comm)), f.keys[:, 1:7],
-                                            f.t0[f.keys[:, 0]], np.full(len(f.keys), fi), f.keys[:, 0],
-                                            at_ns[fi][f.keys[:, 0]], f.t1[f.keys[:, 0]]]) for fi, f in enumerate(files)])
+
+    def columns(fi: int, f: _File) -> np.ndarray:
+        si = f.keys[:, 0]
+        return np.column_stack([np.full(len(si), comms.index(f.comm)), f.keys[:, 1:7], f.t0[si], np.full(len(si), fi),
+                                si, at_ns[fi][si], f.t1[si]])
+    cols = np.concatenate([columns(fi, f) for fi, f in enumerate(files)])
     # columns: comm, kind, snd, src, dst, ch, step, t0, file, slice, instant, t1
     fids = [np.zeros(len(f.t0), np.uint64) for f in files]
     if not len(cols):
