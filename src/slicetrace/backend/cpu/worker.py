@@ -171,12 +171,12 @@ def _ring_slices(prog, job: RingJob, recs: list) -> None:
                         red(d, r, out=d)
                     if fin:
                         finish_avg(d, nranks)
-                    if timed:
-                        t1 = pc()
+                    if hs:
+                        if timed:
+                            t1 = pc()
                         copyto(s, d)
-                        t2 = pc()
-                    elif hs:
-                        copyto(s, d)
+                        if timed:
+                            t2 = pc()
                 elif kind == K_SEND:
                     a = so + off
                     if timed:
@@ -191,10 +191,9 @@ def _ring_slices(prog, job: RingJob, recs: list) -> None:
                     b = do + off
                     if timed:
                         t1 = pc()
-                        copyto(s, r)
+                    copyto(s, r)
+                    if timed:
                         t2 = pc()
-                    else:
-                        copyto(s, r)
                     copyto(dst[b:b + n], r)
                 elif kind == K_RECV:
                     b = do + off
@@ -203,10 +202,9 @@ def _ring_slices(prog, job: RingJob, recs: list) -> None:
                     a, b = so + off, do + off
                     if timed:
                         t1 = pc()
-                        copyto(s, src[a:a + n])
+                    copyto(s, src[a:a + n])
+                    if timed:
                         t2 = pc()
-                    else:
-                        copyto(s, src[a:a + n])
                     if not same:
                         copyto(dst[b:b + n], src[a:a + n])
                 if timed:
