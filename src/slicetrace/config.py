@@ -92,6 +92,10 @@ def _secs(v: float) -> bool:
 
 _SECS = f"> 0 seconds and <= {MAX_SECONDS:.0f}"
 # field -> (test of a value of the right type, what is accepted); "one of" rules say "is not one of"
+def _no_nul(v: str) -> bool:
+    return "\0" not in v
+
+
 RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "backend": (lambda v: v in BACKENDS, f"one of {BACKENDS}"),
     "nchannels": (lambda v: 0 <= v <= MAXCHANNELS, f"in 0..{MAXCHANNELS} (0 = backend default)"),
@@ -110,9 +114,9 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "profile_event_mask": (lambda v: 0 <= v < 1 << 32, "in 0..2**32-1"),
     "plugin_max_failures": (lambda v: v >= 1, ">= 1"),
     # a NUL byte is a ValueError in open(): in a plugin's init, logged and the plugin dropped with no file
-    "profile_dump_file": (lambda v: "\0" not in v, "a path prefix without a NUL byte"),
-    "linkstats_file": (lambda v: "\0" not in v, "a path prefix without a NUL byte"),
-    "cache_dir": (lambda v: "\0" not in v, "a folder path without a NUL byte"),
+    "profile_dump_file": (_no_nul, "a path prefix without a NUL byte"),
+    "linkstats_file": (_no_nul, "a path prefix without a NUL byte"),
+    "cache_dir": (_no_nul, "a folder path without a NUL byte"),
     "linkstats_interval_s": (_secs, _SECS),
     "clock_resync_s": (_secs, _SECS),
     "cpu_reclaim": (lambda v: v in ("auto", "on", "off"), "one of ('auto', 'on', 'off')"),
