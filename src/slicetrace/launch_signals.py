@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any
 
-from .backend.signals import exit_handler, sigterm_default
+from .backend.signals import exit_handler, sigterm_as_exit
 
 INTERRUPT_GRACE_S = 10.0     # an interrupted launch() lets its ranks close this long (plugins write their traces)
 
@@ -75,12 +75,7 @@ def _let_ranks_close(procs: list, held: dict | None, sig: int = signal.SIGINT) -
 def _terminate_as_exit():
     """SIGTERM to the launcher becomes SystemExit(143) while it waits, so its cleanup (kill the ranks, remove the
     shared memory) runs; returns the handler to restore, or None where it cannot be set (not the main thread)."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    if not sigterm_default():
-        return None                       # the application has its own: leave it
-    signal.signal(signal.SIGTERM, exit_handler(parent_only=True))     # a child forked meanwhile: killed
-    return signal.SIG_DFL
+    return signal.SIG_DFL if sigterm_as_exit() else None     # None: the application's own handler, left alone
 
 
 def _hold_signals(term_after: Any) -> dict | None:

@@ -8,11 +8,10 @@ import mmap
 import os
 import signal
 import socket
-import threading
 from typing import Iterator
 
 from ..errors import BackendError
-from .signals import exit_handler, sigterm_default
+from .signals import sigterm_as_exit
 
 try:
     import _posixshmem
@@ -39,10 +38,9 @@ def sigterm_exits() -> Iterator[None]:
     in the main thread, so the set-up's cleanup removes the name: torchrun answers a rank that died at start-up
     with SIGTERM to the others, whose names were left behind (Docker's /dev/shm fills after a few). A handler the
     program installed (launch()'s ranks have one) is left as it is."""
-    if threading.current_thread() is not threading.main_thread() or not sigterm_default():
+    if not sigterm_as_exit():
         yield
         return
-    signal.signal(signal.SIGTERM, exit_handler(parent_only=True))   # a child forked meanwhile owns no name
     try:
         yield
     finally:

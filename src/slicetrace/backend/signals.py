@@ -224,6 +224,16 @@ def sigterm_default() -> bool:
     return cur is signal.SIG_DFL
 
 
+def sigterm_as_exit() -> bool:
+    """In the main thread with SIGTERM at its default (sigterm_default): SIGTERM raises SystemExit(143) from now on,
+    until the caller puts the default back (a child forked meanwhile is killed: what the caller guards is its own);
+    else False, nothing set (the application's own handler is left alone)."""
+    if threading.current_thread() is not threading.main_thread() or not sigterm_default():
+        return False
+    signal.signal(signal.SIGTERM, exit_handler(parent_only=True))
+    return True
+
+
 def term_exits(owner: object, on: bool) -> None:
     """While an owner is registered (a communicator with plugins), SIGTERM at its default action raises
     SystemExit(143) in the main thread instead, so the program unwinds and the at-exit finish writes the traces:
