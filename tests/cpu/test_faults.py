@@ -146,6 +146,32 @@ def test_a_collective_differing_after_a_matching_one_is_detected(what, theirs):
         assert "dtype=float32, op=max)" in head and theirs in head, head
 
 
+def _p2p_where_peer_runs_collective(comm, sender):
+    x = np.ones(1000 if sender == 1 else 2 << 20, dtype=np.float32)     # rank 0's send: larger than its FIFO
+    if comm.rank == 1:
+        comm.all_reduce(x)
+    elif sender == 0:
+        comm.send(x, peer=1)
+    else:
+        comm.recv(x, peer=1)
+    return "done"
+
+
+@pytest.mark.parametrize("sender,mine", [(0, "a send of 2097152 x float32 to rank 1"),
+                                         (1, "a receive of 1000 x float32 from rank 1")])
+def test_point_to_point_where_a_peer_runs_a_collective_is_a_mismatch(sender, mine):
+    """Rank 0 sends to (or receives from) rank 1, which calls all_reduce: each waits for the other. It was a
+    CommTimeoutError after timeout_s; the collective's signature names rank 1's side, the stalled lane rank 0's."""
+    with pytest.raises(PeerError, match="Mismatch") as e:
+        slicetrace.launch(_p2p_where_peer_runs_collective, 2, sender, timeout_s=TIMEOUT, join_timeout_s=JOIN)
+    assert sorted(e.value.errors) == [0, 1], e.value.errors
+    theirs = f"all_reduce(count={1000 if sender else 2 << 20}, dtype=float32, op=sum) [nchannels=1, step_bytes=524288]"
+    for err in e.value.errors.values():
+        head = err.split("\n", 1)[0]
+        assert head.startswith(f"MismatchError: collective #1 differs across ranks: rank 1 runs {theirs}, rank 0 "
+                               f"runs {mine} first (point-to-point"), head
+
+
 def _bad_input(comm):
     errors = []
     for call in (lambda: comm.all_reduce(np.ones(4), op="mean"),

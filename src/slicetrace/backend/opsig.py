@@ -41,6 +41,12 @@ def differ_text(seq: int, rank: int, mine: tuple, peer: int, theirs: tuple) -> s
             f"rank {peer} runs {describe_sig(*theirs)}")
 
 
+def order_text(seq: int, peer: int, theirs: tuple, rank: int, mine: str) -> str:
+    """A peer runs collective #seq where this rank runs point-to-point first (`mine`: what it does toward peer)."""
+    return (f"collective #{seq} differs across ranks: rank {peer} runs {describe_sig(*theirs)}, rank {rank} runs "
+            f"{mine} first (point-to-point: the ranks called their ops in different orders)")
+
+
 class SigTable:
     """world rows x NSIG entries x (seq, count, packed, cfg) u64 words in one segment. An entry is written as a
     seqlock (seq 0, the words, then seq), so a reader that sees the same seq before and after has a whole entry."""

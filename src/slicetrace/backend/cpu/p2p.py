@@ -42,10 +42,26 @@ class _Lane:
 
 class _Blocked:
     """What a stalled progress loop waits for, lane by lane; formatted only if the wait fails."""
-    __slots__ = ("lanes",)
+    __slots__ = ("lanes", "dcode")
 
-    def __init__(self, lanes: list):
-        self.lanes = lanes
+    def __init__(self, lanes: list, dcode: int):
+        self.lanes, self.dcode = lanes, dcode
+
+    def toward(self, peer: int) -> str:
+        """What the stalled lanes on `peer` move, for a MismatchError (Backoff.check_order)."""
+        out = []
+        for ln in self.lanes:
+            c = ln.conn
+            if c.peer != peer:
+                continue
+            if ln.prog is None:             # held: its next header waits for the receiver to check ours
+                out.append(f"a send to rank {peer}")
+                continue
+            pr = ln.prog.params
+            total, dcode = (pr["hdr"][2], pr["hdr"][1]) if pr["hdr"] else (pr["total"], self.dcode)
+            way = ("send", "to") if c.is_send else ("receive", "from")
+            out.append(f"a {way[0]} of {total} x {DTYPES[dcode]} {way[1]} rank {peer}")
+        return " and ".join(out)
 
     def __str__(self) -> str:
         out = []
@@ -174,7 +190,7 @@ def _progress(lanes, bufs, writers, op, stamp_ch, stamp, rate, dcode, se, guard,
             idle += 1
             if idle > guard.spins // 8:
                 if bo is None:
-                    bo = guard.backoff(_Blocked(list(active)), tuple(ln.conn.peer for ln in active))
+                    bo = guard.backoff(_Blocked(list(active), dcode), tuple(ln.conn.peer for ln in active))
                 bo.pause()
 
 

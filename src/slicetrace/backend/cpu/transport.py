@@ -17,7 +17,7 @@ import numpy as np
 
 from ...errors import CommTimeoutError, MismatchError, PeerError
 from ..base import host_pointer
-from ..opsig import differ_text
+from ..opsig import differ_text, order_text
 from ..procs import TwoChecks, proc_dead
 from . import futex
 from .shm import (ABORT_MISMATCH, ABORT_PEER, ABORT_TIMEOUT, C_ABORT, C_ABORT_FROM, C_CLOSED, C_HEARTBEAT, C_PID,
@@ -260,8 +260,23 @@ class Guard:
         while mv[idx] < target:
             b.pause()
 
-    def backoff(self, what: str, peers: tuple[int, ...]) -> "Backoff":
-        return Backoff(self, what, peers)
+    def backoff(self, what: Any, peers: tuple[int, ...]) -> "Backoff":
+        """The p2p progress loop's idle stretch: `what` says what its lanes wait for (str) and what they do
+        toward one peer (what.toward(peer)), for a MismatchError when a peer runs a collective instead."""
+        return Backoff(self, what, peers, p2p=True)
+
+    def ahead_of_p2p(self, waiting_on: tuple[int, ...]) -> tuple[int, int, tuple] | None:
+        """(peer, seq, its words) for a peer this point-to-point wait needs that runs collective #seq, which this
+        rank has not started: that peer cannot end it (each collective ends waiting for every rank to start it), so
+        neither op can end. Slow path only: no op pays for it."""
+        ctl = self.ctl
+        seq = max(ctl[SIG_WORD + i * 4] for i in range(NSIG)) + 1       # our next collective
+        base = SIG_WORD + (seq % NSIG) * 4
+        for p in waiting_on:
+            pctl = self.peers[p][0] if p in self.peers else None
+            if pctl is not None and pctl[base] == seq:      # its words are written first and stay while it waits
+                return p, seq, (pctl[base + 1], pctl[base + 2], pctl[base + 3])
+        return None
 
 
 def describe(what: Any) -> str:
@@ -276,10 +291,10 @@ def describe(what: Any) -> str:
 class Backoff:
     """Idle strategy for one wait (or one idle stretch of the p2p progress loop)."""
 
-    __slots__ = ("g", "what", "peers", "t0", "deadline", "check_at", "n", "sleep")
+    __slots__ = ("g", "what", "peers", "t0", "deadline", "check_at", "n", "sleep", "p2p", "ahead")
 
-    def __init__(self, guard: Guard, what: Any, peers: tuple[int, ...]):
-        self.g, self.what, self.peers = guard, what, peers
+    def __init__(self, guard: Guard, what: Any, peers: tuple[int, ...], p2p: bool = False):
+        self.g, self.what, self.peers, self.p2p, self.ahead = guard, what, peers, p2p, None
         self.t0 = time.monotonic()
         self.deadline = self.t0 + guard.timeout_s
         self.check_at = self.t0 + CHECK_EVERY_S   # peers' liveness (a /proc read, 13-40 us) once a wait is slow
@@ -306,6 +321,16 @@ class Backoff:
         if now >= self.check_at:
             self.check_at = now + CHECK_EVERY_S
             g.check(self.peers)
+            if self.p2p:
+                self.check_order()
         if now > self.deadline:
             raise g.fail(ABORT_TIMEOUT, f"rank {g.rank} waited {g.timeout_s}s (timeout_s) for {describe(self.what)}"
                          + g.not_started())
+
+    def check_order(self) -> None:
+        """A peer in a collective we have not started, seen at two checks of this wait (a poll of ours came between:
+        it may have posted what we wait for just before it began): the ranks called their ops in different orders."""
+        ahead, self.ahead = self.ahead, self.g.ahead_of_p2p(self.peers)
+        if ahead is not None and ahead == self.ahead:
+            p, seq, theirs = ahead
+            raise self.g.fail(ABORT_MISMATCH, order_text(seq, p, theirs, self.g.rank, self.what.toward(p)))
