@@ -508,7 +508,9 @@ def test_the_json_document_records_the_rank_count_the_settings_and_the_flags(tmp
     assert main(["bench", "-b", "256", "-e", "256", "-n", "1", "-w", "0", "--json", str(out)]) == 0
     capsys.readouterr()
     d = json.loads(out.read_text())
-    assert set(d) == {"settings", "ranks", "bench", "env", "rows", "summary"}
+    assert set(d) == {"settings", "ranks", "bench", "env", "rows", "summary", "profiling"}
+    assert d["bench"]["profile"] is None and d["profiling"] == {"plugins": [], "event_mask": None,
+                                                                "main_profiled": False}
     assert d["ranks"] == 2 and d["env"]["ranks"] == 2
     assert set(d["settings"]) == {f.name for f in fields(Settings)} and d["settings"]["backend"] == "cpu"
     assert d["bench"]["ranks"] is None and d["bench"]["iters"] == 1 and d["bench"]["warmup_iters"] == 0
@@ -594,6 +596,22 @@ def test_a_bare_profile_flag_keeps_the_variables_mask(tmp_path, monkeypatch):
                  "--ranks", "2"]) == 0
     heads = [json.load(open(f))[0] for f in glob.glob(str(tmp_path / "trace_*.json"))]
     assert len(heads) == 2 and all(h["args"]["EventMask"] == 2 for h in heads)
+
+
+@pytest.mark.parametrize("env_mask,mask", [(None, 65606), ("Coll", 2)])
+def test_the_json_says_what_profiling_a_bare_profile_flag_ran(tmp_path, monkeypatch, env_mask, mask):
+    """A bare --profile wrote "profile": null, as a run without --profile did; the mask it ran with (the
+    variable's, else the example plugin's default) was in neither the flags nor (unset) the settings."""
+    if env_mask is None:
+        monkeypatch.delenv("SLICETRACE_PROFILE_EVENT_MASK", raising=False)
+    else:
+        monkeypatch.setenv("SLICETRACE_PROFILE_EVENT_MASK", env_mask)
+    out = tmp_path / "b.json"
+    assert main(["bench", "--profile", "--trace", str(tmp_path / "t"), "-b", "4K", "-e", "4K", "-n", "1", "-w", "0",
+                 "--ranks", "2", "--json", str(out)]) == 0
+    d = json.loads(out.read_text())
+    assert d["bench"]["profile"] == mask
+    assert d["profiling"] == {"plugins": ["example"], "event_mask": mask, "main_profiled": True}
 
 
 def test_a_dump_file_from_the_environment_is_checked_first_and_named(tmp_path, monkeypatch, capsys):

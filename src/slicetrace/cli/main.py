@@ -153,11 +153,12 @@ def _bench_parser(sub) -> None:
 
 def run_bench(a: argparse.Namespace) -> int:
     from ..launcher import launch
+    from ..sinks.chrome import DEFAULT_MASK
     from .bench import bench_rank, say
     from .table import format_summary, summarize
     ops = check_flags(a)
     s, overrides = bench_settings(a)
-    load_plugins(s.profiler_plugin, s)          # a bad plugin spec is one line here, not a traceback per rank
+    plugins = [lp.name for lp in load_plugins(s.profiler_plugin, s)]   # a bad spec: one line here, not per rank
     nranks = a.ranks
     if nranks is None:
         nranks = 2
@@ -205,10 +206,16 @@ def run_bench(a: argparse.Namespace) -> int:
     for line in format_summary(summary, a.compare):
         say(line)
     if a.json is not None:
+        # what profiling ran: a bare --profile (-1) and no --profile both read null before; the mask is the example
+        # plugin's (its default when SLICETRACE_PROFILE_EVENT_MASK is unset); another plugin sets its own at init
+        mask = (DEFAULT_MASK if s.profile_event_mask is None else s.profile_event_mask) \
+            if has_example(s.profiler_plugin) else None
         write_json("--json", a.json, {"settings": {f.name: _json_value(getattr(s, f.name)) for f in fields(s)},
-                                       "ranks": nranks, "bench": {k: None if k == "profile" and v == -1 else v
+                                       "ranks": nranks, "bench": {k: mask if k == "profile" and v == -1 else v
                                                                   for k, v in vars(a).items()
                                                                   if k not in ("cmd", "func")},   # -a, -n, -w, ...
+                                       "profiling": {"plugins": plugins, "event_mask": mask,
+                                                     "main_profiled": bool(plugins) and not opts["main_unprofiled"]},
                                        "env": _provenance(s.backend, nranks, a.compare), "rows": rows,
                                        "summary": summary})
     if dump is not None:
