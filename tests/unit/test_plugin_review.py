@@ -133,3 +133,19 @@ def test_a_plugin_asking_for_types_its_version_lacks_is_told(caplog):
     assert h.plugins[0].mask == int(T.COLL)
     assert "(version 7) asked for KernelStep, which its version does not have (it needs version 8)" in caplog.text
     h.close()
+
+
+@pytest.mark.parametrize("asked", [T.KERNEL_STEP | T.COLL, np.int64(int(T.KERNEL_STEP | T.COLL))])
+def test_a_plugin_asking_for_kernel_step_as_an_event_type_or_numpy_int_is_told_too(caplog, asked):
+    """The README's way to ask (`mask.value = EventType.COLL | EventType.KERNEL_STEP`) and a numpy int got the v7
+    plugin no warning: only a plain int was checked."""
+    import logging
+
+    class P(RecPlugin):
+        def init(self, comm, mask):
+            mask.value = asked
+    with caplog.at_level(logging.WARNING, logger="slicetrace"):
+        h = EventHost([LoadedPlugin(P(version=7))], COMM)
+    assert h.plugins[0].mask == int(T.COLL)
+    assert "(version 7) asked for KernelStep, which its version does not have (it needs version 8)" in caplog.text
+    h.close()

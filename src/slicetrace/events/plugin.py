@@ -130,7 +130,7 @@ class LoadedPlugin:
         self.initialized = True
         try:
             asked = self._mask.value
-            if self.mask != asked and type(asked) is int and asked & int(_KS):   # stripped: else an empty output
+            if not self.mask & int(_KS) and _bits(asked) & int(_KS):    # stripped: else an empty output
                 log.warning("slicetrace: profiler plugin %r (version %d) asked for KernelStep, which its version "
                             "does not have (it needs version %d); it gets no KernelStep events", self.name,
                             self.version, NATIVE_VERSION)
@@ -266,6 +266,14 @@ class LoadedPlugin:
         if self.initialized:
             self.initialized = False
             self.plugin.finalize(self.ctx)
+
+
+def _bits(m: Any) -> int:
+    """A mask value as the int LoadedPlugin.mask reads it (an EventType or numpy int too), else 0."""
+    try:
+        return operator.index(m)
+    except TypeError:
+        return 0
 
 
 class PartialDelivery(Exception):
