@@ -339,3 +339,15 @@ def test_a_constructor_that_cannot_take_settings_positionally_is_called_with_not
     for cls in ("_KeywordOnly", "_Options"):
         (lp,) = load_plugins(f"tests.unit.test_plugin:{cls}", "the settings")
         assert type(lp.plugin).__name__ == cls
+
+
+def test_a_module_that_fails_to_import_or_a_malformed_path_is_a_plugin_error(tmp_path, monkeypatch):
+    """Only ImportError and AttributeError were wrapped: a module raising at import, ':P' (ValueError) and '.rel:P'
+    (TypeError) reached the user raw, without the item or the variable named."""
+    (tmp_path / "st_raises_at_import.py").write_text("raise RuntimeError('needs a licence')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for spec, why in (("st_raises_at_import:P", "RuntimeError: needs a licence"), (":P", "ValueError: Empty module"),
+                      (".rel:P", "TypeError: the 'package' argument is required")):
+        with pytest.raises(PluginError, match=rf"^profiler_plugin item '{spec}': cannot import '{spec}' \({why}"):
+            load_plugins(spec, Settings())
+    sys.modules.pop("st_raises_at_import", None)

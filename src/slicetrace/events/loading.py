@@ -32,8 +32,9 @@ def _import(path: str, item: str) -> Any:
         obj: Any = importlib.import_module(mod)
         for part in attr.split("."):
             obj = getattr(obj, part)
-    except (ImportError, AttributeError) as e:
-        raise PluginError(f"profiler_plugin item {item!r}: cannot import {path!r} ({e})") from e
+    except Exception as e:      # also what the module's own code raises, and ValueError/TypeError for ':x', '.x:y'
+        why = e if isinstance(e, (ImportError, AttributeError)) else f"{type(e).__name__}: {e}"
+        raise PluginError(f"profiler_plugin item {item!r}: cannot import {path!r} ({why})") from e
     return obj
 
 
