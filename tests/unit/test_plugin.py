@@ -137,6 +137,18 @@ def test_v4_and_older_see_coll_and_p2p_parented_by_parent_group(version, expect_
     assert [d.parent for d in p.starts()] == [expect_parent] * 2
 
 
+
+@pytest.mark.parametrize("version", range(1, 9))
+def test_coll_and_p2p_fields_a_version_lacks_are_not_passed_to_it(version):
+    """parentGroup is v5's and p2p nChannels v4's (NCCL's v1..v4 descriptors lack them, its adapters copy neither):
+    v1..v4 plugins were handed both, as user_tag and is_sym_coll are not below v7."""
+    p, lp = _loaded(version)
+    lp.start_event(abi.CollDescr(T.COLL, parent="api", parent_group="group", n_channels=3))
+    lp.start_event(abi.P2pDescr(T.P2P, parent="api", parent_group="group", n_channels=2))
+    coll, p2p = p.starts()
+    assert (coll.parent_group, p2p.parent_group) == (("group", "group") if version >= 5 else (None, None))
+    assert (coll.n_channels, p2p.n_channels) == (3, 2 if version >= 4 else 0)     # v1..v3 coll: nMaxChannels
+
 def test_v3_kernel_ch_has_no_p_timer_but_v4_does():
     p3, lp3 = _loaded(3)
     p4, lp4 = _loaded(4)

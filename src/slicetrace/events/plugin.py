@@ -4,8 +4,8 @@ A plugin declares `version` 1..8 (8 = NCCL profiler v7 + KernelStep). The host a
 `LoadedPlugin`, which presents the native v8 interface and adapts it down for older plugins the way NCCL's
 profiler_v*.cc adapters do: bits the version does not know are stripped from its ActivationMask after `init`
 (and again whenever the host reads the mask), events of unknown types get a None handle without calling the
-plugin, unknown states are dropped, and descriptors are rewritten (v4-: Coll/P2p parent := parent_group;
-v3-: KernelCh without p_timer; v1: enum codes instead of strings).
+plugin, unknown states are dropped, and descriptors are rewritten (fields a version lacks zeroed; v4-: Coll/P2p
+parent := parent_group; v1: enum codes instead of strings).
 
 Plugins without `kernel_step_batch` (`kernel_ch_batch`) but with `kernel_step_runs` (`kernel_ch_runs`) get each batch
 as one run; plugins with neither get the per-event slow path (reference semantics of the batch call):
@@ -199,8 +199,10 @@ class LoadedPlugin:
                 kw["user_tag"] = 0
                 if isinstance(d, CollDescr):
                     kw.update(kernel_variant="", is_sym_coll=False)
-            if v <= 4:
-                kw["parent"] = d.parent_group         # NCCL's v4 adapter: legacy Group parenting
+            if v <= 4:      # NCCL's v4 adapter: legacy Group parenting (the parentGroup field is v5's)
+                kw.update(parent=d.parent_group, parent_group=None)
+                if v <= 3 and isinstance(d, P2pDescr):
+                    kw["n_channels"] = 0                # p2p nChannels is v4's
             d = replace(d, **kw) if kw else d
             if v == 1:
                 d = _to_v1(d)
