@@ -9,7 +9,7 @@ import re
 import pytest
 
 from tests.cpu.test_backend import SMALL
-from tests.cpu.test_backend_faults import _timed_setup
+from tests.cpu.test_backend_faults import DIED_AT_SET_UP, _timed_setup
 from tests.helpers.procs import RankError, RankPool
 
 FAIL = "injected: rank 1's set-up fails at the attached barrier"
@@ -102,4 +102,51 @@ def test_a_rank_killed_before_it_published_its_segment_leaves_no_name(where):
         assert kind == "PeerError", res[r]
         assert re.search(r"rank 2 \(pid \d+\) (exited|died \(zombie\)) during its cpu backend set-up; "
                          r"detected by rank [01]", msg), res[r]
+    assert left == []
+
+
+def dies_while_third_attaches(ctx, key: str, kw: dict):
+    """Rank 1 exits at the 'attached' barrier; rank 2 opens rank 1's segment only once rank 0's set-up has ended
+    (it found rank 1 dead at the barrier and removed its name), as a rank descheduled on a loaded machine may."""
+    store, r = ctx["store"], ctx["rank"]
+    get, barrier = store.get, store.barrier
+
+    def dying(name, *a, **k):
+        if name.endswith("/attached"):
+            os._exit(9)
+        return barrier(name, *a, **k)
+
+    def late(k_, *a, **kw_):
+        if k_.endswith("/seg/1"):
+            get(_done(ctx, key, 0), 20.0, what="rank 0's set-up to end")
+        return get(k_, *a, **kw_)
+    if r == 1:
+        store.barrier = dying
+    elif r == 2:
+        store.get = late
+    try:
+        return _timed_setup(ctx, key, kw)[:2]
+    finally:
+        store.set(_done(ctx, key, r), b"1")
+        store.get, store.barrier = get, barrier
+
+
+def test_a_rank_that_finds_a_dead_ranks_segment_gone_names_the_death():
+    """A survivor still attaching when the other found the dead rank (and removed its name) hears of that death
+    from the segment's absence: test_a_rank_that_dies_during_set_up_is_a_peer_error_at_once took only the barrier's
+    wording, and failed when a loaded machine delayed a survivor's attach."""
+    pool = RankPool(3, timeout=40)
+    try:
+        res = pool.results_or_errors(dies_while_third_attaches, "gone", dict(SMALL, timeout_s=5.0))
+        left = glob.glob(f"/dev/shm/st_{pool.job}gone_*")
+    finally:
+        pool.close()
+    assert isinstance(res[1], RankError) and res[1].name == "EOFError", res[1]
+    assert res[0][0] == "PeerError" and re.fullmatch(r"rank 1 \(pid \d+\) (exited|died \(zombie\)); detected by "
+                                                     r"rank 0", res[0][1]), res[0]
+    kind, msg = res[2]
+    assert kind == "PeerError" and re.fullmatch(r"rank 1's segment 'st_\w+' is gone: rank 1 \(pid \d+\) "
+                                                r"(exited|died \(zombie\))", msg), res[2]
+    for kind, msg in (res[0], res[2]):      # each as the set-up death test takes it
+        assert DIED_AT_SET_UP.fullmatch(msg), msg
     assert left == []
