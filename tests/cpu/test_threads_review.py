@@ -76,15 +76,15 @@ def test_a_close_from_another_thread_never_meets_a_torn_down_backend():
     assert set(seen) == {"UsageError: communicator is closed"}, sorted(set(seen))
 
 
-def _slow_checks(monkeypatch, what: str) -> None:
-    """outside_groups(..., what) passes, then pauses: another thread runs in the window before the call acts."""
+def _slow_checks(monkeypatch, what: str, pause=lambda: time.sleep(0.1)) -> None:
+    """outside_groups(..., what) passes, then pause(): another thread runs in the window before the call acts."""
     import slicetrace.api as api
     real = api.outside_groups
 
     def slow(comm, w, *a, **k):
         real(comm, w, *a, **k)
         if w == what:
-            time.sleep(0.1)
+            pause()
     monkeypatch.setattr(api, "outside_groups", slow)
 
 
@@ -122,13 +122,14 @@ def test_two_threads_opening_a_group_at_once_get_a_group_or_an_error(monkeypatch
 def test_an_all_to_all_never_joins_a_group_another_thread_opened_meanwhile(monkeypatch):
     """all_to_all passed the group check, another thread opened comm.group(), and its blocks joined that group: it
     returned at once with its output unfilled (the group's owner then ran them)."""
-    _slow_checks(monkeypatch, "all_to_all")
+    res, in_window, opened, leave = {}, threading.Event(), threading.Event(), threading.Event()
+    # the window lasts until the group is open (a fixed one lost the race when the owner thread started late)
+    _slow_checks(monkeypatch, "all_to_all", lambda: (in_window.set(), opened.wait(10)))
     c = slicetrace.init(backend="null")
-    res, opened, leave = {}, threading.Event(), threading.Event()
 
     def owner():
         try:
-            time.sleep(0.03)                    # inside all_to_all's window
+            in_window.wait(10)                  # all_to_all passed its check
             with c.group():
                 opened.set()
                 leave.wait(10)
