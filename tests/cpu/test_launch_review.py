@@ -6,7 +6,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -183,13 +182,21 @@ def test_close_removes_a_peers_segment_name_left_behind():
 
 
 def one_stays_away(comm) -> str:
-    if comm.rank == 1:
-        time.sleep(4)                   # never calls the collective within the others' timeout
-        return "away"
-    try:
-        comm.all_reduce(np.ones(4, np.float32))
-    except slicetrace.errors.CommTimeoutError as e:
-        return str(e)
+    """The short timeout_s is a communicator's made once every rank is in fn: the launch's set-up, bounded by its
+    timeout_s, raced the spawned ranks' import skew (a rank importing fn 2 s late failed it at the rendezvous)."""
+    store = comm._session.store
+    comm.barrier()
+    with slicetrace.init(timeout_s=1.5) as sub:
+        if comm.rank == 1:              # never calls the collective: until both others' waits have ended
+            for r in (0, 2):
+                store.get(f"test/{comm._session.job}/ended/{r}", 60.0)
+            return "away"
+        try:
+            sub.all_reduce(np.ones(4, np.float32))
+        except slicetrace.errors.CommTimeoutError as e:
+            return str(e)
+        finally:
+            store.set(f"test/{comm._session.job}/ended/{comm.rank}", b"1")
     return "returned"
 
 
@@ -197,7 +204,7 @@ def test_a_timeout_names_the_rank_that_never_started_the_collective():
     """Whichever rank's deadline fires first posts its wait: often one waiting on a healthy neighbour that was
     itself blocked on the missing rank, so every rank's error named the healthy one (found by a review). The
     message now adds the ranks that had not started the collective."""
-    res = slicetrace.launch(one_stays_away, 3, timeout_s=1.5, join_timeout_s=120)
+    res = slicetrace.launch(one_stays_away, 3, timeout_s=LONG, join_timeout_s=120)
     assert res[1] == "away"
     for r in (0, 2):
         assert "rank(s) 1 had not started collective #1" in res[r], res
