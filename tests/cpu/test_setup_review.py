@@ -54,3 +54,25 @@ def test_a_peer_on_another_host_is_named_as_such():
                                            r"on one machine"):
         slicetrace.init(backend="cpu", rank=0, world_size=2, store=DictStore(store), job=job, timeout_s=5)
     assert glob.glob(f"/dev/shm/st_{job}_*") == []
+
+
+def test_an_exit_as_the_segment_is_made_removes_its_name(monkeypatch):
+    """A SIGTERM handled as the segment's constructor ended (past its own cleanup, whose try ends at the mapping)
+    or as it returned escaped both that cleanup and the set-up's, which unlinked only a segment it held: the name
+    stayed in /dev/shm for good (test_sigterm_during_set_up_removes_the_segment's signal can land there)."""
+    import pytest
+
+    import slicetrace
+    from slicetrace.backend import segment
+    from slicetrace.rendezvous import DictStore
+
+    def exit_here(self, value):
+        raise SystemExit(143)           # as the SIGTERM handler of sigterm_exits raises it, at the constructor's end
+    monkeypatch.setattr(segment.Segment, "_views", property(fset=exit_here), raising=False)
+    job = f"sgx{os.getpid()}"
+    with pytest.raises(SystemExit):
+        slicetrace.init(backend="cpu", rank=0, world_size=2, store=DictStore({}), job=job, timeout_s=5)
+    left = glob.glob(f"/dev/shm/st_{job}_*")
+    for f in left:                      # leave the machine clean either way
+        os.unlink(f)
+    assert left == []

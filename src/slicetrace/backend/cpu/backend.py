@@ -79,6 +79,8 @@ class CpuBackend(SetupPeers, HostBackend):
             self.store.set(f"{self._prefix}/making/{rank}", f"{name} {this_proc()}".encode())
             self.seg = Segment(name, size, create=True, advice=advice(self.nch, self.world, s.buffsize, s.ring_slots))
         except BaseException as e:      # e.g. a full /dev/shm: peers waiting for our segment hear why at once
+            if not isinstance(e, FileExistsError):  # the name is ours (O_EXCL): a SIGTERM's exit as Segment ended
+                unlink_name(name)                   # or returned, past its own cleanup, left it
             self._say_failed(e)
             raise
         try:
