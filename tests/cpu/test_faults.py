@@ -60,6 +60,10 @@ def test_killed_rank_fails_every_other_rank_with_the_peer_death(tmp_path):
 def _arrive_except_2(ctx):
     if ctx["rank"] == 2:
         return "stayed away"
+    # both arrivals start their 3 s waits together: one more than 3 s late (a loaded machine) would make the other's
+    # wait run out on it, not on rank 2
+    ctx["store"].set(f"here/{ctx['job']}/{ctx['rank']}", b"1")
+    ctx["store"].get(f"here/{ctx['job']}/{1 - ctx['rank']}", 60.0)
     try:
         slicetrace.init(rank=ctx["rank"], world_size=3, store=ctx["store"], job=ctx["job"] + "x",
                         timeout_s=3.0)
