@@ -120,7 +120,7 @@ def test_a_child_forked_during_a_sigterm_as_exit_window_is_killed_by_sigterm(own
 def test_a_signal_still_held_when_a_second_one_would_go_through_says_so(own_handlers, monkeypatch, capfd):
     """A Ctrl-C in a close stuck in a plugin (a trace on a hung mount) waited without a word: nothing told the user
     that pressing it again interrupts. Said once the second one would go through, and only while still held."""
-    monkeypatch.setattr(sg, "FORCE_AFTER_S", 0.05)
+    monkeypatch.setattr(sg, "FORCE_AFTER_S", 0.5)    # the two presses, back to back, well inside it
     err = ""
     with pytest.raises(KeyboardInterrupt):
         with signals_held():
