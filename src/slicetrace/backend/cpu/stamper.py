@@ -82,19 +82,22 @@ class FastRingWriter:
             self.staged = array(_U64)
             last = self.hdr[self.ri] + 1                            # one past the newest seq: the last staged
         first = max(first, last - self.mask - 1)
-        staged = np.frombuffer(words, np.uint64).reshape(-1, _W)[len(words) // _W - (last - first):]
-        recs = np.empty((len(staged), _E - 1), np.uint64)          # an entry's words 1..5
-        recs[:, :3] = staged[:, :3]
-        recs[:, 3] = (staged[:, 3] & _LO32) | (staged[:, 4] & _LO32) << np.uint64(32)
-        recs[:, 4] = staged[:, 5]
+        flat = np.frombuffer(words, np.uint64)[(len(words) // _W - (last - first)) * _W:]
+        staged = flat.reshape(-1, _W)
+        # Whole entries (seq word 0), so that each piece below is one contiguous copy per ring: a copy into
+        # rows[:, 1:] ran numpy's inner loop once per entry. Entry words 1..3 are staged words 0..2, one word on.
+        ents = np.empty((len(staged), _E), np.uint64)
+        ents.reshape(-1)[1:] = flat[:-1]
+        ents[:, 0] = 0
+        ents[:, 4] = (staged[:, 3] & _LO32) | (staged[:, 4] & _LO32) << np.uint64(32)
+        ents[:, 5] = staged[:, 5]
         n = 0
         while first < last:                                         # at most two pieces: the ring's end
             i = first & self.mask
             k = min(last - first, self.mask + 1 - i)
             seqs = np.arange(first, first + k, dtype=np.uint64)
             for rows in (self.st_rows, self.co_rows):   # started: wait, ready (done unread); completed: done
-                rows[i:i + k, 0] = 0
-                rows[i:i + k, 1:] = recs[n:n + k]
+                rows[i:i + k] = ents[n:n + k]
             for rows in (self.st_rows, self.co_rows):
                 rows[i:i + k, 0] = seqs                 # publish last
             first, n = first + k, n + k
