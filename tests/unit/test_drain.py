@@ -577,6 +577,20 @@ def test_scratch_grows_and_reuses_one_buffer_per_name():
     assert not np.shares_memory(s.rows("b", MIN_ROWS, np.uint64, 6), c)
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from([64, 8192]), st.integers(0, 8191), st.integers(0, 8192))
+def test_a_run_of_ring_rows_is_taken_as_the_gather_of_its_slots(slots, first, n):
+    """Scratch.take_run (the drain's copy of one channel's consecutive seqs, one or two slices, into a reused
+    buffer from MIN_ROWS on) holds what indexing the ring by those seqs' slots holds, wrapped or not."""
+    from slicetrace.stamps.scratch import Scratch
+    first, n = first % slots, n % (slots + 1)
+    ring = np.arange(slots * 6, dtype=np.uint64).reshape(slots, 6)
+    s = Scratch()
+    for _ in range(2):                      # the second time into the buffer the first one left
+        got = s.take_run(ring, first, n, "st")
+        assert got.shape == (n, 6) and (got == ring[(first + np.arange(n)) % slots]).all()
+
+
 def test_slots_a_writer_reserves_again_during_the_copy_are_counted_as_overrun():
     """Reservations that move on while the rows are gathered lap the oldest slots just read: those rows are
     overrun (the writer may have overwritten them), the rest are delivered."""
@@ -585,13 +599,13 @@ def test_slots_a_writer_reserves_again_during_the_copy_are_counted_as_overrun():
     for i in range(10):
         s = w.start(KIND_STEP, FLAG_SEND, 1, i, 8, 1, i, i + 1)
         w.complete(s, KIND_STEP, FLAG_SEND, 1, i, 8, 1, i + 2)
-    gather = d._scratch.take
+    gather = d._scratch.take_run
 
-    def racing(rows, idx, name):           # a writer reserves seqs 11..67 while the drain copies
-        out = gather(rows, idx, name)
+    def racing(rows, first, n, name):      # a writer reserves seqs 11..67 while the drain copies
+        out = gather(rows, first, n, name)
         v.header["reserved"][0] = 67
         return out
-    d._scratch.take = racing
+    d._scratch.take_run = racing
     d.poll_once()
     assert sink.drops == Counter({"overrun": 3})           # seqs 1..3 share slots with 65..67
     assert [list(r["step"]) for _, r in sink.step_calls] == [list(range(3, 10))] and d.cursor[0] == 10

@@ -291,9 +291,9 @@ class Drain:
             c0, n0 = int(cur[0]), int(cnt[0])
             seqs = np.arange(c0 + 1, c0 + n0 + 1, dtype=np.int64)
             chan = None
-            idx = seqs & (N - 1)
-            st = self._scratch.take(self._st[int(chs[0])], idx, "st")
-            co = st if self._merged else self._scratch.take(self._co[int(chs[0])], idx, "co")
+            i0 = (c0 + 1) & (N - 1)
+            st = self._scratch.take_run(self._st[int(chs[0])], i0, n0, "st")
+            co = st if self._merged else self._scratch.take_run(self._co[int(chs[0])], i0, n0, "co")
             top2 = np.int64(self._hdr[int(chs[0]), 0])     # read after the copy: is any slot being reused?
         else:
             offs = np.cumsum(cnt) - cnt

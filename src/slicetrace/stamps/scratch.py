@@ -33,3 +33,14 @@ class Scratch:
         """rows[idx] (a snapshot of ring entries), into buffer `name` when large."""
         buf = self.rows(name, len(idx), rows.dtype, rows.shape[1])
         return rows[idx] if buf is None else np.take(rows, idx, axis=0, out=buf, mode="clip")
+
+    def take_run(self, rows: np.ndarray, first: int, n: int, name: str) -> np.ndarray:
+        """rows[(first + arange(n)) % len(rows)] (n <= len(rows): a ring's consecutive seqs), as one or two slice
+        copies: a gather by index ran numpy's subspace loop once per row."""
+        out = self.rows(name, n, rows.dtype, rows.shape[1])
+        if out is None:
+            out = np.empty((n, rows.shape[1]), rows.dtype)
+        k = min(n, len(rows) - first)
+        out[:k] = rows[first:first + k]
+        out[k:] = rows[:n - k]
+        return out
