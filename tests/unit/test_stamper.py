@@ -90,6 +90,22 @@ def test_a_word_outside_u64_is_refused_before_any_seq_is_reserved():
     assert v.completed["done"][0, 1] == (1 << 64) - 1 and v.started["seq"][0, 1] == 1
 
 
+def test_a_bad_program_staged_after_others_leaves_theirs_whole():
+    """A program with a word outside u64, staged while others wait for publish, raises and leaves the staged
+    words and the reservations as they were: the next program's seq follows the last good one."""
+    v, _ = pair_of_rings(1)
+    f = FastRingWriter(v, 0)
+    f.stage([1, 2, 3, 5, 0, 7])                                 # seq 1
+    with pytest.raises(OverflowError):
+        f.stage([10, 11, 12, 5, 1, 7, 13, 14, -1, 5, 2, 7])
+    assert int(v.header["reserved"][0]) == 1 and len(f.staged) == 6
+    f.stage([20, 21, 22, 6, 3, 9])                              # seq 2
+    assert f.publish() == 2
+    assert v.started["seq"][0, 1:3].tolist() == [1, 2] and v.completed["seq"][0, 1:3].tolist() == [1, 2]
+    assert v.started["wait"][0, 1:3].tolist() == [1, 20] and v.completed["done"][0, 1:3].tolist() == [3, 22]
+    assert v.started["op"][0, 1:3].tolist() == [5, 6] and v.started["step"][0, 1:3].tolist() == [0, 3]
+
+
 def test_two_publishers_leave_the_newest_records_in_the_ring(monkeypatch):
     """An op's error path publishes from the op's thread while a flush_profiler() may publish from another. The
     first publisher wrote outside the writer's lock: paused there, it laid its older block over the newer one

@@ -58,14 +58,15 @@ class FastRingWriter:
         k = len(words) // _W
         if not k:
             return
-        packed = array(_U64, words)     # before any seq is reserved: a word outside u64 reserves nothing
         with self.lock:
+            staged = self.staged
+            empty = not staged
+            staged.fromlist(words)      # before any seq is reserved: a word outside u64 raises, staged unchanged
             hdr, ri = self.hdr, self.ri
             seq = hdr[ri] + 1
             hdr[ri] = seq + k - 1
-            if not self.staged:
+            if empty:
                 self.first = seq
-            self.staged += packed
 
     def publish(self) -> int:
         """Write every staged record into both rings (seq word 0, payload, then the seqs), as the reference
