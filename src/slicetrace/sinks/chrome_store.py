@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import deque
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -356,8 +357,8 @@ def _write_all(f: Any, data: Any) -> None:
 
 
 def _per_row(ids: list, lens: list) -> tuple[np.ndarray, np.ndarray]:
-    """(pid, seq) per run and run lengths -> pid and seq per row."""
-    a = np.repeat(np.array(ids, np.int64).reshape(-1, 2), lens, axis=0)
+    """(pid, seq) per run and run lengths -> pid and seq per row (flat ints: np.array over the tuples ~2x slower)."""
+    a = np.repeat(np.fromiter(chain.from_iterable(ids), np.int64, 2 * len(ids)).reshape(-1, 2), lens, axis=0)
     return a[:, 0], a[:, 1]
 
 
