@@ -9,7 +9,7 @@ import re
 import pytest
 
 from tests.cpu.test_backend import SMALL
-from tests.cpu.test_backend_faults import DIED_AT_SET_UP, _timed_setup
+from tests.cpu.test_setup_deaths import DIED_AT_SET_UP, _timed_setup
 from tests.helpers.procs import RankError, RankPool
 
 FAIL = "injected: rank 1's set-up fails at the attached barrier"
