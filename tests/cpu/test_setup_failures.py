@@ -19,6 +19,20 @@ def _done(ctx, key: str, rank) -> str:
     return f"test/{ctx['job']}{key}/done/{rank}"
 
 
+def _set_up_with(ctx, key: str, kw: dict, hooks: dict):
+    """This rank's set-up with its store's get/barrier replaced by `hooks`; then says it ended (the others' hooks
+    wait for that) and puts the store back."""
+    store = ctx["store"]
+    saved = store.get, store.barrier
+    for name, fn in hooks.items():
+        setattr(store, name, fn)
+    try:
+        return _timed_setup(ctx, key, kw)[:2]
+    finally:
+        store.set(_done(ctx, key, ctx["rank"]), b"1")
+        store.get, store.barrier = saved
+
+
 def fails_while_third_attaches(ctx, key: str, kw: dict):
     """Rank 1 fails at the 'attached' barrier (it has read every name) once rank 0 attached every segment; rank 2,
     which published its own, opens rank 0's segment only once rank 1's set-up has ended; rank 0 enters the
@@ -42,17 +56,7 @@ def fails_while_third_attaches(ctx, key: str, kw: dict):
             store.set(_done(ctx, key, "0 attached"), b"1")
             get(_done(ctx, key, 2), 20.0, what="rank 2's set-up to end")
         return barrier(name, *a, **k)
-    if r == 1:
-        store.barrier = failing
-    elif r == 2:
-        store.get = late
-    else:
-        store.barrier = held
-    try:
-        return _timed_setup(ctx, key, kw)[:2]
-    finally:
-        store.set(_done(ctx, key, r), b"1")
-        store.get, store.barrier = get, barrier
+    return _set_up_with(ctx, key, kw, [{"barrier": held}, {"barrier": failing}, {"get": late}][r])
 
 
 def test_a_set_up_failed_at_the_barrier_is_what_every_rank_hears():
@@ -120,15 +124,7 @@ def dies_while_third_attaches(ctx, key: str, kw: dict):
         if k_.endswith("/seg/1"):
             get(_done(ctx, key, 0), 20.0, what="rank 0's set-up to end")
         return get(k_, *a, **kw_)
-    if r == 1:
-        store.barrier = dying
-    elif r == 2:
-        store.get = late
-    try:
-        return _timed_setup(ctx, key, kw)[:2]
-    finally:
-        store.set(_done(ctx, key, r), b"1")
-        store.get, store.barrier = get, barrier
+    return _set_up_with(ctx, key, kw, [{}, {"barrier": dying}, {"get": late}][r])
 
 
 def test_a_rank_that_finds_a_dead_ranks_segment_gone_names_the_death():
