@@ -153,7 +153,7 @@ def _bench_parser(sub) -> None:
 
 def run_bench(a: argparse.Namespace) -> int:
     from ..launcher import launch
-    from ..sinks.chrome import DEFAULT_MASK
+    from ..sinks.chrome import event_mask
     from .bench import bench_rank, say
     from .table import format_summary, summarize
     ops = check_flags(a)
@@ -208,8 +208,7 @@ def run_bench(a: argparse.Namespace) -> int:
     if a.json is not None:
         # what profiling ran: a bare --profile (-1) and no --profile both read null before; the mask is the example
         # plugin's (its default when SLICETRACE_PROFILE_EVENT_MASK is unset); another plugin sets its own at init
-        mask = (DEFAULT_MASK if s.profile_event_mask is None else s.profile_event_mask) \
-            if has_example(s.profiler_plugin) else None
+        mask = event_mask(s) if has_example(s.profiler_plugin) else None
         write_json("--json", a.json, {"settings": {f.name: _json_value(getattr(s, f.name)) for f in fields(s)},
                                        "ranks": nranks, "bench": {k: mask if k == "profile" and v == -1 else v
                                                                   for k, v in vars(a).items()

@@ -104,6 +104,12 @@ def _records(ev: Ev, ts1: int) -> list[str]:
     return []
 
 
+def event_mask(settings: Settings) -> int:
+    """The mask the example plugin asks for: SLICETRACE_PROFILE_EVENT_MASK's, else DEFAULT_MASK."""
+    m = settings.profile_event_mask
+    return DEFAULT_MASK if m is None else int(m)
+
+
 class ChromePlugin:
     """NCCL's example profiler plugin, native version 8 (v7 + KernelStep) with the KernelStep batch path."""
     name = "example"
@@ -111,8 +117,7 @@ class ChromePlugin:
 
     def __init__(self, settings: Settings | None = None):
         settings = settings if settings is not None else Settings()
-        m = settings.profile_event_mask
-        self.mask_value = DEFAULT_MASK if m is None else int(m)
+        self.mask_value = event_mask(settings)
         self.dump = settings.profile_dump_file
         self.pool_sizes = {**DEFAULT_POOL_SIZES, **dict(settings.pool_sizes)}
 
