@@ -54,7 +54,7 @@ class _Blocked:
             c = ln.conn
             if c.peer != peer:
                 continue
-            if ln.prog is None:             # held: its next header waits for the receiver to check ours
+            if ln.held:                     # its next header waits for the receiver to check ours
                 out.append(f"a send to rank {peer}")
                 continue
             pr = ln.prog.params
