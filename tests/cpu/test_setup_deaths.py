@@ -15,6 +15,17 @@ from tests.cpu.test_backend_faults import shm_left
 from tests.helpers.procs import RankError, RankPool
 
 
+def set_up_in_fresh_pool(world: int, timeout: float, fn, key: str, timeout_s: float, *args) -> tuple[list, list]:
+    """fn's results (or RankErrors) on each rank of a fresh pool, with SMALL settings at timeout_s, and the job's
+    segment names left in /dev/shm once every rank ended (before the pool closes)."""
+    pool = RankPool(world, timeout=timeout)
+    try:
+        res = pool.results_or_errors(fn, key, dict(SMALL, timeout_s=timeout_s), *args)
+        return res, glob.glob(f"/dev/shm/st_{pool.job}{key}_*")
+    finally:
+        pool.close()
+
+
 def _timed_setup(ctx, key: str, kw: dict) -> tuple:
     """(error type or "ok", message, seconds the set-up took, what is left in /dev/shm)."""
     t = time.monotonic()
@@ -52,12 +63,7 @@ DIED_AT_SET_UP = re.compile(r"(rank [12] \(pid \d+\) (exited|died \(zombie\)); d
 def test_a_rank_that_dies_during_set_up_is_a_peer_error_at_once(victims):
     """The barrier after attaching waited the whole timeout_s (CommTimeoutError) for a rank whose pid it knew, and
     left the dead ranks' segments in /dev/shm."""
-    pool = RankPool(3, timeout=30)
-    try:
-        res = pool.results_or_errors(dies_at_set_up, "sdie", dict(SMALL, timeout_s=8.0), victims)
-        left = glob.glob(f"/dev/shm/st_{pool.job}sdie_*")
-    finally:
-        pool.close()
+    res, left = set_up_in_fresh_pool(3, 30, dies_at_set_up, "sdie", 8.0, victims)
     for r in victims:
         assert isinstance(res[r], RankError) and res[r].name == "EOFError", res[r]
     survivors = [res[r] for r in set(range(3)) - set(victims)]
@@ -81,12 +87,7 @@ def shm_full_at_set_up(ctx, key: str, kw: dict, victim: int):
 def test_a_rank_that_cannot_make_its_segment_fails_the_others_set_up_at_once():
     """A rank whose segment could not be made never published a failure: the others waited timeout_s for its
     segment's name and then blamed a timeout."""
-    pool = RankPool(3, timeout=30)
-    try:
-        res = pool.results_or_errors(shm_full_at_set_up, "sfull", dict(SMALL, timeout_s=8.0), 2)
-        left = glob.glob(f"/dev/shm/st_{pool.job}sfull_*")
-    finally:
-        pool.close()
+    res, left = set_up_in_fresh_pool(3, 30, shm_full_at_set_up, "sfull", 8.0, 2)
     assert res[2][0] == "BackendError" and "could not reserve" in res[2][1], res[2]
     for r in (0, 1):
         kind, msg, _, _ = res[r]      # PeerError with rank 2's own reason, not CommTimeoutError: before timeout_s
