@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slicetrace.errors import ConfigError
+from slicetrace.errors import PluginError
 from slicetrace.events import abi
 from slicetrace.events.abi import EventType as T
 from slicetrace.events.abi import State
@@ -65,10 +65,13 @@ def test_effective_mask_is_a_closure(mask):
     assert e & ~int(abi.ALL_TYPES) == 0
 
 
-def test_check_version_names_value_and_accepted():
+def test_check_version_names_plugin_value_and_accepted():
     assert abi.check_version(8) == 8
-    with pytest.raises(ConfigError, match=r"^plugin version=9 is not one of \[1, 2, 3, 4, 5, 6, 7, 8\]$"):
-        abi.check_version(9)
+    with pytest.raises(PluginError, match=r"^profiler plugin 'm:P' has version=9; accepted: an int in "
+                                          r"\[1, 2, 3, 4, 5, 6, 7, 8\] \(8 = v7 \+ KernelStep\)$"):
+        abi.check_version(9, "'m:P'")
+    with pytest.raises(PluginError, match=r"^profiler plugin has version=True; accepted: an int in"):
+        abi.check_version(True)
 
 
 def test_descriptors_carry_host_timestamps_and_records_have_three_clocks():

@@ -8,6 +8,7 @@ This module imports nothing from slicetrace but errors.
 from __future__ import annotations
 
 import enum
+import operator
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -15,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import PluginError
 
 
 class EventType(enum.IntFlag):
@@ -114,6 +115,13 @@ VERSION_TYPES[6] = VERSION_TYPES[5] | _T.CE_COLL | _T.CE_SYNC | _T.CE_BATCH
 VERSION_TYPES[7] = VERSION_TYPES[6] | _T.KERNEL_PHASE
 VERSION_TYPES[8] = VERSION_TYPES[7] | _T.KERNEL_STEP
 ALL_TYPES = VERSION_TYPES[NATIVE_VERSION]
+# Bits each version's adapter clears from the plugin's mask, once, after its init (NCCL 2.31: v1..v4 leave the mask
+# alone, v5 clears CE and KernelPhase, v6 KernelPhase), plus KernelStep for every older version (PR #2316's rule).
+# Other bits stay in the plugin's mask; the host acts only on the types the version knows.
+VERSION_CLEARED: dict[int, int] = {v: int(_T.KERNEL_STEP) for v in range(1, NATIVE_VERSION)}
+VERSION_CLEARED[5] |= int(_T.CE_COLL | _T.CE_SYNC | _T.CE_BATCH | _T.KERNEL_PHASE)
+VERSION_CLEARED[6] |= int(_T.KERNEL_PHASE)
+VERSION_CLEARED[NATIVE_VERSION] = 0
 
 _S = State
 _PROXY_STEP_STATES = {_S.PROXY_STEP_SEND_GPU_WAIT, _S.PROXY_STEP_SEND_WAIT, _S.PROXY_STEP_RECV_WAIT,
@@ -163,10 +171,20 @@ def effective_mask(mask: int) -> int:
     return out
 
 
-def check_version(version: int) -> int:
-    if version not in VERSION_TYPES:
-        raise ConfigError(f"plugin version={version!r} is not one of {sorted(VERSION_TYPES)}")
-    return version
+def check_version(version: Any, plugin: str = "") -> int:
+    """A plugin's declared `version` as an int; PluginError (naming `plugin`, e.g. "'mod:attr'") unless an int in
+    VERSION_TYPES: True == 1 and 5.0 == 5 as dict keys, but a bool or a float is no version."""
+    v = 0
+    if not isinstance(version, bool):
+        try:
+            v = operator.index(version)
+        except TypeError:
+            pass
+    if v not in VERSION_TYPES:
+        who = f"{plugin} " if plugin else ""
+        raise PluginError(f"profiler plugin {who}has version={version!r}; accepted: an int in {sorted(VERSION_TYPES)} "
+                          f"({NATIVE_VERSION} = v7 + KernelStep)")
+    return v
 
 
 # ---- descriptors (field names follow NCCL's v7 descriptors in snake_case) ----
@@ -233,7 +251,7 @@ class CollDescr(Descriptor):
     user_tag: int = 0
     kernel_variant: str = ""
     is_sym_coll: bool = False
-    comm_hash: int = 0        # v1..v3 carry it in the descriptor; newer versions get it at init
+    comm_hash: int = 0        # v1..v3 (and native) descriptors carry it; v4..v7 get it at init only
 
 
 @dataclass
@@ -284,7 +302,8 @@ class StateArgs:
 
 @dataclass(frozen=True)
 class CommInfo:
-    """What init() receives, as NCCL v5+: comm id/hash, name, node count, ranks, rank."""
+    """What init() receives from version 4 on, as NCCL's: comm id/hash, name, node count, ranks, rank (NCCL's v1..v3
+    init takes no communicator: those versions get None)."""
     comm_hash: int
     comm_name: str
     n_nodes: int

@@ -1,11 +1,12 @@
 """Profiler plugins: the Protocol and version adapters (loading from a spec: events/loading.py).
 
-A plugin declares `version` 1..8 (8 = NCCL profiler v7 + KernelStep). The host always talks to a
+A plugin declares `version`, an int 1..8 (8 = NCCL profiler v7 + KernelStep). The host always talks to a
 `LoadedPlugin`, which presents the native v8 interface and adapts it down for older plugins the way NCCL's
-profiler_v*.cc adapters do: bits the version does not know are stripped from its ActivationMask after `init`
-(and again whenever the host reads the mask), events of unknown types get a None handle without calling the
-plugin, unknown states are dropped, and descriptors are rewritten (fields a version lacks zeroed; v4-: Coll/P2p
-parent := parent_group; v1: enum codes instead of strings).
+profiler_v*.cc adapters do: v1..v3 init gets no communicator (None); after init the bits its adapter clears
+(abi.VERSION_CLEARED) are cleared from its ActivationMask, once, and the host reads only the types the version
+knows from it; events of unknown types get a None handle without calling the plugin, unknown states are dropped,
+v1..v3 state args carry only ProxyCtrl's count, and descriptors are rewritten (fields a version lacks zeroed;
+v4-: Coll/P2p parent := parent_group; v1: enum codes instead of strings).
 
 Plugins without `kernel_step_batch` (`kernel_ch_batch`) but with `kernel_step_runs` (`kernel_ch_runs`) get each batch
 as one run; plugins with neither get the per-event slow path (reference semantics of the batch call):
@@ -27,9 +28,10 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from ..errors import PluginError
-from .abi import (NATIVE_VERSION, VERSION_STATES, VERSION_TYPES, ActivationMask, CollApiDescr, CollDescr, CommInfo,
-                  Descriptor, EventType, GroupApiDescr, GroupDescr, KernelChDescr, KernelLaunchDescr,
-                  KernelStepDescr, P2pApiDescr, P2pDescr, ProxyCtrlDescr, State, StateArgs)
+from .abi import (NATIVE_VERSION, VERSION_CLEARED, VERSION_STATES, VERSION_TYPES, ActivationMask, CollApiDescr,
+                  CollDescr, CommInfo, Descriptor, EventType, GroupApiDescr, GroupDescr, KernelChDescr,
+                  KernelLaunchDescr, KernelStepDescr, P2pApiDescr, P2pDescr, ProxyCtrlDescr, State, StateArgs,
+                  check_version)
 
 log = logging.getLogger("slicetrace")
 
@@ -46,6 +48,7 @@ _KS = EventType.KERNEL_STEP
 _KS_STOP = State.KERNEL_STEP_STOP
 _KCH = EventType.KERNEL_CH
 _KCH_STOP = State.KERNEL_CH_STOP
+_CTRL_FIRST, _CTRL_LAST = State.PROXY_CTRL_IDLE, State.PROXY_CTRL_APPEND_END
 _T = EventType
 # Type bit by descriptor class: `int & IntFlag` runs IntFlag.__rand__ (Python code) on every event.
 _BIT_OF = {c: int(t) for c, t in (
@@ -78,7 +81,7 @@ class Plugin(Protocol):
     name: str
     version: int
 
-    def init(self, comm: CommInfo, mask: ActivationMask) -> Any: ...
+    def init(self, comm: CommInfo | None, mask: ActivationMask) -> Any: ...      # None for versions 1..3
     def start_event(self, ctx: Any, descr: Descriptor) -> Any: ...
     def stop_event(self, handle: Any, ts_ns: int) -> None: ...
     def record_event_state(self, handle: Any, state: State, args: StateArgs) -> None: ...
@@ -93,16 +96,14 @@ class LoadedPlugin:
             if not callable(getattr(plugin, attr, None)):
                 raise PluginError(f"profiler plugin {source or plugin!r} has no callable {attr}(); a plugin "
                                   f"implements init, start_event, stop_event, record_event_state, finalize")
-        version = getattr(plugin, "version", None)
-        if version not in VERSION_TYPES:
-            raise PluginError(f"profiler plugin {source or plugin!r} has version={version!r}; accepted: "
-                              f"{sorted(VERSION_TYPES)} ({NATIVE_VERSION} = v7 + KernelStep)")
+        version = check_version(getattr(plugin, "version", None), repr(source or plugin))
         self.plugin = plugin
         self.source = source
         self.name = str(getattr(plugin, "name", source or type(plugin).__name__))
         self.version: int = version
         self.known_types: int = int(VERSION_TYPES[version])
         self.known_states: frozenset[State] = VERSION_STATES[version]
+        self.cleared: int = VERSION_CLEARED[version]
         batch = getattr(plugin, "kernel_step_batch", None)
         self.knows_ks = bool(self.known_types & int(_KS))
         self.has_batch = self.knows_ks and callable(batch)
@@ -126,11 +127,15 @@ class LoadedPlugin:
         """Call the plugin's init; raises whatever it raises (the host unloads the plugin then)."""
         self._mask.value = int(mask)
         self.rank = comm.rank
-        self.ctx = self.plugin.init(comm, self._mask)
+        self.ctx = self.plugin.init(comm if self.version >= 4 else None, self._mask)   # v1..v3: init(ctx, mask)
         self.initialized = True
         try:
             asked = self._mask.value
-            if not self.mask & int(_KS) and _bits(asked) & int(_KS):    # stripped: else an empty output
+            if asked.__class__ is not int:
+                asked = self._int_mask(asked)
+            if asked & self.cleared:
+                self._mask.value = asked & ~self.cleared
+            if asked & int(_KS) and not self.knows_ks:       # cleared: else an empty output
                 log.warning("slicetrace: profiler plugin %r (version %d) asked for KernelStep, which its version "
                             "does not have (it needs version %d); it gets no KernelStep events", self.name,
                             self.version, NATIVE_VERSION)
@@ -146,14 +151,12 @@ class LoadedPlugin:
 
     @property
     def mask(self) -> int:
-        """The plugin's live mask, with bits its version does not know stripped (again, if it set them)."""
+        """The plugin's live mask as the host acts on it: the types its version knows. Other bits stay in the
+        plugin's mask (as in NCCL: only init clears some) but turn nothing on, nor add parents."""
         m = self._mask.value
         if m.__class__ is not int:
             m = self._int_mask(m)
-        if m & ~self.known_types:
-            m &= self.known_types
-            self._mask.value = m
-        return m
+        return m & self.known_types
 
     def _int_mask(self, m: Any) -> int:
         """A mask the plugin set to a numpy integer or an IntFlag, as an int; anything else (a float, None) turns it
@@ -195,6 +198,8 @@ class LoadedPlugin:
         v = self.version
         if isinstance(d, (CollDescr, P2pDescr)):
             kw: dict[str, Any] = {}
+            if v >= 4:
+                kw["comm_hash"] = 0                     # commHash left the descriptors in v4 (init has it)
             if v < 7:
                 kw["user_tag"] = 0
                 if isinstance(d, CollDescr):
@@ -217,6 +222,9 @@ class LoadedPlugin:
 
     def record_event_state(self, handle: Any, state: State, args: StateArgs) -> None:
         if state in self.known_states:
+            if self.version <= 3:       # NCCL's v1..v3 adapters pass zeroed args but ProxyCtrl's appendedProxyOps
+                args = StateArgs(appended_proxy_ops=args.appended_proxy_ops if _CTRL_FIRST <= state <= _CTRL_LAST
+                                 else 0, ts_ns=args.ts_ns)
             self.plugin.record_event_state(handle, state, args)
 
     def kernel_step_batch(self, parent: Any, recs: np.ndarray) -> int:
@@ -268,14 +276,6 @@ class LoadedPlugin:
         if self.initialized:
             self.initialized = False
             self.plugin.finalize(self.ctx)
-
-
-def _bits(m: Any) -> int:
-    """A mask value as the int LoadedPlugin.mask reads it (an EventType or numpy int too), else 0."""
-    try:
-        return operator.index(m)
-    except TypeError:
-        return 0
 
 
 class PartialDelivery(Exception):
