@@ -26,10 +26,11 @@ MAXCHANNELS = 64
 POOL_NAMES = ("GROUP_API", "COLL_API", "P2P_API", "KERNEL_LAUNCH", "GROUP", "COLL", "P2P",
               "KERNEL_CH", "KERNEL_STEP", "PROXY_CTRL")
 # Events *in flight* per type (slots retire on completion). Sized for a drain that lags a few thousand ops
-# behind an asynchronous GPU stream (seen: 256 Colls in flight on a 1 MiB all_reduce loop).
+# behind an asynchronous GPU stream (seen: 256 Colls in flight on a 1 MiB all_reduce loop). PROXY_CTRL: the last
+# drain-state spans kept (NCCL's example keeps 16 events: a few polls, too few to see the drain's run).
 DEFAULT_POOL_SIZES = {"GROUP_API": 4096, "COLL_API": 4096, "P2P_API": 4096, "KERNEL_LAUNCH": 4096,
                       "GROUP": 4096, "COLL": 4096, "P2P": 16384, "KERNEL_CH": 65536,
-                      "KERNEL_STEP": 1 << 20, "PROXY_CTRL": 16}
+                      "KERNEL_STEP": 1 << 20, "PROXY_CTRL": 4096}
 MAX_SECONDS = 86400.0                # any time setting: a day at most (an infinite wait would hang)
 MAX_RING_SLOTS = 1 << 24             # 1.5 GiB of stamps per channel; more fails later as a bare OSError
 MAX_BUFFSIZE = 1 << 30               # NCCL's is a few MiB: more is a typo (huge values overflowed os.ftruncate)

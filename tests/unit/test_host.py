@@ -285,16 +285,47 @@ def test_to_kernel_steps_converts_every_field_and_is_read_only():
 
 
 def test_proxy_ctrl_states_and_close_is_idempotent():
+    """NCCL's shapes: Idle/Active are states of one event that lasts to close; Sleep..Wakeup and
+    Append..AppendEnd(appended) are events of their own."""
     p = RecPlugin(mask=int(T.PROXY_CTRL))
     h = host_of(p)
-    h.proxy_ctrl(State.PROXY_CTRL_ACTIVE, 10)
-    h.proxy_ctrl(State.PROXY_CTRL_SLEEP, 20)
-    assert len(p.starts(T.PROXY_CTRL)) == 1
-    assert [(c[2], c[3].ts_ns) for c in p.of("state")] == [(State.PROXY_CTRL_ACTIVE, 10), (State.PROXY_CTRL_SLEEP, 20)]
+    S = State
+    for st, ts, n in ((S.PROXY_CTRL_ACTIVE, 10, 0), (S.PROXY_CTRL_IDLE, 20, 0), (S.PROXY_CTRL_SLEEP, 30, 0),
+                      (S.PROXY_CTRL_WAKEUP, 40, 0), (S.PROXY_CTRL_APPEND, 50, 0), (S.PROXY_CTRL_APPEND_END, 60, 3),
+                      (S.PROXY_CTRL_ACTIVE, 70, 0)):
+        h.proxy_ctrl(st, ts, n)
+    long_h, sleep_h, append_h = [("h", k, T.PROXY_CTRL) for k in (1, 2, 3)]
+    assert [d.ts_ns for d in p.starts(T.PROXY_CTRL)] == [10, 30, 50]
+    assert [(c[1], c[2], c[3].ts_ns, c[3].appended_proxy_ops) for c in p.of("state")] == [
+        (long_h, S.PROXY_CTRL_ACTIVE, 10, 0), (long_h, S.PROXY_CTRL_IDLE, 20, 0), (sleep_h, S.PROXY_CTRL_SLEEP, 30, 0),
+        (sleep_h, S.PROXY_CTRL_WAKEUP, 40, 0), (append_h, S.PROXY_CTRL_APPEND, 50, 0),
+        (append_h, S.PROXY_CTRL_APPEND_END, 60, 3), (long_h, S.PROXY_CTRL_ACTIVE, 70, 0)]
+    assert [c[1:] for c in p.of("stop")] == [(sleep_h, 40), (append_h, 60)]
     h.drop("overrun", 4)
+    h.close(ts_ns=99)
     h.close()
-    h.close()
+    assert [c[1:] for c in p.of("stop")][-1] == (long_h, 99)
     assert len(p.of("finalize")) == 1 and p.of("counters")[0][1]["overrun"] == 4
+
+
+def test_proxy_ctrl_follows_the_live_mask():
+    """ProxyCtrl rereads the plugin's live mask per event (NCCL): off, nothing and proxy_ctrl_on() is False; an
+    end whose start the plugin never got is not shown to it, one it got is, even if the mask changed since."""
+    p = RecPlugin(mask=int(T.COLL))
+    h = host_of(p)
+    assert not h.proxy_ctrl_on()
+    h.proxy_ctrl(State.PROXY_CTRL_SLEEP, 10)
+    p.mask_obj.value = int(T.COLL | T.PROXY_CTRL)
+    assert h.proxy_ctrl_on()
+    h.proxy_ctrl(State.PROXY_CTRL_WAKEUP, 20)           # its Sleep came before the mask had ProxyCtrl
+    h.proxy_ctrl(State.PROXY_CTRL_APPEND, 30)
+    p.mask_obj.value = int(T.COLL)
+    h.proxy_ctrl(State.PROXY_CTRL_APPEND_END, 40, 2)
+    h.proxy_ctrl(State.PROXY_CTRL_IDLE, 50)
+    assert [(c[2], c[3].ts_ns) for c in p.of("state")] == [(State.PROXY_CTRL_APPEND, 30),
+                                                           (State.PROXY_CTRL_APPEND_END, 40)]
+    assert len(p.starts(T.PROXY_CTRL)) == 1 and [c[2] for c in p.of("stop")] == [40]
+    h.close()
 
 
 def test_close_completes_open_ops():

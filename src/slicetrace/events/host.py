@@ -39,7 +39,9 @@ DROP_REASONS = ("overrun", "unpaired", "no_parent", "parent_dropped", "pool_full
                 "sampled_out", "plugin_error", "plugin_disabled", "masked_out", "declined", "missing_kernel_ch",
                 "plugin_init_failed")
 BEHIND_WAIT_S = 1.0     # a plugin callback holding the host this long is stuck: the user's op runs unprofiled
-_KCH, _KS = _B.KERNEL_CH, _B.KERNEL_STEP
+_KCH, _KS, _PC = _B.KERNEL_CH, _B.KERNEL_STEP, _B.PROXY_CTRL
+_CTRL_OPEN = {State.PROXY_CTRL_SLEEP, State.PROXY_CTRL_APPEND}          # each starts a ProxyCtrl event of its own,
+_CTRL_SHUT = {State.PROXY_CTRL_WAKEUP, State.PROXY_CTRL_APPEND_END}     # which these end (as NCCL's proxy thread)
 _DKCH = _DELIVERED[T.KERNEL_CH]
 
 
@@ -50,7 +52,7 @@ class EventHost(Emitter, PollRuns, Accounts):
         self._lock = threading.Lock()
         self._counts: dict[str, int] = dict.fromkeys(DROP_REASONS, 0)
         self._ops: dict[int, _Op] = {}
-        self._proxy: list[Any] = []
+        self._proxy: list[list[Any]] = []       # per plugin: its Idle/Active ProxyCtrl event, its Sleep/Append one
         self._skip_counts: dict[tuple, list[tuple[str, int]]] = {}
         self._closed = False
         self._behind, self._n_behind, self._behind_lock = False, 0, threading.Lock()
@@ -71,10 +73,10 @@ class EventHost(Emitter, PollRuns, Accounts):
                 self._slots.append(_Slot(lp))
         except BaseException:
             # The plugins initialised before it may hold open files (a trace): finalize them, then refuse.
-            self._proxy = [_OFF] * len(self._slots)
+            self._proxy = [[_OFF, _OFF] for _ in self._slots]
             self.close()
             raise
-        self._proxy = [_OFF] * len(self._slots)
+        self._proxy = [[_OFF, _OFF] for _ in self._slots]
 
     @property
     def plugins(self) -> list[LoadedPlugin]:
@@ -314,18 +316,37 @@ class EventHost(Emitter, PollRuns, Accounts):
                 if op is not None:
                     self._finish(op, ts_ns)
 
-    def proxy_ctrl(self, state: State, ts_ns: int | None = None) -> None:
-        """A drain-thread state (ProxyCtrl Idle/Active/Sleep/Wakeup) for plugins whose live mask has ProxyCtrl."""
+    def proxy_ctrl_on(self) -> bool:
+        """Some plugin's live mask has ProxyCtrl (NCCL rereads it per ProxyCtrl event): the drain's one check per
+        state change (stamps/ctrl.py)."""
+        for s in self._slots:
+            if s.lp.mask & _PC and not s.disabled:
+                return True
+        return False
+
+    def proxy_ctrl(self, state: State, ts_ns: int | None = None, appended: int = 0) -> None:
+        """A drain state change in NCCL's shapes, for plugins whose live mask has ProxyCtrl: Idle/Active are states
+        of one event per plugin, stopped at close; Sleep and Append start an event each, which Wakeup and AppendEnd
+        (appended_proxy_ops = `appended`) stop. An end whose start a plugin did not get is not shown to it."""
         ts = time.monotonic_ns() if ts_ns is None else ts_ns
+        state, args = State(state), StateArgs(appended_proxy_ops=appended, ts_ns=ts)
         with self._lock:
             if self._closed:
                 return
             for i, s in enumerate(self._slots):
-                if not self._pmask(s) & _B.PROXY_CTRL:
+                evs = self._proxy[i]
+                if state in _CTRL_SHUT:
+                    h, evs[1] = evs[1], _OFF
+                    self._state(i, h, state, args)
+                    self._stop(i, h, ts)
                     continue
-                if self._proxy[i] is _OFF:
-                    self._proxy[i] = self._start(i, ProxyCtrlDescr(T.PROXY_CTRL, None, self.comm.rank, ts), _OFF)
-                self._state(i, self._proxy[i], State(state), StateArgs(ts_ns=ts))
+                if not self._pmask(s) & _PC:
+                    continue
+                k = 1 if state in _CTRL_OPEN else 0
+                if k or evs[0] is _OFF:
+                    self._stop(i, evs[k], ts)      # a Sleep/Append whose end never came (else _OFF: a no-op)
+                    evs[k] = self._start(i, ProxyCtrlDescr(T.PROXY_CTRL, None, self.comm.rank, ts), _OFF)
+                self._state(i, evs[k], state, args)
 
     def _unlocked(self, read: Any) -> Any:
         """read() under the lock, or, while a callback holds it past BEHIND_WAIT_S (stuck: it mutates nothing
@@ -360,7 +381,8 @@ class EventHost(Emitter, PollRuns, Accounts):
                 self._finish(op, ts)
             self._ops.clear()
             for i in range(len(self._slots)):
-                self._stop(i, self._proxy[i], ts)
+                for h in reversed(self._proxy[i]):
+                    self._stop(i, h, ts)
             for s in self._slots:                  # each its own copy: a plugin may change what it is handed
                 for what, fn in (("report_counters", lambda: s.lp.report_counters(self._with_plugins((s,)))),
                                  ("finalize", s.lp.finalize)):

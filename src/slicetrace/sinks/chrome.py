@@ -10,7 +10,12 @@ from both (chrome_text.trace_pid; the first record, "slicetrace_comm", carries t
 EventMask the plugin recorded with). Coll/P2p/KernelCh/API events are async b/e pairs (same cat + id; ids are
 chrome_text.id_base + n: unique across the merged files of every communicator, under 2**53). KernelSteps are "X"
 slices from wait to done on one thread per (channel, direction, peer), tid = 1e6 + channel*131072 + is_send*65536 + peer,
-named e.g. "ch 3 send->1"; slices of one connection are sequential, so they render without overlap.
+named e.g. "ch 3 send->1"; slices of one connection are sequential, so they render without overlap. ProxyCtrl
+(the drain's states, stamps/ctrl.py) are "X" spans on the "proxy" thread (tid 2), cat PROXY, the last
+PROXY_CTRL pool size of them: NCCL's example plugin writes one b/e span per ProxyCtrl event, named Idle (for
+Idle/Active), Sleep or Append (args.appended), so its long-lived Idle/Active event is one span for the whole run;
+we write a span per state ("Idle" and "Active" between that event's transitions, "Sleep" to Wakeup, "Append"
+to AppendEnd with args.appended), which nest, so the track shows when the drain worked, idled and slept.
 
 Pools (sizes from settings.pool_sizes): a pool bounds the events of one type *in flight*; a slot is retired
 when its event stops, so only events beyond the pool size still in flight are dropped (and counted). Completed
@@ -104,6 +109,24 @@ def _records(ev: Ev, ts1: int) -> list[str]:
     return []
 
 
+class _CtrlEv(Ev):
+    """A ProxyCtrl event: the state it is in (0: none) since `since` ns; `appended` for an Append span."""
+    __slots__ = ("state", "since", "appended")
+
+
+_CTRL_SPANS = {13: "Idle", 14: "Active", 15: "Sleep", 17: "Append"}      # Wakeup and AppendEnd only end a span
+
+
+def _ctrl_span(ev: _CtrlEv, ts_ns: int) -> None:
+    """ev's current state ends at ts_ns: its span goes into the ring of the last PROXY_CTRL pool size spans."""
+    name, ctx = _CTRL_SPANS.get(ev.state), ev.ctx
+    if name is None or ctx.done:
+        return
+    args = f',"args":{{"appended":{ev.appended}}}' if ev.state == 17 else ""
+    ctx.proxy.append(f'{{"name":"{name}","cat":"PROXY","ph":"X","pid":{ctx.pid},"tid":2,"ts":{us(ev.since)},'
+                     f'"dur":{us(max(ts_ns - ev.since, 0))}{args}}},\n')
+
+
 def event_mask(settings: Settings) -> int:
     """The mask the example plugin asks for: SLICETRACE_PROFILE_EVENT_MASK's, else DEFAULT_MASK."""
     m = settings.profile_event_mask
@@ -143,7 +166,9 @@ class ChromePlugin:
         if pool is None or not (ctx.mask.value | _LATE) & bit:   # parents come at the snapshot: live mask = op's
             return ctx.passthrough      # a parent we do not record: children must still find a handle
         if pool == "PROXY_CTRL":
-            return Ev(ctx, descr, pool)          # ring of the last states, overwritten (no pool check)
+            ev = _CtrlEv(ctx, descr, pool)       # ring of the last spans, overwritten (no pool check)
+            ev.state, ev.since, ev.appended = 0, descr.ts_ns, 0
+            return ev
         if ctx.inflight[pool] >= ctx.sizes[pool]:
             ctx.dropped[pool] += 1
             return None
@@ -159,15 +184,19 @@ class ChromePlugin:
         if state == 22 or state == 32:            # KernelChStop, KernelStepStop (ints: enum compare is slow)
             handle.gpu_stop = args.p_timer
         elif handle.pool == "PROXY_CTRL":
-            name = State(state).name.replace("PROXY_CTRL_", "").title()
-            handle.ctx.proxy.append(f'{{"name":"{name}","cat":"PROXY","ph":"i","s":"t","pid":{handle.ctx.pid},'
-                                    f'"tid":2,"ts":{us(args.ts_ns)}}},\n')
+            if state == 18:                       # AppendEnd
+                handle.appended = args.appended_proxy_ops
+            _ctrl_span(handle, args.ts_ns)
+            handle.state, handle.since = (0 if state == 16 or state == 18 else int(state)), args.ts_ns
 
     def stop_event(self, handle: Ev, ts_ns: int) -> None:
         pool = handle.pool
-        if pool is None or handle.stopped or pool == "PROXY_CTRL":
+        if pool is None or handle.stopped:
             return
         handle.stopped = True
+        if pool == "PROXY_CTRL":
+            _ctrl_span(handle, ts_ns)
+            return
         ctx = handle.ctx
         ctx.inflight[pool] -= 1                   # retire the slot: the pool window advances
         if ctx.done:

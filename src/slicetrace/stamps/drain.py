@@ -4,8 +4,8 @@ Reads each channel in seq order (one cursor per channel, the same rule the write
 and device can never disagree on which op a stamp belongs to: every stamp carries its op tag.
 KernelCh start and stop are separate records (stamps.layout); the drain keeps open starts aside and delivers
 one paired KernelCh record at the stop, which in seq order comes after every KernelStep of its program.
-Imports errors, stamps.layout, .batches, .pairing, .scratch, .waits; its consumer has channel/steps/end_op/drop
-(the event host).
+Imports errors, stamps.layout, .batches, .ctrl, .pairing, .scratch, .waits; its consumer has channel/steps/end_op/
+drop (the event host), and may have proxy_ctrl/proxy_ctrl_on (.ctrl: the drain's ProxyCtrl states).
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import numpy as np
 
 from ..errors import CommTimeoutError
 from .batches import op_runs
+from .ctrl import Ctrl
 from .layout import KIND_CHANNEL, SEQ_PROVISIONAL, RingViews, member, published
 from .pairing import after_lap
 from .scratch import Scratch
@@ -74,6 +75,7 @@ class Drain:
         self.settled = False                    # stop's final poll ran: every record delivered or counted
         self.delivered, self.rows_read = 0, 0   # rows_read: ring entries gathered (the drain's own cost)
         self._scratch = Scratch()
+        self._ctl = Ctrl(consumer, clock)
 
     # ---- called by the session (user thread) ----
     def expect(self, tag: int, channels: bool = False, unique_keys: bool = False) -> None:
@@ -163,6 +165,8 @@ class Drain:
                 self._thread_init()
             while not self._stop:
                 n = self.poll_once(False, 1.0) or 0      # bounded: a fence holds the lock for good
+                if not self._ops and not self._ctl.asleep:  # nothing to track: NCCL's proxy sleeps on its cond here
+                    self._ctl.nap(self._poll_lock, lambda: not self._ops and not self._stop)
                 iv = max(self.interval, iv / 4) if n > busy else min(MAX_INTERVAL_S, iv * 2)
                 if self._wake.wait(iv):
                     self._wake.clear()
@@ -181,8 +185,7 @@ class Drain:
             self._poll_lock.release()
 
     def _poll(self, force: bool) -> int:
-        with self._lock:
-            ops = list(self._ops.values())
+        ops = self._ctl.take_ops(self._ops, self._lock, force)      # with ProxyCtrl's Wakeup and Append (.ctrl)
         reserved = self._hdr[:, 0]
         for op in ops:          # in submit order: stop at the first op still running (one query, not one per
             if op.done:         # op in flight; a later op found done on another stream is seen next poll)
@@ -248,6 +251,7 @@ class Drain:
                 for tag in ended:
                     self._ops.pop(tag & 0xFFFFFFFF, None)
             n += len(ended)
+        self._ctl.polled(len(ops) - len(ended), n, now)
         return n
 
     def _drain_many(self, chs: np.ndarray, done_lows, force: bool, running: bool = True,

@@ -1,0 +1,180 @@
+"""ProxyCtrl: the drain's states (stamps/ctrl.py), transitions only, in a valid order, one check each when off;
+the example plugin's spans of them."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+from slicetrace.analyze import check_trace
+from slicetrace.analyze.perfetto import convert
+from slicetrace.config import Settings
+from slicetrace.events import abi
+from slicetrace.events.abi import EventType as T
+from slicetrace.events.abi import State
+from slicetrace.events.host import EventHost
+from slicetrace.events.plugin import LoadedPlugin
+from slicetrace.sinks.chrome import ChromePlugin
+from slicetrace.stamps import ctrl
+from slicetrace.stamps.drain import Drain
+from slicetrace.stamps.layout import RingWriter
+from tests.unit.test_drain import Recorder, rings, write_op
+
+IDLE, ACTIVE, SLEEP, WAKEUP, APPEND, APPEND_END = (ctrl.IDLE, ctrl.ACTIVE, ctrl.SLEEP, ctrl.WAKEUP, ctrl.APPEND,
+                                                   ctrl.APPEND_END)
+
+
+class CtrlRecorder(Recorder):
+    """A consumer that also takes ProxyCtrl states, and counts how often the drain asked whether to."""
+
+    def __init__(self, on=True):
+        super().__init__()
+        self.on, self.asked, self.states = on, 0, []
+        self.lock = threading.Lock()
+
+    def proxy_ctrl_on(self):
+        self.asked += 1
+        return self.on
+
+    def proxy_ctrl(self, state, ts_ns, appended=0):
+        with self.lock:
+            self.states.append((state, ts_ns, appended))
+
+    def names(self):
+        with self.lock:
+            return [s for s, _, _ in self.states]
+
+
+def _in_time_order(states, polls_append=True):
+    """Each span's end after its start, the states of the long-lived event and the Sleeps in time order; a poll
+    that appended ops and delivered goes Active at its start, so its Append lies inside (polls_append: each
+    Active came from such a poll)."""
+    starts = {}
+    for s, t, _ in states:
+        if s in (SLEEP, APPEND):
+            starts[s] = t
+        elif s in (WAKEUP, APPEND_END):
+            assert t >= starts.pop(SLEEP if s == WAKEUP else APPEND)
+    main = [t for s, t, _ in states if s not in (APPEND, APPEND_END)]
+    assert main == sorted(main)
+    appends = [t for s, t, _ in states if s == APPEND]
+    assert appends == sorted(appends)
+    active = [t for s, t, _ in states if s == ACTIVE]
+    assert all(t in appends for t in active) or not polls_append
+
+
+def _submit(d, w, tag):
+    """An op as the session submits it: expected (its records may appear from now), written, submitted."""
+    d.expect(tag, channels=True)
+    write_op(w, tag, 3)
+    d.op_submitted(tag, lambda: True)
+
+
+def test_state_numbers_are_nccls():
+    """The drain may not import events.abi (layers): its copies of the numbers must be the ABI's."""
+    assert (IDLE, ACTIVE, SLEEP, WAKEUP, APPEND, APPEND_END) == (
+        State.PROXY_CTRL_IDLE, State.PROXY_CTRL_ACTIVE, State.PROXY_CTRL_SLEEP, State.PROXY_CTRL_WAKEUP,
+        State.PROXY_CTRL_APPEND, State.PROXY_CTRL_APPEND_END)
+
+
+def test_polls_say_append_then_active_and_idle_once_not_per_idle_poll():
+    v, sink = rings(1), CtrlRecorder()
+    d, w = Drain(v, sink), RingWriter(v, 0)
+    _submit(d, w, 1)
+    _submit(d, w, 2)
+    d.poll_once()
+    for _ in range(4):                  # nothing more: one Idle, however many polls find nothing
+        d.poll_once()
+    _submit(d, w, 3)
+    d.poll_once()
+    assert sink.names() == [APPEND, APPEND_END, ACTIVE, IDLE, APPEND, APPEND_END, ACTIVE]
+    assert [a for s, _, a in sink.states if s == APPEND_END] == [2, 1]      # the ops each poll took
+    _in_time_order(sink.states)
+    assert sink.ended == [1, 2, 3] and not sink.drops
+
+
+def test_off_costs_one_check_per_transition_and_says_nothing():
+    v, sink = rings(1), CtrlRecorder(on=False)
+    d, w = Drain(v, sink), RingWriter(v, 0)
+    _submit(d, w, 1)
+    d.poll_once()                       # Append and Active: one check each
+    assert sink.asked == 2
+    for _ in range(5):                  # Idle once, then idle polls ask nothing
+        d.poll_once()
+    assert sink.asked == 3
+    _submit(d, w, 2)
+    d.poll_once()
+    assert sink.asked == 5 and sink.states == [] and sink.ended == [1, 2]
+
+
+def test_consumer_without_proxy_ctrl_is_left_alone():
+    v, sink = rings(1), Recorder()
+    d, w = Drain(v, sink), RingWriter(v, 0)
+    _submit(d, w, 1)
+    d.poll_once()
+    d.poll_once()
+    assert sink.ended == [1] and not sink.drops
+
+
+def _wait_for(cond, what, timeout_s=60.0):
+    """Poll cond() until it holds; a generous bound fails the test only when the drain thread is stuck."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"the drain thread never got to {what}"
+        time.sleep(0.005)
+
+
+def test_the_drain_thread_sleeps_with_no_op_and_wakes_for_one():
+    v, sink = rings(1), CtrlRecorder()
+    d, w = Drain(v, sink, interval_us=100), RingWriter(v, 0)
+    d.start()
+    try:
+        _wait_for(lambda: SLEEP in sink.names(), "Sleep")
+        _submit(d, w, 1)
+        _wait_for(lambda: sink.names().count(SLEEP) == 2, "its second Sleep")
+    finally:
+        d.stop(30.0)
+    assert d.error is None and not d.alive and sink.ended == [1]
+    assert sink.names() == [IDLE, SLEEP, WAKEUP, APPEND, APPEND_END, ACTIVE, IDLE, SLEEP, WAKEUP]
+    _in_time_order(sink.states, polls_append=False)     # the thread may poll between expect and the records
+
+
+def _chrome_host(tmp_path, mask, **kw):
+    p = ChromePlugin(Settings(profile_dump_file=str(tmp_path / "t"), profile_event_mask=mask, **kw))
+    comm = abi.CommInfo(4242, "t", 1, 2, 1)
+    return EventHost([LoadedPlugin(p)], comm), str(tmp_path / "t_4242_1.json")
+
+
+def _spans(path):
+    with open(path) as f:
+        return [(r["name"], r["ts"], r["dur"], r.get("args")) for r in json.load(f)
+                if r.get("cat") == "PROXY" and r.get("ph") == "X" and r.get("tid") == 2]
+
+
+def test_chrome_writes_a_span_per_state_that_nests_and_converts(tmp_path):
+    host, path = _chrome_host(tmp_path, int(T.COLL | T.PROXY_CTRL))
+    S = State
+    for st, ts, n in ((S.PROXY_CTRL_ACTIVE, 1000, 0), (S.PROXY_CTRL_APPEND, 1500, 0),
+                      (S.PROXY_CTRL_APPEND_END, 1700, 3), (S.PROXY_CTRL_IDLE, 2000, 0), (S.PROXY_CTRL_SLEEP, 2500, 0),
+                      (S.PROXY_CTRL_WAKEUP, 4000, 0), (S.PROXY_CTRL_ACTIVE, 5000, 0)):
+        host.proxy_ctrl(st, ts, n)
+    host.close(ts_ns=9000)
+    assert sorted(_spans(path), key=lambda s: s[1]) == [
+        ("Active", 1.0, 1.0, None), ("Append", 1.5, 0.2, {"appended": 3}), ("Idle", 2.0, 3.0, None),
+        ("Sleep", 2.5, 1.5, None), ("Active", 5.0, 4.0, None)]
+    assert check_trace(path) == []
+    assert convert([path], str(tmp_path / "t.pftrace"))["slices"] == 5
+
+
+def test_chrome_keeps_the_last_pool_size_spans_and_none_without_the_bit(tmp_path):
+    host, path = _chrome_host(tmp_path / "a", int(T.COLL | T.PROXY_CTRL), pool_sizes={"PROXY_CTRL": 3})
+    for k in range(10):
+        host.proxy_ctrl(State.PROXY_CTRL_APPEND, 1000 * k)
+        host.proxy_ctrl(State.PROXY_CTRL_APPEND_END, 1000 * k + 10, k)
+    host.close(ts_ns=20_000)
+    assert [s[3]["appended"] for s in _spans(path)] == [7, 8, 9]
+    host, path = _chrome_host(tmp_path / "b", int(T.COLL))
+    host.proxy_ctrl(State.PROXY_CTRL_ACTIVE, 1000)
+    host.close(ts_ns=2000)
+    with open(path) as f:
+        assert not [r for r in json.load(f) if r.get("cat") == "PROXY"]
