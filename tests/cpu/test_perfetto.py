@@ -50,11 +50,13 @@ def test_converted_trace_has_every_slice_on_non_overlapping_tracks_and_a_flow_pe
         if td is not None:
             d = _fields(td)
             proc = _one(d, 3)
-            if proc is not None:
+            if _one(d, 1) == 0:                            # the root track: processes by their rank (19: EXPLICIT)
+                assert _one(d, 19) == 1 and proc is None
+            elif proc is not None:
                 pd = _fields(proc)
-                procs[_one(d, 1)] = (_one(pd, 1), _one(pd, 6).decode())
+                procs[_one(d, 1)] = (_one(pd, 1), _one(pd, 6).decode(), _one(d, 12))
             else:
-                tracks[_one(d, 1)] = (_one(d, 5), _one(d, 2).decode())
+                tracks[_one(d, 1)] = (_one(d, 5), _one(d, 2).decode(), _one(d, 11), _one(d, 12))
             continue
         e = _fields(te)
         ts = _one(p, 8)
@@ -77,17 +79,23 @@ def test_converted_trace_has_every_slice_on_non_overlapping_tracks_and_a_flow_pe
             ends.append(ev)
         ordered.append(ev)
 
-    # one process per rank; every track under one
-    assert sorted(pid for pid, _ in procs.values()) == [1, 2, 3]        # rank + 1: pid 0 is Perfetto's idle process
-    assert all(parent in procs for parent, _ in tracks.values())
-    names = Counter(name for _, name in tracks.values())
+    # a process per rank (pid rank + 1; 0 is Perfetto's idle) ranked by rank, in it a rank track (EXPLICIT: 3) of tracks
+    assert sorted((pid, rank) for pid, _, rank in procs.values()) == [(1, 0), (2, 1), (3, 2)]
+    groups = {uid: proc for uid, (proc, _, order, _) in tracks.items() if proc in procs and order == 3}
+    lanes = {uid: (groups[g], name, rank) for uid, (g, name, _, rank) in tracks.items() if g in groups}
+    assert len(groups) == 3 and len(lanes) + len(groups) == len(tracks)
+    names = Counter(name for _, name, _ in lanes.values())
     assert names["operations"] == 3 and names["ch 0 send->1"] == 1 and names["ch 1 recv<-2"] == 1
+    for proc in procs:          # ranked 0, 1, ...: the operations (and their lanes), channel 0's tracks, channel 1's
+        mine = sorted((rank, name) for p, name, rank in lanes.values() if p == proc)
+        chans = [-1 if n.startswith("operations") else int(n.split()[1]) for _, n in mine]
+        assert [r for r, _ in mine] == list(range(len(mine))) and chans == sorted(chans) and chans[0] == -1
     # every slice of the input, begin and end, with its nanoseconds
     n_x = sum(1 for r in recs if r.get("ph") == "X")
     n_async = sum(1 for r in recs if r.get("ph") == "b")
     assert len(begins) == len(ends) == n_x + n_async
     want = Counter((r["pid"], round(float(r["ts"]) * 1000)) for r in recs if r.get("name") == "KernelStep")
-    by_track = {uid: procs[parent][0] - 1 for uid, (parent, _) in tracks.items()}     # track -> rank
+    by_track = {uid: procs[proc][0] - 1 for uid, (proc, _, _) in lanes.items()}     # track -> rank
     got = Counter((by_track[b["track"]], b["ts"]) for b in begins if b["name"] == "KernelStep")
     assert got == want
     assert stamps == sorted(stamps)
@@ -269,13 +277,13 @@ def _flow_ends(path):
             proc = _one(d, 3)
             if proc is not None:
                 procs[_one(d, 1)] = _one(_fields(proc), 1) - 1        # pid = rank + 1
-            else:
+            elif _one(d, 1):                                        # not the root (uuid 0)
                 tracks[_one(d, 1)] = _one(d, 5)
             continue
         e = _fields(te)
         for f, v in e:
-            if f in (47, 48):
-                out.add((procs[tracks[_one(e, 11)]], _one(p, 8), "send" if f == 47 else "recv", v))
+            if f in (47, 48):                                       # a lane, in its rank's track, in the process
+                out.add((procs[tracks[tracks[_one(e, 11)]]], _one(p, 8), "send" if f == 47 else "recv", v))
     return out
 
 

@@ -4,12 +4,12 @@ Perfetto reads Chrome JSON only "on a best-effort basis": overlapping slices of 
 track and large files are slow. Its own format (TrackEvent packets) keeps nanoseconds and names every track:
 per rank (and communicator) a process, in it one track per channel, direction and peer for the KernelSteps,
 one per channel for KernelCh and one for the operations; slices that would overlap on a track get a lane of their
-own. Each KernelStep send gets a flow to the receive that took its data on the peer (same communicator, channel
-and FIFO step), so Perfetto draws who waited on whom: from an instant "send done" inside the send's slice at its
-end to an instant "recv ready" inside the receive's slice when its data was there. Not from slice to slice: Perfetto
-(since PR #2777) points a flow away from whichever of its slices began first, and a receive often begins (waits)
-before its send. The protobuf is written by hand (a few field types:
-analyze/protobuf.py).
+own; ranks, and a rank's tracks, come in rank and then channel order (analyze/perfetto_tracks.py). Each KernelStep
+send gets a flow to the receive that took its data on the peer (same communicator, channel and FIFO step), so
+Perfetto draws who waited on whom: from an instant "send done" inside the send's slice at its end to an instant
+"recv ready" inside the receive's slice when its data was there. Not from slice to slice: Perfetto (since PR #2777)
+points a flow away from whichever of its slices began first, and a receive often begins (waits) before its send.
+The protobuf is written by hand (a few field types: analyze/protobuf.py).
 
 Memory and time: files are read one at a time (runfiles.load_each), each slice kept as a few numbers; the
 annotations of records of one shape (the KernelSteps) as an int64 matrix, encoded in numpy a chunk at a time as
@@ -17,7 +17,6 @@ they are written. Packets are made in time order (one lexsort of every event) an
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import struct
@@ -28,28 +27,23 @@ import numpy as np
 
 from ..errors import TraceFormatError
 from .atomic import atomic_open
-from .protobuf import (P_SEQ_ID, P_TRACK_DESCRIPTOR, PD_NAME, PD_PID, TD_NAME, TD_PARENT, TD_PROCESS, TD_UUID,
-                       TE_CATEGORIES, TE_FLOW, TE_FLOW_END, TE_NAME, TE_TRACK, TE_TYPE, TRACE_PACKET, annotation,
-                       annotation_rows, fits_rows, packet_heads, pb_bytes, pb_int, pb_str, tag, wire_fields)
+from .perfetto_tracks import INSTANT, layout, pids, uuid64
+from .protobuf import (P_SEQ_ID, PROCESS_EXPLICIT, TE_CATEGORIES, TE_FLOW, TE_FLOW_END, TE_NAME, TE_TRACK,
+                       TE_TYPE, TRACE_PACKET, annotation, annotation_rows, fits_rows, packet_heads, pb_bytes, pb_int,
+                       pb_str, tag, track_descriptor, wire_fields)
 from .runfiles import load_each
 from .trace import comm_of
 
 __all__ = ["convert", "wire_fields"]
 log = logging.getLogger("slicetrace")
 
-SLICE_BEGIN, SLICE_END, INSTANT = 1, 2, 3
-_MARKS = (None, "send done", "recv ready")  # the flow's instants, by flow code (1: start, 2: end)
+SLICE_BEGIN, SLICE_END = 1, 2
 _SEQ = 1                        # one writer sequence: every packet carries it
 _KINDS = (None, "COLL", "P2P")  # a KernelStep's parent kind (_kind), as a code
 _FLOW, _FLOW_END = tag(TE_FLOW, 1), tag(TE_FLOW_END, 1)
 _CHUNK = 8192                   # events encoded per numpy call
 _INT = {int}
 _I64 = (1 << 63) - 1            # Perfetto's timestamps are int64 ns
-
-
-def _uuid(*parts: Any) -> int:
-    """A stable 64-bit id for a track or a flow."""
-    return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest(), "little") or 1
 
 
 class _File:
@@ -62,6 +56,7 @@ class _File:
         self.path, self.records = path, len(recs)
         self.comm = comm_of(path, recs)
         self.rank = rank = next((int(r["pid"]) for r in recs if "pid" in r), 0)
+        self.others = sorted({r["pid"] for r in recs if "pid" in r} - {rank})     # refused once the run is read
         names = {r.get("tid"): (r.get("args") or {}).get("name", "") for r in recs
                  if r.get("ph") == "M" and r.get("name") == "thread_name"}
         # ring and point-to-point connections count their FIFO steps apart: a flow key needs the parent's kind
@@ -217,7 +212,7 @@ def _flows(files: list[_File], at_ns: list[np.ndarray]) -> tuple[list[np.ndarray
         rcv, snd, nth = rcv[~back], snd[~back], nth[~back]
     ids = np.zeros(len(snd), np.uint64)
     for a in range(0, len(snd), 1 << 15):   # a chunk of Python ints at a time
-        ids[a:a + (1 << 15)] = [_uuid("flow", comms[s[0]], _KINDS[s[1]], *s[3:7], i) for s, i in
+        ids[a:a + (1 << 15)] = [uuid64("flow", comms[s[0]], _KINDS[s[1]], *s[3:7], i) for s, i in
                                 zip(snd[a:a + (1 << 15), :7].tolist(), nth[a:a + (1 << 15)].tolist())]
     for end in (snd, rcv):
         for fi in range(len(files)):
@@ -231,55 +226,6 @@ def _mark_kind(f: _File, fid: np.ndarray) -> np.ndarray:
     snd = np.zeros(len(f.t0), bool)
     snd[f.keys[:, 0]] = f.keys[:, 2] == 1
     return np.where(fid != 0, np.where(snd, 1, 2), 0).astype(np.int8)
-
-
-def _lanes(f: _File, descriptors: list[bytes], pre: dict[tuple, int], mark: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Each slice's place: slices that would overlap on a track get a lane (a track of its own), lanes first fit in
-    begin order. Returns that order and each slice's begin, end and flow instant (mark: 0 none, else _MARKS's)
-    event's head (an id in `pre`: track, name, category; track; track, name, INSTANT); appends the process's and
-    each new lane's descriptor."""
-    proc = _uuid("proc", f.comm, f.rank)
-    descriptors.append(pb_bytes(P_TRACK_DESCRIPTOR, pb_int(TD_UUID, proc) + pb_bytes(    # pid 0: Perfetto's idle
-        TD_PROCESS, pb_int(PD_PID, f.rank + 1) + pb_str(PD_NAME, f"rank {f.rank} (comm {f.comm})"))))
-    lanes: dict[int, list[int]] = {}        # track -> end of the last slice of each lane
-    flat: dict[int, list[int]] = {}         # ... the instant of its last slice if that one had no length, else -1
-    uid_of: dict[tuple[int, int], int] = {}
-    head_of: dict[tuple, tuple[int, int]] = {}     # (track, lane, name, cat) -> its begin's and end's heads
-    order = np.lexsort((-f.t1, f.t0))       # by begin, longest first; stable
-    t0s, t1s, trs, names, cats = f.t0.tolist(), f.t1.tolist(), f.track.tolist(), f.name.tolist(), f.cat.tolist()
-    heads = [0] * len(t0s) * 3
-    marks = mark.tolist()
-    for si in order.tolist():
-        t0, t1, tr = t0s[si], t1s[si], trs[si]
-        ends = lanes.get(tr)
-        if ends is None:
-            ends, zs = lanes[tr], flat[tr] = [], []
-        else:
-            zs = flat[tr]
-        # two zero-length slices at one instant on one lane would come out begin, begin, end, end: nested
-        if ends and ends[0] <= t0 and not (t1 <= t0 and zs[0] == t0):
-            lane = 0                        # the common case, without the generator
-        else:
-            lane = next((i for i, e in enumerate(ends) if e <= t0 and not (t1 <= t0 and zs[i] == t0)), len(ends))
-        if lane == len(ends):
-            name = f.strs[tr]
-            uid = uid_of[(tr, lane)] = _uuid("track", f.comm, f.rank, name, lane)
-            ends.append(t1)
-            zs.append(-1)
-            descriptors.append(pb_bytes(P_TRACK_DESCRIPTOR, pb_int(TD_UUID, uid) + pb_int(TD_PARENT, proc)
-                                        + pb_str(TD_NAME, name if lane == 0 else f"{name} #{lane}")))
-        ends[lane], zs[lane] = t1, (t0 if t1 <= t0 else -1)
-        k = (tr, lane, names[si], cats[si])
-        h = head_of.get(k)
-        if h is None:
-            uid = uid_of[(tr, lane)]
-            h = head_of[k] = (pre.setdefault((uid, f.strs[k[2]], f.strs[k[3]]), len(pre)),
-                              pre.setdefault((uid,), len(pre)))
-        heads[3 * si], heads[3 * si + 1] = h
-        if marks[si]:                       # on the slice's own lane: it nests in the slice
-            heads[3 * si + 2] = pre.setdefault((uid_of[(tr, lane)], _MARKS[marks[si]], INSTANT), len(pre))
-    heads_a = np.array(heads, np.int32).reshape(-1, 3)
-    return order, heads_a[:, 0], heads_a[:, 1], heads_a[:, 2]
 
 
 def _events(f: _File, order: np.ndarray, fid: np.ndarray, mark: np.ndarray, at_ns: np.ndarray,
@@ -359,6 +305,11 @@ def convert(paths: Iterable[str], out_path: str) -> dict[str, int]:
     files = load_each(paths, "convert", _File)[0] if paths else []
     if not files:
         raise TraceFormatError("convert: no trace files given")
+    for f in files:             # a merged file: every rank's slices were drawn as its first record's rank's
+        if f.others:
+            raise TraceFormatError(f"trace file {f.path!r} holds records of {len(f.others) + 1} ranks (pid {f.rank}, "
+                                   f"then {', '.join(map(str, f.others[:5]))}{' ...' if len(f.others) > 5 else ''}): "
+                                   f"convert takes one file per rank, as the example plugin writes them; give those")
     if not any(len(f.t0) for f in files):      # a viewer would show nothing: not what the user meant to convert
         names = ", ".join(repr(f.path) for f in files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
         raise TraceFormatError(f"{names}: no slices to convert ({sum(f.records for f in files)} records, none a "
@@ -373,10 +324,10 @@ def convert(paths: Iterable[str], out_path: str) -> dict[str, int]:
     if back:
         log.warning("slicetrace convert: %d send -> receive arrow(s) left out: the receive ended before its send "
                     "was done (the ranks' clocks disagree), and Perfetto does not draw an arrow back in time", back)
-    descriptors: list[bytes] = []
     pre: dict[tuple, int] = {}      # the events' heads (track, and name, category or INSTANT): their bytes once
     marks = [_mark_kind(f, fid) for f, fid in zip(files, fids)]
-    placed = [_lanes(f, descriptors, pre, m) for f, m in zip(files, marks)]
+    descriptors: list[bytes] = [track_descriptor(0, process_ordering=PROCESS_EXPLICIT)]  # the root: by rank
+    placed = [layout(f, pid, descriptors, pre, m) for f, pid, m in zip(files, pids(files), marks)]
     evs = [_events(f, p[0], fids[fi], marks[fi], at_ns[fi]) for fi, (f, p) in enumerate(zip(files, placed))]
     heads = [np.r_[b, e, i[m != 0]] for (_, b, e, i), m in zip(placed, marks)]
     del placed, marks, at_ns
@@ -389,4 +340,4 @@ def convert(paths: Iterable[str], out_path: str) -> dict[str, int]:
             out.write(pb_bytes(TRACE_PACKET, d + pb_int(P_SEQ_ID, _SEQ)))
         _write(out, files, evs, heads, pre_bytes)
     return {"files": len(files), "slices": sum(len(f.t0) for f in files), "flows": nflows,
-            "tracks": len(descriptors) - len(files), "unpaired_sends": unpaired}
+            "tracks": len(descriptors) - 1 - 2 * len(files), "unpaired_sends": unpaired}
