@@ -58,6 +58,10 @@ def check_flags(a: argparse.Namespace) -> list[str]:
     if a.timeout is not None and not a.timeout > 0:
         raise SliceTraceError(f"-T {a.timeout} must be > 0 seconds (nccl-tests' -T 0, no timeout, is not offered: "
                               f"every wait here has a timeout)")
+    if a.timeout is not None and a.timeout < 1:     # -T 0.001 failed at the rendezvous, naming only timeout_s
+        raise UsageError(f"-T {a.timeout:g} must be >= 1 second: it bounds every wait, the ranks' start-up "
+                         f"(rendezvous) included, and ranks start up to seconds apart, so the run would fail at its "
+                         f"first wait (nccl-tests' -T takes whole seconds too)")
     if a.channels is not None and not 0 <= a.channels <= MAXCHANNELS:
         raise UsageError(f"--channels {a.channels} must be in 0..{MAXCHANNELS} (0: the backend chooses)")
     if a.seed < 0:
@@ -74,6 +78,21 @@ def check_flags(a: argparse.Namespace) -> list[str]:
         raise UsageError(f"--backend {a.backend!r} is not one of ('cpu', 'cuda')"
                          + (" (null is the tests' backend: it moves no data)" if a.backend == "null" else ""))
     return ops
+
+
+def timeout_hint(a: argparse.Namespace, e: SliceTraceError) -> str:
+    """For a run whose ranks timed out: which limit it was, flag or variable (the ranks' errors name the setting,
+    timeout_s), and what to do if the ranks were only slow."""
+    if not any(str(v).startswith("CommTimeoutError") for v in (getattr(e, "errors", None) or {}).values()):
+        return ""
+    var = env_source("timeout_s")
+    try:
+        secs = Settings.from_env(**({} if a.timeout is None else {"timeout_s": a.timeout})).timeout_s
+    except ConfigError:
+        return ""
+    src = f"-T {secs:g}" if a.timeout is not None else f"{var}={secs:g}" if var else f"the default -T {secs:g}"
+    return (f" ({src} s bounds every wait, the ranks' start-up included; if the ranks were only slow, e.g. on a "
+            f"loaded machine, give a larger -T)")
 
 
 def with_example(spec: str | None) -> str:

@@ -14,7 +14,7 @@ from ..errors import BackendError, SliceTraceError, UsageError
 from ..events.abi import parse_mask
 from ..events.loading import load_plugins
 from ..launch_signals import _terminate_as_exit
-from .benchflags import backend_source, bench_settings, check_flags, has_example
+from .benchflags import backend_source, bench_settings, check_flags, has_example, timeout_hint
 from .outputs import dump_files, trace_note, writable_folder, write_json
 from .sweep import DTYPE_ALIASES, OPS, all_dtypes, bench_dtype, parse_size, shm_check, sizes
 from .trace_cmds import run_convert, run_report
@@ -124,8 +124,8 @@ def _bench_parser(sub) -> None:
     p.add_argument("-N", "--run_cycles", type=int, default=1,
                    help="run the sweep this many times (0 = until interrupted), as nccl-tests; rows carry the cycle")
     p.add_argument("-T", "--timeout", type=float, default=None,
-                   help="seconds any wait may take before it is an error on every rank (default: SLICETRACE_TIMEOUT, "
-                   "else 60)")
+                   help="seconds any wait, the ranks' start-up included, may take before it is an error on every "
+                   "rank, >= 1 (default: SLICETRACE_TIMEOUT, else 60)")
     p.add_argument("--op", dest="ops", default="all_reduce",
                    help=f"comma list of {OPS} or 'all' (default all_reduce)")
     p.add_argument("--ranks", type=int, default=None, help="ranks to spawn (cpu default 2; cuda: GPUs)")
@@ -273,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()          # a closed pipe shows here, not as a traceback at the interpreter's exit
         return rc
     except SliceTraceError as e:
-        print(f"slicetrace: error: {_brief(e)}", file=sys.stderr)
+        hint = timeout_hint(a, e) if a.cmd == "bench" else ""
+        print(f"slicetrace: error: {_brief(e)}{hint}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("slicetrace: interrupted", file=sys.stderr)

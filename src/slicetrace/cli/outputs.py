@@ -15,6 +15,7 @@ from typing import Iterator
 
 from ..analyze.atomic import STDOUT, atomic_open
 from ..errors import SliceTraceError, UsageError
+from ..events.abi import EventType
 
 
 def writable_file(flag: str, path: str, stdout_ok: bool = False) -> None:
@@ -149,6 +150,10 @@ def trace_note(folder: str, before: dict[str, tuple[int, int]], plugins: str | N
     runs = sorted({re.sub(r"_\d+\.json$", "", f) for f in written})
     names = ", ".join(f"{r}_<rank>.json" for r in runs)
     sel = runs[0] if len(runs) == 1 else folder
-    return (f"# traces: {names} ({len(written)} file(s); open in https://ui.perfetto.dev; all ranks in one, with "
-            f"send -> receive arrows: slicetrace convert {sel} -o run.pftrace; links, waits and stragglers: "
-            f"slicetrace report {sel})")
+    # the arrows need KernelSteps, report KernelSteps or KernelChs under their Coll: else it was sent to an error
+    steps = mask is None or bool(mask & EventType.KERNEL_STEP)
+    chs = mask is None or mask & (EventType.KERNEL_CH | EventType.COLL) == EventType.KERNEL_CH | EventType.COLL
+    report = (f"links, waits and stragglers: slicetrace report {sel}" if steps or chs else
+              f"slicetrace report needs KernelStep, or KernelCh with Coll, in the event mask ({mask})")
+    return (f"# traces: {names} ({len(written)} file(s); open in https://ui.perfetto.dev; all ranks in one"
+            f"{', with send -> receive arrows' if steps else ''}: slicetrace convert {sel} -o run.pftrace; {report})")

@@ -89,6 +89,12 @@ def run_report(a: argparse.Namespace) -> int:
                                   f"profiling on (a count of 0 runs no channel program; ops inside "
                                   f"comm.profiling(True, mask=...) without KernelStep leave none), or the ranks were "
                                   f"stopped before their profiler's first write")
+        if run.masks and all(m & EventType.KERNEL_CH and not m & EventType.COLL for m in run.masks):
+            raise SliceTraceError(f"{' '.join(a.traces)}: no KernelStep events to analyse ({run.records} events in "
+                                  f"all), and KernelCh events count only under their Coll (its SeqNum matches a "
+                                  f"channel across ranks), which the trace's event mask left out (EventMask "
+                                  f"{', '.join(map(str, sorted(run.masks)))}); record with Coll, KernelCh and "
+                                  f"KernelStep in the mask, e.g. SLICETRACE_PROFILE_EVENT_MASK=65606")
         raise SliceTraceError(f"{' '.join(a.traces)}: no KernelStep or KernelCh events to analyse "
                               f"({run.records} events in all); record with both in the mask, e.g. `slicetrace bench "
                               f"--trace DIR` or SLICETRACE_PROFILE_EVENT_MASK=65606")
@@ -121,7 +127,7 @@ def run_convert(a: argparse.Namespace) -> int:
         raise UsageError("-o '-': standard output is a terminal and the Perfetto trace is binary; redirect it "
                          "(-o - > run.pftrace, or into a pipe) or give a file name")
     files = trace_files(a.traces)
-    _not_an_input([("-o", a.output)], files, "run.pftrace")
+    _not_an_input([("-o", a.output)], files)
     with output_errors("-o", a.output):      # reading is TraceFormatError: an OSError here is the write
         got = convert(files, a.output)
     print(f"# {'standard output' if a.output == STDOUT else a.output}: {got['files']} rank file(s), {got['slices']} "
@@ -130,13 +136,16 @@ def run_convert(a: argparse.Namespace) -> int:
     return 0
 
 
-def _not_an_input(outs: list[tuple[str, str]], files: list[str], example: str = "report.json") -> None:
+_EXAMPLE = {"--json": "report.json", "--csv": "steps.csv", "-o": "run.pftrace"}     # an output of each flag's kind
+
+
+def _not_an_input(outs: list[tuple[str, str]], files: list[str]) -> None:
     """Refuse an output path that is one of the trace files read: writing it would destroy that rank's trace."""
     for flag, path in outs:
         same = next((f for f in files if _same_file(f, path)), None)
         if same is not None:
             raise UsageError(f"{flag} {path!r} is one of the input trace files ({same!r}); give another file, "
-                             f"e.g. {example}")
+                             f"e.g. {_EXAMPLE[flag]}")
 
 
 def _same_file(a: str, b: str) -> bool:
