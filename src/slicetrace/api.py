@@ -7,8 +7,8 @@ import threading
 import time
 from typing import Any, Iterator
 
-from .api_checks import (a2a_counts, as_index, check_overlap, group_opened, int_index, outside_groups, profile_mask,
-                         ptr, seconds_or_none, tag_value, writable)
+from .api_checks import (a2a_counts, as_index, check_overlap, group_opened, int_index, no_stream_on_cpu, outside_groups,
+                         profile_mask, ptr, seconds_or_none, tag_value, writable)
 from .api_p2p import run_group
 from .backend.base import REDOPS, Work
 from .config import Settings
@@ -156,6 +156,8 @@ class Communicator:
         if user_out is not None:
             check_overlap(func, send, recv, count, self._rank)
         user_tag = tag_value(user_tag)
+        if stream is not None:
+            no_stream_on_cpu(func, stream, self._settings.backend)
         self._tag += 1
         itemsize = send.itemsize
         nb = count * itemsize * (self._world if func in ("all_gather", "reduce_scatter") else 1)   # NCCL's bytes

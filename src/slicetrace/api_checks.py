@@ -82,6 +82,14 @@ def seconds_or_none(v: Any, name: str, none_means: str) -> None:
         raise UsageError(f"{name}={v!r} must be a finite number of seconds > 0, or None for {none_means}")
 
 
+def no_stream_on_cpu(func: str, stream: Any, backend: str) -> None:
+    """A cpu op is done when it returns, on no stream: a stream given there was ignored, and its events reported it
+    as the stream the op ran on. Refused, as a CuPy array is there (null, the tests' backend, takes any)."""
+    if stream is not None and backend == "cpu":
+        raise UsageError(f"{func}: stream={stream!r}, but the cpu backend has no streams (its ops are complete when "
+                         f"they return); leave stream= out (None) on cpu: it picks the CUDA stream on backend='cuda'")
+
+
 def tag_value(v: Any) -> int:
     return v if v.__class__ is int and 0 <= v < _TAG_LIMIT else int_index(
         v, "user_tag", _TAG_LIMIT, " (2**63 - 1; tags with the top bit set are reserved, as in NCCL)")

@@ -1,6 +1,7 @@
 """Bad input found in review: each gets a clear error naming the parameter, its value and what is accepted, rather
 than an out-of-memory kill, a raw OverflowError / ValueError / RecursionError / OSError, or a silent no-op."""
 import json
+import re
 import threading
 
 import numpy as np
@@ -207,3 +208,17 @@ def test_a_deeply_nested_file_is_a_trace_format_error(tmp_path):
     f.write_text("[" * 100000 + "]" * 100000)
     with pytest.raises(TraceFormatError, match=r"cannot be read as JSON: nested too deeply"):
         read_records(str(f))
+
+
+@pytest.mark.parametrize("stream", [0, object()])
+def test_a_stream_given_to_a_cpu_op_is_refused_before_it_runs(stream):
+    """The cpu backend has no streams: stream= was ignored, and the op's events named it as the op's stream."""
+    x = np.arange(4, dtype=np.float32)
+    out = np.full(4, -1, np.float32)
+    with slicetrace.init(backend="cpu") as comm:
+        with pytest.raises(UsageError, match=rf"all_reduce: stream={re.escape(repr(stream))}, but the cpu backend has "
+                                             r"no streams \(its ops are complete when they return\); leave stream= "
+                                             r"out \(None\)"):
+            comm.all_reduce(x, out, stream=stream)
+        assert (out == -1).all()                        # nothing ran
+        assert (comm.broadcast(x, out, stream=None) == x).all()
