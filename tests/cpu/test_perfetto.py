@@ -50,9 +50,8 @@ def test_converted_trace_has_every_slice_on_non_overlapping_tracks_and_a_flow_pe
         if td is not None:
             d = _fields(td)
             proc = _one(d, 3)
-            if _one(d, 1) == 0:                            # the root track: processes by their rank (19: EXPLICIT)
-                assert _one(d, 19) == 1 and proc is None
-            elif proc is not None:
+            assert _one(d, 1) != 0                         # no descriptor for the implicit root track
+            if proc is not None:
                 pd = _fields(proc)
                 procs[_one(d, 1)] = (_one(pd, 1), _one(pd, 6).decode(), _one(d, 12))
             else:

@@ -40,7 +40,7 @@ def _rank_file(tmp_path, rank: int, names: dict[int, str], slices: list[tuple[in
 def test_ranks_and_their_channels_are_ordered_as_numbers(tmp_path):
     """The lanes were children of the process track, whose children Perfetto orders as it likes (it ignores
     child_ordering there), and processes went by activity: ch 10 sorted before ch 2 by name, rank 1 could come
-    first. Now the root orders processes by their sibling_order_rank (the rank), and a track of each rank's own
+    first. Now each process carries its rank as sibling_order_rank, and a track of each rank's own
     orders its tracks explicitly: operations, then channel by channel, a track's extra lanes after it."""
     names = {5: "ch 10 send->0", 6: "ch 2 send->0", 7: "ch 2 recv<-0"}
     slices = [(5, 1.0, 2.0), (5, 1.5, 2.0), (6, 1.0, 1.0), (7, 2.0, 1.0)]       # tid 5's two overlap: a lane more
@@ -48,7 +48,7 @@ def test_ranks_and_their_channels_are_ordered_as_numbers(tmp_path):
     got = convert([_rank_file(tmp_path, r, names, slices) for r in (1, 0)], str(out))     # rank 1's file first
     assert got["tracks"] == 2 * 5
     ds = _descriptors(out)
-    assert ds[0] == {1: 0, 19: 1}                           # root: process_ordering = PROCESS_ORDERING_EXPLICIT
+    assert 0 not in ds                                       # no descriptor for the implicit root track
     procs = {u: d for u, d in ds.items() if 3 in d}
     assert sorted((d[3][6], d[3][1], d[12]) for d in procs.values()) == [
         (b"rank 0 (comm 7)", 1, 0), (b"rank 1 (comm 7)", 2, 1)]     # name, pid = rank + 1, sibling_order_rank

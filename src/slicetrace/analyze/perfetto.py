@@ -28,9 +28,9 @@ import numpy as np
 from ..errors import TraceFormatError
 from .atomic import atomic_open
 from .perfetto_tracks import INSTANT, layout, pids, uuid64
-from .protobuf import (P_SEQ_ID, PROCESS_EXPLICIT, TE_CATEGORIES, TE_FLOW, TE_FLOW_END, TE_NAME, TE_TRACK,
+from .protobuf import (P_SEQ_ID, TE_CATEGORIES, TE_FLOW, TE_FLOW_END, TE_NAME, TE_TRACK,
                        TE_TYPE, TRACE_PACKET, annotation, annotation_rows, fits_rows, packet_heads, pb_bytes, pb_int,
-                       pb_str, tag, track_descriptor, wire_fields)
+                       pb_str, tag, wire_fields)
 from .runfiles import load_each
 from .trace import comm_of
 
@@ -326,7 +326,7 @@ def convert(paths: Iterable[str], out_path: str) -> dict[str, int]:
                     "was done (the ranks' clocks disagree), and Perfetto does not draw an arrow back in time", back)
     pre: dict[tuple, int] = {}      # the events' heads (track, and name, category or INSTANT): their bytes once
     marks = [_mark_kind(f, fid) for f, fid in zip(files, fids)]
-    descriptors: list[bytes] = [track_descriptor(0, process_ordering=PROCESS_EXPLICIT)]  # the root: by rank
+    descriptors: list[bytes] = []
     placed = [layout(f, pid, descriptors, pre, m) for f, pid, m in zip(files, pids(files), marks)]
     evs = [_events(f, p[0], fids[fi], marks[fi], at_ns[fi]) for fi, (f, p) in enumerate(zip(files, placed))]
     heads = [np.r_[b, e, i[m != 0]] for (_, b, e, i), m in zip(placed, marks)]
@@ -340,4 +340,4 @@ def convert(paths: Iterable[str], out_path: str) -> dict[str, int]:
             out.write(pb_bytes(TRACE_PACKET, d + pb_int(P_SEQ_ID, _SEQ)))
         _write(out, files, evs, heads, pre_bytes)
     return {"files": len(files), "slices": sum(len(f.t0) for f in files), "flows": nflows,
-            "tracks": len(descriptors) - 1 - 2 * len(files), "unpaired_sends": unpaired}
+            "tracks": len(descriptors) - 2 * len(files), "unpaired_sends": unpaired}

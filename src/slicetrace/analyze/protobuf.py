@@ -13,8 +13,8 @@ from ..errors import TraceFormatError
 TRACE_PACKET = 1
 P_TIMESTAMP, P_SEQ_ID, P_TRACK_EVENT, P_TRACK_DESCRIPTOR = 8, 10, 11, 60
 TD_UUID, TD_NAME, TD_PROCESS, TD_PARENT = 1, 2, 3, 5
-TD_CHILD_ORDERING, TD_SIBLING_ORDER_RANK, TD_PROCESS_ORDERING = 11, 12, 19
-CHILD_EXPLICIT, PROCESS_EXPLICIT = 3, 1      # ChildTracksOrdering.EXPLICIT, ProcessOrdering.PROCESS_ORDERING_EXPLICIT
+TD_CHILD_ORDERING, TD_SIBLING_ORDER_RANK = 11, 12
+CHILD_EXPLICIT = 3                          # ChildTracksOrdering.EXPLICIT
 PD_PID, PD_NAME = 1, 6
 PID_MAX = (1 << 31) - 1                     # ProcessDescriptor.pid is int32
 TE_ANNOTATIONS, TE_TYPE, TE_TRACK, TE_CATEGORIES, TE_NAME, TE_FLOW, TE_FLOW_END = 4, 9, 11, 22, 23, 47, 48
@@ -57,10 +57,9 @@ def pb_str(field: int, text: str) -> bytes:
 
 def track_descriptor(uuid: int, name: str | None = None, parent: int | None = None,
                      process: tuple[int, str] | None = None, child_ordering: int | None = None,
-                     order_rank: int | None = None, process_ordering: int | None = None) -> bytes:
+                     order_rank: int | None = None) -> bytes:
     """A TracePacket's track_descriptor field. process: (pid, name); order_rank: sibling_order_rank (int32), read
-    where the parent orders its children EXPLICIT (process tracks: where the root track, uuid 0, orders processes
-    so, Perfetto PR #6219)."""
+    where the parent orders its children EXPLICIT."""
     for what, v, lo in (("pid", process and process[0], 1), ("sibling_order_rank", order_rank, 0)):
         if v is not None and not lo <= v <= PID_MAX:        # an int32 past its range reads back negative
             raise ValueError(f"TrackDescriptor {what}={v} is outside {lo}..{PID_MAX} (int32)")
@@ -71,8 +70,7 @@ def track_descriptor(uuid: int, name: str | None = None, parent: int | None = No
         body += pb_str(TD_NAME, name)
     if process is not None:
         body += pb_bytes(TD_PROCESS, pb_int(PD_PID, process[0]) + pb_str(PD_NAME, process[1]))
-    for field, v in ((TD_CHILD_ORDERING, child_ordering), (TD_SIBLING_ORDER_RANK, order_rank),
-                     (TD_PROCESS_ORDERING, process_ordering)):
+    for field, v in ((TD_CHILD_ORDERING, child_ordering), (TD_SIBLING_ORDER_RANK, order_rank)):
         if v is not None:
             body += pb_int(field, v)
     return pb_bytes(P_TRACK_DESCRIPTOR, body)
