@@ -53,16 +53,19 @@ class SigTable:
 
     def __init__(self, seg: Segment, rank: int, world: int):
         self.seg, self.rank, self.world = seg, rank, world
-        self.mv = seg.words(0, world * NSIG * _W * 8)
+        self.nbytes = world * NSIG * _W * 8         # the table; the segment's `extra` bytes follow it
+        self.mv = seg.words(0, self.nbytes)
         self._peers = tuple(p for p in range(world) if p != rank)
         self.seq = 0                                # collectives numbered so far
         self._enc: dict[tuple, tuple] = {}          # (id(plan), dtype, redop) -> (plan, encoded)
 
     @classmethod
-    def open(cls, store: Store, prefix: str, job: str, rank: int, world: int, timeout_s: float) -> "SigTable":
-        """Rank 0 creates the segment and names it in the store; the others attach. Call `attached` once every
-        rank has (after a barrier): the name is then unlinked, so nothing stays in /dev/shm."""
-        size = max(4096, world * NSIG * _W * 8)
+    def open(cls, store: Store, prefix: str, job: str, rank: int, world: int, timeout_s: float,
+             extra: int = 0) -> "SigTable":
+        """Rank 0 creates the segment (`extra` more bytes after the table) and names it in the store; the others
+        attach. Call `attached` once every rank has (after a barrier): the name is then unlinked, so nothing stays
+        in /dev/shm."""
+        size = max(4096, world * NSIG * _W * 8 + extra)
         if rank == 0:
             seg = Segment(f"st_{job}_sig_{secrets.token_hex(4)}", size, create=True)
             try:
@@ -99,6 +102,14 @@ class SigTable:
         mv[b] = 0
         mv[b + 1], mv[b + 2], mv[b + 3] = count, packed, cfg
         mv[b] = seq
+
+    def entry(self, rank: int, seq: int) -> tuple | None:
+        """Rank `rank`'s (count, packed, cfg) for collective #seq, if it has published it and the entry is kept."""
+        mv, b = self.mv, (rank * NSIG + seq % NSIG) * _W
+        if mv[b] != seq:
+            return None
+        words = (mv[b + 1], mv[b + 2], mv[b + 3])
+        return words if mv[b] == seq else None
 
     def differs(self, sig: Sig | None) -> str | None:
         """Why collective `sig` is not what a peer that has published the same seq runs, else None."""

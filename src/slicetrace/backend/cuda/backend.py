@@ -25,6 +25,7 @@ from .args import KernelArgs, auto_channels
 from .compile import Kernels, arch_of
 from .completion import Completion, ends_within
 from .ipc import CommMemory, same_settings
+from .order import P2pOrder
 from .seqs import SeqRanges
 from .tokens import Pending, Token
 from .watchdog import Watchdog
@@ -102,10 +103,13 @@ class CudaBackend(Completion, Backend, KernelArgs):
         self._clock: tuple[int, int] = (0, 1 << 62)
         self._probe_busy = False
         self._all = tuple(p for p in range(world) if p != rank)
+        self.order: P2pOrder | None = None
         if world > 1:                     # what every rank says each collective is: a mismatch raises, never mixes
-            self.sigs = SigTable.open(store, self._prefix, self.job, rank, world, settings.timeout_s)
+            self.sigs = SigTable.open(store, self._prefix, self.job, rank, world, settings.timeout_s,
+                                      extra=P2pOrder.nbytes(world))
             store.barrier(f"{self._prefix}/sigs", rank, world, settings.timeout_s)
             self.sigs.attached()
+            self.order = P2pOrder(self.sigs, rank, world)   # and the messages issued around each collective
         self.watch = PeerWatch(store, self._prefix, rank)
         self.watch.publish()
         self._dog = Watchdog(self)
@@ -175,7 +179,8 @@ class CudaBackend(Completion, Backend, KernelArgs):
             self._told = True
             raise self._broken_as(f"rank {self.rank}: communicator aborted earlier: {self._broken}")
         if self.mem.words[1]:           # a kernel of ours exited on a peer's abort: the next would start from stale steps
-            self._fail(PeerError(self.cannot_finish(self._last) or "aborted"), self._last)
+            self._fail(self._mismatch(self._last) or PeerError(self.cannot_finish(self._last) or "aborted"),
+                       self._last)  # a mismatch a peer found first is ours too (as wait() says it)
         if work.dtype not in CTYPES:
             raise UsageError(f"dtype={work.dtype!r} is not one of {DTYPES}")
         stream = buffers.stream_ptr(work.stream, self.device)
@@ -189,6 +194,8 @@ class CudaBackend(Completion, Backend, KernelArgs):
         sig = None if self.sigs is None or plan.func == "send_recv" else \
             self.sigs.number(plan, work.dtype, work.redop, self.settings.step_bytes)   # before the launch
         try:
+            if sig is not None:
+                self.order.numbered(sig[0])     # with the messages issued before it
             return self._launch(work, stream, sig)
         except BaseException as e:      # numbered but not launched: the peers' kernels would pair off by one
             if sig is not None:
@@ -221,6 +228,8 @@ class CudaBackend(Completion, Backend, KernelArgs):
         self._rt.eventRecord(ev.ptr, stream)
         if plan.func == "send_recv":
             self.ledger.count(work, self.rank)
+            if self.order is not None:
+                self.order.count(work)
         peers = self._all if plan.func != "send_recv" else tuple({p.peer for p, _ in work.parts} - {self.rank})
         self._last = Token(ev, work.tag, peers, stream, sig)
         self._pending.add(self._last)   # ops run in issue order: one waits for every earlier op's peers too

@@ -10,7 +10,7 @@ from .tokens import Token
 
 
 class Completion:
-    """Mixed into CudaBackend (its mem, store, sigs, ledger, watch, _pending, _prefix, _last and _broken)."""
+    """Mixed into CudaBackend (its mem, store, sigs, order, ledger, watch, _pending, _prefix, _last and _broken)."""
 
     def done(self, token: Token) -> bool:
         return bool(token.event.done)
@@ -52,8 +52,14 @@ class Completion:
         return None if why is None else MismatchError(f"rank {self.rank}: {why}")
 
     def mismatch(self, sig: tuple | None = None) -> str | None:
-        """Why this rank's collectives (sig, else every one kept) differ from a peer's, else None."""
-        return None if self.sigs is None else self.sigs.differs(sig) or self.sigs.first_difference()
+        """Why this rank's collectives (sig, else every one kept) differ from a peer's, or why its messages and a
+        peer's collective, issued in different orders, wait on each other (order.P2pOrder), else None."""
+        if self.sigs is None:
+            return None
+        why, last = self.sigs.differs(sig) or self.sigs.first_difference(), self._last
+        if why is None and last is not None and (self.mem.words[1] or not last.event.done):
+            why = self.order.find()         # only ops still waiting (or that an abort ended) can be in such a cycle
+        return why
 
     def cannot_finish(self, token: Token) -> str | None:
         """Why op `token` can never finish (a peer aborted, or one it needs is gone), else None."""
