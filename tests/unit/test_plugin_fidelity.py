@@ -75,8 +75,8 @@ def test_bits_a_plugin_keeps_but_its_version_lacks_turn_nothing_on(version, aske
 
 @pytest.mark.parametrize("version", range(1, 9))
 def test_init_gets_the_communicator_from_v4_on(version):
-    """NCCL's v1..v3 init is init(context, mask): no communicator (they read commHash and rank from Coll/P2p
-    descriptors); v4 added commName, commHash, nNodes, nranks and rank. Before, every version got the CommInfo."""
+    """NCCL's v1..v3 init is init(context, mask): no communicator (they read rank from the descriptors); v4 added
+    commName, commHash, nNodes, nranks and rank. Before, every version got the CommInfo."""
     p = InitRec(version=version, mask=int(T.COLL | T.P2P))
     h = EventHost([LoadedPlugin(p)], COMM)
     assert p.got_comm is (COMM if version >= 4 else None)
@@ -85,8 +85,9 @@ def test_init_gets_the_communicator_from_v4_on(version):
     h.close()
     descrs = p.starts(T.COLL) + p.starts(T.P2P)
     assert len(descrs) == 3 and {d.rank for d in descrs} == {COMM.rank}
-    # commHash is a v1..v3 descriptor field (v4+ take it at init); the native descriptor keeps it too
-    assert {d.comm_hash for d in descrs} == {COMM.comm_hash if version <= 3 or version == 8 else 0}
+    # v4+ take commHash at init; NCCL's v1..v3 adapters set the descriptors' commHash to 0 ("removed in v4"):
+    # only the native descriptor carries it
+    assert {d.comm_hash for d in descrs} == {COMM.comm_hash if version == 8 else 0}
 
 
 @pytest.mark.parametrize("version, trans", [(1, 0), (3, 0), (4, 4096), (7, 4096), (8, 4096)])

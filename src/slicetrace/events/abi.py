@@ -251,7 +251,7 @@ class CollDescr(Descriptor):
     user_tag: int = 0
     kernel_variant: str = ""
     is_sym_coll: bool = False
-    comm_hash: int = 0        # v1..v3 (and native) descriptors carry it; v4..v7 get it at init only
+    comm_hash: int = 0        # native only: v4..v7 get it at init, v1..v3 a 0 (NCCL's adapters: "removed in v4")
 
 
 @dataclass

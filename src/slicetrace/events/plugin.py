@@ -5,8 +5,9 @@ A plugin declares `version`, an int 1..8 (8 = NCCL profiler v7 + KernelStep). Th
 profiler_v*.cc adapters do: v1..v3 init gets no communicator (None); after init the bits its adapter clears
 (abi.VERSION_CLEARED) are cleared from its ActivationMask, once, and the host reads only the types the version
 knows from it; events of unknown types get a None handle without calling the plugin, unknown states are dropped,
-v1..v3 state args carry only ProxyCtrl's count, and descriptors are rewritten (fields a version lacks zeroed;
-v4-: Coll/P2p parent := parent_group; v1: enum codes instead of strings).
+v1..v3 state args carry only ProxyCtrl's count, and descriptors are rewritten (fields a version lacks zeroed, and
+Coll/P2p comm_hash below 8, as v1..v3's adapters do; v4-: Coll/P2p parent := parent_group; v1: enum codes instead
+of strings).
 
 Plugins without `kernel_step_batch` (`kernel_ch_batch`) but with `kernel_step_runs` (`kernel_ch_runs`) get each batch
 as one run; plugins with neither get the per-event slow path (reference semantics of the batch call):
@@ -197,9 +198,7 @@ class LoadedPlugin:
     def _adapt(self, d: Descriptor) -> Descriptor:
         v = self.version
         if isinstance(d, (CollDescr, P2pDescr)):
-            kw: dict[str, Any] = {}
-            if v >= 4:
-                kw["comm_hash"] = 0                     # commHash left the descriptors in v4 (init has it)
+            kw: dict[str, Any] = {"comm_hash": 0}     # v4+: init has it; NCCL's v1..v3 adapters zero it too
             if v < 7:
                 kw["user_tag"] = 0
                 if isinstance(d, CollDescr):
@@ -208,7 +207,7 @@ class LoadedPlugin:
                 kw.update(parent=d.parent_group, parent_group=None)
                 if v <= 3 and isinstance(d, P2pDescr):
                     kw["n_channels"] = 0                # p2p nChannels is v4's
-            d = replace(d, **kw) if kw else d
+            d = replace(d, **kw)
             if v == 1:
                 d = _to_v1(d)
         elif isinstance(d, (CollApiDescr, P2pApiDescr)) and v < 7:
