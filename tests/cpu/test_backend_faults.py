@@ -86,9 +86,9 @@ def _warm(ctx):
     return ctx["rank"]
 
 
-def warm_pool(world: int) -> RankPool:
+def warm_pool(world: int, timeout: float = 60) -> RankPool:
     """A pool whose processes have all answered once: they are past their imports."""
-    p = RankPool(world, timeout=60)
+    p = RankPool(world, timeout=timeout)
     try:
         assert p.run(_warm) == list(range(world))
     except BaseException:

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from tests.cpu.test_setup_deaths import DIED_AT_SET_UP, _timed_setup, set_up_in_fresh_pool
+from tests.cpu.test_setup_deaths import DIED_AT_SET_UP, SET_UP_S, _timed_setup, set_up_in_fresh_pool
 from tests.helpers.procs import RankError
 
 FAIL = "injected: rank 1's set-up fails at the attached barrier"
@@ -40,19 +40,19 @@ def fails_while_third_attaches(ctx, key: str, kw: dict):
 
     def failing(name, *a, **k):
         if name.endswith("/attached"):
-            get(_done(ctx, key, "0 attached"), 20.0, what="rank 0 to attach every segment")
+            get(_done(ctx, key, "0 attached"), SET_UP_S, what="rank 0 to attach every segment")
             raise RuntimeError(FAIL)
         return barrier(name, *a, **k)
 
     def late(k_, *a, **kw_):
         if k_.endswith("/seg/0"):
-            get(_done(ctx, key, 1), 20.0, what="rank 1's set-up to end")
+            get(_done(ctx, key, 1), SET_UP_S, what="rank 1's set-up to end")
         return get(k_, *a, **kw_)
 
     def held(name, *a, **k):
         if name.endswith("/attached"):
             store.set(_done(ctx, key, "0 attached"), b"1")
-            get(_done(ctx, key, 2), 20.0, what="rank 2's set-up to end")
+            get(_done(ctx, key, 2), SET_UP_S, what="rank 2's set-up to end")
         return barrier(name, *a, **k)
     return _set_up_with(ctx, key, kw, [{"barrier": held}, {"barrier": failing}, {"get": late}][r])
 
@@ -61,7 +61,7 @@ def test_a_set_up_failed_at_the_barrier_is_what_every_rank_hears():
     """Rank 1's close after its failed set-up unlinked every name it had read, live rank 0's too: rank 2, still
     attaching, was told "rank 0's segment ... is gone: rank 0 closed or was cleaned up", and rank 0 that rank 1
     "closed its communicator". Each now hears that rank 1's set-up failed, and why."""
-    res, left = set_up_in_fresh_pool(3, 40, fails_while_third_attaches, "late", 5.0)
+    res, left = set_up_in_fresh_pool(3, fails_while_third_attaches, "late")
     assert res[1] == ("RuntimeError", FAIL), res[1]
     kind, msg = res[2]
     assert kind == "PeerError" and re.fullmatch(rf"rank 1's segment 'st_\w+' is gone: rank 1's set-up failed: "
@@ -87,7 +87,7 @@ def test_a_rank_killed_before_it_published_its_segment_leaves_no_name(where):
     """Its name was in no one's hands: it stayed in /dev/shm for good (outside launch()), and the others waited
     timeout_s for the name and blamed a timeout. A rank says the name and its process before it creates the
     segment: the others find it dead at once, and remove the name."""
-    res, left = set_up_in_fresh_pool(3, 40, killed_before_publishing, "pub", 5.0, where)
+    res, left = set_up_in_fresh_pool(3, killed_before_publishing, "pub", where)
     assert isinstance(res[2], RankError) and res[2].name == "EOFError", res[2]
     for r in (0, 1):
         kind, msg = res[r]      # a PeerError naming rank 2's death, directly or relayed, not CommTimeoutError
@@ -110,7 +110,7 @@ def dies_while_third_attaches(ctx, key: str, kw: dict):
 
     def late(k_, *a, **kw_):
         if k_.endswith("/seg/1"):
-            get(_done(ctx, key, 0), 20.0, what="rank 0's set-up to end")
+            get(_done(ctx, key, 0), SET_UP_S, what="rank 0's set-up to end")
         return get(k_, *a, **kw_)
     return _set_up_with(ctx, key, kw, [{}, {"barrier": dying}, {"get": late}][r])
 
@@ -119,7 +119,7 @@ def test_a_rank_that_finds_a_dead_ranks_segment_gone_names_the_death():
     """A survivor still attaching when the other found the dead rank (and removed its name) hears of that death
     from the segment's absence: test_a_rank_that_dies_during_set_up_is_a_peer_error_at_once took only the barrier's
     wording, and failed when a loaded machine delayed a survivor's attach."""
-    res, left = set_up_in_fresh_pool(3, 40, dies_while_third_attaches, "gone", 5.0)
+    res, left = set_up_in_fresh_pool(3, dies_while_third_attaches, "gone")
     assert isinstance(res[1], RankError) and res[1].name == "EOFError", res[1]
     assert res[0][0] == "PeerError" and re.fullmatch(r"rank 1 \(pid \d+\) (exited|died \(zombie\)); detected by "
                                                      r"rank 0", res[0][1]), res[0]
