@@ -61,7 +61,7 @@ VARIABLES: tuple[Var, ...] = (
     Var("SLICETRACE_BUFFSIZE", "buffsize", as_bytes, "Simple-protocol FIFO bytes per connection (NCCL_BUFFSIZE), e.g. 4194304 or 4M (>= 32768, a multiple of 4096, <= 1G), default 4M; on cpu each rank reserves about (nchannels + world) x buffsize in /dev/shm"),
     Var("SLICETRACE_P2P_CHUNKSIZE", "p2p_chunksize", as_bytes, "send/recv chunk bytes (NCCL_P2P_NVL_CHUNKSIZE), e.g. 524288 or 512K (>= 4096, a multiple of 512; capped at BUFFSIZE/8), default 512K"),
     Var("SLICETRACE_NTHREADS", "nthreads", as_int, "CUDA threads per block (NCCL_NTHREADS): 64, 128, 256, 512 or 640, default 512"),
-    Var("SLICETRACE_TIMEOUT", "timeout_s", as_seconds, "seconds any wait may take before it becomes an error (> 0, <= 86400), default 60"),
+    Var("SLICETRACE_TIMEOUT", "timeout_s", as_seconds, "seconds any wait may take before it becomes an error, the ranks' start-up included (> 0, <= 86400; bench: >= 1), default 60"),
     Var("SLICETRACE_STAMP_RING_SLOTS", "ring_slots", as_int, "entries in each stamp ring of a channel (a power of two in 64..16777216), default 16384"),
     Var("SLICETRACE_KERNEL_STEP_SAMPLE_RATE", "sample_rate", as_int, "keep slice 0 and every k-th slice of each channel program and direction (1..255; both ends of a connection keep the same slices), default 1"),
     Var("SLICETRACE_PROFILE_OP_SAMPLE_RATE", "op_sample_rate", as_int, "profile the first op and every k-th op of a communicator, collectives and point-to-point groups counted apart (1..1000000, default 1 = every op); the others run unprofiled and are counted (ops_sampled_out)"),

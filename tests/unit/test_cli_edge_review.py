@@ -28,6 +28,22 @@ def test_a_timeout_below_a_second_is_refused_before_any_rank_starts(capsys, valu
                           f"start-up (rendezvous) included")
 
 
+@pytest.mark.parametrize("value, shown", [("0.5", "0.5"), ("0.0010", "0.001")])
+def test_a_timeout_variable_below_a_second_is_refused_as_the_flag_is(capsys, monkeypatch, value, shown):
+    """SLICETRACE_TIMEOUT=0.5 passed where -T 0.5 was refused: the ranks started under it. init(timeout_s=0.5)
+    still takes it (a fast failure where the caller's ranks are up); -T beats it."""
+    monkeypatch.setenv("SLICETRACE_TIMEOUT", value)
+    assert main(["bench", "-b", "4K", "-e", "4K"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == (f"slicetrace: error: SLICETRACE_TIMEOUT={shown} must be >= 1 second for bench: it "
+                                 f"bounds every wait, the ranks' start-up (rendezvous) included, and ranks start up to "
+                                 f"seconds apart, so the run would fail at its first wait; unset it (default 60) or "
+                                 f"give -T\n")
+    monkeypatch.setenv("SLICETRACE_BACKEND", "null")        # refused after the timeout: no rank starts
+    assert main(["bench", "-T", "1", "-b", "4K", "-e", "4K"]) == 2
+    assert "SLICETRACE_BACKEND='null': bench runs 'cpu' or 'cuda'" in capsys.readouterr().err
+
+
 def test_a_timeout_of_one_second_passes_the_flag_checks(capsys):
     assert main(["bench", "-T", "1", "--channels", "999"]) == 2      # --channels is checked after -T
     assert capsys.readouterr().err.startswith("slicetrace: error: --channels 999 must be in 0..")

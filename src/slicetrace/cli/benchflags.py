@@ -15,6 +15,9 @@ from .outputs import writable_file
 from .sweep import DTYPE_ALIASES, OPS
 
 KERNEL_STEP = int(EventType.KERNEL_STEP)
+# why bench's timeout is at least 1 s, from -T or SLICETRACE_TIMEOUT (init() takes less: its caller's ranks may be up)
+_WHY_1S = ("it bounds every wait, the ranks' start-up (rendezvous) included, and ranks start up to seconds apart, so "
+          "the run would fail at its first wait")
 
 
 def parse_ops(text: str) -> list[str]:
@@ -59,9 +62,7 @@ def check_flags(a: argparse.Namespace) -> list[str]:
         raise SliceTraceError(f"-T {a.timeout} must be > 0 seconds (nccl-tests' -T 0, no timeout, is not offered: "
                               f"every wait here has a timeout)")
     if a.timeout is not None and a.timeout < 1:     # -T 0.001 failed at the rendezvous, naming only timeout_s
-        raise UsageError(f"-T {a.timeout:g} must be >= 1 second: it bounds every wait, the ranks' start-up "
-                         f"(rendezvous) included, and ranks start up to seconds apart, so the run would fail at its "
-                         f"first wait (nccl-tests' -T takes whole seconds too)")
+        raise UsageError(f"-T {a.timeout:g} must be >= 1 second: {_WHY_1S} (nccl-tests' -T takes whole seconds too)")
     if a.channels is not None and not 0 <= a.channels <= MAXCHANNELS:
         raise UsageError(f"--channels {a.channels} must be in 0..{MAXCHANNELS} (0: the backend chooses)")
     if a.seed < 0:
@@ -151,6 +152,9 @@ def bench_settings(a: argparse.Namespace) -> tuple[Settings, dict]:
     if a.trace is not None:             # the folder is made by run_bench, after every check
         overrides["profile_dump_file"] = os.path.join(a.trace, "trace")
     s = _settings(overrides)
+    if s.timeout_s < 1:             # -T below 1 s was refused by check_flags: this one is the variable's
+        raise UsageError(f"{env_source('timeout_s')}={s.timeout_s:g} must be >= 1 second for bench: {_WHY_1S}; unset it "
+                         f"(default 60) or give -T")
     if a.overhead_of == "kernel_step" and (a.profile is None or a.profile < 0) and s.profile_event_mask is not None \
             and not s.profile_event_mask & KERNEL_STEP:        # --profile's own mask was checked with the flags
         raise UsageError(f"--overhead-of kernel_step: SLICETRACE_PROFILE_EVENT_MASK={s.profile_event_mask} has no "
