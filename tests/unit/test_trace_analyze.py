@@ -74,6 +74,23 @@ def test_a_folder_means_the_dump_files_in_it(traces, tmp_path):
         trace_files(str(tmp_path))
 
 
+def test_a_path_that_is_there_but_no_file_or_folder_is_named_as_such(tmp_path, capsys):
+    """report /dev/null said "no trace files match '/dev/null'", as for a path that does not exist."""
+    from slicetrace.cli.main import main
+    os.mkfifo(tmp_path / "pipe")
+    (tmp_path / "gone.json").symlink_to(tmp_path / "deleted.json")
+    for path, what in [("/dev/null", "a character device, not a trace file or a folder"),
+                       (str(tmp_path / "pipe"), "a named pipe (FIFO), not a trace file or a folder"),
+                       (str(tmp_path / "gone.json"), f"a symbolic link to {str(tmp_path / 'deleted.json')!r}, "
+                                                     f"which is not there")]:
+        with pytest.raises(TraceFormatError) as e:
+            trace_files(path)
+        assert str(e.value) == f"{path!r} is {what}; give a file, a folder of <prefix>_<commHash>_<rank>.json " \
+                               f"files, a glob, or a dump prefix", str(e.value)
+    assert main(["report", "/dev/null"]) == 2
+    assert capsys.readouterr().err.startswith("slicetrace: error: '/dev/null' is a character device, not a trace")
+
+
 def test_bad_json_and_shapes_are_reported(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('[{"name": "x", "ph": "b"},')

@@ -14,6 +14,7 @@ import glob
 import logging
 import os
 import re
+import stat
 from typing import Any, Iterable
 
 import numpy as np
@@ -65,9 +66,27 @@ def trace_files(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[
         if not files and any(c in p for c in "*?["):
             files = sorted(glob.glob(p))
     if not files:
-        raise TraceFormatError(f"no trace files match {p!r} (a file, a folder of <prefix>_<commHash>_<rank>.json "
-                               f"files, a glob, or a dump prefix)")
+        takes = "a file, a folder of <prefix>_<commHash>_<rank>.json files, a glob, or a dump prefix"
+        what = _not_a_trace(p)
+        raise TraceFormatError(f"{p!r} is {what}; give {takes}" if what else
+                               f"no trace files match {p!r} ({takes})")
     return files
+
+
+def _not_a_trace(p: str) -> str | None:
+    """What a path that is there is, when it is neither a file nor a folder (report /dev/null said "no trace files
+    match", as for a path that is not there); None when nothing is there, or a folder (its files did not match)."""
+    try:
+        mode = os.stat(p).st_mode
+    except FileNotFoundError:
+        return f"a symbolic link to {os.readlink(p)!r}, which is not there" if os.path.islink(p) else None
+    except OSError:
+        return None
+    if stat.S_ISDIR(mode):
+        return None
+    kinds = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"))
+    return next((name for test, name in kinds if test(mode)), "something") + ", not a trace file or a folder"
 
 
 def _named(head: str, tail: re.Pattern) -> list[str]:
