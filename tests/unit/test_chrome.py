@@ -17,7 +17,7 @@ from slicetrace.events.host import EventHost
 from slicetrace.events.plugin import LoadedPlugin
 from slicetrace.events.synthetic import SyntheticSource, deliver, drive
 from slicetrace.sinks.chrome import DEFAULT_MASK, ChromePlugin
-from slicetrace.sinks.chrome_text import STEP_LINE, RowFormat, trace_pid
+from slicetrace.sinks.chrome_text import CH_LINES, STEP_LINE, RowFormat, distinct, trace_pid
 from tests.unit.test_host import chrec, coll_op, recs
 
 COMM = abi.CommInfo(4242, "t", 1, 4, 1)
@@ -329,6 +329,39 @@ def test_block_formatter_folds_constant_columns_and_blanks_only_narrow_rows():
         assert [json.loads(x.rstrip(",")) for x in got.splitlines()] == \
             [json.loads(x.rstrip(",")) for x in want.splitlines()]
         assert got.count("\n") == n and '"pid":1835136600,' in got and '"Channel":0,' in got
+
+
+def test_block_formatter_writes_a_ts_as_one_field_with_the_bytes_of_two():
+    """A "%d.%03d" pair whose columns both vary is written as one field (its digits, ".", 3 digits): the same bytes
+    as the two fields apart, also where the us part mixes widths (blank groups) and where either column is
+    constant (the pair is not joined)."""
+    rng = np.random.default_rng(11)
+    for line, pairs in ((STEP_LINE, ((2, 3), (4, 5))), (CH_LINES, ((2, 3), (10, 11)))):
+        m = line.count("%")
+        for n, const in ((64, None), (200, 0), (1000, 1)):
+            cols = rng.integers(0, 2**40, (n, m))
+            for hi, lo in pairs:
+                cols[:, hi] = rng.choice([0, 7, 9999, 10000, 123456789, 2**40], n)
+                cols[:, lo] = rng.integers(0, 1000, n)
+            if const is not None:
+                cols[:, pairs[1][const]] = 5
+            joined, apart = RowFormat(line), RowFormat(line)
+            apart.frac = [False] * len(apart.frac)
+            got = bytes(joined(cols))
+            assert got == bytes(apart(cols))
+            want = (line * n) % tuple(cols.ravel().tolist())
+            assert [json.loads(x.rstrip(",")) for x in got.decode().splitlines()] == \
+                [json.loads(x.rstrip(",")) for x in want.splitlines()]
+
+
+@settings(max_examples=40, deadline=None)
+@given(v=st.lists(st.integers(-2**40, 2**40), max_size=60), few=st.booleans())
+def test_distinct_gives_each_value_once(v, few):
+    """The KernelStep tracks of a block: every value once, past the values it peels off one by one too."""
+    a = np.array(v, np.int64) % 3 if few else np.array(v, np.int64)
+    got = distinct(a)
+    assert sorted(got) == np.unique(a).tolist()
+    assert len(got) == len(set(got))
 
 
 class StepsPerRun:

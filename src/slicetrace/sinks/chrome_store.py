@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..events.abi import KERNEL_CH_DTYPE, KERNEL_STEP_DTYPE, ActivationMask, CollDescr, CommInfo, EventType
-from .chrome_text import CH_LINES, ID_SPAN, STEP_LINE, RowFormat, id_base, trace_pid
+from .chrome_text import CH_LINES, ID_SPAN, STEP_LINE, RowFormat, distinct, id_base, trace_pid
 from .chrome_writer import Writer
 
 log = logging.getLogger("slicetrace")
@@ -256,22 +256,24 @@ class Ctx:
         pid = (np.repeat(np.array(pids, np.int64), lens) if all(type(p) is int for p in pids)
                else np.concatenate([np.full(k, p, np.int64) if type(p) is int else p for p, k in zip(pids, lens)]))
         t0, t1 = recs["start_ns"], recs["stop_ns"]
+        u0, u1 = t0 // 1000, t1 // 1000             # and x - x // 1000 * 1000 for x % 1000, as _write_steps
         tpid = np.full(n, self.pid, np.int64)
-        cols = np.column_stack([ids, tpid, t0 // 1000, t0 % 1000, recs["channel"].astype(np.int64),
+        cols = np.column_stack([ids, tpid, u0, t0 - u0 * 1000, recs["channel"].astype(np.int64),
                                 recs["start_clk"].astype(np.int64), recs["stop_clk"].astype(np.int64), pid,
-                                ids, tpid, t1 // 1000, t1 % 1000])
+                                ids, tpid, u1, t1 - u1 * 1000])
         self._write_rows(CH_LINES, cols, "KERNEL_CH")
 
     def _write_steps(self, s: np.ndarray, pid: np.ndarray, seq: np.ndarray) -> None:
         n = len(s)
         ch, snd, peer = s["channel"].astype(np.int64), s["is_send"].astype(np.int64), s["peer"].astype(np.int64)
         tid = 1_000_000 + ch * 131072 + snd * 65536 + (peer & 0xFFFF)
-        for t in (np.unique(tid) - 1_000_000).tolist():
+        for t in distinct(tid - 1_000_000):
             self.tids.add((t // 131072, (t >> 16) & 1, t & 0xFFFF))
         wait, done = s["wait_ns"], s["done_ns"]
         dur = np.maximum(done - wait, 0)
+        w_us, d_us = wait // 1000, dur // 1000      # x - x // 1000 * 1000: fewer instructions than x % 1000
         cols = np.column_stack([
-            np.full(n, self.pid, np.int64), tid, wait // 1000, wait % 1000, dur // 1000, dur % 1000, ch, snd, peer,
+            np.full(n, self.pid, np.int64), tid, w_us, wait - w_us * 1000, d_us, dur - d_us * 1000, ch, snd, peer,
             s["step"].astype(np.int64), s["size"].astype(np.int64), s["wait_clk"].astype(np.int64),
             s["ready_clk"].astype(np.int64), s["done_clk"].astype(np.int64), seq, pid])
         self._write_rows(STEP_LINE, cols, "KERNEL_STEP")

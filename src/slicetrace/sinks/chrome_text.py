@@ -41,6 +41,17 @@ def us(ns: int) -> str:
     return f"{q}.{r:03d}" if q >= 0 else f"{ns / 1000:.3f}"
 
 
+def distinct(v: np.ndarray, peel: int = 8) -> list[int]:
+    """The distinct values of v. A block of KernelSteps has a few tracks (a channel's two directions): taken off
+    one at a time, ~10 instructions a row each, where np.unique hashes every row (~185); past `peel`, np.unique."""
+    out = []
+    while len(v) and len(out) < peel:
+        t = int(v[0])
+        out.append(t)
+        v = v[v != t]
+    return out + np.unique(v).tolist() if len(v) else out
+
+
 def step_tid(channel: int, is_send: int, peer: int) -> int:
     return 1_000_000 + channel * 131072 + (1 if is_send else 0) * 65536 + (peer & 0xFFFF)
 
@@ -112,6 +123,7 @@ def _table(pad: bytes) -> np.ndarray:
 
 _MID = _table(b"    ")       # a 4-digit group above a value's first digit is blank
 _LAST = _table(b"   0")      # the last group always shows a digit
+_DOT = np.frombuffer(b"".join(b".%03d" % i for i in range(1000)), np.uint32)     # ".000".."999"
 _SMALL = 64                  # fewer rows: one % over the block is cheaper
 
 
@@ -126,6 +138,9 @@ class RowFormat:
         self.line = line
         self.lits = [p.encode("ascii") for p in parts[0::2]]
         self.fixed = [p == "%03d" for p in parts[1::2]]
+        # "%d.%03d" (a ts in us from ns // 1000 and ns % 1000): field j's digits and j + 1's, one copy per row
+        self.frac = [not f and j + 1 < len(self.fixed) and self.fixed[j + 1] and self.lits[j + 1] == b"."
+                     for j, f in enumerate(self.fixed)]
 
     def __call__(self, cols: np.ndarray) -> Any:
         n = len(cols)
@@ -137,20 +152,28 @@ class RowFormat:
             return ((self.line * n) % tuple(cols.ravel().tolist())).encode("ascii")
         # A column of one value (the pid, often channel, peer, size) is text of the row template: its width is
         # its own, so nothing is padded, and no digits are computed for it per row.
-        row, fields = bytearray(), []
-        for j, (lit, f, t, lo) in enumerate(zip(self.lits, self.fixed, top, low)):
-            row += lit
+        row, fields = bytearray(), []          # (column, offset, width, %03d, min, with .%03d from column + 1)
+        lits, fixed, frac, j = self.lits, self.fixed, self.frac, 0
+        while j < len(fixed):
+            row += lits[j]
+            f, t, lo = fixed[j], top[j], low[j]
             if t == lo:
                 row += b"%03d" % t if f else b"%d" % t
+                j += 1
                 continue
             w = 3 if f else len(str(t))
-            fields.append((j, len(row), w, f, lo))
-            row += b" " * w
-        row += self.lits[-1]
+            both = frac[j] and top[j + 1] != low[j + 1]
+            fields.append((j, len(row), w, f, lo, both))
+            row += b" " * (w + 4 if both else w)
+            j += 2 if both else 1
+        row += lits[-1]
         buf = np.empty((n, len(row)), np.uint8)
         buf[:] = np.frombuffer(bytes(row), np.uint8)
-        for j, p, w, f, lo in fields:
-            buf[:, p:p + w] = _digits(cols[:, j], w, not f, lo)
+        for j, p, w, f, lo, both in fields:
+            if both:
+                buf[:, p:p + w + 4] = _digits(cols[:, j], w, True, lo, cols[:, j + 1])
+            else:
+                buf[:, p:p + w] = _digits(cols[:, j], w, not f, lo)
         return memoryview(buf).cast("B")
 
 
@@ -168,11 +191,14 @@ def _extremes(cols: np.ndarray) -> tuple[list[int], list[int]]:
     return top.tolist(), low.tolist()
 
 
-def _digits(v: np.ndarray, w: int, pad: bool = True, lo: int = 0) -> np.ndarray:
+def _digits(v: np.ndarray, w: int, pad: bool = True, lo: int = 0, frac: np.ndarray | None = None) -> np.ndarray:
     """(n, w) ASCII digits of non-negative v < 10**w, right-aligned; with pad, leading zeros (not the last
-    digit) become spaces. lo: at most min(v) (a group that every value has digits above is never blank)."""
+    digit) become spaces. lo: at most min(v) (a group that every value has digits above is never blank).
+    frac (values 0..999): (n, w + 4), each row's digits followed by "." and its frac in 3 digits."""
     k = -(-w // 4)
-    out = np.empty((len(v), k), np.uint32)
+    out = np.empty((len(v), k + (frac is not None)), np.uint32)
+    if frac is not None:
+        out[:, k] = _DOT[frac]
     x = v
     for c in range(k - 1, 0, -1):
         q = x // 10000
