@@ -15,6 +15,7 @@ import numpy as np
 from ...stamps.layout import FLAG_CH_STOP, FLAG_SEND, KIND_CHANNEL, KIND_STEP
 from ..base import DTYPES
 from .shm import ABORT_MISMATCH, ABORT_PEER, C_CLOSED, H_HEAD, H_MSG, H_MSGACK, H_TAIL, NSIG
+from .stall import StallBackoff, lane_words
 from .stamper import tail
 from .transport import RECLAIM_MIN
 
@@ -57,11 +58,19 @@ class _Blocked:
             if ln.held:                     # its next header waits for the receiver to check ours
                 out.append(f"a send to rank {peer}")
                 continue
-            pr = ln.prog.params
-            total, dcode = (pr["hdr"][2], pr["hdr"][1]) if pr["hdr"] else (pr["total"], self.dcode)
+            total, dcode = self._message(ln)
             way = ("send", "to") if c.is_send else ("receive", "from")
             out.append(f"a {way[0]} of {total} x {DTYPES[dcode]} {way[1]} rank {peer}")
         return " and ".join(out)
+
+    def _message(self, ln: _Lane) -> tuple[int, int]:
+        """(count, dtype code) of the caller's message that the lane's current part (a held lane's next) cuts."""
+        pr = (ln.queue[0] if ln.held else ln.prog).params
+        return (pr["hdr"][2], pr["hdr"][1]) if pr["hdr"] else (pr["total"], self.dcode)
+
+    def stall(self) -> list:
+        """The lanes as stall.publish takes them."""
+        return [lane_words(ln.conn.peer, ln.conn.is_send, ln.held, *self._message(ln)) for ln in self.lanes]
 
     def __str__(self) -> str:
         out = []
@@ -190,7 +199,7 @@ def _progress(lanes, bufs, writers, op, stamp_ch, stamp, rate, dcode, se, guard,
             idle += 1
             if idle > guard.spins // 8:
                 if bo is None:
-                    bo = guard.backoff(_Blocked(list(active), dcode), tuple(ln.conn.peer for ln in active))
+                    bo = StallBackoff(guard, _Blocked(list(active), dcode), tuple(ln.conn.peer for ln in active))
                 bo.pause()
 
 

@@ -2,7 +2,7 @@
 
 Segment of rank r (all offsets 4 KiB aligned):
 
-    control block      4 KiB   pid, heartbeat, abort word + reason, op-signature table (read by peers)
+    control block      4 KiB   pid, heartbeat, abort word + reason, op-signature table, p2p stall (read by peers)
     connections        (nch + world) x (4 KiB header + buffsize FIFO); r is the *receiver* of all of them:
                        index c < nch: ring channel c from rank r-1; index nch + s: point-to-point from rank s
     stamp rings        stamps.layout.ring_bytes(nch, ring_slots)  (read by this rank's drain thread)
@@ -22,7 +22,7 @@ from ...stamps.layout import ring_bytes
 from ..segment import SHM_DIR
 
 PAGE = 4096
-MAGIC = 0x53544350_55000005        # "STCPU" + layout version 5
+MAGIC = 0x53544350_55000006        # "STCPU" + layout version 6
 NSIG = 16                          # op-signature / message tables keep the last 16 entries
 
 # control block, u64 word indices
@@ -33,6 +33,12 @@ C_P2PCHUNK = 13                            # p2p_chunksize: both ends must cut a
 C_PIDNS = 14                               # its PID namespace (procs.pid_ns_id): a pid means nothing elsewhere
 REASON_OFF, REASON_MAX = 256, 512          # bytes
 SIG_WORD = 1024 // 8                       # 16 entries x 4 words: seq, count, packed, cfg
+# a stalled p2p progress loop (stall.py): epoch (0 while written), tick, lanes (STALL_MANY: too many to list),
+# last epoch, then 2 words per lane to the block's end
+C_STALL = 1536 // 8
+STALL_EPOCH, STALL_TICK, STALL_NLANES, STALL_LAST, STALL_LANE0 = range(5)
+STALL_LANES = (PAGE // 8 - C_STALL - STALL_LANE0) // 2
+STALL_MANY = 1 << 32
 # connection header, u64 word indices (tail and head on separate cache lines)
 H_TAIL, H_HEAD, H_MSG = 0, 8, 16           # H_MSG: 16 entries x 4 words: seq+1, count, dtype code, whole message's count
 H_MSGACK = 80                              # headers the receiver has checked: a sender stays < NSIG ahead of it

@@ -260,11 +260,6 @@ class Guard:
         while mv[idx] < target:
             b.pause()
 
-    def backoff(self, what: Any, peers: tuple[int, ...]) -> "Backoff":
-        """The p2p progress loop's idle stretch: `what` says what its lanes wait for (str) and what they do
-        toward one peer (what.toward(peer)), for a MismatchError when a peer runs a collective instead."""
-        return Backoff(self, what, peers, p2p=True)
-
     def ahead_of_p2p(self, waiting_on: tuple[int, ...]) -> tuple[int, int, tuple] | None:
         """(peer, seq, its words) for a peer this point-to-point wait needs that runs collective #seq, which this
         rank has not started: that peer cannot end it (each collective ends waiting for every rank to start it), so
@@ -289,7 +284,9 @@ def describe(what: Any) -> str:
 
 
 class Backoff:
-    """Idle strategy for one wait (or one idle stretch of the p2p progress loop)."""
+    """Idle strategy for one wait (or, p2p: one idle stretch of the p2p progress loop, stall.StallBackoff; `what`
+    says what its lanes wait for (str) and what they do toward one peer (what.toward(peer)), for a MismatchError
+    when a peer runs a collective instead)."""
 
     __slots__ = ("g", "what", "peers", "t0", "deadline", "check_at", "n", "sleep", "p2p", "ahead")
 
