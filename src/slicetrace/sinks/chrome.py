@@ -39,6 +39,7 @@ from ..errors import ConfigError
 from ..events.abi import (ActivationMask, CollApiDescr, CollDescr, CommInfo, EventType, GroupApiDescr, GroupDescr,
                           KernelChDescr, KernelLaunchDescr, KernelStepDescr, P2pApiDescr, P2pDescr, ProxyCtrlDescr,
                           State, StateArgs)
+from .chrome_ops import OpRows
 from .chrome_store import NO_IDS, POOL_OF, Ctx, Ev, parent_ids
 from .chrome_text import COLL_B, OP_E, P2P_B, js, metadata, pair, us
 
@@ -54,7 +55,7 @@ _BY_CLASS = {cls: (POOL_OF[t], int(t)) for cls, t in (
     (KernelChDescr, T.KERNEL_CH), (KernelStepDescr, T.KERNEL_STEP), (ProxyCtrlDescr, T.PROXY_CTRL))}
 
 
-def _op_pair(ev: Ev, ts1: int) -> tuple[str, str]:
+def _op_pair(ev: Ev, ts1: int) -> list[str]:
     """_records of a Coll or P2p event from one template each (what `pair` writes, without json.dumps per
     record); TypeError / ValueError for what the templates do not take."""
     d, ctx = ev.descr, ev.ctx
@@ -71,7 +72,7 @@ def _op_pair(ev: Ev, ts1: int) -> tuple[str, str]:
         b = P2P_B % (nm, ev.id, tpid, t0 // 1000, t0 % 1000, ctx.comm.comm_hash, rank, d.peer, d.count,
                      js(d.datatype), d.n_channels, pid)
         cat = "P2P"
-    return b, OP_E % (nm, cat, ev.id, tpid, ts1 // 1000, ts1 % 1000)
+    return [b, OP_E % (nm, cat, ev.id, tpid, ts1 // 1000, ts1 % 1000)]
 
 
 def _records(ev: Ev, ts1: int) -> list[str]:
@@ -147,6 +148,7 @@ class ChromePlugin:
     def init(self, comm: CommInfo, mask: ActivationMask) -> Ctx:
         mask.value = self.mask_value
         ctx = Ctx(self, comm, mask)
+        ctx.lines["COLL"], ctx.lines["P2P"] = OpRows(ctx, True), OpRows(ctx, False)    # formatted in blocks
         if ctx.path is not None:
             try:
                 # now: a path that cannot be written is refused before any op; the record makes the trace say
@@ -211,10 +213,11 @@ class ChromePlugin:
             return
         buf = ctx.lines[pool]
         if pool == "COLL" or pool == "P2P":
-            try:
-                buf += _op_pair(handle, ts_ns)
-            except (TypeError, ValueError):        # a field the templates do not take: the general path
-                buf.extend(_records(handle, ts_ns))
+            if not buf.add(handle, ts_ns):         # not for the block format (chrome_ops): its lines now
+                try:
+                    buf.add_lines(_op_pair(handle, ts_ns))
+                except (TypeError, ValueError):    # a field the templates do not take: the general path
+                    buf.add_lines(_records(handle, ts_ns))
         else:
             buf.extend(_records(handle, ts_ns))
         if len(buf) >= 2 * ctx.sizes[pool]:

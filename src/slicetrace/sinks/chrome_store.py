@@ -1,10 +1,10 @@
 """The example plugin's per-communicator state: events, pools, and the buffers of completed records.
 
-Completed Coll/P2p/API records wait as text lines per pool; KernelSteps as numpy column chunks (batches kept by
-reference and folded into chunks together); KernelCh batches as record arrays. Each buffer is appended to the
-trace file whenever it reaches its pool size (sinks/chrome.py says what the file holds). A write that fails (a
-full disk) cuts the file back to its last whole record and ends the writing: later records are counted as lost
-and finalize raises (an append after a cut record would spoil the whole JSON array).
+Completed API records wait as text lines per pool, Coll/P2p as ints (sinks/chrome_ops.py); KernelSteps as numpy
+column chunks (batches kept by reference and folded into chunks together); KernelCh batches as record arrays. Each
+buffer is appended to the trace file whenever it reaches its pool size (sinks/chrome.py says what the file holds).
+A write that fails (a full disk) cuts the file back to its last whole record and ends the writing: later records
+are counted as lost and finalize raises (an append after a cut record would spoil the whole JSON array).
 """
 from __future__ import annotations
 
@@ -143,16 +143,16 @@ class Ctx:
         self.writer.put(run, pool, n)
 
     def _write_now(self, text: Any, pool: str | None = None, n: int = 0) -> None:
-        """Append str (utf-8) or bytes-like (formatted rows, ASCII) holding whole records, `n` of them from `pool`,
-        counted written or lost (no file: written). A failed write cuts the file back to its last whole record and
-        no later one is written."""
+        """Append str (utf-8), bytes-like (formatted rows, ASCII) or a callable giving them, holding whole records,
+        `n` of them from `pool`, counted written or lost (no file: written). A failed write cuts the file back to
+        its last whole record and no later one is written."""
         if self.file is None or self.error is not None:
             if pool is not None:
                 (self.written if self.path is None else self.lost)[pool] += n
                 self.counted += n
             return
-        try:                                    # anything else raised (a MemoryError encoding, a file closed
-            data = text.encode("utf-8") if isinstance(text, str) else text      # under it): the job counts it
+        try:            # anything else raised (a MemoryError encoding, a file closed under it): the job counts it
+            data = text.encode("utf-8") if isinstance(text, str) else text() if callable(text) else text
             _write_all(self.file, data)
         except OSError as e:
             self._broken(e)
@@ -188,8 +188,9 @@ class Ctx:
 
     def flush_lines(self, pool: str) -> None:
         buf = self.lines[pool]
-        if buf:
-            self.write("".join(buf), pool, len(buf) // 2)
+        if buf:     # Coll/P2p events (chrome_ops.OpRows) are formatted by the writer's job (_write_now)
+            n = len(buf) // 2
+            self.write("".join(buf) if type(buf) is list else buf.take(), pool, n)
             buf.clear()
 
     def flush_steps(self) -> None:
@@ -388,13 +389,7 @@ class _Chunk:
         self.fill = 0
 
 
-class _PassthroughDescr:
-    type = 0
-
-
-_Passthrough = _PassthroughDescr()
-
-
+_Passthrough = type("_PassthroughDescr", (), {"type": 0})()
 NO_IDS = (-1, -1)
 
 

@@ -131,11 +131,12 @@ class RowFormat:
     """`line` (a template of %d and %03d fields) filled for a block of int64 rows at once: each %d field takes
     the width of the block's widest value and narrower values are padded with spaces (JSON whitespace), so the
     digits come from whole-column arithmetic (4-digit groups from a table), never from Python per value.
-    Returns bytes (ASCII). A block with a negative value (or a %03d field >= 1000) is one % over the block."""
+    Returns bytes (ASCII). A block with a negative value (or a %03d field >= 1000) is one % over the block.
+    compact: no padding (the padded digits' leading spaces are cut out), so each row is `line % row` exactly."""
 
-    def __init__(self, line: str):
+    def __init__(self, line: str, compact: bool = False):
         parts = re.split(r"(%03d|%d)", line)
-        self.line = line
+        self.line, self.compact = line, compact
         self.lits = [p.encode("ascii") for p in parts[0::2]]
         self.fixed = [p == "%03d" for p in parts[1::2]]
         # "%d.%03d" (a ts in us from ns // 1000 and ns % 1000): field j's digits and j + 1's, one copy per row
@@ -148,8 +149,13 @@ class RowFormat:
             return b""
         if n >= _SMALL:
             top, low = _extremes(cols)
-        if n < _SMALL or min(low) < 0 or any(f and t >= 1000 for f, t in zip(self.fixed, top)):
+        # compact: a column of one value is text of the template whatever it is (-1: a ParentId of no parent)
+        if n < _SMALL or any(lo < 0 or f and t >= 1000 for f, t, lo in zip(self.fixed, top, low)
+                             if not self.compact or t != lo):
             return ((self.line * n) % tuple(cols.ravel().tolist())).encode("ascii")
+        cuts = _width_cuts(cols, self.fixed, top, low) if self.compact else []
+        if cuts:            # pieces in which no value is padded (a SeqNum past 9, 99, ...), else cut byte by byte
+            return b"".join(self(cols[a:b]) for a, b in zip([0] + cuts, cuts + [n]))
         # A column of one value (the pid, often channel, peer, size) is text of the row template: its width is
         # its own, so nothing is padded, and no digits are computed for it per row.
         row, fields = bytearray(), []          # (column, offset, width, %03d, min, with .%03d from column + 1)
@@ -174,7 +180,27 @@ class RowFormat:
                 buf[:, p:p + w + 4] = _digits(cols[:, j], w, True, lo, cols[:, j + 1])
             else:
                 buf[:, p:p + w] = _digits(cols[:, j], w, not f, lo)
+        if self.compact and cuts is None:
+            keep = np.ones(buf.shape, bool)
+            for j, p, w, f, lo, both in fields:
+                if not f:
+                    np.not_equal(buf[:, p:p + w], 32, out=keep[:, p:p + w])
+            return memoryview(buf[keep])
         return memoryview(buf).cast("B")
+
+
+def _width_cuts(cols: np.ndarray, fixed: list[bool], top: list[int], low: list[int]) -> list[int] | None:
+    """Rows of a compact block (no negative value varies) where the digit count of a %d column changes: pieces
+    cut there have nothing to pad. None when they would be many (a piece under _SMALL rows is formatted by `%`)."""
+    wide = [j for j, (f, t, lo) in enumerate(zip(fixed, top, low)) if not f and len(str(t)) != len(str(lo))]
+    if not wide:
+        return []
+    d = np.stack([np.searchsorted(_POW10, cols[:, j], side="right") for j in wide], axis=1)
+    cuts = (np.flatnonzero((d[1:] != d[:-1]).any(axis=1)) + 1).tolist()
+    return cuts if len(cuts) * _SMALL * 4 <= len(cols) else None
+
+
+_POW10 = np.array([10 ** k for k in range(1, 19)], np.int64)
 
 
 def _extremes(cols: np.ndarray) -> tuple[list[int], list[int]]:
