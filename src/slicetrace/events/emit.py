@@ -7,6 +7,7 @@ does not record take its `unrecorded_handle` without a call. EventHost (host.py)
 from __future__ import annotations
 
 import logging
+from dataclasses import fields
 from types import SimpleNamespace
 from typing import Any
 
@@ -132,14 +133,14 @@ class Emitter:
         whose type is not in the plugin's own mask `own` (one NCCL added for its children) that the plugin did not
         track (start returned None) leaves its children with no parent (NCCL passes them parentObj NULL) instead
         of dropping them."""
-        pm, info, rank, ts = op.pmasks[i], op.info, self.comm.rank, op.info.ts_ns
-
-        def kept(h: Any, bit: int, parent: Any = _OFF) -> Any:      # parent None: dropped with it, not declined
-            return _OFF if h is None and parent is not None and not own & bit else h
-        pt = self._slots[i].lp.passthrough
+        pm, pt = op.pmasks[i], self._slots[i].lp.passthrough
         if pt is not None and not real & _PARENTS:
             self._emit_fast(i, op, pm, real, pt)
             return
+        info, rank, ts = op.info, self.comm.rank, op.info.ts_ns
+
+        def kept(h: Any, bit: int, parent: Any = _OFF) -> Any:      # parent None: dropped with it, not declined
+            return _OFF if h is None and parent is not None and not own & bit else h
         ga = _OFF
         if pm & _GA:
             ga = kept(self._start(i, GroupApiDescr(T.GROUP_API, None, rank, ts, group_depth=info.group_depth), _OFF)
@@ -228,12 +229,22 @@ class Emitter:
 
     def _task_descr(self, info: Any, ti: Any, p2p: bool, grp: Any) -> Any:
         """The Coll or P2p descriptor of one task (its parent is set by _start)."""
-        rank, ts, pg = self.comm.rank, info.ts_ns, None if grp is _OFF else grp
-        if p2p:
-            return P2pDescr(T.P2P, None, rank, ts, func=ti.func, buff=ti.send_buff or ti.recv_buff,
-                            datatype=ti.datatype, count=ti.count, peer=ti.peer, n_channels=ti.n_programs,
-                            parent_group=pg, user_tag=_tag(info, ti), comm_hash=self.comm.comm_hash)
-        return CollDescr(T.COLL, None, rank, ts, seq_number=info.seq_number, func=ti.func, send_buff=ti.send_buff,
-                         recv_buff=ti.recv_buff, count=ti.count, root=ti.root, datatype=ti.datatype,
-                         n_channels=ti.n_programs, n_warps=info.n_warps, parent_group=pg, user_tag=_tag(info, ti),
-                         comm_hash=self.comm.comm_hash)
+        # Positional (field order checked below): keywords and an EventType member each cost more than the rest.
+        c, pg, tag = self.comm, None if grp is _OFF else grp, info.user_tag if ti.user_tag is None else ti.user_tag
+        if p2p:     # type, parent, rank, ts_ns, func, buff, datatype, count, peer, n_channels, parent_group, ...
+            return P2pDescr(_P2P, None, c.rank, info.ts_ns, ti.func, ti.send_buff or ti.recv_buff, ti.datatype,
+                            ti.count, ti.peer, ti.n_programs, pg, tag, c.comm_hash)
+        # type, parent, rank, ts_ns, seq_number, func, send_buff, recv_buff, count, root, datatype, n_channels,
+        # n_warps, algo, proto, parent_group, user_tag, kernel_variant, is_sym_coll, comm_hash
+        return CollDescr(_COLL, None, c.rank, info.ts_ns, info.seq_number, ti.func, ti.send_buff, ti.recv_buff,
+                         ti.count, ti.root, ti.datatype, ti.n_programs, info.n_warps, "RING", "SIMPLE", pg, tag, "",
+                         False, c.comm_hash)
+
+
+_COLL, _P2P = T.COLL, T.P2P
+assert [f.name for f in fields(P2pDescr)] == ["type", "parent", "rank", "ts_ns", "func", "buff", "datatype", "count",
+                                             "peer", "n_channels", "parent_group", "user_tag", "comm_hash"]
+assert [(f.name, f.default) for f in fields(CollDescr)][4:] == [
+    ("seq_number", 0), ("func", ""), ("send_buff", 0), ("recv_buff", 0), ("count", 0), ("root", 0), ("datatype", ""),
+    ("n_channels", 0), ("n_warps", 0), ("algo", "RING"), ("proto", "SIMPLE"), ("parent_group", None),
+    ("user_tag", 0), ("kernel_variant", ""), ("is_sym_coll", False), ("comm_hash", 0)]

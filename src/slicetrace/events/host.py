@@ -54,6 +54,7 @@ class EventHost(Emitter, PollRuns, Accounts):
         self._ops: dict[int, _Op] = {}
         self._proxy: list[list[Any]] = []       # per plugin: its Idle/Active ProxyCtrl event, its Sleep/Append one
         self._skip_counts: dict[tuple, list[tuple[str, int]]] = {}
+        self._pms: dict[tuple, tuple[int, ...]] = {}     # (op mask, live masks) -> the plugins' masks of an op
         self._closed = False
         self._behind, self._n_behind, self._behind_lock = False, 0, threading.Lock()
         self._notes: dict[str, int] = {}
@@ -78,9 +79,7 @@ class EventHost(Emitter, PollRuns, Accounts):
             raise
         self._proxy = [[_OFF, _OFF] for _ in self._slots]
 
-    @property
-    def plugins(self) -> list[LoadedPlugin]:
-        return [s.lp for s in self._slots]
+    plugins = property(lambda self: [s.lp for s in self._slots])
 
     def disabled(self) -> list[str]:
         return [s.lp.name for s in self._slots if s.disabled]
@@ -101,7 +100,8 @@ class EventHost(Emitter, PollRuns, Accounts):
         """Open the op's events; False (the op is to run unprofiled, counted consumer_behind) when a plugin
         callback in the drain thread holds the host over BEHIND_WAIT_S: the engine never waits on a stuck plugin.
         While it stays stuck, later ops wait 10 ms at most."""
-        if not self._lock.acquire(timeout=min(0.01, BEHIND_WAIT_S) if self._behind else BEHIND_WAIT_S):
+        if not self._lock.acquire(False) and not self._lock.acquire(    # untimed first: a timed one costs ~2k more
+                True, min(0.01, BEHIND_WAIT_S) if self._behind else BEHIND_WAIT_S):
             self._behind = True
             with self._behind_lock:
                 self._n_behind += 1
@@ -119,8 +119,12 @@ class EventHost(Emitter, PollRuns, Accounts):
         if info.mask is None:
             info.mask = self.op_mask()
         lives = [0 if s.disabled else s.lp.mask for s in self._slots]
-        pms = [effective_mask(m) & s.lp.known_types & info.mask if m else 0
-               for s, m in zip(self._slots, lives)]
+        pms = self._pms.get(key := (info.mask, *lives))        # the same few masks op after op
+        if pms is None:
+            pms = tuple(effective_mask(m) & s.lp.known_types & info.mask if m else 0
+                        for s, m in zip(self._slots, lives))
+            if len(self._pms) < 1024:
+                self._pms[key] = pms
         op = _Op(info, pms)
         old = self._ops.pop(info.tag, None)
         if old is not None:           # a tag reused before its end_op: close the old op first

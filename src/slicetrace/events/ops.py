@@ -55,6 +55,12 @@ class OpInfo:
     group_depth: int = 1
 
 
+# api.py builds these by position, in this order
+assert list(TaskInfo.__dataclass_fields__)[:9] == ["func", "peer", "is_send", "count", "datatype", "root", "send_buff",
+                                                  "recv_buff", "n_programs"]
+assert list(OpInfo.__dataclass_fields__) == ["tag", "func", "tasks", "seq_number", "user_tag", "mask", "ts_ns",
+                                             "n_warps", "stream", "group_depth"]
+
 # What happened to records offered to one plugin: each plugin's trace or metrics report its own (two plugins
 # must not each claim the other's deliveries); the rank's counters() sums them.
 PER_PLUGIN = ("parent_dropped", "pool_full", "plugin_error", "plugin_disabled", "declined")
@@ -86,7 +92,7 @@ class _Task:
 class _Op:
     __slots__ = ("info", "pmasks", "pm_any", "tasks", "groups", "open", "shared", "n_p2p")
 
-    def __init__(self, info: OpInfo, pmasks: list[int]):
+    def __init__(self, info: OpInfo, pmasks: tuple[int, ...]):
         self.info, self.pmasks = info, pmasks
         self.pm_any = 0                          # union of pmasks: records no plugin takes are masked_out
         for pm in pmasks:
