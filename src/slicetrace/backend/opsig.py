@@ -116,13 +116,10 @@ class SigTable:
         if sig is None:
             return None
         seq, mine = sig[0], sig[1:]
-        mv = self.mv
         for p in self._peers:
-            b = (p * NSIG + seq % NSIG) * _W
-            if mv[b] == seq:
-                theirs = (mv[b + 1], mv[b + 2], mv[b + 3])
-                if theirs != mine and mv[b] == seq:
-                    return differ_text(seq, self.rank, mine, p, theirs)
+            theirs = self.entry(p, seq)
+            if theirs is not None and theirs != mine:
+                return differ_text(seq, self.rank, mine, p, theirs)
         return None
 
     def first_difference(self) -> str | None:
