@@ -323,10 +323,7 @@ class EventHost(Emitter, PollRuns, Accounts):
     def proxy_ctrl_on(self) -> bool:
         """Some plugin's live mask has ProxyCtrl (NCCL rereads it per ProxyCtrl event): the drain's one check per
         state change (stamps/ctrl.py)."""
-        for s in self._slots:
-            if s.lp.mask & _PC and not s.disabled:
-                return True
-        return False
+        return any(self._pmask(s) & _PC for s in self._slots)
 
     def proxy_ctrl(self, state: State, ts_ns: int | None = None, appended: int = 0) -> None:
         """A drain state change in NCCL's shapes, for plugins whose live mask has ProxyCtrl: Idle/Active are states
