@@ -135,7 +135,7 @@ def run_p2p(ctx: dict, dtype: str, count: int, seed: int, pattern: str, nchannel
         parts.append((P2pPart(to, True, count, 2 * j), sb))
         parts.append((P2pPart(frm, False, count, 2 * j + 1), rb))
         outs.append((frm, rb))
-    plan = plan_p2p([p for p, _ in parts], w, r, it, be.settings.p2p_chunksize, be.settings.step_bytes, nchannels)
+    plan = plan_p2p([p for p, _ in parts], w, r, it, be.settings.p2p_chunk_bytes, be.settings.step_bytes, nchannels)
     ctx["state"]["tag"] += 1
     work = Work(ctx["state"]["tag"], plan, dtype, "sum", parts=parts, stamp_steps=steps, stamp_channels=steps)
     before = be.rings.header["reserved"].astype(np.int64)
