@@ -107,6 +107,36 @@ def test_off_costs_one_check_per_transition_and_says_nothing():
     assert sink.asked == 5 and sink.states == [] and sink.ended == [1, 2]
 
 
+def test_a_poll_that_raised_does_not_make_the_next_append_recount_its_ops():
+    """A plugin raising in end_op ends that poll early (its ops stay tracked): the next Append counts only the
+    ops submitted since, as each op is appended once."""
+    class Raising(CtrlRecorder):
+        def __init__(self):
+            super().__init__()
+            self.fail = 1
+
+        def end_op(self, tag, ts):
+            if self.fail:
+                self.fail -= 1
+                raise RuntimeError("plugin failed")
+            super().end_op(tag, ts)
+
+    v, sink = rings(1), Raising()
+    d, w = Drain(v, sink), RingWriter(v, 0)
+    _submit(d, w, 1)
+    _submit(d, w, 2)
+    try:
+        d.poll_once()
+    except RuntimeError:
+        pass
+    else:
+        raise AssertionError("the consumer's error did not reach the poller")
+    _submit(d, w, 3)
+    d.poll_once()
+    assert [a for s, _, a in sink.states if s == APPEND_END] == [2, 1]
+    assert sink.ended == [1, 2, 3]
+
+
 def test_consumer_without_proxy_ctrl_is_left_alone():
     v, sink = rings(1), Recorder()
     d, w = Drain(v, sink), RingWriter(v, 0)

@@ -46,9 +46,10 @@ class Ctrl:
         t0 = self.t_poll = self.clock() if len(ops) != self.kept and self.on() else 0
         with lock:
             out = list(ops.values())
+        new, self.kept = len(out) - self.kept, len(out)     # taken now: a poll that raises does not recount them
         if t0:
             self.say_fn(APPEND, t0, 0)
-            self.say_fn(APPEND_END, self.clock(), len(out) - self.kept)
+            self.say_fn(APPEND_END, self.clock(), new)
         return out
 
     def polled(self, kept: int, n: int, now: int) -> None:
