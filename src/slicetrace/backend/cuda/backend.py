@@ -222,14 +222,14 @@ class CudaBackend(Completion, Backend, KernelArgs):
             from cupy.cuda import driver
             driver.launchKernel(fn if not work.stamp_steps else self._fn(work.dtype, True), nb, 1, 1, nt, 1, 1,
                                 0, stream, ctypes.addressof(params), 0)
+        if plan.func == "send_recv":    # counted once enqueued: an error past here leaves no message uncounted
+            self.ledger.count(work, self.rank)
+            if self.order is not None:
+                self.order.count(work)
         if joined:
             self._rt.streamWaitEvent(stream, self._join, 0)
         ev = _cupy().cuda.Event(block=False, disable_timing=True, interprocess=False)
         self._rt.eventRecord(ev.ptr, stream)
-        if plan.func == "send_recv":
-            self.ledger.count(work, self.rank)
-            if self.order is not None:
-                self.order.count(work)
         peers = self._all if plan.func != "send_recv" else tuple({p.peer for p, _ in work.parts} - {self.rank})
         self._last = Token(ev, work.tag, peers, stream, sig)
         self._pending.add(self._last)   # ops run in issue order: one waits for every earlier op's peers too
