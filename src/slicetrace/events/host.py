@@ -24,9 +24,8 @@ from ..errors import CommTimeoutError, ConfigError
 from ..stamps.layout import take_rows
 from .abi import CommInfo, EventType, ProxyCtrlDescr, State, StateArgs, effective_mask
 from .accounts import Accounts
-from .emit import _B, _DELIVERED, Emitter
-from .ops import OFF as _OFF
-from .ops import SKIP as _SKIP
+from .emit import _B, _DELIVERED, _PARENTS, Emitter
+from .ops import OFF as _OFF, SKIP as _SKIP
 from .ops import OpInfo, TaskInfo, _Op, _Slot, _Task, to_kernel_ch, to_kernel_steps
 from .plugin import LoadedPlugin
 from .runs import PollRuns, task_keys
@@ -118,21 +117,26 @@ class EventHost(Emitter, PollRuns, Accounts):
             return
         if info.mask is None:
             info.mask = self.op_mask()
-        lives = [0 if s.disabled else s.lp.mask for s in self._slots]
+        slots, tag = self._slots, info.tag
+        lives = ([0 if slots[0].disabled else slots[0].lp.mask] if len(slots) == 1     # one plugin: no comprehension
+                 else [0 if s.disabled else s.lp.mask for s in slots])
         pms = self._pms.get(key := (info.mask, *lives))        # the same few masks op after op
         if pms is None:
-            pms = tuple(effective_mask(m) & s.lp.known_types & info.mask if m else 0
-                        for s, m in zip(self._slots, lives))
+            pms = tuple(effective_mask(m) & s.lp.known_types & info.mask if m else 0 for s, m in zip(slots, lives))
             if len(self._pms) < 1024:
                 self._pms[key] = pms
         op = _Op(info, pms)
-        old = self._ops.pop(info.tag, None)
+        old = self._ops.pop(tag, None)
         if old is not None:           # a tag reused before its end_op: close the old op first
             self._finish(old, info.ts_ns)
-        self._ops[info.tag] = op      # first: a Ctrl-C in a plugin's start leaves what started to end_op or close
+        self._ops[tag] = op           # first: a Ctrl-C in a plugin's start leaves what started to end_op or close
         for i, pm in enumerate(pms):
             if pm:
-                self._emit_begin(i, op, pm if self._slots[i].lp.passthrough is None else pm & lives[i], lives[i])
+                pt, own = slots[i].lp.passthrough, lives[i]
+                if pt is not None and not pm & own & _PARENTS:      # _emit_begin's own fast path, one call less
+                    self._emit_fast(i, op, pm, pm & own, pt)
+                else:
+                    self._emit_begin(i, op, pm if pt is None else pm & own, own)
 
     def _route(self, op: _Op, recs: np.ndarray) -> list[tuple[_Task, Any]]:
         """(task, row selection or None = all rows) per task that has records. Each record goes to one task:

@@ -80,13 +80,11 @@ class _Task:
     def __init__(self, info: TaskInfo, nslots: int):
         self.info = info
         self.p2p = info.func in P2P_FUNCS
-        self.key = info.peer * 2 + int(bool(info.is_send))
+        self.key = info.peer * 2 + (1 if info.is_send else 0)
         self.chans: np.ndarray | None = None     # set by _Op._share, only where a key is shared
         self.mates: list[_Task] | None = None
         self.handles: list[Any] = [OFF] * nslots
-        self.left = info.n_programs
-        self.last_done = 0
-        self.done = False
+        self.left, self.last_done, self.done = info.n_programs, 0, False
 
 
 class _Op:
@@ -94,15 +92,21 @@ class _Op:
 
     def __init__(self, info: OpInfo, pmasks: tuple[int, ...]):
         self.info, self.pmasks = info, pmasks
-        self.pm_any = 0                          # union of pmasks: records no plugin takes are masked_out
+        pm_any = 0
         for pm in pmasks:
-            self.pm_any |= pm
+            pm_any |= pm
+        self.pm_any = pm_any                     # union of pmasks: records no plugin takes are masked_out
         nslots = len(pmasks)
-        self.tasks = tasks = [_Task(t, nslots) for t in info.tasks]
-        self.open = n = len(tasks)
-        self.n_p2p = (1 if tasks[0].p2p else 0) if n == 1 else sum(1 for t in tasks if t.p2p)
-        self.shared = n > 1 and self._share()
         self.groups: list[Any] = [OFF] * nslots
+        ti = info.tasks
+        if len(ti) == 1:                         # a collective (or a group of one part): no list comprehension
+            t = _Task(ti[0], nslots)
+            self.tasks, self.open, self.n_p2p, self.shared = [t], 1, 1 if t.p2p else 0, False
+            return
+        self.tasks = tasks = [_Task(t, nslots) for t in ti]
+        self.open = n = len(tasks)
+        self.n_p2p = sum(1 for t in tasks if t.p2p)
+        self.shared = n > 1 and self._share()
 
     def _share(self) -> bool:
         """True when two p2p parts share (peer, is_send), so records need their channels to find a task.
