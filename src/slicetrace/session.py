@@ -98,6 +98,7 @@ class Session:
         self.mask_limit = -1        # ANDed into every op's event mask (Communicator.profiling(mask=...))
         self.profiling_owner: int | None = None     # the thread whose profiling() block is open
         self._every, self._min_bytes = settings.op_sample_rate, settings.profile_min_bytes
+        self._sample_rate = settings.sample_rate        # read per op: frozen settings, so once here
         # ops, profiling on, at or above the size threshold: op sampling counts collectives and point-to-point
         # groups apart, so a rank's own p2p traffic does not shift which collectives it profiles
         self._eligible = [0, 0]
@@ -177,46 +178,46 @@ class Session:
         """Submit one work. With profiling, the op's events are opened first and closed by the drain."""
         mask = info.mask if info is not None else 0
         work.stamp_steps = bool(mask & _STAMP_STEPS)
-        work.stamp_channels = bool(mask & _STAMP_CH)
-        work.sample_rate = self.settings.sample_rate
+        work.stamp_channels = ch = bool(mask & _STAMP_CH)
+        work.sample_rate = self._sample_rate
+        backend = self.backend
         if info is None:
-            self._last = self.backend.submit(work)
+            self._last = backend.submit(work)
             return self._last
         if time.monotonic() > self._resync_at:       # follow clock drift (a no-op for the host-clock backends)
             self._resync()
         if not self.host.begin_op(info):            # a plugin stuck in the drain thread: run it unprofiled (counted)
             work.stamp_steps = work.stamp_channels = False
-            self._last = self.backend.submit(work)
+            self._last = backend.submit(work)
             return self._last
-        self.drain.expect(work.tag, work.stamp_channels, work.plan.unique_ch_keys)   # stamps may appear from now
+        drain, tag = self.drain, work.tag
+        drain.expect(tag, ch, work.plan.unique_ch_keys)     # stamps may appear from now
         try:
-            token = self.backend.submit(work)
+            token = backend.submit(work)
         except BaseException:                       # its seqs are final too: later ops must still end
-            exact = self.backend.synchronous or self.backend.reserves_stamps
-            self.drain.op_submitted(work.tag, _done, self._reserved.copy() if exact else None)
+            exact = backend.synchronous or backend.reserves_stamps
+            drain.op_submitted(tag, _done, self._reserved.copy() if exact else None)
             raise
-        if self.backend.done(token):                # synchronous backend: the exact end of this op's seqs
+        if backend.done(token):                     # synchronous backend: the exact end of this op's seqs
             reserved = self._reserved.copy()
-            self.drain.op_submitted(work.tag, _done, reserved)
-            if self._inline:
-                self._inline_poll(reserved)
+            drain.op_submitted(tag, _done, reserved)
+            if self._inline:    # every 32 ops or 20 ms, or a ring a quarter full: polls amortise their fixed cost
+                self._since_poll += 1
+                now, cur = time.monotonic(), drain.cursor
+                if self._since_poll >= 32 or now >= self._poll_at or (
+                        int(reserved[0]) - int(cur[0]) if len(cur) == 1     # one channel (the cpu default)
+                        else int((reserved - cur).max())) > drain.slots // 4:
+                    self._inline_poll(now)
         else:                                       # a backend that reserves seqs at submit knows the end now
-            snap = self._reserved.copy() if self.backend.reserves_stamps else None
-            self.drain.op_submitted(work.tag, lambda: self.backend.done(token), snap)
+            snap = self._reserved.copy() if backend.reserves_stamps else None
+            drain.op_submitted(tag, lambda: backend.done(token), snap)
         self._last = token
         return token
 
-    def _inline_poll(self, reserved) -> None:
-        """Every 32 ops or 20 ms, or when a ring is a quarter full: batches amortise the poll's fixed cost."""
-        self._since_poll += 1
-        now = time.monotonic()
-        cur = self.drain.cursor
-        fill = (int(reserved[0]) - int(cur[0]) if len(cur) == 1      # one channel (the cpu default): no array op
-                else int((reserved - cur).max()))
-        if self._since_poll >= 32 or now >= self._poll_at or fill > self.drain.slots // 4:
-            self._since_poll, self._poll_at = 0, now + 0.02
-            with signals_held():       # a Ctrl-C inside a plugin's callback lost an op's Coll, kept its steps
-                self.drain.poll_once(False, self.settings.timeout_s)    # None: another poller drains meanwhile
+    def _inline_poll(self, now: float) -> None:
+        self._since_poll, self._poll_at = 0, now + 0.02
+        with signals_held():       # a Ctrl-C inside a plugin's callback lost an op's Coll, kept its steps
+            self.drain.poll_once(False, self.settings.timeout_s)    # None: another poller drains meanwhile
 
     def synchronize(self) -> None:
         if self._last is not None:

@@ -38,8 +38,8 @@ class _Op:
     __slots__ = ("tag", "done_fn", "snapshot", "done", "exact", "ch", "uniq")
 
     def __init__(self, tag: int, ch: bool = False, uniq: bool = False):
-        self.tag, self.done_fn, self.snapshot, self.done, self.exact, self.ch = tag, None, None, False, False, ch
-        self.uniq = uniq
+        self.tag, self.done_fn, self.snapshot, self.done, self.exact, self.ch, self.uniq = tag, None, None, False, \
+            False, ch, uniq
 
 
 class Drain:
@@ -76,6 +76,7 @@ class Drain:
         self.delivered, self.rows_read = 0, 0   # rows_read: ring entries gathered (the drain's own cost)
         self._scratch = Scratch()
         self._ctl = Ctrl(consumer, clock)
+        self._end_ops = getattr(consumer, "end_ops", None) or (lambda tags, ts: [consumer.end_op(t, ts) for t in tags])
 
     # ---- called by the session (user thread) ----
     def expect(self, tag: int, channels: bool = False, unique_keys: bool = False) -> None:
@@ -89,10 +90,12 @@ class Drain:
         """After submit: done_fn() tells when the op finished; snapshot = header.reserved once every seq of the
         op is reserved and none of a later op is, when the backend knows it (then an entry at or below it that
         is still not published once the op is done never will be)."""
-        with self._lock:
-            op = self._ops.get(tag & 0xFFFFFFFF) or _Op(tag)
-            op.done_fn, op.snapshot, op.exact = done_fn, snapshot, snapshot is not None
-            self._ops[tag & 0xFFFFFFFF] = op
+        op = self._ops.get(tag & 0xFFFFFFFF)        # expect()'s, read without the lock (one dict read)
+        if op is None:                              # no expect() (or stop ended it meanwhile): made here
+            with self._lock:
+                op = self._ops.setdefault(tag & 0xFFFFFFFF, _Op(tag))
+        op.snapshot, op.exact = snapshot, snapshot is not None
+        op.done_fn = done_fn                        # last: a poll that sees it sees the snapshot
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="slicetrace-drain", daemon=True)
@@ -241,12 +244,7 @@ class Drain:
                     break
                 ended.append(op.tag)
         if ended:
-            end_ops = getattr(self.consumer, "end_ops", None)
-            if end_ops is not None:
-                end_ops(ended, now)
-            else:
-                for tag in ended:
-                    self.consumer.end_op(tag, now)
+            self._end_ops(ended, now)
             with self._lock:                # after end_op: flush() returning means the events reached plugins
                 for tag in ended:
                     self._ops.pop(tag & 0xFFFFFFFF, None)
