@@ -13,7 +13,6 @@ import numpy as np
 from ..stamps.layout import FLAG_SEND, KIND_CHANNEL
 from .emit import _B
 from .ops import OFF as _OFF
-from .ops import SKIP as _SKIP
 from .ops import _Op, _Slot, _Task, to_kernel_ch, to_kernel_steps
 
 _KCH, _KS = _B.KERNEL_CH, _B.KERNEL_STEP
@@ -50,7 +49,7 @@ class PollRuns:
         complete their ops in order (what _channel does per run); p2p groups go through _channel."""
         c = self._counts
         pend: list[tuple[list, list, list]] = [([], [], []) for _ in self._slots]    # parents, starts, stops
-        get = self._ops.get
+        get, slots = self._ops.get, self._slots
         fast = []
         for tag, _, a, b in runs:
             op = get(tag)
@@ -68,12 +67,14 @@ class PollRuns:
             for i, pm in enumerate(op.pmasks):
                 if not pm & _KCH:
                     continue
-                parent = self._kch_parent(i, t, b - a)
-                if parent is not _SKIP:
-                    ps, st, sp = pend[i]
-                    ps.append(parent)
-                    st.append(a)
-                    sp.append(b)
+                parent = t.handles[i]
+                if parent is None or slots[i].disabled:     # counted by _kch_parent; else its answer, inline
+                    self._kch_parent(i, t, b - a)
+                    continue
+                ps, st, sp = pend[i]
+                ps.append(None if parent is _OFF else parent)
+                st.append(a)
+                sp.append(b)
             fast.append((op, t, a, b))
         if not fast:
             return
