@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Profiling's CPU instructions per op on the cpu backend, read with cachegrind: rank 0 of a real 2-rank job
 (API, session, inline drain, event host, plugin) runs in this process, rank 1 in a plain child process (valgrind
-does not follow it), both waiting by futex so the slow rank 0 is not raced by a spinning peer. Polls every 32 ops
-(as natively: under valgrind the 20 ms poll timer would fire every op or two).
+does not follow it), both waiting by futex so the slow rank 0 is not raced by a spinning peer, FIFO reclaim off (its
+"auto" is timed). Polls every 32 ops (as natively: under valgrind the 20 ms poll timer would fire every op or two).
 
-    valgrind --tool=cachegrind --cache-sim=no --cachegrind-out-file=/tmp/cg.%p \\
-        env PYTHONPATH=src OPENBLAS_NUM_THREADS=1 PYTHONHASHSEED=0 python scripts/cg_profile_cost.py \\
-        --ops 512 --mask 0x10046
+    PYTHONPATH=src OPENBLAS_NUM_THREADS=1 PYTHONHASHSEED=0 setarch -R valgrind --tool=cachegrind --cache-sim=no \\
+        --cachegrind-out-file=/tmp/cg.%p python scripts/cg_profile_cost.py --ops 512 --mask 0x10046
+
+(the variables before valgrind: it does not follow an `env` it runs into python)
 
 Per op = (Ir at --ops 1536 - Ir at --ops 512) / 1024; --mask none runs unprofiled, --mask 0x46 without KernelStep.
 """
@@ -67,8 +68,9 @@ class FileStore(Store):
 def body(rank: int, a: argparse.Namespace) -> None:
     prof = {} if a.mask == "none" else dict(profiler_plugin="example", profile_event_mask=int(a.mask, 0),
                                             profile_dump_file=os.path.join(a.dir, "trace"))
+    # cpu_reclaim off: "auto" decides from timed FIFO writes, and its stores varied by ~10k instructions per op
     comm = slicetrace.init("cpu", rank, 2, store=FileStore(a.dir), job="cg", cpu_wait="futex", cpu_bind="off",
-                           timeout_s=600, **prof)
+                           cpu_reclaim="off", timeout_s=600, **prof)
     sess = comm._session
     x = np.ones(a.bytes // 4, np.float32)
     out = np.empty_like(x)
