@@ -90,8 +90,9 @@ class EventHost(Emitter, PollRuns, Accounts):
     def op_mask(self) -> int:
         """Mask snapshot for a new op: union of the plugins' live masks, parents included."""
         m = 0
-        for s in self._slots:
-            m |= self._pmask(s)
+        for s in self._slots:       # _pmask, inline (an op each)
+            if not s.disabled:
+                m |= effective_mask(s.lp.mask) & s.lp.known_types
         return m
 
     # ---- ops ----
