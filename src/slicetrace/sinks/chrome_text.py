@@ -167,23 +167,31 @@ class RowFormat:
                 row += b"%03d" % t if f else b"%d" % t
                 j += 1
                 continue
-            w = 3 if f else len(str(t))
+            w, sub = 3 if f else len(str(t)), 0
+            if not f and lo >= 10000:       # leading digits every row shares (a clock's, an id's): template text
+                m = 4
+                while t // 10 ** m != lo // 10 ** m:
+                    m += 4
+                if m < w:                   # the rows' other digits, zero-filled: fewer 4-digit groups per row
+                    row += b"%d" % (lo // 10 ** m)
+                    w, sub = m, lo // 10 ** m * 10 ** m
             both = frac[j] and top[j + 1] != low[j + 1]
-            fields.append((j, len(row), w, f, lo, both))
+            fields.append((j, len(row), w, not f and not sub, lo, both, sub))
             row += b" " * (w + 4 if both else w)
             j += 2 if both else 1
         row += lits[-1]
         buf = np.empty((n, len(row)), np.uint8)
         buf[:] = np.frombuffer(bytes(row), np.uint8)
-        for j, p, w, f, lo, both in fields:
+        for j, p, w, pad, lo, both, sub in fields:
+            v = cols[:, j] - sub if sub else cols[:, j]
             if both:
-                buf[:, p:p + w + 4] = _digits(cols[:, j], w, True, lo, cols[:, j + 1])
+                buf[:, p:p + w + 4] = _digits(v, w, pad, lo, cols[:, j + 1])
             else:
-                buf[:, p:p + w] = _digits(cols[:, j], w, not f, lo)
+                buf[:, p:p + w] = _digits(v, w, pad, lo)
         if self.compact and cuts is None:
             keep = np.ones(buf.shape, bool)
-            for j, p, w, f, lo, both in fields:
-                if not f:
+            for j, p, w, pad, lo, both, sub in fields:
+                if pad:
                     np.not_equal(buf[:, p:p + w], 32, out=keep[:, p:p + w])
             return memoryview(buf[keep])
         return memoryview(buf).cast("B")
