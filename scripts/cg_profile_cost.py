@@ -86,14 +86,16 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=64)
     p.add_argument("--bytes", type=int, default=1 << 20)
     p.add_argument("--mask", default="0x10046", help="the example plugin's event mask, or 'none' (no plugin)")
+    p.add_argument("--keep", default=None, help="write the traces into this folder (kept) instead of a temporary one")
     p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--dir", default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.rank == 1:
         body(1, a)
         return
-    with tempfile.TemporaryDirectory() as d:
-        a.dir = d
+    with tempfile.TemporaryDirectory() as tmp:
+        a.dir = d = a.keep or tmp
+        os.makedirs(d, exist_ok=True)
         child = subprocess.Popen([sys.executable, __file__, "--rank", "1", "--dir", d, "--ops", str(a.ops),
                                   "--warmup", str(a.warmup), "--bytes", str(a.bytes), "--mask", a.mask])
         try:
