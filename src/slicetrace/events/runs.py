@@ -102,7 +102,7 @@ class PollRuns:
             if last > t.last_done:
                 t.last_done = last
             t.left -= b - a
-            if t.left > 0 or t.info.n_programs <= 0:
+            if t.left > 0 or t.info.n_programs <= 0 or t.done:     # done: an earlier run of this poll ended it
                 continue
             ts = t.last_done                    # _complete, then _finish (its task done: the groups' stops)
             t.done = True
