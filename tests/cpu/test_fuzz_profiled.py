@@ -30,6 +30,8 @@ MASKS = [BASE, BASE, int(T.COLL | T.P2P | T.KERNEL_STEP), int(T.COLL | T.P2P | T
 EVENT_LOSSES = ("no_parent", "parent_dropped", "pool_full", "consumer_behind", "plugin_error", "plugin_disabled",
                 "declined", "plugin_init_failed")
 LOSSES = ("overrun", "unpaired", "undrained") + EVENT_LOSSES
+PER_PLUGIN = ("declined", "pool_full", "parent_dropped", "plugin_error", "plugin_disabled")   # each plugin's own
+LIMITS = [int(ALL_TYPES & ~T.KERNEL_STEP), int(T.KERNEL_STEP), int(T.KERNEL_CH), int(T.COLL)]
 PRIMES = [2, 3, 7, 13, 127, 1021, 7919, 16381]
 
 
@@ -74,56 +76,70 @@ def cases(draw):
             "all_reduce", "reduce", "reduce_scatter") else "sum"
         inplace = draw(st.booleans()) and kind != "all_to_all"
         ops.append(("coll", kind, dtype, redop, count, draw(st.integers(0, world - 1)), inplace, 10 + i))
-    return world, kw, draw(st.sampled_from(["batch", "slow", "both"])), ops
+    # per op: the plugins' new mask (None: kept), profiling on, a comm.profiling(mask=) limit (None: no block)
+    ctl = [(draw(st.sampled_from([None] * 6 + MASKS)), draw(st.sampled_from([True] * 5 + [False])),
+            draw(st.sampled_from([None] * 4 + LIMITS))) for _ in ops]
+    return world, kw, draw(st.sampled_from(["batch", "slow", "both"])), ops, ctl
 
 
-def _nbytes(op, world) -> int:
+def _nbytes(op) -> int:
     """The bytes op sampling and profile_min_bytes judge an op by (per-rank count x itemsize; a group: its largest)."""
     if op[0] == "p2p":
         return op[3] * ITEMSIZE[op[1]]
     return op[4] * ITEMSIZE[op[2]]
 
 
-def profiled(ops, kw, world) -> list[bool]:
-    """Which ops are profiled: at or above profile_min_bytes, then the first and every k-th of those, collectives
-    and point-to-point groups (all_to_all is one) counted apart."""
-    seen, out = {False: 0, True: 0}, []
-    for op in ops:
-        p2p = op[0] == "p2p" or op[1] == "all_to_all"
-        if _nbytes(op, world) < kw["profile_min_bytes"]:
-            out.append(False)
+def profiled(ops, ctl, kw) -> tuple[list[int], int, int]:
+    """Each op's event mask (0: unprofiled), and the ops below profile_min_bytes and sampled out. An op in a
+    profiling(False) block is neither; the others at or above profile_min_bytes count towards op sampling (the
+    first and every k-th, collectives and point-to-point groups, all_to_all among them, counted apart); a profiled
+    op's mask is the plugins' (parents added), within the block's limit (a kept type keeps its parents)."""
+    seen, masks, below, out = {False: 0, True: 0}, [], 0, 0
+    plugin = kw["profile_event_mask"]
+    for op, (pm, on, limit) in zip(ops, ctl):
+        plugin = plugin if pm is None else pm
+        if not on:
+            masks.append(0)
             continue
+        if _nbytes(op) < kw["profile_min_bytes"]:
+            below += 1
+            masks.append(0)
+            continue
+        p2p = op[0] == "p2p" or op[1] == "all_to_all"
         seen[p2p] += 1
-        out.append((seen[p2p] - 1) % kw["op_sample_rate"] == 0)
-    return out
+        if (seen[p2p] - 1) % kw["op_sample_rate"]:
+            out += 1
+            masks.append(0)
+            continue
+        m = effective_mask(plugin) & int(ALL_TYPES)
+        masks.append(m if limit is None else effective_mask(m & limit) & m)
+    return masks, below, out
 
 
-PER_PLUGIN = ("declined", "pool_full", "parent_dropped", "plugin_error", "plugin_disabled")
-
-
-def check_case(world, kw, plugin, ops, res):
-    mask = effective_mask(kw["profile_event_mask"])
-    want_prof = profiled(ops, kw, world)
+def check_case(world, kw, plugin, ops, ctl, res):
+    masks, below, sampled_out = profiled(ops, ctl, kw)
     views = []                          # per plugin: per rank, what it received and its own counters
     for rank, r in enumerate(res):
         assert r["wrong"] == [0] * len(ops), (rank, r["wrong"])
         c = r["counters"]
-        assert c.get("ops_below_min_bytes", 0) == sum(_nbytes(o, world) < kw["profile_min_bytes"] for o in ops)
-        assert c.get("ops_sampled_out", 0) == len(ops) - sum(want_prof) - c.get("ops_below_min_bytes", 0)
+        assert (c.get("ops_below_min_bytes", 0), c.get("ops_sampled_out", 0)) == (below, sampled_out), (rank, c)
         assert [p["name"] for p in r["plugins"]] == (["recorder", "slow_recorder"] if plugin == "both" else
                                                     ["slow_recorder" if plugin == "slow" else "recorder"])
         for k, v in c.items():          # drop_counters(): the rank's counters, the plugins' own summed
+            if k.endswith("proxy_ctrl"):
+                continue                # close's own drain poll is a ProxyCtrl event after drop_counters()
             own = k.startswith(("delivered_", "unrecorded_")) or k in PER_PLUGIN
             got = [p["final"].get(k, 0) for p in r["plugins"]]
             assert (sum(got) if own else max(got)) == v == (v if own else min(got)), (rank, k, v, got)
         for i, p in enumerate(r["plugins"]):
             assert p["finalized"]
-            check_accounting(rank, r, p, mask)
-            check_nesting(rank, p, mask)
+            of = match_events(world, rank, ops, masks, p)
+            check_accounting(rank, r, p, masks)
+            check_nesting(rank, p, of)
             views[i:] = views[i:] or [[]]
-            views[i].append(dict(p, counters=p["final"]))
+            views[i].append(dict(p, of=of))
     for view in views:
-        check_traffic(world, kw, ops, want_prof, view, mask)
+        check_traffic(world, kw, view)
         check_causality(view)
     if plugin == "both":                # the batch entry points and the per-event path deliver the same records
         for rank in range(world):
@@ -142,13 +158,13 @@ def _normal(p):
     return steps, chs
 
 
-def check_accounting(rank, r, p, mask):
+def check_accounting(rank, r, p, masks):
     """Every entry the engine wrote was delivered or counted lost. overrun, unpaired and undrained count ring
     entries (a KernelCh is two: start, stop); masked_out counts KernelCh events here (the plugins never drop
-    KernelStep), which are stamped for KernelStep's sake when the mask has no KernelCh."""
+    KernelStep), which are stamped for KernelStep's sake when an op's mask has no KernelCh."""
     c = p["final"]
     assert {k: c.get(k, 0) for k in EVENT_LOSSES} == dict.fromkeys(EVENT_LOSSES, 0), (rank, c)
-    assert c["masked_out"] == 0 or not mask & T.KERNEL_CH, (rank, c)
+    assert c["masked_out"] == 0 or any(m & T.KERNEL_STEP and not m & T.KERNEL_CH for m in masks), (rank, c)
     lost = c["overrun"] + c["unpaired"] + c.get("undrained", 0) + 2 * c["masked_out"]
     delivered = c.get("delivered_kernel_step", 0) + 2 * c.get("delivered_kernel_ch", 0)
     assert delivered + lost == r["written_steps"] + r["written_chs"], (rank, c, r["written_steps"], r["written_chs"])
@@ -157,27 +173,45 @@ def check_accounting(rank, r, p, mask):
     assert len(p["chs"]) == c.get("delivered_kernel_ch", 0), (rank, len(p["chs"]), c)
 
 
-def check_nesting(rank, r, mask):
+def match_events(world, rank, ops, masks, p) -> dict:
+    """The plugin's Coll/P2p events, in order, must be the profiled ops' (those whose mask has the type); returns
+    event id -> (op index, its mask, its dtype)."""
+    want = []
+    for k, (op, m) in enumerate(zip(ops, masks)):
+        if op[0] == "p2p":
+            _, dtype, shifts, count, _ = op
+            es = [x for d in shifts for x in (("Send", (rank + d) % world, count), ("Recv", (rank - d) % world, count))]
+        elif op[1] == "all_to_all":
+            dtype, es = op[2], [(f, j, op[4]) for j in range(world) for f in ("Send", "Recv")]
+        else:
+            root = op[5] if op[1] in ("broadcast", "reduce") else 0      # NCCL's descriptors: 0 when unused
+            dtype, es = op[2], [(FUNC[op[1]], op[4], root)]
+        if m & (T.COLL if op[0] == "coll" and op[1] != "all_to_all" else T.P2P):
+            want += [(k, m, dtype, e) for e in es]
+    evs = [o for o in p["ops"] if o["cat"] in ("COLL", "P2P")]
+    got = [(o["func"], o["peer"], o["count"]) if o["cat"] == "P2P" else (o["func"], o["count"], o["root"])
+           for o in evs]
+    assert got == [w[-1] for w in want], (rank, got, want)
+    return {o["id"]: w[:3] for o, w in zip(evs, want)}
+
+
+def check_nesting(rank, r, of):
     ops = {o["id"]: o for o in r["ops"] if o["cat"] in ("COLL", "P2P")}
-    steps, chs = r["steps"], r["chs"]
-    if not mask & T.KERNEL_STEP:
-        assert len(steps) == 0
-    if not mask & T.KERNEL_CH:
-        assert len(chs) == 0
     for o in ops.values():
         assert o["stop_ns"] is not None and o["start_ns"] <= o["stop_ns"], (rank, o)
-    for ch in chs:
-        o = ops[int(ch["op"])]                          # a KernelCh's parent is a Coll/P2p of this rank
-        assert o["start_ns"] <= ch["start_ns"] <= ch["stop_ns"] <= o["stop_ns"], (rank, o, ch)
     spans: dict = {}
-    for ch in chs:
+    for ch in r["chs"]:
+        o = ops[int(ch["op"])]                          # a KernelCh's parent is a Coll/P2p of this rank
+        assert of[o["id"]][1] & T.KERNEL_CH, (rank, o, of[o["id"]])
+        assert o["start_ns"] <= ch["start_ns"] <= ch["stop_ns"] <= o["stop_ns"], (rank, o, ch)
         spans.setdefault((int(ch["op"]), int(ch["channel"])), []).append((int(ch["start_ns"]), int(ch["stop_ns"])))
-    for s in steps:
+    for s in r["steps"]:
         o = ops[int(s["op"])]
+        mask = of[o["id"]][1]
+        assert mask & T.KERNEL_STEP, (rank, o, mask)
         assert s["wait_ns"] <= s["ready_ns"] <= s["done_ns"], (rank, s)
         assert s["wait_clk"] <= s["ready_clk"] <= s["done_clk"], (rank, s)
         assert o["start_ns"] <= s["wait_ns"] and s["done_ns"] <= o["stop_ns"], (rank, o, s)
-        assert (o["func"] in ("Send", "Recv")) == (o["cat"] == "P2P")
         if o["cat"] == "P2P":
             assert (s["is_send"], s["peer"]) == (o["func"] == "Send", o["peer"]), (rank, o, s)
         if mask & T.KERNEL_CH and r["final"]["overrun"] == 0:
@@ -197,45 +231,23 @@ def closed_form(func, n, rank, nbytes, root):
     return None
 
 
-def _expected_events(ops, prof, world, rank):
-    """Per profiled op, the Coll (func, count, root) or P2p [(func, peer, count)] events this rank must get."""
-    out = []
-    for op, p in zip(ops, prof):
-        if not p:
-            continue
-        if op[0] == "p2p":
-            _, dtype, shifts, count, _ = op
-            out.append(("P2P", dtype, [x for d in shifts for x in (("Send", (rank + d) % world, count),
-                                                                   ("Recv", (rank - d) % world, count))]))
-        elif op[1] == "all_to_all":
-            out.append(("P2P", op[2], [(f, j, op[4]) for j in range(world) for f in ("Send", "Recv")]))
-        else:
-            root = op[5] if op[1] in ("broadcast", "reduce") else 0      # NCCL's descriptors: 0 when unused
-            out.append(("COLL", op[2], [(FUNC[op[1]], op[4], root)]))
-    return out
-
-
-def check_traffic(world, kw, ops, prof, res, mask):
-    exact = kw["sample_rate"] == 1 and bool(mask & T.KERNEL_STEP)
-    ring = Counter()                     # all_reduce: (op index, direction) -> bytes over all ranks
-    for rank, r in enumerate(res):
-        c = r["counters"]
-        evs = [o for o in r["ops"] if o["cat"] in ("COLL", "P2P")]
-        want = [(k, cat, dt, e) for k, (cat, dt, es) in enumerate(_expected_events(ops, prof, world, rank))
-                for e in es if mask & (T.COLL if cat == "COLL" else T.P2P)]
-        got = [(o["func"], o["peer"], o["count"]) if o["cat"] == "P2P" else (o["func"], o["count"], o["root"])
-               for o in evs]
-        assert got == [e for *_, e in want], (rank, got, want)
-        if not exact or any(c.get(k, 0) for k in LOSSES):
-            continue
+def check_traffic(world, kw, view):
+    """With every slice kept and none lost, each op's KernelSteps move what its algorithm moves."""
+    if kw["sample_rate"] != 1 or any(r["final"].get(k, 0) for r in view for k in LOSSES):
+        return
+    ring = Counter()                     # all_reduce: (op index, direction, bytes) -> bytes over all ranks
+    for rank, r in enumerate(view):
         steps = r["steps"]
-        p2p = Counter()        # (op, Send/Recv, peer) -> (bytes sent, received), expected minus got
-        for o, (k, cat, dtype, e) in zip(evs, want):
+        p2p = Counter()        # (op, Send/Recv, peer, direction) -> bytes expected minus bytes got
+        for o in (o for o in r["ops"] if o["cat"] in ("COLL", "P2P")):
+            k, mask, dtype = r["of"][o["id"]]
+            if not mask & T.KERNEL_STEP:
+                continue
             mine = steps[steps["op"] == o["id"]]
             sent = int(mine["size"][mine["is_send"] == 1].sum())
             recv = int(mine["size"][mine["is_send"] == 0].sum())
             nbytes = o["count"] * ITEMSIZE[dtype]
-            if cat == "P2P":    # parts of a group to one peer and direction may share their records (documented)
+            if o["cat"] == "P2P":    # parts of a group to one peer and direction may share their records (documented)
                 moved = 0 if o["peer"] == rank else nbytes
                 p2p[(k, o["func"], o["peer"], True)] += (moved if o["func"] == "Send" else 0) - sent
                 p2p[(k, o["func"], o["peer"], False)] += (0 if o["func"] == "Send" else moved) - recv
@@ -247,8 +259,8 @@ def check_traffic(world, kw, ops, prof, res, mask):
                 ring[(k, True, nbytes)] += sent
                 ring[(k, False, nbytes)] += recv
         assert {k: v for k, v in p2p.items() if v} == {}, rank
-    for (i, _, nbytes), total in ring.items():        # a ring all_reduce moves 2 (n - 1) x its buffer each way
-        assert total == 2 * (world - 1) * nbytes, (i, total, nbytes)
+    for (k, _, nbytes), total in ring.items():        # a ring all_reduce moves 2 (n - 1) x its buffer each way
+        assert total == 2 * (world - 1) * nbytes, (k, total, nbytes)
 
 
 def check_causality(res):
@@ -266,7 +278,7 @@ def check_causality(res):
                 key = (kind[int(s["op"])], int(s["peer"]), rank, int(s["channel"]), int(s["step"]))
                 assert key not in recvs, key
                 recvs[key] = (int(s["ready_ns"]), int(s["size"]))
-    if not any(r["counters"].get(k, 0) for r in res for k in LOSSES):
+    if not any(r["final"].get(k, 0) for r in res for k in LOSSES):
         assert sends.keys() == recvs.keys(), (sorted(sends.keys() ^ recvs.keys())[:10])
     both = sends.keys() & recvs.keys()
     assert [k for k in both if recvs[k][0] < sends[k][0] or recvs[k][1] != sends[k][1]] == []
@@ -279,8 +291,8 @@ def _shm(key: str) -> list[str]:
 @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
 @given(case=cases())
 def test_random_profiled_runs_keep_every_invariant(pools, case):
-    world, kw, plugin, ops = case
+    world, kw, plugin, ops, ctl = case
     key = f"fz{next(_KEYS)}{pools(world).job}"
-    res = pools(world).run(run_case, key, kw, plugin, ops)
+    res = pools(world).run(run_case, key, kw, plugin, ops, ctl)
     assert _shm(key) == []
-    check_case(world, kw, plugin, ops, res)
+    check_case(world, kw, plugin, ops, ctl, res)

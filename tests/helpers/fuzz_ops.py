@@ -3,6 +3,8 @@ made with the case's settings and a recording plugin, the case's ops checked aga
 received, the loss counters and what the engine wrote (from each op's plan), handed back to the test process."""
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from tests.helpers.ref import data, mismatches, npdtype
@@ -37,8 +39,9 @@ def _written(works: list) -> tuple[int, int, int]:
     return steps, chs, skipped
 
 
-def run_case(ctx, key: str, kw: dict, plugin: str, ops: list) -> dict:
-    """ops: ("coll", op, dtype, redop, count, root, inplace, seed) or ("p2p", dtype, shifts, count, seed)."""
+def run_case(ctx, key: str, kw: dict, plugin: str, ops: list, ctl: list) -> dict:
+    """ops: ("coll", op, dtype, redop, count, root, inplace, seed) or ("p2p", dtype, shifts, count, seed); ctl, per
+    op: (the plugins' new mask or None, profiling on, a comm.profiling(mask=) limit or None)."""
     import slicetrace
     from tests.cpu.test_collectives import run_case as coll_case
     from tests.helpers.recorder import RECORDERS
@@ -56,8 +59,12 @@ def run_case(ctx, key: str, kw: dict, plugin: str, ops: list) -> dict:
                 works.append((work.plan, work.stamp_steps, work.stamp_channels, work.sample_rate))
         sess.run = run
         wrong = []
-        for op in ops:
-            wrong.append(coll_case(comm, *op[1:]) if op[0] == "coll" else _sendrecv(comm, *op[1:]))
+        mine = [RECORDERS[k] for k in RECORDERS if k[0] == comm.rank]
+        for op, (pm, on, limit) in zip(ops, ctl):
+            for rec in mine if pm is not None else ():
+                rec.mask.value = pm             # a plugin may change its mask at any time
+            with comm.profiling(on, mask=limit) if not on or limit is not None else contextlib.nullcontext():
+                wrong.append(coll_case(comm, *op[1:]) if op[0] == "coll" else _sendrecv(comm, *op[1:]))
         comm.flush_profiler()
         recs = [RECORDERS.pop((comm.rank, name)) for name in ("recorder", "slow_recorder")
                 if (comm.rank, name) in RECORDERS]

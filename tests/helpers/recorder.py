@@ -40,6 +40,7 @@ class Recorder:
 
     def init(self, comm, mask):
         mask.value = self.ask
+        self.mask = mask                     # the host reads it at every op: tests may change it
         RECORDERS[(comm.rank, self.name)] = self
         return self
 
