@@ -11,6 +11,7 @@ from tests.helpers.ref import data, mismatches, npdtype
 
 PLUGINS = {"batch": "tests.helpers.recorder:Recorder", "slow": "tests.helpers.recorder:SlowRecorder"}
 PLUGINS["both"] = f"{PLUGINS['batch']},{PLUGINS['slow']}"
+PLUGINS["faulty"] = f"{PLUGINS['batch']},tests.helpers.recorder:Faulty"
 
 
 def _sendrecv(comm, dtype, shifts, count, seed) -> int:
@@ -66,7 +67,7 @@ def run_case(ctx, key: str, kw: dict, plugin: str, ops: list, ctl: list) -> dict
             with comm.profiling(on, mask=limit) if not on or limit is not None else contextlib.nullcontext():
                 wrong.append(coll_case(comm, *op[1:]) if op[0] == "coll" else _sendrecv(comm, *op[1:]))
         comm.flush_profiler()
-        recs = [RECORDERS.pop((comm.rank, name)) for name in ("recorder", "slow_recorder")
+        recs = [RECORDERS.pop((comm.rank, name)) for name in ("recorder", "slow_recorder", "faulty")
                 if (comm.rank, name) in RECORDERS]
         got = [rec.take() for rec in recs]
         counters = comm.drop_counters()

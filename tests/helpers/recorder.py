@@ -90,8 +90,34 @@ class Recorder:
                 ops.append(dict(id=ev.id, cat=type(d).__name__, parent=_id(d.parent), start_ns=d.ts_ns,
                                 stop_ns=ev.stop_ns))
         self.events, self.steps, self.chs = [], [], []
-        return dict(ops=ops, steps=np.concatenate(steps) if steps else np.zeros(0, STEP_DTYPE),
+        return dict(refused=getattr(self, "refused", 0), ops=ops,
+                    steps=np.concatenate(steps) if steps else np.zeros(0, STEP_DTYPE),
                     chs=np.concatenate(chs) if chs else np.zeros(0, CH_DTYPE))
+
+
+class Faulty(Recorder):
+    """Refuses every 4th Coll/P2p (start_event answers None), raises in every 3rd KernelStep batch and keeps
+    only the first half of the batch after it: what the host must count, and nothing else lost."""
+    name = "faulty"
+
+    def __init__(self, settings=None):
+        super().__init__(settings)
+        self.parents = self.batches = self.refused = 0
+
+    def start_event(self, ctx, descr):
+        if isinstance(descr, (CollDescr, P2pDescr)):
+            self.parents += 1
+            if self.parents % 4 == 0:
+                self.refused += 1
+                return None
+        return super().start_event(ctx, descr)
+
+    def kernel_step_batch(self, ctx, parent, recs):
+        self.batches += 1
+        if self.batches % 3 == 0:
+            raise RuntimeError("injected by the test")
+        keep = (len(recs) + 1) // 2 if self.batches % 3 == 1 else len(recs)
+        return super().kernel_step_batch(ctx, parent, recs[:keep])
 
 
 class SlowRecorder(Recorder):
