@@ -291,7 +291,7 @@ def _shm(key: str) -> list[str]:
     return glob.glob(f"/dev/shm/*{key}*")
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
 @given(case=cases())
 def test_random_profiled_runs_keep_every_invariant(pools, case):
     world, kw, plugin, ops, ctl = case
@@ -317,7 +317,7 @@ def _rows(steps) -> Counter:
     return Counter(tuple(int(row[n]) for n in steps.dtype.names if n != "op") for row in steps)
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
 @given(case=cases().map(_faulty))
 def test_a_faulty_plugin_loses_exactly_what_is_counted(pools, case):
     world, kw, ops, ctl = case
