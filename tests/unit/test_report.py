@@ -163,6 +163,22 @@ def test_ops_left_out_by_the_settings_are_not_called_losses():
     assert "ops not profiled by the settings: rank 0: ops_sampled_out 9; rank 1: ops_below_min_bytes 4" in text
 
 
+def test_records_outside_every_mask_are_not_called_losses():
+    # a KernelStep-only mask: KernelCh is stamped (it ends each op) but no plugin takes it: counted masked_out
+    from rich.console import Console
+    from slicetrace.analyze.report import render
+    ks = _rows([(0, 0, 1, 1, 0, 1_000_000, 0, 10, 10_010), (1, 0, 0, 0, 0, 1_000_000, 5, 10_020, 10_030)])
+    rep = build(ks, counters={0: {"overrun": 0, "masked_out": 242}, 1: {"masked_out": 1200, "pool_full": 3}})
+    con = Console(record=True, width=200)
+    render(rep, console=con)
+    text = con.export_text()
+    assert "loss counters: rank 0: none; rank 1: pool_full 3" in text
+    assert "records no plugin's mask asked for (masked_out, not lost): rank 0: 242; rank 1: 1,200" in text
+    con = Console(record=True, width=200)
+    render(build(ks, counters={0: {"masked_out": 5}, 1: {}}), console=con)
+    assert "loss counters: none, every record delivered" in con.export_text()
+
+
 def test_the_text_report_lists_the_slowest_slices_up_to_top():
     from rich.console import Console
     from slicetrace.analyze.report import render

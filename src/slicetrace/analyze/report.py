@@ -275,7 +275,7 @@ def render(rep: Report, console=None) -> None:
         con.print(f"slow links: none among the {len(rep.links)} links{side} (none more than 25 % below the median "
                   f"link {most}{' (no op records)' if bare else ''})")
     if rep.counters or rep.no_counters:
-        lost = {r: {k: v for k, v in c.items() if v and k != "sampled_out"
+        lost = {r: {k: v for k, v in c.items() if v and k not in ("sampled_out", "masked_out")
                     and not k.startswith(("delivered", "unrecorded_", "plugin_written", "clock_", "ops_"))}
                 for r, c in rep.counters.items()}
         cut = {r: "no counters record (file cut short?), its losses unknown" for r in rep.no_counters}
@@ -284,6 +284,10 @@ def render(rep: Report, console=None) -> None:
         skipped = {r: {k: v for k, v in c.items() if v and k.startswith("ops_")} for r, c in rep.counters.items()}
         if any(skipped.values()):       # left out on purpose (SLICETRACE_PROFILE_OP_SAMPLE_RATE / _MIN_BYTES)
             con.print(f"ops not profiled by the settings: {_per_rank(skipped)}")
+        masked = {r: c.get("masked_out", 0) for r, c in rep.counters.items() if c.get("masked_out")}
+        if masked:                      # stamped for the engine (KernelCh ends each op) but in no plugin's mask
+            con.print(f"records no plugin's mask asked for (masked_out, not lost): "
+                      f"{'; '.join(f'rank {r}: {n:,}' for r, n in sorted(masked.items()))}")
 
 
 def _judged_text(ln: dict) -> str:
