@@ -245,7 +245,9 @@ def run_config(a: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .. import __version__
     parser = argparse.ArgumentParser(prog="slicetrace", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"slicetrace {__version__}")
     sub = parser.add_subparsers(dest="cmd", required=True)
     _bench_parser(sub)
     sub.add_parser("config", help="every SLICETRACE_* variable: effective value, raw value, meaning")
