@@ -74,6 +74,17 @@ def test_a_folder_means_the_dump_files_in_it(traces, tmp_path):
         trace_files(str(tmp_path))
 
 
+def test_a_prefix_that_ends_at_the_underscore_before_the_hash_or_rank_means_the_same_files(traces):
+    """Tab completion of traces/trace_<commHash>_0.json and _1.json stops at 'traces/trace_<commHash>_' (and of one
+    run's prefix at 'traces/trace_'): both said "no trace files match"."""
+    prefix, _, _ = traces
+    both = trace_files(prefix)
+    assert len(both) == 2
+    assert trace_files(prefix + "_") == both == trace_files(prefix + "_99_") == trace_files(prefix + "_99")
+    with pytest.raises(TraceFormatError, match=r"no trace files match '.*_98_'"):
+        trace_files(prefix + "_98_")
+
+
 def test_a_path_that_is_there_but_no_file_or_folder_is_named_as_such(tmp_path, capsys):
     """report /dev/null said "no trace files match '/dev/null'", as for a path that does not exist."""
     from slicetrace.cli.main import main

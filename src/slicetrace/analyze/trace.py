@@ -63,6 +63,8 @@ def trace_files(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[
         files = _named(os.path.join(p, ""), _DIR_NAME)
     else:                                          # a dump prefix, or one run's: <prefix>_<commHash>
         files = _named(p + "_", _RUN_NAME) or _named(p + "_", _RANK_NAME)
+        if not files and p.endswith("_"):          # a shell's completion stops at the shared '_': trace_<commHash>_
+            files = _named(p, _RUN_NAME) or _named(p, _RANK_NAME)
         if not files and any(c in p for c in "*?["):
             files = sorted(glob.glob(p))
     if not files:
