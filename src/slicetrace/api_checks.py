@@ -170,8 +170,9 @@ def check_overlap(func: str, send: Any, recv: Any, count: int, rank: int) -> Non
     else:
         ok, want = sp == rp, "out is x"
     if not ok:
-        raise UsageError(f"{func}: x and out overlap without being in place (x starts {sp - rp:+d} bytes from "
-                         f"out); in place means {want}; otherwise pass buffers that do not overlap")
+        where = f"{abs(sp - rp):,} bytes {'after' if sp > rp else 'before'} out's" if sp != rp else "where out"
+        raise UsageError(f"{func}: x and out overlap without being in place (x starts {where} start); in place "
+                         f"means {want}; otherwise pass buffers that do not overlap")
 
 
 def check_self_types(entries: list, rank: int) -> None:

@@ -10,3 +10,18 @@ def test_version_prints_the_package_version(capsys):
         main(["--version"])
     assert e.value.code == 0
     assert capsys.readouterr().out == f"slicetrace {__version__}\n"
+
+
+@pytest.mark.parametrize("func, shift, where", [
+    ("all_reduce", 2, "x starts 8 bytes before out's start"),       # x = buf[:4], out = buf[2:6]: "-8 bytes from"
+    ("all_reduce", -999, "x starts 3,996 bytes after out's start"),
+])
+def test_an_overlap_says_where_x_starts_in_words(func, shift, where):
+    import numpy as np
+    import slicetrace
+    from slicetrace.errors import UsageError
+    buf = np.zeros(4000, dtype=np.float32)
+    x, out = buf[1000:2000], buf[1000 + shift:2000 + shift]
+    with slicetrace.init(backend="null") as comm:
+        with pytest.raises(UsageError, match=f"^{func}: x and out overlap without being in place \\({where}\\); "):
+            getattr(comm, func)(x, out)
