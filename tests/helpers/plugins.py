@@ -19,3 +19,10 @@ class NoopPlugin:
 
     def finalize(self, ctx):
         pass
+
+
+class InitFails(NoopPlugin):
+    name = "init_fails"
+
+    def init(self, comm, mask):
+        raise OSError("no such device")

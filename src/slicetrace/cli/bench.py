@@ -151,6 +151,17 @@ def _gather(comm, key: str, vals: list[float], times: tuple[int, ...], average: 
     return out
 
 
+def _unloaded(comm) -> str:
+    """' (k of the m plugins failed in init ...)': the plugins' own traceback is logged above, but 'profiling on'
+    alone read as if they recorded (a plugin whose init raises is unloaded, as NCCL does)."""
+    failed = comm.drop_counters().get("plugin_init_failed", 0) if comm.profiler_enabled else 0
+    if not failed:
+        return ""
+    listed = len([p for p in (comm.settings.profiler_plugin or "").split(",") if p.strip()])
+    return (f" ({failed} of {listed} plugin(s) failed in init and were unloaded"
+            + (": nothing is recorded)" if failed >= listed else ")"))
+
+
 def bench_rank(comm, o: dict) -> list[dict]:
     xp, to_dev, to_host, sync = _arrays(comm)
     n = comm.world_size
@@ -173,6 +184,7 @@ def bench_rank(comm, o: dict) -> list[dict]:
                and comm.settings.op_sample_rate > 1 else "")
             + (f" (ops from {comm.settings.profile_min_bytes} B)" if comm.profiler_enabled
                and comm.settings.profile_min_bytes else "")
+            + _unloaded(comm)
             + (", in place" if o["inplace"] else "") + (f", compare {o['compare']}" if ref else "")
             + (f", time: {AVERAGE[o['average']]} timings" if o.get("average", 3) != 3 else "")
             + (", overhead of KernelStep (profiled with it / without it)" if o["overhead"]
