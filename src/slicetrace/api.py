@@ -22,6 +22,10 @@ from .session import Session
 log = logging.getLogger("slicetrace")
 
 
+# NCCL's groups may also hold collectives; ours batch point-to-point only (all_to_all is sends and receives)
+_GROUPED = "only send, recv and all_to_all may be grouped; call collectives outside the group"
+
+
 class Communicator:
     """NCCL-like collectives over `world_size` ranks. Buffers: host arrays (cpu) or CUDA arrays (cuda), see README."""
 
@@ -145,7 +149,7 @@ class Communicator:
                         user_tag: int = 0, stream: Any = None) -> Any:
         outside_groups(self, func)
         if self._group is not None:
-            raise UsageError(f"{func} inside comm.group(): only send/recv may be grouped")
+            raise UsageError(f"{func} inside comm.group(): {_GROUPED}")
         sess = self._session
         be = sess.backend
         send, dtype, n = be.as_buffer(x, "x")
@@ -301,7 +305,7 @@ class Communicator:
         self._check_open()
         outside_groups(self, "barrier")
         if self._group is not None:             # it would run before the group's ops it promises to include
-            raise UsageError("barrier inside comm.group(): only send/recv may be grouped")
+            raise UsageError(f"barrier inside comm.group(): {_GROUPED}")
         self._guarded("barrier", self._session.barrier)
 
     # ---- profiling controls ----

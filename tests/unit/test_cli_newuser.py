@@ -25,3 +25,19 @@ def test_an_overlap_says_where_x_starts_in_words(func, shift, where):
     with slicetrace.init(backend="null") as comm:
         with pytest.raises(UsageError, match=f"^{func}: x and out overlap without being in place \\({where}\\); "):
             getattr(comm, func)(x, out)
+
+
+@pytest.mark.parametrize("call", ["all_reduce", "barrier"])
+def test_a_collective_inside_a_group_names_what_a_group_takes(call):
+    """It said 'only send/recv may be grouped', though all_to_all is taken there too (NCCL's groups take all)."""
+    import numpy as np
+    import slicetrace
+    from slicetrace.errors import UsageError
+    with slicetrace.init(backend="null") as comm:
+        with pytest.raises(UsageError, match=f"^{call} inside comm.group\\(\\): only send, recv and all_to_all may be "
+                                             f"grouped; call collectives outside the group$"):
+            with comm.group():
+                getattr(comm, call)(*([np.ones(4, np.float32)] if call != "barrier" else []))
+        with comm.group():
+            got = comm.all_to_all(np.arange(4, dtype=np.float32))
+        assert got.tolist() == [0, 1, 2, 3]             # one rank: its own block back
