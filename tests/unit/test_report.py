@@ -179,6 +179,18 @@ def test_records_outside_every_mask_are_not_called_losses():
     assert "loss counters: none, every record delivered" in con.export_text()
 
 
+def test_a_run_of_point_to_point_ops_only_says_all_to_all_is_one_of_them():
+    """A `bench --op all_to_all` trace said "no collective recorded ... point-to-point ops carry none", as if the
+    collective all_to_all had gone missing: NCCL's all_to_all is grouped sends and receives, with no SeqNum."""
+    from rich.console import Console
+    from slicetrace.analyze.report import render
+    ks = _rows([(0, 0, 1, 1, 0, 1_000_000, 0, 10, 10_010), (1, 0, 0, 0, 0, 1_000_000, 5, 10_020, 10_030)])
+    con = Console(record=True, width=400)
+    render(build(ks), console=con)
+    assert "no collective recorded on every rank (matched by SeqNum from KernelCh, else Coll events: point-to-point " \
+        "ops, send/recv and all_to_all alike, carry none" in con.export_text()
+
+
 def test_the_text_report_lists_the_slowest_slices_up_to_top():
     from rich.console import Console
     from slicetrace.analyze.report import render

@@ -59,5 +59,5 @@ def render_skew(rep: Report, con) -> None:
                   + (", so the verdict counts the other collectives only" if rule["collectives"] else ""))
     elif rep.links and not rep.stragglers and not rep.startup and not rule["collectives"]:
         con.print("stragglers: not judged, no collective recorded on every rank (matched by SeqNum from KernelCh, "
-                  "else Coll events: point-to-point ops carry none, see who waited on whom; a mask without KernelCh "
-                  "and Coll leaves them out)")
+                  "else Coll events: point-to-point ops, send/recv and all_to_all alike, carry none, see who waited "
+                  "on whom; a mask without KernelCh and Coll leaves them out)")
