@@ -409,8 +409,9 @@ def test_a_size_past_the_hosts_memory_is_one_line_per_rank_naming_e(capfd):
     """1000000G is past any address space: each rank's allocation fails at once (no swapping, no OOM killer)."""
     assert main(["bench", "-b", "1000000G", "-e", "1000000G", "-n", "1", "-w", "0", "-c", "0"]) == 2
     err = capfd.readouterr().err
-    assert "rank 0: UsageError: -e 1073741824000000: all_reduce of 1,073,741,824,000,000 B (float32) ran out of " \
-        "memory on rank 0: each rank needs at least 2,147,483,648,000,000 B for its buffers" in err
+    assert "rank 0: UsageError: -e 1000000G (the sweep's largest size: 1,073,741,824,000,000 B): all_reduce of " \
+        "1,073,741,824,000,000 B (float32) ran out of memory on rank 0: each rank needs at least " \
+        "2,147,483,648,000,000 B for its buffers" in err
     assert "Traceback" not in err and "MemoryError" not in err
 
 

@@ -57,6 +57,22 @@ def test_a_size_past_the_hosts_memory_is_a_usage_error_naming_e_and_the_bytes_pe
     assert (more in msg) if more else "check" not in msg
 
 
+def test_a_size_past_the_hosts_memory_names_e_as_it_was_typed():
+    """`-e 100G` read "-e 68719476736: ..." (the sweep's largest size, 4K x 2**k), a value the user never typed."""
+    import numpy as np
+    from slicetrace.cli.bench import _memory
+    from slicetrace.errors import UsageError
+    o = {"sizes": [4096, 2 ** 36], "check": 0, "maxbytes": "100G"}
+    with pytest.raises(UsageError) as e, _memory(o, "all_reduce", 2 ** 36, np.dtype("float32"), 2, 0):
+        raise MemoryError()
+    assert str(e.value).startswith("-e 100G (the sweep's largest size: 68,719,476,736 B): all_reduce of "
+                                   "68,719,476,736 B (float32) ran out of memory on rank 0")
+    o["maxbytes"] = str(2 ** 36)
+    with pytest.raises(UsageError, match=r"^-e 68719476736: all_reduce"), \
+            _memory(o, "all_reduce", 2 ** 36, np.dtype("float32"), 2, 0):
+        raise MemoryError()
+
+
 def test_a_row_without_reference_bandwidth_has_no_ratio_and_the_json_stays_strict(tmp_path):
     """A 0-byte size against the reference had ratio NaN: the table printed nan and --json wrote NaN, which strict
     JSON parsers refuse."""

@@ -254,7 +254,9 @@ def _memory(o: dict, op: str, nbytes: int, dtype, n: int, rank: int):
         cin, cout = counts(op, nbytes, dtype.itemsize, n)
         check = (f" and about {n * cin * (dtype.itemsize + 8):,} B more to check it (-c 0 skips the check)"
                  if o["check"] else "")
-        raise UsageError(f"-e {o['sizes'][-1]}: {op} of {nbytes:,} B ({dtype}) ran out of memory on rank {rank}: "
+        top, given = o["sizes"][-1], o.get("maxbytes", str(o["sizes"][-1]))     # -e as typed: 100G, not 2**36
+        flag = f"-e {given}" + (f" (the sweep's largest size: {top:,} B)" if given != str(top) else "")
+        raise UsageError(f"{flag}: {op} of {nbytes:,} B ({dtype}) ran out of memory on rank {rank}: "
                          f"each rank needs at least {(cin + cout) * dtype.itemsize:,} B for its buffers{check}; "
                          f"give a smaller -e (or -b)") from None
 

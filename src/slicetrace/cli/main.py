@@ -186,7 +186,7 @@ def run_bench(a: argparse.Namespace) -> int:
             "warmup": a.warmup_iters, "check": bool(a.check), "compare": a.compare, "overhead": a.overhead,
             "overhead_of": a.overhead_of, "main_unprofiled": a.overhead and a.trace is None and a.profile is None,
             "rounds": a.rounds or 12, "seed": a.seed, "inplace": a.inplace,
-            "average": a.average, "cycles": a.run_cycles}
+            "average": a.average, "cycles": a.run_cycles, "maxbytes": a.maxbytes}
     # the trace files' prefix: --trace's, or SLICETRACE_PROFILE_DUMP_FILE's when the example plugin writes there
     dump = os.path.join(a.trace, "trace") if a.trace is not None else (
         s.profile_dump_file if s.profile_dump_file and has_example(s.profiler_plugin) else None)
