@@ -146,9 +146,14 @@ def _interrupted(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt          # communicators' plugins writing their traces)
 
 
+def _ignore(signum: int, frame: object) -> None:
+    """A Python handler that does nothing: with SIG_IGN, a signal already caught but not yet run (SIGTERM to the
+    whole group beside the launcher's close signal) printed CPython's 'Signal 15 ignored due to race condition'."""
+
+
 def _no_interrupts() -> None:
     for sig in (signal.SIGINT, CLOSE_SIGNAL, signal.SIGTERM):      # the close runs to its end (the launcher's
-        signal.signal(sig, signal.SIG_IGN)                         # kill is SIGKILL)
+        signal.signal(sig, _ignore)                                # kill is SIGKILL)
 
 
 # SIGTERM to the whole group (timeout(1), Slurm, Kubernetes, kill -- -PGID) reaches the ranks too: they close as on

@@ -247,3 +247,24 @@ def test_a_signal_held_at_exit_is_still_said():
                        capture_output=True, text=True, timeout=60)
     assert "slicetrace: Ctrl-C (SIGINT) held until the profiler plugins finish their traces; press Ctrl-C again " \
         "to interrupt now" in p.stderr, p.stderr
+
+
+def test_a_rank_closing_keeps_python_handlers_so_a_signal_caught_before_the_switch_is_not_reported_as_a_race():
+    """_no_interrupts (a rank's close) used SIG_IGN: a SIGTERM to the group caught just before the switch (timeout(1)
+    signals the launcher, whose close signal reaches the rank, then the group) then had no Python handler to run,
+    and CPython printed 'Signal 15 ignored due to race condition' with a traceback. A do-nothing Python handler
+    takes it instead; the signals still cannot interrupt the close."""
+    from slicetrace.launch_signals import CLOSE_SIGNAL, _no_interrupts
+    sigs = (signal.SIGINT, CLOSE_SIGNAL, signal.SIGTERM)
+    old = {s: signal.getsignal(s) for s in sigs}
+    try:
+        _no_interrupts()
+        for s in sigs:
+            h = signal.getsignal(s)
+            assert callable(h) and h not in (signal.SIG_IGN, signal.SIG_DFL, signal.default_int_handler), (s, h)
+            assert h(s, None) is None
+        os.kill(os.getpid(), signal.SIGTERM)        # taken by it: nothing raised, the process goes on
+        os.kill(os.getpid(), signal.SIGINT)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
