@@ -81,26 +81,48 @@ def run_ring(prog, job: RingJob) -> None:
             w.stage(recs)
 
 
+def _spec(prog) -> tuple:
+    """A program's per-primitive constants, once per cached program (plans are cached per op shape): (kind,
+    receives, sends, src, dst (0 in, 1 out, 2 none), src_off, dst_off, final, slices) each."""
+    bi = {"in": 0, "out": 1, None: 2}
+    spec = prog, tuple((KINDS[p.name], p.recv_from is not None, p.send_to is not None, bi[p.src], bi[p.dst],
+                        p.src_off, p.dst_off, p.final, p.slices) for p in prog.prims)
+    if len(_SPECS) >= 1024:
+        _SPECS.clear()
+    _SPECS[id(prog)] = spec
+    return spec
+
+
+_SPECS: dict[int, tuple] = {}       # id(program) -> (program, _spec's tuples): the program kept, so the id is its own
+_RTAIL, _STAIL = tail(0, KIND_STEP, 0), tail(0, KIND_STEP, FLAG_SEND)     # KernelStep word 5 without size and peer
+
+
 def _ring_slices(prog, job: RingJob, recs: list) -> None:
-    work, plan = job.work, job.work.plan
-    rconn, sconn, guard, w = job.rconn, job.sconn, job.guard, job.writer
+    work = job.work
+    plan, rconn, sconn, guard, w = work.plan, job.rconn, job.sconn, job.guard, job.writer
+    spec = _SPECS.get(id(prog))
+    if spec is None or spec[0] is not prog:
+        spec = _spec(prog)
     dt = work.recvbuf.dtype
-    ss, spc = plan.proto.slice_steps, plan.proto.chunk_steps
-    se = plan.proto.step_bytes // dt.itemsize
+    proto = plan.proto
+    ss, spc = proto.slice_steps, proto.chunk_steps
+    isz = dt.itemsize
+    se = proto.step_bytes // isz
     # NCCL rounds conn->step up to a multiple of the chunk steps when a primitive starts
     rconn.step = rstep = -(-rconn.step // spc) * spc
     sconn.step = sstep = -(-sconn.step // spc) * spc
-    rview, sview, rctl, sctl = rconn.view(dt), sconn.view(dt), rconn.ctl, sconn.ctl
+    rctl, sctl = rconn.ctl, sconn.ctl
     if rctl[H_HEAD] < rstep:             # credit for the steps the rounding skipped (NCCL's PostRecv does too)
         rconn.post(H_HEAD, rstep)
+    rview, sview = rconn.view(dt), sconn.view(dt)
     r0, s0 = rstep, sstep               # slice k of a direction: (step - its first) // ss, as at the peer's end
     rwake, swake = rconn.wakes, sconn.wakes             # a neighbour that sleeps on a futex (transport.Conn.post)
     rbase, sbase = rconn.base, sconn.base
     pol, freed, pc = sconn.reclaim, rconn.freed, time.perf_counter_ns
-    isz = dt.itemsize
-    bufs = {"in": work.sendbuf, "out": work.recvbuf, None: None}
-    red = UFUNCS[work.redop]
-    avg = work.redop == "avg"
+    bufs = (work.sendbuf, work.recvbuf, None)
+    redop = work.redop
+    red = UFUNCS[redop]
+    avg = redop == "avg"
     pre, mul = premul(dt, "avg", plan.nranks) if avg else None, np.multiply
     avg = avg and pre is None                   # integers: divided once, at the final write
     nranks, ch, rpeer, speer = plan.nranks, prog.channel, rconn.peer, sconn.peer
@@ -111,17 +133,16 @@ def _ring_slices(prog, job: RingJob, recs: list) -> None:
     clock = time.monotonic_ns
     rtail = stail = 0
     if stamp:                                   # word 5's constant part, for KernelStep records only
-        rtail, stail = tail(rpeer, KIND_STEP, 0), tail(speer, KIND_STEP, FLAG_SEND)
+        rtail, stail = (rpeer & 0xFFFF) << 32 | _RTAIL, (speer & 0xFFFF) << 32 | _STAIL
+    delta = job.delta
+    tmin = -(-RECLAIM_MIN // isz)               # slices of RECLAIM_MIN bytes or more: n >= tmin
     tw = tr = ts = t0 = td = 0
     last_n = nbr = nbs = 0
-    for prim in prog.prims:
-        kind = KINDS[prim.name]
-        hr, hs = prim.recv_from is not None, prim.send_to is not None
-        src, dst = bufs[prim.src], bufs[prim.dst]
-        so, do = prim.src_off, prim.dst_off
-        fin = avg and prim.final
-        same = job.delta is not None and kind == K_COPYSEND and so * dt.itemsize + job.delta == do * dt.itemsize
-        for off, n in prim.slices:
+    for kind, hr, hs, si, di, so, do, fin, slices in spec[1]:
+        src, dst = bufs[si], bufs[di]
+        fin = avg and fin
+        same = kind == K_COPYSEND and delta is not None and so * isz + delta == do * isz
+        for off, n in slices:
             if hr:
                 t = rstep + ss
                 if rctl[H_TAIL] >= t:                # data already there: ready = wait, read after seeing it
@@ -149,7 +170,7 @@ def _ring_slices(prog, job: RingJob, recs: list) -> None:
                     s = sview[i:i + n]
             if n:
                 # the write into the send FIFO is timed for the reclaim decision, from RECLAIM_MIN bytes only
-                timed = hs and n * isz >= RECLAIM_MIN       # t1, t2 set and read only then
+                timed = hs and n >= tmin                   # t1, t2 set and read only then
                 if kind == K_RRS:
                     a = so + off
                     if timed:
