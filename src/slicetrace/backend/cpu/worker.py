@@ -114,7 +114,7 @@ def _ring_slices(prog, job: RingJob, recs: list) -> None:
     rctl, sctl = rconn.ctl, sconn.ctl
     if rctl[H_HEAD] < rstep:             # credit for the steps the rounding skipped (NCCL's PostRecv does too)
         rconn.post(H_HEAD, rstep)
-    rview, sview = rconn.view(dt), sconn.view(dt)
+    rsv, ssv = rconn.slot_views(dt, se), sconn.slot_views(dt, se)     # (n, view) per FIFO slot
     r0, s0 = rstep, sstep               # slice k of a direction: (step - its first) // ss, as at the peer's end
     rwake, swake = rconn.wakes, sconn.wakes             # a neighbour that sleeps on a futex (transport.Conn.post)
     rbase, sbase = rconn.base, sconn.base
@@ -155,8 +155,11 @@ def _ring_slices(prog, job: RingJob, recs: list) -> None:
                     if stamp:
                         tr = clock()                 # after the tail was seen: never before the sender's done
                 if n:
-                    i = (rstep & 7) * se
-                    r = rview[i:i + n]
+                    k, r = rsv[rstep & 7]
+                    if k != n:
+                        i = (rstep & 7) * se
+                        r = rconn.view(dt)[i:i + n]
+                        rsv[rstep & 7] = n, r
             if hs:
                 if stamp:
                     tw = ts = tr if hr else clock()  # the send wait starts when the recv wait ended
@@ -166,8 +169,11 @@ def _ring_slices(prog, job: RingJob, recs: list) -> None:
                     if stamp:
                         ts = clock()
                 if n:
-                    i = (sstep & 7) * se
-                    s = sview[i:i + n]
+                    k, s = ssv[sstep & 7]
+                    if k != n:
+                        i = (sstep & 7) * se
+                        s = sconn.view(dt)[i:i + n]
+                        ssv[sstep & 7] = n, s
             if n:
                 # the write into the send FIFO is timed for the reclaim decision, from RECLAIM_MIN bytes only
                 timed = hs and n >= tmin                   # t1, t2 set and read only then
