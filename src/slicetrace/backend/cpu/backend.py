@@ -296,10 +296,11 @@ class CpuBackend(SetupPeers, HostBackend):
         a, b = work.sendbuf, work.recvbuf
         need_in = count * n if func == "reduce_scatter" else count
         need_out = count * n if func == "all_gather" else count
-        for buf, need, what in ((a, need_in, "sendbuf"), (b, need_out, "recvbuf")):
-            if buf is None or buf.size != need:
-                got = None if buf is None else buf.size
-                raise UsageError(f"{func}: {what} has {got} elements, the plan needs {need}")
+        if a is None or b is None or a.size != need_in or b.size != need_out:
+            for buf, need, what in ((a, need_in, "sendbuf"), (b, need_out, "recvbuf")):
+                if buf is None or buf.size != need:
+                    got = None if buf is None else buf.size
+                    raise UsageError(f"{func}: {what} has {got} elements, the plan needs {need}")
         if n == 1:
             if host_pointer(a) != host_pointer(b) and count:
                 np.copyto(b, a[:count])
@@ -322,13 +323,15 @@ class CpuBackend(SetupPeers, HostBackend):
                 delta = pa - pb
         progs = plan.programs
         stamps = work.stamp_steps or work.stamp_channels
-
-        def job(prog) -> RingJob:
-            c = prog.channel
-            return RingJob(work, self.ring_recv[c], self.ring_send[c], self.writers[c] if stamps else None, g, delta)
-        if len(progs) == 1:
-            run_ring(progs[0], job(progs[0]))
+        if len(progs) == 1:                             # one channel (the cpu default): no closure per op
+            c = progs[0].channel
+            run_ring(progs[0], RingJob(work, self.ring_recv[c], self.ring_send[c], self.writers[c] if stamps else
+                                       None, g, delta))
         elif progs:
+            def job(prog) -> RingJob:
+                c = prog.channel
+                return RingJob(work, self.ring_recv[c], self.ring_send[c], self.writers[c] if stamps else None, g,
+                               delta)
             self._parallel(progs, job)
         g.check_sigs(sig, wait=True)          # every rank ran the same collective (or everyone raises)
         g.sig = None

@@ -232,7 +232,7 @@ class Guard:
         for p, (pctl, _, _, _) in self.peers.items():
             if wait and pctl[base] < seq:
                 self.wait_ge(pctl, base, seq, p, f"rank {p} to start collective #{seq}")
-            if pctl[base] == seq and (pctl[base + 1], pctl[base + 2], pctl[base + 3]) != (count, packed, cfg):
+            if pctl[base] == seq and (pctl[base + 1] != count or pctl[base + 2] != packed or pctl[base + 3] != cfg):
                 theirs = (pctl[base + 1], pctl[base + 2], pctl[base + 3])
                 raise self.fail(ABORT_MISMATCH, differ_text(seq, self.rank, (count, packed, cfg), p, theirs))
 

@@ -56,6 +56,7 @@ def premul(dt: np.dtype, redop: str, nranks: int):
 
 class RingJob:
     """Everything one ring channel program needs, bound once per work."""
+    __slots__ = ("work", "rconn", "sconn", "writer", "guard", "delta")
 
     def __init__(self, work, rconn, sconn, writer: FastRingWriter | None, guard, delta: int | None):
         self.work, self.rconn, self.sconn, self.writer, self.guard = work, rconn, sconn, writer, guard
