@@ -145,14 +145,14 @@ def _ring_slices(prog, job: RingJob, recs: list) -> None:
         same = kind == K_COPYSEND and delta is not None and so * isz + delta == do * isz
         for off, n in slices:
             if hr:
-                t = rstep + ss
-                if rctl[H_TAIL] >= t:                # data already there: ready = wait, read after seeing it
+                rn = rstep + ss                      # this slice's end: the tail it waits for, the head it posts
+                if rctl[H_TAIL] >= rn:               # data already there: ready = wait, read after seeing it
                     if stamp:
                         t0 = tr = clock()
                 else:
                     if stamp:
                         t0 = clock()
-                    wait(rctl, H_TAIL, t, rpeer, ("data", rpeer, ch, rstep), rbase)
+                    wait(rctl, H_TAIL, rn, rpeer, ("data", rpeer, ch, rstep), rbase)
                     if stamp:
                         tr = clock()                 # after the tail was seen: never before the sender's done
                 if n:
@@ -164,9 +164,9 @@ def _ring_slices(prog, job: RingJob, recs: list) -> None:
             if hs:
                 if stamp:
                     tw = ts = tr if hr else clock()  # the send wait starts when the recv wait ended
-                t = sstep + ss - NSTEPS
-                if sctl[H_HEAD] < t:
-                    wait(sctl, H_HEAD, t, speer, ("credit", speer, ch, sstep), sbase)
+                sn = sstep + ss
+                if sctl[H_HEAD] < sn - NSTEPS:
+                    wait(sctl, H_HEAD, sn - NSTEPS, speer, ("credit", speer, ch, sstep), sbase)
                     if stamp:
                         ts = clock()
                 if n:
@@ -243,14 +243,14 @@ def _ring_slices(prog, job: RingJob, recs: list) -> None:
                 td = clock()
             if hs:                                   # publish the slice
                 if swake:
-                    sconn.post(H_TAIL, sstep + ss)
+                    sconn.post(H_TAIL, sn)
                 else:
-                    sctl[H_TAIL] = sstep + ss
+                    sctl[H_TAIL] = sn
             if hr:                                   # return the credit
                 if rwake:
-                    rconn.post(H_HEAD, rstep + ss)
+                    rconn.post(H_HEAD, rn)
                 else:
-                    rctl[H_HEAD] = rstep + ss
+                    rctl[H_HEAD] = rn
             if stamp and n:
                 if n != last_n:                        # word 5 changes with the slice size only
                     last_n, nbr, nbs = n, n * isz | rtail, n * isz | stail
@@ -272,7 +272,7 @@ def _ring_slices(prog, job: RingJob, recs: list) -> None:
                     if hr + hs - kept:
                         w.sampled_out(hr + hs - kept)
             if hs:
-                sstep += ss
+                sstep = sn
             if hr:
-                rstep += ss
+                rstep = rn
     rconn.step, sconn.step = rstep, sstep
