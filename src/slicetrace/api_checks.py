@@ -170,8 +170,9 @@ def check_overlap(func: str, send: Any, recv: Any, count: int, rank: int) -> Non
     else:
         ok, want = sp == rp, "out is x"
     if not ok:
-        where = f"{abs(sp - rp):,} bytes {'after' if sp > rp else 'before'} out's" if sp != rp else "where out"
-        raise UsageError(f"{func}: x and out overlap without being in place (x starts {where} start); in place "
+        where = (f"{abs(sp - rp):,} bytes {'after' if sp > rp else 'before'} out's start" if sp != rp
+                 else "at out's start")
+        raise UsageError(f"{func}: x and out overlap without being in place (x starts {where}); in place "
                          f"means {want}; otherwise pass buffers that do not overlap")
 
 
