@@ -381,10 +381,10 @@ def _refuse_unknown(kw: Mapping[str, Any]) -> None:
 
 
 def _keyword_hint(bad: list[str], known: set[str]) -> str:
-    """' (did you mean ...)': a keyword spelt as its variable (kernel_step_sample_rate: sample_rate), or close."""
+    """' (did you mean ...)': a keyword spelt as its variable (sample_rate for kernel_step_sample_rate), or close."""
     by_var = {v.name[len("SLICETRACE_"):].lower(): v.attr for v in VARIABLES}
-    hints = [f"{b}: {by_var.get(b.lower()) or (difflib.get_close_matches(b, known, 1) or ['?'])[0]}" for b in bad]
-    hints = [h for h in hints if not h.endswith(": ?")]
+    good = [(b, by_var.get(b.lower()) or next(iter(difflib.get_close_matches(b, known, 1)), None)) for b in bad]
+    hints = [f"{g} for {b}" for b, g in good if g]
     return f" (did you mean {', '.join(hints)}?)" if hints else ""
 
 

@@ -68,7 +68,7 @@ def test_dist_env_and_describe():
 def test_an_unknown_keyword_named_as_its_variable_gets_the_keyword():
     """init(kernel_step_sample_rate=4) listed 25 names without saying which one was meant."""
     with pytest.raises(ConfigError, match=r"^unknown setting\(s\) \['kernel_step_sample_rate', 'timeout'\] \(did you mean "
-                                          r"kernel_step_sample_rate: sample_rate, timeout: timeout_s\?\); known: "):
+                                          r"sample_rate for kernel_step_sample_rate, timeout_s for timeout\?\); known: "):
         Settings.from_env({}, kernel_step_sample_rate=4, timeout=3)
 
 
@@ -587,7 +587,7 @@ def test_init_with_rank_from_the_environment_names_the_missing_world_size_variab
 
 def test_with_an_unknown_setting_is_a_config_error_naming_it():
     # Settings is public: with_(nchanels=2) raised dataclasses' bare TypeError
-    with pytest.raises(ConfigError, match=r"unknown setting\(s\) \['nchanels'\] \(did you mean nchanels: nchannels\?\)"):
+    with pytest.raises(ConfigError, match=r"unknown setting\(s\) \['nchanels'\] \(did you mean nchannels for nchanels\?\)"):
         Settings().with_(nchanels=2)
     assert Settings().with_(nchannels=2).nchannels == 2
 

@@ -16,7 +16,7 @@ from slicetrace.events.loading import load_plugins
 
 
 @pytest.mark.parametrize("kw,named", [({"foo": 1}, r"\['foo'\]"),
-                                      ({"nchanels": 2}, r"\['nchanels'\] \(did you mean nchanels: nchannels\?\)")])
+                                      ({"nchanels": 2}, r"\['nchanels'\] \(did you mean nchannels for nchanels\?\)")])
 def test_settings_refuses_an_unknown_keyword_as_with_does(kw, named):
     # Settings is public: Settings(foo=1) raised dataclasses' bare TypeError, with_(foo=1) a ConfigError
     for make in (lambda: Settings(**kw), lambda: Settings().with_(**kw)):
