@@ -139,11 +139,17 @@ def _tagged(dtype, parent, recs) -> np.ndarray:
     return out
 
 
+def _one_stop(ev: _Ev, state: State, what: str) -> int:
+    """The clock of an event's one stop state; it must also have been stopped."""
+    stops = [s for s in ev.states if s[0] == state]
+    if len(stops) != 1 or ev.stop_ns is None:
+        raise AssertionError(f"{what} {ev.descr!r}: states {ev.states}, stop {ev.stop_ns}")
+    return stops[0][1]
+
+
 def _per_event_step(ev: _Ev) -> np.ndarray:
     d = ev.descr
-    stops = [s for s in ev.states if s[0] == State.KERNEL_STEP_STOP]
-    if len(stops) != 1 or ev.stop_ns is None:
-        raise AssertionError(f"KernelStep {d!r}: states {ev.states}, stop {ev.stop_ns}")
+    _one_stop(ev, State.KERNEL_STEP_STOP, "KernelStep")
     row = np.zeros(1, STEP_DTYPE)
     off = d.ts_ns - d.wait                 # this path carries the host ns of the wait (ts_ns) and done (stop) only
     row[0] = (_id(d.parent), d.channel_id, d.is_send, d.peer, d.step, d.size, d.wait, d.ready, d.done,
@@ -153,9 +159,7 @@ def _per_event_step(ev: _Ev) -> np.ndarray:
 
 def _per_event_ch(ev: _Ev) -> np.ndarray:
     d = ev.descr
-    stops = [s for s in ev.states if s[0] == State.KERNEL_CH_STOP]
-    if len(stops) != 1 or ev.stop_ns is None:
-        raise AssertionError(f"KernelCh {d!r}: states {ev.states}, stop {ev.stop_ns}")
+    stop = _one_stop(ev, State.KERNEL_CH_STOP, "KernelCh")
     row = np.zeros(1, CH_DTYPE)
-    row[0] = (_id(d.parent), d.channel_id, 0, -1, d.p_timer, stops[0][1], d.ts_ns, ev.stop_ns)
+    row[0] = (_id(d.parent), d.channel_id, 0, -1, d.p_timer, stop, d.ts_ns, ev.stop_ns)
     return row
