@@ -11,9 +11,8 @@ from dataclasses import fields
 from types import SimpleNamespace
 from typing import Any
 
-from .abi import (NATIVE_VERSION, VERSION_TYPES, CollApiDescr, CollDescr, EventType, GroupApiDescr,
-                  GroupDescr, KernelChDescr, KernelLaunchDescr, P2pApiDescr, P2pDescr, ProxyCtrlDescr, State,
-                  StateArgs)
+from .abi import (CollApiDescr, CollDescr, EventType, GroupApiDescr, GroupDescr, KernelChDescr,
+                  KernelLaunchDescr, P2pApiDescr, P2pDescr, ProxyCtrlDescr, State, StateArgs)
 from .ops import OFF as _OFF
 from .ops import PartialDelivery, _Op, _Slot
 
@@ -82,13 +81,11 @@ class Emitter:
     def _start(self, i: int, descr: Any, parent: Any) -> Any:
         """Start one event for plugin i under `parent` (a handle, None = dropped parent, or _OFF = none)."""
         s = self._slots[i]
-        if parent is None or s.disabled:        # _admit, inline (an event per op)
-            self._admit(s, parent)
+        if not self._admit(s, parent):
             return None
         descr.parent = None if parent is _OFF else parent
-        lp = s.lp
-        try:        # native: LoadedPlugin.start_event's whole work (every type known, nothing to adapt), one call less
-            h = lp.plugin.start_event(lp.ctx, descr) if lp.version == NATIVE_VERSION else lp.start_event(descr)
+        try:
+            h = s.lp.start_event(descr)
         except Exception:
             self._fail(s, "start_event", 1)
             return None
@@ -115,7 +112,7 @@ class Emitter:
         if h is None or h is _OFF or h is s.lp.passthrough:   # stop of passthrough: a no-op
             return
         try:        # a disabled plugin still gets the stop of each event it started (it may write at stop)
-            s.lp.plugin.stop_event(h, ts_ns)      # LoadedPlugin.stop_event's whole body, one call less
+            s.lp.stop_event(h, ts_ns)
         except Exception:
             if s.disabled:
                 s.counts["plugin_error"] += 1       # its event is lost; no more exceptions are logged or budgeted
@@ -251,4 +248,3 @@ assert [(f.name, f.default) for f in fields(CollDescr)][4:] == [
     ("seq_number", 0), ("func", ""), ("send_buff", 0), ("recv_buff", 0), ("count", 0), ("root", 0), ("datatype", ""),
     ("n_channels", 0), ("n_warps", 0), ("algo", "RING"), ("proto", "SIMPLE"), ("parent_group", None),
     ("user_tag", 0), ("kernel_variant", ""), ("is_sym_coll", False), ("comm_hash", 0)]
-assert all(int(t) & int(VERSION_TYPES[NATIVE_VERSION]) == int(t) for t in EventType)     # _start's native call

@@ -24,7 +24,7 @@ from ..errors import CommTimeoutError, ConfigError
 from ..stamps.layout import take_rows
 from .abi import CommInfo, EventType, ProxyCtrlDescr, State, StateArgs, effective_mask
 from .accounts import Accounts
-from .emit import _B, _DELIVERED, _PARENTS, Emitter
+from .emit import _B, _DELIVERED, Emitter
 from .ops import OFF as _OFF, SKIP as _SKIP
 from .ops import OpInfo, TaskInfo, _Op, _Slot, _Task, to_kernel_ch, to_kernel_steps
 from .plugin import LoadedPlugin
@@ -90,9 +90,8 @@ class EventHost(Emitter, PollRuns, Accounts):
     def op_mask(self) -> int:
         """Mask snapshot for a new op: union of the plugins' live masks, parents included."""
         m = 0
-        for s in self._slots:       # _pmask, inline (an op each)
-            if not s.disabled:
-                m |= effective_mask(s.lp.mask) & s.lp.known_types
+        for s in self._slots:
+            m |= self._pmask(s)
         return m
 
     # ---- ops ----
@@ -133,11 +132,7 @@ class EventHost(Emitter, PollRuns, Accounts):
         self._ops[tag] = op           # first: a Ctrl-C in a plugin's start leaves what started to end_op or close
         for i, pm in enumerate(pms):
             if pm:
-                pt, own = slots[i].lp.passthrough, lives[i]
-                if pt is not None and not pm & own & _PARENTS:      # _emit_begin's own fast path, one call less
-                    self._emit_fast(i, op, pm, pm & own, pt)
-                else:
-                    self._emit_begin(i, op, pm if pt is None else pm & own, own)
+                self._emit_begin(i, op, pm if slots[i].lp.passthrough is None else pm & lives[i], lives[i])
 
     def _route(self, op: _Op, recs: np.ndarray) -> list[tuple[_Task, Any]]:
         """(task, row selection or None = all rows) per task that has records. Each record goes to one task:

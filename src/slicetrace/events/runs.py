@@ -97,21 +97,15 @@ class PollRuns:
         else:
             done = recs["done_ns"]
             lasts = [int(done[a:b].max()) for _, _, a, b in fast]
-        stop, nslots = self._stop, range(len(self._slots))
-        for (op, t, a, b), last in zip(fast, lasts):    # collectives: one task, no mates (_kch_arrived, inline)
+        for (op, t, a, b), last in zip(fast, lasts):    # collectives: one task, no mates (_kch_arrived's case)
             if last > t.last_done:
                 t.last_done = last
             t.left -= b - a
             if t.left > 0 or t.info.n_programs <= 0 or t.done:     # done: an earlier run of this poll ended it
                 continue
-            ts = t.last_done                    # _complete, then _finish (its task done: the groups' stops)
-            t.done = True
-            op.open -= 1
-            for i in nslots:
-                stop(i, t.handles[i], ts)
+            self._complete(op, t, t.last_done)
             if op.open == 0:
-                for i in nslots:
-                    stop(i, op.groups[i], ts)
+                self._finish(op, t.last_done)       # its one task done: the Group's stops
                 self._ops.pop(op.info.tag, None)
 
     def _steps_runs(self, recs: np.ndarray, runs: list[tuple[int, int, int, int]], box: list[Any]) -> None:

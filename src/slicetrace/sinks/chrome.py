@@ -218,10 +218,8 @@ class ChromePlugin:
                     buf.add_lines(_op_pair(handle, ts_ns))
                 except (TypeError, ValueError):    # a field the templates do not take: the general path
                     buf.add_lines(_records(handle, ts_ns))
-            if len(buf.fmts) >= ctx.sizes[pool]:   # len(buf) >= 2 * size, without OpRows.__len__'s call
-                ctx.flush_lines(pool)
-            return
-        buf.extend(_records(handle, ts_ns))
+        else:
+            buf.extend(_records(handle, ts_ns))
         if len(buf) >= 2 * ctx.sizes[pool]:
             ctx.flush_lines(pool)
 

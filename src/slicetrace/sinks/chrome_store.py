@@ -39,14 +39,9 @@ class Ev:
 
     def __init__(self, ctx: "Ctx", descr: Any, pool: str | None):
         self.ctx, self.type, self.pool, self.descr = ctx, descr.type, pool, descr
-        i = ctx.next_id
-        if i + 1 > ctx.id0 + ID_SPAN:         # the file's id span is spent: take_ids draws the next
-            i = ctx.take_ids(1)
-        else:                                 # take_ids(1), inline: an event per op
-            ctx.next_id = i + 1
-        self.id, self.gpu_stop, self.stopped = i, 0, False
+        self.id, self.gpu_stop, self.stopped = ctx.take_ids(1), 0, False
         # what a child's ParentId/SeqNum columns show (read once per child batch, so computed here)
-        self.ids = (-1, -1) if pool is None else (i, descr.seq_number if isinstance(descr, CollDescr) else -1)
+        self.ids = (-1, -1) if pool is None else (self.id, descr.seq_number if isinstance(descr, CollDescr) else -1)
 
 
 class Ctx:
