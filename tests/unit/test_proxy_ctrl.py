@@ -208,3 +208,25 @@ def test_chrome_keeps_the_last_pool_size_spans_and_none_without_the_bit(tmp_path
     host.close(ts_ns=2000)
     with open(path) as f:
         assert not [r for r in json.load(f) if r.get("cat") == "PROXY"]
+
+
+def test_a_sleep_ends_at_its_wakeup_though_the_mask_lost_proxy_ctrl_in_between():
+    """The Wakeup of a Sleep that was said goes to the host whatever the mask is by then (NCCL stops a started
+    event through its handle): it left the Sleep open until the next Sleep or Append, or close."""
+    from tests.unit.test_plugin import RecPlugin
+    p = RecPlugin(mask=int(T.COLL | T.PROXY_CTRL))
+    host = EventHost([LoadedPlugin(p)], abi.CommInfo(7, "t", 1, 2, 0))
+    clock = iter(range(100, 10**6, 100)).__next__
+    c, lock = ctrl.Ctrl(host, clock), threading.Lock()
+    c.nap(lock, lambda: True)                           # Sleep at 100
+    p.mask_obj.value = int(T.COLL)                      # ProxyCtrl off while the drain sleeps
+    assert not host.proxy_ctrl_on()
+    c.take_ops({1: "op"}, lock, False)                  # an op came: Wakeup at 200
+    c.nap(lock, lambda: True)                           # off: no Sleep now, and so no Wakeup later
+    c.take_ops({}, lock, True)
+    host.close(ts_ns=10**7)
+    sleep_h = p.starts(T.PROXY_CTRL)
+    assert len(sleep_h) == 1 and sleep_h[0].ts_ns == 100
+    assert [(s[2], s[3].ts_ns) for s in p.of("state")] == [(State.PROXY_CTRL_SLEEP, 100),
+                                                           (State.PROXY_CTRL_WAKEUP, 200)]
+    assert [s[2] for s in p.of("stop")] == [200]        # once, at its Wakeup (not at close)
