@@ -230,3 +230,29 @@ def test_a_sleep_ends_at_its_wakeup_though_the_mask_lost_proxy_ctrl_in_between()
     assert [(s[2], s[3].ts_ns) for s in p.of("state")] == [(State.PROXY_CTRL_SLEEP, 100),
                                                            (State.PROXY_CTRL_WAKEUP, 200)]
     assert [s[2] for s in p.of("stop")] == [200]        # once, at its Wakeup (not at close)
+
+
+def _counters(path):
+    with open(path) as f:
+        return next(r["args"] for r in json.load(f) if r.get("name") == "slicetrace_counters")
+
+
+def test_chrome_counts_the_spans_its_ring_overwrote_and_those_it_wrote(tmp_path):
+    """Every span made is in the file (plugin_written_PROXY_CTRL) or was overwritten by a newer one
+    (plugin_overwritten_PROXY_CTRL, a loss the report lists): the ring dropped them uncounted."""
+    host, path = _chrome_host(tmp_path, int(T.COLL | T.PROXY_CTRL), pool_sizes={"PROXY_CTRL": 3})
+    host.proxy_ctrl(State.PROXY_CTRL_ACTIVE, 500)
+    for k in range(10):
+        host.proxy_ctrl(State.PROXY_CTRL_APPEND, 1000 * k + 600)
+        host.proxy_ctrl(State.PROXY_CTRL_APPEND_END, 1000 * k + 610, k)
+    host.proxy_ctrl(State.PROXY_CTRL_IDLE, 15_000)
+    host.close(ts_ns=20_000)
+    c = _counters(path)                      # 12 spans: 10 Appends, Active, Idle; the last 3 kept
+    assert [s[0] for s in sorted(_spans(path), key=lambda s: s[1])] == ["Active", "Append", "Idle"]
+    assert (c["plugin_written_PROXY_CTRL"], c["plugin_overwritten_PROXY_CTRL"]) == (3, 9)
+    assert c["delivered_proxy_ctrl"] == 11   # events: the Idle/Active one and 10 Appends
+    host, path = _chrome_host(tmp_path / "b", int(T.COLL | T.PROXY_CTRL))
+    host.proxy_ctrl(State.PROXY_CTRL_ACTIVE, 500)
+    host.close(ts_ns=900)
+    c = _counters(path)
+    assert (c["plugin_written_PROXY_CTRL"], c["plugin_overwritten_PROXY_CTRL"]) == (1, 0)

@@ -12,10 +12,12 @@ chrome_text.id_base + n: unique across the merged files of every communicator, u
 slices from wait to done on one thread per (channel, direction, peer), tid = 1e6 + channel*131072 + is_send*65536 + peer,
 named e.g. "ch 3 send->1"; slices of one connection are sequential, so they render without overlap. ProxyCtrl
 (the drain's states, stamps/ctrl.py) are "X" spans on the "proxy" thread (tid 2), cat PROXY, the last
-PROXY_CTRL pool size of them: NCCL's example plugin writes one b/e span per ProxyCtrl event, named Idle (for
-Idle/Active), Sleep or Append (args.appended), so its long-lived Idle/Active event is one span for the whole run;
-we write a span per state ("Idle" and "Active" between that event's transitions, "Sleep" to Wakeup, "Append"
-to AppendEnd with args.appended), which nest, so the track shows when the drain worked, idled and slept.
+PROXY_CTRL pool size of them (older ones are overwritten, counted plugin_overwritten_PROXY_CTRL; PROXY_CTRL's
+written, lost and overwritten counters count spans, delivered_proxy_ctrl events): NCCL's example plugin writes
+one b/e span per ProxyCtrl event, named Idle (for Idle/Active), Sleep or Append (args.appended), so its long-lived
+Idle/Active event is one span for the whole run; we write a span per state ("Idle" and "Active" between that
+event's transitions, "Sleep" to Wakeup, "Append" to AppendEnd with args.appended), which nest, so the track shows
+when the drain worked, idled and slept.
 
 Pools (sizes from settings.pool_sizes): a pool bounds the events of one type *in flight*; a slot is retired
 when its event stops, so only events beyond the pool size still in flight are dropped (and counted). Completed
@@ -124,6 +126,8 @@ def _ctrl_span(ev: _CtrlEv, ts_ns: int) -> None:
     if name is None or ctx.done:
         return
     args = f',"args":{{"appended":{ev.appended}}}' if ev.state == 17 else ""
+    if len(ctx.proxy) == ctx.proxy.maxlen:      # the append below drops the oldest span
+        ctx.proxy_overwritten += 1
     ctx.proxy.append(f'{{"name":"{name}","cat":"PROXY","ph":"X","pid":{ctx.pid},"tid":2,"ts":{us(ev.since)},'
                      f'"dur":{us(max(ts_ns - ev.since, 0))}{args}}},\n')
 
@@ -270,6 +274,7 @@ class ChromePlugin:
         out = {f"plugin_dropped_{p}": n for p, n in ctx.dropped.items()}
         out.update({f"plugin_unfinished_{p}": n for p, n in ctx.inflight.items()})
         out.update({f"plugin_lost_{p}": n for p, n in ctx.lost.items()})
+        out["plugin_overwritten_PROXY_CTRL"] = ctx.proxy_overwritten     # spans (PROXY_CTRL's written, lost too)
         out.update({f"plugin_written_{p}": n + (len(ctx.lines[p]) // 2) + ctx.pending(p)
                     + (ctx.stored + ctx.pend_n + len(ctx.slow) if p == "KERNEL_STEP" else 0)
                     + (ctx.chans_n if p == "KERNEL_CH" else 0)
@@ -288,7 +293,7 @@ class ChromePlugin:
             ctx.close_writer()          # the counters below count what it wrote
             if ctx.path is None:
                 return
-            ctx.write("".join(ctx.proxy))
+            ctx.write("".join(ctx.proxy), "PROXY_CTRL", len(ctx.proxy))     # written (or lost) in spans
             ctx.write(metadata(ctx.pid, ctx.rank, ctx.comm.comm_hash, ctx.tids))
             args = {**ctx.host_counters, **self.counters(ctx)}
             ctx.write(json.dumps({"name": "slicetrace_counters", "ph": "M", "pid": ctx.pid, "tid": 0,

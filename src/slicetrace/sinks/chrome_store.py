@@ -75,6 +75,7 @@ class Ctx:
         self.chans_n = 0
         self.tids: set[tuple[int, int, int]] = set()
         self.proxy: deque[str] = deque(maxlen=self.sizes["PROXY_CTRL"])
+        self.proxy_overwritten = 0              # spans the ring above dropped for newer ones
         self.host_counters: dict[str, int] = {}
         self.passthrough = Ev(self, _Passthrough, None)
         self.done = False
