@@ -179,6 +179,32 @@ def test_records_outside_every_mask_are_not_called_losses():
     assert "loss counters: none, every record delivered" in con.export_text()
 
 
+def test_the_loss_line_names_the_units_of_counters_that_do_not_count_events():
+    """overrun/unpaired/undrained count ring records (a KernelCh is two), pool_full KernelSteps a batch did not
+    keep, the example plugin's PROXY_CTRL counters spans: the report said none of that, as if all were events."""
+    import json
+    from rich.console import Console
+    from slicetrace.analyze.report import render
+    ks = _rows([(0, 0, 1, 1, 0, 1_000_000, 0, 10, 10_010), (1, 0, 0, 0, 0, 1_000_000, 5, 10_020, 10_030)])
+    rep = build(ks, counters={0: {"overrun": 2, "declined": 1, "delivered_coll": 1},
+                              1: {"pool_full": 3, "plugin_overwritten_PROXY_CTRL": 4, "clock_offset_ns": -5}})
+    con = Console(record=True, width=400)
+    render(rep, console=con)
+    text = con.export_text()
+    assert ("loss counters: rank 0: overrun 2, declined 1; rank 1: pool_full 3, plugin_overwritten_PROXY_CTRL 4\n"
+            "  (counted in events, except overrun: ring records, pool_full: KernelSteps a plugin's batch did not keep, "
+            "plugin_overwritten_PROXY_CTRL: spans; a ring record is a KernelStep, or a KernelCh's start or stop)"
+            ) in text
+    units = json.loads(json.dumps(rep.to_dict()))["counter_units"]
+    assert units == {"overrun": "ring records", "declined": "events", "delivered_coll": "events",
+                     "pool_full": "KernelSteps a plugin's batch did not keep", "plugin_overwritten_PROXY_CTRL": "spans",
+                     "clock_offset_ns": "ns"}
+    con = Console(record=True, width=400)
+    render(build(ks, counters={0: {"declined": 1}, 1: {}}), console=con)      # events only: no legend
+    assert "loss counters: rank 0: declined 1; rank 1: none\n" in con.export_text()
+    assert "counted in events" not in con.export_text()
+
+
 def test_a_run_of_point_to_point_ops_only_says_all_to_all_is_one_of_them():
     """A `bench --op all_to_all` trace said "no collective recorded ... point-to-point ops carry none", as if the
     collective all_to_all had gone missing: NCCL's all_to_all is grouped sends and receives, with no SeqNum."""

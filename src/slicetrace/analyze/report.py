@@ -22,6 +22,25 @@ from .trace import KERNEL_CH_TABLE, KERNEL_STEP_TABLE
 from .verdicts import clock_check, held_up, noise_rule, none_left_out, op_index, stragglers, unfinished
 
 CLOCK_SLACK_NS = 1000       # a receive this far ahead of its send, past the clocks' stated uncertainty, is an offset
+RING_RECORDS = ("overrun", "unpaired", "undrained")     # the drain's losses: a KernelStep is one, a KernelCh two
+RING_NOTE = "; a ring record is a KernelStep, or a KernelCh's start or stop"
+
+
+def counter_unit(name: str) -> str:
+    """What a counter of the "slicetrace_counters" record counts (README, "Open a trace in Perfetto")."""
+    if name in RING_RECORDS:
+        return "ring records"
+    if name == "pool_full":             # a short KernelCh batch is counted declined
+        return "KernelSteps a plugin's batch did not keep"
+    if name.endswith("_ns"):
+        return "ns"
+    if name.startswith("ops_") or name == "consumer_behind":
+        return "ops"
+    if name == "plugin_init_failed":
+        return "plugins"
+    if name.endswith("_PROXY_CTRL") and name.startswith(("plugin_written", "plugin_lost", "plugin_overwritten")):
+        return "spans"                  # the example plugin writes a span per ProxyCtrl state
+    return "events"
 
 
 @dataclass
@@ -52,7 +71,8 @@ class Report:
                 "ranks_without_counters": self.no_counters, "startup_skew": self.startup,
                 "straggler_rule": self.straggler_rule, "held_up": self.held_up, "unfinished": self.unfinished,
                 "clocks": self.clocks, "slow_receive_sides": self.slow_receive_sides,
-                "links_judged_by": self.links_judged_by}
+                "links_judged_by": self.links_judged_by,
+                "counter_units": {k: counter_unit(k) for c in self.counters.values() for k in c}}
 
 
 def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.ndarray | None = None,
@@ -281,6 +301,10 @@ def render(rep: Report, console=None) -> None:
         cut = {r: "no counters record (file cut short?), its losses unknown" for r in rep.no_counters}
         con.print(f"loss counters: "
                   f"{_per_rank(lost, cut) if any(lost.values()) or cut else 'none, every record delivered'}")
+        units = {k: counter_unit(k) for c in lost.values() for k in c}
+        if any(u != "events" for u in units.values()):      # the rest count events
+            odd = ", ".join(f"{k}: {u}" for k, u in units.items() if u != "events")
+            con.print(f"  (counted in events, except {odd}{RING_NOTE if 'ring records' in units.values() else ''})")
         skipped = {r: {k: v for k, v in c.items() if v and k.startswith("ops_")} for r, c in rep.counters.items()}
         if any(skipped.values()):       # left out on purpose (SLICETRACE_PROFILE_OP_SAMPLE_RATE / _MIN_BYTES)
             con.print(f"ops not profiled by the settings: {_per_rank(skipped)}")
