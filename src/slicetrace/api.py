@@ -314,7 +314,8 @@ class Communicator:
         """Turn event collection off (or back on) for the ops inside the block (as exampleProfilerStart/Stop).
         mask: event types (EventType bits below 2**32, or names as 'Coll|KernelCh') the block's ops may carry at
         most, e.g. everything but KernelStep to measure what KernelStep alone costs (a type kept keeps its parents,
-        as NCCL's rule has it: 'KernelStep' keeps Coll/P2p and the API events); the plugins' own masks still apply."""
+        as NCCL's rule has it: 'KernelStep' keeps Coll/P2p and the API events); the plugins' own masks still apply.
+        ProxyCtrl, the drain's events, belong to no op: the plugins' live masks alone govern them (README)."""
         if not isinstance(enabled, bool):       # "no" would be truthy
             raise UsageError(f"enabled={enabled!r} must be True or False")
         self._check_open()
