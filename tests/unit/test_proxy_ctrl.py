@@ -256,3 +256,24 @@ def test_chrome_counts_the_spans_its_ring_overwrote_and_those_it_wrote(tmp_path)
     host.close(ts_ns=900)
     c = _counters(path)
     assert (c["plugin_written_PROXY_CTRL"], c["plugin_overwritten_PROXY_CTRL"]) == (1, 0)
+
+
+def test_the_threaded_drain_s_events_are_all_in_the_counters_record(tmp_path):
+    """Stop's final poll (its Wakeup) and close's stops come before the counters record: it counts every ProxyCtrl
+    event delivered (the Idle/Active one, each Sleep and Append), and each span made is in the file."""
+    host, path = _chrome_host(tmp_path, int(T.COLL | T.PROXY_CTRL))
+    v = rings(1)
+    d, w = Drain(v, host, interval_us=100), RingWriter(v, 0)
+    d.start()
+    try:
+        _wait_for(lambda: host.counters().get("delivered_proxy_ctrl", 0) >= 2, "Idle and Sleep")
+        _submit(d, w, 1)                # an op the host never began: its records are counted no_parent
+        _wait_for(lambda: host.counters().get("delivered_proxy_ctrl", 0) >= 4, "its Append and second Sleep")
+    finally:
+        d.stop(30.0)
+    assert d.error is None and d.settled
+    host.close()
+    c, spans = _counters(path), [s[0] for s in _spans(path)]
+    assert spans.count("Sleep") >= 2 and spans.count("Append") >= 1
+    assert c["delivered_proxy_ctrl"] == spans.count("Sleep") + spans.count("Append") + 1
+    assert (c["plugin_written_PROXY_CTRL"], c["plugin_overwritten_PROXY_CTRL"]) == (len(spans), 0)
