@@ -445,7 +445,7 @@ def test_the_waits_left_out_are_the_whole_first_p2p_group(tmp_path):
     """Every part of a group (one peer and direction) has an op key of its own: before, only the part whose record
     came first was left out (often one without waits), so the start-up waits of the rest counted."""
     from slicetrace.analyze.trace import kernel_steps, load_run, op_starts
-    from slicetrace.analyze.verdicts import _first_ops, held_up, op_index
+    from slicetrace.analyze.verdicts import first_ops, held_up, op_index
     slicetrace.launch(_all_to_all_twice, 3, profile_dump_file=str(tmp_path / "a2a"), **SUB)
     recs = load_run(str(tmp_path / "a2a"))
     ks = kernel_steps(recs)
@@ -454,7 +454,7 @@ def test_the_waits_left_out_are_the_whole_first_p2p_group(tmp_path):
     pid_first = {p: min(t for (q, _), t in group.items() if q == p) for p, _ in group}
     want = np.array([t == pid_first[int(p)] for p, t in zip(ks["rank"], starts)])
     assert 0 < want.sum() < len(ks) and len(set(ks["op"][want].tolist())) > 3     # parts of the three first groups
-    assert (_first_ops(ks, op_index(ks), op_starts(recs)) == want).all()
+    assert (first_ops(ks, op_index(ks), op_starts(recs)) == want).all()
     wait = ks["ready_ns"] - ks["wait_ns"]
     total = sum(h["wait_us"] for h in held_up(ks, None, op_starts(recs)))
     assert total == pytest.approx(wait[~want].sum() / 1e3)           # every wait but the first groups' counts
@@ -470,18 +470,18 @@ def _steps(rows):
 def test_the_first_group_is_found_when_a_later_op_lost_its_begin():
     """A file cut short loses its last op's P2p begin (written at op end) but keeps its KernelSteps: before, one
     missing begin made the whole rank fall back to the first part alone."""
-    from slicetrace.analyze.verdicts import _first_ops, op_index
+    from slicetrace.analyze.verdicts import first_ops, op_index
     ks = _steps([(0, 1, 0), (0, 2, 2_000), (0, 3, 10_000), (0, 4, 20_000), (1, 9, 0)])
     starts = {(0, 1): 100, (0, 2): 100, (0, 3): 9_000, (1, 9): 0}           # op 4's begin is lost
-    assert _first_ops(ks, op_index(ks), starts).tolist() == [True, True, False, False, True]
+    assert first_ops(ks, op_index(ks), starts).tolist() == [True, True, False, False, True]
 
 
 def test_an_unkeyed_start_up_leaves_the_ranks_first_keyed_op_in():
     """A rank whose first op's KernelSteps have no parent (its Coll declined), then keyed ops: before, its second
     op was left out as start-up and the start-up waits counted."""
-    from slicetrace.analyze.verdicts import _first_ops, op_index
+    from slicetrace.analyze.verdicts import first_ops, op_index
     ks = _steps([(0, -1, 0), (0, -1, 1_000), (0, 11, 10_000_000), (1, 7, 6_000), (1, 8, 10_000_000)])
-    assert _first_ops(ks, op_index(ks), {(0, 11): 9_000_000, (1, 7): 5_000, (1, 8): 9_000_000}).tolist() == \
+    assert first_ops(ks, op_index(ks), {(0, 11): 9_000_000, (1, 7): 5_000, (1, 8): 9_000_000}).tolist() == \
         [True, True, False, True, False]
 
 

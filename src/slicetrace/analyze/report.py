@@ -16,10 +16,11 @@ import numpy as np
 
 from ..errors import TraceFormatError
 from ..events.abi import fused_pairs, moving_from
-from .links import MIN_JUDGED_BYTES, link_rates, slow_links, slow_receive_sides
+from .links import MIN_JUDGED_BYTES, judged_slices, link_rates, slow_links, slow_receive_sides, unnamed_below
+from .links_text import render_links
 from .skew_text import render_skew
 from .trace import KERNEL_CH_TABLE, KERNEL_STEP_TABLE
-from .verdicts import clock_check, held_up, noise_rule, none_left_out, op_index, stragglers, unfinished
+from .verdicts import clock_check, first_ops, held_up, noise_rule, none_left_out, op_index, stragglers, unfinished
 
 CLOCK_SLACK_NS = 1000       # a receive this far ahead of its send, past the clocks' stated uncertainty, is an offset
 RING_RECORDS = ("overrun", "unpaired", "undrained")     # the drain's losses: a KernelStep is one, a KernelCh two
@@ -63,6 +64,8 @@ class Report:
     clocks: dict = field(default_factory=dict)          # receives ready before their sends had moved (clock_check)
     slow_receive_sides: list[dict] = field(default_factory=list)    # links slow on the receive side only
     links_judged_by: str = "ops"    # or "slices": no op records, like slices in each quarter (links.link_rates)
+    link_rule: dict = field(default_factory=dict)   # how the send sides were judged (links.Rates.rule)
+    links_below_unnamed: list[dict] = field(default_factory=list)   # far below in the table, not named (why)
 
     def to_dict(self) -> dict:
         return {"links": self.links, "ranks": self.ranks, "waited_on": self.waited_on, "slowest": self.slowest,
@@ -71,15 +74,16 @@ class Report:
                 "ranks_without_counters": self.no_counters, "startup_skew": self.startup,
                 "straggler_rule": self.straggler_rule, "held_up": self.held_up, "unfinished": self.unfinished,
                 "clocks": self.clocks, "slow_receive_sides": self.slow_receive_sides,
-                "links_judged_by": self.links_judged_by,
+                "links_judged_by": self.links_judged_by, "link_rule": self.link_rule,
+                "links_below_unnamed": self.links_below_unnamed,
                 "counter_units": {k: counter_unit(k) for c in self.counters.values() for k in c}}
 
 
 def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.ndarray | None = None,
-          ranks=None, starts: dict | None = None, spans: list | None = None) -> Report:
+          ranks=None, starts: dict | None = None, spans: list | None = None, names: dict | None = None) -> Report:
     """ranks: the run's ranks whose files are present (report passes them: a rank whose file holds no KernelCh or
     counters record is still one of them); default, the ranks in ks and chs. starts: trace.op_starts(records);
-    spans: trace.coll_spans(records)."""
+    spans: trace.coll_spans(records); names: trace.op_names(records), which name the slowest slices' ops."""
     if ks.dtype.names is None or "ready_ns" not in ks.dtype.names:
         raise TraceFormatError(f"ks: expected the KernelStep table of slicetrace.analyze.trace.kernel_steps() "
                                f"(fields {list(KERNEL_STEP_TABLE.names)}), got an array of dtype {ks.dtype}")
@@ -93,6 +97,7 @@ def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.n
     once = np.ones(len(ks), bool)           # a fused slice's time counted once per rank: by its send half
     once[r_half] = False
     send = ks["is_send"] == 1
+    judged = judged_slices(ks["size"], xfer)
     links = []
     for src, dst in sorted({(int(r), int(p)) for r, p in zip(ks["rank"][send], ks["peer"][send])}):
         m = send & (ks["rank"] == src) & (ks["peer"] == dst)
@@ -100,10 +105,10 @@ def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.n
         b = int(ks["size"][m].sum())
         busy = _union_ns(moved[m], ks["done_ns"][m])        # channels move at once: their time counted once
         links.append({"src": src, "dst": dst, "bytes": b, "slices": int(m.sum()),
-                      "judged_slices": int((m & (ks["size"] >= MIN_JUDGED_BYTES) & (xfer > 0)).sum()),
+                      "judged_slices": int((m & judged).sum()),
                       "send_transfer_us": float(xfer[m].sum()) / 1e3, "busy_us": busy / 1e3,
-                      "send_credit_wait_us": float(wait[m].sum()) / 1e3,
-                      "recv_data_wait_us": float(wait[rm].sum()) / 1e3,
+                      "send_credit_wait_us": float(wait[m].sum()) / 1e3,      # None: no receive of it recorded
+                      "recv_data_wait_us": float(wait[rm].sum()) / 1e3 if rm.any() else None,
                       "gbps": b / busy if busy > 0 else None})
     per_rank = []
     for r in sorted(set(int(x) for x in ks["rank"])):
@@ -119,12 +124,15 @@ def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.n
         waited[(int(r), int(p))] = waited.get((int(r), int(p)), 0.0) + float(w)
     waited_on = [{"rank": r, "peer": p, "wait_us": w / 1e3}
                  for (r, p), w in sorted(waited.items(), key=lambda kv: -kv[1])]
-    bw = np.where(xfer > 0, ks["size"] / np.maximum(xfer, 1), np.inf)
+    bw = np.where(judged, ks["size"] / np.maximum(xfer, 1), np.inf)     # latency-bound slices: as the links' check
     bw[~once] = np.inf                      # a fused slice is listed once, by its send (the link it fed)
     order = np.argsort(bw)[:top]
     slowest = [{"rank": int(ks["rank"][i]), "peer": int(ks["peer"][i]), "channel": int(ks["channel"][i]),
                 "is_send": bool(ks["is_send"][i]), "step": int(ks["step"][i]), "bytes": int(ks["size"][i]),
-                "transfer_us": float(xfer[i]) / 1e3, "gbps": float(bw[i])} for i in order if np.isfinite(bw[i])]
+                "transfer_us": float(xfer[i]) / 1e3, "gbps": float(bw[i]),
+                "func": (names or {}).get((int(ks["rank"][i]), int(ks["op"][i]))),     # None: its op is unknown
+                "seq": int(ks["seq_number"][i]) if ks["seq_number"][i] >= 0 else None}
+               for i in order if np.isfinite(bw[i])]
     source = "KernelCh"
     if (chs is None or not len(chs)) and spans:     # the mask left KernelCh out: "none to name" was no verdict
         chs, source = _from_colls(spans), "Coll"
@@ -133,17 +141,19 @@ def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.n
     no_counters = [r for r in ranks if r not in counters] if counters is not None else []
     moving = {r["rank"]: r["copy_us"] for r in per_rank}
     ops = op_index(ks)
+    first = first_ops(ks, ops, starts) if len(ks) else np.zeros(0, bool)    # start-up: left out of waits, links
     unc = max([int(c.get("clock_uncertainty_ns", 0) or 0) for c in (counters or {}).values()] + [0])
     rv = ~send & once                       # receives, not halves of fused slices (timed as their send)
     fused = np.zeros(len(ks), bool)
     fused[s_half] = True
-    send_rates = link_rates(ks[send], xfer[send], ops[send], 0.25, fused[send])     # judges both sides' links
+    send_rates = link_rates(ks[send], xfer[send], ops[send], 0.25, fused[send], first[send])   # judges both sides
     slow = slow_links(send_rates, moving)
     return Report(links, per_rank, waited_on, slowest, counters or {}, skew.ranks, skew.ops,
                   slow, skew.left_out, no_counters,
-                  skew.startup, skew.rule, held_up(ks, ops, starts),
+                  skew.startup, skew.rule, held_up(ks, ops, starts, first),
                   unfinished(spans or [], chs, ranks, lacking=source == "Coll"), clock_check(ks, CLOCK_SLACK_NS + unc),
-                  slow_receive_sides(ks[rv], xfer[rv], ops[rv], send_rates, slow, moving), send_rates[3])
+                  slow_receive_sides(ks[rv], xfer[rv], ops[rv], send_rates, slow, moving, first=first[rv]),
+                  send_rates.by, send_rates.rule, unnamed_below(links, send_rates, slow))
 
 
 def _from_colls(spans: list) -> np.ndarray:
@@ -174,8 +184,10 @@ def render(rep: Report, console=None) -> None:
     for ln in rep.links:                # exact bytes are in --json; MiB keeps the row within 80 columns
         g = "n/a" if ln["gbps"] is None else f"{ln['gbps']:.2f}"       # None: no transfer time (coarse clock)
         t.add_row(f"{ln['src']}->{ln['dst']}", f"{ln['bytes'] / 2**20:,.1f}", str(ln["slices"]), g,
-                  f"{ln['busy_us']:.1f}", f"{ln['send_credit_wait_us']:.1f}", f"{ln['recv_data_wait_us']:.1f}")
+                  f"{ln['busy_us']:.1f}", f"{ln['send_credit_wait_us']:.1f}", _us(ln["recv_data_wait_us"]))
     con.print(t)
+    if any(ln["recv_data_wait_us"] is None for ln in rep.links):
+        con.print("data wait us -: no receive of that link recorded (its receiver's file is missing or holds none)")
     sampled = {r: c.get("sampled_out", 0) for r, c in rep.counters.items() if c.get("sampled_out")}
     if sampled:
         con.print(f"KernelStep sampling (SLICETRACE_KERNEL_STEP_SAMPLE_RATE) left slices out on purpose "
@@ -192,12 +204,14 @@ def render(rep: Report, console=None) -> None:
         con.print("the trace has no KernelStep events (the event mask lacked KernelStep, 1<<16), so the link and "
                   "rank tables are empty")
     if rep.slowest:                     # build kept the top N (--top)
-        t = Table(title=f"the {len(rep.slowest)} slowest slices (by transfer GB/s)")
+        t = Table(title=f"the {len(rep.slowest)} slowest slices of {MIN_JUDGED_BYTES} B or more (by transfer GB/s)")
+        t.add_column("op", no_wrap=True)          # function and SeqNum, as the straggler lines name ops
         for c in ("rank", "dir", "peer", "ch", "step", "bytes", "transfer us", "GB/s"):
             t.add_column(c, justify="right")
         for sl in rep.slowest:
-            t.add_row(str(sl["rank"]), "send" if sl["is_send"] else "recv", str(sl["peer"]), str(sl["channel"]),
-                      str(sl["step"]), f"{sl['bytes']:,}", f"{sl['transfer_us']:.1f}", f"{sl['gbps']:.3g}")
+            t.add_row(_op_name(sl), str(sl["rank"]), "send" if sl["is_send"] else "recv", str(sl["peer"]),
+                      str(sl["channel"]), str(sl["step"]), f"{sl['bytes']:,}", f"{sl['transfer_us']:.1f}",
+                      f"{sl['gbps']:.3g}")
         con.print(t)
     ck = rep.clocks
     if ck.get("early"):                 # before the verdicts that compare the ranks' clocks
@@ -240,60 +254,8 @@ def render(rep: Report, console=None) -> None:
             con.print(f"most waited on: rank {w['rank']}, {w['wait_us']:.1f} of the {tot:.1f} us the ranks waited "
                       f"after their first op ({w['data_us']:.1f} us for its data, {w['credit_us']:.1f} us for room "
                       f"in its buffers; a wait on a rank that was itself waiting is passed on to the rank it waited "
-                      f"for){nxt}{why}")
-    moving = {r["rank"]: r["copy_us"] for r in rep.ranks}
-    med = float(np.median(list(moving.values()))) if moving else 0.0
-
-    def longest(r: int) -> str:
-        return f"moves data longest ({moving[r]:.1f} us of copies, the median rank {med:.1f} us)"
-    for ln in rep.slow_links:
-        s, d = ln["src"], ln["dst"]
-        n_o = ln.get("sender_other_links", 0)
-        link_only = n_o > 0 and not ln.get("sender_other_links_slow", 0)    # its copies to other peers are fine
-        who = f"rank {s}'s data path or link {s}->{d}" if ln["sender_outlier"] and not link_only else f"link {s}->{d}"
-        con.print(f"slow link: {who} moves {ln['gbps']:.2f} GB/s (typical slice), {ln['below_pct']:.0f} % below the "
-                  f"median link ({ln['median_gbps']:.2f})"
-                  + _judged_text(ln)
-                  + (f"; rank {s} also {longest(s)}: a slow rank's copies look like a slow link"
-                     if ln["sender_outlier"] and not link_only else "")
-                  + (f"; rank {s} {longest(s)}, but its {n_o} other link(s) move at the usual rate: the link, not "
-                     f"its copies" if ln["sender_outlier"] and link_only else "")
-                  + (f"; it feeds rank {d}, which {longest(d)}: writes into a lagging rank's buffers are slowed "
-                     f"too, so this may be rank {d}, not the link"
-                     if ln.get("receiver_outlier") and not ln["sender_outlier"] else ""))
-    bare = rep.links_judged_by == "slices"          # how the send sides were judged (links.link_rates)
-    most = "in the groups of like slices carrying most of its bytes" if bare else "in most of its ops"
-    for ln in rep.slow_receive_sides:     # p2p: a slow receiver does not slow its sender's slices
-        s, d = ln["src"], ln["dst"]
-        n_o, n_slow = ln["receiver_other_links"], ln["receiver_other_links_slow"]
-        sends = [x["dst"] for x in rep.slow_links if x["src"] == d]
-        con.print(f"slow receive side: link {s}->{d}'s receive side (rank {d}'s copies out of it) moves "
-                  f"{ln['gbps']:.2f} GB/s (typical slice), {ln['below_pct']:.0f} % below the median link's receive "
-                  f"side ({ln['median_gbps']:.2f})"
-                  + _judged_text(ln)
-                  + (f"; its send side moves at the usual rate ({ln['send_gbps']:.2f} GB/s, the median link's "
-                     if ln["send_gbps"] >= 0.75 * ln["send_median_gbps"] else     # slow_links' 25 %, pooled only
-                     f"; its send side is that far below only pooled, not {most} ({ln['send_gbps']:.2f} GB/s, the "
-                     f"median link's ")
-                  + f"{ln['send_median_gbps']:.2f}): the data was there, rank {d} was slow to take it"
-                  + (f"; rank {d}'s receives from its {n_o} other peer(s) move at the usual rate: this link's "
-                     f"receive, not all of rank {d}'s copies" if n_o and not n_slow else "")
-                  + (f"; rank {d}'s receives from {n_slow} of its {n_o} other peer(s) are that slow too: rank {d}'s "
-                     f"copies" if n_slow else "")
-                  + (f"; rank {d} also {longest(d)}" if ln["receiver_outlier"] else "")
-                  + (f"; rank {d} also sends on slow link(s) {', '.join(f'{d}->{x}' for x in sends)} above: both "
-                     f"point at rank {d}'s copies" if sends else ""))
-    judged = sum(1 for ln in rep.links if ln.get("judged_slices", 1))
-    if 0 < len(rep.links) < 3:
-        con.print(f"slow links: not judged, {len(rep.links)} link(s) in this trace and the check compares each with "
-                  f"the median of 3 or more")
-    elif rep.links and judged < 3:
-        con.print(f"slow links: not judged, {judged} of the {len(rep.links)} links moved slices of {MIN_JUDGED_BYTES} "
-                  f"B or more (smaller ones time latency, not bandwidth)")
-    elif rep.links and not rep.slow_links:
-        side = " by their send side" if rep.slow_receive_sides else ""       # a receive side is, above
-        con.print(f"slow links: none among the {len(rep.links)} links{side} (none more than 25 % below the median "
-                  f"link {most}{' (no op records)' if bare else ''})")
+                      f"for){why}{nxt}")      # the aside is about the rank named, before the next one
+    render_links(rep, con)            # slow links and receive sides, and why a link far below is not named
     if rep.counters or rep.no_counters:
         lost = {r: {k: v for k, v in c.items() if v and k not in ("sampled_out", "masked_out")
                     and not k.startswith(("delivered", "unrecorded_", "plugin_written", "clock_", "ops_"))}
@@ -314,21 +276,16 @@ def render(rep: Report, console=None) -> None:
                       f"{'; '.join(f'rank {r}: {n:,}' for r, n in sorted(masked.items()))}")
 
 
-def _judged_text(ln: dict) -> str:
-    """What a slow link's (or receive side's) verdict rests on: its ops, or its groups of slices (a trace without
-    op records), and its channels."""
-    return ((f", in {ln['ops_slow']} of {ln['ops']} ops" if ln["ops"] > 1 else "") + _groups_text(ln)
-            + (f"; that far below the other links on {ln['channels_slow']} of {ln['channels']} channels"
-               if ln["channels"] > 1 else ""))
+def _us(v: float | None) -> str:
+    """A time in us for a table, '-' where it is unknown (None)."""
+    return "-" if v is None else f"{v:.1f}"
 
 
-def _groups_text(ln: dict) -> str:
-    """How a slow link of a trace without op records was judged (links.link_rates' groups of slices), else ''."""
-    if not ln.get("slice_groups"):
-        return ""
-    return (f", judged without ops (the trace has no Coll/P2p records) against the other links' slices of its size "
-            f"and kind (fused with a receive or not) in each quarter of the run: that far below in "
-            f"{ln['slice_groups_slow']} of its {ln['slice_groups']} such groups, which carry most of its bytes")
+def _op_name(sl: dict) -> str:
+    """A slowest slice's op: function and SeqNum, '-' where the trace does not say (no Coll/P2p record)."""
+    if sl.get("func") is None:
+        return "-" if sl.get("seq") is None else f"#{sl['seq']}"
+    return sl["func"] + ("" if sl.get("seq") is None else f" #{sl['seq']}")
 
 
 def _console(file=None):

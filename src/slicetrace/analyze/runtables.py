@@ -16,7 +16,7 @@ import numpy as np
 
 from .records import Ranks
 from .runfiles import load_again, load_each
-from .trace import coll_spans, counters, kernel_chs, kernel_steps, op_starts
+from .trace import coll_spans, counters, kernel_chs, kernel_steps, op_names, op_starts
 
 
 class _Failed(NamedTuple):
@@ -36,6 +36,7 @@ class _Part(NamedTuple):
     counts: Any
     starts: Any
     spans: Any
+    names: Any
 
 
 def _attempt(fn: Callable[[list[dict]], Any], recs: list[dict]) -> Any:
@@ -63,14 +64,15 @@ def _part(f: str, recs: list[dict]) -> _Part:
             if type(a) is dict and type(a.get("EventMask")) is int:
                 masks.add(a["EventMask"])
     return _Part(paired, present, evented, len(recs), ops, one_rank, masks,
-                 *(_attempt(fn, recs) for fn in (kernel_steps, kernel_chs, counters, op_starts, coll_spans)))
+                 *(_attempt(fn, recs) for fn in (kernel_steps, kernel_chs, counters, op_starts, coll_spans, op_names)))
 
 
 class RunTables:
     """A run's tables for report; ranks: run_ranks of its files; present: its int pids, sorted; evented: those
     with b or X records; records: how many; ops: its Coll and P2p b records; one_rank: a slicetrace_comm record
-    says nRanks 1; masks: the EventMasks its slicetrace_comm records name. steps(), counters(), starts(), spans():
-    kernel_steps and kernel_chs, counters, op_starts, coll_spans of the run's records (raising what those raise)."""
+    says nRanks 1; masks: the EventMasks its slicetrace_comm records name. steps(), counters(), starts(), spans(),
+    names(): kernel_steps and kernel_chs, counters, op_starts, coll_spans, op_names of the run's records (raising
+    what those raise)."""
 
     def __init__(self, parts: list[_Part], ranks: Ranks | None) -> None:
         self._parts = parts
@@ -103,6 +105,9 @@ class RunTables:
     def spans(self) -> list:
         return [s for got in self._got("spans") for s in got]
 
+    def names(self) -> dict:
+        return _merged(self._got("names"))
+
 
 def _merged(dicts: list[dict]) -> dict:
     """One dict as the merged records' comprehension gives it: a key's first place, its last value."""
@@ -118,7 +123,7 @@ def run_tables(paths: str | os.PathLike | Iterable[str | os.PathLike], skip_empt
     parts, ranks = load_each(paths, "report", _part, skip_empty)
     seen: set = set()
     for p in parts:
-        if seen & p.paired or any(isinstance(v, _Failed) for v in (p.ks, p.chs, p.counts, p.starts, p.spans)):
+        if seen & p.paired or any(isinstance(v, _Failed) for v in (p.ks, p.chs, p.counts, p.starts, p.spans, p.names)):
             break
         seen |= p.paired
     else:

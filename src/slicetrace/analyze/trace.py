@@ -337,6 +337,13 @@ def op_starts(records: list[dict]) -> dict[tuple[int, int], int]:
             if r.get("ph") == "b" and r.get("cat") in ("COLL", "P2P") and isinstance(r.get("ts"), (int, float))}
 
 
+def op_names(records: list[dict]) -> dict[tuple[int, int], str]:
+    """(pid, id) -> function name (AllReduce, Send, ...) of every Coll and P2p event: what a KernelStep's ParentId
+    (its `op`) names."""
+    return {(r.get("pid"), r.get("id")): str(r.get("name", "")) for r in records
+            if r.get("ph") == "b" and r.get("cat") in ("COLL", "P2P")}
+
+
 def coll_spans(records: list[dict]) -> list[tuple[int, str, int, int, int]]:
     """(rank, function, SeqNum, begin ns, end ns or -1 when it never ended) of every Coll event that moves data
     (a Count of 0 runs no channel program)."""

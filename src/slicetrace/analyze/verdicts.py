@@ -99,9 +99,9 @@ def stragglers(chs: np.ndarray | None, top: int = 10, ranks=None) -> Skew:
     for pr in per_rank.values():
         pr["median_late_us"] = float(np.median(pr.pop("_late")))
         funcs = pr.pop("_funcs")
-        pr["chance"] = min([_tail(pr["times_late"], len(judged), p)]
-                           + [_tail(n, per_func[f], p) for f, n in funcs.items()])
-        pr["consistent"] = pr["times_late"] >= 2 and pr["chance"] * tests <= ALPHA
+        pr["chance"] = min([chance_of(pr["times_late"], len(judged), p)]
+                           + [chance_of(n, per_func[f], p) for f, n in funcs.items()])
+        pr["consistent"] = beyond_chance(pr["times_late"], pr["chance"], tests)
     ops = sorted((j[0] for j in judged), key=lambda d: -d["late_us"])[:top]
     ranked = sorted(per_rank.values(), key=lambda d: (-d["times_late"], -d["times_last"], -d["median_late_us"],
                                                       d["rank"]))
@@ -137,10 +137,24 @@ def unfinished(spans: list[tuple], chs: np.ndarray | None, ranks, top: int = 3, 
     return out
 
 
-def _tail(k: int, n: int, p: float) -> float:
-    """P(X >= k) for X ~ Binomial(n, p); 1.0 for k at or below the mean (never a straggler then)."""
+def beyond_chance(hits: int, chance: float, tests: int) -> bool:
+    """The rule of every verdict that names a rank or link for what it did in many ops: 2 hits or more, and odds
+    `chance` of as many by chance (chance_of) of at most ALPHA over the `tests` made (one per candidate judged)."""
+    return hits >= 2 and chance * tests <= ALPHA
+
+
+def fewest_trials(p: float, tests: int, most: int = 1000) -> int | None:
+    """The fewest trials in which a candidate hit in every one is beyond_chance (None: more than `most`)."""
+    return next((n for n in range(2, most + 1) if beyond_chance(n, chance_of(n, n, p), tests)), None)
+
+
+def chance_of(k: int, n: int, p: float) -> float:
+    """The odds that a candidate hit with probability p in each of n trials is hit k times or more: P(X >= k) for
+    X ~ Binomial(n, p); 1.0 for k at or below the mean (never named then)."""
     if k <= n * p:
         return 1.0
+    if p <= 0:                              # never hit by chance: k > 0 hits are none of its doing
+        return 0.0
     lq, lp, total = math.log1p(-p), math.log(p), 0.0
     for i in range(k, n + 1):               # terms fall past the mean: stop once they no longer count
         term = math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp + (n - i) * lq)
@@ -195,7 +209,7 @@ def _waits(ks: np.ndarray) -> dict[tuple[int, int, int], tuple[np.ndarray, np.nd
     return out
 
 
-def _first_ops(ks: np.ndarray, key: np.ndarray, starts: dict | None = None) -> np.ndarray:
+def first_ops(ks: np.ndarray, key: np.ndarray, starts: dict | None = None) -> np.ndarray:
     """Per record, whether it is in its rank's first op: with the ops' begins (trace.op_starts), every part of a
     p2p group (each has a key of its own, all one begin; an op whose begin is missing, e.g. a file cut short, is
     not first); without, the first key's. Records without op keys (no Coll/P2p records) before the rank's first
@@ -225,18 +239,19 @@ def _first_ops(ks: np.ndarray, key: np.ndarray, starts: dict | None = None) -> n
     return first
 
 
-def held_up(ks: np.ndarray, ops: np.ndarray | None = None, starts: dict | None = None) -> list[dict]:
+def held_up(ks: np.ndarray, ops: np.ndarray | None = None, starts: dict | None = None,
+            first: np.ndarray | None = None) -> list[dict]:
     """Whose slowness the ranks' waits lead to. A receive's data wait on rank p passes, for the part of it during
     which p itself waited for data on that channel, to the rank p waited for, and so on up the chain; a send's
     credit wait (the receiver p had not freed room) passes likewise to the rank p waited on for credit. It never
     passes back to the rank that waited, nor more hops than there are ranks; what is left stays with the rank
-    reached. Waits in each rank's first op (start-up skew: _first_ops) are left out. Per rank: data_us (ranks waited for its
+    reached. Waits in each rank's first op (start-up skew: first_ops) are left out. Per rank: data_us (ranks waited for its
     data), credit_us (for room in its buffers) and their sum wait_us, largest first. ops: op_index(ks), if known;
-    starts: trace.op_starts(records), if known."""
+    starts: trace.op_starts(records), if known; first: first_ops(ks, ops, starts), if known."""
     if len(ks) == 0:
         return []
     key = op_index(ks) if ops is None else ops
-    first = _first_ops(ks, key, starts)
+    first = first_ops(ks, key, starts) if first is None else first
     tables = _waits(ks)
     m = (ks["ready_ns"] > ks["wait_ns"]) & ~first
     # a wait counts 1/C on an op of C channels: its channels wait at once, so the sums stay rank time (C of them

@@ -98,7 +98,8 @@ def run_report(a: argparse.Namespace) -> int:
         raise SliceTraceError(f"{' '.join(a.traces)}: no KernelStep or KernelCh events to analyse "
                               f"({run.records} events in all); record with both in the mask, e.g. `slicetrace bench "
                               f"--trace DIR` or SLICETRACE_PROFILE_EVENT_MASK=65606")
-    rep = build(ks, counts, top=a.top, chs=chs, ranks=present, starts=run.starts(), spans=run.spans())
+    rep = build(ks, counts, top=a.top, chs=chs, ranks=present, starts=run.starts(), spans=run.spans(),
+                names=run.names())
     if a.json is not None:      # the files first: a reader that stops early (`| head`) does not lose them
         write_json("--json", a.json, rep.to_dict())
     if a.csv is not None:
