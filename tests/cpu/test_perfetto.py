@@ -137,7 +137,8 @@ def test_convert_returns_counts_and_refuses_nothing_to_convert(tmp_path, capsys)
                     '"args":{"Channel":0,"IsSend":1,"Peer":1,"Step":0,"Size":8,"WaitGpuClk":0,"StartGpuClk":0,'
                     '"StopGpuClk":2250,"CommHash":18446744073709551615}},{}]')
     got = convert([str(path)], str(tmp_path / "one.pftrace"))
-    assert got == {"files": 1, "slices": 1, "flows": 0, "tracks": 1, "unpaired_sends": 1}    # no receive: no flow
+    assert got == {"files": 1, "slices": 1, "flows": 0, "tracks": 1, "unpaired_sends": 1,     # no receive: no flow
+                   "left_out": ""}
 
 
 def test_connections_of_one_pair_on_two_channels_with_equal_steps_each_get_their_flows(tmp_path):

@@ -165,16 +165,30 @@ def test_a_rank_file_without_records_is_refused_naming_it(run, tmp_path, capsys,
     assert {r["pid"] for r in load_run(str(folder / "tr_99_0.json"))} == {0}    # the other rank, asked for by name
 
 
-def test_convert_does_not_tell_to_pass_reports_partial_which_it_refuses(run, tmp_path, capsys):
-    """A rank file without records: convert's error said to pass --partial, which convert refuses as an unknown
-    argument (it converts the ranks whose files are named)."""
+def test_convert_takes_partial_as_report_does(run, tmp_path, capsys):
+    """A rank file without records: convert had no --partial, so it refused the folder (report --partial went on),
+    yet converted one rank's file of the 2-rank run without a word, where report refused it. Both now refuse a run
+    with a rank missing or empty unless --partial, with the same check, and say what --partial left out."""
     folder, _ = _copy(run, tmp_path)
+    one = str(folder / "tr_99_0.json")
+    out = str(tmp_path / "x.pftrace")
+    for cmd in (["convert", one, "-o", out], ["report", one]):
+        assert main(cmd) == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert "the run had 2 ranks" in err and "rank(s) [1]" in err and "pass --partial to go on with the ranks " \
+            "present" in err, (cmd, err)
+    with pytest.raises(TraceFormatError, match=r"rank\(s\) \[1\]"):
+        convert(trace_files(one), out)
+    assert main(["convert", one, "-o", out, "--partial"]) == 0
+    assert "# --partial: rank(s) [1] of 2 absent; the trace shows the ranks present only" in capsys.readouterr().out
+    assert convert(trace_files(one), out, partial=True)["files"] == 1
     (folder / "tr_99_1.json").write_text("[]")
-    assert main(["convert", str(folder), "-o", str(tmp_path / "x.pftrace")]) == 2
-    err = capsys.readouterr().err
-    assert "holds no records" in err and "pass the other ranks' files by name" in err and "--partial" not in err
-    assert main(["report", str(folder)]) == 2 and "by name, or --partial," in capsys.readouterr().err
-    assert convert(trace_files(str(folder / "tr_99_0.json")), str(tmp_path / "x.pftrace"))["files"] == 1
+    for cmd in (["convert", str(folder), "-o", out], ["report", str(folder)]):
+        assert main(cmd) == 2
+        err = capsys.readouterr().err
+        assert "holds no records" in err and "pass --partial if that is what you want" in err, (cmd, err)
+    assert main(["convert", str(folder), "-o", out, "--partial"]) == 0
+    assert "# --partial: rank(s) [1] of 2 absent" in capsys.readouterr().out
 
 
 def test_convert_refuses_two_runs_in_one_folder_as_report_does(tmp_path, capsys, monkeypatch):

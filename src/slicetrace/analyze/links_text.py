@@ -73,7 +73,7 @@ def render_links(rep: Report, con) -> None:
     elif rep.links and not rep.slow_links:
         side = " by their send side" if rep.slow_receive_sides else ""       # a receive side is, above
         con.print(f"slow links: none among the {len(rep.links)} links{side} (none more than 25 % below the median "
-                  f"link {most}{' (no op records)' if bare else ''}, more often than chance explains)")
+                  f"link {most}{' (no op records)' if bare else ', more often than chance explains'})")
     for ln in rep.links_below_unnamed:      # the table shows it far below: the verdict says why it is not named
         con.print(f"link {ln['src']}->{ln['dst']} moves {ln['gbps']:.2f} GB/s in the links table, "
                   f"{ln['below_pct']:.0f} % below the median link's {ln['median_gbps']:.2f}, but is not named slow: "

@@ -32,6 +32,7 @@ from .protobuf import (P_SEQ_ID, TE_CATEGORIES, TE_FLOW, TE_FLOW_END, TE_NAME, T
                        TE_TYPE, TRACE_PACKET, annotation, annotation_rows, fits_rows, packet_heads, pb_bytes, pb_int,
                        pb_str, tag, wire_fields)
 from .runfiles import load_each
+from .runranks import every_rank
 from .trace import comm_of
 
 __all__ = ["convert", "wire_fields"]
@@ -298,13 +299,16 @@ def _from_zero(files: list[_File]) -> None:
                 "timestamp is written %d ns later (order and durations kept)", lo, -lo)
 
 
-def convert(paths: Iterable[str], out_path: str) -> dict[str, int]:
+def convert(paths: Iterable[str], out_path: str, partial: bool = False) -> dict:
     """Write the Perfetto trace of `paths` (per-rank Chrome traces of one run, read and checked as report reads
-    them: trace.load_files) to out_path; returns what it wrote."""
+    them: trace.load_files, and runranks.every_rank) to out_path; returns what it wrote, and in `left_out` the
+    ranks --partial (`partial`: empty files left out too) went on without ('' for none)."""
     paths = [os.fspath(p) for p in paths]
-    files = load_each(paths, "convert", _File)[0] if paths else []
+    files, ranks = load_each(paths, "convert", _File, partial) if paths else ([], None)
     if not files:
         raise TraceFormatError("convert: no trace files given")
+    left_out = every_rank(paths[0] if len(paths) == 1 else f"{len(paths)} trace files", ranks,
+                          {f.rank for f in files}, partial)
     for f in files:             # a merged file: every rank's slices were drawn as its first record's rank's
         if f.others:
             raise TraceFormatError(f"trace file {f.path!r} holds records of {len(f.others) + 1} ranks (pid {f.rank}, "
@@ -340,4 +344,4 @@ def convert(paths: Iterable[str], out_path: str) -> dict[str, int]:
             out.write(pb_bytes(TRACE_PACKET, d + pb_int(P_SEQ_ID, _SEQ)))
         _write(out, files, evs, heads, pre_bytes)
     return {"files": len(files), "slices": sum(len(f.t0) for f in files), "flows": nflows,
-            "tracks": len(descriptors) - 2 * len(files), "unpaired_sends": unpaired}
+            "tracks": len(descriptors) - 2 * len(files), "unpaired_sends": unpaired, "left_out": left_out}

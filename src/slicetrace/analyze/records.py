@@ -207,8 +207,8 @@ def _whole(text: str, path: str, empty_ok: bool, whole: list[int]) -> list:
         if empty_ok:
             return []
         raise TraceFormatError(f"trace file {path!r} is empty: its rank ended before its profiler wrote anything "
-                               f"(killed, or stopped without closing its communicator); report --partial analyses "
-                               f"the other ranks")
+                               f"(killed, or stopped without closing its communicator); --partial (report, convert) "
+                               f"goes on with the other ranks")
     try:
         data = json.loads(text)
     except RecursionError:                  # no trace nests that deep; the parser gives up

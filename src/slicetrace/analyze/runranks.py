@@ -1,5 +1,5 @@
 """A run's rank count, from its trace's slicetrace_comm records or its rank files' names, and the ranks its files
-lack: what load_files checks Rank, Peer and pid against, and report --partial names."""
+lack: what load_files checks Rank, Peer and pid against, and report and convert refuse without --partial."""
 from __future__ import annotations
 
 import glob
@@ -60,3 +60,16 @@ def absent(ranks: Ranks, present: set, shown: int = 20) -> tuple[int, str]:
         r += 1
     more = ranks.n - have - len(first)
     return ranks.n - have, f"{first}" + (f" and {more:,} more" if more else "")
+
+
+def every_rank(where: str, ranks: Ranks | None, present: set, partial: bool) -> str:
+    """The check report and convert make of a run's files: a rank of the run with no records would be left out
+    silently (a straggler whose file is missing never named, another rank in its place), so it is refused
+    (TraceFormatError) unless `partial` (--partial); then '' when every rank is there, else what --partial left
+    out, for the caller's note. where: the files given, for the message."""
+    missing, listed = absent(ranks, present) if ranks else (0, "")
+    if missing and not partial:
+        raise TraceFormatError(f"{where}: the run had {ranks.n} ranks ({ranks.source}) and the files given hold no "
+                               f"records of rank(s) {listed}; give every rank's file, or pass --partial to go on "
+                               f"with the ranks present")
+    return f"rank(s) {listed} of {ranks.n} absent" if missing else ""

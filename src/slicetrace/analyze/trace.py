@@ -118,7 +118,7 @@ def load_files(paths: str | os.PathLike | Iterable[str | os.PathLike],
     record_problem, a pid, Rank or Peer past the run's rank count (run_ranks), files of more than one communicator
     (two runs in one folder, which would pool different runs: the message names the prefix of each, for
     `slicetrace <command>`), and one rank's file twice. skip_empty: files without records are left out (with a
-    warning) instead, for an analysis of the ranks present (report --partial)."""
+    warning) instead, for an analysis of the ranks present (report's and convert's --partial)."""
     unique: dict[str, str] = {}
     for p in trace_files(paths):
         unique.setdefault(os.path.realpath(p), p)     # one file named twice (a folder and its file) counts once
@@ -133,11 +133,9 @@ def _checked(files: list[str], command: str = "report", skip_empty: bool = False
             log.warning("slicetrace: %r holds no records: left out", f)
             continue
         if not recs:
-            # --partial is report's only: convert refused it as an unknown argument
-            partial = ", or --partial," if command == "report" else ""
             raise TraceFormatError(f"trace file {f!r} holds no records: its rank's profiler wrote nothing, and "
-                                   f"analysing the run without it would silently leave that rank out; pass the "
-                                   f"other ranks' files by name{partial} if that is what you want")
+                                   f"analysing the run without it would silently leave that rank out; pass "
+                                   f"--partial if that is what you want")
         loaded.append((f, recs))
     if not loaded:
         raise TraceFormatError(f"none of the {len(files)} trace file(s) holds a record")

@@ -266,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     cp.add_argument("traces", nargs="+", help="trace files, their folder, a glob, or the dump prefix")
     cp.add_argument("-o", "--output", required=True, metavar="FILE", help="the .pftrace file to write ('-': "
                     "standard output)")
+    cp.add_argument("--partial", action="store_true",
+                    help="convert the ranks present when the run's other ranks' files are not given (or empty)")
     a = parser.parse_args(argv)
     # report's and convert's files are written through a temporary file: SIGTERM (timeout(1), Slurm) killed the
     # process outright and left it beside the output; as SystemExit(143) the write's cleanup removes it

@@ -13,7 +13,7 @@ from .outputs import names_stdout, output_errors, writable_file, write_json
 
 def run_report(a: argparse.Namespace) -> int:
     from ..analyze.report import _console, build, render
-    from ..analyze.runranks import absent
+    from ..analyze.runranks import every_rank
     from ..analyze.runtables import run_tables
     from ..analyze.steps_csv import write_steps_csv
     from ..analyze.trace import trace_files
@@ -32,15 +32,10 @@ def run_report(a: argparse.Namespace) -> int:
         raise UsageError(f"--json {a.json!r} and --csv {a.csv!r} are one file: the CSV would replace the JSON; "
                          f"give each its own file")
     run = run_tables(a.traces, skip_empty=a.partial)      # one file's records at a time
-    ranks, present = run.ranks, run.present     # below ranks.n: load_files' checks
-    missing, listed = absent(ranks, set(present)) if ranks else (0, "")
-    if missing and not a.partial:   # stragglers, waits and links would be judged among the others, silently
-        raise SliceTraceError(f"{' '.join(a.traces)}: the run had {ranks.n} ranks ({ranks.source}) and the files "
-                              f"given hold no records of rank(s) {listed}; give every rank's file, or pass "
-                              f"--partial to analyse the ranks present")
-    if missing:
-        print(f"# --partial: rank(s) {listed} of {ranks.n} absent; stragglers, waits and links are among the "
-              f"ranks present only", file=text)
+    present = run.present           # below ranks.n: load_files' checks
+    left_out = every_rank(' '.join(a.traces), run.ranks, set(present), a.partial)
+    if left_out:
+        print(f"# --partial: {left_out}; stragglers, waits and links are among the ranks present only", file=text)
     bare = [r for r in present if r not in run.evented]
     if bare and run.evented:            # present by their header only: the tables would just lack them
         print(f"# rank(s) {', '.join(map(str, bare))}: the file holds no events (cut short before its first "
@@ -130,7 +125,10 @@ def run_convert(a: argparse.Namespace) -> int:
     files = trace_files(a.traces)
     _not_an_input([("-o", a.output)], files)
     with output_errors("-o", a.output):      # reading is TraceFormatError: an OSError here is the write
-        got = convert(files, a.output)
+        got = convert(files, a.output, partial=a.partial)
+    if got["left_out"]:
+        print(f"# --partial: {got['left_out']}; the trace shows the ranks present only",
+              file=sys.stderr if a.output == STDOUT else sys.stdout)
     print(f"# {'standard output' if a.output == STDOUT else a.output}: {got['files']} rank file(s), {got['slices']} "
           f"slices on {got['tracks']} tracks, {got['flows']} send -> receive flows (open in https://ui.perfetto.dev)",
           file=sys.stderr if a.output == STDOUT else sys.stdout)
