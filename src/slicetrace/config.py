@@ -290,6 +290,19 @@ def env_source(attr: str, env: Mapping[str, str] | None = None) -> str | None:
     return next((v.name for v in VARIABLES if v.attr == attr and v.name in env), None)
 
 
+def value_source(attr: str, value: Any, env: Mapping[str, str] | None = None) -> str:
+    """Where Settings field `attr`'s value came from, for an error about it: its SLICETRACE_* variable when that
+    holds this value, else the keyword (init(profiler_plugin='x') named the variable, which was unset)."""
+    env = os.environ if env is None else env
+    var = next((v for v in VARIABLES if v.attr == attr), None)
+    if var is None or var.name not in env:
+        return attr
+    try:
+        return var.name if var.parse(env[var.name]) == value else attr
+    except ValueError:                      # the variable is bad, but the keyword beat it: not where this came from
+        return attr
+
+
 def quiet_unknown(env: Mapping[str, str] | None = None) -> None:
     """Take the unknown variables as reported: a rank of launch() inherits its launcher's environment, which the
     launcher already warned about (one warning per run, not one per rank)."""

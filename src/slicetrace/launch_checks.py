@@ -1,5 +1,5 @@
 """launch()'s arguments, checked before any process starts: fn (callable, importable by name, picklable with its
-args), nranks, join_timeout_s, and the settings (init()'s, not fn's) with the shared memory they need."""
+args), nranks, join_timeout_s, and the settings (init()'s, not fn's) with the shared memory and plugins they need."""
 from __future__ import annotations
 
 from multiprocessing.reduction import ForkingPickler
@@ -9,8 +9,9 @@ import numpy as np
 
 from .api_checks import as_index, seconds_or_none
 from .backend.cpu.shm import shm_shortfall
-from .config import Settings
+from .config import Settings, value_source
 from .errors import ConfigError, UsageError
+from .events.loading import load_plugins
 
 
 def launch_settings(fn: Callable, nranks: Any, args: tuple, join_timeout_s: Any,
@@ -41,6 +42,8 @@ def launch_settings(fn: Callable, nranks: Any, args: tuple, join_timeout_s: Any,
             raise
         raise ConfigError(f"launch(): {e}; its keywords are init()'s settings: give fn's own arguments after "
                           f"nranks, launch(fn, n, *args), or bind them with functools.partial") from None
+    # as the ranks load them (each rank again): a bad spec is one error here, naming the keyword, not one per rank
+    load_plugins(s.profiler_plugin, s, value_source("profiler_plugin", s.profiler_plugin))
     why = shm_shortfall(nranks, s.channels, s.buffsize, s.ring_slots) if s.backend == "cpu" else None
     if why is not None:                 # before any rank starts: a typo of 100000 would spawn them all
         raise UsageError(f"nranks={nranks}: {why}, or give fewer nranks")

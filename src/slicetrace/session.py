@@ -16,7 +16,7 @@ from typing import Any
 
 from .backend.base import Backend, Work, create
 from .backend.signals import signals_held, term_exits
-from .config import Settings
+from .config import Settings, value_source
 from .errors import SliceTraceError, UsageError
 from .events.abi import CommInfo, EventType, effective_mask
 from .events.host import EventHost, OpInfo
@@ -111,7 +111,8 @@ class Session:
         self._resync_at = 0.0
         self.clock_uncertainty_ns = 0
         try:
-            plugins = load_plugins(settings.profiler_plugin, settings)
+            plugins = load_plugins(settings.profiler_plugin, settings,
+                                   value_source("profiler_plugin", settings.profiler_plugin))
             if plugins:
                 info = CommInfo(self.comm_hash, name or f"slicetrace-{job}", 1, world, rank, settings.backend)
                 with signals_held():       # a Ctrl-C between a plugin's init and the host taking its context

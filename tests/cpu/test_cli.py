@@ -159,7 +159,7 @@ def test_a_bad_plugin_spec_is_one_line_before_any_rank_starts(monkeypatch, capsy
     monkeypatch.setenv("SLICETRACE_PROFILER_PLUGIN", "nosuch")
     assert main(["bench", "-b", "1K", "-e", "1K", "--profile"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("slicetrace: error: profiler_plugin (SLICETRACE_PROFILER_PLUGIN)='nosuch' is not a "
+    assert err.startswith("slicetrace: error: SLICETRACE_PROFILER_PLUGIN='nosuch' is not a "
                           "built-in") and "Traceback" not in err
 
 
@@ -418,7 +418,7 @@ def test_a_size_past_the_hosts_memory_is_one_line_per_rank_naming_e(capfd):
 def test_config_refuses_a_plugin_that_would_not_load(monkeypatch, capsys):
     monkeypatch.setenv("SLICETRACE_PROFILER_PLUGIN", "bogus")
     assert main(["config"]) == 2
-    assert ("profiler_plugin (SLICETRACE_PROFILER_PLUGIN)='bogus' is not a built-in or entry point name"
+    assert ("slicetrace: error: SLICETRACE_PROFILER_PLUGIN='bogus' is not a built-in or entry point name"
             in capsys.readouterr().err)
 
 

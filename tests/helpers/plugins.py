@@ -26,3 +26,11 @@ class InitFails(NoopPlugin):
 
     def init(self, comm, mask):
         raise OSError("no such device")
+
+
+class CtorFails(NoopPlugin):
+    """Made with the settings, as a factory: its constructor refuses them."""
+    name = "ctor_fails"
+
+    def __init__(self, settings):
+        raise ValueError("needs a license file")

@@ -86,7 +86,7 @@ class Rec(RecPlugin):
 def _session(monkeypatch, plugins, **backend_kw):
     calls = backend_kw.setdefault("calls", [])
     monkeypatch.setattr(session_mod, "create", lambda s, r, w, st, j: Backend(s, r, w, st, j, **backend_kw))
-    monkeypatch.setattr(session_mod, "load_plugins", lambda spec, s: [LoadedPlugin(p) for p in plugins])
+    monkeypatch.setattr(session_mod, "load_plugins", lambda spec, s, source: [LoadedPlugin(p) for p in plugins])
     s = session_mod.Session(Settings(backend="null", nchannels=1, profiler_plugin="rec"), 0, 1, DictStore({}), "cl")
     return s, calls
 

@@ -48,7 +48,7 @@ def _gpu(tmp_path, monkeypatch, cls, plugins=None, **kw):
     monkeypatch.setattr(session_mod, "create", lambda s, r, w, st, j: cls(s, r, w, st, j))
     monkeypatch.setattr(session_mod, "Drain", QuickDrain)
     if plugins is not None:
-        monkeypatch.setattr(session_mod, "load_plugins", lambda spec, s: [LoadedPlugin(p) for p in plugins])
+        monkeypatch.setattr(session_mod, "load_plugins", lambda spec, s, source: [LoadedPlugin(p) for p in plugins])
     kw.setdefault("timeout_s", 0.5)
     return session_mod.Session(Settings(backend="null", nchannels=4, buffsize=64 * 1024, profiler_plugin="example",
                                         profile_dump_file=str(tmp_path / "t"), drain_interval_us=50, **kw),
@@ -251,7 +251,7 @@ def test_close_in_a_forked_child_leaves_the_parents_backend_and_trace_alone(tmp_
 
 
 def _null_comm(monkeypatch, plugins=()):
-    monkeypatch.setattr(session_mod, "load_plugins", lambda spec, s: [LoadedPlugin(p) for p in plugins])
+    monkeypatch.setattr(session_mod, "load_plugins", lambda spec, s, source: [LoadedPlugin(p) for p in plugins])
     return Communicator(Settings(backend="null", nchannels=1, profiler_plugin="rec" if plugins else "",
                                  timeout_s=0.5), 0, 1, DictStore({}), "cc")
 
@@ -301,7 +301,7 @@ def test_a_second_close_while_the_first_runs_returns(monkeypatch):
 
 def test_an_inline_poll_waits_no_longer_than_timeout_s_for_another_poller(monkeypatch):
     """Before, an op of a synchronous backend waited without limit for a poller that did not return."""
-    monkeypatch.setattr(session_mod, "load_plugins", lambda spec, s: [LoadedPlugin(RecPlugin())])
+    monkeypatch.setattr(session_mod, "load_plugins", lambda spec, s, source: [LoadedPlugin(RecPlugin())])
     s = session_mod.Session(Settings(backend="null", nchannels=1, profiler_plugin="rec", timeout_s=0.5), 0, 1,
                             DictStore({}), "inl")
     assert s._inline

@@ -135,7 +135,7 @@ def test_close_counts_the_kernelch_start_a_stuck_drain_holds_as_undrained(monkey
     """The drain thread read a program's KernelCh start and 3 steps, then a plugin hung in steps(); the stop
     record came after. stop and fence give up. Before, close counted only the stop (undrained 1): the held start
     was neither delivered nor counted, 4 of 5 records accounted for."""
-    monkeypatch.setattr(session_mod, "load_plugins", lambda spec, s: [LoadedPlugin(RecPlugin())])
+    monkeypatch.setattr(session_mod, "load_plugins", lambda spec, s, source: [LoadedPlugin(RecPlugin())])
     s = session_mod.Session(Settings(backend="null", nchannels=1, profiler_plugin="rec", timeout_s=0.3), 0, 1,
                             DictStore({}), "held")
     v, sink = rings(1, 64), Blocking()

@@ -54,7 +54,7 @@ ALLOWED: dict[str, set[str]] = {
     "api_p2p": BASE | {"plan", "backend.base", "events.abi", "events.host", "api_checks"},
     "api": LOW | CONTRACTS | {"plan", "backend.base", "events.host", "session", "api_checks", "api_p2p"},
     "launch_signals": {"backend.signals"},      # SIGTERM's exit handler
-    "launch_checks": LOW | {"api_checks", "backend.cpu"},   # /dev/shm sized before spawning
+    "launch_checks": LOW | {"api_checks", "backend.cpu", "events.loading"},   # /dev/shm, plugins: before spawning
     "launcher": LOW | {"api", "api_checks", "launch_checks", "launch_signals"},
     "cli": None,                 # the top: may import anything
     "__main__": {"cli"},         # python -m slicetrace

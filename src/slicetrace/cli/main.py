@@ -9,7 +9,7 @@ from dataclasses import fields
 
 from ..backend.base import REDOPS
 from .. import errors
-from ..config import Settings, describe
+from ..config import Settings, describe, env_source, value_source
 from ..errors import BackendError, SliceTraceError, UsageError
 from ..events.abi import parse_mask
 from ..events.loading import load_plugins
@@ -158,7 +158,8 @@ def run_bench(a: argparse.Namespace) -> int:
     from .table import format_summary, summarize
     ops = check_flags(a)
     s, overrides = bench_settings(a)
-    plugins = [lp.name for lp in load_plugins(s.profiler_plugin, s)]   # a bad spec: one line here, not per rank
+    # a bad spec: one line here, not per rank; its items come from the variable (--trace/--profile add 'example')
+    plugins = [lp.name for lp in load_plugins(s.profiler_plugin, s, env_source("profiler_plugin") or "profiler_plugin")]
     nranks = a.ranks
     if nranks is None:
         nranks = 2
@@ -240,7 +241,8 @@ def run_config(a: argparse.Namespace) -> int:
     w = [max(len(r[i]) for r in rows) for i in range(4)]
     for var, kw, eff, raw, doc in rows:     # None: unset, the plugin's own default (the doc says which)
         print(f"{var:{w[0]}}  {kw + '=':{w[1] + 1}}  {eff:{w[2]}}  env={raw:{w[3]}}  {doc}")
-    load_plugins(s.profiler_plugin, s)          # a plugin that would not load is an error here too, not at the run
+    # a plugin that would not load is an error here too, not at the run
+    load_plugins(s.profiler_plugin, s, value_source("profiler_plugin", s.profiler_plugin))
     return 0
 
 

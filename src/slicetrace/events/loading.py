@@ -15,7 +15,7 @@ ENTRY_POINT_GROUP = "slicetrace.profilers"
 # Imported lazily by string: events must not import sinks.
 BUILTINS: dict[str, str] = {"example": "slicetrace.sinks.chrome:ChromePlugin",
                              "linkstats": "slicetrace.sinks.linkstats:LinkStatsPlugin"}
-_SPEC = "profiler_plugin (SLICETRACE_PROFILER_PLUGIN)"     # where a spec comes from: the keyword or the variable
+_SPEC = "profiler_plugin (SLICETRACE_PROFILER_PLUGIN)"     # where a spec comes from, when the caller cannot tell
 
 
 def _entry_points() -> dict[str, Any]:
@@ -38,8 +38,9 @@ def _import(path: str, item: str) -> Any:
     return obj
 
 
-def resolve(item: str) -> Any:
-    """One plugin spec -> the object it names (a built-in name, `module:attr`, or an entry point name)."""
+def resolve(item: str, source: str = _SPEC) -> Any:
+    """One plugin spec -> the object it names (a built-in name, `module:attr`, or an entry point name); source:
+    where the spec came from (the keyword or the variable), named in the error."""
     if item in BUILTINS:
         return _import(BUILTINS[item], item)
     if ":" in item:
@@ -51,7 +52,7 @@ def resolve(item: str) -> Any:
         except Exception as e:
             raise PluginError(f"profiler_plugin item {item!r}: entry point {eps[item].value!r} failed to load ({e})") from e
     known = sorted(set(BUILTINS) | set(eps))
-    raise PluginError(f"{_SPEC}={item!r} is not a built-in or entry point name ({known}) nor a 'module:attr' "
+    raise PluginError(f"{source}={item!r} is not a built-in or entry point name ({known}) nor a 'module:attr' "
                       f"path; use 'none' to disable profiling")
 
 
@@ -76,8 +77,9 @@ def _construct(factory: Any, item: str, settings: Any) -> Any:
                           f"{e}") from e
 
 
-def load_plugins(spec: str | None, settings: Any) -> list[LoadedPlugin]:
-    """Load every plugin of a comma-separated spec ('none', '' or None = no plugins).
+def load_plugins(spec: str | None, settings: Any, source: str = _SPEC) -> list[LoadedPlugin]:
+    """Load every plugin of a comma-separated spec ('none', '' or None = no plugins); source: where the spec came
+    from (config.value_source), named in its errors.
 
     A resolved class, or an object without `init` (a factory), is called with `(settings)` if it takes one
     positional argument, else with none; an object with `init` is the plugin itself.
@@ -90,10 +92,10 @@ def load_plugins(spec: str | None, settings: Any) -> list[LoadedPlugin]:
         if not item:
             continue
         if item.lower() == "none":
-            raise PluginError(f"{_SPEC}={spec!r}: 'none' cannot be combined with other plugins")
-        obj = resolve(item)
+            raise PluginError(f"{source}={spec!r}: 'none' cannot be combined with other plugins")
+        obj = resolve(item, source)
         if any(o is obj for o in seen):                 # two of one plugin would write the same files
-            raise PluginError(f"{_SPEC}={spec!r}: {item!r} is listed twice (maybe by another name); list each "
+            raise PluginError(f"{source}={spec!r}: {item!r} is listed twice (maybe by another name); list each "
                               f"plugin once")
         seen.append(obj)
         if isinstance(obj, type) or not hasattr(obj, "init"):

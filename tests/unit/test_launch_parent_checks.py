@@ -1,0 +1,60 @@
+"""launch()'s plugin spec is loaded in the launching process, as the ranks load it, so a bad one is one error there,
+before any rank starts, naming where the spec came from: the keyword given, else the variable."""
+from __future__ import annotations
+
+import pytest
+
+import slicetrace
+from slicetrace.config import value_source
+from slicetrace.errors import PluginError
+
+
+def _rank(comm):
+    return comm.rank
+
+
+@pytest.fixture(autouse=True)
+def _no_env_plugin(monkeypatch):
+    monkeypatch.delenv("SLICETRACE_PROFILER_PLUGIN", raising=False)
+
+
+def test_a_bad_plugin_keyword_fails_in_the_launcher_naming_the_keyword():
+    """Before: every rank failed (a LaunchError) with "profiler_plugin (SLICETRACE_PROFILER_PLUGIN)='nope'", a
+    variable nobody set. A PluginError, not a LaunchError: no rank ran."""
+    with pytest.raises(PluginError, match=r"^profiler_plugin='nope' is not a built-in or entry point name "
+                                          r"\(\['example', 'linkstats'\]\) nor a 'module:attr' path"):
+        slicetrace.launch(_rank, 2, profiler_plugin="nope")
+
+
+def test_the_keyword_beats_a_bad_variable_and_is_the_one_named(monkeypatch):
+    monkeypatch.setenv("SLICETRACE_PROFILER_PLUGIN", "nope")
+    with pytest.raises(PluginError, match=r"^profiler_plugin='nope2' is not a built-in"):
+        slicetrace.launch(_rank, 2, profiler_plugin="example,nope2")
+    with pytest.raises(PluginError, match=r"^SLICETRACE_PROFILER_PLUGIN='nope' is not a built-in"):
+        slicetrace.launch(_rank, 2)
+
+
+@pytest.mark.parametrize("spec,why", [
+    ("tests.helpers.plugins:Missing", r"^profiler_plugin item 'tests.helpers.plugins:Missing': cannot import"),
+    ("tests.helpers.plugins:CtorFails", r"^profiler_plugin item 'tests.helpers.plugins:CtorFails': ValueError from "
+                                        r".*: needs a license file"),
+    ("example,none", r"^profiler_plugin='example,none': 'none' cannot be combined with other plugins"),
+])
+def test_a_plugin_that_will_not_load_or_be_made_fails_in_the_launcher(spec, why):
+    with pytest.raises(PluginError, match=why):
+        slicetrace.launch(_rank, 2, profiler_plugin=spec)
+
+
+def test_init_names_its_keyword_too():
+    """init() in one process: the keyword given, not the variable."""
+    with pytest.raises(PluginError, match=r"^profiler_plugin='nope' is not a built-in"):
+        slicetrace.init(backend="null", profiler_plugin="nope")
+
+
+def test_value_source_names_the_variable_only_when_it_holds_the_value():
+    env = {"SLICETRACE_PROFILER_PLUGIN": "nope", "SLICETRACE_BUFFSIZE": "4M", "SLICETRACE_NCHANNELS": "x"}
+    assert value_source("profiler_plugin", "nope", env) == "SLICETRACE_PROFILER_PLUGIN"
+    assert value_source("profiler_plugin", "other", env) == "profiler_plugin"
+    assert value_source("buffsize", 4 << 20, env) == "SLICETRACE_BUFFSIZE"      # parsed, as Settings reads it
+    assert value_source("nchannels", 2, env) == "nchannels"                     # an unparsable variable lost
+    assert value_source("timeout_s", 5.0, env) == "timeout_s"                   # unset
