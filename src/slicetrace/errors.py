@@ -50,6 +50,11 @@ class TraceFormatError(SliceTraceError, ValueError):
     """A trace file does not have the shape the analyzer expects."""
 
 
+def plural(n: int, noun: str, nouns: str = "") -> str:
+    """'1 element', '3 elements' (nouns: an irregular plural): a count in a message reads right."""
+    return f"{n} {noun if n == 1 else nouns or noun + 's'}"
+
+
 def ours(summary: str) -> bool:
     """Whether a "TypeName: message" line names one of these errors (a rank's failure relayed as text): bad input,
     a timeout, a peer that left, rather than a bug, whose traceback is worth showing."""

@@ -110,6 +110,7 @@ class Session:
         self._drain_died: BaseException | None = None
         self._resync_at = 0.0
         self.clock_uncertainty_ns = 0
+        self._unloaded: dict[str, int] = {}     # counts of a host dropped when no plugin survived its init
         try:
             plugins = load_plugins(settings.profiler_plugin, settings,
                                    value_source("profiler_plugin", settings.profiler_plugin))
@@ -118,6 +119,12 @@ class Session:
                 with signals_held():       # a Ctrl-C between a plugin's init and the host taking its context
                     self.host = EventHost(plugins, info, settings.plugin_max_failures)   # left its trace unended
                     _LIVE.add(self)
+                if not self.host.plugins:  # each failed in its init (logged) and was unloaded: profiling is off
+                    self._unloaded = {"plugin_init_failed": len(plugins)}
+                    _LIVE.discard(self)
+                    self.host, host = None, self.host
+                    host.close()
+            if self.host is not None:
                 term_exits(self, True)     # outside the hold, which shows its own handler
                 self.drain = Drain(self.backend.rings, self.host, settings.drain_interval_us,
                                    fetch=self.backend.fetch_stamps if self.backend.stamps_fetched else None,
@@ -236,7 +243,7 @@ class Session:
         self.backend.wait(token, self.settings.timeout_s)
 
     def counters(self) -> dict[str, int]:
-        return {**self.host.counters(), **self._op_counts()} if self.host is not None else {}
+        return {**self.host.counters(), **self._op_counts()} if self.host is not None else dict(self._unloaded)
 
     @property
     def forked(self) -> bool:

@@ -511,7 +511,7 @@ def test_the_json_document_records_the_rank_count_the_settings_and_the_flags(tmp
     d = json.loads(out.read_text())
     assert set(d) == {"settings", "ranks", "bench", "env", "rows", "summary", "profiling"}
     assert d["bench"]["profile"] is None and d["profiling"] == {"plugins": [], "event_mask": None,
-                                                                "main_profiled": False}
+                                                                "unloaded_plugins": [], "main_profiled": False}
     assert d["ranks"] == 2 and d["env"]["ranks"] == 2
     assert set(d["settings"]) == {f.name for f in fields(Settings)} and d["settings"]["backend"] == "cpu"
     assert d["bench"]["ranks"] is None and d["bench"]["iters"] == 1 and d["bench"]["warmup_iters"] == 0
@@ -612,7 +612,8 @@ def test_the_json_says_what_profiling_a_bare_profile_flag_ran(tmp_path, monkeypa
                  "--ranks", "2", "--json", str(out)]) == 0
     d = json.loads(out.read_text())
     assert d["bench"]["profile"] == mask
-    assert d["profiling"] == {"plugins": ["example"], "event_mask": mask, "main_profiled": True}
+    assert d["profiling"] == {"plugins": ["example"], "event_mask": mask, "unloaded_plugins": [],
+                              "main_profiled": True}
 
 
 def test_a_dump_file_from_the_environment_is_checked_first_and_named(tmp_path, monkeypatch, capsys):

@@ -58,3 +58,17 @@ def test_value_source_names_the_variable_only_when_it_holds_the_value():
     assert value_source("buffsize", 4 << 20, env) == "SLICETRACE_BUFFSIZE"      # parsed, as Settings reads it
     assert value_source("nchannels", 2, env) == "nchannels"                     # an unparsable variable lost
     assert value_source("timeout_s", 5.0, env) == "timeout_s"                   # unset
+
+
+@pytest.mark.parametrize("spec,enabled,recording", [
+    ("tests.helpers.plugins:InitFails", False, []),
+    ("tests.helpers.plugins:InitFails,tests.helpers.plugins:NoopPlugin", True, ["noop"]),
+])
+def test_a_communicator_whose_plugins_all_failed_in_init_is_not_profiling(spec, enabled, recording):
+    """Before: profiler_enabled stayed True with no plugin left (a drain and a SIGTERM handler for nobody)."""
+    import numpy as np
+    with slicetrace.init(backend="cpu", profiler_plugin=spec) as comm:
+        assert comm.profiler_enabled is enabled and comm.profiler_plugins == recording
+        assert comm.drop_counters()["plugin_init_failed"] == 1
+        x = np.ones(1024, np.float32)
+        assert (comm.all_reduce(x) == x).all()          # communication goes on without them

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from ..errors import UsageError
+from ..errors import UsageError, plural
 from ..events.abi import EventType
 from .sweep import avg_atol, busbw_factor, counts, distinct_sizes, make_input, np_dtype, reference, wrong
 from .table import HEADER, UNITS, format_row
@@ -153,16 +153,16 @@ def _gather(comm, key: str, vals: list[float], times: tuple[int, ...], average: 
 
 def _unloaded(comm) -> str:
     """' (k of the m plugins failed in init ...)': the plugins' own traceback is logged above, but 'profiling on'
-    alone read as if they recorded (a plugin whose init raises is unloaded, as NCCL does)."""
-    failed = comm.drop_counters().get("plugin_init_failed", 0) if comm.profiler_enabled else 0
+    alone read as if they recorded (a plugin whose init raises is unloaded, as NCCL does; all of them: off)."""
+    failed = comm.drop_counters().get("plugin_init_failed", 0)
     if not failed:
         return ""
     listed = len([p for p in (comm.settings.profiler_plugin or "").split(",") if p.strip()])
-    return (f" ({failed} of {listed} plugin(s) failed in init and were unloaded"
-            + (": nothing is recorded)" if failed >= listed else ")"))
+    return f" ({failed} of {plural(listed, 'plugin')} failed in init and {'was' if failed == 1 else 'were'} unloaded)"
 
 
-def bench_rank(comm, o: dict) -> list[dict]:
+def bench_rank(comm, o: dict) -> tuple[list[dict], list[str]]:
+    """(rank 0's rows, [] on the others; the plugins that recorded on this rank)."""
     xp, to_dev, to_host, sync = _arrays(comm)
     n = comm.world_size
     ref = None
@@ -235,7 +235,7 @@ def bench_rank(comm, o: dict) -> list[dict]:
             progress.stop()
         if ref is not None:
             ref.close()
-    return rows
+    return rows, comm.profiler_plugins
 
 
 _TOO_BIG = ("Maximum allowed dimension exceeded", "array is too big")       # numpy's words for it

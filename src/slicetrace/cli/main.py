@@ -159,7 +159,8 @@ def run_bench(a: argparse.Namespace) -> int:
     ops = check_flags(a)
     s, overrides = bench_settings(a)
     # a bad spec: one line here, not per rank; its items come from the variable (--trace/--profile add 'example')
-    plugins = [lp.name for lp in load_plugins(s.profiler_plugin, s, env_source("profiler_plugin") or "profiler_plugin")]
+    source = env_source("profiler_plugin") or "profiler_plugin"
+    plugins = [lp.name for lp in load_plugins(s.profiler_plugin, s, source)]
     nranks = a.ranks
     if nranks is None:
         nranks = 2
@@ -201,7 +202,8 @@ def run_bench(a: argparse.Namespace) -> int:
         writable_folder(flag, path)
     traces_before = dump_files(folder, stem) if dump else {}
     results = launch(bench_rank, nranks, opts, **overrides)
-    rows = results[0]
+    rows = results[0][0]
+    active = [p for p in plugins if all(p in got for _, got in results)]     # past init on every rank
     bad_rows = [r for r in rows if (r["wrong"] or 0) > 0]       # None: unchecked (-c 0)
     summary = summarize(rows, bool(a.check))
     for line in format_summary(summary, a.compare):
@@ -209,13 +211,14 @@ def run_bench(a: argparse.Namespace) -> int:
     if a.json is not None:
         # what profiling ran: a bare --profile (-1) and no --profile both read null before; the mask is the example
         # plugin's (its default when SLICETRACE_PROFILE_EVENT_MASK is unset); another plugin sets its own at init
-        mask = event_mask(s) if has_example(s.profiler_plugin) else None
+        mask = event_mask(s) if has_example(",".join(active)) else None
         write_json("--json", a.json, {"settings": {f.name: _json_value(getattr(s, f.name)) for f in fields(s)},
                                        "ranks": nranks, "bench": {k: mask if k == "profile" and v == -1 else v
                                                                   for k, v in vars(a).items()
                                                                   if k not in ("cmd", "func")},   # -a, -n, -w, ...
-                                       "profiling": {"plugins": plugins, "event_mask": mask,
-                                                     "main_profiled": bool(plugins) and not opts["main_unprofiled"]},
+                                       "profiling": {"plugins": active, "event_mask": mask,
+                                                     "unloaded_plugins": [p for p in plugins if p not in active],
+                                                     "main_profiled": bool(active) and not opts["main_unprofiled"]},
                                        "env": _provenance(s.backend, nranks, a.compare), "rows": rows,
                                        "summary": summary})
     if dump is not None:
