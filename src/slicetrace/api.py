@@ -12,7 +12,7 @@ from .api_checks import (a2a_counts, as_index, check_overlap, group_opened, int_
 from .api_p2p import run_group
 from .backend.base import REDOPS, Work
 from .config import Settings
-from .errors import SliceTraceError, UsageError
+from .errors import SliceTraceError, UsageError, plural
 from .events.abi import DATATYPE_NAMES, FUNC_NAMES
 from .events.host import OpInfo, TaskInfo
 from .plan.schedule import P2pPart, plan_collective
@@ -89,13 +89,13 @@ class Communicator:
             try:
                 return None, self._session.backend.empty_like(like, count)
             except (ValueError, MemoryError) as e:      # a count from the caller (recv_counts) past memory
-                raise UsageError(f"the output of {count} elements{why} cannot be allocated: {e}") from None
+                raise UsageError(f"the output of {plural(count, 'element')}{why} cannot be allocated: {e}") from None
         flat, dt, n = self._buf(out, what)
         writable(flat, what)                # the view: a DLPack array shows read-only there only
         if dt != dtype:
             raise UsageError(f"{what} dtype {dt} differs from the input dtype {dtype}")
         if n != count:
-            raise UsageError(f"{what} has {n} elements, this operation needs {count}{why}")
+            raise UsageError(f"{what} has {plural(n, 'element')}, this operation needs {count}{why}")
         return out, flat
 
     def _info(self, func: str, tasks: list, user_tag: int, mask: int, seq: int, stream: Any = None) -> OpInfo | None:
@@ -211,7 +211,7 @@ class Communicator:
     def reduce_scatter(self, x: Any, out: Any = None, op: str = "sum", *, user_tag: int = 0, stream: Any = None):
         def counts(n: int):
             if n % self._world:
-                raise UsageError(f"reduce_scatter input has {n} elements, not a multiple of "
+                raise UsageError(f"reduce_scatter input has {plural(n, 'element')}, not a multiple of "
                                  f"world_size={self._world}")
             return n // self._world, n // self._world
         return self._collective("reduce_scatter", x, out, counts, op, 0, user_tag, stream)

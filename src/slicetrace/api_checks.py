@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from .backend.base import host_pointer
-from .errors import UsageError
+from .errors import UsageError, plural
 from .events.abi import ALL_TYPES, parse_mask
 
 
@@ -60,7 +60,7 @@ def a2a_counts(n: int, send_counts: Any, recv_counts: Any, rank: int, w: int) ->
     """all_to_all's (send, recv) counts per rank: equal blocks of x, or the caller's split sizes, checked."""
     if send_counts is None and recv_counts is None:
         if n % w:
-            raise UsageError(f"all_to_all input has {n} elements, not a multiple of world_size={w} (pass "
+            raise UsageError(f"all_to_all input has {plural(n, 'element')}, not a multiple of world_size={w} (pass "
                              f"send_counts and recv_counts for blocks of different sizes)")
         return [n // w] * w, [n // w] * w
     if send_counts is None or recv_counts is None:
@@ -69,9 +69,9 @@ def a2a_counts(n: int, send_counts: Any, recv_counts: Any, rank: int, w: int) ->
     sends = split_counts(send_counts, "send_counts", w)
     recvs = split_counts(recv_counts, "recv_counts", w)
     if sum(sends) != n:
-        raise UsageError(f"all_to_all: x has {n} elements but send_counts={sends} sum to {sum(sends)}")
+        raise UsageError(f"all_to_all: x has {plural(n, 'element')} but send_counts={sends} sum to {sum(sends)}")
     if sends[rank] != recvs[rank]:
-        raise UsageError(f"all_to_all: rank {rank} sends itself {sends[rank]} elements "
+        raise UsageError(f"all_to_all: rank {rank} sends itself {plural(sends[rank], 'element')} "
                          f"(send_counts[{rank}]) but receives {recvs[rank]} (recv_counts[{rank}]); "
                          f"they must be equal")
     return sends, recvs

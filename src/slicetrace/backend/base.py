@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..config import Settings, job_attempt
-from ..errors import ConfigError, UsageError
+from ..errors import ConfigError, UsageError, plural
 from ..plan.schedule import OpPlan, P2pPart
 from ..rendezvous import Store
 from ..stamps.layout import RingViews
@@ -86,11 +86,12 @@ class P2pLedger:
             n, e, h = sent.get(rank, (0, 0, 0))
             gn, ge, gh, _ = self.got.get(p, [0, 0, 0, 0])
             if n > gn:
-                out.append(f"{n - gn} from rank {p} ({e - ge} elements: it sent {n}, this rank received {gn})")
+                out.append(f"{n - gn} from rank {p} ({plural(e - ge, 'element')}: it sent {n}, this rank received "
+                           f"{gn})")
             elif n == gn and h != gh:
                 self.mismatched.append(f"point-to-point mismatch: the {n} message(s) rank {p} sent to rank {rank} "
-                                       f"differ in count or dtype from the receives that took them ({e} elements "
-                                       f"sent, {ge} received)")
+                                       f"differ in count or dtype from the receives that took them "
+                                       f"({plural(e, 'element')} sent, {ge} received)")
         return out
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import BackendError, MismatchError, PeerError, UsageError
+from ...errors import BackendError, MismatchError, PeerError, UsageError, plural
 from ...stamps.layout import RingViews, ring_bytes
 from ..base import HostBackend, Work, host_pointer, part_views, quiet_thread
 from ..procs import pid_ns_id, proc_start_time, this_proc
@@ -299,8 +299,8 @@ class CpuBackend(SetupPeers, HostBackend):
         if a is None or b is None or a.size != need_in or b.size != need_out:
             for buf, need, what in ((a, need_in, "sendbuf"), (b, need_out, "recvbuf")):
                 if buf is None or buf.size != need:
-                    got = None if buf is None else buf.size
-                    raise UsageError(f"{func}: {what} has {got} elements, the plan needs {need}")
+                    got = "no buffer" if buf is None else plural(buf.size, "element")
+                    raise UsageError(f"{func}: {what} has {got}, the plan needs {need}")
         if n == 1:
             if host_pointer(a) != host_pointer(b) and count:
                 np.copyto(b, a[:count])

@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 
+from ...errors import plural
 from ...stamps.layout import FLAG_CH_STOP, FLAG_SEND, KIND_CHANNEL, KIND_STEP
 from ..base import DTYPES
 from .shm import ABORT_MISMATCH, ABORT_PEER, C_CLOSED, H_HEAD, H_MSG, H_MSGACK, H_TAIL, NSIG
@@ -294,6 +295,6 @@ def pending_messages(p2p_recv) -> list[str]:
             left = max(0, left - ctl[w + 1])
             k += 1
         if msgs:
-            lost.append(f"{msgs}{'+' if k == NSIG else ''} from rank {p} (the first #{conn.msgs}: {first} "
-                        f"elements)")
+            lost.append(f"{msgs}{'+' if k == NSIG else ''} from rank {p} (the first #{conn.msgs}: "
+                        f"{plural(first, 'element')})")
     return lost
