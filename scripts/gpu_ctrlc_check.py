@@ -1,6 +1,6 @@
-"""Ctrl-C (or SIGTERM) on a CUDA bench with a trace: the bench runs cycles (-N 0) until its first row, then its
-process group gets the signal; prints the exit code, whether stderr has a traceback, and per trace file whether it
-ends whole and its KernelSteps.
+"""Ctrl-C (or SIGTERM) on a CUDA bench with a trace: the bench runs cycles (-N 1000000; -N 0 with --trace is
+refused) until its first row, then its process group gets the signal; prints the exit code, whether stderr has a
+traceback, and per trace file whether it ends whole and its KernelSteps.
 
     PYTHONPATH=src python3 scripts/gpu_ctrlc_check.py OUT_DIR [RANKS [BACKEND [SIGNAL]]]     (SIGNAL: INT, TERM)
 """
@@ -19,7 +19,7 @@ backend = sys.argv[3] if len(sys.argv) > 3 else "cuda"
 sig = getattr(signal, "SIG" + (sys.argv[4] if len(sys.argv) > 4 else "INT"))
 t0 = time.monotonic()
 p = subprocess.Popen([sys.executable, "-m", "slicetrace.cli.main", "bench", "--backend", backend, "--ranks", ranks,
-                      "-b", "16M", "-e", "16M", "-n", "20", "-w", "2", "-N", "0", "--trace", out],
+                      "-b", "16M", "-e", "16M", "-n", "20", "-w", "2", "-N", "1000000", "--trace", out],
                      stdout=subprocess.PIPE, stderr=open(out + ".err", "wb"), start_new_session=True)
 first = None
 for line in p.stdout:

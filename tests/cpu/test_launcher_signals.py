@@ -131,11 +131,12 @@ def test_ctrl_c_stops_bench_with_a_message_and_no_traceback_and_the_traces_writt
     that report could not read. Now each rank closes its communicator first (the plugins' finalize). SIGTERM to the
     group (timeout(1), Slurm, Kubernetes) killed the ranks by its default action: traces cut after the header."""
     from slicetrace.analyze.trace import check_trace, kernel_steps, load_traces
-    # -N 0: cycles until interrupted; its first row says the warm-up and the first ops ran (a fixed sleep after
-    # start-up did not: under CI's load the Ctrl-C came before the warm-up op, and its trace had no KernelSteps)
+    # -N 1000000: cycles until interrupted (-N 0 with --trace is refused: its files would grow without bound); its
+    # first row says the warm-up and the first ops ran (a fixed sleep after start-up did not: under CI's load the
+    # Ctrl-C came before the warm-up op, and its trace had no KernelSteps)
     err_file = open(tmp_path / "err", "wb")
     p = subprocess.Popen([sys.executable, "-m", "slicetrace.cli.main", "bench", "-b", "1M", "-e", "1M", "-n", "5",
-                          "-w", "1", "-N", "0", "--trace", str(tmp_path / "tr")], stdout=subprocess.PIPE,
+                          "-w", "1", "-N", "1000000", "--trace", str(tmp_path / "tr")], stdout=subprocess.PIPE,
                          stderr=err_file, start_new_session=True)
     err_file.close()                                     # the child has its own copy
     rows: list[str] = []

@@ -122,7 +122,8 @@ def _bench_parser(sub) -> None:
                    help="time reported per size, over the ranks' own timings: 0 rank 0, 1 mean (nccl-tests' "
                    "default), 2 min, 3 max (default: the slowest rank, which the collective waits for)")
     p.add_argument("-N", "--run_cycles", type=int, default=1,
-                   help="run the sweep this many times (0 = until interrupted), as nccl-tests; rows carry the cycle")
+                   help="run the sweep this many times (0 = until interrupted, as nccl-tests; not with trace files, "
+                   "--trace or SLICETRACE_PROFILE_DUMP_FILE, which would grow without bound); rows carry the cycle")
     p.add_argument("-T", "--timeout", type=float, default=None,
                    help="seconds any wait, the ranks' start-up included, may take before it is an error on every "
                    "rank, >= 1 (default: SLICETRACE_TIMEOUT, else 60)")
@@ -194,6 +195,12 @@ def run_bench(a: argparse.Namespace) -> int:
         s.profile_dump_file if s.profile_dump_file and has_example(s.profiler_plugin) else None)
     what = None if a.trace is not None else f"SLICETRACE_PROFILE_DUMP_FILE={s.profile_dump_file!r}"
     folder, stem = (os.path.dirname(dump) or ".", os.path.basename(dump)) if dump else ("", "")
+    if dump is not None and a.run_cycles == 0:      # each cycle appends to the files: none would ever be finished
+        src = f"--trace {a.trace!r}" if a.trace is not None else f"{what} (the example plugin's trace files)"
+        raise UsageError(f"-N 0 with {src}: a run without end would grow each rank's trace file without bound; give "
+                         f"-N a count of cycles, or for a live view of a run without end the linkstats plugin, whose "
+                         f"file is rewritten, not grown (SLICETRACE_PROFILER_PLUGIN=linkstats "
+                         f"SLICETRACE_LINKSTATS_FILE=PREFIX)")
     if dump is not None:        # made after every check: a refused run leaves no folder behind
         flag, path = ("--trace", a.trace) if a.trace is not None else ("SLICETRACE_PROFILE_DUMP_FILE", folder)
         if a.json is not None and os.path.realpath(a.json) == os.path.realpath(path):  # not there yet: --json passed
