@@ -195,3 +195,29 @@ def test_integer_inputs_reach_the_types_limits_and_the_reference_stays_exact():
     total = np.sum([x.astype(np.int64) for x in s8], 0)
     assert (np.abs(total) > 127).any()                                 # some int8 sums wrap
     assert wrong(np.sum(s8, 0, dtype=np.int8), reference("all_reduce", s8, 0, 0, "sum"), np.int8) == 0
+
+
+def test_a_sweep_past_the_available_memory_is_refused_naming_e_and_b_as_typed():
+    """`bench -e 64G` on a 24 GiB host failed after the launch, once per rank."""
+    from slicetrace.cli.sweep import memory_check
+    sizes_, mib = [1 << 20, 1 << 30], (1 << 20, "test")
+    memory_check(sizes_, ["all_reduce"], ["float32"], 2, False, True, ("1M", "1G"), (8 << 30, "test"))   # 4 GiB
+    with pytest.raises(UsageError) as e:
+        memory_check(sizes_, ["all_reduce", "all_gather"], ["float32"], 2, True, True, ("1M", "1G"), (8 << 30, "x"))
+    assert str(e.value) == (
+        "-e 1G (the sweep's largest size: 1,073,741,824 B): all_reduce of 1,073,741,824 B (float32) needs about "
+        "8,589,934,592 B per rank (2,147,483,648 for its buffers + 6,442,450,944 to check it, which -c 0 skips), "
+        "17,179,869,184 B over 2 ranks, more than the 8,589,934,592 B of memory available (x); give a smaller -e")
+    with pytest.raises(UsageError, match=r"give a smaller -e, and a smaller -b than 1M$"):
+        memory_check(sizes_, ["all_reduce"], ["int8"], 2, False, True, ("1M", "1G"), mib)
+    # cuda: the buffers are the GPUs' (the ranks check them); the check's are the host's
+    memory_check(sizes_, ["all_reduce"], ["float32"], 2, False, False, ("1M", "1G"), mib)
+    with pytest.raises(UsageError, match=r"per rank \(6,442,450,944 to check it, which -c 0 skips\), "):
+        memory_check(sizes_, ["all_reduce"], ["float32"], 2, True, False, ("1M", "1G"), (8 << 30, "x"))
+    memory_check(sizes_, ["all_reduce"], ["float32"], 2, True, True, ("1M", "1G"), None)     # unknown: the ranks'
+
+
+def test_available_memory_is_read_on_linux():
+    from slicetrace.cli.sweep import available_memory
+    got = available_memory()
+    assert got is not None and got[0] > 0 and got[1]

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import UsageError, plural
 from ..events.abi import EventType
-from .sweep import avg_atol, busbw_factor, counts, distinct_sizes, make_input, np_dtype, reference, wrong
+from .sweep import avg_atol, busbw_factor, counts, distinct_sizes, make_input, np_dtype, rank_bytes, reference, wrong
 from .table import HEADER, UNITS, format_row
 
 _NO_STEPS = ~int(EventType.KERNEL_STEP) & ((1 << 32) - 1)   # every event type but KernelStep
@@ -251,13 +251,12 @@ def _memory(o: dict, op: str, nbytes: int, dtype, n: int, rank: int):
         # numpy refuses a size past its index limit with a ValueError; other ValueErrors (ours: UsageError) pass
         if not isinstance(e, MemoryError) and not str(e).startswith(_TOO_BIG):
             raise
-        cin, cout = counts(op, nbytes, dtype.itemsize, n)
-        check = (f" and about {n * cin * (dtype.itemsize + 8):,} B more to check it (-c 0 skips the check)"
-                 if o["check"] else "")
+        buffers, more = rank_bytes(op, nbytes, dtype.itemsize, n, o["check"])
+        check = f" and about {more:,} B more to check it (-c 0 skips the check)" if more else ""
         top, given = o["sizes"][-1], o.get("maxbytes", str(o["sizes"][-1]))     # -e as typed: 100G, not 2**36
         flag = f"-e {given}" + (f" (the sweep's largest size: {top:,} B)" if given != str(top) else "")
         raise UsageError(f"{flag}: {op} of {nbytes:,} B ({dtype}) ran out of memory on rank {rank}: "
-                         f"each rank needs at least {(cin + cout) * dtype.itemsize:,} B for its buffers{check}; "
+                         f"each rank needs at least {buffers:,} B for its buffers{check}; "
                          f"give a smaller -e (or -b)") from None
 
 

@@ -16,7 +16,8 @@ from ..events.loading import load_plugins
 from ..launch_signals import _terminate_as_exit
 from .benchflags import backend_source, bench_settings, check_flags, has_example, timeout_hint
 from .outputs import dump_files, trace_note, writable_folder, write_json
-from .sweep import DTYPE_ALIASES, OPS, all_dtypes, bench_dtype, parse_size, shm_check, sizes
+from .sweep import (DTYPE_ALIASES, OPS, all_dtypes, available_memory, bench_dtype, memory_check, parse_size,
+                    shm_check, sizes)
 from .trace_cmds import run_convert, run_report
 
 
@@ -183,7 +184,11 @@ def run_bench(a: argparse.Namespace) -> int:
     for why in left_out:
         say(f"# -d all: {why}")
     step = None if a.stepbytes is None else parse_size(a.stepbytes, "-i")
-    opts = {"sizes": sizes(parse_size(a.minbytes, "-b"), parse_size(a.maxbytes, "-e"), a.stepfactor, step),
+    swept = sizes(parse_size(a.minbytes, "-b"), parse_size(a.maxbytes, "-e"), a.stepfactor, step)
+    # what is knowable: host memory (the buffers on cpu, the check's everywhere); not the GPUs' (the ranks say)
+    memory_check(swept, ops, dtypes, nranks, bool(a.check), s.backend == "cpu", (a.minbytes, a.maxbytes),
+                 available_memory())
+    opts = {"sizes": swept,
             "ops": ops, "dtypes": dtypes, "redops": list(REDOPS) if a.redop == "all" else [a.redop],
             "root": a.root, "iters": a.iters,
             "warmup": a.warmup_iters, "check": bool(a.check), "compare": a.compare, "overhead": a.overhead,

@@ -1,13 +1,14 @@
 """nccl-tests vocabulary: sizes, dtypes, per-op counts, references for the check, busbw factors."""
 from __future__ import annotations
 
+import os
 import re
 from decimal import Decimal
 
 import numpy as np
 
 from ..backend.base import DTYPES
-from ..errors import UsageError
+from ..errors import UsageError, plural
 from ..plan.traffic import BUSBW_FACTOR
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "send_recv")
@@ -42,6 +43,63 @@ def shm_check(nranks: int, settings) -> None:
     why = shm_shortfall(nranks, settings.channels, settings.buffsize, settings.ring_slots)
     if why is not None:
         raise UsageError(f"--ranks {nranks}: {why}, or give fewer --ranks or --channels")
+
+
+def rank_bytes(op: str, nbytes: int, itemsize: int, n: int, check: bool) -> tuple[int, int]:
+    """(bytes of one rank's buffers, bytes more its check takes: every rank's input and the float64 reference) for
+    one size of the sweep."""
+    cin, cout = counts(op, nbytes, itemsize, n)
+    return (cin + cout) * itemsize, n * cin * (itemsize + 8) if check else 0
+
+
+def available_memory() -> tuple[int, str] | None:
+    """(bytes this host can still give, where that was read), or None where unknown: MemAvailable, or a cgroup's
+    limit less its use when lower (a container sees the host's /proc/meminfo)."""
+    got = None
+    try:
+        with open("/proc/meminfo") as f:
+            kb = next((int(ln.split()[1]) for ln in f if ln.startswith("MemAvailable:")), None)
+        got = None if kb is None else (kb << 10, "MemAvailable in /proc/meminfo")
+    except (OSError, ValueError):
+        pass
+    if got is None and hasattr(os, "sysconf"):
+        try:
+            got = (os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "free pages (sysconf)")
+        except (OSError, ValueError):
+            pass
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f, open("/sys/fs/cgroup/memory.current") as g:
+            limit, used = f.read().strip(), int(g.read())
+        if limit != "max" and (got is None or int(limit) - used < got[0]):
+            got = (max(0, int(limit) - used), "this cgroup's memory.max less memory.current")
+    except (OSError, ValueError):
+        pass
+    return got
+
+
+def memory_check(sizes: list[int], ops: list[str], dtypes: list, nranks: int, check: bool, host_buffers: bool,
+                 flags: tuple[str, str], available: tuple[int, str] | None) -> None:
+    """Refuse, before any rank starts, a sweep whose largest size needs more memory over all ranks than the host
+    has available (host_buffers: the buffers are in host memory, as on cpu; the check's always are). flags: -b and
+    -e as typed. The ranks still catch what this misses (bench._memory)."""
+    if available is None or not sizes:
+        return
+
+    def need(nbytes: int) -> tuple[int, str, str, int, int]:
+        return max((b * host_buffers + c, op, str(np_dtype(d)), b, c) for op in ops for d in dtypes
+                   for b, c in [rank_bytes(op, nbytes, np_dtype(d).itemsize, nranks, check)])
+    total, op, dtype, buf, chk = need(sizes[-1])
+    if total * nranks <= available[0]:
+        return
+    parts = ([f"{buf:,} for its buffers"] if host_buffers else []) + (
+        [f"{chk:,} to check it, which -c 0 skips"] if chk else [])
+    flag = f"-e {flags[1]}" + (f" (the sweep's largest size: {sizes[-1]:,} B)" if flags[1] != str(sizes[-1]) else "")
+    low = need(sizes[0])[0] * nranks > available[0]             # the smallest size alone does not fit
+    raise UsageError(f"{flag}: {op} of {sizes[-1]:,} B ({dtype}) needs about {total:,} B per rank "
+                     f"({' + '.join(parts)}), "
+                     f"{total * nranks:,} B over {plural(nranks, 'rank')}, more than the {available[0]:,} B of "
+                     f"memory available ({available[1]}); give a smaller -e" + (f", and a smaller -b than {flags[0]}" if low
+                                                                       else ""))
 
 
 MAX_SIZES = 10_000          # a sweep longer than this is a typo in -i, not a benchmark
