@@ -3,6 +3,8 @@ args), nranks, join_timeout_s, and the settings (init()'s, not fn's) with the sh
 from __future__ import annotations
 
 from multiprocessing.reduction import ForkingPickler
+import os
+import tempfile
 from typing import Any, Callable
 
 import numpy as np
@@ -43,11 +45,37 @@ def launch_settings(fn: Callable, nranks: Any, args: tuple, join_timeout_s: Any,
         raise ConfigError(f"launch(): {e}; its keywords are init()'s settings: give fn's own arguments after "
                           f"nranks, launch(fn, n, *args), or bind them with functools.partial") from None
     # as the ranks load them (each rank again): a bad spec is one error here, naming the keyword, not one per rank
-    load_plugins(s.profiler_plugin, s, value_source("profiler_plugin", s.profiler_plugin))
+    for lp in load_plugins(s.profiler_plugin, s, value_source("profiler_plugin", s.profiler_plugin)):
+        attr = _PREFIXES.get(lp.name)
+        prefix = getattr(s, attr) if attr else None
+        why = unwritable(os.path.dirname(prefix) or ".") if prefix else None
+        if why is not None:             # else each rank's plugin init fails, after the launch
+            raise ConfigError(f"{value_source(attr, prefix)}={prefix!r}: cannot write files in {why[0]!r} "
+                              f"({why[1]}); give a prefix in a writable folder")
     why = shm_shortfall(nranks, s.channels, s.buffsize, s.ring_slots) if s.backend == "cpu" else None
     if why is not None:                 # before any rank starts: a typo of 100000 would spawn them all
         raise UsageError(f"nranks={nranks}: {why}, or give fewer nranks")
     return nranks, s
+
+
+# a built-in plugin's name -> the setting that prefixes its files (<prefix>_<commHash>_<rank>.*; folders made at init)
+_PREFIXES = {"example": "profile_dump_file", "linkstats": "linkstats_file"}
+
+
+def unwritable(folder: str) -> tuple[str, str] | None:
+    """(the folder probed, why no file can be written there), or None: a real file is made and removed (os.access
+    says yes to root everywhere, /proc included) in `folder`, or where it does not exist yet (the plugins make it),
+    in the nearest folder above it."""
+    d = os.path.abspath(folder)
+    while not os.path.lexists(d):
+        d = os.path.dirname(d)
+    try:
+        fd, probe = tempfile.mkstemp(dir=d, prefix=".slicetrace_probe_")
+        os.close(fd)
+        os.remove(probe)
+    except OSError as e:
+        return d, e.strerror or str(e)
+    return None
 
 
 def _check_picklable(fn: Callable, args: tuple) -> None:

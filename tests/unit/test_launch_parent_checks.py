@@ -72,3 +72,17 @@ def test_a_communicator_whose_plugins_all_failed_in_init_is_not_profiling(spec, 
         assert comm.drop_counters()["plugin_init_failed"] == 1
         x = np.ones(1024, np.float32)
         assert (comm.all_reduce(x) == x).all()          # communication goes on without them
+
+
+@pytest.mark.parametrize("plugin,attr", [("example", "profile_dump_file"), ("linkstats", "linkstats_file")])
+def test_a_prefix_in_no_writable_folder_fails_in_the_launcher(tmp_path, monkeypatch, plugin, attr):
+    """Before: each rank's plugin init failed after the launch, naming the variable too."""
+    (tmp_path / "f").write_text("")                     # a file where the prefix wants a folder
+    prefix = str(tmp_path / "f" / "run")
+    with pytest.raises(slicetrace.errors.ConfigError) as e:
+        slicetrace.launch(_rank, 2, profiler_plugin=plugin, **{attr: prefix})
+    assert str(e.value) == (f"{attr}={prefix!r}: cannot write files in {str(tmp_path / 'f')!r} (Not a directory); "
+                            f"give a prefix in a writable folder")
+    monkeypatch.setenv(f"SLICETRACE_{attr.upper()}", prefix)          # from the variable: it is the one named
+    with pytest.raises(slicetrace.errors.ConfigError, match=rf"^SLICETRACE_{attr.upper()}='"):
+        slicetrace.launch(_rank, 2, profiler_plugin=plugin)

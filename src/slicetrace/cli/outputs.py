@@ -9,13 +9,13 @@ import math
 import os
 import re
 import sys
-import tempfile
 import time
 from typing import Iterator
 
 from ..analyze.atomic import STDOUT, atomic_open
 from ..errors import SliceTraceError, UsageError
 from ..events.abi import EventType
+from ..launch_checks import unwritable
 
 
 def writable_file(flag: str, path: str, stdout_ok: bool = False) -> None:
@@ -77,12 +77,9 @@ def writable_folder(flag: str, path: str) -> None:
         os.makedirs(path, exist_ok=True)
     except OSError as e:
         raise UsageError(f"{flag} {path!r}: cannot create the folder ({e.strerror or e})") from None
-    try:                                    # a real file, as for writable_file
-        fd, probe = tempfile.mkstemp(dir=path, prefix=".slicetrace_probe_")
-        os.close(fd)
-        os.remove(probe)
-    except OSError as e:
-        raise UsageError(f"{flag} {path!r}: cannot write files in the folder ({e.strerror or e})") from None
+    why = unwritable(path)                  # a real file, as for writable_file
+    if why is not None:
+        raise UsageError(f"{flag} {path!r}: cannot write files in the folder ({why[1]})")
 
 
 def _finite(obj):
