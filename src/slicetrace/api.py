@@ -334,14 +334,12 @@ class Communicator:
 
     @property
     def profiler_enabled(self) -> bool:
-        """Whether a profiler plugin records: False without plugins, and when each failed in its init (logged, and
-        counted as drop_counters()' plugin_init_failed; NCCL unloads such a plugin too)."""
+        """Whether a plugin records: not when each failed in its init (unloaded, as NCCL does; plugin_init_failed)."""
         return self._session.host is not None
 
     @property
     def profiler_plugins(self) -> list[str]:
-        """The names (each plugin's `name`, else as listed) of the plugins that record: loaded, past their init, and not
-        disabled after plugin_max_failures exceptions."""
+        """The names (`name`, else as listed) of the plugins past their init, not disabled (plugin_max_failures)."""
         host = self._session.host
         return [] if host is None else [lp.name for lp in host.plugins if lp.name not in host.disabled()]
 

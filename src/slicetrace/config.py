@@ -291,15 +291,12 @@ def env_source(attr: str, env: Mapping[str, str] | None = None) -> str | None:
 
 
 def value_source(attr: str, value: Any, env: Mapping[str, str] | None = None) -> str:
-    """Where Settings field `attr`'s value came from, for an error about it: its SLICETRACE_* variable when that
-    holds this value, else the keyword (init(profiler_plugin='x') named the variable, which was unset)."""
+    """For an error about Settings field `attr`: its SLICETRACE_* variable when that holds `value`, else the keyword."""
     env = os.environ if env is None else env
-    var = next((v for v in VARIABLES if v.attr == attr), None)
-    if var is None or var.name not in env:
-        return attr
+    var = next((v for v in VARIABLES if v.attr == attr and v.name in env), None)
     try:
-        return var.name if var.parse(env[var.name]) == value else attr
-    except ValueError:                      # the variable is bad, but the keyword beat it: not where this came from
+        return var.name if var is not None and var.parse(env[var.name]) == value else attr
+    except ValueError:                      # a bad variable the keyword beat: not where this came from
         return attr
 
 

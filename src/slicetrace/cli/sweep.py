@@ -98,8 +98,8 @@ def memory_check(sizes: list[int], ops: list[str], dtypes: list, nranks: int, ch
     raise UsageError(f"{flag}: {op} of {sizes[-1]:,} B ({dtype}) needs about {total:,} B per rank "
                      f"({' + '.join(parts)}), "
                      f"{total * nranks:,} B over {plural(nranks, 'rank')}, more than the {available[0]:,} B of "
-                     f"memory available ({available[1]}); give a smaller -e" + (f", and a smaller -b than {flags[0]}" if low
-                                                                       else ""))
+                     f"memory available ({available[1]}); give a smaller -e"
+                     + (f", and a smaller -b than {flags[0]}" if low else ""))
 
 
 MAX_SIZES = 10_000          # a sweep longer than this is a typo in -i, not a benchmark
