@@ -181,13 +181,10 @@ class RowFormat:
             j += 2 if both else 1
         row += lits[-1]
         buf = np.empty((n, len(row)), np.uint8)
-        buf[:] = np.frombuffer(bytes(row), np.uint8)
+        _put(buf, 0, np.frombuffer(bytes(row), np.uint8)[None, :])
         for j, p, w, pad, lo, both, sub in fields:
             v = cols[:, j] - sub if sub else cols[:, j]
-            if both:
-                buf[:, p:p + w + 4] = _digits(v, w, pad, lo, cols[:, j + 1])
-            else:
-                buf[:, p:p + w] = _digits(v, w, pad, lo)
+            _put(buf, p, _digits(v, w, pad, lo, cols[:, j + 1]) if both else _digits(v, w, pad, lo))
         if self.compact and cuts is None:
             keep = np.ones(buf.shape, bool)
             for j, p, w, pad, lo, both, sub in fields:
@@ -195,6 +192,13 @@ class RowFormat:
                     np.not_equal(buf[:, p:p + w], 32, out=keep[:, p:p + w])
             return memoryview(buf[keep])
         return memoryview(buf).cast("B")
+
+
+def _put(buf: np.ndarray, p: int, d: np.ndarray) -> None:
+    """buf[:, p:p + w] = d ((n or 1, w) bytes, each row contiguous), copied as one w-byte item per row: a byte
+    block copies row by row, a call each (~100 instructions), where items copy in one loop (~60 each)."""
+    w = d.shape[1]
+    buf[:, p:p + w].view(f"V{w}")[...] = d.view(f"V{w}")
 
 
 def _width_cuts(cols: np.ndarray, fixed: list[bool], top: list[int], low: list[int]) -> list[int] | None:
