@@ -176,7 +176,7 @@ class Communicator:
             task = TaskInfo(FUNC_NAMES[func], -1, False, count, DATATYPE_NAMES.get(dtype, dtype), root, ptr(send),
                             ptr(recv), len(plan.programs))
             info = self._info(func, [task], user_tag, mask, seq, stream)     # the caller's, as given (None: current)
-        work = Work(self._tag, plan, dtype, redop, sendbuf=send, recvbuf=recv, stream=stream)
+        work = Work(self._tag, plan, dtype, redop, sendbuf=send, recvbuf=recv, stream=stream, seq_number=seq)
         self._session.run(work, info)
         if user_out is not None:
             return user_out

@@ -24,7 +24,7 @@ ALLOWED: dict[str, set[str]] = {
     "backend.signals": set(),
     "backend.procs": LOW,
     "backend.segment": BASE | {"backend.signals"},
-    "backend.opsig": LOW | {"plan", "backend.base", "backend.segment"},
+    "backend.opsig": LOW | {"plan", "backend.base", "backend.segment", "events.abi"},   # FUNC_NAMES: ops by name
     "backend.base": BACKEND - {"backend.segment", "backend.opsig"},
     "backend.null": BACKEND,
     "backend.cpu": BACKEND,

@@ -120,6 +120,7 @@ class Work:
     stamp_channels: bool = False   # KernelCh boundaries on (KernelCh or KernelStep in the mask)
     sample_rate: int = 1
     stream: Any = None             # cuda: the caller's stream
+    seq_number: int = -1           # collectives: the SeqNum its trace shows (per function, from 0); errors name it
 
 
 # backends made per (job, rank) in this process: keeps re-inits' store keys and traces apart, while ranks that are

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import secrets
 
+from ..events.abi import FUNC_NAMES
 from ..plan.schedule import COLLECTIVES
 from ..rendezvous import Store
 from .base import DTYPES, REDOPS
@@ -34,6 +35,15 @@ def describe_sig(count: int, packed: int, cfg: int) -> str:
     s += "" if red == 0xFF else f", op={REDOPS[red]}"
     s += f", root={root})" if func in ("broadcast", "reduce") else ")"
     return s + f" [nchannels={cfg & 0xFF}, step_bytes={cfg >> 8}]"
+
+
+def coll_name(sig: Sig, seq_number: int) -> str:
+    """Collective `sig` as errors name it: as its trace does (NCCL's function name and SeqNum: numbered per
+    function from 0), then by sig's own number (the communicator's collectives from 1, what the ranks compare);
+    seq_number < 0 (not known: a Work built without one): that number alone."""
+    if seq_number < 0:
+        return f"collective #{sig[0]}"
+    return f"{FUNC_NAMES[COLLECTIVES[sig[2] & 0xFF]]} #{seq_number} (collective #{sig[0]} of this communicator)"
 
 
 def differ_text(seq: int, rank: int, mine: tuple, peer: int, theirs: tuple) -> str:

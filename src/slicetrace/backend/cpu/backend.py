@@ -315,7 +315,7 @@ class CpuBackend(SetupPeers, HostBackend):
                                                       self.settings.step_bytes))
         sig = (self._coll_seq,) + hit[1]
         g = self.guard
-        g.publish_sig(sig)
+        g.publish_sig(sig, work.seq_number)
         delta = None
         if np.may_share_memory(a, b):                   # their bounds: cheaper than both addresses when apart
             pa, pb = host_pointer(a), host_pointer(b)

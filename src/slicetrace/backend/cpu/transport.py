@@ -17,7 +17,7 @@ import numpy as np
 
 from ...errors import CommTimeoutError, MismatchError, PeerError
 from ..base import host_pointer
-from ..opsig import differ_text, order_text
+from ..opsig import coll_name, differ_text, order_text
 from ..procs import TwoChecks, proc_dead
 from . import futex
 from .shm import (ABORT_MISMATCH, ABORT_PEER, ABORT_TIMEOUT, C_ABORT, C_ABORT_FROM, C_CLOSED, C_HEARTBEAT, C_PID,
@@ -160,6 +160,7 @@ class Guard:
         self.peers: dict[int, tuple[memoryview, memoryview, int, int]] = {}   # rank -> (ctl, reason, pid, start)
         self.on_dead = None          # callback(rank) when a peer is found dead (unlinks its segment)
         self.sig: tuple[int, int, int, int] | None = None                    # collective in flight
+        self.sig_seq_number = -1                                              # its SeqNum (Work.seq_number)
         self._twice = TwoChecks()
         self.spins = SPINS
         self.futex = False           # ring waits sleep in the kernel (ranks outnumber CPUs, SLICETRACE_CPU_WAIT)
@@ -219,19 +220,19 @@ class Guard:
         if self.sig is not None:
             self.check_sigs(self.sig)
 
-    def publish_sig(self, sig: tuple[int, int, int, int]) -> None:
+    def publish_sig(self, sig: tuple[int, int, int, int], seq_number: int = -1) -> None:
         seq, count, packed, cfg = sig
         base = SIG_WORD + (seq % NSIG) * 4
         self.ctl[base + 1], self.ctl[base + 2], self.ctl[base + 3] = count, packed, cfg
         self.ctl[base] = seq      # published last
-        self.sig = sig
+        self.sig, self.sig_seq_number = sig, seq_number
 
     def check_sigs(self, sig: tuple[int, int, int, int], wait: bool = False) -> None:
         seq, count, packed, cfg = sig
         base = SIG_WORD + (seq % NSIG) * 4
         for p, (pctl, _, _, _) in self.peers.items():
             if wait and pctl[base] < seq:
-                self.wait_ge(pctl, base, seq, p, f"rank {p} to start collective #{seq}")
+                self.wait_ge(pctl, base, seq, p, f"rank {p} to start {coll_name(sig, self.sig_seq_number)}")
             if pctl[base] == seq and (pctl[base + 1] != count or pctl[base + 2] != packed or pctl[base + 3] != cfg):
                 theirs = (pctl[base + 1], pctl[base + 2], pctl[base + 3])
                 raise self.fail(ABORT_MISMATCH, differ_text(seq, self.rank, (count, packed, cfg), p, theirs))
@@ -244,7 +245,8 @@ class Guard:
         seq = self.sig[0]
         base = SIG_WORD + (seq % NSIG) * 4
         late = [p for p, (pctl, _, _, _) in sorted(self.peers.items()) if pctl[base] < seq]
-        return f"; rank(s) {', '.join(map(str, late))} had not started collective #{seq}" if late else ""
+        return (f"; rank(s) {', '.join(map(str, late))} had not started {coll_name(self.sig, self.sig_seq_number)}"
+                if late else "")
 
     # ---- waiting ----
     def wait_ge(self, mv: memoryview, idx: int, target: int, peer: int, what: Any, base: int = 0) -> None:

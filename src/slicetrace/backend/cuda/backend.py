@@ -18,7 +18,7 @@ from ...errors import BackendError, MismatchError, PeerError, UsageError
 from ...rendezvous import Store
 from ...stamps.layout import RingViews
 from ..base import DTYPES, Backend, P2pLedger, Work, quiet_thread
-from ..opsig import SigTable
+from ..opsig import SigTable, coll_name
 from ..procs import PeerWatch
 from . import buffers, clock
 from .args import KernelArgs, auto_channels
@@ -199,7 +199,8 @@ class CudaBackend(Completion, Backend, KernelArgs):
             return self._launch(work, stream, sig)
         except BaseException as e:      # numbered but not launched: the peers' kernels would pair off by one
             if sig is not None:
-                self.abort(f"rank {self.rank}: collective #{sig[0]} failed before its launch: {type(e).__name__}: {e}")
+                self.abort(f"rank {self.rank}: {coll_name(sig, work.seq_number)} failed before its launch: "
+                           f"{type(e).__name__}: {e}")
             raise
 
     def _launch(self, work: Work, stream: int, sig: tuple | None) -> Token:
