@@ -78,6 +78,16 @@ class Emitter:
             return False
         return True
 
+    def _count_disabled(self, s: _Slot, op: _Op, real: int) -> None:
+        """The begin-side events (types in `real`) of op that disabled plugin s would have got, counted
+        plugin_disabled in bulk: the events _emit_begin would start for it, without a descriptor made."""
+        n_p2p = op.n_p2p
+        n_coll = len(op.tasks) - n_p2p
+        s.counts["plugin_disabled"] += (
+            (1 if real & _GA else 0) + (n_coll if real & _CA else 0) + (n_p2p if real & _PA else 0)
+            + (1 if real & _KL else 0) + (1 if real & _B.GROUP else 0) + (n_coll if real & _B.COLL else 0)
+            + (n_p2p if real & _B.P2P else 0))
+
     def _start(self, i: int, descr: Any, parent: Any) -> Any:
         """Start one event for plugin i under `parent` (a handle, None = dropped parent, or _OFF = none)."""
         s = self._slots[i]

@@ -5,7 +5,7 @@ plugin's version knows and to the op's mask) in `begin_op`, emits API/Group/Coll
 records into KernelCh events and KernelStep batches. A Coll/P2p stops when its last KernelCh record arrived
 (ts = the latest done_ns of its KernelCh records), or at `end_op`. Children of a None (dropped) parent handle are dropped and
 counted. A plugin that raises never breaks communication: the error is logged once, counted, and the plugin
-is disabled after `max_failures` exceptions.
+is disabled after `max_failures` exceptions (each event it would have got from then on is counted plugin_disabled).
 
 Threads: begin_op runs on the user thread; channel/steps/batch/end_op(s)/drop on the drain thread (the user's on
 the inline cpu drain, inside flush and close, and at exit). One lock serialises them, so plugins are called by one
@@ -85,10 +85,11 @@ class EventHost(Emitter, PollRuns, Accounts):
 
     # ---- masks ----
     def _pmask(self, s: _Slot) -> int:
-        return 0 if s.disabled else effective_mask(s.lp.mask) & s.lp.known_types
+        return effective_mask(s.lp.mask) & s.lp.known_types
 
     def op_mask(self) -> int:
-        """Mask snapshot for a new op: union of the plugins' live masks, parents included."""
+        """Mask snapshot for a new op: union of the plugins' live masks, parents included. A disabled plugin's
+        mask stays in: its ops' records are still made, so that each one it misses is counted plugin_disabled."""
         m = 0
         for s in self._slots:
             m |= self._pmask(s)
@@ -118,8 +119,7 @@ class EventHost(Emitter, PollRuns, Accounts):
         if info.mask is None:
             info.mask = self.op_mask()
         slots, tag = self._slots, info.tag
-        lives = ([0 if slots[0].disabled else slots[0].lp.mask] if len(slots) == 1     # one plugin: no comprehension
-                 else [0 if s.disabled else s.lp.mask for s in slots])
+        lives = [slots[0].lp.mask] if len(slots) == 1 else [s.lp.mask for s in slots]   # one plugin: no comprehension
         pms = self._pms.get(key := (info.mask, *lives))        # the same few masks op after op
         if pms is None:
             pms = tuple(effective_mask(m) & s.lp.known_types & info.mask if m else 0 for s, m in zip(slots, lives))
@@ -132,7 +132,12 @@ class EventHost(Emitter, PollRuns, Accounts):
         self._ops[tag] = op           # first: a Ctrl-C in a plugin's start leaves what started to end_op or close
         for i, pm in enumerate(pms):
             if pm:
-                self._emit_begin(i, op, pm if slots[i].lp.passthrough is None else pm & lives[i], lives[i])
+                s = slots[i]
+                real = pm if s.lp.passthrough is None else pm & lives[i]
+                if s.disabled:      # its KernelCh/KernelSteps are counted where they arrive (handles stay _OFF)
+                    self._count_disabled(s, op, real)
+                else:
+                    self._emit_begin(i, op, real, lives[i])
 
     def _route(self, op: _Op, recs: np.ndarray) -> list[tuple[_Task, Any]]:
         """(task, row selection or None = all rows) per task that has records. Each record goes to one task:
