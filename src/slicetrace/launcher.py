@@ -20,6 +20,7 @@ from .api_checks import as_index
 from .config import Settings, dist_env, job_attempt, job_rank, job_world_size, quiet_unknown
 from .errors import ConfigError, LaunchError, SliceTraceError, UsageError, ours
 from .launch_checks import launch_settings
+from . import launch_signals
 from .launch_signals import (CLOSE_SIGNAL, ORPHAN_GRACE_S, _asked_to_close, _hold_signals, _interrupted,
                              _let_ranks_close, _no_interrupts, _QuietContext, _release_signals, _remove_job_shm,
                              _start_watch, _terminate_as_exit, _terminated)
@@ -210,6 +211,17 @@ def _leave_if_forked(me: int, exc: BaseException | None = None) -> None:
         os._exit(code)
 
 
+def _close_stuck(procs: list, stuck: set[int], started: set[int], held: dict | None, errors: dict[int, str]) -> None:
+    """Ranks still running at the deadline are asked to close (CLOSE_SIGNAL: their close writes the plugins'
+    traces) and get INTERRUPT_GRACE_S to end before the SIGKILL; each one's error says which it was."""
+    asked = sorted(stuck & started)         # one that has not reached fn has no handler: the signal would kill it
+    _let_ranks_close([procs[r] for r in asked], held, CLOSE_SIGNAL)
+    for r in sorted(stuck):
+        errors[r] += (" and was killed (it had not started fn)" if r not in asked else
+                      f"; asked to close, it was still running {launch_signals.INTERRUPT_GRACE_S:g} s later and "
+                      f"was killed" if procs[r].is_alive() else "; asked to close, it closed")
+
+
 def _lead(k: int, errors: dict, dead: set, stuck: set) -> tuple:
     """Sort key for the rank where a failure began: one the launcher found dead (its own finding, never a match on
     error text: a user's message may say "died"), then one whose own error it is, then a peer's failure relayed,
@@ -222,10 +234,12 @@ def _lead(k: int, errors: dict, dead: set, stuck: set) -> tuple:
 def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None = None, **settings: Any) -> list[Any]:
     """Run fn(comm, *args) in `nranks` spawned processes; return the results in rank order.
 
-    A failing or dead rank makes every other rank fail within settings.timeout_s; survivors are killed timeout_s
-    + 5 s after the first failure (or after join_timeout_s in all), the job's shared memory is removed, and a
+    A failing or dead rank makes every other rank fail within settings.timeout_s; survivors are asked to close
+    timeout_s + 5 s after the first failure (or after join_timeout_s in all), as on Ctrl-C, so that their profiler
+    plugins write their traces, and killed if still running 10 s later; the job's shared memory is removed, and a
     LaunchError leads with the rank where the failure began (`.errors`: each rank that did not return: its error
-    and traceback, or how it ended: died, exited without a result, killed while still running).
+    and traceback, or how it ended: died, exited without a result, asked to close while still running, and whether it then closed
+    or was killed).
     """
     nranks, s = launch_settings(fn, nranks, args, join_timeout_s, settings)
     ctx = _QuietContext()
@@ -250,7 +264,7 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
         heads: dict[int, str] = {}              # rank -> its error's "Type: message", without the traceback
         started: set[int] = set()
         dead: set[int] = set()                  # ranks the launcher found gone without a word: where it began
-        stuck: set[int] = set()                 # ranks the launcher killed: they only waited on the others
+        stuck: set[int] = set()                 # ranks still running at the deadline: asked to close
 
         def read(c, r: int) -> bool:
             """One message of rank r; False once its pipe has nothing more to say."""
@@ -322,7 +336,7 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
                     first_rank = min(errors, key=lambda k: _lead(k, errors, dead, stuck))
                     for r in [r for r in range(nranks) if r not in results and r not in errors]:  # had their timeout
                         errors[r] = (f"rank {r} was still running {now - first_fail:.1f} s after rank {first_rank} "
-                                     f"failed (timeout_s={s.timeout_s:g} + 5 s) and was killed")
+                                     f"failed (timeout_s={s.timeout_s:g} + 5 s)")
                         stuck.add(r)
                     break
                 if join_timeout_s is not None and now - start > join_timeout_s:
@@ -345,6 +359,8 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
                 if interrupted:
                     _let_ranks_close([p for r, p in enumerate(procs) if r in started], held,
                                      CLOSE_SIGNAL if ignored else signal.SIGINT)   # ignored SIGINT: ranks too
+                elif stuck:     # asked first, as on Ctrl-C: a hung rank's trace is the one its user needs
+                    _close_stuck(procs, stuck, started, held, errors)
                 for p in procs:
                     if p.is_alive():
                         p.kill()

@@ -397,7 +397,7 @@ def test_a_join_timeout_keeps_the_errors_of_ranks_that_already_failed():
         slicetrace.launch(_raises_while_rank_1_sleeps, 2, backend="cpu", timeout_s=60, join_timeout_s=20)
     msg = str(e.value)
     assert msg.startswith("rank 0 failed: ValueError: rank 0 failed first\nTraceback"), msg
-    assert "other ranks: {1: 'rank 1 still running after join_timeout_s=20'}" in msg
+    assert "other ranks: {1: 'rank 1 still running after join_timeout_s=20; asked to close, it closed'}" in msg
     assert e.value.errors[0].startswith("ValueError: rank 0 failed first\n")
 
 

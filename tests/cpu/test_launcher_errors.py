@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 import slicetrace
+from slicetrace import launch_signals
+from slicetrace.analyze.trace import check_trace, load_trace
 from slicetrace.errors import PeerError
 
 # timeout_s also bounds each rank's set-up rendezvous, which a short one made race the spawned ranks' import skew
@@ -84,13 +86,53 @@ def test_a_rank_killed_for_running_on_after_a_failure_has_an_error_saying_so(tmp
     msg, errs = str(e.value), e.value.errors
     assert msg.startswith("rank 0 failed: ValueError: rank 0 failed first\nTraceback"), msg
     assert sorted(errs) == [0, 1], errs
-    m = re.fullmatch(rf"rank 1 was still running (\d+\.\d) s after rank 0 failed \(timeout_s={TIMEOUT:g} \+ 5 s\) "
-                     r"and was killed", errs[1])
+    m = re.fullmatch(rf"rank 1 was still running (\d+\.\d) s after rank 0 failed \(timeout_s={TIMEOUT:g} \+ 5 s\); "
+                     r"asked to close, it closed", errs[1])
     assert m and float(m.group(1)) >= TIMEOUT + 5, errs[1]       # killed no sooner than the launcher promises
     assert f"other ranks: {{1: {errs[1]!r}}}" in msg, msg
     pid = int((tmp_path / "rank1.pid").read_text())
     with pytest.raises(ProcessLookupError):         # killed and reaped, not left sleeping
         os.kill(pid, 0)
+
+
+def _rank_1_hangs_after_profiled_ops(comm, hold):
+    x = np.ones(1 << 12, np.float32)
+    for _ in range(5):
+        comm.all_reduce(x, x)
+    if comm.rank == 0:
+        raise ValueError("rank 0 failed first")
+    try:
+        time.sleep(120)             # a hung rank (user code): the launcher's deadline ends it
+    except KeyboardInterrupt:
+        if hold:                    # one that does not close when asked
+            time.sleep(120)
+        raise
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_hung_at_the_deadline_is_asked_to_close_and_its_trace_is_written(tmp_path):
+    """Before, the hung rank was SIGKILLed at the deadline: its trace, the one that shows where it hung, had only
+    its header."""
+    with pytest.raises(slicetrace.LaunchError) as e:
+        slicetrace.launch(_rank_1_hangs_after_profiled_ops, 2, False, timeout_s=TIMEOUT, join_timeout_s=JOIN,
+                          profiler_plugin="example", profile_dump_file=str(tmp_path / "t"))
+    assert e.value.errors[1].endswith("; asked to close, it closed"), e.value.errors[1]
+    [f1] = tmp_path.glob("t_*_1.json")
+    recs = load_trace(f1)           # validated: a whole file, its closing ']' included
+    assert check_trace(recs) == []
+    assert sum(r.get("name") == "KernelStep" for r in recs) > 0 and sum(r.get("cat") == "COLL" and r.get("ph") == "b" for r in recs) == 5
+
+
+@pytest.mark.timeout(60)
+def test_a_hung_rank_that_does_not_close_when_asked_is_killed_after_the_grace(tmp_path, monkeypatch):
+    monkeypatch.setattr(launch_signals, "INTERRUPT_GRACE_S", 2.0)
+    t0 = time.monotonic()
+    with pytest.raises(slicetrace.LaunchError) as e:
+        slicetrace.launch(_rank_1_hangs_after_profiled_ops, 2, True, timeout_s=TIMEOUT, join_timeout_s=JOIN)
+    assert re.fullmatch(rf"rank 1 was still running [\d.]+ s after rank 0 failed \(timeout_s={TIMEOUT:g} \+ 5 s\); "
+                        r"asked to close, it was still running 2 s later and was killed", e.value.errors[1]), \
+        e.value.errors[1]
+    assert time.monotonic() - t0 < 50         # the grace is bounded: not the rank's 120 s
 
 
 def _rank_1_exits_0(comm):
@@ -187,8 +229,8 @@ def test_a_killed_low_rank_neither_leads_nor_is_blamed_on_a_relaying_rank():
     with pytest.raises(PeerError) as e:
         slicetrace.launch(_low_rank_stuck, 3, backend="cpu", timeout_s=TIMEOUT)
     assert str(e.value).startswith("rank 2 failed: ValueError: rank 2's own error"), str(e.value)
-    assert re.fullmatch(rf"rank 0 was still running [\d.]+ s after rank 2 failed \(timeout_s={TIMEOUT:g} \+ 5 s\) "
-                        r"and was killed", e.value.errors[0]), e.value.errors[0]
+    assert re.fullmatch(rf"rank 0 was still running [\d.]+ s after rank 2 failed \(timeout_s={TIMEOUT:g} \+ 5 s\); "
+                        r"asked to close, it closed", e.value.errors[0]), e.value.errors[0]
 
 
 # ---- init(): torchrun's variables only when used; a job id per call ----
