@@ -704,3 +704,27 @@ def test_an_output_file_whose_write_fails_is_one_line_naming_its_flag(tmp_path, 
     assert main([argv[0], prefix, argv[1], "/dev/full"]) == 2
     assert capsys.readouterr().err == f"slicetrace: error: {argv[1]} '/dev/full': cannot write the file (No space " \
         "left on device)\n"
+
+
+def test_a_bench_run_that_fails_part_way_writes_its_rows_so_far_exits_1_and_names_its_traces(tmp_path, capfd,
+                                                                                           monkeypatch):
+    """Before, --json wrote nothing when the run failed, the `# traces:` line was missing though the traces were
+    written, and the exit status was 2, as for a bad flag."""
+    monkeypatch.setenv("SLICETRACE_PROFILER_PLUGIN", "tests.helpers.plugins:Rank1DiesAtColl12")
+    out = tmp_path / "r.json"
+    rc = main(["bench", "-b", "4K", "-e", "1M", "-n", "2", "-w", "1", "--trace", str(tmp_path / "tr"),
+               "--json", str(out), "-T", "10"])
+    text, err = capfd.readouterr()
+    assert rc == 1, err
+    doc = json.load(open(out))
+    assert doc["complete"] is False and doc["incomplete"].startswith("failed: rank 1 failed: rank 1 died with exit "
+                                                                      "code 3"), doc["incomplete"]
+    assert 1 <= len(doc["rows"]) < 9 and [r["size"] for r in doc["rows"]] == [4096 << i for i in range(len(doc["rows"]))]
+    note = text.split("# traces: ", 1)[1]
+    assert note.startswith(str(tmp_path / "tr")) and "(2 file(s), cut short when the run failed: " in note, note
+
+
+def test_a_bench_run_that_completes_says_so_in_its_json(tmp_path):
+    out = tmp_path / "r.json"
+    assert main(["bench", "-b", "4K", "-e", "4K", "-n", "1", "-w", "0", "--ranks", "1", "--json", str(out)]) == 0
+    assert json.load(open(out))["complete"] is True

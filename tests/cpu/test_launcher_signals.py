@@ -4,6 +4,7 @@ server stop within seconds and the job's shared memory is removed.
 Other test runs on the machine create and remove st_* segments at the same time, so the checks look only at the
 segments this job's ranks have mapped (/proc/<pid>/maps), never at every st_* segment that appeared meanwhile."""
 import glob
+import json
 import os
 import re
 import signal
@@ -164,10 +165,39 @@ def test_ctrl_c_stops_bench_with_a_message_and_no_traceback_and_the_traces_writt
     assert _left_of_job(ours) == set()                   # removed before the launcher exited: no waiting
     files = sorted(glob.glob(str(tmp_path / "tr" / "trace_*_*.json")))
     assert len(files) == 2
+    assert any(ln.startswith("# traces: ") and "(2 file(s); " in ln for ln in rows), rows   # was left out
     for f in files:
         assert check_trace(f) == [], f
         assert open(f).read().endswith("]\n"), f               # finalized, not cut short
         assert len(kernel_steps(load_traces([f]))) >= 8      # at least the warm-up op's slices
+
+
+def test_a_terminated_bench_writes_the_rows_so_far_to_its_json_marked_incomplete(tmp_path):
+    """Before, SIGTERM after 143 rows left no --json file at all."""
+    out = tmp_path / "r.json"
+    p = subprocess.Popen([sys.executable, "-m", "slicetrace.cli.main", "bench", "-b", "4K", "-e", "4K", "-n", "2",
+                          "-w", "1", "-N", "1000000", "--json", str(out)], stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, start_new_session=True)
+    rows: list[str] = []
+    two = threading.Event()
+
+    def read_rows():
+        for line in p.stdout:
+            rows.append(line.decode(errors="replace"))
+            if sum(r.strip().startswith("4096") for r in rows) >= 2:
+                two.set()
+    threading.Thread(target=read_rows, daemon=True).start()
+    try:
+        assert two.wait(120), f"no rows from the bench: {rows}"
+        os.killpg(p.pid, signal.SIGTERM)
+        p.wait(timeout=30)
+    finally:
+        _reap(p)
+    assert p.returncode == 143
+    doc = json.loads(out.read_text())
+    assert doc["complete"] is False and doc["incomplete"] == "terminated (SIGTERM)"
+    assert len(doc["rows"]) >= 2 and all(r["size"] == 4096 and r["wrong"] == 0 for r in doc["rows"])
+    assert [r["cycle"] for r in doc["rows"]] == list(range(len(doc["rows"])))
 
 
 # ---- init() checks rank and world_size before any store is used (a bad rank used to wait out the timeout) ----

@@ -34,3 +34,20 @@ class CtorFails(NoopPlugin):
 
     def __init__(self, settings):
         raise ValueError("needs a license file")
+
+
+class Rank1DiesAtColl12(NoopPlugin):
+    """Rank 1 dies (os._exit) as its 12th profiled collective starts: a run that fails part way through."""
+    name = "rank1_dies"
+
+    def init(self, comm, mask):
+        from slicetrace.events.abi import EventType
+        mask.value = int(EventType.COLL)
+        return None
+
+    def start_event(self, ctx, descr):
+        from slicetrace.events.abi import CollDescr
+        if isinstance(descr, CollDescr) and descr.rank == 1 and descr.seq_number >= 12:
+            import os
+            os._exit(3)
+        return None

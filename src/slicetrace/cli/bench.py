@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import UsageError, plural
 from ..events.abi import EventType
+from .outputs import log_row
 from .sweep import avg_atol, busbw_factor, counts, distinct_sizes, make_input, np_dtype, rank_bytes, reference, wrong
 from .table import HEADER, UNITS, format_row
 
@@ -227,6 +228,7 @@ def bench_rank(comm, o: dict) -> tuple[list[dict], list[str]]:
                             if cycles != 1:
                                 row["cycle"] = cyc
                             rows.append(row)
+                            log_row(o.get("rows_file"), row)     # --json's rows if the run fails later
                             say(format_row(row, ref is not None, o["overhead"]))
                         if progress is not None:
                             progress.advance(task)

@@ -59,7 +59,7 @@ def check_flags(a: argparse.Namespace) -> list[str]:
     if a.run_cycles == 0 and a.json is not None:
         raise SliceTraceError(f"--json {a.json!r} with -N 0: a run without end never writes it; give -N a count")
     if a.timeout is not None and not a.timeout > 0:
-        raise SliceTraceError(f"-T {a.timeout} must be > 0 seconds (nccl-tests' -T 0, no timeout, is not offered: "
+        raise SliceTraceError(f"-T {a.timeout:g} must be > 0 seconds (nccl-tests' -T 0, no timeout, is not offered: "
                               f"every wait here has a timeout)")
     if a.timeout is not None and a.timeout < 1:     # -T 0.001 failed at the rendezvous, naming only timeout_s
         raise UsageError(f"-T {a.timeout:g} must be >= 1 second: {_WHY_1S} (nccl-tests' -T takes whole seconds too)")

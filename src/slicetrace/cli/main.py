@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -15,7 +16,7 @@ from ..events.abi import parse_mask
 from ..events.loading import load_plugins
 from ..launch_signals import _terminate_as_exit
 from .benchflags import backend_source, bench_settings, check_flags, has_example, timeout_hint
-from .outputs import dump_files, trace_note, writable_folder, write_json
+from .outputs import dump_files, logged_rows, rows_log, trace_note, writable_folder, write_json
 from .sweep import (DTYPE_ALIASES, OPS, all_dtypes, available_memory, bench_dtype, memory_check, parse_size,
                     shm_check, sizes)
 from .trace_cmds import run_convert, run_report
@@ -84,6 +85,22 @@ def _brief(e: SliceTraceError) -> str:
     return "; ".join(f"rank {r}: {str(v).splitlines()[0]}" for r, v in sorted(errs.items()))
 
 
+# bench's exit status (--help's epilog and the README say the same): argparse's 2 for what is refused
+USAGE, RUN_FAILED = 2, 1
+EXIT_CODES = ("exit status: 0 done; 1 the run failed (a rank failed or was killed, a -T timeout) or a result was "
+              "wrong; 2 refused: bad flags, settings or input; 130 interrupted (Ctrl-C), 143 terminated (SIGTERM)")
+
+
+def _exit_code(a: argparse.Namespace, e: SliceTraceError) -> int:
+    """bench's run that failed (a LaunchError) is RUN_FAILED, unless the rank it leads with refused its input (its
+    first line is "rank R failed: Type: message"; a size too large for memory is found there); what is refused
+    before the ranks start, and the other commands' errors, USAGE."""
+    lead = str(e).split("\n", 1)[0].split(" failed: ", 1)[-1].split(":", 1)[0]
+    if a.cmd == "bench" and isinstance(e, errors.LaunchError) and lead not in ("UsageError", "ConfigError"):
+        return RUN_FAILED
+    return USAGE
+
+
 # nccl-tests' flags without a counterpart here: a hint, not argparse's bare "unrecognized arguments"
 _NCCL_TESTS_ONLY = {
     ("-t", "--nthreads"): "one process runs each rank here; give the rank count with --ranks N",
@@ -105,7 +122,8 @@ class _NcclTestsOnly(argparse.Action):
 
 
 def _bench_parser(sub) -> None:
-    p = sub.add_parser("bench", help="nccl-tests-style sweep on the cpu (default) or cuda backend")
+    p = sub.add_parser("bench", help="nccl-tests-style sweep on the cpu (default) or cuda backend",
+                       epilog=EXIT_CODES)
     for short, _ in _NCCL_TESTS_ONLY:      # short only: --parallel_init would make --p, --pro ambiguous
         p.add_argument(short, nargs="?", action=_NcclTestsOnly, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     p.add_argument("-b", "--minbytes", default="4K", help="smallest size (default 4K)")
@@ -213,12 +231,21 @@ def run_bench(a: argparse.Namespace) -> int:
                              f"file of its own, e.g. {a.json}.json")
         writable_folder(flag, path)
     traces_before = dump_files(folder, stem) if dump else {}
-    results = launch(bench_rank, nranks, opts, **overrides)
-    rows = results[0][0]
-    active = [p for p in plugins if all(p in got for _, got in results)]     # past init on every rank
+    failed, active = None, plugins
+    opts["rows_file"] = rows_file = rows_log(a.json)
+    try:
+        results = launch(bench_rank, nranks, opts, **overrides)
+        rows = results[0][0]
+        active = [p for p in plugins if all(p in got for _, got in results)]     # past init on every rank
+    except (SliceTraceError, KeyboardInterrupt, SystemExit) as e:   # what was measured is still written, then e
+        failed, rows = e, logged_rows(rows_file) if rows_file else []
+    finally:
+        if rows_file is not None:
+            with contextlib.suppress(OSError):
+                os.remove(rows_file)
     bad_rows = [r for r in rows if (r["wrong"] or 0) > 0]       # None: unchecked (-c 0)
     summary = summarize(rows, bool(a.check))
-    for line in format_summary(summary, a.compare):
+    for line in format_summary(summary, a.compare) if failed is None else ():
         say(line)
     if a.json is not None:
         # what profiling ran: a bare --profile (-1) and no --profile both read null before; the mask is the example
@@ -232,13 +259,31 @@ def run_bench(a: argparse.Namespace) -> int:
                                                      "unloaded_plugins": [p for p in plugins if p not in active],
                                                      "main_profiled": bool(active) and not opts["main_unprofiled"]},
                                        "env": _provenance(s.backend, nranks, a.compare), "rows": rows,
-                                       "summary": summary})
+                                       "summary": summary, **_completeness(failed)})
     if dump is not None:
-        say(trace_note(folder, traces_before, s.profiler_plugin, s.profile_event_mask, stem, what))
+        try:
+            say(trace_note(folder, traces_before, s.profiler_plugin, s.profile_event_mask, stem, what,
+                           failed is not None))
+        except SliceTraceError:
+            if failed is None:
+                raise                   # a failed run that wrote no trace: its own error says why
+    if failed is not None:
+        raise failed
     if bad_rows:
         print(f"# {len(bad_rows)} size(s) had wrong results", file=sys.stderr)
         return 1
     return 0
+
+
+def _completeness(failed: BaseException | None) -> dict:
+    """--json's mark: complete, or the rows measured before the run failed or was stopped, and why."""
+    if failed is None:
+        return {"complete": True}
+    if isinstance(failed, SliceTraceError):
+        why = f"failed: {str(failed).splitlines()[0]}"
+    else:
+        why = "interrupted (Ctrl-C)" if isinstance(failed, KeyboardInterrupt) else "terminated (SIGTERM)"
+    return {"complete": False, "incomplete": why}
 
 
 def _json_value(v):
@@ -296,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     except SliceTraceError as e:
         hint = timeout_hint(a, e) if a.cmd == "bench" else ""
         print(f"slicetrace: error: {_brief(e)}{hint}", file=sys.stderr)
-        return 2
+        return _exit_code(a, e)
     except KeyboardInterrupt:
         print("slicetrace: interrupted", file=sys.stderr)
         return 130

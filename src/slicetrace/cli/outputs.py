@@ -9,10 +9,12 @@ import math
 import os
 import re
 import sys
+import tempfile
 import time
 from typing import Iterator
 
 from ..analyze.atomic import STDOUT, atomic_open
+from ..config import temp_dir
 from ..errors import SliceTraceError, UsageError
 from ..events.abi import EventType
 from ..launch_checks import unwritable
@@ -98,6 +100,34 @@ def write_json(flag: str, path: str, obj) -> None:
         json.dump(_finite(obj), f, indent=1, allow_nan=False)
 
 
+def rows_log(json_path: str | None) -> str | None:
+    """A temporary file rank 0 appends each bench row to (one JSON line), so that --json still gets the rows measured
+    before a failure or an interrupt; None without --json."""
+    if json_path is None:
+        return None
+    fd, path = tempfile.mkstemp(prefix="slicetrace_rows_", suffix=".jsonl", dir=temp_dir())
+    os.close(fd)
+    return path
+
+
+def log_row(path: str | None, row: dict) -> None:
+    if path is not None:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(_finite(row)) + "\n")
+
+
+def logged_rows(path: str) -> list[dict]:
+    """The rows rank 0 logged; a last line cut short (the rank killed mid-write) is left out."""
+    rows = []
+    with contextlib.suppress(OSError), open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                break
+    return rows
+
+
 def dump_files(folder: str, stem: str = "trace") -> dict[str, tuple[int, int]]:
     """The dump files <folder>/<stem>_<commHash>_<rank>.json, with what tells a rewritten one (mtime, size)."""
     out = {}
@@ -123,10 +153,11 @@ def _complete(path: str) -> bool:
 
 
 def trace_note(folder: str, before: dict[str, tuple[int, int]], plugins: str | None, mask: int | None,
-               stem: str = "trace", what: str | None = None) -> str:
+               stem: str = "trace", what: str | None = None, failed: bool = False) -> str:
     """The line naming the trace files this run wrote (those new or changed since `before`); none is an error,
     naming the effective plugins and event mask (SLICETRACE_PROFILER_PLUGIN, SLICETRACE_PROFILE_EVENT_MASK), and
-    so is a file its plugin did not finish. what: where the files' prefix came from (default --trace's folder)."""
+    so is a file its plugin did not finish, unless the run failed (failed: its ranks may have been killed mid-write;
+    the line names those files). what: where the files' prefix came from (default --trace's folder)."""
     what = what or f"--trace {folder!r}"
     now = dump_files(folder, stem)
     written = sorted(f for f, st in now.items() if before.get(f) != st)
@@ -139,7 +170,7 @@ def trace_note(folder: str, before: dict[str, tuple[int, int]], plugins: str | N
         time.sleep(0.3)
         again = dump_files(folder, stem)
         broken = [f for f in broken if again.get(f) == now[f]]
-    if broken:
+    if broken and not failed:
         raise SliceTraceError(f"{what}: {len(broken)} of the {len(written)} trace file(s) this run "
                               f"wrote are incomplete (no closing ']'): {', '.join(broken)}; their profiler plugin "
                               f"failed to finish them (a failed write, e.g. a full disk: see the error its rank "
@@ -152,5 +183,6 @@ def trace_note(folder: str, before: dict[str, tuple[int, int]], plugins: str | N
     chs = mask is None or mask & (EventType.KERNEL_CH | EventType.COLL) == EventType.KERNEL_CH | EventType.COLL
     report = (f"links, waits and stragglers: slicetrace report {sel}" if steps or chs else
               f"slicetrace report needs KernelStep, or KernelCh with Coll, in the event mask ({mask})")
-    return (f"# traces: {names} ({len(written)} file(s); open in https://ui.perfetto.dev; all ranks in one"
+    cut = f", cut short when the run failed: {', '.join(broken)}" if broken else ""
+    return (f"# traces: {names} ({len(written)} file(s){cut}; open in https://ui.perfetto.dev; all ranks in one"
             f"{', with send -> receive arrows' if steps else ''}: slicetrace convert {sel} -o run.pftrace; {report})")
