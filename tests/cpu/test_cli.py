@@ -110,6 +110,7 @@ def test_nccl_tests_habits_get_their_meaning_or_a_hint(tmp_path, capsys):
     assert main(["bench", "--op", "prod", "--ranks", "1"]) == 2
     assert "the reduction is -o/--redop (nccl-tests' --op)" in capsys.readouterr().err
     assert main(["bench", "-T", "0", "--ranks", "1"]) == 2
+    assert "-T 0 must be > 0 seconds" in capsys.readouterr().err          # as typed (was 0.0)
     assert "every wait here has a timeout" in capsys.readouterr().err
     trace = tmp_path / "t"
     assert main(["bench", "--trace", str(trace), "--profile", "0", "--ranks", "1"]) == 2
@@ -220,7 +221,7 @@ def test_profile_mask_takes_event_type_names():
         _mask("Coll|KernelStp")
 
 
-def test_overhead_reports_the_median_inside_the_rounds_spread(tmp_path):
+def test_overhead_reports_the_median_inside_the_rounds_spread(tmp_path, capfd):
     out = tmp_path / "o.json"
     assert main(["bench", "-b", "64K", "-e", "64K", "-n", "5", "-w", "1", "-c", "0", "--overhead", "--rounds", "5",
                  "--json", str(out)]) == 0
@@ -231,6 +232,9 @@ def test_overhead_reports_the_median_inside_the_rounds_spread(tmp_path):
     assert lo <= row["overhead_pct"] <= hi
     # 5 rounds make 3 ratios: the interval is the whole sample, which covers the median 75 % of the time, and says so
     assert row["overhead_ratios"] == 3 and row["overhead_ci_coverage_pct"] == 75.0
+    text = capfd.readouterr().out                   # the header names the interval the rows print (was 95 %)
+    assert "overhead [75% CI of the median]" in text and "95% CI" not in text, text
+    assert f"[{lo:.1f}, {hi:.1f}] (3 ratios; --rounds 12 for 95%)" in text, text
     assert row["profiled_us"] > 0 and row["unprofiled_us"] > 0
 
 

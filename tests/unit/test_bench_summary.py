@@ -136,3 +136,27 @@ def test_times_and_the_average_print_as_nccl_tests_prints_them():
            for t in (12.345, 123.45, 12345.6)]
     assert got == [["12.35", "12.35"], ["123.5", "123.5"], ["12346", "12346"]]
     assert format_summary({"out_of_bounds": 0, "avg_busbw": 0.000123}, None)[1] == "# Avg bus bandwidth    : 0.000123"
+
+
+def _overhead_row(ratios: int, lo: float, hi: float) -> dict:
+    row = {"size": 4096, "count": 1024, "type": "float32", "redop": "sum", "root": -1, "time_us": 10.0,
+           "algbw": 1.0, "busbw": 1.0, "wrong": 0, "overhead_pct": -20.9, "overhead_ci95_pct": [lo, hi],
+           "overhead_ratios": ratios}
+    from slicetrace.cli.table import ci_coverage_pct
+    if ratios < 6:
+        row["overhead_ci_coverage_pct"] = ci_coverage_pct(ratios)
+    return row
+
+
+@pytest.mark.parametrize("ratios, header, tail", [
+    (1, "[1 ratio: no interval]", "-20.90% (1 ratio: no interval; --rounds 12 for 95%)"),
+    (2, "[50% CI of the median]", "-20.90% [-25.0, -10.0] (2 ratios; --rounds 12 for 95%)"),
+    (3, "[75% CI of the median]", "-20.90% [-25.0, -10.0] (3 ratios; --rounds 12 for 95%)"),
+    (6, "[95% CI of the median]", "-20.90% [-25.0, -10.0]")])
+def test_the_overhead_header_and_rows_name_the_same_interval_and_one_ratio_shows_none(ratios, header, tail):
+    """Before, the header always said 95 % while rows said '(50% CI: 2 ratios)', and one ratio printed a 0 %
+    interval as the range [-20.9, -20.9]."""
+    from slicetrace.cli.table import ci_words, format_row
+    lo, hi = (-20.9, -20.9) if ratios == 1 else (-25.0, -10.0)
+    assert f"[{ci_words(ratios)}]" == header
+    assert format_row(_overhead_row(ratios, lo, hi), False, True).endswith("  " + tail)

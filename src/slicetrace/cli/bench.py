@@ -17,7 +17,7 @@ from ..errors import UsageError, plural
 from ..events.abi import EventType
 from .outputs import log_row
 from .sweep import avg_atol, busbw_factor, counts, distinct_sizes, make_input, np_dtype, rank_bytes, reference, wrong
-from .table import HEADER, UNITS, format_row
+from .table import HEADER, UNITS, ci_coverage_pct, ci_words, format_row
 
 _NO_STEPS = ~int(EventType.KERNEL_STEP) & ((1 << 32) - 1)   # every event type but KernelStep
 
@@ -191,7 +191,7 @@ def bench_rank(comm, o: dict) -> tuple[list[dict], list[str]]:
             + (", overhead of KernelStep (profiled with it / without it)" if o["overhead"]
                and o.get("overhead_of") == "kernel_step" else ""))
         say(HEADER + ("  {:>8} {:>8} {:>6}".format("ref_us", "ref_bus", "ratio") if ref else "")
-            + ("  {:>9} {}".format("overhead", "[95% CI of the median]") if o["overhead"] else ""))
+            + ("  {:>9} [{}]".format("overhead", ci_words((o["rounds"] + 1) // 2)) if o["overhead"] else ""))
         say(UNITS)
         if sys.stderr.isatty():
             from rich.progress import Progress
@@ -364,7 +364,7 @@ def _one(comm, op, nbytes, dtype, o, xp, to_dev, to_host, sync, ref, key):
         nr = (o.get("rounds", 12) + 1) // 2
         row["overhead_ratios"] = nr
         if nr < 6:                      # the interval is the whole sample: it covers the median 1 - 2/2**n only
-            row["overhead_ci_coverage_pct"] = (1 - 2 / 2 ** nr) * 100
+            row["overhead_ci_coverage_pct"] = ci_coverage_pct(nr)
     return row
 
 

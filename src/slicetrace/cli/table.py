@@ -42,9 +42,20 @@ def format_row(r: dict, ref: bool, overhead: bool) -> str:
         s += "  {:>8} {:>8.3f} {:>6}".format(us(r["ref_time_us"]), r["ref_busbw"],
                                              "N/A" if r["ratio"] is None else f"{r['ratio']:.2f}")
     if overhead:
-        s += "  {:>8.2f}% [{:.1f}, {:.1f}]".format(r["overhead_pct"], *r["overhead_ci95_pct"])
-        if "overhead_ci_coverage_pct" in r:          # fewer than 6 ratios: say what the interval covers
-            n = r["overhead_ratios"]
-            s += " ({:.0f}% CI: {} ratio{}; --rounds 12 for 95%)".format(r["overhead_ci_coverage_pct"], n,
-                                                                        "" if n == 1 else "s")
+        n = r["overhead_ratios"]
+        s += "  {:>8.2f}%".format(r["overhead_pct"])
+        if n > 1:                                   # one ratio has no interval: [x, x] would read as a certain x
+            s += " [{:.1f}, {:.1f}]".format(*r["overhead_ci95_pct"])
+        if n < 6:                                   # the header says what the interval covers
+            s += f" ({ci_words(n)}; --rounds 12 for 95%)" if n == 1 else f" ({n} ratios; --rounds 12 for 95%)"
     return s
+
+
+def ci_coverage_pct(ratios: int) -> float:
+    """How often [min, max] of n ratios covers their median, 1 - 2/2**n; from 6 ratios the interval is 95 %'s."""
+    return 95.0 if ratios >= 6 else (1 - 2 / 2 ** ratios) * 100
+
+
+def ci_words(ratios: int) -> str:
+    """--overhead's interval as the header and the rows name it."""
+    return "1 ratio: no interval" if ratios <= 1 else f"{ci_coverage_pct(ratios):.0f}% CI of the median"
