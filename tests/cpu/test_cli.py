@@ -732,3 +732,30 @@ def test_a_bench_run_that_completes_says_so_in_its_json(tmp_path):
     out = tmp_path / "r.json"
     assert main(["bench", "-b", "4K", "-e", "4K", "-n", "1", "-w", "0", "--ranks", "1", "--json", str(out)]) == 0
     assert json.load(open(out))["complete"] is True
+
+
+def test_bench_ranks_meet_after_rank_0_prints_before_their_next_op(monkeypatch):
+    """Rank 0 prints each row while the other ranks went on to the next size: it came late to that size's first
+    ops, and the trace of a healthy run named it a straggler. Every op after a printed row now waits for a barrier."""
+    import slicetrace
+    from slicetrace.cli import bench
+    log: list[str] = []
+
+    class Logged:
+        def __init__(self, comm):
+            self._comm = comm
+
+        def __getattr__(self, name):
+            v = getattr(self._comm, name)
+            if name in ("barrier", "all_reduce", "all_gather", "broadcast"):
+                log.append(name)
+            return v
+    monkeypatch.setattr(bench, "say", lambda text: log.append("row") if text[:1] != "#" else None)
+    o = {"sizes": [4096, 8192], "ops": ["all_reduce", "all_gather", "broadcast"], "dtypes": ["float32"],
+         "redops": ["sum"], "root": 0, "iters": 2, "warmup": 1, "check": True, "compare": None, "overhead": False,
+         "main_unprofiled": False, "rounds": 12, "seed": 1, "inplace": False, "average": 3, "cycles": 1}
+    with slicetrace.init(backend="cpu") as comm:
+        rows = bench.bench_rank(Logged(comm), o)
+    assert len(rows) == 6 and log.count("row") == 6
+    after = [log[i + 1] for i, x in enumerate(log[:-1]) if x == "row"]
+    assert after == ["barrier"] * 5, log
