@@ -41,3 +41,11 @@ def test_a_collective_inside_a_group_names_what_a_group_takes(call):
         with comm.group():
             got = comm.all_to_all(np.arange(4, dtype=np.float32))
         assert got.tolist() == [0, 1, 2, 3]             # one rank: its own block back
+
+
+def test_bare_slicetrace_lists_its_commands(capsys):
+    """Before: argparse's 'the following arguments are required: cmd'."""
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: slicetrace ") and "required" not in err
+    assert all(f"    {cmd} " in err for cmd in ("bench", "config", "report", "convert")), err

@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     from .. import __version__
     parser = argparse.ArgumentParser(prog="slicetrace", description=__doc__)
     parser.add_argument("--version", action="version", version=f"slicetrace {__version__}")
-    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub = parser.add_subparsers(dest="cmd")
     _bench_parser(sub)
     sub.add_parser("config", help="every SLICETRACE_* variable: effective value, raw value, meaning")
     rp = sub.add_parser("report", help="per-link bandwidth, waits and stragglers from trace files")
@@ -331,6 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     cp.add_argument("--partial", action="store_true",
                     help="convert the ranks present when the run's other ranks' files are not given (or empty)")
     a = parser.parse_args(argv)
+    if a.cmd is None:               # argparse's own word was "required: cmd": show the commands instead
+        parser.print_help(sys.stderr)
+        return 2
     # report's and convert's files are written through a temporary file: SIGTERM (timeout(1), Slurm) killed the
     # process outright and left it beside the output; as SystemExit(143) the write's cleanup removes it
     term = _terminate_as_exit() if a.cmd in ("report", "convert") else None
