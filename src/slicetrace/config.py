@@ -31,20 +31,13 @@ POOL_NAMES = ("GROUP_API", "COLL_API", "P2P_API", "KERNEL_LAUNCH", "GROUP", "COL
 DEFAULT_POOL_SIZES = {"GROUP_API": 4096, "COLL_API": 4096, "P2P_API": 4096, "KERNEL_LAUNCH": 4096,
                       "GROUP": 4096, "COLL": 4096, "P2P": 16384, "KERNEL_CH": 65536,
                       "KERNEL_STEP": 1 << 20, "PROXY_CTRL": 4096}
+LOG_LEVELS = ("WARN", "INFO", "DEBUG", "WARNING", "ERROR", "CRITICAL")   # ours, and Python's logging's names
 MAX_SECONDS = 86400.0                # any time setting: a day at most (an infinite wait would hang)
 MAX_RING_SLOTS = 1 << 24             # 1.5 GiB of stamps per channel; more fails later as a bare OSError
 MAX_BUFFSIZE = 1 << 30               # NCCL's is a few MiB: more is a typo (huge values overflowed os.ftruncate)
 
 
 DEFAULT_CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "slicetrace")
-
-
-def _cache_dir(v: str) -> str:
-    return v.strip() or DEFAULT_CACHE_DIR           # empty (${X:-} in a script): the default
-
-
-def _opt_str(v: str) -> str | None:
-    return v or None
 
 
 @dataclass(frozen=True)
@@ -67,19 +60,19 @@ VARIABLES: tuple[Var, ...] = (
     Var("SLICETRACE_PROFILE_OP_SAMPLE_RATE", "op_sample_rate", as_int, "profile the first op and every k-th op of a communicator, collectives and point-to-point groups counted apart (1..1000000, default 1 = every op); the others run unprofiled and are counted (ops_sampled_out)"),
     Var("SLICETRACE_PROFILE_MIN_BYTES", "profile_min_bytes", as_bytes, "bytes, e.g. 65536 or 64K: ops smaller than this (count x element size, as NCCL counts) run unprofiled and are counted (ops_below_min_bytes); default 0"),
     Var("SLICETRACE_DRAIN_INTERVAL_US", "drain_interval_us", as_int, "drain thread poll period in microseconds (10..1000000), cuda backend (adaptive, backs off to 16 ms; the cpu backend drains inline between ops), default 500"),
-    Var("SLICETRACE_PROFILER_PLUGIN", "profiler_plugin", _opt_str, "plugins: 'example', 'linkstats', 'module:attr', an entry point in group slicetrace.profilers, comma-separated for several, 'none' (any case) to disable"),
+    Var("SLICETRACE_PROFILER_PLUGIN", "profiler_plugin", str, "plugins: 'example', 'linkstats', 'module:attr', an entry point in group slicetrace.profilers, comma-separated for several, 'none' (any case) to disable"),
     Var("SLICETRACE_PROFILE_EVENT_MASK", "profile_event_mask", as_mask, "event mask the example plugin asks for: an integer in 0..2**32-1 or event type names, e.g. 65606 = 0x10046 = Coll|P2p|KernelCh|KernelStep (its default)"),
-    Var("SLICETRACE_PROFILE_DUMP_FILE", "profile_dump_file", _opt_str, "example plugin: trace path prefix, files are <prefix>_<commHash>_<rank>.json"),
-    Var("SLICETRACE_LINKSTATS_FILE", "linkstats_file", _opt_str, "linkstats plugin: Prometheus text file prefix, files are <prefix>_<commHash>_<rank>.prom (node_exporter textfile collector); unset = no file"),
+    Var("SLICETRACE_PROFILE_DUMP_FILE", "profile_dump_file", str, "example plugin: trace path prefix, files are <prefix>_<commHash>_<rank>.json"),
+    Var("SLICETRACE_LINKSTATS_FILE", "linkstats_file", str, "linkstats plugin: Prometheus text file prefix, files are <prefix>_<commHash>_<rank>.prom (node_exporter textfile collector); unset = no file"),
     Var("SLICETRACE_LINKSTATS_INTERVAL_S", "linkstats_interval_s", as_seconds, "linkstats plugin: seconds between rewrites of its .prom file while ops run (and once at close) (> 0, <= 86400), default 10"),
     Var("SLICETRACE_PLUGIN_MAX_FAILURES", "plugin_max_failures", as_int, "plugin exceptions before that plugin is disabled (>= 1), default 16"),
     Var("SLICETRACE_CPU_RECLAIM", "cpu_reclaim", str, "cpu: after reading a FIFO slot the receiver stores once per cache line so the sender's next write does not stall on lines shared across L3 caches: auto (default: measured per connection), on, off"),
     Var("SLICETRACE_CPU_WAIT", "cpu_wait", str, "cpu: how a rank waits for its ring neighbour: auto (default: sleep in the kernel (futex) when ranks outnumber this process's CPUs, else spin then yield), futex, spin"),
     Var("SLICETRACE_CPU_BIND", "cpu_bind", str, "cpu: bind the thread that runs a communicator's ops to a CPU of its own while it is open, when every rank can have one and runs one channel (as mpirun binds to cores): auto (default: in the rank processes slicetrace.launch and the CLI start, when they fill more than half of the CPUs; not in processes started otherwise, whose later threads and children would inherit it), on, off"),
-    Var("SLICETRACE_CACHE_DIR", "cache_dir", _cache_dir, "compiled-kernel cache folder, default ~/.cache/slicetrace (empty: the default)"),
+    Var("SLICETRACE_CACHE_DIR", "cache_dir", str, "compiled-kernel cache folder, default ~/.cache/slicetrace"),
     Var("SLICETRACE_ASSERT_WARM", "assert_warm", as_bool, "1 = a kernel compile during timed work is an error (0/1/true/false/yes/no/on/off), default off"),
     Var("SLICETRACE_CLOCK_RESYNC_S", "clock_resync_s", as_seconds, "cuda: seconds between GPU/host clock offset re-measurements (> 0, <= 86400), default 1.0"),
-    Var("SLICETRACE_DEBUG", "debug", str, "log level: WARN (default), INFO, DEBUG"),
+    Var("SLICETRACE_DEBUG", "debug", str, "log level: WARN (default), INFO, DEBUG, or Python's level names (WARNING, ERROR, CRITICAL), any case"),
 )
 POOL_VARIABLES = tuple(f"SLICETRACE_PROFILE_{n}_POOL_SIZE" for n in POOL_NAMES)
 DIST_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE",
@@ -123,7 +116,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "cpu_reclaim": (lambda v: v in ("auto", "on", "off"), "one of ('auto', 'on', 'off')"),
     "cpu_wait": (lambda v: v in ("auto", "futex", "spin"), "one of ('auto', 'futex', 'spin')"),
     "cpu_bind": (lambda v: v in ("auto", "on", "off"), "one of ('auto', 'on', 'off')"),
-    "debug": (lambda v: v.upper() in ("WARN", "INFO", "DEBUG"), "one of ('WARN', 'INFO', 'DEBUG')"),
+    "debug": (lambda v: v.upper() in LOG_LEVELS, f"one of {LOG_LEVELS} (any case)"),
 }
 
 
@@ -240,7 +233,7 @@ class Settings:
         _warn_unknown(env)
         vals: dict[str, Any] = {}
         for var in VARIABLES:
-            raw = env.get(var.name)
+            raw = _value(env, var.name)
             if raw is None or overrides.get(var.attr) is not None:    # an argument (a CLI flag) wins, unparsed
                 continue
             try:
@@ -252,7 +245,7 @@ class Settings:
                                   + (f", {rule[1]}" if rule else "")) from None
         pools = dict(DEFAULT_POOL_SIZES)
         for name, var in zip(POOL_NAMES, POOL_VARIABLES):
-            if var in env and overrides.get("pool_sizes") is None:     # the keyword replaces them all: unread
+            if _value(env, var) is not None and overrides.get("pool_sizes") is None:   # the keyword: all of them
                 try:
                     pools[name] = as_int(env[var])
                 except ValueError:
@@ -278,6 +271,13 @@ class Settings:
             raise ConfigError(f"{var}={env[var]!r}: {e}") from None
 
 
+def _value(env: Mapping[str, str], name: str) -> str | None:
+    """A SLICETRACE_* variable's text; empty or blank counts as unset (`X= cmd`, `${X:-}` in a script), as NCCL's
+    getenv checks have it: the one rule for every variable."""
+    raw = env.get(name)
+    return raw if raw is not None and raw.strip() else None
+
+
 def temp_dir() -> str:
     """TMPDIR's folder, as tempfile reads it: the cpu backend's core locks, bench --compare's store file."""
     return tempfile.gettempdir()
@@ -287,7 +287,7 @@ def env_source(attr: str, env: Mapping[str, str] | None = None) -> str | None:
     """The SLICETRACE_* variable that sets Settings field `attr`, when the environment sets it: an error about a
     value names where it came from."""
     env = os.environ if env is None else env
-    return next((v.name for v in VARIABLES if v.attr == attr and v.name in env), None)
+    return next((v.name for v in VARIABLES if v.attr == attr and _value(env, v.name) is not None), None)
 
 
 def value_source(attr: str, value: Any, env: Mapping[str, str] | None = None) -> str:
