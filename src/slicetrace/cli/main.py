@@ -237,7 +237,7 @@ def run_bench(a: argparse.Namespace) -> int:
         results = launch(bench_rank, nranks, opts, **overrides)
         rows = results[0][0]
         active = [p for p in plugins if all(p in got for _, got in results)]     # past init on every rank
-    except (SliceTraceError, KeyboardInterrupt, SystemExit) as e:   # what was measured is still written, then e
+    except (errors.LaunchError, KeyboardInterrupt, SystemExit) as e:   # the rows so far are still written, then e
         failed, rows = e, logged_rows(rows_file) if rows_file else []
     finally:
         if rows_file is not None:
@@ -281,8 +281,10 @@ def _completeness(failed: BaseException | None) -> dict:
         return {"complete": True}
     if isinstance(failed, SliceTraceError):
         why = f"failed: {str(failed).splitlines()[0]}"
+    elif isinstance(failed, KeyboardInterrupt):
+        why = "interrupted (Ctrl-C)"
     else:
-        why = "interrupted (Ctrl-C)" if isinstance(failed, KeyboardInterrupt) else "terminated (SIGTERM)"
+        why = "terminated (SIGTERM)" if failed.code == 128 + signal.SIGTERM else f"exited ({failed.code})"
     return {"complete": False, "incomplete": why}
 
 
