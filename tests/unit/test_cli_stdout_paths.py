@@ -76,3 +76,17 @@ def test_a_kernel_step_mask_without_kernel_steps_is_not_told_to_add_them(tmp_pat
     assert f"no KernelStep events to analyse (4 events in all), though the trace's event mask had KernelStep " \
         f"(EventMask {mask}): no op moved data between ranks with profiling on" in err, err
     assert "record with both" not in err
+
+
+def test_a_bench_run_refused_by_launch_writes_no_json(tmp_path, monkeypatch, capsys):
+    """Only a run that started (a LaunchError) or was stopped writes its partial --json; a refusal writes none."""
+    import slicetrace.launcher
+    from slicetrace.errors import ConfigError
+
+    def refuse(*a, **k):
+        raise ConfigError("buffsize=3 must be ...")
+    monkeypatch.setattr(slicetrace.launcher, "launch", refuse)
+    out = tmp_path / "r.json"
+    assert main(["bench", "-b", "4K", "-e", "4K", "--ranks", "1", "--json", str(out)]) == 2
+    assert not out.exists() and "buffsize=3" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
