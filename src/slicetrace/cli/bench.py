@@ -85,6 +85,14 @@ def _align(comm, fn, sync) -> None:
         sync()
 
 
+def _meet(comm, xp, sync) -> None:
+    """Before a size's first ops: rank 0 prints each row while the others go on, and came late to them (a healthy
+    run's trace named it a straggler). Aligned on a scratch op: on cpu an input is its host array, which a run of
+    the size's own op in place would change before its check."""
+    one = xp.zeros(1, dtype=np.float32)
+    _align(comm, lambda: comm.all_reduce(one), sync)
+
+
 _reader_gone = False
 
 
@@ -269,7 +277,7 @@ def _warm(comm, op, nbytes, dtype, redop, o, xp, to_dev, sync, ref) -> None:
     cin, cout = counts(op, nbytes, dtype.itemsize, comm.world_size)
     x = to_dev(np.zeros(cin, dtype=dtype))
     out = xp.empty(cout, dtype=dtype)
-    _align(comm, lambda: _call(comm, op, x, out, redop, o["root"]), sync)     # rank 0 printed: see _one
+    _meet(comm, xp, sync)
     _repeat(lambda: _call(comm, op, x, out, redop, o["root"]), o["warmup"], sync)
     if ref is not None:
         _repeat(lambda: ref.run(op, x, out, redop, o["root"]), o["warmup"], ref.sync)
@@ -289,9 +297,7 @@ def _one(comm, op, nbytes, dtype, o, xp, to_dev, to_host, sync, ref, key):
     inplace = bool(o["inplace"]) and op in IN_PLACE
     x, out, reset = _buffers(op, inplace, host_in, cin, cout, rank, xp, to_dev, dtype)
     fn = (lambda: _call(comm, op, x, out, redop, root))
-    # rank 0 prints each row while the others go on: in step before the first op, or a trace of a healthy run
-    # names rank 0 a straggler (it came late to each size's first ops)
-    _align(comm, fn, sync)
+    _meet(comm, xp, sync)
     n_wrong = 0
     if o["check"]:
         reset()
