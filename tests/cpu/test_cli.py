@@ -191,7 +191,7 @@ def test_bad_values_name_the_flag_the_value_and_what_is_accepted(capsys):
         (["-r", "-1", "--ranks", "3", "--op", "reduce"], "-r -1 must be a rank, 0..2 (the run has 3 rank(s): --ranks)"),
         (["-n", "0"], "-n 0 must be >= 1"),
         (["-N", "-1"], "-N -1 must be >= 0 (0: until interrupted)"),
-        (["-T", "0"], "-T 0.0 must be > 0 seconds"),
+        (["-T", "0"], "-T 0 must be > 0 seconds"),
         (["-N", "0", "--json", "r.json"], "--json 'r.json' with -N 0: a run without end never writes it"),
         (["--compare", "nccl"], "--compare nccl runs beside --backend cuda, not the default backend 'cpu'"),
         (["--backend", "cuda", "--compare", "gloo"], "--compare gloo runs beside --backend cpu, not --backend cuda"),
