@@ -516,7 +516,7 @@ def test_the_json_document_records_the_rank_count_the_settings_and_the_flags(tmp
     assert main(["bench", "-b", "256", "-e", "256", "-n", "1", "-w", "0", "--json", str(out)]) == 0
     capsys.readouterr()
     d = json.loads(out.read_text())
-    assert set(d) == {"settings", "ranks", "bench", "env", "rows", "summary", "profiling"}
+    assert set(d) == {"settings", "ranks", "bench", "env", "rows", "summary", "profiling", "complete"}
     assert d["bench"]["profile"] is None and d["profiling"] == {"plugins": [], "event_mask": None,
                                                                 "unloaded_plugins": [], "main_profiled": False}
     assert d["ranks"] == 2 and d["env"]["ranks"] == 2
