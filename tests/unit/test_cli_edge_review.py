@@ -107,3 +107,15 @@ def test_a_csv_naming_an_input_file_is_told_a_csv_example(tmp_path, capsys):
     prefix = _trace_files(tmp_path / "tr", 9)
     assert main(["report", prefix, "--csv", f"{prefix}_9_0.json"]) == 2
     assert capsys.readouterr().err.endswith("; give another file, e.g. steps.csv\n")
+
+
+def test_a_run_whose_leading_rank_refused_its_input_exits_2_as_a_refusal(capsys, monkeypatch):
+    """Exit status: 1 for a run that failed, 2 when the rank it failed on refused its input (a size too large)."""
+    import slicetrace.launcher
+    msg = "rank 0 failed: UsageError: -e 1000000G: all_reduce of ... ran out of memory on rank 0"
+
+    def refused(*args, **kw):
+        raise LaunchError(msg, {0: "UsageError: -e 1000000G: ...", 1: "PeerError: rank 0 left"})
+    monkeypatch.setattr(slicetrace.launcher, "launch", refused)
+    assert main(["bench", "-b", "4K", "-e", "4K"]) == 2
+    assert "ran out of memory" in capsys.readouterr().err
