@@ -755,7 +755,7 @@ def test_bench_ranks_meet_after_rank_0_prints_before_their_next_op(monkeypatch):
          "redops": ["sum"], "root": 0, "iters": 2, "warmup": 1, "check": True, "compare": None, "overhead": False,
          "main_unprofiled": False, "rounds": 12, "seed": 1, "inplace": False, "average": 3, "cycles": 1}
     with slicetrace.init(backend="cpu") as comm:
-        rows = bench.bench_rank(Logged(comm), o)
+        rows, _ = bench.bench_rank(Logged(comm), o)
     assert len(rows) == 6 and log.count("row") == 6
     after = [log[i + 1] for i, x in enumerate(log[:-1]) if x == "row"]
     assert after == ["barrier"] * 5, log
