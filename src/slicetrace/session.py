@@ -17,7 +17,7 @@ from typing import Any
 from .backend.base import Backend, Work, create
 from .backend.signals import signals_held, term_exits
 from .config import Settings, value_source
-from .errors import SliceTraceError, UsageError
+from .errors import SliceTraceError, UsageError, plural
 from .events.abi import CommInfo, EventType, effective_mask
 from .events.host import EventHost, OpInfo
 from .events.loading import load_plugins
@@ -137,6 +137,8 @@ class Session:
                 self._since_poll, self._poll_at = 0, 0.0
                 if not self._inline:
                     self.drain.start()          # last: no drain thread runs when the except below does
+            if log.isEnabledFor(logging.INFO):
+                log.info("%s", self._describe())
         except BaseException as e:
             # The plugins may have opened files already: finalize them, then free the backend.
             errs: list[BaseException] = [e]
@@ -147,6 +149,21 @@ class Session:
             _step(errs, "closing the backend", self.backend.close)
             _log_to_stderr(None, rank, self)
             raise
+
+    def _describe(self) -> str:
+        """The init line SLICETRACE_DEBUG=INFO prints, as NCCL_DEBUG=INFO's 'Init COMPLETE': what was set up and why."""
+        s, b = self.settings, self.backend
+        head = (f"init rank {self.rank} of {self.world}, job {self.job!r}, comm {self.comm_hash:#x}, backend {b.name}"
+                f"{': ' + b.describe() if b.describe() else ''}")
+        if self.host is None:
+            n = self._unloaded.get("plugin_init_failed", 0)
+            why = f"{plural(n, 'plugin')} failed in init" if n else "no profiler plugin"
+            return f"{head}; profiling off ({why})"
+        drain = "inline every 32 ops or 20 ms" if self._inline else f"drain thread every {s.drain_interval_us} us"
+        mine = ", ".join(f"{p.name} (event mask {p.mask:#x})" for p in self.host.plugins)
+        return (f"{head}; profiling: {mine}, with parents {self.host.op_mask():#x}, KernelStep sample rate "
+                f"{s.sample_rate}, op sample rate "
+                f"{s.op_sample_rate}, min bytes {s.profile_min_bytes}, {drain}")
 
     @property
     def profiling(self) -> bool:

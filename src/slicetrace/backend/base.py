@@ -195,6 +195,10 @@ class Backend(abc.ABC):
     def exit_call(self, token: Any) -> None:
         """At the end of each API operation (also when it raised)."""
 
+    def describe(self) -> str:
+        """Its set-up choices in a line, for SLICETRACE_DEBUG=INFO's init line (as NCCL_DEBUG=INFO prints its own)."""
+        return ""
+
     def thread_init(self) -> None:
         """Run first in any thread the library starts that calls into this backend (the drain thread)."""
         quiet_thread()

@@ -151,6 +151,17 @@ class CpuBackend(SetupPeers, HostBackend):
         cpus = affinity.candidates(rank, world, nch) if s.cpu_bind == "on" else []    # launch() resolves "auto"
         self._bound = affinity.bind(cpus) if cpus else None      # after the heartbeat thread started
 
+    def describe(self) -> str:
+        s = self.settings
+        if self._bound is not None:
+            bound = f"bound to cpu {min(os.sched_getaffinity(0))}"
+        else:       # affinity.candidates' rule: one core per rank, one channel
+            bound = "not bound" + (" (one core per rank and one channel only)" if s.cpu_bind == "on" else "")
+        waits = "futex" if self.guard.futex else f"spin (yield after {self.guard.spins})"
+        return (f"{plural(self.nch, 'channel')}, FIFO {s.buffsize} B in 8 steps, waits {waits} (cpu_wait={s.cpu_wait}), "
+                f"{bound} (cpu_bind={s.cpu_bind}), "
+                f"reclaim {s.cpu_reclaim}, {s.ring_slots} stamp slots per ring, p2p chunk {s.p2p_chunk_bytes} B")
+
     def _attach(self, p: int, name: str, host: str) -> None:
         try:
             seg = Segment(name)

@@ -114,6 +114,13 @@ class CudaBackend(Completion, Backend, KernelArgs):
         self.watch.publish()
         self._dog = Watchdog(self)
 
+    def describe(self) -> str:
+        s = self.settings
+        chans = s.nchannels or f"auto, up to {self.max_channels}"
+        return (f"device {self.device} ({arch_of(self.device)}), channels {chans}, {s.nthreads} threads per channel, "
+                f"FIFO {s.buffsize} B in 8 steps, {s.ring_slots} stamp slots per ring, p2p chunk {s.p2p_chunk_bytes} "
+                f"B, kernel cache {s.cache_dir}")
+
     # ---- buffers ----
     @property
     def rings(self) -> RingViews:
