@@ -175,6 +175,9 @@ def _union_ns(starts: np.ndarray, ends: np.ndarray) -> float:
     return float(np.maximum(0, e - np.maximum(s, before)).sum())
 
 
+UNBOUNDED_WIDTH = 1 << 20     # columns of a non-terminal console: wider than any line the report prints
+
+
 def render(rep: Report, console=None) -> None:
     from rich.table import Table
     con = console or _console()
@@ -290,7 +293,8 @@ def _op_name(sl: dict) -> str:
 
 def _console(file=None):
     """A rich Console (on file, default stdout) that lets a closed stdout (`report | head`) raise BrokenPipeError,
-    which the command line ends quietly with rc 0, where rich's own exits with 1."""
+    which the command line ends quietly with rc 0, where rich's own exits with 1. Written to a file or a pipe, it
+    has no width limit: rich's 80 columns there cut the tables' numbers ("1,048,…") and split each finding."""
     from rich.console import Console
 
     class PipeConsole(Console):
@@ -298,7 +302,10 @@ def _console(file=None):
             self.quiet = True
             raise BrokenPipeError("stdout closed")
 
-    return PipeConsole(file=file)
+    con = PipeConsole(file=file)
+    if not con.is_terminal:             # tables print at their own width (rich never pads them out), findings whole
+        con.width = UNBOUNDED_WIDTH
+    return con
 
 
 def _per_rank(counts: dict, said: dict | None = None) -> str:
