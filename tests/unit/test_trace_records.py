@@ -201,9 +201,11 @@ def test_convert_refuses_two_runs_in_one_folder_as_report_does(tmp_path, capsys,
         convert(trace_files("tr"), "x.pftrace")
     msg = str(e.value)
     assert "the trace files hold 2 communicators (runs), which one convert does not pool" in msg
-    assert "commHash 111 (2 file(s)): slicetrace convert tr/trace_111;" in msg and "convert tr/trace_222" in msg
+    assert "commHash 111 (2 file(s)): slicetrace convert tr/trace_111 -o run_111.pftrace;" in msg
     assert main(["convert", "tr", "-o", "x.pftrace"]) == 2
-    assert "slicetrace convert tr/trace_222" in capsys.readouterr().err
+    assert "slicetrace convert tr/trace_222 -o run_222.pftrace" in capsys.readouterr().err
+    # the command it gives runs as given (it lacked -o, which convert requires)
+    assert main("convert tr/trace_222 -o run_222.pftrace".split()) == 0 and (tmp_path / "run_222.pftrace").exists()
     assert not (tmp_path / "x.pftrace").exists()
     assert convert(trace_files("tr/trace_222"), "x.pftrace")["files"] == 2       # the prefix it names selects one
     shutil.copy("tr/trace_111_0.json", "dup_111_0.json")

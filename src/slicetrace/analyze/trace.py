@@ -143,7 +143,9 @@ def _checked(files: list[str], command: str = "report", skip_empty: bool = False
     for f, recs in loaded:
         by_comm.setdefault(comm_of(f, recs), []).append(f)
     if len(by_comm) > 1:                            # first: two runs' rank counts would read as a bad nRanks
+        # convert's command needs its -o: one output per run, named by its commHash
         picks = "; ".join(f"commHash {c} ({len(fs)} file(s)): slicetrace {command} {_run_prefix(fs)}"
+                          + (f" -o run_{c}.pftrace" if command == "convert" else "")
                           for c, fs in by_comm.items())
         raise TraceFormatError(f"the trace files hold {len(by_comm)} communicators (runs), which one {command} does "
                                f"not pool; {command} one at a time: {picks}")
