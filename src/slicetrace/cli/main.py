@@ -218,6 +218,8 @@ def run_bench(a: argparse.Namespace) -> int:
         s.profile_dump_file if s.profile_dump_file and has_example(s.profiler_plugin) else None)
     what = None if a.trace is not None else f"SLICETRACE_PROFILE_DUMP_FILE={s.profile_dump_file!r}"
     folder, stem = (os.path.dirname(dump) or ".", os.path.basename(dump)) if dump else ("", "")
+    for line in _unwritten_files(s, plugins):
+        say(line)
     if dump is not None and a.run_cycles == 0:      # each cycle appends to the files: none would ever be finished
         src = f"--trace {a.trace!r}" if a.trace is not None else f"{what} (the example plugin's trace files)"
         raise UsageError(f"-N 0 with {src}: a run without end would grow each rank's trace file without bound; give "
@@ -273,6 +275,22 @@ def run_bench(a: argparse.Namespace) -> int:
         print(f"# {len(bad_rows)} size(s) had wrong results", file=sys.stderr)
         return 1
     return 0
+
+
+def _unwritten_files(s, plugins: list[str]) -> list[str]:
+    """A note per file variable set for a plugin this run does not load: its files never come, which said nothing."""
+    loaded = f"SLICETRACE_PROFILER_PLUGIN={s.profiler_plugin!r}" if s.profiler_plugin else \
+        "no profiler plugin (SLICETRACE_PROFILER_PLUGIN unset)"
+    notes = []
+    for var, value, plugin, fix in (
+            ("SLICETRACE_PROFILE_DUMP_FILE", s.profile_dump_file, "example",
+             "add --trace DIR or --profile, or add example to SLICETRACE_PROFILER_PLUGIN"),
+            ("SLICETRACE_LINKSTATS_FILE", s.linkstats_file, "linkstats",
+             "add linkstats to SLICETRACE_PROFILER_PLUGIN")):
+        if value and plugin not in plugins:
+            notes.append(f"# {var}={value!r} is set, but this run loads {loaded}, not the {plugin} plugin that "
+                         f"writes its files, so none are written: {fix}")
+    return notes
 
 
 def _completeness(failed: BaseException | None) -> dict:
