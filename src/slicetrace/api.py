@@ -8,7 +8,7 @@ import time
 from typing import Any, Iterator
 
 from .api_checks import (a2a_counts, as_index, check_overlap, group_opened, int_index, no_stream_on_cpu, outside_groups,
-                         profile_mask, ptr, seconds_or_none, tag_value, writable)
+                         profile_mask, ptr, redop_name, seconds_or_none, tag_value, writable)
 from .api_p2p import run_group
 from .backend.base import REDOPS, Work
 from .config import Settings
@@ -79,11 +79,6 @@ class Communicator:
     def _buf(self, x: Any, what: str):
         return self._session.backend.as_buffer(x, what)
 
-    def _redop(self, op: str) -> str:
-        if not isinstance(op, str) or op not in REDOPS:     # `in` on a numpy array compares element-wise
-            raise UsageError(f"op={op!r} is not one of {REDOPS}")
-        return REDOPS[REDOPS.index(op)]     # a plain str: str() of a (str, Enum) member is its 'Cls.NAME'
-
     def _out(self, out: Any, like: Any, dtype: str, count: int, what: str = "out", why: str = ""):
         if out is None:
             try:
@@ -153,7 +148,7 @@ class Communicator:
         sess = self._session
         be = sess.backend
         send, dtype, n = be.as_buffer(x, "x")
-        redop = op if op.__class__ is str and op in REDOPS else self._redop(op)    # checks' fast paths inline
+        redop = op if op.__class__ is str and op in REDOPS else redop_name(op)    # checks' fast paths inline
         if root.__class__ is not int or not 0 <= root < self._world:
             root = int_index(root, "root", self._world)
         count, out_n = out_count_of(n)

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .backend.base import host_pointer
+from .backend.base import REDOPS, host_pointer
 from .errors import UsageError, plural
 from .events.abi import ALL_TYPES, parse_mask
 
@@ -20,6 +20,23 @@ def writable(buf: Any, what: str) -> None:
     """Results land in it: a read-only numpy array is refused before the op, not half way through it."""
     if not getattr(getattr(buf, "flags", None), "writeable", True):
         raise UsageError(f"{what} is read-only (flags.writeable is False); results are written into it")
+
+
+# torch.distributed.ReduceOp's members by name (a training script passes them): NCCL's five reductions
+_TORCH_OPS = {"SUM": "sum", "PRODUCT": "prod", "MIN": "min", "MAX": "max", "AVG": "avg"}
+
+
+def redop_name(op: Any) -> str:
+    """A reduction: one of REDOPS, or torch.distributed.ReduceOp.SUM, ... (as its name here), else a UsageError."""
+    torch_op = type(op).__module__.startswith("torch") and getattr(op, "name", None) in _TORCH_OPS
+    if torch_op:
+        return _TORCH_OPS[op.name]
+    if not isinstance(op, str) or op not in REDOPS:     # `in` on a numpy array compares element-wise
+        hint = "" if not type(op).__module__.startswith("torch") else (
+            f"; of torch.distributed.ReduceOp, {', '.join(_TORCH_OPS)} are taken (a ReduceOp made by a call, as "
+            f"for PREMUL_SUM, is not)")
+        raise UsageError(f"op={op!r} is not one of {REDOPS}{hint}")
+    return REDOPS[REDOPS.index(op)]     # a plain str: str() of a (str, Enum) member is its 'Cls.NAME'
 
 
 _TAG_LIMIT = 1 << 63        # user tags with the top bit set are NCCL's own (ncclCollConfig_t.userProfilerTag)

@@ -87,3 +87,28 @@ def test_torch_tensors_the_cpu_backend_cannot_use_are_refused():
         x = torch.arange(4, dtype=torch.float16)
         got = comm.reduce_scatter(x)
         assert type(got) is torch.Tensor and got.dtype == torch.float16 and got.tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def _torch_reduce_ops(comm):
+    import torch.distributed as dist
+    x = torch.tensor([comm.rank + 1.0, -(comm.rank + 1.0)])
+    got = {name: comm.all_reduce(x, op=getattr(dist.ReduceOp, name)).tolist()
+           for name in ("SUM", "PRODUCT", "MIN", "MAX", "AVG")}
+    got["reduce"] = comm.reduce(x, root=0, op=dist.ReduceOp.MAX)
+    try:
+        comm.all_reduce(x, op=dist.ReduceOp.BAND)
+    except slicetrace.UsageError as e:
+        got["band"] = str(e)
+    return got
+
+
+def test_torch_reduce_ops_are_taken_as_the_reduction_of_their_name():
+    """A training script passes torch.distributed.ReduceOp.SUM, ...: they were refused ('not one of ...')."""
+    res = slicetrace.launch(_torch_reduce_ops, 3, timeout_s=30.0, join_timeout_s=120)
+    for r, got in enumerate(res):
+        assert got["SUM"] == [6.0, -6.0] and got["PRODUCT"] == [6.0, -6.0]
+        assert got["MIN"] == [1.0, -3.0] and got["MAX"] == [3.0, -1.0] and got["AVG"] == [2.0, -2.0]
+        assert (got["reduce"].tolist() == [3.0, -1.0]) if r == 0 else got["reduce"] is None
+        assert got["band"] == ("op=<RedOpType.BAND: 5> is not one of ('sum', 'prod', 'min', 'max', 'avg'); of "
+                               "torch.distributed.ReduceOp, SUM, PRODUCT, MIN, MAX, AVG are taken (a ReduceOp made "
+                               "by a call, as for PREMUL_SUM, is not)")
