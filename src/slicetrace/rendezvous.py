@@ -3,6 +3,7 @@ or torch.distributed's TCPStore (torchrun). Values are bytes; every get has a ti
 from __future__ import annotations
 
 import abc
+import atexit
 import threading
 import time
 from typing import Any, Callable
@@ -11,6 +12,16 @@ from .errors import CommTimeoutError, PeerError, SliceTraceError
 
 CHECK_AFTER_S = 0.01        # a wait this long starts asking `check` whether to give up (then every CHECK_EVERY_S)
 CHECK_EVERY_S = 0.05
+
+
+# connect threads left inside torch's C++ past our wait: one that returns into a finalizing interpreter aborts the
+# process ('terminate called without an active exception', SIGABRT), so exit waits for them, bounded
+_CONNECTING: list[tuple[threading.Thread, float]] = []
+
+
+def _join_connecting() -> None:
+    for t, bound in _CONNECTING:
+        t.join(bound)
 
 
 class Store(abc.ABC):
@@ -112,6 +123,10 @@ class TorchStore(Store):
         t.join(timeout_s)
         if "store" in box:
             return cls(box["store"], where)
+        if t.is_alive():                    # torch's own timeout (timeout_s) ends it, seconds late at worst
+            if not _CONNECTING:
+                atexit.register(_join_connecting)
+            _CONNECTING.append((t, timeout_s + 5.0))
         err = box.get("error")
         timed_out = err is None or "timed out" in str(err).lower()
         torch_says = "" if err is None else f" (torch: {_first_line(err)})"

@@ -1,6 +1,8 @@
 """The torchrun rendezvous store's failures are slicetrace errors naming MASTER_ADDR:MASTER_PORT and timeout_s,
 within timeout_s, not torch's DistNetworkError seconds later."""
+import os
 import socket
+import subprocess
 import sys
 import threading
 import types
@@ -130,3 +132,30 @@ def test_a_connect_that_torch_retries_past_timeout_s_is_given_up_at_timeout_s(mo
     finally:
         release.set()                       # the connect thread ends
     assert str(e.value) == want
+
+
+_EXIT_AFTER_TIMEOUT = """
+import time, slicetrace
+class SlowTeardown:         # the interpreter's teardown outlasts torch's connect retries, as a big program's can
+    def __del__(self):
+        time.sleep(4)
+try:
+    slicetrace.init("null", timeout_s=1)
+except slicetrace.CommTimeoutError as e:
+    print("caught:", str(e).split(" to the")[0])
+keep = SlowTeardown()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_process_that_exits_after_a_store_timeout_exits_cleanly(monkeypatch):
+    """torch's connect, left running in its thread past timeout_s, returned into a finalizing interpreter:
+    'terminate called without an active exception', SIGABRT (exit status -6 / 134) in place of the program's own."""
+    _torch()
+    _clear(monkeypatch)
+    env = {**os.environ, "RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(_closed_port()), "PYTHONPATH": os.pathsep.join(sys.path)}
+    p = subprocess.run([sys.executable, "-c", _EXIT_AFTER_TIMEOUT], env=env, capture_output=True, text=True,
+                       timeout=90)
+    assert p.stdout == "caught: rendezvous: rank 1 of 2 could not connect\n", (p.stdout, p.stderr[-2000:])
+    assert p.returncode == 0 and "terminate called" not in p.stderr, (p.returncode, p.stderr[-2000:])
