@@ -34,6 +34,16 @@ _JOB_CALLS: defaultdict = defaultdict(itertools.count)
 _LAUNCH: tuple[int, int, Store, dict] | None = None     # in a rank process of launch(): (rank, world, store, settings)
 
 
+def _default_group() -> tuple[int, int] | None:
+    """(rank, world size) of torch.distributed's default process group, if the program made one: one made with
+    init_process_group(rank=, world_size=) (torch.multiprocessing.spawn) sets no RANK/WORLD_SIZE, and init() then
+    made each process a world of one, silently."""
+    dist = sys.modules.get("torch.distributed")     # not imported: none made (and torch is not loaded for nothing)
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    return dist.get_rank(), dist.get_world_size()
+
+
 def _torch_store(rank: int, world: int, timeout_s: float) -> Store:
     try:
         import torch.distributed as dist
@@ -78,6 +88,9 @@ def init(backend: str | None = None, rank: int | None = None, world_size: int | 
     used = (rank is None and env.rank is not None) or (world_size is None and env.world_size is not None)
     rank_name = "RANK" if rank is None and (env.rank is not None or used) else "rank"   # upper: the environment's
     world_name = "WORLD_SIZE" if world_size is None and (env.world_size is not None or used) else "world_size"
+    group = _default_group() if _LAUNCH is None and env.rank is None and env.world_size is None else None
+    if group is not None and rank is None and world_size is None:
+        rank, world_size = group                        # its store is the rendezvous too (_torch_store)
     rank = env.rank if rank is None else rank
     world_size = env.world_size if world_size is None else world_size
     if world_size is not None and world_size < 1:       # before "give both": that is not what is wrong
@@ -98,7 +111,7 @@ def init(backend: str | None = None, rank: int | None = None, world_size: int | 
     if job is None and world_size == 1:
         job = uuid.uuid4().hex[:10]
     elif job is None:
-        top = _LAUNCH[1] if _LAUNCH is not None else job_world_size()
+        top = _LAUNCH[1] if _LAUNCH is not None else job_world_size() or (group and group[1])
         if top is not None and world_size != top:   # its members' calls cannot be told from another group's
             raise UsageError(f"init(world_size={world_size}) in a job of {top} ranks makes a sub-communicator: pass "
                              f"job=, a string its members share and no other communicator uses (NCCL's unique id); "

@@ -97,3 +97,41 @@ def test_each_init_has_its_job_id_when_rank_0_hosts_the_store(tmp_path):
                 p.wait(10)
     assert [p.returncode for p in procs] == [0, 0], [e[-2000:] for e in errs]
     _results(tmp_path)
+
+
+SPAWNED = """
+    import numpy as np, slicetrace, torch.distributed as dist, torch.multiprocessing as mp
+
+    def main(rank, out):
+        dist.init_process_group("gloo", init_method=f"file://{out}/pg", rank=rank, world_size=3)
+        comm = slicetrace.init(timeout_s=30)
+        x = comm.all_reduce(np.full(4, rank + 1.0))
+        try:
+            slicetrace.init(rank=0, world_size=2, timeout_s=30)
+            sub = "made"
+        except slicetrace.UsageError as e:
+            sub = str(e).split(":")[0]
+        with open(f"{out}/rank{rank}.txt", "w") as f:
+            f.write(f"{comm.rank} {comm.world_size} {x[0]:.1f} {sub}")
+        comm.close()
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        mp.spawn(main, args=("{OUT}",), nprocs=3)
+"""
+
+
+@pytest.mark.timeout(200)
+def test_init_takes_rank_and_world_from_a_process_group_made_without_torchruns_variables(tmp_path):
+    """torch.multiprocessing.spawn with init_process_group(rank=, world_size=) sets no RANK/WORLD_SIZE: each
+    process's init() made a world of one, and its all_reduce returned its own data, with no error."""
+    script = tmp_path / "spawned.py"
+    script.write_text(textwrap.dedent(SPAWNED).replace("{OUT}", str(tmp_path)))
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                             "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE")}
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = [(tmp_path / f"rank{r}.txt").read_text() for r in range(3)]
+    # a sub-communicator without job= is refused as under torchrun (init(world_size=2) in a job of 3 ranks)
+    assert got == [f"{r} 3 6.0 init(world_size=2) in a job of 3 ranks makes a sub-communicator" for r in range(3)]
