@@ -24,7 +24,7 @@ from . import launch_signals
 from .launch_signals import (CLOSE_SIGNAL, ORPHAN_GRACE_S, _asked_to_close, _hold_signals, _interrupted,
                              _let_ranks_close, _no_interrupts, _QuietContext, _release_signals, _remove_job_shm,
                              _start_watch, _terminate_as_exit, _terminated)
-from .rendezvous import DictStore, Store, TorchStore
+from .rendezvous import DictStore, LaunchStore, Store, TorchStore
 
 
 # (world_size, who) -> a count of this process's init() calls that take a job id from a store; who: the process's
@@ -174,7 +174,7 @@ def _child(fn: Callable, rank: int, world: int, store_map: Any, job: str, settin
         if Settings.from_env(**settings).cpu_bind == "auto" and _crowding(world):
             settings = {**settings, "cpu_bind": "on"}      # our own rank processes: nothing else inherits it
         global _LAUNCH
-        _LAUNCH = (rank, world, DictStore(store_map), settings)
+        _LAUNCH = (rank, world, LaunchStore(store_map), settings)
         comm = init(rank=rank, world_size=world, store=_LAUNCH[2], job=job, **settings)
         result = fn(comm, *args)
         _leave_if_forked(me)
@@ -196,6 +196,7 @@ def _child(fn: Callable, rank: int, world: int, store_map: Any, job: str, settin
         _no_interrupts()                         # the launcher forwards the terminal's Ctrl-C: close first
         running.clear()
         try:
+            store_map.setdefault(LaunchStore.FAILED_KEY, f"rank {rank} failed: {type(e).__name__}: {e}".encode())
             if comm is not None:
                 comm._session.backend.abort(f"rank {rank} failed: {type(e).__name__}: {e}")
         except BaseException:
@@ -340,6 +341,9 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
                                     "'__main__':` (the rank's own error is on stderr)")))
                 if errors and first_fail is None:
                     first_fail = time.monotonic()
+                    dead_rank = min(dead, default=None)     # a rank's own error: it set the key itself
+                    if dead_rank is not None:
+                        store_map.setdefault(LaunchStore.FAILED_KEY, errors[dead_rank].encode())
                 now = time.monotonic()
                 if first_fail is not None and now - first_fail > s.timeout_s + 5:
                     for c, r in list(readers.items()):      # results that came in since the last wait: not stuck

@@ -94,6 +94,22 @@ class DictStore(Store):
         self._d.pop(key, None)
 
 
+class LaunchStore(DictStore):
+    """launch()'s store in its ranks: a wait in it (a later init()'s set-up, a barrier) also ends, in PeerError,
+    once another rank of the launch failed (FAILED_KEY, set by that rank or the launcher), not at timeout_s: the
+    ranks of a communicator not yet made cannot watch each other."""
+    FAILED_KEY = "slicetrace/launch/failed"
+
+    def get(self, key: str, timeout_s: float, what: str = "", check: Callable[[], None] | None = None) -> bytes:
+        def failed() -> None:
+            why = self.try_get(self.FAILED_KEY)
+            if why is not None:
+                raise PeerError(f"{why.decode()} (while this rank waited for {what or key!r})")
+            if check is not None:
+                check()
+        return super().get(key, timeout_s, what, failed)
+
+
 class TorchStore(Store):
     """torch.distributed.TCPStore (torchrun: MASTER_ADDR/MASTER_PORT), or a store torch already made. `where` names
     it in errors: torch's own are a C++ exception type and text that name neither the variables nor timeout_s."""
