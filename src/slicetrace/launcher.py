@@ -7,6 +7,7 @@ import multiprocessing.connection as mpc
 from multiprocessing.managers import SyncManager
 import os
 import pickle
+import re
 import signal
 import sys
 import threading
@@ -236,6 +237,12 @@ def _close_stuck(procs: list, stuck: set[int], started: set[int], held: dict | N
                       f"was killed" if procs[r].is_alive() else "; asked to close, it closed")
 
 
+def failure_line(rank: int, text: str) -> str:
+    """"rank R failed: <the rank's error>", or the launcher's own finding as it is: it names the rank already
+    ("rank 1 died with exit code 3", not "rank 1 failed: rank 1 died ...")."""
+    return text if re.match(rf"rank {rank}\b", text) else f"rank {rank} failed: {text}"
+
+
 def _lead(k: int, errors: dict, dead: set, stuck: set) -> tuple:
     """Sort key for the rank where a failure began: one the launcher found dead (its own finding, never a match on
     error text: a user's message may say "died"), then one whose own error it is, then a peer's failure relayed,
@@ -387,9 +394,9 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
                 _release_signals(held)
     if errors:
         r = min(errors, key=lambda k: _lead(k, errors, dead, stuck))
-        others = {k: v.splitlines()[0] for k, v in errors.items() if k != r}
+        others = "; ".join(failure_line(k, v.splitlines()[0]) for k, v in sorted(errors.items()) if k != r)
         shown = heads[r] if ours(heads.get(r, "")) else errors[r]   # bad input, a timeout: no traceback
-        raise LaunchError(f"rank {r} failed: {shown}" + (f"\nother ranks: {others}" if others else ""), errors)
+        raise LaunchError(failure_line(r, shown) + (f"\nother ranks: {others}" if others else ""), errors)
     missing = [r for r in range(nranks) if r not in results]
     if missing:
         raise SliceTraceError(f"ranks {missing} returned no result")

@@ -721,7 +721,7 @@ def test_a_bench_run_that_fails_part_way_writes_its_rows_so_far_exits_1_and_name
     text, err = capfd.readouterr()
     assert rc == 1, err
     doc = json.load(open(out))
-    assert doc["complete"] is False and doc["incomplete"].startswith("failed: rank 1 failed: rank 1 died with exit "
+    assert doc["complete"] is False and doc["incomplete"].startswith("failed: rank 1 died with exit "
                                                                       "code 3"), doc["incomplete"]
     assert 1 <= len(doc["rows"]) < 9 and [r["size"] for r in doc["rows"]] == [4096 << i for i in range(len(doc["rows"]))]
     note = text.split("# traces: ", 1)[1]

@@ -67,7 +67,7 @@ def test_a_peer_error_that_says_died_does_not_lead_before_a_ranks_own_error():
         slicetrace.launch(_peer_error_of_its_own, 2, timeout_s=LONG, join_timeout_s=JOIN)
     msg = str(e.value)
     assert msg.startswith("rank 0 failed: ValueError: rank 0's own error\nTraceback"), msg
-    assert "other ranks: {1: 'PeerError: rank 0 (pid 1) died (zombie); detected by rank 1'}" in msg, msg
+    assert msg.endswith("\nother ranks: rank 1 failed: PeerError: rank 0 (pid 1) died (zombie); detected by rank 1"), msg
 
 
 def _rank_1_sleeps(comm, d):
@@ -89,7 +89,7 @@ def test_a_rank_killed_for_running_on_after_a_failure_has_an_error_saying_so(tmp
     m = re.fullmatch(rf"rank 1 was still running (\d+\.\d) s after rank 0 failed \(timeout_s={TIMEOUT:g} \+ 5 s\); "
                      r"asked to close, it closed", errs[1])
     assert m and float(m.group(1)) >= TIMEOUT + 5, errs[1]       # killed no sooner than the launcher promises
-    assert f"other ranks: {{1: {errs[1]!r}}}" in msg, msg
+    assert msg.endswith(f"\nother ranks: {errs[1]}"), msg          # the launcher's finding names its rank once
     pid = int((tmp_path / "rank1.pid").read_text())
     with pytest.raises(ProcessLookupError):         # killed and reaped, not left sleeping
         os.kill(pid, 0)
@@ -148,7 +148,7 @@ def test_a_rank_that_exits_0_without_a_result_leads_the_launch_error():
     with pytest.raises(slicetrace.LaunchError) as e:
         slicetrace.launch(_rank_1_exits_0, 2, timeout_s=LONG, join_timeout_s=JOIN)
     msg, errs = str(e.value), e.value.errors
-    assert msg.startswith("rank 1 failed: rank 1 exited (code 0) without a result\nother ranks: {0: "), msg
+    assert msg.startswith("rank 1 exited (code 0) without a result\nother ranks: rank 0 failed: "), msg
     assert sorted(errs) == [0, 1] and errs[1] == "rank 1 exited (code 0) without a result", errs
 
 
@@ -166,7 +166,7 @@ def test_an_unpicklable_return_value_is_named_as_fns_return_value():
     want = (r"rank 1: fn's return value could not be sent to the launcher \(pickle\): \w+: .*<lambda>.*; return "
             r"plain data \(numbers, strings, numpy arrays\)")
     assert re.fullmatch(want, errs[1]), errs[1]
-    assert str(e.value) == f"rank 1 failed: {errs[1]}", str(e.value)
+    assert str(e.value) == errs[1], str(e.value)          # it names its rank: not "rank 1 failed: rank 1: ..."
 
 
 class Unrebuildable:
