@@ -8,6 +8,7 @@ from rich.console import Console
 
 from slicetrace.analyze.report import Report, build, render
 from slicetrace.analyze.trace import KERNEL_STEP_TABLE
+from slicetrace.analyze.waited import most_waited
 
 
 def _text(rep) -> str:
@@ -111,6 +112,8 @@ def test_the_aside_on_the_most_waited_on_rank_comes_before_the_next_rank():
                                                             {"rank": 2, "wait_us": 10.0, "data_us": 10.0,
                                                              "credit_us": 0.0}])
     rep.straggler_rule = dict(rep.straggler_rule, collectives=5)
+    rep.waited_rule = most_waited({(r, 0, op): 1e3 * (10 if r == 0 else 1) for op in range(10) for r in (0, 2)},
+                                  10, 3, 0.0)               # the waits lead to rank 0 in every op
     text = _text(rep)
-    assert "waited for) (not named a straggler above: that verdict counts how often a rank starts late, this one how " \
-        "long the others waited on it; a few long delays lead here); next rank 2, 10.0 us" in text, text
+    assert "(not named a straggler above: that verdict counts how often a rank starts late, this one in how many " \
+        "ops the others waited on it: a rank slow to move data starts on time); next rank 2, 10.0 us" in text, text

@@ -18,9 +18,11 @@ from ..errors import TraceFormatError
 from ..events.abi import fused_pairs, moving_from
 from .links import MIN_JUDGED_BYTES, judged_slices, link_rates, slow_links, slow_receive_sides, unnamed_below
 from .links_text import render_links
-from .skew_text import render_skew
+from .skew_text import render_skew, render_waited
 from .trace import KERNEL_CH_TABLE, KERNEL_STEP_TABLE
-from .verdicts import clock_check, first_ops, held_up, noise_rule, none_left_out, op_index, stragglers, unfinished
+from .verdicts import (blame_by_op, clock_check, first_ops, held_up_totals, noise_rule, none_left_out, op_index,
+                       stragglers, unfinished)
+from .waited import most_waited, waits_floor
 
 CLOCK_SLACK_NS = 1000       # a receive this far ahead of its send, past the clocks' stated uncertainty, is an offset
 RING_RECORDS = ("overrun", "unpaired", "undrained")     # the drain's losses: a KernelStep is one, a KernelCh two
@@ -66,6 +68,7 @@ class Report:
     links_judged_by: str = "ops"    # or "slices": no op records, like slices in each quarter (links.link_rates)
     link_rule: dict = field(default_factory=dict)   # how the send sides were judged (links.Rates.rule)
     links_below_unnamed: list[dict] = field(default_factory=list)   # far below in the table, not named (why)
+    waited_rule: dict = field(default_factory=dict)     # per op, whom the waits led to, against chance (waited.py)
 
     def to_dict(self) -> dict:
         return {"links": self.links, "ranks": self.ranks, "waited_on": self.waited_on, "slowest": self.slowest,
@@ -75,7 +78,7 @@ class Report:
                 "straggler_rule": self.straggler_rule, "held_up": self.held_up, "unfinished": self.unfinished,
                 "clocks": self.clocks, "slow_receive_sides": self.slow_receive_sides,
                 "links_judged_by": self.links_judged_by, "link_rule": self.link_rule,
-                "links_below_unnamed": self.links_below_unnamed,
+                "links_below_unnamed": self.links_below_unnamed, "waited_rule": self.waited_rule,
                 "counter_units": {k: counter_unit(k) for c in self.counters.values() for k in c}}
 
 
@@ -148,12 +151,14 @@ def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.n
     fused[s_half] = True
     send_rates = link_rates(ks[send], xfer[send], ops[send], 0.25, fused[send], first[send])   # judges both sides
     slow = slow_links(send_rates, moving)
+    blame = blame_by_op(ks, ops, starts, first)
+    waits_rule = most_waited(blame, len(np.unique(ops[(ops >= 0) & ~first])), len(ranks), waits_floor(skew.rule, ks, ops))
     return Report(links, per_rank, waited_on, slowest, counters or {}, skew.ranks, skew.ops,
                   slow, skew.left_out, no_counters,
-                  skew.startup, skew.rule, held_up(ks, ops, starts, first),
+                  skew.startup, skew.rule, held_up_totals(blame),
                   unfinished(spans or [], chs, ranks, lacking=source == "Coll"), clock_check(ks, CLOCK_SLACK_NS + unc),
                   slow_receive_sides(ks[rv], xfer[rv], ops[rv], send_rates, slow, moving, first=first[rv]),
-                  send_rates.by, send_rates.rule, unnamed_below(links, send_rates, slow))
+                  send_rates.by, send_rates.rule, unnamed_below(links, send_rates, slow), waits_rule)
 
 
 def _from_colls(spans: list) -> np.ndarray:
@@ -235,29 +240,7 @@ def render(rep: Report, console=None) -> None:
         con.print(f"unfinished: {c['func']} #{c['seq']} has no channel records on rank(s) {on}{ended}: it failed "
                   f"(a timeout, a peer's error), the run stopped in it, or its records were lost (see the loss "
                   f"counters); stragglers cannot judge it{late}{never}")
-    if not rep.held_up and rep.links:       # judged and nothing found must not read like not judged
-        con.print("most waited on: none, no rank waited after its first op (start-up is left out)")
-    if rep.held_up:
-        w, tot = rep.held_up[0], sum(h["wait_us"] for h in rep.held_up)
-        noise = rep.straggler_rule["floor_us"] * rep.straggler_rule["collectives"]   # the stragglers' floor, per op
-        if noise and w["wait_us"] <= noise:
-            con.print(f"most waited on: no rank stands out: the {tot:.1f} us the ranks waited after their first op are "
-                      f"within the noise floor ({rep.straggler_rule['floor_us']:.1f} us x "
-                      f"{rep.straggler_rule['collectives']} collectives)")
-        elif len(rep.held_up) > 1 and w["wait_us"] < 2 * rep.held_up[1]["wait_us"]:    # no rank stands out: noise
-            each = ", ".join(f"rank {h['rank']} {h['wait_us']:.1f} us" for h in rep.held_up)
-            con.print(f"most waited on: no single rank, the {tot:.1f} us the ranks waited after their first op lead "
-                      f"to {each}")
-        else:
-            nxt = "".join(f"; next rank {h['rank']}, {h['wait_us']:.1f} us" for h in rep.held_up[1:2])
-            named = {r["rank"] for r in rep.stragglers if r["consistent"]}
-            why = "" if w["rank"] in named or not rep.straggler_rule["collectives"] else (
-                " (not named a straggler above: that verdict counts how often a rank starts late, this one how "
-                "long the others waited on it; a few long delays lead here)")
-            con.print(f"most waited on: rank {w['rank']}, {w['wait_us']:.1f} of the {tot:.1f} us the ranks waited "
-                      f"after their first op ({w['data_us']:.1f} us for its data, {w['credit_us']:.1f} us for room "
-                      f"in its buffers; a wait on a rank that was itself waiting is passed on to the rank it waited "
-                      f"for){why}{nxt}")      # the aside is about the rank named, before the next one
+    render_waited(rep, con)
     render_links(rep, con)            # slow links and receive sides, and why a link far below is not named
     if rep.counters or rep.no_counters:
         lost = {r: {k: v for k, v in c.items() if v and k not in ("sampled_out", "masked_out")

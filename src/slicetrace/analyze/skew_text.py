@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .verdicts import OP_FRACTION, SPREAD_X
+from .verdicts import OP_FRACTION, SPREAD_X, fewest_trials
 
 if TYPE_CHECKING:       # report imports this module
     from .report import Report
@@ -61,3 +61,47 @@ def render_skew(rep: Report, con) -> None:
         con.print("stragglers: not judged, no collective recorded on every rank (matched by SeqNum from KernelCh, "
                   "else Coll events: point-to-point ops, send/recv and all_to_all alike, carry none, see who waited "
                   "on whom; a mask without KernelCh and Coll leaves them out)")
+
+
+def render_waited(rep: Report, con) -> None:
+    """The most waited on line: the rank the waits led to in more ops than chance explains (waited.most_waited),
+    else why no rank is named, with every rank's share of the waits."""
+    if not rep.held_up:
+        if rep.links:                   # judged and nothing found must not read like not judged
+            con.print("most waited on: none, no rank waited after its first op (start-up is left out)")
+        return
+    rule, tot = rep.waited_rule, sum(h["wait_us"] for h in rep.held_up)
+    each = ", ".join(f"rank {h['rank']} {h['wait_us']:.1f} us" for h in rep.held_up)
+    named = [r for r in rule.get("ranks", []) if r["consistent"]]
+    if not rule.get("ops"):
+        con.print(f"most waited on: not judged, no op after the first has op records (Coll/P2p) to count by; the "
+                  f"{tot:.1f} us the ranks waited lead to {each}")
+        return
+    n, pct = rule["ops"], 100 * rule["p"]
+    if not named:
+        top = rule["ranks"][0] if rule["ranks"] else None
+        share = (f"{100 * top['ops'] / n:.0f} % of ops (rank {top['rank']}: the waits led to it, more than the "
+                 f"floor {rule['floor_us']:.1f} us, in {top['ops']} of {n} ops after the first)" if top else
+                 f"0 % of ops (in none of the {n} ops after the first were one rank's waits the most and more "
+                 f"than the floor {rule['floor_us']:.1f} us)")
+        need = (f"{rule['needed']} needed" if rule["needed"] else
+                f"too few ops to name one: all of {fewest_trials(rule['p'], rule['tests'])} or more needed")
+        more = (f"; beyond chance, but the waits lead to rank {rule['largest']} more in all" if top and
+                top.get("beyond_chance") else "")
+        con.print(f"most waited on: no rank stands out: the largest share was {share}, {pct:.0f} % expected by "
+                  f"chance ({need} at {100 * rule['alpha']:g} % odds over {rule['tests']} ranks){more}; the "
+                  f"{tot:.1f} us the ranks waited after their first op lead to {each}")
+        return
+    w = next(h for h in rep.held_up if h["rank"] == named[0]["rank"])
+    others = [h for h in rep.held_up if h is not w]
+    nxt = f"; next rank {others[0]['rank']}, {others[0]['wait_us']:.1f} us" if others else ""
+    strag = {r["rank"] for r in rep.stragglers if r["consistent"]}
+    why = "" if w["rank"] in strag or not rep.straggler_rule["collectives"] else (
+        " (not named a straggler above: that verdict counts how often a rank starts late, this one in how many ops "
+        "the others waited on it: a rank slow to move data starts on time)")
+    r = named[0]
+    con.print(f"most waited on: rank {w['rank']}, {w['wait_us']:.1f} of the {tot:.1f} us the ranks waited after their "
+              f"first op ({w['data_us']:.1f} us for its data, {w['credit_us']:.1f} us for room in its buffers; a wait "
+              f"on a rank that was itself waiting is passed on to the rank it waited for); the waits led to it, more "
+              f"than the floor {rule['floor_us']:.1f} us, in {r['ops']} of {n} ops after the first ({pct:.0f} % "
+              f"expected by chance; odds of so many {r['chance']:.2g}){why}{nxt}")

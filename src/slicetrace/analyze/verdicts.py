@@ -248,8 +248,27 @@ def held_up(ks: np.ndarray, ops: np.ndarray | None = None, starts: dict | None =
     reached. Waits in each rank's first op (start-up skew: first_ops) are left out. Per rank: data_us (ranks waited for its
     data), credit_us (for room in its buffers) and their sum wait_us, largest first. ops: op_index(ks), if known;
     starts: trace.op_starts(records), if known; first: first_ops(ks, ops, starts), if known."""
+    return held_up_totals(blame_by_op(ks, ops, starts, first))
+
+
+def held_up_totals(by_op: dict[tuple[int, int, int], float]) -> list[dict]:
+    """held_up's rows from blame_by_op's waits."""
+    blame: dict[tuple[int, int], float] = {}
+    for (r, kind, _), ns in by_op.items():
+        blame[(r, kind)] = blame.get((r, kind), 0.0) + ns
+    out = []
+    for r in sorted({r for r, _ in blame}):
+        d, c = blame.get((r, 0), 0.0) / 1e3, blame.get((r, 1), 0.0) / 1e3
+        if d + c > 0:
+            out.append({"rank": r, "wait_us": d + c, "data_us": d, "credit_us": c})
+    return sorted(out, key=lambda x: (-x["wait_us"], x["rank"]))
+
+
+def blame_by_op(ks: np.ndarray, ops: np.ndarray | None = None, starts: dict | None = None,
+                first: np.ndarray | None = None) -> dict[tuple[int, int, int], float]:
+    """held_up's waits, in ns, by (rank waited on, kind: 0 data, 1 credit, op key of the wait: op_index, -1 none)."""
     if len(ks) == 0:
-        return []
+        return {}
     key = op_index(ks) if ops is None else ops
     first = first_ops(ks, key, starts) if first is None else first
     tables = _waits(ks)
@@ -259,8 +278,8 @@ def held_up(ks: np.ndarray, ops: np.ndarray | None = None, starts: dict | None =
     weight = 1.0 / _channels_per_op(ks, key)[m]
     q = [ks["peer"][m].astype(np.int64), ks["channel"][m].astype(np.int64), ks["is_send"][m].astype(np.int64),
          ks["wait_ns"][m].astype(np.int64), ks["ready_ns"][m].astype(np.int64), ks["rank"][m].astype(np.int64),
-         weight]
-    blame: dict[tuple[int, int], float] = {}
+         weight, key[m].astype(np.int64)]
+    blame: dict[tuple[int, int, int], float] = {}
     hops = len(np.unique(ks["rank"]))
     for hop in range(hops):
         if not len(q[0]):
@@ -271,8 +290,8 @@ def held_up(ks: np.ndarray, ops: np.ndarray | None = None, starts: dict | None =
         nxt = []
         for lo, hi in zip(np.concatenate(([0], cuts)).tolist(), np.concatenate((cuts, [len(q[0])])).tolist()):
             at, ch, kind = int(q[0][lo]), int(q[1][lo]), int(q[2][lo])
-            s, e, origin, w = q[3][lo:hi], q[4][lo:hi], q[5][lo:hi], q[6][lo:hi]
-            passed = 0.0
+            s, e, origin, w, op = q[3][lo:hi], q[4][lo:hi], q[5][lo:hi], q[6][lo:hi], q[7][lo:hi]
+            kept = (e - s) * w
             t = tables.get((at, ch, kind)) if hop < hops - 1 else None
             if t is not None:
                 S, E, P = t
@@ -282,18 +301,15 @@ def held_up(ks: np.ndarray, ops: np.ndarray | None = None, starts: dict | None =
                 ii = np.repeat(i0, n) + np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)
                 ps, pe = np.maximum(s[qi], S[ii]), np.minimum(e[qi], E[ii])
                 go = (pe > ps) & (P[ii] != origin[qi])
-                passed = float(((pe - ps) * w[qi])[go].sum())
+                kept = kept - np.bincount(qi[go], ((pe - ps) * w[qi])[go], len(s))
                 nxt.append([P[ii][go].astype(np.int64), np.full(int(go.sum()), ch), np.full(int(go.sum()), kind),
-                            ps[go], pe[go], origin[qi][go], w[qi][go]])
-            blame[(at, kind)] = blame.get((at, kind), 0.0) + float(((e - s) * w).sum() - passed)
-        q = ([np.concatenate([b[i] for b in nxt]) for i in range(7)] if nxt
-             else [np.zeros(0, np.int64)] * 6 + [np.zeros(0)])
-    out = []
-    for r in sorted({r for r, _ in blame}):
-        d, c = blame.get((r, 0), 0.0) / 1e3, blame.get((r, 1), 0.0) / 1e3
-        if d + c > 0:
-            out.append({"rank": r, "wait_us": d + c, "data_us": d, "credit_us": c})
-    return sorted(out, key=lambda x: (-x["wait_us"], x["rank"]))
+                            ps[go], pe[go], origin[qi][go], w[qi][go], op[qi][go]])
+            ids, back = np.unique(op, return_inverse=True)
+            for o, ns in zip(ids.tolist(), np.bincount(back, kept, len(ids)).tolist()):
+                blame[(at, kind, o)] = blame.get((at, kind, o), 0.0) + ns
+        q = ([np.concatenate([b[i] for b in nxt]) for i in range(8)] if nxt
+             else [np.zeros(0, np.int64)] * 6 + [np.zeros(0), np.zeros(0, np.int64)])
+    return blame
 
 
 def _channels_per_op(ks: np.ndarray, key: np.ndarray) -> np.ndarray:
