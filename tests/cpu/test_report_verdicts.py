@@ -567,8 +567,8 @@ def test_random_lateness_names_a_straggler_in_about_one_run_in_a_hundred():
 
 def test_most_waited_on_says_why_its_rank_is_not_a_straggler_too():
     """Two verdicts, two questions: 9 of 10 late collectives (2 ranks, op sampling) is within chance at 1 % over 4
-    tests, while the waits lead to that rank in 20 ops of 20 (a rank slow to move data starts on time); the report
-    said both without a word on why they differ."""
+    tests, while the waits lead to that rank in 20 ops of 20; the report said both without a word on why they
+    differ."""
     lateness = [(1, 6_000_000)] * 9 + [(0, 400_000)]
     sk = stragglers(_lateness_rows(2, lateness))
     assert not any(r["consistent"] for r in sk.ranks) and sk.ranks[0]["times_late"] == 9
@@ -576,8 +576,9 @@ def test_most_waited_on_says_why_its_rank_is_not_a_straggler_too():
     rep.stragglers, rep.late_ops, rep.startup, rep.straggler_rule = sk.ranks, sk.ops, sk.startup, sk.rule
     text = _text(rep)
     assert "most waited on: rank 1, 2000.0 of the 2020.0 us" in text
-    assert "(not named a straggler above: that verdict counts how often a rank starts late, this one in how many ops " \
-           "the others waited on it: a rank slow to move data starts on time)" in text
+    assert "(not named a straggler above: that verdict counts the collectives a rank started more than its noise " \
+           "floor after every other rank, this one the ops in which the others waited on it, late to start or slow " \
+           "to move data)" in text
 
 
 LATE_TIMEOUT_S = 3.0        # the failing op's timeout: past any scheduling delay of the ops before it

@@ -115,5 +115,6 @@ def test_the_aside_on_the_most_waited_on_rank_comes_before_the_next_rank():
     rep.waited_rule = most_waited({(r, 0, op): 1e3 * (10 if r == 0 else 1) for op in range(10) for r in (0, 2)},
                                   10, 3, 0.0)               # the waits lead to rank 0 in every op
     text = _text(rep)
-    assert "(not named a straggler above: that verdict counts how often a rank starts late, this one in how many " \
-        "ops the others waited on it: a rank slow to move data starts on time); next rank 2, 10.0 us" in text, text
+    assert "(not named a straggler above: that verdict counts the collectives a rank started more than its noise " \
+        "floor after every other rank, this one the ops in which the others waited on it, late to start or slow to " \
+        "move data); next rank 2, 10.0 us" in text, text

@@ -97,8 +97,9 @@ def render_waited(rep: Report, con) -> None:
     nxt = f"; next rank {others[0]['rank']}, {others[0]['wait_us']:.1f} us" if others else ""
     strag = {r["rank"] for r in rep.stragglers if r["consistent"]}
     why = "" if w["rank"] in strag or not rep.straggler_rule["collectives"] else (
-        " (not named a straggler above: that verdict counts how often a rank starts late, this one in how many ops "
-        "the others waited on it: a rank slow to move data starts on time)")
+        " (not named a straggler above: that verdict counts the collectives a rank started more than its noise "
+        "floor after every other rank, this one the ops in which the others waited on it, late to start or slow to "
+        "move data)")
     r = named[0]
     con.print(f"most waited on: rank {w['rank']}, {w['wait_us']:.1f} of the {tot:.1f} us the ranks waited after their "
               f"first op ({w['data_us']:.1f} us for its data, {w['credit_us']:.1f} us for room in its buffers; a wait "
