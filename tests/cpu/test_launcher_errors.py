@@ -67,7 +67,8 @@ def test_a_peer_error_that_says_died_does_not_lead_before_a_ranks_own_error():
         slicetrace.launch(_peer_error_of_its_own, 2, timeout_s=LONG, join_timeout_s=JOIN)
     msg = str(e.value)
     assert msg.startswith("rank 0 failed: ValueError: rank 0's own error\nTraceback"), msg
-    assert msg.endswith("\nother ranks: rank 1 failed: PeerError: rank 0 (pid 1) died (zombie); detected by rank 1"), msg
+    assert msg.endswith("\nother ranks: rank 1 failed: PeerError: rank 0 (pid 1) died (zombie); detected by "
+                        "rank 1"), msg
 
 
 def _rank_1_sleeps(comm, d):

@@ -417,7 +417,8 @@ def test_most_waited_on_names_a_rank_only_in_more_ops_than_chance_explains():
     rep = _waited_report([2] * 19 + tops[:21])                 # 19 + its share of the rest
     assert [r["rank"] for r in rep.waited_rule["ranks"] if r["consistent"]] == [2]
     assert re.search(r"most waited on: rank 2, [\d.]+ of the [\d.]+ us .* the waits led to it, more than the floor "
-                     r"20.0 us, in \d+ of 40 ops after the first \(25 % expected by chance; odds of so many ", _text(rep))
+                     r"20.0 us, in \d+ of 40 ops after the first \(25 % expected by chance; odds of so many ",
+                     _text(rep))
     under = _waited_report([2] * 40, us=15.0)                  # every op, but never past the floor
     assert under.waited_rule["ranks"] == [] and "the largest share was 0 % of ops" in _text(under)
 

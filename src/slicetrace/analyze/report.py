@@ -152,7 +152,8 @@ def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.n
     send_rates = link_rates(ks[send], xfer[send], ops[send], 0.25, fused[send], first[send])   # judges both sides
     slow = slow_links(send_rates, moving)
     blame = blame_by_op(ks, ops, starts, first)
-    waits_rule = most_waited(blame, len(np.unique(ops[(ops >= 0) & ~first])), len(ranks), waits_floor(skew.rule, ks, ops))
+    judged_ops = len(np.unique(ops[(ops >= 0) & ~first]))          # keyed ops after each rank's first
+    waits_rule = most_waited(blame, judged_ops, len(ranks), waits_floor(skew.rule, ks, ops))
     return Report(links, per_rank, waited_on, slowest, counters or {}, skew.ranks, skew.ops,
                   slow, skew.left_out, no_counters,
                   skew.startup, skew.rule, held_up_totals(blame),
