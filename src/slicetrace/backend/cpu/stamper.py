@@ -12,6 +12,11 @@ joining them per slice (scripts/cpu_ks_loopback.py). stage() packs a program's w
 are still in cache: converting them at publish, after 32 ops of copies, cost ~1 us more per op. One writer thread
 per channel ring at a time (the contract); the lock only keeps a flush from another thread off a program that is
 staging.
+Ring programs stage their clocks alone (stage_ring): a slice's 3 or 4 clocks, and per program 8 small ints into a
+flat array; the program's RingLayout (built once per cached program, worker.layout) says which records those clocks
+make, and the writer keeps the layouts it has seen in one concatenated table, so a poll's records come out of ~25
+numpy calls with no Python per program (_expand). Staging 6 words per record in the ring loop cost ~9k
+instructions per 1 MiB op more (scripts/cpu_op_icount.sh, docs/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -25,7 +30,8 @@ from ...stamps.layout import HEADER_DTYPE, STAMP_DTYPE, RingViews
 _E = STAMP_DTYPE.itemsize // 8              # u64 words per entry
 _H = HEADER_DTYPE.itemsize // 8             # u64 words per header
 _W = 6                                      # words per staged record: wait, ready, done, op, step, w5
-_LO32 = np.uint64(0xFFFFFFFF)
+_HEAD = 6                                   # a ring program's staged words before its clocks (stage_ring)
+_LO32, _SH32 = np.uint64(0xFFFFFFFF), np.uint64(32)
 # u64 words: 'L' where it is 8 bytes (LP64) converts an int of 2+ digits (a clock) through PyLong_AsUnsignedLong's
 # digit loop, ~2x fewer instructions than 'Q''s PyLong_AsUnsignedLongLong (_PyLong_AsByteArray); same range check
 _U64 = "L" if array("L").itemsize == 8 else "Q"
@@ -37,8 +43,87 @@ def tail(peer: int, kind: int, flags: int) -> int:
     return (peer & 0xFFFF) << 32 | kind << 48 | (flags & 0xFF) << 56
 
 
+def _word_entries(words: array) -> np.ndarray:
+    """stage()'s words as whole entries (seq word 0), so that publish copies each piece into a ring at once: a copy
+    into rows[:, 1:] ran numpy's inner loop once per entry. Entry words 1..3 are staged words 0..2, one word on."""
+    flat = np.frombuffer(words, np.uint64)
+    staged = flat.reshape(-1, _W)
+    ents = np.empty((len(staged), _E), np.uint64)
+    ents.reshape(-1)[1:] = flat[:-1]
+    ents[:, 0] = 0
+    ents[:, 4] = (staged[:, 3] & _LO32) | (staged[:, 4] & _LO32) << _SH32
+    ents[:, 5] = staged[:, 5]
+    return ents
+
+
+def _heads(words: np.ndarray) -> np.ndarray:
+    """Staged heads (0, op, r0, rpeer, s0, speer; rows) as entry parts: 0, op, op | r0 << 32 (word 4 of a
+    received slice's record, but for its step offset), rpeer << 32 (word 5, but for its constant part), the same
+    for sent slices (u64, so a step keeps its low 32 bits, as the entry's field)."""
+    words[:, 2:_HEAD] <<= _SH32
+    words[:, 2:_HEAD:2] += words[:, 1:2]
+    return words
+
+
+def _ring_entries(clk: array, progs: list, one) -> np.ndarray:
+    """Ring programs' records as whole entries: each word is a staged word of its program (_heads' or a clock; its
+    layout's at says which) plus a constant of its layout (kt). numpy over all of them: a numpy call costs ~5k
+    instructions here, a gathered word ~13, so the block of programs that all ran one layout whole (one: that
+    layout; the usual block) takes a 2-D path of few calls. progs: (layout, words, records) per program."""
+    flat = np.frombuffer(clk, np.uint64)
+    if one:
+        ents = _heads(flat.reshape(-1, one.w)).take(one.at1, axis=1)
+        ents += one.kt1
+        return ents.reshape(-1, _E)
+    rows: dict = {}                     # the block's layouts in one table: layout -> its first row
+    at, kt, meta = [], [], []
+    nrows = off = nrec = 0
+    for lay, n, k in progs:
+        base = rows.get(lay)
+        if base is None:
+            base = rows[lay] = nrows
+            nrows += len(lay.at)
+            at.append(lay.at)
+            kt.append(lay.kt)
+        meta += (base - nrec, k, off)   # record j of the block: table row base - nrec + j
+        nrec, off = nrec + k, off + n
+    meta = np.array(meta, np.int64).reshape(-1, 3)
+    ks, offs = meta[:, 1], meta[:, 2]
+    head = offs[:, None] + np.arange(_HEAD)
+    flat[head] = _heads(flat[head])
+    idx = np.repeat(meta[:, 0], ks)
+    idx += np.arange(nrec)
+    ix = np.concatenate(at).take(idx, axis=0)
+    ix += np.repeat(offs, ks)[:, None]
+    ents = flat.take(ix)
+    ents += np.concatenate(kt).take(idx, axis=0)
+    return ents
+
+
+class RingLayout:
+    """A ring program's records as its staged words make them (stage_ring: _HEAD ints, then its clocks), in the
+    writer's terms: per record, which of its program's words (after _heads) and which constant make each word of
+    its entry (_ring_entries); done_at[w]: (records, slices sampled out) once w words are staged. recs: per record
+    (wait, ready and done's indices among the clocks, 0 received / 1 sent / 2 KernelCh, step offset from its
+    direction's first step, word 5 without the peer)."""
+    __slots__ = ("at", "kt", "done_at", "w", "at1", "kt1")
+
+    def __init__(self, recs: list, done_at: list):
+        at, kt, h = [], [], _HEAD
+        for c0, c1, c2, d, soff, w5 in recs:
+            w4, p = (2 + 2 * d, 3 + 2 * d) if d < 2 else (1, 0)      # _heads: 0, op, op|r0<<32, rp<<32, ...
+            at.append((0, c0 + h, c1 + h, c2 + h, w4, p))
+            kt.append((0, 0, 0, 0, soff << 32 if d < 2 else 0, w5))
+        self.at = np.array(at, np.int64).reshape(-1, _E)
+        self.kt = np.array(kt, np.uint64).reshape(-1, _E)
+        self.done_at = [None] * _HEAD + done_at
+        self.w = len(self.done_at) - 1                          # words of a program staged whole
+        self.at1, self.kt1 = self.at.ravel(), self.kt.ravel()   # all its records' at once
+
+
 class FastRingWriter:
-    __slots__ = ("hdr", "ri", "st_rows", "co_rows", "mask", "staged", "first", "lock", "pub")
+    __slots__ = ("hdr", "ri", "st_rows", "co_rows", "mask", "staged", "first", "lock", "pub",
+                 "clk", "progs", "one", "blocks")
 
     def __init__(self, views: RingViews, channel: int):
         self.hdr = memoryview(views.header).cast("B").cast("Q")
@@ -46,10 +131,16 @@ class FastRingWriter:
         self.st_rows = np.frombuffer(views.started[channel], np.uint64).reshape(views.slots, _E)
         self.co_rows = np.frombuffer(views.completed[channel], np.uint64).reshape(views.slots, _E)
         self.mask = views.slots - 1
-        self.staged = array(_U64)       # [wait, ready, done, op, step, w5] per record, seqs first.. (contiguous)
-        self.first = 0
+        self.first = 0                  # the seq of the first record staged; 0: none
         self.lock = threading.Lock()
         self.pub = threading.Lock()     # one publisher at a time: an op's error path and a flush in another thread
+        # Staged, oldest first: whole blocks, then p2p parts' words (stage()) or ring programs' clocks and ints
+        # (stage_ring); a stage of the other kind closes the open block (_cut), so each block is one kind.
+        self.blocks: list = []
+        self.staged = array(_U64)       # [wait, ready, done, op, step, w5] per record
+        self.clk = array(_U64)          # ring programs' staged words: per program _HEAD ints, then its clocks
+        self.progs: list = []           # per ring program: (its RingLayout, words, records)
+        self.one = None                 # the RingLayout they all ran whole; False: not so; None: no program
 
     def stage(self, words: list) -> None:
         """A channel program's records, 6 words each (wait, ready, done, op, step, w5; op and step as the
@@ -59,14 +150,48 @@ class FastRingWriter:
         if not k:
             return
         with self.lock:
-            staged = self.staged
-            empty = not staged
-            staged.fromlist(words)      # before any seq is reserved: a word outside u64 raises, staged unchanged
-            hdr, ri = self.hdr, self.ri
-            seq = hdr[ri] + 1
-            hdr[ri] = seq + k - 1
-            if empty:
-                self.first = seq
+            if self.progs:
+                self._cut()
+            self.staged.fromlist(words)     # before any seq is reserved: a word outside u64 raises, none reserved
+            self._reserve(k)
+
+    def stage_ring(self, words: list, lay: RingLayout) -> None:
+        """A ring program's words: 0, op (the low 32 bits of its tag), its first receive step, the rank it
+        receives from (low 16 bits), its first send step, the rank it sends to (low 16 bits), then its clocks in
+        lay's order (whole slices only, also when a wait failed). Its records' seqs are reserved now, as stage()'s;
+        the slices it sampled out are counted."""
+        n = len(words)
+        k, skipped = lay.done_at[n]
+        with self.lock:
+            if k:
+                if self.staged:
+                    self._cut()
+                if self.one is not lay:         # the block's programs all ran lay whole, or not (False)
+                    self.one = lay if not self.progs and n == lay.w else False
+                elif n != lay.w:
+                    self.one = False
+                self.clk.fromlist(words)
+                self.progs.append((lay, n, k))
+                self._reserve(k)
+            if skipped:
+                self.hdr[self.ri + 1] += skipped
+
+    def _reserve(self, k: int) -> None:
+        """k seqs right after every one reserved before (lock held)."""
+        hdr, ri = self.hdr, self.ri
+        seq = hdr[ri] + 1
+        hdr[ri] = seq + k - 1
+        if not self.first:
+            self.first = seq
+
+    def _cut(self) -> None:
+        """The open block (words or ring programs) closed (lock held): blocks is in seq order."""
+        if self.progs:
+            self.blocks.append((self.clk, self.progs, self.one))
+            self.clk, self.progs, self.one = array(_U64), [], None
+        elif self.staged:
+            self.blocks.append(self.staged)
+            self.staged = array(_U64)
 
     def publish(self) -> int:
         """Write every staged record into both rings (seq word 0, payload, then the seqs), as the reference
@@ -77,22 +202,17 @@ class FastRingWriter:
 
     def _publish(self) -> int:
         with self.lock:
-            words, first = self.staged, self.first
-            if not words:
+            first = self.first
+            if not first:
                 return 0
-            self.staged = array(_U64)
+            self._cut()
+            blocks, self.blocks, self.first = self.blocks, [], 0
             last = self.hdr[self.ri] + 1                            # one past the newest seq: the last staged
+        ents = [_ring_entries(*b) if type(b) is tuple else _word_entries(b) for b in blocks]
+        ents = ents[0] if len(ents) == 1 else np.concatenate(ents)
         first = max(first, last - self.mask - 1)
-        flat = np.frombuffer(words, np.uint64)[(len(words) // _W - (last - first)) * _W:]
-        staged = flat.reshape(-1, _W)
-        # Whole entries (seq word 0), so that each piece below is one contiguous copy per ring: a copy into
-        # rows[:, 1:] ran numpy's inner loop once per entry. Entry words 1..3 are staged words 0..2, one word on.
-        ents = np.empty((len(staged), _E), np.uint64)
-        ents.reshape(-1)[1:] = flat[:-1]
-        ents[:, 0] = 0
-        ents[:, 4] = (staged[:, 3] & _LO32) | (staged[:, 4] & _LO32) << np.uint64(32)
-        ents[:, 5] = staged[:, 5]
-        n = 0
+        n = len(ents) - (last - first)                              # lapped: the newest `slots` only
+        wrote = last - first
         while first < last:                                         # at most two pieces: the ring's end
             i = first & self.mask
             k = min(last - first, self.mask + 1 - i)
@@ -102,7 +222,7 @@ class FastRingWriter:
             for rows in (self.st_rows, self.co_rows):
                 rows[i:i + k, 0] = seqs                 # publish last
             first, n = first + k, n + k
-        return n
+        return wrote
 
     def sampled_out(self, n: int = 1) -> None:
         self.hdr[self.ri + 1] += n

@@ -8,8 +8,8 @@ Reference semantics of one slice of a primitive (plan.schedule.Prim), n = slice 
     post:  tail = sstep + ss (to the next rank), head = rstep + ss (credit back); steps += ss
 
 Empty slices wait and post like the others (both sides keep their step counters in lockstep).
-Stamp clocks: wait before waiting, ready after the wait, done before the tail is posted. Point-to-point groups:
-p2p.py.
+Stamp clocks: wait before waiting, ready after the wait, done before the tail is posted; a program stages its
+clocks alone (stamper.stage_ring), the records they make are its layout's (_layout()). Point-to-point groups: p2p.py.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import numpy as np
 
 from ...stamps.layout import FLAG_CH_STOP, FLAG_SEND, KIND_CHANNEL, KIND_STEP
 from .shm import H_HEAD, H_TAIL
-from .stamper import FastRingWriter, tail
+from .stamper import FastRingWriter, RingLayout, tail
 from .transport import RECLAIM_MIN
 
 # IEEE overflow to inf (float16 sums) is the data's, as on NCCL: no numpy warning per slice from our reductions
@@ -64,46 +64,87 @@ class RingJob:
 
 
 def run_ring(prog, job: RingJob) -> None:
-    """One channel program; its records are staged (FastRingWriter.stage), also when a wait fails."""
+    """One channel program; its clocks are staged (FastRingWriter.stage_ring) with the records they make (_layout,
+    once per cached program and stamp flags), also when a wait fails."""
     work, w = job.work, job.writer
-    recs: list[int] = []        # wait, ready, done, op, step, w5 per record, in seq order (stamper.stage)
-    chans = w is not None and work.stamp_channels
-    op = work.tag & 0xFFFFFFFF
+    spec = _SPECS.get(id(prog))
+    if spec is None or spec[0] is not prog:
+        spec = _spec(prog)
+    if w is None:
+        _ring_slices(spec, job, None)
+        return
+    # stage_ring's words: its ints (the steps set by _ring_slices), then the clocks in _layout()'s order
+    words = [0, work.tag & 0xFFFFFFFF, 0, job.rconn.peer & 0xFFFF, 0, job.sconn.peer & 0xFFFF]
+    chans = work.stamp_channels
     if chans:
-        t = time.monotonic_ns()
-        recs += (t, t, t, op, 0, _CH_START)
+        words.append(time.monotonic_ns())
     try:
-        _ring_slices(prog, job, recs)
+        _ring_slices(spec, job, words)
         if chans:
-            t = time.monotonic_ns()
-            recs += (t, t, t, op, 0, _CH_STOP)
+            words.append(time.monotonic_ns())
     finally:
-        if recs:
-            w.stage(recs)
+        rate = work.sample_rate
+        key = rate << 2 | work.stamp_steps << 1 | chans        # the program's layouts, by stamp flags (ints)
+        lay = spec[2].get(key)
+        if lay is None:
+            lay = spec[2][key] = _layout(prog, work.recvbuf.dtype.itemsize, work.plan.proto.slice_steps,
+                                         max(rate, 1), work.stamp_steps, chans)
+        w.stage_ring(words, lay)
+
+
+def _layout(prog, isz: int, ss: int, rate: int, steps: bool, chans: bool) -> RingLayout:
+    """run_ring and _ring_slices stage a KernelCh start (one clock), per non-empty slice (t0, tr, td) received,
+    (tw, ts, td) sent, or (t0, tr, ts, td) both ways (the send wait begins at tr), then a KernelCh stop (one
+    clock). A direction keeps the slices whose index among its own (empty ones included) is a multiple of the
+    sample rate (plan.traffic.stamp_records): the others' clocks are staged, their records are not."""
+    recs: list[tuple] = []      # RingLayout's: wait, ready, done clock indices, direction, step offset, word 5
+    done_at = [(0, 0)]
+    if chans:
+        recs.append((0, 0, 0, 2, 0, _CH_START))
+        done_at.append((1, 0))
+    if steps:
+        kr = ks = skipped = 0           # slices per direction so far; slices sampled out
+        for p in prog.prims:
+            hr, hs = p.recv_from is not None, p.send_to is not None
+            for _, n in p.slices:
+                if n:
+                    c = len(done_at) - 1        # this slice's first clock
+                    if hr and kr % rate == 0:
+                        recs.append((c, c + 1, c + 2 + hs, 0, kr * ss, n * isz | _RTAIL))
+                    if hs and ks % rate == 0:
+                        recs.append((c + hr, c + 1 + hr, c + 2 + hr, 1, ks * ss, n * isz | _STAIL))
+                    skipped += (hr and kr % rate != 0) + (hs and ks % rate != 0)
+                    done_at += [None] * (2 + (hr and hs)) + [(len(recs), skipped)]
+                kr += hr
+                ks += hs
+    if chans:
+        c = len(done_at) - 1
+        recs.append((c, c, c, 2, 0, _CH_STOP))
+        done_at.append((len(recs), done_at[-1][1]))
+    return RingLayout(recs, done_at)
 
 
 def _spec(prog) -> tuple:
     """A program's per-primitive constants, once per cached program (plans are cached per op shape): (kind,
-    receives, sends, src, dst (0 in, 1 out, 2 none), src_off, dst_off, final, slices) each."""
+    receives, sends, src, dst (0 in, 1 out, 2 none), src_off, dst_off, final, slices) each, and its layouts
+    (_layout())."""
     bi = {"in": 0, "out": 1, None: 2}
     spec = prog, tuple((KINDS[p.name], p.recv_from is not None, p.send_to is not None, bi[p.src], bi[p.dst],
-                        p.src_off, p.dst_off, p.final, p.slices) for p in prog.prims)
+                        p.src_off, p.dst_off, p.final, p.slices) for p in prog.prims), {}
     if len(_SPECS) >= 1024:
         _SPECS.clear()
     _SPECS[id(prog)] = spec
     return spec
 
 
-_SPECS: dict[int, tuple] = {}       # id(program) -> (program, _spec's tuples): the program kept, so the id is its own
+_SPECS: dict[int, tuple] = {}       # id(program) -> (program, _spec's tuples, layouts): the program kept, so the id is
+#                                     its own
 _RTAIL, _STAIL = tail(0, KIND_STEP, 0), tail(0, KIND_STEP, FLAG_SEND)     # KernelStep word 5 without size and peer
 
 
-def _ring_slices(prog, job: RingJob, recs: list) -> None:
+def _ring_slices(spec: tuple, job: RingJob, stamps: list | None) -> None:
     work = job.work
     plan, rconn, sconn, guard, w = work.plan, job.rconn, job.sconn, job.guard, job.writer
-    spec = _SPECS.get(id(prog))
-    if spec is None or spec[0] is not prog:
-        spec = _spec(prog)
     dt = work.recvbuf.dtype
     proto = plan.proto
     ss, spc = proto.slice_steps, proto.chunk_steps
@@ -112,11 +153,12 @@ def _ring_slices(prog, job: RingJob, recs: list) -> None:
     # NCCL rounds conn->step up to a multiple of the chunk steps when a primitive starts
     rconn.step = rstep = -(-rconn.step // spc) * spc
     sconn.step = sstep = -(-sconn.step // spc) * spc
+    if stamps is not None:
+        stamps[2], stamps[4] = rstep, sstep     # the steps of the program's records count from these (_layout())
     rctl, sctl = rconn.ctl, sconn.ctl
     if rctl[H_HEAD] < rstep:             # credit for the steps the rounding skipped (NCCL's PostRecv does too)
         rconn.post(H_HEAD, rstep)
     rsv, ssv = rconn.slot_views(dt, se), sconn.slot_views(dt, se)     # (n, view) per FIFO slot
-    r0, s0 = rstep, sstep               # slice k of a direction: (step - its first) // ss, as at the peer's end
     rwake, swake = rconn.wakes, sconn.wakes             # a neighbour that sleeps on a futex (transport.Conn.post)
     rbase, sbase = rconn.base, sconn.base
     pol, freed, pc = sconn.reclaim, rconn.freed, time.perf_counter_ns
@@ -126,19 +168,13 @@ def _ring_slices(prog, job: RingJob, recs: list) -> None:
     avg = redop == "avg"
     pre, mul = premul(dt, "avg", plan.nranks) if avg else None, np.multiply
     avg = avg and pre is None                   # integers: divided once, at the final write
-    nranks, ch, rpeer, speer = plan.nranks, prog.channel, rconn.peer, sconn.peer
+    nranks, ch, rpeer, speer = plan.nranks, spec[0].channel, rconn.peer, sconn.peer
     copyto, wait = np.copyto, guard.wait_ge
-    op = work.tag & 0xFFFFFFFF
     stamp = w is not None and work.stamp_steps
-    rate = work.sample_rate if work.sample_rate > 1 else 1
     clock = time.monotonic_ns
-    rtail = stail = 0
-    if stamp:                                   # word 5's constant part, for KernelStep records only
-        rtail, stail = (rpeer & 0xFFFF) << 32 | _RTAIL, (speer & 0xFFFF) << 32 | _STAIL
     delta = job.delta
     tmin = -(-RECLAIM_MIN // isz)               # slices of RECLAIM_MIN bytes or more: n >= tmin
     tw = tr = ts = t0 = td = 0
-    last_n = nbr = nbs = 0
     for kind, hr, hs, si, di, so, do, fin, slices in spec[1]:
         src, dst = bufs[si], bufs[di]
         fin = avg and fin
@@ -251,26 +287,13 @@ def _ring_slices(prog, job: RingJob, recs: list) -> None:
                     rconn.post(H_HEAD, rn)
                 else:
                     rctl[H_HEAD] = rn
-            if stamp and n:
-                if n != last_n:                        # word 5 changes with the slice size only
-                    last_n, nbr, nbs = n, n * isz | rtail, n * isz | stail
-                if rate == 1:
-                    if hr and hs:
-                        recs += (t0, tr, td, op, rstep, nbr, tw, ts, td, op, sstep, nbs)
-                    elif hr:
-                        recs += (t0, tr, td, op, rstep, nbr)
-                    else:
-                        recs += (tw, ts, td, op, sstep, nbs)
-                else:           # per direction (plan.traffic.stamp_records): the peer keeps the same slices
-                    kept = 0
-                    if hr and (rstep - r0) // ss % rate == 0:
-                        recs += (t0, tr, td, op, rstep, nbr)
-                        kept += 1
-                    if hs and (sstep - s0) // ss % rate == 0:
-                        recs += (tw, ts, td, op, sstep, nbs)
-                        kept += 1
-                    if hr + hs - kept:
-                        w.sampled_out(hr + hs - kept)
+            if stamp and n:                          # _layout()'s order: it drops the sampled-out records
+                if hr and hs:
+                    stamps += (t0, tr, ts, td)
+                elif hr:
+                    stamps += (t0, tr, td)
+                else:
+                    stamps += (tw, ts, td)
             if hs:
                 sstep = sn
             if hr:
