@@ -12,11 +12,10 @@ joining them per slice (scripts/cpu_ks_loopback.py). stage() packs a program's w
 are still in cache: converting them at publish, after 32 ops of copies, cost ~1 us more per op. One writer thread
 per channel ring at a time (the contract); the lock only keeps a flush from another thread off a program that is
 staging.
-Ring programs stage their clocks alone (stage_ring): a slice's 3 or 4 clocks, and per program 8 small ints into a
-flat array; the program's RingLayout (built once per cached program, worker.layout) says which records those clocks
-make, and the writer keeps the layouts it has seen in one concatenated table, so a poll's records come out of ~25
-numpy calls with no Python per program (_expand). Staging 6 words per record in the ring loop cost ~9k
-instructions per 1 MiB op more (scripts/cpu_op_icount.sh, docs/benchmarks.md).
+Ring programs stage less (stage_ring): 6 ints per program (op, first steps, peers) and a slice's 3 or 4 clocks;
+the program's RingLayout (once per cached program and stamp flags, worker.ring_layout) says which records those
+words make, and publish() expands them with numpy per block of programs (_ring_entries). Staging 6 words per record
+in the ring loop cost ~7k instructions per 1 MiB op more (scripts/cpu_op_icount.sh; docs/benchmarks.md).
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ Reference semantics of one slice of a primitive (plan.schedule.Prim), n = slice 
 
 Empty slices wait and post like the others (both sides keep their step counters in lockstep).
 Stamp clocks: wait before waiting, ready after the wait, done before the tail is posted; a program stages its
-clocks alone (stamper.stage_ring), the records they make are its layout's (_layout()). Point-to-point groups: p2p.py.
+clocks alone (stamper.stage_ring), the records they make are its layout's (ring_layout()). Point-to-point groups: p2p.py.
 """
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ class RingJob:
 
 
 def run_ring(prog, job: RingJob) -> None:
-    """One channel program; its clocks are staged (FastRingWriter.stage_ring) with the records they make (_layout,
+    """One channel program; its clocks are staged (FastRingWriter.stage_ring) with the records they make (ring_layout,
     once per cached program and stamp flags), also when a wait fails."""
     work, w = job.work, job.writer
     spec = _SPECS.get(id(prog))
@@ -73,7 +73,7 @@ def run_ring(prog, job: RingJob) -> None:
     if w is None:
         _ring_slices(spec, job, None)
         return
-    # stage_ring's words: its ints (the steps set by _ring_slices), then the clocks in _layout()'s order
+    # stage_ring's words: its ints (the steps set by _ring_slices), then the clocks in ring_layout()'s order
     words = [0, work.tag & 0xFFFFFFFF, 0, job.rconn.peer & 0xFFFF, 0, job.sconn.peer & 0xFFFF]
     chans = work.stamp_channels
     if chans:
@@ -87,12 +87,12 @@ def run_ring(prog, job: RingJob) -> None:
         key = rate << 2 | work.stamp_steps << 1 | chans        # the program's layouts, by stamp flags (ints)
         lay = spec[2].get(key)
         if lay is None:
-            lay = spec[2][key] = _layout(prog, work.recvbuf.dtype.itemsize, work.plan.proto.slice_steps,
+            lay = spec[2][key] = ring_layout(prog, work.recvbuf.dtype.itemsize, work.plan.proto.slice_steps,
                                          max(rate, 1), work.stamp_steps, chans)
         w.stage_ring(words, lay)
 
 
-def _layout(prog, isz: int, ss: int, rate: int, steps: bool, chans: bool) -> RingLayout:
+def ring_layout(prog, isz: int, ss: int, rate: int, steps: bool, chans: bool) -> RingLayout:
     """run_ring and _ring_slices stage a KernelCh start (one clock), per non-empty slice (t0, tr, td) received,
     (tw, ts, td) sent, or (t0, tr, ts, td) both ways (the send wait begins at tr), then a KernelCh stop (one
     clock). A direction keeps the slices whose index among its own (empty ones included) is a multiple of the
@@ -127,7 +127,7 @@ def _layout(prog, isz: int, ss: int, rate: int, steps: bool, chans: bool) -> Rin
 def _spec(prog) -> tuple:
     """A program's per-primitive constants, once per cached program (plans are cached per op shape): (kind,
     receives, sends, src, dst (0 in, 1 out, 2 none), src_off, dst_off, final, slices) each, and its layouts
-    (_layout())."""
+    (ring_layout())."""
     bi = {"in": 0, "out": 1, None: 2}
     spec = prog, tuple((KINDS[p.name], p.recv_from is not None, p.send_to is not None, bi[p.src], bi[p.dst],
                         p.src_off, p.dst_off, p.final, p.slices) for p in prog.prims), {}
@@ -154,7 +154,7 @@ def _ring_slices(spec: tuple, job: RingJob, stamps: list | None) -> None:
     rconn.step = rstep = -(-rconn.step // spc) * spc
     sconn.step = sstep = -(-sconn.step // spc) * spc
     if stamps is not None:
-        stamps[2], stamps[4] = rstep, sstep     # the steps of the program's records count from these (_layout())
+        stamps[2], stamps[4] = rstep, sstep     # the steps of the program's records count from these (ring_layout())
     rctl, sctl = rconn.ctl, sconn.ctl
     if rctl[H_HEAD] < rstep:             # credit for the steps the rounding skipped (NCCL's PostRecv does too)
         rconn.post(H_HEAD, rstep)
@@ -287,7 +287,7 @@ def _ring_slices(spec: tuple, job: RingJob, stamps: list | None) -> None:
                     rconn.post(H_HEAD, rn)
                 else:
                     rctl[H_HEAD] = rn
-            if stamp and n:                          # _layout()'s order: it drops the sampled-out records
+            if stamp and n:                          # ring_layout()'s order: it drops the sampled-out records
                 if hr and hs:
                     stamps += (t0, tr, ts, td)
                 elif hr:
