@@ -48,8 +48,9 @@ def main() -> None:
     out = np.empty_like(x)
     prog = plan.programs[0]
 
-    def drop() -> None:
-        del w.staged[:]
+    def drop() -> None:                 # what is staged, of either kind (stamper: blocks), is thrown away
+        w._cut()
+        w.blocks.clear()
     publish = drop if a.no_publish else w.publish
     tag = [0]
 
