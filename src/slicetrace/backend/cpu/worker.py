@@ -9,7 +9,8 @@ Reference semantics of one slice of a primitive (plan.schedule.Prim), n = slice 
 
 Empty slices wait and post like the others (both sides keep their step counters in lockstep).
 Stamp clocks: wait before waiting, ready after the wait, done before the tail is posted; a program stages its
-clocks alone (stamper.stage_ring), the records they make are its layout's (ring_layout()). Point-to-point groups: p2p.py.
+clocks alone (stamper.stage_ring), the records they make are its layout's (ring_layout()). Point-to-point groups:
+p2p.py.
 """
 from __future__ import annotations
 
@@ -88,7 +89,7 @@ def run_ring(prog, job: RingJob) -> None:
         lay = spec[2].get(key)
         if lay is None:
             lay = spec[2][key] = ring_layout(prog, work.recvbuf.dtype.itemsize, work.plan.proto.slice_steps,
-                                         max(rate, 1), work.stamp_steps, chans)
+                                             max(rate, 1), work.stamp_steps, chans)
         w.stage_ring(words, lay)
 
 
@@ -137,8 +138,7 @@ def _spec(prog) -> tuple:
     return spec
 
 
-_SPECS: dict[int, tuple] = {}       # id(program) -> (program, _spec's tuples, layouts): the program kept, so the id is
-#                                     its own
+_SPECS: dict[int, tuple] = {}       # id(program) -> _spec's (program, ...): the program kept, so the id is its own
 _RTAIL, _STAIL = tail(0, KIND_STEP, 0), tail(0, KIND_STEP, FLAG_SEND)     # KernelStep word 5 without size and peer
 
 
