@@ -64,3 +64,22 @@ def test_a_clock_column_over_a_short_span_keeps_every_digit():
     text = bytes(RowFormat(STEP_LINE)(cols)).decode("ascii")
     assert text == (STEP_LINE * n) % tuple(cols.ravel().tolist())
     assert f'"WaitGpuClk":{wait[-1]},' in text and '"ParentId":9007199254000999}' in text
+
+
+@settings(max_examples=60, deadline=None)
+@given(seps=st.lists(st.sampled_from(["", ",", ":", '":', ',"a":', "}{"]), min_size=2, max_size=6),
+       fracs=st.lists(st.booleans(), min_size=1, max_size=5), bases=st.lists(_BASE, min_size=1, max_size=4),
+       spans=st.lists(_SPAN, min_size=1, max_size=4), n=st.sampled_from([64, 100]), seed=st.integers(0, 2**16))
+def test_fields_close_to_each_other_or_to_the_row_start_keep_their_neighbours(seps, fracs, bases, spans, n, seed):
+    """A field's digits go into the row as 4-byte words whose first one also covers the template bytes before it
+    (chrome_text._words): with separators of 0-3 bytes between fields, and a field at the row's start, every
+    byte is still that of one % per block (compact), and the padded form differs only in spaces."""
+    line = "".join(sep + ("%d.%03d" if fracs[i % len(fracs)] else "%d") for i, sep in enumerate(seps)) + "\n"
+    cols = _cols(line, n, bases, spans, seed)
+    small = np.random.default_rng(seed).integers(0, 10**6, n)
+    cols[:, 0] = small                      # the first field: narrow values mixed with wide ones
+    want = ((line * n) % tuple(cols.ravel().tolist())).encode("ascii")
+    assert bytes(RowFormat(line, compact=True)(cols)) == want
+    padded = bytes(RowFormat(line)(cols))
+    assert padded.replace(b" ", b"") == want.replace(b" ", b"")
+    assert padded.count(b"\n") == n
