@@ -6,6 +6,7 @@ Mixed into EventHost (host.py), whose lock, ops, slots and counters these use.
 from __future__ import annotations
 
 import bisect
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,7 @@ from .ops import OFF as _OFF
 from .ops import _Op, _Slot, _Task, to_kernel_ch, to_kernel_steps
 
 _KCH, _KS = _B.KERNEL_CH, _B.KERNEL_STEP
+_STOP = itemgetter(3)           # a run's stop row
 
 
 def task_keys(recs: np.ndarray) -> np.ndarray:
@@ -114,9 +116,10 @@ class PollRuns:
         parts of one key (routed by channel, ops._Op._share) one run at a time (_steps)."""
         c = self._counts
         pend: list[tuple[list, list, list]] = [([], [], []) for _ in self._slots]    # parents, starts, stops
-        box[0] = to_kernel_steps(recs[:max(r[3] for r in runs)])
+        box[0] = to_kernel_steps(recs[:max(map(_STOP, runs))])
         get = self._ops.get
         keys = cuts = None
+        pieces: list[tuple[_Op, _Task, int, int]] = []     # (op, task, rows a..b) for _take, in run order
         for tag, _, a, b in runs:
             op = get(tag)
             if op is None or op.shared or not op.pm_any & _KS:
@@ -124,7 +127,7 @@ class PollRuns:
                 continue
             tasks = op.tasks
             if len(tasks) == 1 and not tasks[0].p2p:
-                self._take(op, tasks[0], a, b, pend)
+                pieces.append((op, tasks[0], a, b))
                 continue
             if cuts is None:                     # once per poll: where (peer, direction) changes
                 keys = task_keys(recs)
@@ -136,7 +139,8 @@ class PollRuns:
                 if t is None:
                     c["no_parent"] += y - x
                 else:
-                    self._take(op, t, x, y, pend)
+                    pieces.append((op, t, x, y))
+        self._take(pieces, pend)
         for s, (ps, st, sp) in zip(self._slots, pend):
             if not ps:
                 continue
@@ -153,22 +157,24 @@ class PollRuns:
             sc["delivered_kernel_step"] = sc.get("delivered_kernel_step", 0) + kept
             sc["pool_full"] += n - kept
 
-    def _take(self, op: _Op, t: _Task, a: int, b: int, pend: list[tuple[list, list, list]]) -> None:
-        """Rows a..b of this poll's KernelSteps, all of task t: queued for each plugin that takes them."""
-        n = b - a
-        if t.done:
-            self._counts["no_parent"] += n
-            return
-        for i, pm in enumerate(op.pmasks):
-            if not pm & _KS:
+    def _take(self, pieces: list[tuple[_Op, _Task, int, int]], pend: list[tuple[list, list, list]]) -> None:
+        """Per (op, task t, a, b) of pieces: rows a..b of this poll's KernelSteps, all of task t, queued for each
+        plugin that takes them (one call per poll: a call per run cost more than its work)."""
+        slots = self._slots
+        for op, t, a, b in pieces:
+            if t.done:
+                self._counts["no_parent"] += b - a
                 continue
-            parent = t.handles[i]
-            if parent is None:
-                self._slots[i].counts["parent_dropped"] += n
-            elif self._slots[i].disabled:
-                self._slots[i].counts["plugin_disabled"] += n
-            else:
-                ps, st, sp = pend[i]
-                ps.append(None if parent is _OFF else parent)     # _OFF: a parent the plugin left untracked
-                st.append(a)
-                sp.append(b)
+            for i, pm in enumerate(op.pmasks):
+                if not pm & _KS:
+                    continue
+                parent = t.handles[i]
+                if parent is None:
+                    slots[i].counts["parent_dropped"] += b - a
+                elif slots[i].disabled:
+                    slots[i].counts["plugin_disabled"] += b - a
+                else:
+                    ps, st, sp = pend[i]
+                    ps.append(None if parent is _OFF else parent)     # _OFF: a parent the plugin left untracked
+                    st.append(a)
+                    sp.append(b)
