@@ -46,9 +46,31 @@ def poll_records(ops: int, slices: int) -> np.ndarray:
     return out.reshape(-1, 6)
 
 
+class DrainOnly:
+    """The drain's consumer that takes every poll's records and does nothing with them (--drain-only)."""
+
+    def batch(self, recs: np.ndarray, runs: list) -> None:
+        pass
+
+    def end_ops(self, tags: list, ts_ns: int) -> None:
+        pass
+
+    def drop(self, reason: str, n: int = 1) -> None:
+        raise AssertionError(f"{n} record(s) dropped: {reason}")
+
+    def begin_op(self, info: OpInfo) -> None:
+        pass
+
+    def op_mask(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
+
+
 def run(a: argparse.Namespace, dump: str | None) -> None:
     s = Settings(profile_dump_file=dump) if dump else Settings()
-    host = EventHost(load_plugins("example", s), CommInfo(1, "x", 1, 2, 0), 16)
+    host = DrainOnly() if a.drain_only else EventHost(load_plugins("example", s), CommInfo(1, "x", 1, 2, 0), 16)
     v = RingViews(bytearray(ring_bytes(1, SLOTS)), 1, SLOTS)
     d = Drain(v, host)
     st = v.started.view(np.uint64).reshape(SLOTS, 6)
@@ -87,7 +109,9 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=32, help="ops per drain poll (the cpu session's inline drain: 32)")
     p.add_argument("--slices", type=int, default=8, help="KernelSteps per op (rank 0 of a 1 MiB all_reduce: 8)")
     p.add_argument("--no-trace", action="store_true", help="no dump file: the plugin counts its records (no writer)")
+    p.add_argument("--drain-only", action="store_true", help="the drain alone: its consumer takes records and drops them")
     a = p.parse_args()
+    a.no_trace |= a.drain_only
     with tempfile.TemporaryDirectory() as tmp:
         run(a, None if a.no_trace else os.path.join(tmp, "t"))
         if not a.no_trace:
