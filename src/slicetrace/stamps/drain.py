@@ -374,7 +374,8 @@ class Drain:
             return
         out, starts = got
         bounds = starts[1:] + [len(out)]
-        lows, kl = out["op"][starts].tolist(), out["kind"][starts].tolist()
+        si = np.array(starts)                       # one list conversion for both columns
+        lows, kl = out["op"][si].tolist(), out["kind"][si].tolist()
         with self._lock:
             tags = [self._ops.get(low) for low in lows]
         n = len(out)
