@@ -7,6 +7,8 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import slicetrace
 from slicetrace.config import Settings
@@ -170,3 +172,36 @@ def test_v1_v2_plugins_are_not_shown_proxy_op_states(version):
                State.PROXY_CTRL_IDLE):
         lp.record_event_state(("h",), st, abi.StateArgs())
     assert [c[2] for c in p.of("state")] == [State.PROXY_STEP_SEND_WAIT, State.PROXY_CTRL_IDLE]
+
+
+@settings(max_examples=30, deadline=None)
+@given(chans=st.lists(st.integers(1, 3), min_size=1, max_size=6), programs=st.lists(st.integers(1, 3), min_size=6,
+       max_size=6), seed=st.integers(0, 2**16))
+def test_a_polls_kernel_ch_runs_end_their_ops_as_one_call_per_run_does(tmp_path_factory, chans, programs, seed):
+    """EventHost.batch's KernelCh runs (one row per run, the 1-channel case, or several) against channel() per run:
+    the same Coll stop times (each op's latest KernelCh done), the same KernelCh records in the trace, the same
+    counters, also where an op expects more KernelCh records than the poll brings."""
+    rng = np.random.default_rng(seed)
+    rows = [chrec(tag, channel=c, start=int(rng.integers(600, 900)), stop=int(rng.integers(1000, 9000)))
+            for tag, k in enumerate(chans, 1) for c in range(k)]
+    r = np.concatenate(rows)
+    runs, a = [], 0
+    for tag, k in enumerate(chans, 1):
+        runs.append((tag, KIND_CHANNEL, a, a + k))
+        a += k
+    out = {}
+    for how in ("batch", "channel"):
+        path = str(tmp_path_factory.mktemp(how) / "t")
+        h = EventHost([LoadedPlugin(ChromePlugin(Settings(profile_dump_file=path,
+                                                          profile_event_mask=int(T.COLL | T.KERNEL_CH))))], COMM)
+        for tag in range(1, len(chans) + 1):
+            h.begin_op(coll_op(tag, n_programs=programs[tag - 1]))
+        if how == "batch":
+            h.batch(r, runs)
+        else:
+            for tag, _, x, y in runs:
+                h.channel(tag, r[x:y])
+        c = h.counters()
+        h.close(ts_ns=99_999)
+        out[how] = (c, _trace(path, "AllReduce"), _trace(path, "KernelCh"))
+    assert out["batch"] == out["channel"]

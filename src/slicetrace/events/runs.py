@@ -94,8 +94,11 @@ class PollRuns:
             a0, b0 = [a - lo for a in st], [b - lo for b in sp]
             self._kch_deliver(s, n, lambda lp: lp.kernel_ch_runs(ps, kc, a0, b0))
         starts = [f[2] for f in fast]
-        if all(f[3] == g for f, g in zip(fast, starts[1:])):   # contiguous runs: every run's last done at once
-            lasts = np.maximum.reduceat(recs["done_ns"][lo:fast[-1][3]], [a - lo for a in starts]).tolist()
+        hi = fast[-1][3]
+        if hi - lo == len(fast):                    # a row per run (1-channel collectives): those rows' dones
+            lasts = recs["done_ns"][lo:hi].tolist()
+        elif all(f[3] == g for f, g in zip(fast, starts[1:])):   # contiguous runs: every run's last done at once
+            lasts = np.maximum.reduceat(recs["done_ns"][lo:hi], [a - lo for a in starts]).tolist()
         else:
             done = recs["done_ns"]
             lasts = [int(done[a:b].max()) for _, _, a, b in fast]

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
+from operator import sub
 from typing import Any
 
 import numpy as np
@@ -240,7 +241,7 @@ class ChromePlugin:
             return n
         ids = [p.ids if type(p) is Ev else NO_IDS for p in parents]     # parent_ids, inlined: a call per op
         if stops[:-1] == starts[1:]:                # contiguous runs: one pending batch, parents per run
-            ctx.add_steps(recs[starts[0]:stops[-1]], ids, [b - a for a, b in zip(starts, stops)])
+            ctx.add_steps(recs[starts[0]:stops[-1]], ids, list(map(sub, stops, starts)))   # run lengths
         else:
             for (pid, seq), a, b in zip(ids, starts, stops):
                 ctx.add_steps(recs[a:b], pid, seq)
@@ -259,8 +260,10 @@ class ChromePlugin:
             return n
         ids = [p.ids[0] if type(p) is Ev else -1 for p in parents]
         if stops[:-1] == starts[1:]:                # contiguous: one batch
-            ctx.add_chans(recs[starts[0]:stops[-1]], np.repeat(np.array(ids, np.int64),
-                                                               [b - a for a, b in zip(starts, stops)]))
+            pid = np.array(ids, np.int64)
+            if stops[-1] - starts[0] != len(ids):   # else a row per run (a 1-channel op's): no repeat to convert
+                pid = np.repeat(pid, list(map(sub, stops, starts)))
+            ctx.add_chans(recs[starts[0]:stops[-1]], pid)
         else:
             for pid, a, b in zip(ids, starts, stops):
                 ctx.add_chans(recs[a:b], pid)
