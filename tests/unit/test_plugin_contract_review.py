@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import strategies as hs
 
 import slicetrace
 from slicetrace.config import Settings
@@ -175,8 +175,8 @@ def test_v1_v2_plugins_are_not_shown_proxy_op_states(version):
 
 
 @settings(max_examples=30, deadline=None)
-@given(chans=st.lists(st.integers(1, 3), min_size=1, max_size=6), programs=st.lists(st.integers(1, 3), min_size=6,
-       max_size=6), seed=st.integers(0, 2**16))
+@given(chans=hs.lists(hs.integers(1, 3), min_size=1, max_size=6), programs=hs.lists(hs.integers(1, 3), min_size=6,
+       max_size=6), seed=hs.integers(0, 2**16))
 def test_a_polls_kernel_ch_runs_end_their_ops_as_one_call_per_run_does(tmp_path_factory, chans, programs, seed):
     """EventHost.batch's KernelCh runs (one row per run, the 1-channel case, or several) against channel() per run:
     the same Coll stop times (each op's latest KernelCh done), the same KernelCh records in the trace, the same
