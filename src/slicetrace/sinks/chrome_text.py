@@ -256,7 +256,7 @@ def _top(table: np.ndarray, last: bool, head: Any) -> np.ndarray:
     if t is None:
         t = table.copy()
         t.view(np.uint8).reshape(-1, 4)[:, :len(head)] = np.frombuffer(head, np.uint8)
-        if len(_TOPS) < 256:
+        if len(_TOPS) < 64:             # 80 KB each; a few (table, head) pairs per template
             _TOPS[(last, head)] = t
     return t
 

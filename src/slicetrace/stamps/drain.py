@@ -374,8 +374,7 @@ class Drain:
             return
         out, starts = got
         bounds = starts[1:] + [len(out)]
-        si = np.array(starts)                       # one list conversion for both columns
-        lows, kl = out["op"][si].tolist(), out["kind"][si].tolist()
+        lows, kl = out["op"][si := np.array(starts)].tolist(), out["kind"][si].tolist()     # one list conversion
         with self._lock:
             tags = [self._ops.get(low) for low in lows]
         n = len(out)
