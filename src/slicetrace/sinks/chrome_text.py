@@ -185,7 +185,10 @@ class RowFormat:
         end = 0                                 # the previous field's end: bytes before it are the template's
         for j, p, w, pad, lo, both, sub in fields:
             v = cols[:, j] - sub if sub else cols[:, j]
-            _digits(v, w, pad, lo, cols[:, j + 1] if both else None, _words(buf, p, w + 4 * both, row, end))
+            out, head, o = _words(buf, p, w + 4 * both, row, end)
+            _digits(v, w, out, pad, lo, cols[:, j + 1] if both else None, head)
+            if o is not None:                   # a scratch array: its digits into the row
+                _put(buf, p, out.view(np.uint8)[:, o:])
             end = p + w + 4 * both
         if self.compact and cuts is None:
             keep = np.ones(buf.shape, bool)
@@ -231,23 +234,23 @@ def _extremes(cols: np.ndarray) -> tuple[list[int], list[int]]:
     return top.tolist(), low.tolist()
 
 
-def _words(buf: np.ndarray, p: int, w: int, row: bytearray, end: int) -> tuple[np.ndarray, Any]:
+def _words(buf: np.ndarray, p: int, w: int, row: bytearray, end: int) -> tuple[np.ndarray, bytes, int | None]:
     """Where a field of w bytes at row offset p goes: (n, ceil(w / 4)) uint32 words of buf ending at p + w, so that
-    digit groups go in as words (one copy per row and field cost a call each, ~20-60 instructions). The first word
-    also covers the o = -w % 4 template bytes before p: returned with them (row[p - o:p]) to put into that word's
-    table (_top); a field too close to the row's start or to the previous field (`end`) gets a scratch (n, words)
-    array instead, copied in by _put."""
+    digit groups go in as words (one copy per row and field cost a call each, ~20-60 instructions), and the
+    o = -w % 4 template bytes before p that the first word also covers (row[p - o:p], for _top), with None. A field
+    too close to the row's start or to the previous field (`end`) gets a scratch array, no bytes, and o instead:
+    its last w bytes per row are the field's (for _put)."""
     k = -(-w // 4)
     o = 4 * k - w
     if p - o < end:
-        return np.empty((len(buf), k), np.uint32), (buf, p, o)
-    return np.ndarray((len(buf), k), np.uint32, buf, p - o, (buf.shape[1], 4)), bytes(row[p - o:p])
+        return np.empty((len(buf), k), np.uint32), b"", o
+    return np.ndarray((len(buf), k), np.uint32, buf, p - o, (buf.shape[1], 4)), bytes(row[p - o:p]), None
 
 
 _TOPS: dict[tuple[bool, bytes], np.ndarray] = {}
 
 
-def _top(table: np.ndarray, last: bool, head: Any) -> np.ndarray:
+def _top(table: np.ndarray, last: bool, head: bytes) -> np.ndarray:
     """table (_LAST if last else _MID) with the first len(head) bytes of every word set to `head`: the template
     bytes that a field's first word covers (_words)."""
     if not head:
@@ -261,17 +264,13 @@ def _top(table: np.ndarray, last: bool, head: Any) -> np.ndarray:
     return t
 
 
-def _digits(v: np.ndarray, w: int, pad: bool = True, lo: int = 0, frac: np.ndarray | None = None,
-            dest: tuple[np.ndarray, Any] | None = None) -> np.ndarray:
-    """(n, w) ASCII digits of non-negative v < 10**w, right-aligned; with pad, leading zeros (not the last
-    digit) become spaces. lo: at most min(v) (a group that every value has digits above is never blank).
-    frac (values 0..999): (n, w + 4), each row's digits followed by "." and its frac in 3 digits.
-    dest: _words' (words, head), written in place of returning them."""
+def _digits(v: np.ndarray, w: int, out: np.ndarray, pad: bool = True, lo: int = 0, frac: np.ndarray | None = None,
+            head: bytes = b"") -> None:
+    """The ASCII digits of non-negative v < 10**w, right-aligned in 4-byte groups, into out's (n, ceil(w / 4)) uint32
+    words; with pad, leading zeros (not the last digit) become spaces. lo: at most min(v) (a group that every value
+    has digits above is never blank). frac (values 0..999): one more word per row, "." and its frac in 3 digits.
+    head: the first bytes of each row's first word (_words), kept."""
     k = -(-w // 4)
-    if dest is None:
-        out, head = np.empty((len(v), k + (frac is not None)), np.uint32), b""
-    else:
-        out, head = dest
     if frac is not None:
         out[:, k] = _DOT[frac]
     x = v
@@ -282,12 +281,4 @@ def _digits(v: np.ndarray, w: int, pad: bool = True, lo: int = 0, frac: np.ndarr
             r += 10000 * (q == 0)
         out[:, c] = (_LAST if c == k - 1 else _MID)[r]
         x = q
-    top = _LAST if k == 1 else _MID
-    if type(head) is bytes:          # a word of the row: its first bytes are the template's
-        top = _top(top, k == 1, head)
-    out[:, 0] = top[x + 10000 if pad else x]    # x < 10000: the top group
-    if type(head) is tuple:          # a scratch array (_words): its digits into the row
-        buf, p, o = head
-        _put(buf, p, out.view(np.uint8)[:, o:])
-        return out
-    return out.view(np.uint8)[:, 4 * k - w:]
+    out[:, 0] = _top(_LAST if k == 1 else _MID, k == 1, head)[x + 10000 if pad else x]    # x < 10000: the top group
