@@ -96,12 +96,17 @@ def test_a_rank_killed_for_running_on_after_a_failure_has_an_error_saying_so(tmp
         os.kill(pid, 0)
 
 
-def _rank_1_hangs_after_profiled_ops(comm, hold):
+def _rank_1_hangs_after_profiled_ops(comm, hold, mark):
     x = np.ones(1 << 12, np.float32)
     for _ in range(5):
         comm.all_reduce(x, x)
     if comm.rank == 0:
+        # rank 0's abort must not catch rank 1 still inside its last op (a loaded host): fail once it hangs
+        deadline = time.monotonic() + 30
+        while not os.path.exists(mark) and time.monotonic() < deadline:
+            time.sleep(0.01)
         raise ValueError("rank 0 failed first")
+    open(mark, "w").close()
     try:
         time.sleep(120)             # a hung rank (user code): the launcher's deadline ends it
     except KeyboardInterrupt:
@@ -115,7 +120,8 @@ def test_a_rank_hung_at_the_deadline_is_asked_to_close_and_its_trace_is_written(
     """Before, the hung rank was SIGKILLed at the deadline: its trace, the one that shows where it hung, had only
     its header."""
     with pytest.raises(slicetrace.LaunchError) as e:
-        slicetrace.launch(_rank_1_hangs_after_profiled_ops, 2, False, timeout_s=TIMEOUT, join_timeout_s=JOIN,
+        slicetrace.launch(_rank_1_hangs_after_profiled_ops, 2, False, str(tmp_path / "hung"), timeout_s=TIMEOUT,
+                          join_timeout_s=JOIN,
                           profiler_plugin="example", profile_dump_file=str(tmp_path / "t"))
     assert e.value.errors[1].endswith("; asked to close, it closed"), e.value.errors[1]
     [f1] = tmp_path.glob("t_*_1.json")
@@ -129,7 +135,8 @@ def test_a_hung_rank_that_does_not_close_when_asked_is_killed_after_the_grace(tm
     monkeypatch.setattr(launch_signals, "INTERRUPT_GRACE_S", 2.0)
     t0 = time.monotonic()
     with pytest.raises(slicetrace.LaunchError) as e:
-        slicetrace.launch(_rank_1_hangs_after_profiled_ops, 2, True, timeout_s=TIMEOUT, join_timeout_s=JOIN)
+        slicetrace.launch(_rank_1_hangs_after_profiled_ops, 2, True, str(tmp_path / "hung"), timeout_s=TIMEOUT,
+                          join_timeout_s=JOIN)
     assert re.fullmatch(rf"rank 1 was still running [\d.]+ s after rank 0 failed \(timeout_s={TIMEOUT:g} \+ 5 s\); "
                         r"asked to close, it was still running 2 s later and was killed", e.value.errors[1]), \
         e.value.errors[1]
