@@ -25,7 +25,7 @@ def fail_before_second_init(comm, how: str) -> None:
 
 @pytest.mark.parametrize("how,lead,cause", [
     ("raise", "rank 1 failed: ValueError: bad batch", "rank 1 failed: ValueError: bad batch"),
-    ("die", "rank 1 failed: rank 1 died with exit code 7", "rank 1 died with exit code 7")])
+    ("die", "rank 1 died with exit code 7", "rank 1 died with exit code 7")])
 def test_a_rank_failure_ends_the_others_waiting_in_a_later_init(how, lead, cause):
     """The others' set-up of the new communicator cannot watch rank 1 (it never joined): they waited timeout_s and
     failed in CommTimeoutError, which led the LaunchError, a minute after the failure by default."""
