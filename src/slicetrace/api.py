@@ -9,10 +9,10 @@ from typing import Any, Iterator
 
 from .api_checks import (a2a_counts, as_index, check_overlap, group_opened, int_index, no_stream_on_cpu, outside_groups,
                          profile_mask, ptr, redop_name, seconds_or_none, tag_value, writable)
-from .api_p2p import run_group
+from .api_p2p import a2a_mismatch, run_group
 from .backend.base import REDOPS, Work
 from .config import Settings
-from .errors import SliceTraceError, UsageError, plural
+from .errors import MismatchError, SliceTraceError, UsageError, plural
 from .events.abi import DATATYPE_NAMES, FUNC_NAMES
 from .events.host import OpInfo, TaskInfo
 from .plan.schedule import P2pPart, plan_collective
@@ -290,7 +290,10 @@ class Communicator:
             entries.append((P2pPart(j, True, sends[j], 0, at_s), flat, dtype, user_tag))
             entries.append((P2pPart(j, False, recvs[j], 0, at_r), recv, dtype, user_tag))
             at_s, at_r = at_s + sends[j], at_r + recvs[j]
-        self._enqueue(entries, checked=True)     # x and out were checked above
+        try:
+            self._enqueue(entries, checked=True)     # x and out were checked above
+        except MismatchError as e:              # the data path sees messages, not which counts made them
+            raise a2a_mismatch(e, sends, recvs) from None
         if user_out is not None:
             return user_out
         return self._result(recv, x) if send_counts is None else self._session.backend.user_buffer(recv, x)

@@ -7,6 +7,7 @@ from typing import Any
 
 from .api_checks import check_group_overlap, check_self_types, ptr
 from .backend.base import DTYPES, Work
+from .errors import MismatchError
 from .events.abi import DATATYPE_NAMES
 from .events.host import TaskInfo
 from .plan.groups import group_layout
@@ -64,3 +65,9 @@ def run_group(comm: Any, entries: list, checked: bool = False) -> None:
         nconn = be.p2p_channels()           # (a group refused before its launch moves nothing)
         for k, n in moves:
             pos[k] = (pos.get(k, 0) + n) % nconn
+
+
+def a2a_mismatch(e: MismatchError, sends: list[int], recvs: list[int]) -> MismatchError:
+    """A point-to-point mismatch inside all_to_all, said in its terms: which counts must agree, and this rank's."""
+    return MismatchError(f"all_to_all: {e}; rank i's send_counts[j] must equal rank j's recv_counts[i] (this rank's "
+                         f"send_counts={list(sends)}, recv_counts={list(recvs)})")

@@ -163,6 +163,9 @@ def test_uneven_all_to_all_whose_counts_disagree_is_a_mismatch_on_both_ranks():
     (timeout_s is 600), and the sender learns it at its next op."""
     with pytest.raises(LaunchError) as e:
         slicetrace.launch(_uneven_all_to_all_disagreeing, 2, backend="cpu", timeout_s=600, join_timeout_s=120)
-    want = ("MismatchError: point-to-point mismatch: rank 0 expects message #0 of 5 x float32 from rank 1, rank 1 "
-            "sends a message of 10 x float32")
+    want = ("point-to-point mismatch: rank 0 expects message #0 of 5 x float32 from rank 1, rank 1 sends a message "
+            "of 10 x float32")
     assert str(e.value).count(want) == 2, str(e.value)
+    # the receiving rank's, raised in all_to_all, says which counts must agree and its own
+    assert (f"MismatchError: all_to_all: {want}; rank i's send_counts[j] must equal rank j's recv_counts[i] (this "
+            f"rank's send_counts=[10, 10], recv_counts=[10, 5])") in e.value.errors[0], e.value.errors[0]
