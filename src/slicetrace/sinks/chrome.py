@@ -43,7 +43,7 @@ from ..events.abi import (ActivationMask, CollApiDescr, CollDescr, CommInfo, Eve
                           KernelChDescr, KernelLaunchDescr, KernelStepDescr, P2pApiDescr, P2pDescr, ProxyCtrlDescr,
                           State, StateArgs)
 from .chrome_ops import OpRows
-from .chrome_store import NO_IDS, POOL_OF, Ctx, Ev, parent_ids
+from .chrome_store import POOL_OF, Ctx, Ev, parent_ids
 from .chrome_text import COLL_B, OP_E, P2P_B, js, metadata, pair, us
 
 log = logging.getLogger("slicetrace")
@@ -239,7 +239,7 @@ class ChromePlugin:
         n = sum(stops) - sum(starts)
         if ctx.done:
             return n
-        ids = [p.ids if type(p) is Ev else NO_IDS for p in parents]     # parent_ids, inlined: a call per op
+        ids = list(map(parent_ids, parents))
         if stops[:-1] == starts[1:]:                # contiguous runs: one pending batch, parents per run
             ctx.add_steps(recs[starts[0]:stops[-1]], ids, list(map(sub, stops, starts)))   # run lengths
         else:

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .chrome_store import Ev
+from .chrome_store import parent_ids
 from .chrome_text import COLL_B, OP_E, P2P_B, RowFormat, js
 
 _TEMPLATES = 4096           # templates kept per buffer (a few per run; more: built per event, still right)
@@ -51,7 +51,7 @@ class OpRows:
         if fmt is None or not (t0.__class__ is ts1.__class__ is a.__class__ is b.__class__ is c.__class__ is int
                                and t0 >= 0 and ts1 >= 0):
             return False
-        pid = p.ids[0] if type(p) is Ev else -1       # chrome_store.parent_ids(p)[0]
+        pid = parent_ids(p)[0]
         self.fmts.append(fmt)
         self.rows.append((ev.id, t0, a, b, c, pid, ts1))
         return True
