@@ -24,23 +24,30 @@ def expected_slices(plan: OpPlan) -> list[tuple[int, bool, int, int, int]]:
     return out
 
 
+def sampled_slices(prog, sample_rate: int):
+    """Per non-empty slice of a program, in order: (elements, receives, sends, its index among the received slices,
+    among the sent ones, received record kept, sent record kept). A direction keeps the slices whose index among
+    its own (empty ones included) is a multiple of sample_rate: counted per direction, the k-th slice a rank sends
+    on a connection is the k-th its peer receives, so both ends keep the same slices and a kept send meets its kept
+    receive."""
+    kr = ks = 0
+    for prim in prog.prims:
+        rv, sd = prim.recv_from is not None, prim.send_to is not None
+        for _, n in prim.slices:
+            if n > 0:
+                yield n, rv, sd, kr, ks, rv and kr % sample_rate == 0, sd and ks % sample_rate == 0
+            kr += rv
+            ks += sd
+
+
 def stamp_records(prog, sample_rate: int, steps: bool, channels: bool) -> tuple[int, int]:
     """(records, sampled out) a program writes: a KernelCh start and stop, then one record per direction of every
-    non-empty slice whose index among that direction's slices (empty ones included) is a multiple of sample_rate
-    (stamps.layout, the kernel's order). Counted per direction, the k-th slice a rank sends on a connection is the
-    k-th its peer receives, so both ends keep the same slices and a kept send meets its kept receive."""
+    slice sampled_slices keeps (stamps.layout, the kernel's order)."""
     recs, skipped = (2 if channels else 0), 0
     if steps:
-        kr = ks = 0
-        for prim in prog.prims:
-            rv, sd = prim.recv_from is not None, prim.send_to is not None
-            for _, n in prim.slices:
-                if n > 0:
-                    keep = (rv and kr % sample_rate == 0) + (sd and ks % sample_rate == 0)
-                    recs += keep
-                    skipped += rv + sd - keep
-                kr += rv
-                ks += sd
+        for _, rv, sd, _, _, keep_r, keep_s in sampled_slices(prog, sample_rate):
+            recs += keep_r + keep_s
+            skipped += rv + sd - keep_r - keep_s
     return recs, skipped
 
 

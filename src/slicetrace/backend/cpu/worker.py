@@ -19,6 +19,7 @@ import warnings
 
 import numpy as np
 
+from ...plan.traffic import sampled_slices
 from ...stamps.layout import FLAG_CH_STOP, FLAG_SEND, KIND_CHANNEL, KIND_STEP
 from .shm import H_HEAD, H_TAIL
 from .stamper import FastRingWriter, RingLayout, tail
@@ -96,28 +97,23 @@ def run_ring(prog, job: RingJob) -> None:
 def ring_layout(prog, isz: int, ss: int, rate: int, steps: bool, chans: bool) -> RingLayout:
     """run_ring and _ring_slices stage a KernelCh start (one clock), per non-empty slice (t0, tr, td) received,
     (tw, ts, td) sent, or (t0, tr, ts, td) both ways (the send wait begins at tr), then a KernelCh stop (one
-    clock). A direction keeps the slices whose index among its own (empty ones included) is a multiple of the
-    sample rate (plan.traffic.stamp_records): the others' clocks are staged, their records are not."""
+    clock). Records are made for the slices plan.traffic.sampled_slices keeps (the rule the peer and the cuda
+    kernel's counts share): the others' clocks are staged, their records are not."""
     recs: list[tuple] = []      # RingLayout's: wait, ready, done clock indices, direction, step offset, word 5
     done_at = [(0, 0)]
     if chans:
         recs.append((0, 0, 0, 2, 0, _CH_START))
         done_at.append((1, 0))
     if steps:
-        kr = ks = skipped = 0           # slices per direction so far; slices sampled out
-        for p in prog.prims:
-            hr, hs = p.recv_from is not None, p.send_to is not None
-            for _, n in p.slices:
-                if n:
-                    c = len(done_at) - 1        # this slice's first clock
-                    if hr and kr % rate == 0:
-                        recs.append((c, c + 1, c + 2 + hs, 0, kr * ss, n * isz | _RTAIL))
-                    if hs and ks % rate == 0:
-                        recs.append((c + hr, c + 1 + hr, c + 2 + hr, 1, ks * ss, n * isz | _STAIL))
-                    skipped += (hr and kr % rate != 0) + (hs and ks % rate != 0)
-                    done_at += [None] * (2 + (hr and hs)) + [(len(recs), skipped)]
-                kr += hr
-                ks += hs
+        skipped = 0                     # slices sampled out
+        for n, hr, hs, kr, ks, keep_r, keep_s in sampled_slices(prog, rate):
+            c = len(done_at) - 1        # this slice's first clock
+            if keep_r:
+                recs.append((c, c + 1, c + 2 + hs, 0, kr * ss, n * isz | _RTAIL))
+            if keep_s:
+                recs.append((c + hr, c + 1 + hr, c + 2 + hr, 1, ks * ss, n * isz | _STAIL))
+            skipped += hr + hs - keep_r - keep_s
+            done_at += [None] * (2 + (hr and hs)) + [(len(recs), skipped)]
     if chans:
         c = len(done_at) - 1
         recs.append((c, c, c, 2, 0, _CH_STOP))
