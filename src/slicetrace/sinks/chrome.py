@@ -65,7 +65,7 @@ def _op_pair(ev: Ev, ts1: int) -> list[str]:
     t0 = d.ts_ns
     if t0 < 0 or ts1 < 0:
         raise ValueError("negative timestamp")
-    pid = d.parent.ids[0] if type(d.parent) is Ev else -1
+    pid = parent_ids(d.parent)[0]
     nm, rank, tpid = js(d.func), ctx.rank, ctx.pid
     if ev.pool == "COLL":
         b = COLL_B % (nm, ev.id, tpid, t0 // 1000, t0 % 1000, d.seq_number, ctx.comm.comm_hash, rank, d.count,
@@ -258,7 +258,7 @@ class ChromePlugin:
         n = sum(stops) - sum(starts)
         if ctx.done:
             return n
-        ids = [p.ids[0] if type(p) is Ev else -1 for p in parents]
+        ids = [parent_ids(p)[0] for p in parents]
         if stops[:-1] == starts[1:]:                # contiguous: one batch
             pid = np.array(ids, np.int64)
             if stops[-1] - starts[0] != len(ids):   # else a row per run (a 1-channel op's): no repeat to convert
