@@ -28,11 +28,11 @@ _TORCH_OPS = {"SUM": "sum", "PRODUCT": "prod", "MIN": "min", "MAX": "max", "AVG"
 
 def redop_name(op: Any) -> str:
     """A reduction: one of REDOPS, or torch.distributed.ReduceOp.SUM, ... (as its name here), else a UsageError."""
-    torch_op = type(op).__module__.startswith("torch") and getattr(op, "name", None) in _TORCH_OPS
-    if torch_op:
+    from_torch = type(op).__module__.startswith("torch")
+    if from_torch and getattr(op, "name", None) in _TORCH_OPS:
         return _TORCH_OPS[op.name]
     if not isinstance(op, str) or op not in REDOPS:     # `in` on a numpy array compares element-wise
-        hint = "" if not type(op).__module__.startswith("torch") else (
+        hint = "" if not from_torch else (
             f"; of torch.distributed.ReduceOp, {', '.join(_TORCH_OPS)} are taken (a ReduceOp made by a call, as "
             f"for PREMUL_SUM, is not)")
         raise UsageError(f"op={op!r} is not one of {REDOPS}{hint}")

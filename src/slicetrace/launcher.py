@@ -197,9 +197,10 @@ def _child(fn: Callable, rank: int, world: int, store_map: Any, job: str, settin
         _no_interrupts()                         # the launcher forwards the terminal's Ctrl-C: close first
         running.clear()
         try:
-            store_map.setdefault(LaunchStore.FAILED_KEY, f"rank {rank} failed: {type(e).__name__}: {e}".encode())
+            why = f"rank {rank} failed: {type(e).__name__}: {e}"
+            store_map.setdefault(LaunchStore.FAILED_KEY, why.encode())
             if comm is not None:
-                comm._session.backend.abort(f"rank {rank} failed: {type(e).__name__}: {e}")
+                comm._session.backend.abort(why)
         except BaseException:
             pass
         _send(conn, ("err", f"{type(e).__name__}: {e}", traceback.format_exc()))
