@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import TraceFormatError
-from ..events.abi import fused_pairs, moving_from
+from ..events.abi import fused_pairs, lost_counters, moving_from
 from .links import MIN_JUDGED_BYTES, judged_slices, link_rates, slow_links, slow_receive_sides, unnamed_below
 from .links_text import render_links
 from .skew_text import render_skew, render_waited
@@ -244,9 +244,7 @@ def render(rep: Report, console=None) -> None:
     render_waited(rep, con)
     render_links(rep, con)            # slow links and receive sides, and why a link far below is not named
     if rep.counters or rep.no_counters:
-        lost = {r: {k: v for k, v in c.items() if v and k not in ("sampled_out", "masked_out")
-                    and not k.startswith(("delivered", "unrecorded_", "plugin_written", "clock_", "ops_"))}
-                for r, c in rep.counters.items()}
+        lost = {r: lost_counters(c) for r, c in rep.counters.items()}
         cut = {r: "no counters record (file cut short?), its losses unknown" for r in rep.no_counters}
         con.print(f"loss counters: "
                   f"{_per_rank(lost, cut) if any(lost.values()) or cut else 'none, every record delivered'}")

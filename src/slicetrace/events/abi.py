@@ -372,3 +372,20 @@ def moving_from(recs: np.ndarray, *keys: np.ndarray, pairs: tuple | None = None)
     start[r] = later
     start[s] = later
     return start
+
+
+# Counters of "slicetrace_counters" that count what was kept, skipped on purpose or measured, not lost.
+_NOT_LOST = ("sampled_out", "masked_out")
+_NOT_LOST_PREFIX = ("delivered", "unrecorded_", "plugin_written", "clock_", "ops_")
+
+
+def lost_counters(counters: dict[str, Any]) -> dict[str, int]:
+    """The loss counters among a rank's counters that are not zero (report's "loss counters" line, the trace's
+    process name)."""
+    return {k: v for k, v in counters.items() if v and k not in _NOT_LOST and not k.startswith(_NOT_LOST_PREFIX)}
+
+
+def process_label(rank: int, comm_hash: int, lost: dict[str, int] | None = None) -> str:
+    """A rank's process name in a trace viewer; with its losses (lost_counters), which a viewer shows nowhere else."""
+    name = f"rank {rank} (comm {comm_hash})"
+    return name + (" lost: " + ", ".join(f"{k} {v:,}" for k, v in lost.items()) if lost else "")
