@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slicetrace.analyze import check_trace
+from slicetrace.analyze.records import read_records
 from slicetrace.config import Settings
 from slicetrace.events import abi
 from slicetrace.events.abi import EventType as T
@@ -509,3 +510,51 @@ def test_coll_and_p2p_records_carry_their_api_parents_id_on_both_paths(tmp_path,
     api = {r["id"] for r in data if r.get("cat") == ("P2P_API" if p2p else "COLL_API") and r["ph"] == "b"}
     ops = [r for r in data if r.get("cat") == ("P2P" if p2p else "COLL") and r["ph"] == "b"]
     assert len(ops) == len(evs) and all(r["args"]["ParentId"] in api for r in ops)
+
+
+def test_a_file_cut_short_before_finalize_still_names_its_process_and_step_tracks(tmp_path):
+    # A rank killed mid-run never reaches finalize: the names were written there only, so Perfetto showed
+    # "Process 1499387314" with numbered threads for the ranks a user most needs to find.
+    _, host, path = make(tmp_path, pool_sizes={"KERNEL_STEP": 64})
+    drive(host, SyntheticSource(nranks=4, nchannels=2, loops=4, seed=1), 6)
+    ctx = host.plugins[0].ctx
+    ctx.close_writer()                  # what the writer had queued is on disk; no finalize (the rank "died")
+    recs = read_records(path)
+    meta = {(r["name"], r["tid"]): r["args"] for r in recs if r.get("ph") == "M"}
+    assert meta[("process_name", 0)] == {"name": "rank 1 (comm 4242)"} and meta[("process_sort_index", 0)]
+    assert meta[("thread_name", 1)] == {"name": "ops"} and meta[("thread_name", 2)] == {"name": "proxy"}
+    step_tids = {r["tid"] for r in recs if r.get("name") == "KernelStep"}
+    assert step_tids and all(("thread_name", t) in meta for t in step_tids)
+    # each track is named once, before its first slice
+    names = [r["tid"] for r in recs if r.get("name") == "thread_name"]
+    assert len(names) == len(set(names))
+    first = {}
+    for i, r in enumerate(recs):
+        first.setdefault((r.get("name"), r.get("tid")), i)
+    assert all(first[("thread_name", t)] < first[("KernelStep", t)] for t in step_tids)
+
+
+def test_losses_are_in_the_process_name_where_a_viewer_shows_them(tmp_path):
+    # Perfetto reads process and thread names of the "M" records only: the slicetrace_counters record was invisible.
+    _, host, path = make(tmp_path)
+    drive(host, SyntheticSource(nranks=4, nchannels=2, loops=4, seed=1), 3)
+    host.drop("overrun", 7)
+    host.close()
+    data = load(path)
+    names = [r["args"]["name"] for r in data if r.get("name") == "process_name"]
+    assert names[0] == "rank 1 (comm 4242)"
+    assert names[-1] == "rank 1 (comm 4242) lost: overrun 7"        # the viewer keeps the last
+    assert data[-1]["name"] == "slicetrace_counters" and data[-1]["args"]["overrun"] == 7
+    assert check_trace(path) == []
+    _, host, clean = make(tmp_path / "clean")
+    drive(host, SyntheticSource(nranks=4, nchannels=2, loops=4, seed=1), 3)
+    host.close()
+    assert [r["args"]["name"] for r in load(clean) if r.get("name") == "process_name"] == ["rank 1 (comm 4242)"]
+
+
+def test_lost_counters_are_the_nonzero_counters_that_count_a_loss():
+    c = {"overrun": 3, "unpaired": 0, "delivered_kernel_step": 9, "unrecorded_group": 2, "plugin_written_COLL": 4,
+         "clock_offset_ns": -5, "ops_sampled_out": 8, "sampled_out": 6, "masked_out": 1, "plugin_dropped_COLL": 2}
+    assert abi.lost_counters(c) == {"overrun": 3, "plugin_dropped_COLL": 2}
+    assert abi.process_label(2, 9, {"overrun": 1234}) == "rank 2 (comm 9) lost: overrun 1,234"
+    assert abi.process_label(2, 9, {}) == "rank 2 (comm 9)"

@@ -7,12 +7,13 @@ plugin (print_event.cc); KernelStep is ours (PR #2316).
 Timeline: ts = host CLOCK_MONOTONIC ns / 1000 (µs, 3 decimals = exact ns). Every rank on a host shares that
 clock, so per-rank files merge into one trace; one process per rank and communicator ("rank N (comm H)"), pid
 from both (chrome_text.trace_pid; the first record, "slicetrace_comm", carries the Rank, the run's nRanks and the
-EventMask the plugin recorded with). Coll/P2p/KernelCh/API events are async b/e pairs (same cat + id; ids are
-chrome_text.id_base + n: unique across the merged files of every communicator, under 2**53). KernelSteps are "X"
-slices from wait to done on one thread per (channel, direction, peer), tid = 1e6 + channel*131072 + is_send*65536 + peer,
-named e.g. "ch 3 send->1"; slices of one connection are sequential, so they render without overlap. ProxyCtrl
-(the drain's states, stamps/ctrl.py) are "X" spans on the "proxy" thread (tid 2), cat PROXY, the last
-PROXY_CTRL pool size of them (older ones are overwritten, counted plugin_overwritten_PROXY_CTRL; PROXY_CTRL's
+EventMask the plugin recorded with), then the process and track names (a KernelStep track's before its first
+slice), so a file cut short (a rank killed) still names them. Coll/P2p/KernelCh/API events are async b/e pairs
+(same cat + id; ids are chrome_text.id_base + n: unique across the merged files of every communicator, under
+2**53). KernelSteps are "X" slices from wait to done on one thread per (channel, direction, peer),
+tid = 1e6 + channel*131072 + is_send*65536 + peer, named e.g. "ch 3 send->1"; slices of one connection are
+sequential, so they render without overlap. ProxyCtrl (the drain's states, stamps/ctrl.py) are "X" spans on the
+"proxy" thread (tid 2), cat PROXY, the last PROXY_CTRL pool size of them (older ones are overwritten, counted plugin_overwritten_PROXY_CTRL; PROXY_CTRL's
 written, lost and overwritten counters count spans, delivered_proxy_ctrl events): NCCL's example plugin writes
 one b/e span per ProxyCtrl event, named Idle (for Idle/Active), Sleep or Append (args.appended), so its long-lived
 Idle/Active event is one span for the whole run; we write a span per state ("Idle" and "Active" between that
@@ -26,7 +27,8 @@ its pool size, by a writer thread (sinks/chrome_writer.py: off the host's lock),
 runs (with no dump file, KernelSteps are counted and their chunk reused every 65,536 rows). The last record,
 "slicetrace_counters", carries the rank's drop counters with this plugin's deliveries and refusals (handed over by
 `report_counters` before `finalize`) and its own drops. A failed write (a full disk) ends the file at its last
-whole record, and finalize raises OSError saying what was lost.
+whole record, and finalize raises OSError saying what was lost. A rank that lost records is renamed before that
+record, "rank N (comm H) lost: overrun 12, ...": Perfetto shows a process's name, never that record's args.
 """
 from __future__ import annotations
 
@@ -41,10 +43,10 @@ from ..config import DEFAULT_POOL_SIZES, Settings
 from ..errors import ConfigError
 from ..events.abi import (ActivationMask, CollApiDescr, CollDescr, CommInfo, EventType, GroupApiDescr, GroupDescr,
                           KernelChDescr, KernelLaunchDescr, KernelStepDescr, P2pApiDescr, P2pDescr, ProxyCtrlDescr,
-                          State, StateArgs)
+                          State, StateArgs, lost_counters)
 from .chrome_ops import OpRows
 from .chrome_store import POOL_OF, Ctx, Ev, parent_ids
-from .chrome_text import COLL_B, OP_E, P2P_B, js, metadata, pair, us
+from .chrome_text import COLL_B, OP_E, P2P_B, js, pair, process_meta, us
 
 log = logging.getLogger("slicetrace")
 
@@ -162,7 +164,7 @@ class ChromePlugin:
                 ctx.start(json.dumps({"name": "slicetrace_comm", "ph": "M", "pid": ctx.pid, "tid": 0,
                                       "args": {"Rank": comm.rank, "nRanks": comm.n_ranks, "CommHash": comm.comm_hash,
                                                "commName": comm.comm_name, "EventMask": int(mask.value)}},
-                                     separators=(",", ":")) + ",\n")
+                                     separators=(",", ":")) + ",\n" + process_meta(ctx.pid, comm.rank, comm.comm_hash))
             except OSError as e:
                 raise ConfigError(f"profile_dump_file (SLICETRACE_PROFILE_DUMP_FILE)={self.dump!r}: cannot create "
                                   f"{ctx.path}: {e.strerror or e}; give a prefix in a writable folder") from e
@@ -297,8 +299,10 @@ class ChromePlugin:
             if ctx.path is None:
                 return
             ctx.write("".join(ctx.proxy), "PROXY_CTRL", len(ctx.proxy))     # written (or lost) in spans
-            ctx.write(metadata(ctx.pid, ctx.rank, ctx.comm.comm_hash, ctx.tids))
             args = {**ctx.host_counters, **self.counters(ctx)}
+            lost = lost_counters(args)
+            if lost:
+                ctx.write(process_meta(ctx.pid, ctx.rank, ctx.comm.comm_hash, lost))
             ctx.write(json.dumps({"name": "slicetrace_counters", "ph": "M", "pid": ctx.pid, "tid": 0,
                                   "args": args}, separators=(",", ":")) + "\n]\n")
             if ctx.error is None:           # where the trace went (bench prints it; launch() and init() users)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..events.abi import KERNEL_CH_DTYPE, KERNEL_STEP_DTYPE, ActivationMask, CollDescr, CommInfo, EventType
-from .chrome_text import CH_LINES, ID_SPAN, STEP_LINE, RowFormat, distinct, id_base, trace_pid
+from .chrome_text import CH_LINES, ID_SPAN, STEP_LINE, RowFormat, distinct, id_base, thread_meta, trace_pid
 from .chrome_writer import Writer
 
 log = logging.getLogger("slicetrace")
@@ -267,8 +267,10 @@ class Ctx:
         n = len(s)
         ch, snd, peer = s["channel"].astype(np.int64), s["is_send"].astype(np.int64), s["peer"].astype(np.int64)
         tid = 1_000_000 + ch * 131072 + snd * 65536 + (peer & 0xFFFF)
-        for t in distinct(tid - 1_000_000):
-            self.tids.add((t // 131072, (t >> 16) & 1, t & 0xFFFF))
+        new = {(t // 131072, (t >> 16) & 1, t & 0xFFFF) for t in distinct(tid - 1_000_000)} - self.tids
+        if new:                 # named before their first slice: a file cut short still names its tracks
+            self.tids |= new
+            self._write_now(thread_meta(self.pid, new))
         wait, done = s["wait_ns"], s["done_ns"]
         dur = np.maximum(done - wait, 0)
         w_us, d_us = wait // 1000, dur // 1000      # x - x // 1000 * 1000: fewer instructions than x % 1000

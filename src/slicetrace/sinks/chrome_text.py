@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from ..events.abi import process_label
+
 # KernelCh b/e pair and KernelStep X record, filled by one % over a block of int columns.
 CH_LINES = ('{"name":"KernelCh","cat":"GPU","id":%d,"pid":%d,"tid":1,"ph":"b","ts":%d.%03d,'
              '"args":{"Channel":%d,"StartGpuClk":%d,"StopGpuClk":%d,"ParentId":%d}},\n'
@@ -97,21 +99,25 @@ def pair(ev_id: int, pid: int, name: str, cat: str, ts0: int, ts1: int, args: di
             f'{head}"ph":"e","ts":{us(ts1)}}},\n']
 
 
-def metadata(pid: int, r: int, comm_hash: int, tids: Any) -> str:
-    """Process and track names (rank r of communicator comm_hash): one track per (channel, direction, peer) in
-    `tids`."""
+def _meta(pid: int, name: str, tid: int, args: dict) -> str:
+    return json.dumps({"name": name, "ph": "M", "pid": pid, "tid": tid, "args": args}, separators=(",", ":")) + ",\n"
 
-    def meta(name: str, tid: int, value: Any) -> str:
-        return json.dumps({"name": name, "ph": "M", "pid": pid, "tid": tid, "args": {"name": value}},
-                          separators=(",", ":")) + ",\n"
-    out = [meta("process_name", 0, f"rank {r} (comm {comm_hash})"),
-           json.dumps({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": r}},
-                      separators=(",", ":")) + ",\n",
-           meta("thread_name", 1, "ops"), meta("thread_name", 2, "proxy")]
-    for ch, snd, peer in sorted(tids):
-        label = f"ch {ch} send->{peer}" if snd else f"ch {ch} recv<-{peer}"
-        out.append(meta("thread_name", step_tid(ch, snd, peer), label))
-    return "".join(out)
+
+def process_meta(pid: int, r: int, comm_hash: int, lost: dict[str, int] | None = None) -> str:
+    """The process name (rank r of communicator comm_hash, with its losses) and sort index, and the names of the
+    ops and proxy tracks: written first, so a file cut short (a rank killed) still names them in a viewer."""
+    out = _meta(pid, "process_name", 0, {"name": process_label(r, comm_hash, lost)})
+    if lost:                # finalize's: a viewer keeps the last name, and shows the counters record nowhere
+        return out
+    return (out + _meta(pid, "process_sort_index", 0, {"sort_index": r})
+            + _meta(pid, "thread_name", 1, {"name": "ops"}) + _meta(pid, "thread_name", 2, {"name": "proxy"}))
+
+
+def thread_meta(pid: int, tids: Any) -> str:
+    """The names of KernelStep tracks, one per (channel, direction, peer) in `tids`."""
+    return "".join(_meta(pid, "thread_name", step_tid(ch, snd, peer),
+                         {"name": f"ch {ch} send->{peer}" if snd else f"ch {ch} recv<-{peer}"})
+                   for ch, snd, peer in sorted(tids))
 
 
 def _table(pad: bytes) -> np.ndarray:
