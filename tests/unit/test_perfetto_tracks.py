@@ -88,3 +88,18 @@ def test_a_file_of_several_ranks_is_refused_not_drawn_as_its_first(tmp_path):
                                                r"takes one file per rank"):
         convert([str(path)], str(out))
     assert not out.exists()
+
+
+def test_a_ranks_losses_are_in_its_process_name(tmp_path):
+    """Perfetto shows no record's args until one is clicked, and the loss counters are in none it draws: a rank
+    whose ring overran looked as whole as the others. Its process is now named with what it lost."""
+    files = [_rank_file(tmp_path, r, {5: "ch 0 send->0"}, [(5, 1.0, 1.0)]) for r in (0, 1)]
+    for f, c in zip(files, ({"overrun": 0, "delivered_coll": 1}, {"overrun": 12, "plugin_dropped_COLL": 2,
+                                                                 "delivered_coll": 1})):
+        recs = json.loads(open(f).read())
+        recs.append({"name": "slicetrace_counters", "ph": "M", "pid": recs[0]["pid"], "tid": 0, "args": c})
+        open(f, "w").write(json.dumps(recs))
+    out = tmp_path / "t.pftrace"
+    convert(files, str(out), partial=True)
+    procs = sorted((d[3][1], d[3][6].decode()) for d in _descriptors(out).values() if 3 in d)
+    assert procs == [(1, "rank 0 (comm 7)"), (2, "rank 1 (comm 7) lost: overrun 12, plugin_dropped_COLL 2")]

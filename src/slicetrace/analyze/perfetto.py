@@ -26,6 +26,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from ..errors import TraceFormatError
+from ..events.abi import lost_counters
 from .atomic import atomic_open
 from .perfetto_tracks import INSTANT, layout, pids, uuid64
 from .protobuf import (P_SEQ_ID, TE_CATEGORIES, TE_FLOW, TE_FLOW_END, TE_NAME, TE_TRACK,
@@ -58,6 +59,8 @@ class _File:
         self.comm = comm_of(path, recs)
         self.rank = rank = next((int(r["pid"]) for r in recs if "pid" in r), 0)
         self.others = sorted({r["pid"] for r in recs if "pid" in r} - {rank})     # refused once the run is read
+        counts = [r.get("args") or {} for r in recs if r.get("name") == "slicetrace_counters"]
+        self.lost = lost_counters(counts[-1]) if counts else {}     # shown in the process name (Perfetto's only)
         names = {r.get("tid"): (r.get("args") or {}).get("name", "") for r in recs
                  if r.get("ph") == "M" and r.get("name") == "thread_name"}
         # ring and point-to-point connections count their FIFO steps apart: a flow key needs the parent's kind

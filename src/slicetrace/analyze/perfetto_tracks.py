@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from ..events.abi import process_label
 from .protobuf import CHILD_EXPLICIT, PID_MAX, track_descriptor
 
 INSTANT = 3                     # TrackEvent.Type
@@ -29,7 +30,7 @@ def layout(f: Any, pid: int, descriptors: list[bytes], pre: dict[tuple, int], ma
     as its siblings), so the lanes sit in a track of the rank's own that orders them: operations, then by channel
     (_track_order); the process has the rank's place among the processes."""
     proc, group = uuid64("proc", f.comm, f.rank), uuid64("rank", f.comm, f.rank)
-    descriptors.append(track_descriptor(proc, process=(pid, f"rank {f.rank} (comm {f.comm})"), order_rank=f.rank))
+    descriptors.append(track_descriptor(proc, process=(pid, process_label(f.rank, f.comm, f.lost)), order_rank=f.rank))
     descriptors.append(track_descriptor(group, f"rank {f.rank}", proc, child_ordering=CHILD_EXPLICIT))
     made: list[tuple[tuple, int, str]] = []     # each lane's (place, uuid, name)
     ends_of: dict[int, list[int]] = {}      # track -> end of the last slice of each lane
