@@ -13,8 +13,9 @@ slice), so a file cut short (a rank killed) still names them. Coll/P2p/KernelCh/
 2**53). KernelSteps are "X" slices from wait to done on one thread per (channel, direction, peer),
 tid = 1e6 + channel*131072 + is_send*65536 + peer, named e.g. "ch 3 send->1"; slices of one connection are
 sequential, so they render without overlap. ProxyCtrl (the drain's states, stamps/ctrl.py) are "X" spans on the
-"proxy" thread (tid 2), cat PROXY, the last PROXY_CTRL pool size of them (older ones are overwritten, counted plugin_overwritten_PROXY_CTRL; PROXY_CTRL's
-written, lost and overwritten counters count spans, delivered_proxy_ctrl events): NCCL's example plugin writes
+"proxy" thread (tid 2), cat PROXY, the last PROXY_CTRL pool size of them (older ones are overwritten, counted
+plugin_overwritten_PROXY_CTRL; PROXY_CTRL's written, lost and overwritten counters count spans,
+delivered_proxy_ctrl events): NCCL's example plugin writes
 one b/e span per ProxyCtrl event, named Idle (for Idle/Active), Sleep or Append (args.appended), so its long-lived
 Idle/Active event is one span for the whole run; we write a span per state ("Idle" and "Active" between that
 event's transitions, "Sleep" to Wakeup, "Append" to AppendEnd with args.appended), which nest, so the track shows
