@@ -775,3 +775,25 @@ def test_files_without_ops_under_a_mask_without_coll_or_p2p_name_the_mask_and_th
             f"({lacks}), so those ops leave no record: ops may have run inside comm.profiling(True, mask=...) with a " \
             f"block mask without KernelStep and KernelCh" in err and "SLICETRACE_PROFILE_EVENT_MASK=65606" in err, err
         assert "no op ran with profiling on" not in err
+
+
+def test_a_trace_of_another_tool_is_said_to_lack_slicetrace_records_not_a_mask(tmp_path, capsys):
+    """A torch profiler trace given to report was told to record "with both in the mask", a setting it has none of;
+    with no slicetrace_comm record in any file, the error says the files are not the example plugin's."""
+    import json
+    from slicetrace.cli.main import main
+    other = tmp_path / "torch.json"
+    other.write_text(json.dumps({"traceEvents": [
+        {"ph": "X", "cat": "kernel", "name": "ncclKernel_AllReduce", "pid": 0, "tid": 7, "ts": 1.5, "dur": 20},
+        {"name": "process_name", "ph": "M", "pid": 0, "args": {"name": "python"}}]}))
+    assert main(["report", str(other)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "no slicetrace_comm record" in err and "a trace of another tool?" in err, err
+    (tmp_path / "own").mkdir()
+    for rank in range(2):               # slicetrace's own, with a mask that left the steps out: not said
+        _coll_file(tmp_path / "own", rank, 2, seqs=(), counters={})
+        f = tmp_path / "own" / f"trace_7_{rank}.json"
+        f.write_text(f.read_text().replace('"commName": ""', '"commName": "", "EventMask": 2'))
+    assert main(["report", str(tmp_path / "own")]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "no KernelStep or KernelCh events" in err and "another tool" not in err, err
