@@ -95,8 +95,8 @@ def run_report(a: argparse.Namespace) -> int:
                                   "" if run.masks else ", and no slicetrace_comm record, which slicetrace's example "
                                   "plugin writes first in each file: a trace of another tool? report reads the "
                                   "example plugin's per-rank files") +
-                              f"; record with both in the mask, e.g. `slicetrace bench --trace DIR` or "
-                              f"SLICETRACE_PROFILE_EVENT_MASK=65606")
+                              "; record with both in the mask, e.g. `slicetrace bench --trace DIR` or "
+                              "SLICETRACE_PROFILE_EVENT_MASK=65606")
     rep = build(ks, counts, top=a.top, chs=chs, ranks=present, starts=run.starts(), spans=run.spans(),
                 names=run.names())
     if a.json is not None:      # the files first: a reader that stops early (`| head`) does not lose them
