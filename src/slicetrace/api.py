@@ -7,12 +7,13 @@ import threading
 import time
 from typing import Any, Iterator
 
-from .api_checks import (a2a_counts, as_index, check_overlap, group_opened, int_index, no_stream_on_cpu, outside_groups,
-                         profile_mask, ptr, redop_name, seconds_or_none, tag_value, writable)
+from .api_checks import (GROUPED, a2a_counts, as_index, check_overlap, comm_named, group_opened, int_index,
+                         no_stream_on_cpu, outside_groups, profile_mask, ptr, redop_name, seconds_or_none, tag_value,
+                         writable)
 from .api_p2p import a2a_mismatch, run_group
 from .backend.base import REDOPS, Work
 from .config import Settings
-from .errors import MismatchError, SliceTraceError, UsageError, plural
+from .errors import MismatchError, PeerError, SliceTraceError, UsageError, plural
 from .events.abi import DATATYPE_NAMES, FUNC_NAMES
 from .events.host import OpInfo, TaskInfo
 from .plan.schedule import P2pPart, plan_collective
@@ -20,10 +21,6 @@ from .rendezvous import Store
 from .session import Session
 
 log = logging.getLogger("slicetrace")
-
-
-# NCCL's groups may also hold collectives; ours batch point-to-point only (all_to_all is sends and receives)
-_GROUPED = "only send, recv and all_to_all may be grouped; call collectives outside the group"
 
 
 class Communicator:
@@ -43,8 +40,7 @@ class Communicator:
             raise UsageError(f"name={name!r} must be a str (the communicator's name in traces and metrics)")
         self._settings, self._rank, self._world = settings, rank, world_size
         self._step_bytes = settings.step_bytes      # a property of frozen settings: computed once, not per op
-        self._tag = 0
-        self._seq: dict[str, int] = {}
+        self._tag, self._seq = 0, {}    # the last op's tag; per-function op counters (_next_seq)
         self._group: list[tuple[P2pPart, Any, str, int]] | None = None
         self._group_depth = self._group_max = self._run_depth = 0    # user group nesting: now, deepest, at run
         self._group_owner = 0                                           # the thread that opened the group
@@ -67,6 +63,7 @@ class Communicator:
     settings = property(lambda self: self._settings, doc="the Settings it was made with (frozen)")
     backend_name = property(lambda self: self._settings.backend, doc="'cpu', 'cuda' or 'null'")
     comm_hash = property(lambda self: self._session.comm_hash, doc="NCCL's commHash of this communicator")
+    name = property(lambda self: self._session.name, doc="its name in traces and errors (init(name=...))")
 
     # ---- helpers ----
     def _check_open(self) -> None:
@@ -123,6 +120,9 @@ class Communicator:
         dev = be.enter_call()
         try:
             return fn(*args)
+        except (PeerError, MismatchError) as e:    # between ranks: say which of the process's communicators
+            comm_named(e, self._session)
+            raise
         finally:
             be.exit_call(dev)
 
@@ -144,7 +144,7 @@ class Communicator:
                         user_tag: int = 0, stream: Any = None) -> Any:
         outside_groups(self, func)
         if self._group is not None:
-            raise UsageError(f"{func} inside comm.group(): {_GROUPED}")
+            raise UsageError(f"{func} inside comm.group(): {GROUPED}")
         sess = self._session
         be = sess.backend
         send, dtype, n = be.as_buffer(x, "x")
@@ -293,7 +293,7 @@ class Communicator:
         try:
             self._enqueue(entries, checked=True)     # x and out were checked above
         except MismatchError as e:              # the data path sees messages, not which counts made them
-            raise a2a_mismatch(e, sends, recvs) from None
+            raise comm_named(a2a_mismatch(e, sends, recvs), self._session) from None
         if user_out is not None:
             return user_out
         return self._result(recv, x) if send_counts is None else self._session.backend.user_buffer(recv, x)
@@ -303,7 +303,7 @@ class Communicator:
         self._check_open()
         outside_groups(self, "barrier")
         if self._group is not None:             # it would run before the group's ops it promises to include
-            raise UsageError(f"barrier inside comm.group(): {_GROUPED}")
+            raise UsageError(f"barrier inside comm.group(): {GROUPED}")
         self._guarded("barrier", self._session.barrier)
 
     # ---- profiling controls ----
@@ -357,7 +357,7 @@ class Communicator:
     def synchronize(self) -> None:
         """cuda: wait for this communicator's last op (cpu ops are already complete)."""
         self._check_open()
-        self._session.synchronize()
+        self._on_device(self._session.synchronize)
 
     def close(self) -> None:
         if self._closed:

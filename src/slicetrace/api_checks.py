@@ -12,8 +12,21 @@ from typing import Any
 import numpy as np
 
 from .backend.base import REDOPS, host_pointer
-from .errors import UsageError, plural
+from .errors import UsageError, comm_label, plural
 from .events.abi import ALL_TYPES, parse_mask
+
+
+# NCCL's groups may also hold collectives; ours batch point-to-point only (all_to_all is sends and receives)
+GROUPED = "only send, recv and all_to_all may be grouped; call collectives outside the group"
+
+
+def comm_named(e: BaseException, sess: Any) -> BaseException:
+    """e, its message ending with which communicator it came from (session `sess`'s: comm_hash as its traces show
+    it, and name): a process may hold several, each numbering its collectives from 1. Once, at the end."""
+    tag = f" [{comm_label(sess.comm_hash, sess.name)}]"
+    if e.args and isinstance(e.args[0], str):
+        e.args = (e.args[0].replace(tag, "") + tag,) + e.args[1:]
+    return e
 
 
 def writable(buf: Any, what: str) -> None:

@@ -55,6 +55,12 @@ def plural(n: int, noun: str, nouns: str = "") -> str:
     return f"{n} {noun if n == 1 else nouns or noun + 's'}"
 
 
+def comm_label(comm_hash: int, name: str) -> str:
+    """A communicator as messages name it (one process may hold several): its commHash as its traces show it, in
+    their file names and CommHash args, and its name (init(name=...))."""
+    return f"comm_hash={comm_hash}, name={name!r}"
+
+
 def ours(summary: str) -> bool:
     """Whether a "TypeName: message" line names one of these errors (a rank's failure relayed as text): bad input,
     a timeout, a peer that left, rather than a bug, whose traceback is worth showing."""

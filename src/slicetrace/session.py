@@ -17,7 +17,7 @@ from typing import Any
 from .backend.base import Backend, Work, create
 from .backend.signals import signals_held, term_exits
 from .config import Settings, value_source
-from .errors import SliceTraceError, UsageError, plural
+from .errors import SliceTraceError, UsageError, comm_label, plural
 from .events.abi import CommInfo, EventType, effective_mask
 from .events.host import EventHost, OpInfo
 from .events.loading import load_plugins
@@ -80,7 +80,7 @@ def _log_to_stderr(level: str | None, rank: int, key: Any) -> None:
 class Session:
     def __init__(self, settings: Settings, rank: int, world: int, store: Store, job: str, name: str = ""):
         self.settings, self.rank, self.world, self.job = settings, rank, world, job
-        self.store = store
+        self.store, self.name = store, name or f"slicetrace-{job}"     # the name in traces, metrics and errors
         comm_hash(job)                              # checks job before the backend: a bad one leaves nothing behind
         _log_to_stderr(settings.debug, rank, self)
         try:
@@ -115,7 +115,7 @@ class Session:
             plugins = load_plugins(settings.profiler_plugin, settings,
                                    value_source("profiler_plugin", settings.profiler_plugin))
             if plugins:
-                info = CommInfo(self.comm_hash, name or f"slicetrace-{job}", 1, world, rank, settings.backend)
+                info = CommInfo(self.comm_hash, self.name, 1, world, rank, settings.backend)
                 with signals_held():       # a Ctrl-C between a plugin's init and the host taking its context
                     self.host = EventHost(plugins, info, settings.plugin_max_failures)   # left its trace unended
                     _LIVE.add(self)
@@ -153,8 +153,8 @@ class Session:
     def _describe(self) -> str:
         """The init line SLICETRACE_DEBUG=INFO prints, as NCCL_DEBUG=INFO's 'Init COMPLETE': what was set up and why."""
         s, b = self.settings, self.backend
-        head = (f"init rank {self.rank} of {self.world}, job {self.job!r}, comm {self.comm_hash:#x}, backend {b.name}"
-                f"{': ' + b.describe() if b.describe() else ''}")
+        head = (f"init rank {self.rank} of {self.world}, job {self.job!r}, {comm_label(self.comm_hash, self.name)}, "
+                f"backend {b.name}{': ' + b.describe() if b.describe() else ''}")
         if self.host is None:
             n = self._unloaded.get("plugin_init_failed", 0)
             why = f"{plural(n, 'plugin')} failed in init" if n else "no profiler plugin"

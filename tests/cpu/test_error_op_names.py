@@ -12,6 +12,7 @@ import slicetrace
 from slicetrace.backend.opsig import coll_name, encode_sig
 from slicetrace.cli.main import main
 from slicetrace.errors import CommTimeoutError
+from slicetrace.session import comm_hash
 
 SHORT = 1.5         # the sub-communicator's timeout_s: rank 0's wait in the op rank 1 never starts
 NAME = re.compile(r"(\w+) #(\d+) \(collective #(\d+) of this communicator\)")
@@ -45,12 +46,15 @@ def _one_rank_stops(comm, prefix: str, job: str) -> str:
 def test_a_timeout_names_the_op_by_the_seq_number_its_trace_shows(tmp_path):
     """Before: the error said "had not started collective #10" (every collective, from 1) where the report said
     "unfinished: AllReduce #6" (NCCL's per-function SeqNum, from 0)."""
-    prefix = str(tmp_path / "t")
-    res = slicetrace.launch(_one_rank_stops, 2, prefix, uuid.uuid4().hex[:10], timeout_s=30.0, join_timeout_s=120)
+    prefix, job = str(tmp_path / "t"), uuid.uuid4().hex[:10]
+    res = slicetrace.launch(_one_rank_stops, 2, prefix, job, timeout_s=30.0, join_timeout_s=120)
     assert res[1] == "away", res
     named = NAME.search(res[0])
     assert named and "rank(s) 1 had not started " + named.group(0) in res[0], res[0]
     assert named.groups() == ("AllReduce", "6", "10"), res[0]
+    # which of the rank's two communicators: the sub-communicator, by the hash its trace files carry
+    assert res[0].endswith(f" [comm_hash={comm_hash(job)}, name='slicetrace-{job}']"), res[0]
+    assert (tmp_path / f"t_{comm_hash(job)}_0.json").exists()
     out = tmp_path / "rep.json"
     assert main(["report", prefix, "--json", str(out)]) == 0
     unfinished = json.loads(out.read_text())["unfinished"]
