@@ -37,19 +37,23 @@ def writable(buf: Any, what: str) -> None:
 
 # torch.distributed.ReduceOp's members by name (a training script passes them): NCCL's five reductions
 _TORCH_OPS = {"SUM": "sum", "PRODUCT": "prod", "MIN": "min", "MAX": "max", "AVG": "avg"}
+# every name op= takes, lowercased: ours and torch's ('SUM', as ReduceOp prints it; 'product')
+_OP_NAMES = {**{r: r for r in REDOPS}, **{k.lower(): v for k, v in _TORCH_OPS.items()}}
 
 
 def redop_name(op: Any) -> str:
-    """A reduction: one of REDOPS, or torch.distributed.ReduceOp.SUM, ... (as its name here), else a UsageError."""
+    """A reduction: one of REDOPS or torch.distributed.ReduceOp's names, in any case ('SUM'), or a ReduceOp member
+    (torch.distributed.ReduceOp.SUM, ...), as its name here; else a UsageError."""
     from_torch = type(op).__module__.startswith("torch")
     if from_torch and getattr(op, "name", None) in _TORCH_OPS:
         return _TORCH_OPS[op.name]
-    if not isinstance(op, str) or op not in REDOPS:     # `in` on a numpy array compares element-wise
-        hint = "" if not from_torch else (
+    name = _OP_NAMES.get(op.lower()) if isinstance(op, str) else None   # `in` on a numpy array compares element-wise
+    if name is None:
+        hint = f" (any case; torch.distributed.ReduceOp's names {', '.join(_TORCH_OPS)} too)" if not from_torch else (
             f"; of torch.distributed.ReduceOp, {', '.join(_TORCH_OPS)} are taken (a ReduceOp made by a call, as "
             f"for PREMUL_SUM, is not)")
         raise UsageError(f"op={op!r} is not one of {REDOPS}{hint}")
-    return REDOPS[REDOPS.index(op)]     # a plain str: str() of a (str, Enum) member is its 'Cls.NAME'
+    return name                         # a plain str: str() of a (str, Enum) member is its 'Cls.NAME'
 
 
 _TAG_LIMIT = 1 << 63        # user tags with the top bit set are NCCL's own (ncclCollConfig_t.userProfilerTag)

@@ -568,6 +568,26 @@ def test_an_op_given_as_a_numpy_array_is_refused_before_anything_is_sent(comm, o
     assert comm.all_reduce(np.ones(3, np.float32), op=np.str_("max")) is not None
 
 
+def _reductions_by_name(comm):
+    x = np.array([comm.rank + 1.0, -(comm.rank + 1.0)], np.float32)
+    return {op: comm.all_reduce(x, op=op).tolist() for op in ("SUM", "PRODUCT", "Min", "MAX", "AVG", "Prod")}
+
+
+def test_reduction_names_are_taken_in_any_case_as_torch_prints_them():
+    """'SUM' (torch.distributed.ReduceOp's name) was refused, while ReduceOp.SUM itself was taken."""
+    res = slicetrace.launch(_reductions_by_name, 2, backend="cpu", timeout_s=20, join_timeout_s=120)
+    assert res == [{"SUM": [3.0, -3.0], "PRODUCT": [2.0, 2.0], "Min": [1.0, -2.0], "MAX": [2.0, -1.0],
+                    "AVG": [1.5, -1.5], "Prod": [2.0, 2.0]}] * 2
+
+
+@pytest.mark.parametrize("op", ["band", "SUMS", "sum ", ""])
+def test_an_unknown_reduction_name_is_refused_with_the_names_taken(comm, op):
+    with pytest.raises(UsageError) as e:
+        comm.all_reduce(np.ones(3, np.float32), op=op)
+    assert str(e.value) == (f"op={op!r} is not one of ('sum', 'prod', 'min', 'max', 'avg') (any case; "
+                            f"torch.distributed.ReduceOp's names SUM, PRODUCT, MIN, MAX, AVG too)")
+
+
 def test_the_byte_order_advice_for_an_output_keeps_the_results():
     """An output in another byte order was told to pass x.astype(...): a copy, which never gets the results."""
     from slicetrace.backend.base import numpy_buffer
