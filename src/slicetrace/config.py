@@ -6,7 +6,6 @@ table is written by hand: change both together). The parsers of a variable's tex
 """
 from __future__ import annotations
 
-import difflib
 import logging
 import numbers
 import os
@@ -16,7 +15,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Mapping
 
 from .config_values import FORMATS, as_bool, as_bytes, as_int, as_mask, as_seconds
-from .errors import ConfigError
+from .errors import ConfigError, closest
 from .events.abi import parse_mask
 
 log = logging.getLogger("slicetrace")
@@ -315,9 +314,9 @@ def _warn_unknown(env: Mapping[str, str]) -> None:
         if (name, env[name]) in _warned:
             continue
         _warned.add((name, env[name]))
-        close = difflib.get_close_matches(name[n:], [k[n:] for k in known], 1)
+        close = closest(name[n:], [k[n:] for k in known])
         log.warning("slicetrace: %s=%r is not a slicetrace variable and is ignored; %s", name, env[name],
-                    f"did you mean SLICETRACE_{close[0]}?" if close else "`slicetrace config` lists them all")
+                    f"did you mean SLICETRACE_{close}?" if close else "`slicetrace config` lists them all")
 
 
 @dataclass(frozen=True)
@@ -393,7 +392,7 @@ def _refuse_unknown(kw: Mapping[str, Any]) -> None:
 def _keyword_hint(bad: list[str], known: set[str]) -> str:
     """' (did you mean ...)': a keyword spelt as its variable (sample_rate for kernel_step_sample_rate), or close."""
     by_var = {v.name[len("SLICETRACE_"):].lower(): v.attr for v in VARIABLES}
-    good = [(b, by_var.get(b.lower()) or next(iter(difflib.get_close_matches(b, known, 1)), None)) for b in bad]
+    good = [(b, by_var.get(b.lower()) or closest(b, known)) for b in bad]
     hints = [f"{g} for {b}" for b, g in good if g]
     return f" (did you mean {', '.join(hints)}?)" if hints else ""
 

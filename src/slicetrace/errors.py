@@ -1,6 +1,9 @@
 """One error hierarchy for slicetrace. Every error names the bad value and what is accepted."""
 from __future__ import annotations
 
+import difflib
+from typing import Iterable
+
 
 class SliceTraceError(Exception):
     """Base of every error slicetrace raises on purpose."""
@@ -59,6 +62,14 @@ def comm_label(comm_hash: int, name: str) -> str:
     """A communicator as messages name it (one process may hold several): its commHash as its traces show it, in
     their file names and CommHash args, and its name (init(name=...))."""
     return f"comm_hash={comm_hash}, name={name!r}"
+
+
+def closest(word: str, known: Iterable[str]) -> str | None:
+    """The known name a misspelt `word` most likely meant, for a "did you mean" hint: one that differs in case
+    only, else difflib's closest (None: nothing close)."""
+    known = sorted(known)
+    return next((k for k in known if k.lower() == word.lower()), None) or \
+        next(iter(difflib.get_close_matches(word, known, 1)), None)
 
 
 def ours(summary: str) -> bool:

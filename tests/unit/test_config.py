@@ -348,6 +348,16 @@ def test_misspelled_variables_are_reported_with_the_closest_name(caplog, monkeyp
         "them all"]
 
 
+def test_a_variable_misspelt_in_case_only_is_told_its_name(caplog, monkeypatch):
+    """SLICETRACE_debug got "`slicetrace config` lists them all": difflib finds nothing between 'debug' and 'DEBUG'."""
+    monkeypatch.setattr(config, "_warned", set())
+    with caplog.at_level(logging.WARNING, logger="slicetrace"):
+        Settings.from_env({"SLICETRACE_debug": "INFO"})
+    assert [r.getMessage() for r in caplog.records] == [
+        "slicetrace: SLICETRACE_debug='INFO' is not a slicetrace variable and is ignored; did you mean "
+        "SLICETRACE_DEBUG?"]
+
+
 def test_every_known_variable_round_trips_without_a_warning(caplog, monkeypatch):
     monkeypatch.setattr(config, "_warned", set())
     d = Settings()

@@ -6,7 +6,7 @@ import logging
 from importlib import metadata
 from typing import Any
 
-from ..errors import PluginError
+from ..errors import PluginError, closest
 from .plugin import LoadedPlugin
 
 log = logging.getLogger("slicetrace")
@@ -38,9 +38,10 @@ def _import(path: str, item: str) -> Any:
     return obj
 
 
-def resolve(item: str, source: str = _SPEC) -> Any:
+def resolve(item: str, source: str = _SPEC, where: str = "") -> Any:
     """One plugin spec -> the object it names (a built-in name, `module:attr`, or an entry point name); source:
-    where the spec came from (the keyword or the variable), named in the error."""
+    where the spec came from (the keyword or the variable), named in the error; where: the item's place in a comma
+    list, said in the error in place of `source=item`."""
     if item in BUILTINS:
         return _import(BUILTINS[item], item)
     if ":" in item:
@@ -52,8 +53,11 @@ def resolve(item: str, source: str = _SPEC) -> Any:
         except Exception as e:
             raise PluginError(f"profiler_plugin item {item!r}: entry point {eps[item].value!r} failed to load ({e})") from e
     known = sorted(set(BUILTINS) | set(eps))
-    raise PluginError(f"{source}={item!r} is not a built-in or entry point name ({known}) nor a 'module:attr' "
-                      f"path; use 'none' to disable profiling")
+    near = closest(item, known)
+    case = " plugin names are case-sensitive" if near and near.lower() == item.lower() else ""
+    hint = f" (did you mean {near!r}?{case})" if near else ""
+    raise PluginError(f"{where or f'{source}={item!r}'} is not a built-in or entry point name ({known}) nor a "
+                      f"'module:attr' path{hint}; use 'none' to disable profiling")
 
 
 def _construct(factory: Any, item: str, settings: Any) -> Any:
@@ -88,12 +92,14 @@ def load_plugins(spec: str | None, settings: Any, source: str = _SPEC) -> list[L
         return []
     out: list[LoadedPlugin] = []
     seen: list[Any] = []
-    for item in (s.strip() for s in spec.split(",")):
+    items = [s.strip() for s in spec.split(",")]
+    for k, item in enumerate(items, 1):
         if not item:
             continue
         if item.lower() == "none":
             raise PluginError(f"{source}={spec!r}: 'none' cannot be combined with other plugins")
-        obj = resolve(item, source)
+        obj = resolve(item, source, "" if len(items) == 1 else f"{source}={spec!r}: item {k} of {len(items)}, "
+                                                               f"{item!r},")
         if any(o is obj for o in seen):                 # two of one plugin would write the same files
             raise PluginError(f"{source}={spec!r}: {item!r} is listed twice (maybe by another name); list each "
                               f"plugin once")
