@@ -14,7 +14,7 @@ import tempfile
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Mapping
 
-from .config_values import FORMATS, as_bool, as_bytes, as_int, as_mask, as_seconds
+from .config_values import FORMATS, as_bool, as_bytes, as_int, as_mask, as_seconds, plugin_spec
 from .errors import ConfigError, closest
 from .events.abi import parse_mask
 
@@ -181,6 +181,7 @@ class Settings:
             v = getattr(self, name)
             if isinstance(v, str) and v != v.strip().lower():
                 object.__setattr__(self, name, v.strip().lower())
+        object.__setattr__(self, "profiler_plugin", plugin_spec(self.profiler_plugin))  # a class: 'module:qualname'
         if isinstance(self.cache_dir, str) and not self.cache_dir.strip():    # as the variable's: '' put kernels in
             object.__setattr__(self, "cache_dir", DEFAULT_CACHE_DIR)          # the working directory
         for f in fields(self):

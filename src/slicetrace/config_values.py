@@ -3,8 +3,10 @@ parser with what it accepts (for config's error messages). Reads no environment 
 from __future__ import annotations
 
 import re
+import sys
 from typing import Any, Callable
 
+from .errors import ConfigError
 from .events.abi import INT_TEXT, parse_mask
 
 
@@ -46,6 +48,35 @@ def as_seconds(v: str) -> float:
     if not _SECONDS.fullmatch(t):
         raise ValueError(v)
     return float(t)
+
+
+_PLUGIN_SPECS = ("a str or None (a spec: 'example', 'linkstats', 'module:attr', an entry point name, a comma list of "
+                 "them, or 'none'; None: no plugin), or a plugin class or factory function defined at a module's top "
+                 "level")
+
+
+def plugin_spec(v: Any) -> str | None:
+    """profiler_plugin as given: a spec str or None as it is; a plugin class or factory function as its
+    'module:qualname' spec, which the ranks that launch() spawns import (an object itself would not reach them).
+    Anything else is a ConfigError saying why and what to pass."""
+    if v is None or isinstance(v, str):
+        return v
+    mod, qual = getattr(v, "__module__", None), getattr(v, "__qualname__", None)
+    if not callable(v) or not isinstance(mod, str) or not isinstance(qual, str):
+        why = ("; ranks load their plugins by import, so pass the plugin's class (or 'module:attr'), not an "
+               "instance of it") if hasattr(v, "init") else ""
+        raise ConfigError(f"profiler_plugin={v!r} (type {type(v).__name__}) is not accepted: profiler_plugin must "
+                          f"be {_PLUGIN_SPECS}{why}")
+    if mod == "__mp_main__" and sys.modules.get(mod) is sys.modules.get("__main__"):
+        mod = "__main__"        # a spawned process's name for its parent's script: one spec in every process
+    obj: Any = sys.modules.get(mod)
+    for part in qual.split("."):
+        obj = getattr(obj, part, None)
+    if obj is not v:            # a local class or lambda ('f.<locals>.P'), or one its module's name no longer gives
+        raise ConfigError(f"profiler_plugin={v!r} (type {type(v).__name__}) cannot be imported as "
+                          f"'{mod}:{qual}', and the ranks launch() starts load plugins by import: define it at a "
+                          f"module's top level, or pass a 'module:attr' str")
+    return f"{mod}:{qual}"
 
 
 # what each parser accepts, for its error message
