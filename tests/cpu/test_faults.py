@@ -39,7 +39,8 @@ def _die_mid_op(comm, folder):
 # how a survivor learns that rank 1 is gone: its liveness check of rank 1's process (or another survivor's abort
 # that carries that finding), never its own timeout (that would be a CommTimeoutError)
 PEER_GONE = re.compile(r"slicetrace\.errors\.PeerError: rank 1 \(pid \d+\) (exited|exited \(pid reused\)|"
-                       r"died \(zombie\)); detected by rank [02]( \(abort posted by rank [02]\))?")
+                       r"died \(zombie\)); detected by rank [02]( \(abort posted by rank [02]\))? "
+                       r"\[comm_hash=\d+, name='slicetrace-\w+'\]")     # which communicator: launch()'s
 
 
 def test_killed_rank_fails_every_other_rank_with_the_peer_death(tmp_path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from slicetrace.session import comm_hash
 from tests.helpers.procs import RankPool
 
 KW = dict(backend="cpu", buffsize=32 << 10, nchannels=1, timeout_s=60.0)     # a miss ends at the timeout: an error
@@ -93,9 +94,12 @@ def test_a_point_to_point_deadlock_is_a_mismatch_on_every_rank(pool, case):
     world, cycle = CASES[case]
     res = pool.run(_run_case, case, world, ranks=range(world))
     want = "point-to-point deadlock: " + cycle + TAIL
+    job = f"{pool.job}{case}"
+    tag = f" [comm_hash={comm_hash(job)}, name='slicetrace-{job}']"     # which communicator (errors end with it)
     in_cycle = (0, 1) if case == "bystander" else tuple(range(world))
     for r, got in enumerate(res):
         assert got[0] == "MismatchError", (r, got)
         # the rank that found it says so plainly, the others relay its abort (a rank outside the cycle only relays)
-        assert got[1] in [want] + [f"{want} (abort posted by rank {p})" for p in in_cycle if p != r], (r, got[1])
-    assert any(got[1] == want for got in res), res
+        assert got[1] in [want + tag] + [f"{want} (abort posted by rank {p}){tag}" for p in in_cycle if p != r], \
+            (r, got[1])
+    assert any(got[1] == want + tag for got in res), res
