@@ -160,8 +160,8 @@ def test_a_bad_plugin_spec_is_one_line_before_any_rank_starts(monkeypatch, capsy
     monkeypatch.setenv("SLICETRACE_PROFILER_PLUGIN", "nosuch")
     assert main(["bench", "-b", "1K", "-e", "1K", "--profile"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("slicetrace: error: SLICETRACE_PROFILER_PLUGIN='nosuch' is not a "
-                          "built-in") and "Traceback" not in err
+    assert err.startswith("slicetrace: error: SLICETRACE_PROFILER_PLUGIN='nosuch' (item 1 of 2 in 'nosuch,example') "
+                          "is not a built-in") and "Traceback" not in err     # --profile added example
 
 
 def test_report_on_traces_without_slices_says_what_to_record(tmp_path, capsys):

@@ -14,15 +14,15 @@ KNOWN = "(['example', 'linkstats']) nor a 'module:attr' path"
 
 @pytest.mark.parametrize("spec,msg", [
     # before: "profiler_plugin='nope' is not ...", the list it was item 2 of unsaid
-    ("example,nope", f"profiler_plugin='example,nope': item 2 of 2, 'nope', is not a built-in or entry point name "
+    ("example,nope", f"profiler_plugin='nope' (item 2 of 2 in 'example,nope') is not a built-in or entry point name "
                      f"{KNOWN}; use 'none' to disable profiling"),
-    ("nope, example", f"profiler_plugin='nope, example': item 1 of 2, 'nope', is not a built-in or entry point name "
+    ("nope, example", f"profiler_plugin='nope' (item 1 of 2 in 'nope, example') is not a built-in or entry point name "
                       f"{KNOWN}; use 'none' to disable profiling"),
     # before: no hint at all
     ("Example", f"profiler_plugin='Example' is not a built-in or entry point name {KNOWN} (did you mean 'example'? "
                 f"plugin names are case-sensitive); use 'none' to disable profiling"),
-    ("example,linkstat", f"profiler_plugin='example,linkstat': item 2 of 2, 'linkstat', is not a built-in or entry "
-                         f"point name {KNOWN} (did you mean 'linkstats'?); use 'none' to disable profiling"),
+    ("example,linkstat", f"profiler_plugin='linkstat' (item 2 of 2 in 'example,linkstat') is not a built-in or "
+                         f"entry point name {KNOWN} (did you mean 'linkstats'?); use 'none' to disable profiling"),
     ("nope", f"profiler_plugin='nope' is not a built-in or entry point name {KNOWN}; use 'none' to disable "
              f"profiling"),
 ])

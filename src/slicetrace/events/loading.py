@@ -98,8 +98,8 @@ def load_plugins(spec: str | None, settings: Any, source: str = _SPEC) -> list[L
             continue
         if item.lower() == "none":
             raise PluginError(f"{source}={spec!r}: 'none' cannot be combined with other plugins")
-        obj = resolve(item, source, "" if len(items) == 1 else f"{source}={spec!r}: item {k} of {len(items)}, "
-                                                               f"{item!r},")
+        obj = resolve(item, source, "" if len(items) == 1 else f"{source}={item!r} (item {k} of {len(items)} in "
+                                                               f"{spec!r})")
         if any(o is obj for o in seen):                 # two of one plugin would write the same files
             raise PluginError(f"{source}={spec!r}: {item!r} is listed twice (maybe by another name); list each "
                               f"plugin once")
