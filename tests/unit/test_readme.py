@@ -107,3 +107,20 @@ def test_bench_exit_statuses_are_those_its_help_gives(capsys):
     codes = set(re.findall(r"\b(\d+)\s+[a-z]", epilog))
     line = README[README.index("\nExit status"):].split("\n\n")[0]
     assert codes == {"0", "1", "2", "130", "143"} and codes == set(re.findall(r"\b(\d+) [a-z(]", line))
+
+
+def test_the_readme_plugin_is_a_complete_plugin_and_counts_sent_bytes(capsys):
+    import numpy as np
+    from slicetrace.events import abi
+    from slicetrace.events.plugin import LoadedPlugin
+    code = next(b for b in re.findall(r"^```python\n(.*?)^```", README, re.M | re.S) if "class StepBytes" in b)
+    ns: dict = {}
+    exec(compile(code, "README.md", "exec"), ns)
+    lp = LoadedPlugin(ns["StepBytes"](), "stepbytes:StepBytes")
+    lp.init(abi.CommInfo(comm_hash=1, comm_name="c", n_nodes=1, n_ranks=2, rank=1))
+    assert lp.version == abi.NATIVE_VERSION and lp.mask == abi.EventType.KERNEL_STEP
+    recs = np.zeros(3, abi.KERNEL_STEP_DTYPE)
+    recs["is_send"], recs["size"] = [1, 0, 1], [4096, 999, 512]
+    assert lp.kernel_step_batch(lp.ctx, recs) == 3
+    lp.finalize()
+    assert capsys.readouterr().out == "rank 1: 4608 B sent in KernelSteps\n"
