@@ -30,7 +30,7 @@ RING_NOTE = "; a ring record is a KernelStep, or a KernelCh's start or stop"
 
 
 def counter_unit(name: str) -> str:
-    """What a counter of the "slicetrace_counters" record counts (README, "Open a trace in Perfetto")."""
+    """What a counter of the "slicetrace_counters" record counts (README, "slicetrace report")."""
     if name in RING_RECORDS:
         return "ring records"
     if name == "pool_full":             # a short KernelCh batch is counted declined
