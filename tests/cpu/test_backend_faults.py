@@ -228,6 +228,7 @@ def test_p2p_count_mismatch(pool2):
 
 
 PEER_GONE = re.compile(r"rank 2 \(pid \d+\) (exited|exited \(pid reused\)|died \(zombie\)); detected by rank [013]"
+                       r" in collective #\d+, waiting for (data|credit) from rank [0-3] on channel \d \(step \d+\)"
                        r"( \(abort posted by rank [013]\))?")
 
 

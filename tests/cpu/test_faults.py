@@ -38,8 +38,11 @@ def _die_mid_op(comm, folder):
 
 # how a survivor learns that rank 1 is gone: its liveness check of rank 1's process (or another survivor's abort
 # that carries that finding), never its own timeout (that would be a CommTimeoutError)
+# ... and the op it was found in, as a timeout names it, with the wait (a survivor's error must say where it stopped)
 PEER_GONE = re.compile(r"slicetrace\.errors\.PeerError: rank 1 \(pid \d+\) (exited|exited \(pid reused\)|"
-                       r"died \(zombie\)); detected by rank [02]( \(abort posted by rank [02]\))? "
+                       r"died \(zombie\)); detected by rank [02] in AllReduce #\d+ \(collective #\d+ of this "
+                       r"communicator\), waiting for (data|credit) from rank [012] on channel 0 \(step \d+\)"
+                       r"( \(abort posted by rank [02]\))? "
                        r"\[comm_hash=\d+, name='slicetrace-\w+'\]")     # which communicator: launch()'s
 
 

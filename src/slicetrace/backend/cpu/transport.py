@@ -198,8 +198,9 @@ class Guard:
         return self.abort_error()
 
     # ---- checks made while waiting ----
-    def check(self, waiting_on: tuple[int, ...] = ()) -> None:
-        """Raise if the comm was aborted, a peer died, or a peer we wait on closed / stopped responding."""
+    def check(self, waiting_on: tuple[int, ...] = (), what: Any = None) -> None:
+        """Raise if the comm was aborted, a peer died, or a peer we wait on closed / stopped responding; what: the
+        wait's subject (describe), named with the collective in flight in the error."""
         if self.ctl[C_ABORT]:
             raise self.abort_error()
         now = time.monotonic_ns()
@@ -216,9 +217,15 @@ class Guard:
             if self._twice.confirm(p, why):
                 if self.on_dead is not None and not closed:
                     self.on_dead(p)
-                raise self.fail(ABORT_PEER, f"rank {p} (pid {pid or pctl[C_PID]}) {why}; detected by rank {self.rank}")
+                raise self.fail(ABORT_PEER, f"rank {p} (pid {pid or pctl[C_PID]}) {why}; detected by rank {self.rank}"
+                                + self._during(what))
         if self.sig is not None:
             self.check_sigs(self.sig)
+
+    def _during(self, what: Any) -> str:
+        """Where a peer's death was found: the collective in flight (as a timeout names it) and the wait."""
+        op = f" in {coll_name(self.sig, self.sig_seq_number)}" if self.sig is not None else ""
+        return op + (f", waiting for {describe(what)}" if what is not None else "")
 
     def publish_sig(self, sig: tuple[int, int, int, int], seq_number: int = -1) -> None:
         seq, count, packed, cfg = sig
@@ -330,7 +337,7 @@ class Backoff:
         now = time.monotonic()
         if now >= self.check_at:
             self.check_at = now + CHECK_EVERY_S
-            g.check(self.peers)
+            g.check(self.peers, self.what)
             if self.p2p:
                 self.check_order()
         if now > self.deadline:
