@@ -166,3 +166,45 @@ def test_the_free_space_report_survives_a_missing_dir(monkeypatch):
         left = os.path.exists(f"/dev/shm/{name}")
         unlink_name(name)
     assert not left
+
+
+# a collective in flight: AllReduce's signature (opsig.encode_sig) as Guard.publish_sig takes it
+def _in_all_reduce(g: Guard, peer_started: bool) -> None:
+    from slicetrace.backend.opsig import encode_sig
+    from slicetrace.backend.cpu.shm import NSIG, SIG_WORD
+    sig = (5,) + encode_sig("all_reduce", 1000, "float32", "sum", 0, 1, 1 << 19)
+    g.publish_sig(sig, 3)
+    if peer_started:                  # the peer's signature words as its own publish_sig left them
+        pctl = g.peers[1][0]
+        base = SIG_WORD + (5 % NSIG) * 4
+        pctl[base + 1], pctl[base + 2], pctl[base + 3], pctl[base] = sig[1], sig[2], sig[3], sig[0]
+
+
+def test_a_timeout_names_the_collective_when_every_rank_had_started_it():
+    """A rank stopped (SIGSTOP) inside an all_reduce every rank had begun: the others' CommTimeoutError said
+    "waited 3.0s (timeout_s) for data from rank 0 on channel 0 (step 76)", no op, where one with a late rank
+    names it ("rank(s) 1 had not started AllReduce #3 ...")."""
+    from slicetrace.backend.cpu.transport import Backoff
+    from slicetrace.errors import CommTimeoutError
+    for started, tail in ((True, " in AllReduce #3 (collective #5 of this communicator)"),
+                          (False, "; rank(s) 1 had not started AllReduce #3 (collective #5 of this communicator)")):
+        g = guard_with_peer(timeout_s=0.05, heartbeat_age_s=0)
+        _in_all_reduce(g, started)
+        b = Backoff(g, ("data", 1, 0, 76), (1,))
+        with pytest.raises(CommTimeoutError) as e:
+            for _ in range(10_000):
+                b.pause()
+        assert str(e.value) == "rank 0 waited 0.05s (timeout_s) for data from rank 1 on channel 0 (step 76)" + tail
+
+
+def test_a_dead_peer_found_in_a_wait_names_the_collective_and_the_wait():
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait(10)
+    g = guard_with_peer(timeout_s=600, heartbeat_age_s=0, pid=p.pid)
+    _in_all_reduce(g, True)
+    with pytest.raises(PeerError) as e:
+        for _ in range(2):
+            g.check((1,), ("credit", 1, 0, 4))
+            time.sleep(0.025)
+    assert str(e.value) == (f"rank 1 (pid {p.pid}) exited; detected by rank 0 in AllReduce #3 (collective #5 of this "
+                            f"communicator), waiting for credit from rank 1 on channel 0 (step 4)")

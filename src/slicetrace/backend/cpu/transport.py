@@ -222,10 +222,13 @@ class Guard:
         if self.sig is not None:
             self.check_sigs(self.sig)
 
+    def in_op(self) -> str:
+        """' in AllReduce #3 (collective #5 of this communicator)': the collective in flight, for an error."""
+        return f" in {coll_name(self.sig, self.sig_seq_number)}" if self.sig is not None else ""
+
     def _during(self, what: Any) -> str:
-        """Where a peer's death was found: the collective in flight (as a timeout names it) and the wait."""
-        op = f" in {coll_name(self.sig, self.sig_seq_number)}" if self.sig is not None else ""
-        return op + (f", waiting for {describe(what)}" if what is not None else "")
+        """Where a peer's death was found: the collective in flight and the wait."""
+        return self.in_op() + (f", waiting for {describe(what)}" if what is not None else "")
 
     def publish_sig(self, sig: tuple[int, int, int, int], seq_number: int = -1) -> None:
         seq, count, packed, cfg = sig
@@ -342,7 +345,7 @@ class Backoff:
                 self.check_order()
         if now > self.deadline:
             raise g.fail(ABORT_TIMEOUT, f"rank {g.rank} waited {g.timeout_s}s (timeout_s) for {describe(self.what)}"
-                         + g.not_started())
+                         + (g.not_started() or g.in_op()))     # the op, once: with the late ranks, or here
 
     def check_order(self) -> None:
         """A peer in a collective we have not started, seen at two checks of this wait (a poll of ours came between:
