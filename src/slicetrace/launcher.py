@@ -7,7 +7,6 @@ import multiprocessing.connection as mpc
 from multiprocessing.managers import SyncManager
 import os
 import pickle
-import re
 import signal
 import sys
 import threading
@@ -21,7 +20,7 @@ from .api_checks import as_index
 from .config import Settings, dist_env, job_attempt, job_rank, job_world_size, quiet_unknown
 from .errors import ConfigError, LaunchError, SliceTraceError, UsageError, ours
 from .launch_checks import launch_settings
-from . import launch_signals
+from .launch_report import close_stuck, death_text, failure_line, lead, stuck_closing
 from .launch_signals import (CLOSE_SIGNAL, ORPHAN_GRACE_S, _asked_to_close, _hold_signals, _interrupted,
                              _let_ranks_close, _no_interrupts, _QuietContext, _release_signals, _remove_job_shm,
                              _start_watch, _terminate_as_exit, _terminated)
@@ -181,6 +180,7 @@ def _child(fn: Callable, rank: int, world: int, store_map: Any, job: str, settin
         _leave_if_forked(me)
         running.clear()
         _no_interrupts()                         # an interrupted launch lets closing ranks finish (plugins)
+        _send(conn, ("closing",))                # from here the launcher bounds it (launch_report.stuck_closing)
         comm.close()
         comm = None
         try:
@@ -227,32 +227,6 @@ def _leave_if_forked(me: int, exc: BaseException | None = None) -> None:
         os._exit(code)
 
 
-def _close_stuck(procs: list, stuck: set[int], started: set[int], held: dict | None, errors: dict[int, str]) -> None:
-    """Ranks still running at the deadline are asked to close (CLOSE_SIGNAL: their close writes the plugins'
-    traces) and get INTERRUPT_GRACE_S to end before the SIGKILL; each one's error says which it was."""
-    asked = sorted(stuck & started)         # one that has not reached fn has no handler: the signal would kill it
-    _let_ranks_close([procs[r] for r in asked], held, CLOSE_SIGNAL)
-    for r in sorted(stuck):
-        errors[r] += (" and was killed (it had not started fn)" if r not in asked else
-                      f"; asked to close, it was still running {launch_signals.INTERRUPT_GRACE_S:g} s later and "
-                      f"was killed" if procs[r].is_alive() else "; asked to close, it closed")
-
-
-def failure_line(rank: int, text: str) -> str:
-    """"rank R failed: <the rank's error>", or the launcher's own finding as it is: it names the rank already
-    ("rank 1 died with exit code 3", not "rank 1 failed: rank 1 died ...")."""
-    return text if re.match(rf"rank {rank}\b", text) else f"rank {rank} failed: {text}"
-
-
-def _lead(k: int, errors: dict, dead: set, stuck: set) -> tuple:
-    """Sort key for the rank where a failure began: one the launcher found dead (its own finding, never a match on
-    error text: a user's message may say "died"), then one whose own error it is, then a peer's failure relayed,
-    then one killed for running on."""
-    head = errors[k].split("\n", 1)[0]
-    relayed = head.startswith("PeerError") or "(abort posted by rank" in head     # another rank's failure
-    return (0 if k in dead else 3 if k in stuck else 2 if relayed else 1, k)
-
-
 def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None = None, **settings: Any) -> list[Any]:
     """Run fn(comm, *args) in `nranks` spawned processes; return the results in rank order.
 
@@ -285,6 +259,7 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
         errors: dict[int, str] = {}
         heads: dict[int, str] = {}              # rank -> its error's "Type: message", without the traceback
         started: set[int] = set()
+        closing: dict[int, float] = {}          # rank -> when its fn returned (its close began)
         dead: set[int] = set()                  # ranks the launcher found gone without a word: where it began
         stuck: set[int] = set()                 # ranks still running at the deadline: asked to close
 
@@ -300,6 +275,9 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
                 return False
             if status == "started":
                 started.add(r)
+                return True
+            if status == "closing":
+                closing.setdefault(r, time.monotonic())
                 return True
             if status == "ok":
                 results[r] = val[0]
@@ -337,16 +315,12 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
                         while c in readers and c.poll(0):        # what it said before it went
                             if not read(c, r):
                                 readers.pop(c)
-                        code = procs[r].exitcode
-                        if r not in errors and r not in results:    # code 0: os._exit(0) in fn, say
+                        if r not in errors and r not in results:
                             dead.add(r)
-                            errors[r] = f"rank {r} exited (code 0) without a result" if code == 0 else (
-                                f"rank {r} died with exit code {code}" + (" (SIGKILL: the kernel's out-of-memory "
-                                "killer, if nobody else sent it; see dmesg)" if code == -9 else "") + (
-                                    "" if r in started else " before running fn" if code < 0 else (   # a signal
-                                    " before running fn: could it import fn? Spawned ranks import it by name: define "
-                                    "it at the top level of an importable module, and launch under `if __name__ == "
-                                    "'__main__':` (the rank's own error is on stderr)")))
+                            errors[r] = death_text(r, procs[r].exitcode, r in started)
+                late = stuck_closing(closing, set(results) | set(errors), time.monotonic(), s.timeout_s)
+                errors.update(late)
+                stuck.update(late)
                 if errors and first_fail is None:
                     first_fail = time.monotonic()
                     dead_rank = min(dead, default=None)     # a rank's own error: it set the key itself
@@ -358,7 +332,7 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
                         while c in readers and c.poll(0):
                             if not read(c, r):
                                 readers.pop(c)
-                    first_rank = min(errors, key=lambda k: _lead(k, errors, dead, stuck))
+                    first_rank = min(errors, key=lambda k: lead(k, errors, dead, stuck))
                     for r in [r for r in range(nranks) if r not in results and r not in errors]:  # had their timeout
                         errors[r] = (f"rank {r} was still running {now - first_fail:.1f} s after rank {first_rank} "
                                      f"failed (timeout_s={s.timeout_s:g} + 5 s)")
@@ -369,6 +343,8 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
                         errors[r] = f"rank {r} still running after join_timeout_s={join_timeout_s}"
                         stuck.add(r)
                     break
+                if stuck and len(results) + len(errors) == nranks and stuck.issuperset(pending.values()):
+                    break                       # the others are gone: the stuck ones need not wait the deadline
                 if not pending and readers:
                     # processes are gone; anything unread now will never come
                     for c, r in list(readers.items()):
@@ -385,7 +361,7 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
                     _let_ranks_close([p for r, p in enumerate(procs) if r in started], held,
                                      CLOSE_SIGNAL if ignored else signal.SIGINT)   # ignored SIGINT: ranks too
                 elif stuck:     # asked first, as on Ctrl-C: a hung rank's trace is the one its user needs
-                    _close_stuck(procs, stuck, started, held, errors)
+                    close_stuck(procs, stuck, started, set(closing), held, errors)
                 for p in procs:
                     if p.is_alive():
                         p.kill()
@@ -394,7 +370,7 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
             finally:
                 _release_signals(held)
     if errors:
-        r = min(errors, key=lambda k: _lead(k, errors, dead, stuck))
+        r = min(errors, key=lambda k: lead(k, errors, dead, stuck))
         others = "; ".join(failure_line(k, v.splitlines()[0]) for k, v in sorted(errors.items()) if k != r)
         shown = heads[r] if ours(heads.get(r, "")) else errors[r]   # bad input, a timeout: no traceback
         raise LaunchError(failure_line(r, shown) + (f"\nother ranks: {others}" if others else ""), errors)

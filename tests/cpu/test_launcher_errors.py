@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import re
+import signal
 import time
 
 import numpy as np
@@ -214,7 +215,7 @@ def test_keywords_of_launch_that_are_no_setting_say_where_fns_arguments_go():
 def test_an_abort_relayed_from_another_rank_does_not_lead_before_that_ranks_own_error():
     """A MismatchError or CommTimeoutError relayed through the abort word ('... (abort posted by rank 1)') counted
     as rank 0's own error, so the LaunchError led with rank 0."""
-    from slicetrace.launcher import _lead
+    from slicetrace.launch_report import lead as _lead
     errors = {0: "MismatchError: collective #3 differs across ranks (abort posted by rank 1)\nTraceback ...",
               1: "MismatchError: collective #3 differs across ranks\nTraceback ...",
               2: "PeerError: rank 1 failed\nTraceback ..."}
@@ -385,3 +386,32 @@ def test_closed_communicators_leave_no_keys_in_the_store():
     close now forgets them."""
     res = slicetrace.launch(_keys_after_communicators, 3, 6, timeout_s=30.0, join_timeout_s=120)
     assert res == [[], [], []]
+
+
+def _stopped_in_close(comm, folder):
+    """Rank 1 is stopped (SIGSTOP, as a debugger or a job scheduler does) once its close has begun: fn returned,
+    so the launcher had no failure, no deadline, and waited for it for good (join_timeout_s, or forever)."""
+    with open(os.path.join(folder, f"pid{comm.rank}"), "w") as f:
+        f.write(str(os.getpid()))
+    if comm.rank == 1:
+        real = comm.close
+
+        def close():
+            os.kill(os.getpid(), signal.SIGSTOP)
+            real()
+        comm.close = close
+    comm.all_reduce(np.ones(8, np.float32))
+    return comm.rank
+
+
+def test_a_rank_stuck_in_its_close_is_killed_timeout_s_after_its_fn_returned(tmp_path):
+    t0 = time.monotonic()
+    with pytest.raises(slicetrace.LaunchError) as e:
+        slicetrace.launch(_stopped_in_close, 2, str(tmp_path), timeout_s=1.0, join_timeout_s=JOIN)
+    took = time.monotonic() - t0
+    assert e.value.errors.keys() == {1}, e.value.errors       # rank 0 returned its result
+    assert re.fullmatch(r"rank 1 was still closing its communicator \d+\.\d s after its fn returned \(timeout_s=1 "
+                        r"\+ 5 s\); it was killed", str(e.value)), str(e.value)
+    assert took < JOIN / 2, took        # at timeout_s + 5 s, not at join_timeout_s
+    pid = int((tmp_path / "pid1").read_text())
+    assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split(") ")[1][0] in "ZX", pid

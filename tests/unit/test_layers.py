@@ -55,7 +55,8 @@ ALLOWED: dict[str, set[str]] = {
     "api": LOW | CONTRACTS | {"plan", "backend.base", "events.host", "session", "api_checks", "api_p2p"},
     "launch_signals": {"backend.signals"},      # SIGTERM's exit handler
     "launch_checks": LOW | {"api_checks", "backend.cpu", "events.loading"},   # /dev/shm, plugins: before spawning
-    "launcher": LOW | {"api", "api_checks", "launch_checks", "launch_signals"},
+    "launch_report": {"launch_signals"},         # how ranks ended, and asking stuck ones to close
+    "launcher": LOW | {"api", "api_checks", "launch_checks", "launch_signals", "launch_report"},
     "cli": None,                 # the top: may import anything
     "__main__": {"cli"},         # python -m slicetrace
     "__init__": LOW | {"api", "launcher"},
