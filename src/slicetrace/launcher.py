@@ -18,7 +18,7 @@ from typing import Any, Callable
 from .api import Communicator
 from .api_checks import as_index
 from .config import Settings, dist_env, job_attempt, job_rank, job_world_size, quiet_unknown
-from .errors import ConfigError, LaunchError, SliceTraceError, UsageError, ours
+from .errors import ConfigError, LaunchError, PeerError, SliceTraceError, UsageError, ours
 from .launch_checks import launch_settings
 from .launch_report import close_stuck, death_text, failure_line, lead, stuck_closing
 from .launch_signals import (CLOSE_SIGNAL, ORPHAN_GRACE_S, _asked_to_close, _hold_signals, _interrupted,
@@ -244,6 +244,11 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
     try:
         mgr.start(_start_watch, (os.getpid(), 0.0, job))   # the store's server goes with its launcher too (at once)
     except EOFError:            # the spawned server re-ran the caller's module, which called launch() again
+        server = mgr._process
+        server.join(5)
+        if server.exitcode is not None and server.exitcode < 0:     # or it was killed (signal) while it started
+            raise LaunchError(f"launch(): the store's server process (pid {server.pid}) was killed by signal "
+                              f"{-server.exitcode} while it started", {}) from None
         raise LaunchError("launch(): the store's server process failed to start: spawned processes import the "
                           "caller's module, so call launch() under `if __name__ == '__main__':`", {}) from None
     except BaseException:       # Ctrl-C while it reads the server's address: the server (SIGINT ignored) has no
@@ -325,7 +330,10 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
                     first_fail = time.monotonic()
                     dead_rank = min(dead, default=None)     # a rank's own error: it set the key itself
                     if dead_rank is not None:
-                        store_map.setdefault(LaunchStore.FAILED_KEY, errors[dead_rank].encode())
+                        try:
+                            LaunchStore(store_map).claim(LaunchStore.FAILED_KEY, errors[dead_rank].encode())
+                        except PeerError:       # the store's server is gone too: the ranks watch each other
+                            pass
                 now = time.monotonic()
                 if first_fail is not None and now - first_fail > s.timeout_s + 5:
                     for c, r in list(readers.items()):      # results that came in since the last wait: not stuck

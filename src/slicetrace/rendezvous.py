@@ -82,16 +82,26 @@ class DictStore(Store):
         self._d = mapping
 
     def set(self, key: str, value: bytes) -> None:
-        self._d[key] = value
+        self._call("set", key, self._d.__setitem__, key, value)
 
     def try_get(self, key: str) -> bytes | None:
-        return self._d.get(key)
+        return self._call("get", key, self._d.get, key)
 
     def claim(self, key: str, value: bytes) -> bytes:
-        return self._d.setdefault(key, value)           # one call: atomic in a Manager's dict, and in a dict
+        return self._call("set", key, self._d.setdefault, key, value)   # one call: atomic in a Manager's dict
 
     def delete(self, key: str) -> None:
-        self._d.pop(key, None)
+        self._call("delete", key, self._d.pop, key, None)
+
+    @staticmethod
+    def _call(verb: str, key: str, fn: Callable, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except (OSError, EOFError) as e:    # a Manager's server gone (a plain dict raises neither): not the
+            raise PeerError(                # manager's 30-line traceback ending in ConnectionRefusedError
+                f"rendezvous store: could not {verb} {key!r}: its server process (a multiprocessing Manager: "
+                f"launch()'s, which ends with its launcher, or the one given to DictStore) is gone "
+                f"({type(e).__name__}: {e})") from None
 
 
 class LaunchStore(DictStore):
