@@ -294,3 +294,73 @@ def test_a_nul_byte_in_the_prefix_is_a_config_error_naming_it():
     with pytest.raises(ConfigError, match=want):
         slicetrace.init(backend="null", rank=0, world_size=2, store=DictStore({}), profiler_plugin="linkstats",
                         linkstats_file="m\0n")
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("# HELP a_total x\n# TYPE a_total counter\na_total 1", "does not end with a newline"),
+    ("# HELP a_total x\n# TYPE a_total counter\n\na_total 1\n", "blank line"),
+    ("# TYPE a_total counter\na_total 1\n", "no HELP and TYPE"),
+    ("# HELP a_total x\n# HELP a_total y\n# TYPE a_total counter\na_total 1\n", "second HELP"),
+    ("# HELP a_total x\n# TYPE a_total counter\na_total 1\n# TYPE a_total counter\n", "after the samples"),
+    ("# HELP a_total x\n# TYPE a_total counter\na_total{k=\"1\"} 1\n# HELP b x\n# TYPE b gauge\nb 1\n"
+     "a_total{k=\"2\"} 1\n", "not together"),
+    ("# HELP a_total x\n# TYPE a_total counter\na_total{k=\"1\"} 1\na_total{k=\"1\"} 2\n", "duplicate series"),
+    ("# HELP a_total x\n# TYPE a_total counter\na_total{k=\"1\",k=\"2\"} 1\n", "a label given twice"),
+    ("# HELP a_total x\n# TYPE a_total counter\na_total{k=\"a\\tb\"} 1\n", "invalid escape"),
+    ("# HELP a_total x\n# TYPE a_total counter\na_total{k=\"a\"b\"} 1\n", "expected ','"),
+    ("# HELP a_total x\n# TYPE a_total counter\na_total 1 1700000000\n", "no timestamp"),
+    ("# HELP a_total x\n# TYPE a_total counter\na_total -1\n", "counter value"),
+    ("# HELP a x\n# TYPE a counter\na 1\n", "end in _total"),
+    ("# HELP a_total x\n# TYPE a_total gauge\na_total 1\n", "end in _total"),
+    ("# HELP a_ms x\n# TYPE a_ms gauge\na_ms 1\n", "not a base unit"),
+    ("# HELP 1a x\n# TYPE 1a gauge\n1a 1\n", "bad metric name"),
+    ("# HELP a x\n# TYPE a gauge\na{__k=\"1\"} 1\n", "bad label name"),
+    ("# HELP a x\n# TYPE a gauge\na 1,5\n", "bad value"),
+])
+def test_the_strict_reader_refuses_what_the_exposition_format_forbids(text, problem):
+    """The tests below trust tests/helpers/prom.parse: each rule it checks, broken once."""
+    from tests.helpers.prom import PromError, parse
+    with pytest.raises(PromError, match=problem):
+        parse(text)
+    assert parse("# HELP a_total x \\\\ \\n y\n# TYPE a_total counter\na_total{k=\"q\\\"\\\\\\n\"} 1.5e3\n") == \
+        {"a_total": {"help": "x \\ \n y", "type": "counter", "samples": {(("k", 'q"\\\n'),): 1500.0}}}
+
+
+def test_every_state_of_the_file_is_strict_exposition_text_with_one_unit_per_family(tmp_path):
+    """At init (no links yet), mid-run and at close with counters, clocks, sampling and a name that needs escapes,
+    the file parses strictly. profile_min_bytes (bytes) was a series of the unit-less slicetrace_sampling gauge,
+    beside two '1 in k' factors: a sum or avg over that family mixed units; it is slicetrace_profile_min_bytes."""
+    from tests.helpers.prom import parse, series
+    s = Settings(linkstats_file=str(tmp_path / "m"), linkstats_interval_s=1e-9, sample_rate=4, op_sample_rate=10,
+                 profile_min_bytes=65536)
+    p = LinkStatsPlugin(s)
+    ctx = p.init(CommInfo(42, 'j "a"\n\\b', 1, 3, 1), ActivationMask())
+    path = tmp_path / "m_42_1.prom"
+    states = [parse(path.read_text(encoding="utf-8"))]
+    p.kernel_step_batch(ctx, None, _recs([(0, 1, 2, 1000, 0, 500, 2500), (1, 0, 0, 64, 0, 0, 7)]))
+    assert ctx.writer.idle(30)
+    states.append(parse(path.read_text(encoding="utf-8")))
+    p.report_counters(ctx, {"overrun": 2, "clock_offset_ns": -1500, "clock_uncertainty_ns": 20})
+    p.finalize(ctx)
+    states.append(parse(path.read_text(encoding="utf-8")))
+    for m in states:
+        assert series(m, "slicetrace_sampling", "setting") == {("kernel_step_sample_rate",): 4,
+                                                               ("op_sample_rate",): 10}
+        assert series(m, "slicetrace_profile_min_bytes", "comm_name") == {('j "a"\n\\b',): 65536}
+    assert states[0]["slicetrace_link_bytes_total"]["samples"] == {}
+    assert series(states[1], "slicetrace_link_bytes_total", "channel", "direction", "peer") == \
+        {("0", "send", "2"): 1000, ("1", "recv", "0"): 64}
+    assert series(states[2], "slicetrace_clock_offset_seconds", "rank") == {("1",): -1.5e-6}
+    assert series(states[2], "slicetrace_profiler_accounting_total", "counter") == {("overrun",): 2}
+
+
+def test_the_help_of_the_time_counters_says_what_is_summed(tmp_path):
+    """The HELP said 'time spent moving data, summed over channels' (each series is one channel) and not that a
+    fused slice's two directions move from the later of their ready clocks: sums of done - ready over a trace then
+    disagreed with it on every fused receive, and nothing in the file said why."""
+    from tests.helpers.prom import parse
+    p, ctx = _plugin(tmp_path, name="c")
+    m = parse(prometheus_text(ctx.comm, ctx.table, {}, ctx.sampling))
+    assert "ready - wait" in m["slicetrace_link_wait_seconds_total"]["help"]
+    help_ = m["slicetrace_link_transfer_seconds_total"]["help"]
+    assert "done - ready" in help_ and "later of their ready clocks" in help_ and "summed over channels" not in help_

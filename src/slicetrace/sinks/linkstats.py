@@ -42,15 +42,17 @@ class _Ctx:
         self.write_at = time.monotonic() + self.interval_s
         self.host_counters: dict[str, int] = {}
         self.sampling = {"kernel_step_sample_rate": s.sample_rate, "op_sample_rate": s.op_sample_rate,
-                         "profile_min_bytes": s.profile_min_bytes}
+                         "profile_min_bytes": s.profile_min_bytes}      # the last one in bytes: a gauge of its own
         self.failing = False        # the last write failed: said once, tried again at the next
 
 
 _SAMPLED = " (of the profiled ops' kept slices only: see slicetrace_sampling)"
 _METRICS = (("slices_total", "KernelStep slices of this link" + _SAMPLED, 1.0),
             ("bytes_total", "Bytes that this link's slices moved" + _SAMPLED, 1.0),
-            ("wait_seconds_total", "Time its slices waited for data (recv) or credit (send)" + _SAMPLED, 1e-9),
-            ("transfer_seconds_total", "Time its slices spent moving data, summed over channels" + _SAMPLED, 1e-9))
+            ("wait_seconds_total", "Time its slices waited for data (recv) or credit (send): ready - wait" + _SAMPLED,
+             1e-9),
+            ("transfer_seconds_total", "Time its slices spent moving data: done - ready, a fused slice's two "
+             "directions from the later of their ready clocks" + _SAMPLED, 1e-9))
 
 
 def prometheus_text(comm: CommInfo, table: dict, counters: dict[str, int], sampling: dict | None = None) -> str:
@@ -59,9 +61,15 @@ def prometheus_text(comm: CommInfo, table: dict, counters: dict[str, int], sampl
     base = f'comm="{comm.comm_hash}",comm_name="{_escape(comm.comm_name)}",rank="{comm.rank}"'
     lines = []
     if sampling:                    # the counters count what was profiled and kept, not everything: say how much
-        lines += ["# HELP slicetrace_sampling The settings that leave slices or ops out of the link counters: 1 "
-                  "slice in k of each direction, 1 op in k, ops below so many bytes.", "# TYPE slicetrace_sampling gauge"]
-        lines += [f'slicetrace_sampling{{{base},setting="{k}"}} {int(v)}' for k, v in sampling.items()]
+        # one unit per family: the two "1 in k" settings together, the size threshold in a _bytes gauge
+        rates = {k: v for k, v in sampling.items() if k != "profile_min_bytes"}
+        lines += ["# HELP slicetrace_sampling The settings that leave slices or ops out of the link counters, as k of "
+                  "1 in k: slices of each direction, ops.", "# TYPE slicetrace_sampling gauge"]
+        lines += [f'slicetrace_sampling{{{base},setting="{k}"}} {int(v)}' for k, v in rates.items()]
+        if "profile_min_bytes" in sampling:
+            lines += ["# HELP slicetrace_profile_min_bytes Ops below this size are left out of the link counters.",
+                      "# TYPE slicetrace_profile_min_bytes gauge",
+                      f"slicetrace_profile_min_bytes{{{base}}} {int(sampling['profile_min_bytes'])}"]
     for col, (name, help_, scale) in enumerate(_METRICS):
         lines += [f"# HELP slicetrace_link_{name} {help_}.", f"# TYPE slicetrace_link_{name} counter"]
         for (c, snd, peer), v in sorted(table.items()):
