@@ -1,39 +1,40 @@
-"""Two plugins at once on a real run: the trace plugin and the link-statistics plugin agree on every byte."""
+"""Two plugins at once on a real run: the trace plugin and the link-statistics plugin agree on every byte and every
+nanosecond; the .prom files a scraper reads mid-run, at close and after a rank is killed are whole and valid."""
 import glob
+import os
+import signal
+import threading
 
 import numpy as np
+import pytest
 
 import slicetrace
 from slicetrace.analyze.trace import kernel_steps, load_traces
+from slicetrace.errors import LaunchError
+from slicetrace.events.abi import moving_from
+from tests.helpers.prom import parse, series
+
+_LINK = ("channel", "direction", "peer")
 
 
 def _job(comm):
     x = np.ones(300_001, dtype=np.float32)
     for _ in range(3):
         comm.all_reduce(x, x)
+    comm.broadcast(x, root=1)
     comm.flush_profiler()
     lp = [s.lp for s in comm._session.host._slots if s.lp.name == "linkstats"][0]
     return lp.plugin.snapshot(lp.ctx)
 
 
-def _prom(path: str) -> dict:
-    """name -> {labels: value} of a Prometheus text file (what a textfile collector parses)."""
-    out: dict = {}
-    for line in open(path).read().splitlines():
-        if line.startswith("#"):
-            continue
-        head, value = line.rsplit(" ", 1)
-        name, labels = head.split("{", 1)
-        pairs = (kv.split("=", 1) for kv in labels.rstrip("}").split(","))
-        out.setdefault(name, {})[tuple(sorted((k, v.strip('"')) for k, v in pairs))] = float(value)
-    return out
-
-
-def test_linkstats_and_trace_fan_out_agree(tmp_path):
+@pytest.mark.parametrize("sample_rate", [1, 3])
+def test_linkstats_and_trace_fan_out_agree(tmp_path, sample_rate):
+    """Bytes, wait (ready - wait) and transfer (done - ready, a fused slice from its later ready) of every link equal
+    the sums over the same run's Chrome trace, also with 1 slice in k kept (both see the same kept slices)."""
     prefix = str(tmp_path / "t")
     tables = slicetrace.launch(_job, 3, profiler_plugin="example,linkstats", profile_dump_file=prefix,
                                buffsize=1 << 16, nchannels=2, linkstats_file=str(tmp_path / "m"),
-                               join_timeout_s=120)
+                               sample_rate=sample_rate, join_timeout_s=120)
     ks = kernel_steps(load_traces(sorted(glob.glob(prefix + "_*.json"))))
     for rank, table in enumerate(tables):
         mine = ks[ks["rank"] == rank]
@@ -43,12 +44,98 @@ def test_linkstats_and_trace_fan_out_agree(tmp_path):
         assert all(r["transfer_us"] > 0 and r["gbps"] > 0 for r in table)
         prom = glob.glob(str(tmp_path / f"m_*_{rank}.prom"))       # the metrics file says the same
         assert len(prom) == 1
-        m = _prom(prom[0])
-        by = {(dict(k)["channel"], dict(k)["direction"], dict(k)["peer"]): v
-              for k, v in m["slicetrace_link_bytes_total"].items()}
-        assert by == {(str(r["channel"]), "send" if r["is_send"] else "recv", str(r["peer"])): r["bytes"]
-                      for r in table}
-        xfer = sum(m["slicetrace_link_transfer_seconds_total"].values())
-        assert abs(xfer - sum(r["transfer_us"] for r in table) / 1e6) < 1e-6
-        acc = {dict(k)["counter"]: v for k, v in m["slicetrace_profiler_accounting_total"].items()}
-        assert acc["delivered_kernel_step"] == len(mine) and acc["overrun"] == 0    # its own, not both plugins'
+        m = parse(open(prom[0], encoding="utf-8").read())
+        moved = mine["done_ns"] - moving_from(mine, mine["op"], mine["channel"])
+        want: dict = {}
+        for i in range(len(mine)):
+            key = (str(mine["channel"][i]), "send" if mine["is_send"][i] else "recv", str(mine["peer"][i]))
+            w = want.setdefault(key, [0, 0, 0, 0])
+            w[0] += 1
+            w[1] += int(mine["size"][i])
+            w[2] += int(mine["ready_ns"][i] - mine["wait_ns"][i])
+            w[3] += int(moved[i])
+        got = {k: [int(series(m, "slicetrace_link_slices_total", *_LINK)[k]),
+                   int(series(m, "slicetrace_link_bytes_total", *_LINK)[k]),
+                   round(series(m, "slicetrace_link_wait_seconds_total", *_LINK)[k] * 1e9),
+                   round(series(m, "slicetrace_link_transfer_seconds_total", *_LINK)[k] * 1e9)]
+               for k in series(m, "slicetrace_link_bytes_total", *_LINK)}
+        assert got == want
+        acc = series(m, "slicetrace_profiler_accounting_total", "counter")
+        assert acc[("delivered_kernel_step",)] == len(mine) and acc[("overrun",)] == 0   # its own, not both plugins'
+        assert (acc[("sampled_out",)] > 0) == (sample_rate > 1)      # what sampling left out is counted
+        assert series(m, "slicetrace_sampling", "setting")[("kernel_step_sample_rate",)] == sample_rate
+
+
+def _two_comms(comm, folder):
+    kw = dict(backend="cpu", rank=comm.rank, world_size=2, store=comm._session.store, profiler_plugin="linkstats",
+              linkstats_file=os.path.join(folder, "m"), linkstats_interval_s=1e-6, timeout_s=30)
+    a = slicetrace.init(job=f"{comm._session.job}-a", name="dp", **kw)
+    b = slicetrace.init(job=f"{comm._session.job}-b", name="tp", **kw)
+    x = np.ones(50_000, np.float32)
+    for _ in range(60):
+        a.all_reduce(x, x)
+        b.all_reduce(x, x)
+        b.all_reduce(x, x)
+    a.close()
+    b.close()
+    return a.comm_hash, b.comm_hash
+
+
+def test_a_scraper_reading_while_two_communicators_rewrite_sees_whole_files_and_counters_that_never_drop(tmp_path):
+    """Rewrites as often as KernelSteps arrive (interval 1 us), two communicators per process: every read of every
+    file parses strictly, no counter of a series ever goes down between two reads, and each communicator has its
+    own file with its own totals."""
+    stop, seen, errors, reads = threading.Event(), {}, [], [0]
+
+    def scrape():
+        for f in glob.glob(str(tmp_path / "*.prom")):
+            try:
+                fams = parse(open(f, encoding="utf-8").read())
+            except AssertionError as e:
+                errors.append(f"{f}: {e}")
+                continue
+            reads[0] += 1
+            for name, fam in fams.items():
+                for labels, v in fam["samples"].items():
+                    if fam["type"] == "counter" and v < seen.get((f, name, labels), 0):
+                        errors.append(f"{f}: {name}{dict(labels)} went from {seen[f, name, labels]} to {v}")
+                    seen[f, name, labels] = v
+
+    def scraper():
+        while not stop.is_set():
+            scrape()
+    t = threading.Thread(target=scraper, daemon=True)
+    t.start()
+    try:
+        hashes = slicetrace.launch(_two_comms, 2, str(tmp_path), join_timeout_s=120)
+    finally:
+        stop.set()
+        t.join(30)
+    scrape()
+    assert errors == [] and reads[0] >= 4
+    assert sorted(os.listdir(tmp_path)) == sorted(f"m_{h}_{r}.prom" for h in hashes[0] for r in (0, 1))
+    for (h, name, ops) in ((hashes[0][0], "dp", 60), (hashes[0][1], "tp", 120)):
+        m = parse((tmp_path / f"m_{h}_0.prom").read_text(encoding="utf-8"))
+        by = series(m, "slicetrace_link_bytes_total", "comm", "comm_name", "direction")
+        assert by == {(str(h), name, d): ops * 200_000 for d in ("send", "recv")}
+
+
+def _killed(comm):
+    x = np.ones(50_000, np.float32)
+    for i in range(100):
+        comm.all_reduce(x, x)
+        if i == 60 and comm.rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+    return 0
+
+
+def test_a_killed_rank_leaves_its_last_whole_file_and_the_survivor_closes_its_own(tmp_path):
+    with pytest.raises(LaunchError, match="rank 1 died"):
+        slicetrace.launch(_killed, 2, profiler_plugin="linkstats", linkstats_file=str(tmp_path / "m"),
+                          linkstats_interval_s=1e-3, timeout_s=10, join_timeout_s=120)
+    (dead,) = glob.glob(str(tmp_path / "m_*_1.prom"))
+    (alive,) = glob.glob(str(tmp_path / "m_*_0.prom"))
+    d, a = parse(open(dead).read()), parse(open(alive).read())
+    assert sum(series(d, "slicetrace_link_slices_total", "direction").values()) > 0    # a periodic write, valid
+    assert "slicetrace_profiler_accounting_total" not in d          # it never closed
+    assert "slicetrace_profiler_accounting_total" in a              # the survivor's close wrote its counters
