@@ -4,6 +4,7 @@ import glob
 import os
 import signal
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -139,3 +140,26 @@ def test_a_killed_rank_leaves_its_last_whole_file_and_the_survivor_closes_its_ow
     assert sum(series(d, "slicetrace_link_slices_total", "direction").values()) > 0    # a periodic write, valid
     assert "slicetrace_profiler_accounting_total" not in d          # it never closed
     assert "slicetrace_profiler_accounting_total" in a              # the survivor's close wrote its counters
+
+
+def _late_rank_1(comm):
+    x = np.ones(100_000, np.float32)
+    for _ in range(8):
+        if comm.rank == 1:
+            time.sleep(0.03)                # comes to every op late: the others wait for it
+        comm.all_reduce(x, x)
+    return 0
+
+
+def test_the_late_rank_is_the_one_that_waits_least_as_one_query_over_the_files_finds_it(tmp_path):
+    """What `bottomk(1, sum by (comm, rank) (rate(slicetrace_link_wait_seconds_total[5m])))` computes, over the
+    files of a run whose rank 1 comes to each op 30 ms late: rank 1 (its peers' data is there when it comes). The
+    waits on it are not only its receiver's: in a ring everyone downstream waits too."""
+    slicetrace.launch(_late_rank_1, 3, profiler_plugin="linkstats", linkstats_file=str(tmp_path / "m"),
+                      nchannels=2, join_timeout_s=120)
+    wait: dict = {}
+    for f in glob.glob(str(tmp_path / "*.prom")):
+        for (comm, rank), v in series(parse(open(f).read()), "slicetrace_link_wait_seconds_total", "comm",
+                                      "rank").items():
+            wait[comm, rank] = wait.get((comm, rank), 0) + v
+    assert len(wait) == 3 and min(wait, key=wait.get)[1] == "1"

@@ -155,5 +155,10 @@ def parse(text: str) -> dict[str, dict]:
 
 
 def series(fams: dict, name: str, *keys: str) -> dict:
-    """The samples of one family as {tuple of the values of `keys`: value}."""
-    return {tuple(dict(lab)[k] for k in keys): v for lab, v in fams[name]["samples"].items()}
+    """The samples of one family as {tuple of the values of `keys`: value}, summed over the other labels (PromQL's
+    `sum by (keys)`)."""
+    out: dict = {}
+    for lab, v in fams[name]["samples"].items():
+        k = tuple(dict(lab)[k] for k in keys)
+        out[k] = out.get(k, 0) + v
+    return out
