@@ -46,7 +46,7 @@ class _Ctx:
         self.failing = False        # the last write failed: said once, tried again at the next
 
 
-_SAMPLED = " (of the profiled ops' kept slices only: see slicetrace_sampling)"
+_SAMPLED = " (of the profiled ops' kept slices only: see slicetrace_sampling, slicetrace_profile_min_bytes)"
 _METRICS = (("slices_total", "KernelStep slices of this link" + _SAMPLED, 1.0),
             ("bytes_total", "Bytes that this link's slices moved" + _SAMPLED, 1.0),
             ("wait_seconds_total", "Time its slices waited for data (recv) or credit (send): ready - wait" + _SAMPLED,
