@@ -91,12 +91,14 @@ def init(backend: str | None = None, rank: int | None = None, world_size: int | 
     group = _default_group() if _LAUNCH is None and env.rank is None and env.world_size is None else None
     if group is not None and rank is None and world_size is None:
         rank, world_size = group                        # its store is the rendezvous too (_torch_store)
+    # torch's env:// rule: RANK and WORLD_SIZE come together (RANK=0 alone made a world of one, RANK=1 alone failed)
+    half = rank is None and world_size is None and (env.rank is None) != (env.world_size is None)
     rank = env.rank if rank is None else rank
     world_size = env.world_size if world_size is None else world_size
     if world_size is not None and world_size < 1:       # before "give both": that is not what is wrong
         raise UsageError(f"{world_name}={world_size} must be an int >= 1")
     if rank is None or world_size is None:
-        if rank not in (None, 0) or world_size not in (None, 1):
+        if half or rank not in (None, 0) or world_size not in (None, 1):
             raise UsageError(f"{rank_name}={rank!r} and {world_name}={world_size!r}: give both, or neither for one "
                              f"rank")
         rank, world_size = 0, 1

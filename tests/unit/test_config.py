@@ -594,6 +594,29 @@ def test_init_with_rank_from_the_environment_names_the_missing_world_size_variab
         slicetrace.init(rank=1, backend="null")
 
 
+def test_init_with_half_of_the_torchrun_pair_in_the_environment_is_refused_as_torch_refuses_it(monkeypatch):
+    """RANK=0 alone made a world of one while RANK=1 alone was an error; torch.distributed's env:// needs both
+    (torchrun sets both), so either alone is an error naming the missing one; keywords still complete a pair."""
+    import slicetrace
+    from slicetrace.errors import UsageError
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(UsageError, match=r"^RANK=0 and WORLD_SIZE=None: give both"):
+        slicetrace.init(backend="null")
+    comm = slicetrace.init(world_size=1, backend="null")       # the keyword completes the pair
+    assert (comm.rank, comm.world_size) == (0, 1)
+    comm.close()
+    monkeypatch.delenv("RANK")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with pytest.raises(UsageError, match=r"^RANK=None and WORLD_SIZE=1: give both"):
+        slicetrace.init(backend="null")
+    monkeypatch.delenv("WORLD_SIZE")
+    comm = slicetrace.init(backend="null")                      # neither: one rank
+    assert (comm.rank, comm.world_size) == (0, 1)
+    comm.close()
+
+
 def test_with_an_unknown_setting_is_a_config_error_naming_it():
     # Settings is public: with_(nchanels=2) raised dataclasses' bare TypeError
     with pytest.raises(ConfigError, match=r"unknown setting\(s\) \['nchanels'\] \(did you mean nchannels for nchanels\?\)"):
