@@ -31,6 +31,21 @@ def stuck_closing(closing: dict[int, float], done: set, now: float, timeout_s: f
             if r not in done and now - t > timeout_s + CLOSE_SLACK_S}
 
 
+def lingering(returned: dict[int, float], running: set[int], warned: set[int], now: float,
+              timeout_s: float) -> list[str]:
+    """A warning, once, for each rank that sent its result timeout_s + CLOSE_SLACK_S ago and whose process still
+    runs (a non-daemon thread or an atexit hook of fn's): launch() waits for it, as it should for exit work, but
+    says why it waits."""
+    out = []
+    for r in sorted(r for r, t in returned.items() if r in running and r not in warned and now - t > timeout_s +
+                    CLOSE_SLACK_S):
+        warned.add(r)
+        out.append(f"launch(): rank {r} returned its result {now - returned[r]:.1f} s ago but its process has not "
+                   f"exited (a non-daemon thread or an atexit hook still running?); waiting for it "
+                   f"(join_timeout_s bounds the wait)")
+    return out
+
+
 def close_stuck(procs: list, stuck: set[int], started: set[int], closing: set[int], held: dict | None,
                 errors: dict[int, str]) -> None:
     """Ranks still running at the deadline are asked to close (CLOSE_SIGNAL: their close writes the plugins'

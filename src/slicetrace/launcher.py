@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 import itertools
+import logging
 import multiprocessing.connection as mpc
 from multiprocessing.managers import SyncManager
 import os
@@ -20,11 +21,13 @@ from .api_checks import as_index
 from .config import Settings, dist_env, job_attempt, job_rank, job_world_size, quiet_unknown
 from .errors import ConfigError, LaunchError, PeerError, SliceTraceError, UsageError, ours
 from .launch_checks import launch_settings
-from .launch_report import close_stuck, death_text, failure_line, lead, stuck_closing
+from .launch_report import close_stuck, death_text, failure_line, lead, lingering, stuck_closing
 from .launch_signals import (CLOSE_SIGNAL, ORPHAN_GRACE_S, _asked_to_close, _hold_signals, _interrupted,
                              _let_ranks_close, _no_interrupts, _QuietContext, _release_signals, _remove_job_shm,
                              _start_watch, _terminate_as_exit, _terminated)
 from .rendezvous import DictStore, LaunchStore, Store, TorchStore
+
+log = logging.getLogger("slicetrace")
 
 
 # (world_size, who) -> a count of this process's init() calls that take a job id from a store; who: the process's
@@ -267,6 +270,8 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
         heads: dict[int, str] = {}              # rank -> its error's "Type: message", without the traceback
         started: set[int] = set()
         closing: dict[int, float] = {}          # rank -> when its fn returned (its close began)
+        returned: dict[int, float] = {}         # rank -> when its result came; warned: said to linger after it
+        warned: set[int] = set()
         dead: set[int] = set()                  # ranks the launcher found gone without a word: where it began
         stuck: set[int] = set()                 # ranks still running at the deadline: asked to close
 
@@ -288,6 +293,7 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
                 return True
             if status == "ok":
                 results[r] = val[0]
+                returned[r] = time.monotonic()
             else:
                 errors[r] = f"{val[0]}\n{val[1]}" if val[1] else val[0]
                 heads[r] = val[0]
@@ -337,6 +343,8 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
                         except PeerError:       # the store's server is gone too: the ranks watch each other
                             pass
                 now = time.monotonic()
+                for line in lingering(returned, set(pending.values()), warned, now, s.timeout_s):
+                    log.warning(line)
                 if first_fail is not None and now - first_fail > s.timeout_s + 5:
                     for c, r in list(readers.items()):      # results that came in since the last wait: not stuck
                         while c in readers and c.poll(0):

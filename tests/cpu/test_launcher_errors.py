@@ -415,3 +415,23 @@ def test_a_rank_stuck_in_its_close_is_killed_timeout_s_after_its_fn_returned(tmp
     assert took < JOIN / 2, took        # at timeout_s + 5 s, not at join_timeout_s
     pid = int((tmp_path / "pid1").read_text())
     assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split(") ")[1][0] in "ZX", pid
+
+
+def _lingering_thread(comm, seconds):
+    """Rank 1's fn leaves a non-daemon thread behind: its result is sent, but its process cannot exit until the
+    thread ends, and the launcher waited without a word."""
+    import threading
+    if comm.rank == 1:
+        threading.Thread(target=time.sleep, args=(seconds,), name="user-flush").start()
+    return comm.rank
+
+
+def test_a_rank_whose_process_outlives_its_result_is_named_in_a_warning_and_waited_for(caplog):
+    caplog.set_level("WARNING", logger="slicetrace")
+    res = slicetrace.launch(_lingering_thread, 2, 8.0, timeout_s=1.0, join_timeout_s=JOIN)
+    assert res == [0, 1]                # its exit work was let run: the results came back whole
+    warns = [r.getMessage() for r in caplog.records if "has not exited" in r.getMessage()]
+    assert len(warns) == 1, warns       # once, for rank 1 only, past timeout_s + 5 s
+    assert re.fullmatch(r"launch\(\): rank 1 returned its result \d+\.\d s ago but its process has not exited \(a "
+                        r"non-daemon thread or an atexit hook still running\?\); waiting for it \(join_timeout_s "
+                        r"bounds the wait\)", warns[0]), warns[0]
