@@ -163,3 +163,27 @@ def test_the_late_rank_is_the_one_that_waits_least_as_one_query_over_the_files_f
                                       "rank").items():
             wait[comm, rank] = wait.get((comm, rank), 0) + v
     assert len(wait) == 3 and min(wait, key=wait.get)[1] == "1"
+
+
+def _kernel_step_masked(comm):
+    x = np.ones(100_000, np.float32)
+    comm.all_reduce(x, x)
+    with comm.profiling(True, mask="Coll|KernelCh"):       # KernelStep left out of these three
+        for _ in range(3):
+            comm.all_reduce(x, x)
+    comm.flush_profiler()
+    return comm.drop_counters()
+
+
+def test_ops_whose_kernel_steps_a_profiling_mask_left_out_are_counted_not_lost(tmp_path):
+    """Ops run inside profiling(mask=...) without KernelStep made no stamps, so no counter said why their Colls had
+    no slices (masked_out counts stamps made): the link counters had a gap nothing explained."""
+    from slicetrace.events.abi import lost_counters
+    counters = slicetrace.launch(_kernel_step_masked, 2, profiler_plugin="linkstats",
+                                 linkstats_file=str(tmp_path / "m"), join_timeout_s=120)
+    for rank, c in enumerate(counters):
+        assert c["delivered_coll"] == 4 and c["ops_masked_kernel_step"] == 3
+        assert "ops_masked_kernel_step" not in lost_counters(c)     # left out on purpose, as ops_sampled_out
+        (prom,) = glob.glob(str(tmp_path / f"m_*_{rank}.prom"))
+        acc = series(parse(open(prom, encoding="utf-8").read()), "slicetrace_profiler_accounting_total", "counter")
+        assert acc[("ops_masked_kernel_step",)] == 3

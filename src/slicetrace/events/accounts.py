@@ -25,6 +25,12 @@ class Accounts:
         """The rank's counters: what each plugin was offered and kept, summed over the plugins."""
         return self._unlocked(lambda: self._with_plugins(self._slots))
 
+    def _live(self, slot: _Slot) -> dict[str, int]:
+        """One plugin's counters now, for a thread of its own (plugin.Plugin's live_counters): never waits for
+        the lock, which a callback (or close, joining that thread) may hold; without it, a poll's counts may be
+        half-added, each one whole."""
+        return self._unlocked(lambda: self._with_plugins((slot,)), 0)
+
     def _with_plugins(self, slots: Any) -> dict[str, int]:
         """The rank-wide counters plus these plugins' own (added: a rank-wide count of the same name stays in);
         one plugin's is what it reports."""

@@ -21,12 +21,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import CommTimeoutError, ConfigError
-from ..stamps.layout import take_rows
 from .abi import CommInfo, EventType, ProxyCtrlDescr, State, StateArgs, effective_mask
 from .accounts import Accounts
 from .emit import _B, _DELIVERED, Emitter
 from .ops import OFF as _OFF, SKIP as _SKIP
-from .ops import OpInfo, TaskInfo, _Op, _Slot, _Task, to_kernel_ch, to_kernel_steps
+from .ops import OpInfo, TaskInfo, _Op, _Slot, _Task, convert, to_kernel_ch, to_kernel_steps
 from .plugin import LoadedPlugin
 from .runs import PollRuns, task_keys
 
@@ -60,8 +59,9 @@ class EventHost(Emitter, PollRuns, Accounts):
         self._slots: list[_Slot] = []
         try:
             for lp in plugins:
+                slot = _Slot(lp)
                 try:
-                    lp.init(comm, 0)
+                    lp.init(comm, 0, lambda s=slot: self._live(s))      # a reader of its counters (plugin.py)
                 except ConfigError:
                     raise               # a setting the user must fix (a dump path that cannot be written), not a bug
                 except Exception:
@@ -70,7 +70,7 @@ class EventHost(Emitter, PollRuns, Accounts):
                     self._counts["plugin_init_failed"] += 1
                     continue
                 lp.error_budget = self.max_failures
-                self._slots.append(_Slot(lp))
+                self._slots.append(slot)
         except BaseException:
             # The plugins initialised before it may hold open files (a trace): finalize them, then refuse.
             self._proxy = [[_OFF, _OFF] for _ in self._slots]
@@ -123,7 +123,10 @@ class EventHost(Emitter, PollRuns, Accounts):
         pms = self._pms.get(key := (info.mask, *lives))        # the same few masks op after op
         if pms is None:
             pms = tuple(effective_mask(m) & s.lp.known_types & info.mask if m else 0 for s, m in zip(slots, lives))
-            if len(self._pms) < 1024:
+            if not info.mask & _KS and any(m & _KS for m in lives):     # profiling(mask=...) left out what a plugin
+                c = self._counts                                        # wants: counted per op, so never cached
+                c["ops_masked_kernel_step"] = c.get("ops_masked_kernel_step", 0) + 1
+            elif len(self._pms) < 1024:
                 self._pms[key] = pms
         op = _Op(info, pms)
         old = self._ops.pop(tag, None)
@@ -194,7 +197,7 @@ class EventHost(Emitter, PollRuns, Accounts):
                 if parent is _SKIP:
                     continue
                 if kc is None:
-                    kc = self._convert(to_kernel_ch, recs, whole, sel)
+                    kc = convert(to_kernel_ch, recs, whole, sel)
                 self._kch_deliver(self._slots[i], n, lambda lp: lp.kernel_ch_batch(parent, kc))
             self._kch_arrived(op, t, n, int(done[0]) if n == 1 else int(done.max()))
         if op.open == 0:
@@ -276,7 +279,7 @@ class EventHost(Emitter, PollRuns, Accounts):
                     s.counts["plugin_disabled"] += n
                     continue
                 if ks is None:
-                    ks = self._convert(to_kernel_steps, recs, whole, sel)
+                    ks = convert(to_kernel_steps, recs, whole, sel)
                 try:
                     kept = min(max(int(s.lp.kernel_step_batch(None if parent is _OFF else parent, ks)), 0), n)
                 except Exception as e:
@@ -285,16 +288,6 @@ class EventHost(Emitter, PollRuns, Accounts):
                 sc = s.counts
                 sc["delivered_kernel_step"] = sc.get("delivered_kernel_step", 0) + kept
                 sc["pool_full"] += n - kept
-
-    @staticmethod
-    def _convert(fn: Any, recs: np.ndarray, whole: Any, sel: Any) -> np.ndarray:
-        if whole is None:
-            return fn(recs if sel is None else take_rows(recs, sel))
-        box, all_recs, a, b = whole              # batch(): convert the whole poll once, hand out views
-        if box[0] is None:
-            box[0] = fn(all_recs)
-        ks = box[0][a:b]
-        return ks if sel is None else take_rows(ks, sel)
 
     def _complete(self, op: _Op, t: _Task, ts_ns: int) -> None:
         t.done = True
@@ -354,10 +347,10 @@ class EventHost(Emitter, PollRuns, Accounts):
                     evs[k] = self._start(i, ProxyCtrlDescr(T.PROXY_CTRL, None, self.comm.rank, ts), _OFF)
                 self._state(i, evs[k], state, args)
 
-    def _unlocked(self, read: Any) -> Any:
-        """read() under the lock, or, while a callback holds it past BEHIND_WAIT_S (stuck: it mutates nothing
-        meanwhile), without it."""
-        if self._lock.acquire(timeout=BEHIND_WAIT_S):
+    def _unlocked(self, read: Any, wait_s: float | None = None) -> Any:
+        """read() under the lock, or, while a callback holds it past wait_s (BEHIND_WAIT_S: stuck, it mutates
+        nothing meanwhile), without it."""
+        if self._lock.acquire(timeout=BEHIND_WAIT_S if wait_s is None else wait_s):
             try:
                 return read()
             finally:

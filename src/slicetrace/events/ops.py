@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ..stamps.layout import FLAG_SEND, PAIRED_DTYPE
+from ..stamps.layout import FLAG_SEND, PAIRED_DTYPE, take_rows
 from .abi import KERNEL_CH_DTYPE, KERNEL_STEP_DTYPE
 from .plugin import LoadedPlugin, PartialDelivery
 
@@ -165,3 +165,15 @@ def to_kernel_ch(recs: np.ndarray) -> np.ndarray:
     out["start_ns"], out["stop_ns"] = recs["ready_ns"], recs["done_ns"]
     out.flags.writeable = False          # shared by every plugin of the fan-out
     return out
+
+
+def convert(fn: Any, recs: np.ndarray, whole: Any, sel: Any) -> np.ndarray:
+    """fn (to_kernel_steps, to_kernel_ch) of recs' rows `sel` (None: all). whole = (box, the poll's records, a, b)
+    when recs are rows a..b of an EventHost.batch() poll: that poll is converted once (into box[0]), views handed out."""
+    if whole is None:
+        return fn(recs if sel is None else take_rows(recs, sel))
+    box, all_recs, a, b = whole
+    if box[0] is None:
+        box[0] = fn(all_recs)
+    ks = box[0][a:b]
+    return ks if sel is None else take_rows(ks, sel)

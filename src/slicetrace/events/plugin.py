@@ -71,8 +71,12 @@ class Plugin(Protocol):
     (native version only; whole KernelCh events, abi.KERNEL_CH_DTYPE, start and stop in one row),
     `kernel_ch_runs(ctx, parents, recs, starts, stops) -> int` (kernel_ch_batch for a poll's collectives at once;
     either *_runs method works without its *_batch, which it then replaces as one run per batch)
-    and `report_counters(ctx, counters)`, called once right
-    before `finalize` with the host's drop and delivery counters so a trace can carry its loss accounting.
+    and `report_counters(ctx, counters)`, called once right before `finalize` with the host's drop and delivery
+    counters (the final ones) so a trace can carry its loss accounting. A plugin that wants them while the job runs
+    (a metrics file that alerts on losses) also implements `live_counters(ctx, read)`: called once, in init's
+    turn, with `read() -> dict`, the same counters as they are at that moment; read may be called from any thread
+    of the plugin's, never waits for a callback of the host's (it may then read a poll's counts half-updated: each
+    counter never goes down), costs the host nothing until called, and is not to be called after finalize.
     Optional (native version only): `unrecorded_handle(ctx) -> handle`, a promise that start_event returns
     that very handle, with no side effect, for every parent type (API, KernelLaunch, Group, Coll, P2p) outside
     the plugin's live mask, and that stop_event/record_event_state on it do nothing; the host then skips those
@@ -124,8 +128,9 @@ class LoadedPlugin:
     def __repr__(self) -> str:
         return f"LoadedPlugin({self.name!r}, version={self.version})"
 
-    def init(self, comm: CommInfo, mask: int = 0) -> None:
-        """Call the plugin's init; raises whatever it raises (the host unloads the plugin then)."""
+    def init(self, comm: CommInfo, mask: int = 0, counters: Any = None) -> None:
+        """Call the plugin's init (and live_counters with `counters`, the host's reader, if it has it); raises
+        whatever they raise (the host unloads the plugin then)."""
         self._mask.value = int(mask)
         self.rank = comm.rank
         self.ctx = self.plugin.init(comm if self.version >= 4 else None, self._mask)   # v1..v3: init(ctx, mask)
@@ -143,6 +148,9 @@ class LoadedPlugin:
             fn = getattr(self.plugin, "unrecorded_handle", None)
             if callable(fn) and self.version == NATIVE_VERSION:
                 self.passthrough = fn(self.ctx)
+            live = getattr(self.plugin, "live_counters", None)
+            if counters is not None and callable(live):
+                live(self.ctx, counters)
         except BaseException:                   # its init returned (files open): finalize before it is unloaded
             try:
                 self.finalize()
