@@ -4,9 +4,11 @@ Keeps, per (channel, direction, peer): slices, bytes, time spent waiting (ready 
 (done - ready; a fused slice from the later ready of its two directions, events.abi.moving_from). Its own work
 is one call per drain poll; `snapshot()` returns the table, `finalize` logs a summary. With `linkstats_file` set
 it also writes the table as Prometheus text (`<prefix>_<commHash>_<rank>.prom`, for node_exporter's textfile
-collector), every `linkstats_interval_s` while ops run and at finalize, with the host's loss counters then. The
-periodic writes run on a thread of their own (_Writer), off the host's lock. It is also the reference for writing
-a plugin: native version 8, batch paths for KernelSteps, nothing else recorded.
+collector), at most every `linkstats_interval_s` as KernelSteps arrive, at least that often (once a second at most)
+while the communicator is open, so that an idle job's file stays fresh, and at finalize. Every write carries the
+host's loss counters: live ones (the host's `live_counters` reader), the final ones at close. The writes run on a
+thread of their own (_Writer), off the host's lock. It is also the reference for writing a plugin: native version
+8, batch paths for KernelSteps, nothing else recorded.
 """
 from __future__ import annotations
 
@@ -27,6 +29,9 @@ log = logging.getLogger("slicetrace")
 # finalize's wait for a write at the interpreter's exit (threading's shutdown, before the atexit handlers, has
 # ended the main thread): session._finish_at_exit's budget for all plugins
 _AT_EXIT_S = 5.0
+# an idle file is rewritten only to keep its mtime (and counters) fresh, which scrapers judge in seconds: a
+# sub-second interval (a rewrite as KernelSteps arrive) must not make the writer spin while nothing arrives
+_IDLE_MIN_S = 1.0
 
 
 class _Ctx:
@@ -38,9 +43,10 @@ class _Ctx:
         self.path = f"{os.path.join(os.getcwd(), prefix)}_{comm.comm_hash}_{comm.rank}.prom" if prefix else None
         self.interval_s = s.linkstats_interval_s
         self.timeout_s = s.timeout_s
-        self.writer: _Writer | None = None      # started at the first periodic write
-        self.write_at = time.monotonic() + self.interval_s
+        self.writer: _Writer | None = None      # started at init (with a path)
+        self.lock = threading.Lock()            # the table: the drain adds, the writer copies
         self.host_counters: dict[str, int] = {}
+        self.read_counters: Any = None          # the host's live reader (live_counters); None once the final came
         self.sampling = {"kernel_step_sample_rate": s.sample_rate, "op_sample_rate": s.op_sample_rate,
                          "profile_min_bytes": s.profile_min_bytes}      # the last one in bytes: a gauge of its own
         self.failing = False        # the last write failed: said once, tried again at the next
@@ -99,7 +105,7 @@ def _escape(text: str) -> str:
 def write_atomic(path: str, text: str) -> None:
     """Readers (a textfile collector) never see half a file: write a temporary one, then rename it over. (The
     layers keep sinks from analyze.atomic, which does this for the analyzer's and the CLI's outputs.)"""
-    tmp = f"{path}.{os.getpid()}.tmp"
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"    # two writers of one path never share it
     try:
         with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), "w", encoding="utf-8") as f:
             with contextlib.suppress(OSError):      # readable by a collector of another user, whatever the umask
@@ -113,21 +119,31 @@ def write_atomic(path: str, text: str) -> None:
 
 
 def _put(ctx: _Ctx, table: dict) -> None:
-    """The table as ctx.path now; its folder made first (at init, and again if it was removed)."""
+    """The table as ctx.path now, with the counters as they are now; its folder made first (at init, and again if
+    it was removed)."""
     os.makedirs(os.path.dirname(ctx.path) or ".", exist_ok=True)
-    write_atomic(ctx.path, prometheus_text(ctx.comm, table, ctx.host_counters, ctx.sampling))
+    read = ctx.read_counters
+    write_atomic(ctx.path, prometheus_text(ctx.comm, table, ctx.host_counters if read is None else read(),
+                                           ctx.sampling))
+
+
+def _copy(ctx: _Ctx) -> dict:
+    with ctx.lock:                  # the drain adds on meanwhile
+        return {k: v.copy() for k, v in ctx.table.items()}
 
 
 class _Writer:
-    """Writes the periodic snapshots on a thread of its own: the host calls plugins under its lock, which the drain
-    and the user's next op wait for, and a slow or hung filesystem (NFS) must hold neither. Only the latest
-    snapshot is kept: a newer one replaces one not yet written."""
+    """Writes the snapshots on a thread of its own: the host calls plugins under its lock, which the drain and the
+    user's next op wait for, and a slow or hung filesystem (NFS) must hold neither. Writes start every_s apart at
+    least: a snapshot handed over sooner waits, and only the latest is kept. With none handed over for idle_s, it
+    takes one itself (snap()): a live job's file never looks stale."""
 
-    def __init__(self, write: Any, name: str):
-        self._write = write
+    def __init__(self, write: Any, snap: Any, every_s: float, idle_s: float, name: str):
+        self._write, self._snap, self._every, self._idle = write, snap, every_s, idle_s
         self._cv = threading.Condition()
         self._pending: dict | None = None
         self._busy = self._stop = False
+        self.next_at = time.monotonic() + every_s     # init has just written the file
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -153,17 +169,23 @@ class _Writer:
         self._thread.join(timeout_s)
         return not self._thread.is_alive()
 
+    def _due(self) -> float:
+        """Seconds until the next write (<= 0: now); under self._cv."""
+        last = self.next_at - self._every
+        return (self.next_at if self._pending is not None else last + self._idle) - time.monotonic()
+
     def _run(self) -> None:
         while True:
             with self._cv:
-                while self._pending is None and not self._stop:
-                    self._cv.wait()
-                table, self._pending = self._pending, None
-                if table is None:
+                while not self._stop and (wait := self._due()) > 0:
+                    self._cv.wait(wait)
+                if self._stop and self._pending is None:
                     return
+                table, self._pending = self._pending, None
                 self._busy = True
+                self.next_at = time.monotonic() + self._every
             try:
-                self._write(table)
+                self._write(self._snap() if table is None else table)
             except BaseException as e:      # noqa: BLE001 - _write logs OSError; anything else must not end it
                 log.error("slicetrace linkstats: writing the metrics file failed: %r", e)
             finally:
@@ -189,7 +211,13 @@ class LinkStatsPlugin:
             except OSError as e:
                 raise ConfigError(f"linkstats_file (SLICETRACE_LINKSTATS_FILE)={s.linkstats_file!r}: cannot write "
                                   f"{ctx.path}: {e.strerror or e}; give a prefix in a writable folder") from e
+            ctx.writer = _Writer(lambda table: self._write(ctx, table), lambda: _copy(ctx), ctx.interval_s,
+                                 max(ctx.interval_s, _IDLE_MIN_S), f"slicetrace-linkstats-{comm.rank}")
         return ctx
+
+    def live_counters(self, ctx: _Ctx, read: Any) -> None:
+        """The host's reader of this plugin's counters: each periodic write carries them (report_counters' at close)."""
+        ctx.read_counters = read
 
     def start_event(self, ctx: _Ctx, descr: Any) -> Any:
         return ctx                                       # a handle for parents; nothing is recorded
@@ -225,18 +253,17 @@ class LinkStatsPlugin:
             cols = (None, recs["size"], recs["ready_ns"] - recs["wait_ns"], recs["done_ns"] - moving_from(recs, *keys))
             sums = np.rint([np.bincount(inv, weights=c, minlength=len(uk)) for c in cols]).astype(np.int64).T
             table = ctx.table
-            for k, add in zip(uk.tolist(), sums):
-                t = (k >> 33, (k >> 32) & 1, k & 0xFFFFFFFF)
-                row = table.get(t)
-                if row is None:
-                    table[t] = add.copy()
-                else:
-                    row += add
-        if ctx.path is not None and time.monotonic() >= ctx.write_at:
-            ctx.write_at = time.monotonic() + ctx.interval_s
-            if ctx.writer is None:
-                ctx.writer = _Writer(lambda table: self._write(ctx, table), f"slicetrace-linkstats-{ctx.comm.rank}")
-            ctx.writer.put({k: v.copy() for k, v in ctx.table.items()})     # a copy: the drain adds on meanwhile
+            with ctx.lock:
+                for k, add in zip(uk.tolist(), sums):
+                    t = (k >> 33, (k >> 32) & 1, k & 0xFFFFFFFF)
+                    row = table.get(t)
+                    if row is None:
+                        table[t] = add.copy()
+                    else:
+                        row += add
+        w = ctx.writer
+        if w is not None and time.monotonic() >= w.next_at:
+            w.put(_copy(ctx))
 
     def _write(self, ctx: _Ctx, table: dict, last: bool = False) -> None:
         try:
@@ -255,7 +282,8 @@ class LinkStatsPlugin:
             ctx.failing = False
 
     def report_counters(self, ctx: _Ctx, counters: dict[str, int]) -> None:
-        ctx.host_counters = dict(counters)
+        ctx.host_counters = dict(counters)      # the final counters: what the last writes carry
+        ctx.read_counters = None
 
     def snapshot(self, ctx: _Ctx) -> list[dict]:
         # Python numbers only: numpy 2 shows its scalars as np.float64(...) in finalize's summary lines
