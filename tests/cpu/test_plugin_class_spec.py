@@ -34,24 +34,10 @@ def test_a_plugin_class_that_fails_to_construct_fails_in_the_launcher_as_its_spe
 
 SCRIPT = '''
     import slicetrace
+    from tests.helpers.plugins import NoopPlugin
 
-    class MyPlugin:                 # defined in the script, at its top level
-        version, name = 8, "mine"
-
-        def init(self, comm, mask):
-            return None
-
-        def start_event(self, ctx, descr):
-            return None
-
-        def stop_event(self, handle, ts_ns):
-            pass
-
-        def record_event_state(self, handle, state, args):
-            pass
-
-        def finalize(self, ctx):
-            pass
+    class MyPlugin(NoopPlugin):     # defined in the script, at its top level
+        name = "mine"
 
     def work(comm):
         return comm.settings.profiler_plugin, comm.profiler_plugins
