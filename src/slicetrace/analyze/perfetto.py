@@ -34,7 +34,7 @@ from .protobuf import (P_SEQ_ID, TE_CATEGORIES, TE_FLOW, TE_FLOW_END, TE_NAME, T
                        pb_str, tag, wire_fields)
 from .runfiles import load_each
 from .runranks import every_rank
-from .trace import comm_of
+from .trace import comm_of, counters
 
 __all__ = ["convert", "wire_fields"]
 log = logging.getLogger("slicetrace")
@@ -59,8 +59,8 @@ class _File:
         self.comm = comm_of(path, recs)
         self.rank = rank = next((int(r["pid"]) for r in recs if "pid" in r), 0)
         self.others = sorted({r["pid"] for r in recs if "pid" in r} - {rank})     # refused once the run is read
-        counts = [r.get("args") or {} for r in recs if r.get("name") == "slicetrace_counters"]
-        self.lost = lost_counters(counts[-1]) if counts else {}     # shown in the process name (Perfetto's only)
+        last = next(reversed(counters(recs).values()), {})          # the file's one rank's (others are refused)
+        self.lost = lost_counters(last)         # shown in the process name (Perfetto shows no other place)
         names = {r.get("tid"): (r.get("args") or {}).get("name", "") for r in recs
                  if r.get("ph") == "M" and r.get("name") == "thread_name"}
         # ring and point-to-point connections count their FIFO steps apart: a flow key needs the parent's kind
