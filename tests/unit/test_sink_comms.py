@@ -14,10 +14,10 @@ from slicetrace.events.synthetic import SyntheticSource, deliver
 from slicetrace.sinks.chrome import ChromePlugin
 
 
-def _write(tmp_path, comm_hash, rank):
+def _write(tmp_path, comm_hash, rank, nranks=2):
     host = EventHost([LoadedPlugin(ChromePlugin(Settings(profile_dump_file=str(tmp_path / "tr"))))],
-                     abi.CommInfo(comm_hash, f"c{comm_hash}", 1, 2, rank))
-    src = SyntheticSource(nranks=2, rank=rank, nchannels=2, loops=1, funcs=("all_reduce", "send_recv"), seed=1)
+                     abi.CommInfo(comm_hash, f"c{comm_hash}", 1, nranks, rank))
+    src = SyntheticSource(nranks=nranks, rank=rank, nchannels=2, loops=1, funcs=("all_reduce", "send_recv"), seed=1)
     for op in src.ops(3):
         op.info.mask = host.op_mask()
         host.begin_op(op.info)

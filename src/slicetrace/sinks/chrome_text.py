@@ -103,20 +103,27 @@ def _meta(pid: int, name: str, tid: int, args: dict) -> str:
     return json.dumps({"name": name, "ph": "M", "pid": pid, "tid": tid, "args": args}, separators=(",", ":")) + ",\n"
 
 
+def _track(pid: int, tid: int, name: str) -> str:
+    """A track's name and its place: its tid (ops, proxy, then the KernelStep tracks by channel, receives before
+    sends, by peer, as convert orders them), for viewers that order tracks by sort index (Perfetto v53+ keeps it
+    as thread_sort_index_hint and orders a process's threads by tid; chrome://tracing by sort index, then name)."""
+    return _meta(pid, "thread_name", tid, {"name": name}) + _meta(pid, "thread_sort_index", tid, {"sort_index": tid})
+
+
 def process_meta(pid: int, r: int, comm_hash: int, lost: dict[str, int] | None = None) -> str:
-    """The process name (rank r of communicator comm_hash, with its losses) and sort index, and the names of the
-    ops and proxy tracks: written first, so a file cut short (a rank killed) still names them in a viewer."""
+    """The process name (rank r of communicator comm_hash, with its losses) and sort index (Perfetto v53+ and
+    chrome://tracing order processes by it first: ranks in rank order), and the names of the ops and proxy tracks:
+    written first, so a file cut short (a rank killed) still names them in a viewer."""
     out = _meta(pid, "process_name", 0, {"name": process_label(r, comm_hash, lost)})
     if lost:                # finalize's: a viewer keeps the last name, and shows the counters record nowhere
         return out
     return (out + _meta(pid, "process_sort_index", 0, {"sort_index": r})
-            + _meta(pid, "thread_name", 1, {"name": "ops"}) + _meta(pid, "thread_name", 2, {"name": "proxy"}))
+            + _track(pid, 1, "ops") + _track(pid, 2, "proxy"))
 
 
 def thread_meta(pid: int, tids: Any) -> str:
-    """The names of KernelStep tracks, one per (channel, direction, peer) in `tids`."""
-    return "".join(_meta(pid, "thread_name", step_tid(ch, snd, peer),
-                         {"name": f"ch {ch} send->{peer}" if snd else f"ch {ch} recv<-{peer}"})
+    """The names and places of KernelStep tracks, one per (channel, direction, peer) in `tids`."""
+    return "".join(_track(pid, step_tid(ch, snd, peer), f"ch {ch} send->{peer}" if snd else f"ch {ch} recv<-{peer}")
                    for ch, snd, peer in sorted(tids))
 
 
