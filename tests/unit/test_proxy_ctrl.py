@@ -196,6 +196,22 @@ def test_chrome_writes_a_span_per_state_that_nests_and_converts(tmp_path):
     assert convert([path], str(tmp_path / "t.pftrace"), partial=True)["slices"] == 5
 
 
+def test_chrome_writes_the_spans_in_time_order_an_enclosing_one_first(tmp_path):
+    """Spans were written as each ended (an Append before the Active around it, an Idle after the Sleep in it):
+    Perfetto sorts them, but chrome://tracing's legacy importer and scripts read a file in its order. At one
+    start, the longer (enclosing) span comes first."""
+    host, path = _chrome_host(tmp_path, int(T.COLL | T.PROXY_CTRL))
+    S = State
+    for st, ts, n in ((S.PROXY_CTRL_ACTIVE, 1000, 0), (S.PROXY_CTRL_APPEND, 1000, 0),
+                      (S.PROXY_CTRL_APPEND_END, 1200, 2), (S.PROXY_CTRL_IDLE, 2000, 0), (S.PROXY_CTRL_SLEEP, 2500, 0),
+                      (S.PROXY_CTRL_WAKEUP, 4000, 0)):
+        host.proxy_ctrl(st, ts, n)
+    host.close(ts_ns=9000)
+    assert _spans(path) == [("Active", 1.0, 1.0, None), ("Append", 1.0, 0.2, {"appended": 2}),
+                            ("Idle", 2.0, 7.0, None), ("Sleep", 2.5, 1.5, None)]
+    assert check_trace(path) == []
+
+
 def test_chrome_keeps_the_last_pool_size_spans_and_none_without_the_bit(tmp_path):
     host, path = _chrome_host(tmp_path / "a", int(T.COLL | T.PROXY_CTRL), pool_sizes={"PROXY_CTRL": 3})
     for k in range(10):

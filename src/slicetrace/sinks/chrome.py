@@ -47,7 +47,7 @@ from ..events.abi import (ActivationMask, CollApiDescr, CollDescr, CommInfo, Eve
                           State, StateArgs, lost_counters)
 from .chrome_ops import OpRows
 from .chrome_store import POOL_OF, Ctx, Ev, parent_ids
-from .chrome_text import COLL_B, OP_E, P2P_B, js, pair, process_meta, us
+from .chrome_text import COLL_B, OP_E, P2P_B, js, pair, process_meta, proxy_text
 
 log = logging.getLogger("slicetrace")
 
@@ -132,8 +132,7 @@ def _ctrl_span(ev: _CtrlEv, ts_ns: int) -> None:
     args = f',"args":{{"appended":{ev.appended}}}' if ev.state == 17 else ""
     if len(ctx.proxy) == ctx.proxy.maxlen:      # the append below drops the oldest span
         ctx.proxy_overwritten += 1
-    ctx.proxy.append(f'{{"name":"{name}","cat":"PROXY","ph":"X","pid":{ctx.pid},"tid":2,"ts":{us(ev.since)},'
-                     f'"dur":{us(max(ts_ns - ev.since, 0))}{args}}},\n')
+    ctx.proxy.append((ev.since, ts_ns, name, args))        # text at finalize, in time order (proxy_text)
 
 
 def event_mask(settings: Settings) -> int:
@@ -299,7 +298,7 @@ class ChromePlugin:
             ctx.close_writer()          # the counters below count what it wrote
             if ctx.path is None:
                 return
-            ctx.write("".join(ctx.proxy), "PROXY_CTRL", len(ctx.proxy))     # written (or lost) in spans
+            ctx.write(proxy_text(ctx.pid, ctx.proxy), "PROXY_CTRL", len(ctx.proxy))     # written (or lost) in spans
             args = {**ctx.host_counters, **self.counters(ctx)}
             lost = lost_counters(args)
             if lost:

@@ -74,7 +74,7 @@ class Ctx:
         self.chans: list[tuple[np.ndarray, int, Any]] = []    # (rows, first id, parent id or ids per row)
         self.chans_n = 0
         self.tids: set[tuple[int, int, int]] = set()
-        self.proxy: deque[str] = deque(maxlen=self.sizes["PROXY_CTRL"])
+        self.proxy: deque[tuple] = deque(maxlen=self.sizes["PROXY_CTRL"])     # ProxyCtrl spans (proxy_text)
         self.proxy_overwritten = 0              # spans the ring above dropped for newer ones
         self.host_counters: dict[str, int] = {}
         self.passthrough = Ev(self, _Passthrough, None)

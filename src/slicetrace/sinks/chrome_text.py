@@ -127,6 +127,15 @@ def thread_meta(pid: int, tids: Any) -> str:
                    for ch, snd, peer in sorted(tids))
 
 
+def proxy_text(pid: int, spans: Any) -> str:
+    """ProxyCtrl "X" spans (begin ns, end ns, name, args text) on the proxy track in time order, an enclosing span
+    before those it holds: made as each ends, they come out of order (Perfetto sorts; chrome://tracing's legacy
+    importer and scripts may not). Sorted once, at finalize, never per span."""
+    return "".join(f'{{"name":"{name}","cat":"PROXY","ph":"X","pid":{pid},"tid":2,"ts":{us(t0)},'
+                   f'"dur":{us(max(t1 - t0, 0))}{args}}},\n'
+                   for t0, t1, name, args in sorted(spans, key=lambda s: (s[0], -s[1])))
+
+
 def _table(pad: bytes) -> np.ndarray:
     """Words "0000".."9999" (index < 10000), then the same with leading zeros as spaces and 0 as `pad`."""
     z = [b"%04d" % i for i in range(10000)]
