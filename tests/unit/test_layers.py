@@ -46,7 +46,7 @@ ALLOWED: dict[str, set[str]] = {
                            "events.accounts", "stamps.layout"},
     "events.synthetic": BASE | {"config", "events.abi", "events.plugin", "events.ops", "events.host", "stamps.layout",
                                 "plan"},
-    "sinks": BASE | {"config", "events.abi", "events.plugin"},
+    "sinks": BASE | {"config", "events.abi", "events.plugin", "plan"},     # plan.traffic: busbw factors, msg sizes
     "analyze": BASE | {"events.abi", "plan"},
     "session": LOW | CONTRACTS | {"plan", "backend.base", "backend.signals", "stamps.drain", "events.loading",
                                   "events.host"},

@@ -3,9 +3,9 @@ import re
 import numpy as np
 import pytest
 
-from slicetrace.cli.sweep import (avg_atol, busbw_factor, counts, distinct_sizes, make_input, parse_size, reference,
-                                  sizes, wrong)
+from slicetrace.cli.sweep import avg_atol, counts, distinct_sizes, make_input, parse_size, reference, sizes, wrong
 from slicetrace.errors import UsageError
+from slicetrace.plan.traffic import busbw_factor, message_bytes
 
 
 def test_sizes_follow_nccl_tests_flags():
@@ -77,6 +77,18 @@ def test_busbw_factors_are_nccl_tests():
     assert busbw_factor("reduce_scatter", 8) == 0.875 and busbw_factor("broadcast", 8) == 1.0
     assert busbw_factor("all_to_all", 4) == 0.75 and busbw_factor("all_to_all", 2) == 0.5
     assert busbw_factor("reduce", 8) == 1.0 and busbw_factor("send_recv", 2) == 1.0
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce"])
+@pytest.mark.parametrize("n", [1, 2, 3, 8])
+def test_message_bytes_is_the_bench_s_size(op, n):
+    """The inspector's coll_msg_size_bytes (from the Coll's per-rank count) is the size bench prints for the op: the
+    whole buffer for all_gather (output) and reduce_scatter (input)."""
+    for nbytes in (0, 4, 4096, 1 << 20, 12_345_676):
+        cin, cout = counts(op, nbytes, 4, n)
+        bench_size = (cout if op == "all_gather" else cin) * 4        # bench.py's row["size"]
+        per_rank = cout if op == "reduce_scatter" else cin      # the Coll's count (api.py: per rank)
+        assert message_bytes(op, per_rank, 4, n) == bench_size
 
 
 def test_counts_per_op():

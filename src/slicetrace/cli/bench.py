@@ -15,8 +15,9 @@ import numpy as np
 
 from ..errors import UsageError, plural
 from ..events.abi import EventType
+from ..plan.traffic import busbw_factor
 from .outputs import log_row
-from .sweep import avg_atol, busbw_factor, counts, distinct_sizes, make_input, np_dtype, rank_bytes, reference, wrong
+from .sweep import avg_atol, counts, distinct_sizes, make_input, np_dtype, rank_bytes, reference, wrong
 from .table import HEADER, UNITS, ci_coverage_pct, ci_words, format_row
 
 _NO_STEPS = ~int(EventType.KERNEL_STEP) & ((1 << 32) - 1)   # every event type but KernelStep

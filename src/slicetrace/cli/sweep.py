@@ -1,4 +1,4 @@
-"""nccl-tests vocabulary: sizes, dtypes, per-op counts, references for the check, busbw factors."""
+"""nccl-tests vocabulary: sizes, dtypes, per-op counts, references for the check (busbw factors: plan.traffic)."""
 from __future__ import annotations
 
 import os
@@ -9,7 +9,6 @@ import numpy as np
 
 from ..backend.base import DTYPES
 from ..errors import UsageError, plural
-from ..plan.traffic import BUSBW_FACTOR
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "send_recv")
 DTYPE_ALIASES = {"int8": "int8", "char": "int8", "uint8": "uint8", "int32": "int32", "int": "int32",
@@ -199,10 +198,6 @@ def counts(op: str, nbytes: int, itemsize: int, n: int) -> tuple[int, int]:
         c = (c // n) * n
         return c, c
     return c, c
-
-
-def busbw_factor(op: str, n: int) -> float:
-    return BUSBW_FACTOR[op](n)
 
 
 def make_input(seed: int, rank: int, count: int, dtype, redop: str) -> np.ndarray:

@@ -8,6 +8,18 @@ BUSBW_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n:
                 "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0, "send_recv": lambda n: 1.0}
 
 
+def busbw_factor(op: str, n: int) -> float:
+    """nccl-tests' bus-bandwidth factor of `op` (bench's op names) on n ranks: busbw = algbw x this. One copy for
+    the bench and the inspector plugin."""
+    return BUSBW_FACTOR[op](n)
+
+
+def message_bytes(op: str, count: int, itemsize: int, n: int) -> int:
+    """An op's message size as nccl-tests' `size` and NCCL's Inspector count it: count x element size, where for
+    all_gather and reduce_scatter count is the per-rank one and the size the whole buffer (x n ranks)."""
+    return count * itemsize * (n if op in ("all_gather", "reduce_scatter") else 1)
+
+
 def expected_slices(plan: OpPlan) -> list[tuple[int, bool, int, int, int]]:
     """(channel, is_send, peer, slice index within the program, bytes) for every non-empty slice."""
     out = []
