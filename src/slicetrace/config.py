@@ -7,14 +7,13 @@ table is written by hand: change both together). The parsers of a variable's tex
 from __future__ import annotations
 
 import logging
-import numbers
 import os
 import re
 import tempfile
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Mapping
 
-from .config_values import FORMATS, as_bool, as_bytes, as_int, as_mask, as_seconds, plugin_spec
+from .config_values import FORMATS, TYPES, as_bool, as_bytes, as_int, as_mask, as_seconds, is_int, plugin_spec
 from .errors import ConfigError, closest
 from .events.abi import parse_mask
 
@@ -59,11 +58,14 @@ VARIABLES: tuple[Var, ...] = (
     Var("SLICETRACE_PROFILE_OP_SAMPLE_RATE", "op_sample_rate", as_int, "profile the first op and every k-th op of a communicator, collectives and point-to-point groups counted apart (1..1000000, default 1 = every op); the others run unprofiled and are counted (ops_sampled_out)"),
     Var("SLICETRACE_PROFILE_MIN_BYTES", "profile_min_bytes", as_bytes, "bytes, e.g. 65536 or 64K: ops smaller than this (count x element size, as NCCL counts) run unprofiled and are counted (ops_below_min_bytes); default 0"),
     Var("SLICETRACE_DRAIN_INTERVAL_US", "drain_interval_us", as_int, "drain thread poll period in microseconds (10..1000000), cuda backend (adaptive, backs off to 16 ms; the cpu backend drains inline between ops), default 500"),
-    Var("SLICETRACE_PROFILER_PLUGIN", "profiler_plugin", str, "plugins: 'example', 'linkstats', 'module:attr', an entry point in group slicetrace.profilers, comma-separated for several, 'none' (any case) to disable"),
+    Var("SLICETRACE_PROFILER_PLUGIN", "profiler_plugin", str, "plugins: 'example', 'linkstats', 'inspector', 'module:attr', an entry point in group slicetrace.profilers, comma-separated for several, 'none' (any case) to disable"),
     Var("SLICETRACE_PROFILE_EVENT_MASK", "profile_event_mask", as_mask, "event mask the example plugin asks for: an integer in 0..2**32-1 or event type names, e.g. 65606 = 0x10046 = Coll|P2p|KernelCh|KernelStep (its default)"),
     Var("SLICETRACE_PROFILE_DUMP_FILE", "profile_dump_file", str, "example plugin: trace path prefix, files are <prefix>_<commHash>_<rank>.json"),
     Var("SLICETRACE_LINKSTATS_FILE", "linkstats_file", str, "linkstats plugin: Prometheus text file prefix, files are <prefix>_<commHash>_<rank>.prom (node_exporter textfile collector); unset = no file"),
     Var("SLICETRACE_LINKSTATS_INTERVAL_S", "linkstats_interval_s", as_seconds, "linkstats plugin: seconds between rewrites of its .prom file while ops run (and once at close) (> 0, <= 86400), default 10"),
+    Var("SLICETRACE_INSPECTOR_DUMP_DIR", "inspector_dump_dir", str, "inspector plugin: folder of its JSON-lines files, <hostname>-pid<pid>.log; unset = nccl-inspector-<SLURM_JOBID> (nccl-inspector-unknown-jobid outside Slurm), as NCCL's Inspector"),
+    Var("SLICETRACE_INSPECTOR_DUMP_INTERVAL_US", "inspector_dump_interval_us", as_int, "inspector plugin: 0 (default) = a line per collective; > 0 = as NCCL's Inspector, per communicator the latest completed collective at most once per this many microseconds (and the last at close), <= 86400000000"),
+    Var("SLICETRACE_INSPECTOR_VERBOSE", "inspector_verbose", as_bool, "inspector plugin: 1 = add event_trace_sn and event_trace_ts (per-channel kernel events) to each line (0/1/true/false/yes/no/on/off), default off"),
     Var("SLICETRACE_PLUGIN_MAX_FAILURES", "plugin_max_failures", as_int, "plugin exceptions before that plugin is disabled (>= 1), default 16"),
     Var("SLICETRACE_CPU_RECLAIM", "cpu_reclaim", str, "cpu: after reading a FIFO slot the receiver stores once per cache line so the sender's next write does not stall on lines shared across L3 caches: auto (default: measured per connection), on, off"),
     Var("SLICETRACE_CPU_WAIT", "cpu_wait", str, "cpu: how a rank waits for its ring neighbour: auto (default: sleep in the kernel (futex) when ranks outnumber this process's CPUs, else spin then yield), futex, spin"),
@@ -110,6 +112,9 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "profile_dump_file": (_no_nul, "a path prefix without a NUL byte"),
     "linkstats_file": (_no_nul, "a path prefix without a NUL byte"),
     "cache_dir": (_no_nul, "a folder path without a NUL byte"),
+    "inspector_dump_dir": (_no_nul, "a folder path without a NUL byte"),
+    "inspector_dump_interval_us": (lambda v: 0 <= v <= MAX_SECONDS * 1e6, f"in 0..{MAX_SECONDS * 1e6:.0f} microseconds "
+                                   f"(0 = every collective)"),
     "linkstats_interval_s": (_secs, _SECS),
     "clock_resync_s": (_secs, _SECS),
     "cpu_reclaim": (lambda v: v in ("auto", "on", "off"), "one of ('auto', 'on', 'off')"),
@@ -120,25 +125,6 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
 
 
 _WORDS = ("backend", "cpu_reclaim", "cpu_wait", "cpu_bind")     # settings that are one of a few lowercase words
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
-
-
-def _is_real(v: Any) -> bool:
-    return isinstance(v, numbers.Real) and not isinstance(v, bool)
-
-
-# Settings annotation -> (type test, what it accepts)
-_TYPES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "str": (lambda v: isinstance(v, str), "a str"),
-    "str | None": (lambda v: v is None or isinstance(v, str), "a str or None"),
-    "int": (_is_int, "an int (not a bool)"),
-    "int | None": (lambda v: v is None or _is_int(v), "an int (not a bool) or None"),
-    "float": (_is_real, "a number (int or float, not a bool)"),
-    "bool": (lambda v: isinstance(v, bool), "a bool (True or False)"),
-}
 
 
 @dataclass(frozen=True)
@@ -161,6 +147,9 @@ class Settings:
     plugin_max_failures: int = 16
     linkstats_file: str | None = None
     linkstats_interval_s: float = 10.0
+    inspector_dump_dir: str | None = None
+    inspector_dump_interval_us: int = 0
+    inspector_verbose: bool = False
     cpu_reclaim: str = "auto"
     cpu_wait: str = "auto"
     cpu_bind: str = "auto"
@@ -189,7 +178,7 @@ class Settings:
             if f.name == "pool_sizes":
                 self._check_pools(v)
                 continue
-            is_type, want = _TYPES[f.type]
+            is_type, want = TYPES[f.type]
             ok, accepted = RULES.get(f.name, (None, ""))
             if not is_type(v):
                 raise ConfigError(f"{f.name}={v!r} (type {type(v).__name__}) is not accepted: {f.name} must be "
@@ -206,7 +195,7 @@ class Settings:
         for name, size in pools.items():
             if name not in POOL_NAMES:
                 raise ConfigError(f"pool_sizes: pool {name!r} is not one of {POOL_NAMES}")
-            if not _is_int(size) or size < 1:
+            if not is_int(size) or size < 1:
                 raise ConfigError(f"pool_sizes[{name!r}]={size!r} must be an int >= 1 "
                                   f"(as SLICETRACE_PROFILE_{name}_POOL_SIZE)")
 
@@ -276,6 +265,15 @@ def _value(env: Mapping[str, str], name: str) -> str | None:
     getenv checks have it: the one rule for every variable."""
     raw = env.get(name)
     return raw if raw is not None and raw.strip() else None
+
+
+def inspector_dir(settings: Settings, env: Mapping[str, str] | None = None) -> str:
+    """The inspector plugin's folder: inspector_dump_dir, else NCCL's Inspector default, nccl-inspector-<SLURM_JOBID>
+    (nccl-inspector-unknown-jobid without one)."""
+    if settings.inspector_dump_dir:
+        return settings.inspector_dump_dir
+    job = (os.environ if env is None else env).get("SLURM_JOBID", "").strip()
+    return f"nccl-inspector-{job or 'unknown-jobid'}"
 
 
 def temp_dir() -> str:

@@ -1,13 +1,34 @@
 """How config reads a variable's text: booleans, strict integers, byte sizes, event masks and seconds, each
-parser with what it accepts (for config's error messages). Reads no environment (config does)."""
+parser with what it accepts (for config's error messages), and the type test of each Settings annotation. Reads no
+environment (config does)."""
 from __future__ import annotations
 
+import numbers
 import re
 import sys
 from typing import Any, Callable
 
 from .errors import ConfigError
 from .events.abi import INT_TEXT, parse_mask
+
+
+def is_int(v: Any) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _is_real(v: Any) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+# Settings annotation -> (type test, what it accepts): config checks every field of a Settings by it
+TYPES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "str": (lambda v: isinstance(v, str), "a str"),
+    "str | None": (lambda v: v is None or isinstance(v, str), "a str or None"),
+    "int": (is_int, "an int (not a bool)"),
+    "int | None": (lambda v: v is None or is_int(v), "an int (not a bool) or None"),
+    "float": (_is_real, "a number (int or float, not a bool)"),
+    "bool": (lambda v: isinstance(v, bool), "a bool (True or False)"),
+}
 
 
 def as_bool(v: str) -> bool:
@@ -50,7 +71,7 @@ def as_seconds(v: str) -> float:
     return float(t)
 
 
-_PLUGIN_SPECS = ("a str or None (a spec: 'example', 'linkstats', 'module:attr', an entry point name, a comma list of "
+_PLUGIN_SPECS = ("a str or None (a spec: 'example', 'linkstats', 'inspector', 'module:attr', an entry point name, a comma list of "
                  "them, or 'none'; None: no plugin), or a plugin class or factory function defined at a module's top "
                  "level")
 

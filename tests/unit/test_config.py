@@ -169,7 +169,7 @@ def test_every_field_is_type_checked():
     """A field added without a type rule would fail here (and in every Settings())."""
     for f in config.fields(Settings):
         if f.name != "pool_sizes":
-            assert f.type in config._TYPES, f.name
+            assert f.type in config.TYPES, f.name
     assert set(config.RULES) <= {f.name for f in config.fields(Settings)}
 
 
@@ -378,6 +378,8 @@ NON_DEFAULT = {
     "profile_min_bytes": ("64K", 65536), "drain_interval_us": ("250", 250), "profiler_plugin": ("linkstats", "linkstats"),
     "profile_event_mask": ("Coll|KernelStep", 2 | 1 << 16), "profile_dump_file": ("/x/trace", "/x/trace"),
     "linkstats_file": ("/x/links", "/x/links"), "linkstats_interval_s": ("0.5", 0.5),
+    "inspector_dump_dir": ("/x/ins", "/x/ins"), "inspector_dump_interval_us": ("0x10", 16),
+    "inspector_verbose": ("on", True),
     "plugin_max_failures": ("3", 3), "cpu_reclaim": ("on", "on"), "cpu_wait": ("futex", "futex"),
     "cpu_bind": ("off", "off"), "cache_dir": ("/x/cache", "/x/cache"), "assert_warm": ("yes", True),
     "clock_resync_s": ("4", 4.0), "debug": ("INFO", "INFO"),

@@ -9,7 +9,7 @@ from slicetrace.errors import ConfigError, PluginError, closest
 from slicetrace.events.loading import load_plugins
 from tests.helpers.plugins import CtorFails, NoopPlugin
 
-KNOWN = "(['example', 'linkstats']) nor a 'module:attr' path"
+KNOWN = "(['example', 'inspector', 'linkstats']) nor a 'module:attr' path"
 
 
 @pytest.mark.parametrize("spec,msg", [
@@ -79,6 +79,7 @@ def test_a_plugin_object_or_other_value_is_refused_with_what_is_accepted(value, 
     with pytest.raises(ConfigError) as e:
         Settings(profiler_plugin=value)
     assert str(e.value) == (f"profiler_plugin={value!r} (type {type(value).__name__}) is not accepted: "
-                            f"profiler_plugin must be a str or None (a spec: 'example', 'linkstats', 'module:attr', "
+                            f"profiler_plugin must be a str or None (a spec: 'example', 'linkstats', 'inspector', "
+                            f"'module:attr', "
                             f"an entry point name, a comma list of them, or 'none'; None: no plugin), or a plugin "
                             f"class or factory function defined at a module's top level{tail}")
