@@ -14,7 +14,8 @@ log = logging.getLogger("slicetrace")
 ENTRY_POINT_GROUP = "slicetrace.profilers"
 # Imported lazily by string: events must not import sinks.
 BUILTINS: dict[str, str] = {"example": "slicetrace.sinks.chrome:ChromePlugin",
-                             "linkstats": "slicetrace.sinks.linkstats:LinkStatsPlugin"}
+                             "linkstats": "slicetrace.sinks.linkstats:LinkStatsPlugin",
+                             "inspector": "slicetrace.sinks.inspector:InspectorPlugin"}
 _SPEC = "profiler_plugin (SLICETRACE_PROFILER_PLUGIN)"     # where a spec comes from, when the caller cannot tell
 
 
