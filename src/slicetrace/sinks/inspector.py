@@ -281,10 +281,14 @@ class InspectorPlugin:
         if not n or ctx.done:
             return n
         st, sp = recs["start_ns"], recs["stop_ns"]
-        if stops[:-1] == starts[1:] and all(b > a for a, b in zip(starts, stops)):     # contiguous: one reduce
-            at = np.asarray(starts) - starts[0]
-            lo = np.minimum.reduceat(st[starts[0]:stops[-1]], at).tolist()
-            hi = np.maximum.reduceat(sp[starts[0]:stops[-1]], at).tolist()
+        a0, b0 = starts[0], stops[-1]
+        if stops[:-1] == starts[1:] and all(b > a for a, b in zip(starts, stops)):     # contiguous, none empty
+            if b0 - a0 == len(starts):              # a row per run (one channel): no reduce
+                lo, hi = st[a0:b0].tolist(), sp[a0:b0].tolist()
+            else:
+                at = np.asarray(starts) - a0
+                lo = np.minimum.reduceat(st[a0:b0], at).tolist()
+                hi = np.maximum.reduceat(sp[a0:b0], at).tolist()
         else:
             lo = [int(st[a:b].min()) if b > a else None for a, b in zip(starts, stops)]
             hi = [int(sp[a:b].max()) if b > a else None for a, b in zip(starts, stops)]
