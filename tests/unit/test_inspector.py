@@ -103,7 +103,8 @@ def test_two_communicators_of_a_process_append_to_one_file_and_the_exporter_s_fl
             host.begin_op(op.info)
             deliver(host, op)
         hosts.append(host)
-    with open(tmp_path / "ins" / "other.jsonl", "w") as f:          # a line without the three parts is skipped
+    (tmp_path / "ins" / "sub").mkdir()
+    with open(tmp_path / "ins" / "sub" / "other.log", "w") as f:     # a line without the three parts is skipped
         f.write('{"slicetrace": 1}\n')
     for host in hosts:
         host.close()
