@@ -59,6 +59,22 @@ def test_a_line_per_collective_in_inspector_s_format_timed_by_its_kernel_channel
     assert [ln["coll_perf"]["coll_sn"] for ln in lines] == [0, 1, 2, 3]
 
 
+def test_collectives_that_never_reached_the_plugin_are_counted_from_the_seq_gaps(tmp_path):
+    p = InspectorPlugin(Settings(inspector_dump_dir=str(tmp_path / "ins")))
+    host = EventHost([LoadedPlugin(p)], COMM)
+    src = SyntheticSource(nranks=4, rank=1, nchannels=1, funcs=("all_reduce",), seed=3)
+    for op in src.ops(7):
+        if op.info.seq_number in (1, 2, 5):                 # run unprofiled: no events at all
+            continue
+        op.info.mask = host.op_mask()
+        host.begin_op(op.info)
+        deliver(host, op)
+    ctx = host.plugins[0].ctx
+    host.close()
+    assert [ln["coll_perf"]["coll_sn"] for ln in read_lines(tmp_path / "ins")] == [0, 3, 4, 6]
+    assert p.counters(ctx)["plugin_unseen_COLL"] == 3 and p.counters(ctx)["plugin_written_COLL"] == 4
+
+
 def test_without_kernel_ch_the_collective_s_own_start_and_stop_time_it(tmp_path):
     p, host, ctx, _ = _run(tmp_path, n_ops=4, mask=int(abi.EventType.COLL | abi.EventType.P2P))
     host.close()

@@ -149,6 +149,8 @@ class _Ctx:
         self.pid = os.getpid()
         self.sn = 0                         # callbacks seen, in order (verbose: event_trace_sn)
         self.inflight = 0                   # Coll events started, not stopped
+        self.seqs: dict[str, int] = {}      # the last SeqNum seen per function: its gaps count collectives unseen
+        self.unseen = 0
         self.lines: list[tuple] = []        # (coll, stop ns, wall us, stop sn) completed, not handed to the writer
         self.flushed_ns = time.monotonic_ns()
         self.latest: tuple | None = None    # interval sampling: the latest completed since the last line
@@ -241,6 +243,10 @@ class InspectorPlugin:
     def start_event(self, ctx: _Ctx, descr: Any) -> Any:
         if descr.__class__ is not CollDescr:
             return _IGNORED
+        last = ctx.seqs.get(descr.func, -1)
+        if descr.seq_number > last + 1:     # collectives run between two seen ones that no Coll event told
+            ctx.unseen += descr.seq_number - last - 1
+        ctx.seqs[descr.func] = descr.seq_number
         ctx.inflight += 1
         ctx.sn += 1
         return _Coll(ctx, descr, ctx.sn)
@@ -310,11 +316,13 @@ class InspectorPlugin:
 
     def counters(self, ctx: _Ctx) -> dict[str, int]:
         """This plugin's accounting: collectives written, left out by the interval, lost to a failed write, queued
-        and not yet written, and still in flight (unfinished)."""
+        and not yet written, still in flight (unfinished), and never seen: gaps in a function's SeqNum, collectives
+        that ran with no Coll event (unprofiled on purpose: profiling(False), op sampling, below min bytes, a
+        profiling mask without Coll or KernelCh; or dropped by the host, which counts those)."""
         pending = len(ctx.lines) + (ctx.latest is not None)
         return {"plugin_written_COLL": ctx.written, "plugin_sampled_out_COLL": ctx.completed - ctx.handed - pending,
                 "plugin_lost_COLL": ctx.lost, "plugin_queued_COLL": ctx.handed - ctx.written - ctx.lost + pending,
-                "plugin_unfinished_COLL": ctx.inflight}
+                "plugin_unfinished_COLL": ctx.inflight, "plugin_unseen_COLL": ctx.unseen}
 
     def finalize(self, ctx: _Ctx) -> None:
         """Write what is buffered and wait for it (timeout_s; 5 s at the interpreter's exit); raise OSError when
@@ -348,5 +356,6 @@ class InspectorPlugin:
                           f"and {ctx.lost} line(s) of rank {ctx.comm.rank} (comm 0x{ctx.comm.comm_hash:x}) are lost; "
                           f"free space or give inspector_dump_dir (SLICETRACE_INSPECTOR_DUMP_DIR) a folder on "
                           f"another filesystem")
-        log.info("slicetrace inspector plugin rank %d: %d collective line(s) in %s", ctx.comm.rank, ctx.written,
-                 f.path)
+        log.info("slicetrace inspector plugin rank %d: %d collective line(s) in %s (%d left out by the interval, "
+                 "%d run without a Coll event)", ctx.comm.rank, ctx.written, f.path, own["plugin_sampled_out_COLL"],
+                 ctx.unseen)
