@@ -1,0 +1,232 @@
+"""Two sets of `slicetrace bench --json` runs, row by row: what got slower, by how much, and whether beyond noise.
+
+Pure functions over the files' JSON (`slicetrace diff` prints and exits); nothing here runs a collective.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import statistics
+from dataclasses import dataclass, field
+
+from ..errors import UsageError
+
+KEY = ("backend", "op", "size", "type", "redop", "inplace", "root", "ranks")    # a row's identity across runs
+ACCEPTED = "files written by `slicetrace bench --json FILE`, a folder of them, or a glob"
+MIN_SPREAD_SAMPLES = 3      # below this on either side a [min, max] range says nothing about noise
+# what makes two runs' numbers comparable, as the messages name them; sweep bounds (-b -e -d -o --op) only choose rows
+BENCH_FLAGS = {"iters": "-n", "warmup_iters": "-w", "check": "-c", "average": "-a", "inplace": "--inplace",
+               "overhead": "--overhead", "overhead_of": "--overhead-of", "rounds": "--rounds",
+               "compare": "--compare", "seed": "--seed", "profile": "--profile"}
+# settings that do not change what is measured: where files go, how long a wait may take, log level
+IGNORED_SETTINGS = {"cache_dir", "timeout_s", "debug", "profile_dump_file", "linkstats_file"}
+ENV_KEYS = ("host", "cpu_model", "cpus", "gpus", "slicetrace", "python", "numpy", "cupy", "torch", "nccl")
+ROW_FIELDS = ("op", "size", "type", "busbw", "time_us")
+
+
+@dataclass
+class Side:
+    """One side (BASE or NEW): its files' rows pooled."""
+    name: str
+    files: list[str]
+    rows: list[dict]                            # each row with its file's backend and ranks filled in
+    setups: list[dict]                          # per file: comparable setting -> value
+    envs: list[dict]                            # per file: env key -> value
+    incomplete: list[str] = field(default_factory=list)     # "file: why" for runs that died
+
+
+def expand(spec: str, name: str) -> list[str]:
+    """A file, a folder (its *.json files) or a glob -> the files, sorted; none is a UsageError naming spec."""
+    if os.path.isdir(spec):
+        files = sorted(glob.glob(os.path.join(glob.escape(spec), "*.json")))
+        if not files:
+            raise UsageError(f"{name} {spec!r} is a folder without *.json files; give {ACCEPTED}")
+        return files
+    if os.path.exists(spec):
+        return [spec]
+    files = sorted(f for f in glob.glob(spec) if os.path.isfile(f))
+    if not files:
+        raise UsageError(f"{name} {spec!r}: no such file, folder, or files matching it as a glob; give {ACCEPTED}")
+    return files
+
+
+def _read(path: str, name: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            d = json.load(f)
+    except OSError as e:
+        raise UsageError(f"{name} {path!r}: cannot read it ({e.strerror or e}); give {ACCEPTED}") from None
+    except ValueError as e:         # JSONDecodeError, and bytes that are not UTF-8
+        raise UsageError(f"{name} {path!r} is not JSON ({e}); give {ACCEPTED}") from None
+    if isinstance(d, dict) and isinstance(d.get("rows"), list) and isinstance(d.get("settings"), dict) \
+            and isinstance(d.get("bench"), dict):
+        return d
+    what = ("a `slicetrace report --json` file" if isinstance(d, dict) and "links" in d and "stragglers" in d else
+            "a Chrome trace" if isinstance(d, list) or isinstance(d, dict) and "traceEvents" in d else
+            f"JSON with keys {sorted(d)[:8]}" if isinstance(d, dict) else f"a JSON {type(d).__name__}")
+    raise UsageError(f"{name} {path!r} is {what}, not a bench result (keys settings, bench, rows); give {ACCEPTED}")
+
+
+def load_side(spec: str, name: str) -> Side:
+    """BASE or NEW as given: every file's rows, checked to have what a comparison reads."""
+    files = expand(spec, name)
+    side = Side(name, files, [], [], [])
+    for path in files:
+        d = _read(path, name)
+        backend, ranks = d["settings"].get("backend"), d.get("ranks")
+        for i, r in enumerate(d["rows"]):
+            missing = [k for k in ROW_FIELDS if not isinstance(r, dict) or k not in r]
+            if missing:
+                raise UsageError(f"{name} {path!r}: row {i} lacks {missing} (a bench row has {list(ROW_FIELDS)}); "
+                                 f"give {ACCEPTED}")
+            side.rows.append({"backend": backend, "ranks": ranks, "redop": "none", "inplace": False, "root": -1,
+                              **r})
+        side.setups.append(setup(d))
+        side.envs.append({k: d.get("env", {}).get(k) for k in ENV_KEYS if k in d.get("env", {})})
+        if not d.get("complete", True):
+            side.incomplete.append(f"{path}: {d.get('incomplete', 'incomplete')} ({len(d['rows'])} row(s))")
+    return side
+
+
+def setup(d: dict) -> dict:
+    """What a fair comparison needs equal, as 'name': value with the names messages use."""
+    out = {"ranks": d.get("ranks")}
+    out.update({f"settings.{k}": json.dumps(v, sort_keys=True) if isinstance(v, dict) else v
+                for k, v in sorted(d["settings"].items()) if k not in IGNORED_SETTINGS})
+    out.update({f"{flag} ({k})": d["bench"].get(k) for k, flag in BENCH_FLAGS.items() if k in d["bench"]})
+    prof = d.get("profiling") or {}
+    out.update({f"profiling.{k}": prof.get(k) for k in ("plugins", "event_mask", "main_profiled") if k in prof})
+    return out
+
+
+def differences(base: list[dict], new: list[dict]) -> list[str]:
+    """'name a -> b' per key whose values differ between the sides (each side's values: those of its files)."""
+    out = []
+    for k in sorted(set().union(*base, *new)):
+        a, b = _values(base, k), _values(new, k)
+        if a != b:
+            out.append(f"{k} {a} -> {b}")
+    return out
+
+
+def within(side: list[dict]) -> list[str]:
+    """'name a, b' per key whose values differ among one side's files (pooled rows of unlike runs)."""
+    return [f"{k} {_values(side, k)}" for k in sorted(set().union(*side)) if len({_text(s.get(k)) for s in side}) > 1]
+
+
+def _text(v) -> str:
+    return "unset" if v is None else json.dumps(v) if isinstance(v, list) else str(v)
+
+
+def _values(setups: list[dict], k: str) -> str:
+    vals = list(dict.fromkeys(_text(s.get(k)) for s in setups))
+    return vals[0] if len(vals) == 1 else "{" + ", ".join(vals) + "}"
+
+
+@dataclass(frozen=True)
+class Stats:
+    median: float
+    lo: float
+    hi: float
+    n: int
+
+    @classmethod
+    def of(cls, xs: list[float]) -> Stats | None:
+        xs = [float(x) for x in xs if x is not None]
+        return cls(statistics.median(xs), min(xs), max(xs), len(xs)) if xs else None
+
+    def to_dict(self) -> dict:
+        return {"median": self.median, "min": self.lo, "max": self.hi, "samples": self.n}
+
+
+def spread_known(base: Stats, new: Stats) -> bool:
+    return base.n >= MIN_SPREAD_SAMPLES and new.n >= MIN_SPREAD_SAMPLES
+
+
+def overlap(base: Stats, new: Stats) -> bool:
+    return base.lo <= new.hi and new.lo <= base.hi
+
+
+def verdict(base: Stats, new: Stats, threshold: float, higher_better: bool = True, points: bool = False) -> str:
+    """'regression' / 'improved' when NEW's median is beyond threshold (a fraction of BASE's median, or absolute
+    points with points=True) in the bad / good direction and, where both sides have >= 3 samples, their ranges do
+    not overlap ('noise' when they do); else 'same'. A BASE median of 0 compares by points: no ratio exists."""
+    delta = new.median - base.median
+    limit = threshold * 100 if points else threshold * abs(base.median)
+    if not points and base.median == 0:
+        limit = 0.0
+    if abs(delta) <= limit or delta == 0:
+        return "same"
+    if spread_known(base, new) and overlap(base, new):
+        return "noise"
+    return "improved" if (delta > 0) == higher_better else "regression"
+
+
+def change_pct(base: Stats, new: Stats) -> float | None:
+    return (new.median / base.median - 1) * 100 if base.median else None
+
+
+def _key(r: dict) -> tuple:
+    return tuple(r.get(k) for k in KEY)
+
+
+def _group(rows: list[dict]) -> dict[tuple, list[dict]]:
+    out: dict[tuple, list[dict]] = {}
+    for r in rows:
+        out.setdefault(_key(r), []).append(r)
+    return out
+
+
+def _order(key: tuple) -> tuple:
+    """As bench prints them: by op, type, reduction, ..., then size; values of a kind compare as text or number."""
+    k = dict(zip(KEY, key))
+    return tuple(str(k[f]) for f in ("backend", "op", "type", "redop", "inplace")) + tuple(
+        k[f] if isinstance(k[f], int) else -1 for f in ("root", "ranks", "size"))
+
+
+# row verdicts, worst first: the row's verdict is its metrics' worst
+ORDER = ("wrong", "regression", "noise", "improved", "same")
+
+
+def compare_rows(base: list[dict], new: list[dict], threshold: float) -> dict:
+    """Rows matched by KEY, each with per-metric numbers and verdicts; rows only on one side listed by key."""
+    b, n = _group(base), _group(new)
+    rows = []
+    for key in sorted(b.keys() & n.keys(), key=_order):
+        rows.append(compare_one(dict(zip(KEY, key)), b[key], n[key], threshold))
+    only = {side: [dict(zip(KEY, k)) | {"samples": len(g[k]), "wrong": _wrong(g[k])}
+                   for k in sorted(g.keys() - other.keys(), key=_order)]
+            for side, g, other in (("base", b, n), ("new", n, b))}
+    counts = {v: sum(r["verdict"] == v for r in rows) for v in ORDER}
+    counts["wrong_new_only"] = sum((r["wrong"] or 0) > 0 for r in only["new"])    # a new row's wrong result fails too
+    return {"rows": rows, "only_base": only["base"], "only_new": only["new"], "counts": counts,
+            "failed": counts["wrong"] + counts["regression"] + counts["wrong_new_only"] > 0}
+
+
+def _wrong(rows: list[dict]) -> int | None:
+    """The wrong values over the samples; None when none was checked (-c 0)."""
+    return None if all(r.get("wrong") is None for r in rows) else sum(r.get("wrong") or 0 for r in rows)
+
+
+def compare_one(key: dict, base: list[dict], new: list[dict], threshold: float) -> dict:
+    """One key's samples on each side -> medians, ranges, changes and verdicts of busbw (time for 0 bytes, whose
+    busbw is 0), the profiling overhead, the --compare ratio and the wrong-value counts."""
+    out = dict(key)
+    metrics = {}
+    speed = "busbw" if any(r["busbw"] for r in base) else "time_us"
+    for m, higher, points in ((speed, speed == "busbw", False), ("overhead_pct", False, True), ("ratio", True, False)):
+        sb, sn = Stats.of([r.get(m) for r in base]), Stats.of([r.get(m) for r in new])
+        if sb is None or sn is None:
+            continue
+        metrics[m] = {"base": sb.to_dict(), "new": sn.to_dict(), "verdict": verdict(sb, sn, threshold, higher, points),
+                      "change_pct" if not points else "change_points":
+                          change_pct(sb, sn) if not points else sn.median - sb.median}
+    if speed == "busbw":        # the time too, for the table (busbw's verdict stands for both)
+        sb, sn = Stats.of([r["time_us"] for r in base]), Stats.of([r["time_us"] for r in new])
+        metrics["time_us"] = {"base": sb.to_dict(), "new": sn.to_dict(), "change_pct": change_pct(sb, sn)}
+    wrong = {"base": _wrong(base), "new": _wrong(new)}
+    out.update(metrics=metrics, wrong=wrong, speed_metric=speed)
+    verdicts = [v["verdict"] for v in metrics.values() if "verdict" in v]
+    out["verdict"] = "wrong" if (wrong["new"] or 0) > 0 else min(verdicts, key=ORDER.index, default="same")
+    return out
