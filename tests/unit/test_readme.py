@@ -75,7 +75,7 @@ def test_every_variable_the_readme_names_exists():
 def test_every_subcommand_and_flag_is_described(capsys):
     top = _help(capsys=capsys)
     subs = re.search(r"\{([a-z,]+)\}", top).group(1).split(",")
-    assert subs == ["bench", "config", "report", "convert"]
+    assert subs == ["bench", "config", "report", "convert", "diff"]
     for sub in subs:
         assert f"slicetrace {sub}" in README, sub
         section = README if sub == "config" else _section(f"`slicetrace {sub}`")

@@ -1,4 +1,4 @@
-"""`slicetrace` command line: bench (nccl-tests flags), report (trace analysis), convert (to Perfetto) and config."""
+"""`slicetrace` command line: bench (nccl-tests flags), report (traces), convert (to Perfetto), config, diff (runs)."""
 from __future__ import annotations
 
 import argparse
@@ -16,6 +16,7 @@ from ..events.abi import parse_mask
 from ..events.loading import load_plugins
 from ..launch_signals import _terminate_as_exit
 from .benchflags import backend_source, bench_settings, check_flags, has_example, timeout_hint
+from .diff_cmd import diff_parser, run_diff
 from .outputs import dump_files, logged_rows, rows_log, trace_note, writable_folder, write_json
 from .sweep import (DTYPE_ALIASES, OPS, all_dtypes, available_memory, bench_dtype, memory_check, parse_size,
                     shm_check, sizes)
@@ -350,15 +351,17 @@ def main(argv: list[str] | None = None) -> int:
                     "standard output)")
     cp.add_argument("--partial", action="store_true",
                     help="convert the ranks present when the run's other ranks' files are not given (or empty)")
+    diff_parser(sub)
     a = parser.parse_args(argv)
     if a.cmd is None:               # argparse's own word was "required: cmd": show the commands instead
         parser.print_help(sys.stderr)
         return 2
     # report's and convert's files are written through a temporary file: SIGTERM (timeout(1), Slurm) killed the
     # process outright and left it beside the output; as SystemExit(143) the write's cleanup removes it
-    term = _terminate_as_exit() if a.cmd in ("report", "convert") else None
+    term = _terminate_as_exit() if a.cmd in ("report", "convert", "diff") else None
     try:
-        rc = {"bench": run_bench, "config": run_config, "report": run_report, "convert": run_convert}[a.cmd](a)
+        rc = {"bench": run_bench, "config": run_config, "report": run_report, "convert": run_convert,
+              "diff": run_diff}[a.cmd](a)
         sys.stdout.flush()          # a closed pipe shows here, not as a traceback at the interpreter's exit
         return rc
     except SliceTraceError as e:
