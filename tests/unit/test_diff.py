@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import json
+import re
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -220,6 +222,19 @@ def test_bad_arguments_are_refused_with_what_is_accepted(tmp_path, capsys, base)
     del broken["rows"][2]["busbw"]
     rc, _, err = _diff(capsys, p, _write(tmp_path, "n.json", broken))
     assert rc == 2 and "row 2 lacks ['busbw']" in err, err
+    broken["rows"][2]["busbw"] = None
+    rc, _, err = _diff(capsys, p, _write(tmp_path, "n.json", broken))
+    assert rc == 2 and "row 2 has busbw None; a number >= 0 is accepted" in err, err
+
+
+def test_the_exit_statuses_in_diff_help_are_those_the_readme_gives(capsys):
+    with pytest.raises(SystemExit):
+        main(["diff", "--help"])
+    epilog = capsys.readouterr().out.split("exit status:")[1]
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    line = readme[readme.index("## `slicetrace diff`"):].split("\nExit status: ")[1].split("\n\n")[0]
+    codes = lambda text: set(re.findall(r"\b([0-9]) (?:no|a|refused)\b", text))    # noqa: E731
+    assert codes(epilog) == codes(line) == {"0", "1", "2"}
 
 
 # the rules by themselves

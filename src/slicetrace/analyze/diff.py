@@ -80,6 +80,9 @@ def load_side(spec: str, name: str) -> Side:
             if missing:
                 raise UsageError(f"{name} {path!r}: row {i} lacks {missing} (a bench row has {list(ROW_FIELDS)}); "
                                  f"give {ACCEPTED}")
+            bad = next((k for k in ("busbw", "time_us") if type(r[k]) not in (int, float) or r[k] < 0), None)
+            if bad is not None:         # null: bench writes NaN so; a speed of nothing cannot be compared
+                raise UsageError(f"{name} {path!r}: row {i} has {bad} {r[bad]!r}; a number >= 0 is accepted")
             side.rows.append({"backend": backend, "ranks": ranks, "redop": "none", "inplace": False, "root": -1,
                               **r})
         side.setups.append(setup(d))
