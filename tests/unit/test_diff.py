@@ -199,7 +199,7 @@ def test_zero_byte_rows_compare_by_time(tmp_path, capsys, base):
 
 @pytest.mark.parametrize("content, said", [
     ("not json", "is not JSON"),
-    ('{"links": [], "stragglers": []}', "is a `slicetrace report --json` file"),
+    ("[1, 2]", "is a JSON list"),
     ('[{"name": "AllReduce", "ph": "b"}]', "is a Chrome trace"),
     ('{"rows": []}', "is JSON with keys ['rows']"),
 ])
@@ -207,7 +207,7 @@ def test_a_file_that_is_no_bench_json_is_refused_naming_it(tmp_path, capsys, bas
     bad = tmp_path / "x.json"
     bad.write_text(content)
     rc, _, err = _diff(capsys, str(bad), _write(tmp_path, "b.json", base))
-    assert rc == 2 and f"BASE {str(bad)!r} {said}" in err and "slicetrace bench --json FILE" in err, err
+    assert rc == 2 and f"BASE {str(bad)!r} {said}" in err and "`slicetrace bench --json FILE` (or all by `slicetrace report --json FILE`)" in err, err
 
 
 def test_bad_arguments_are_refused_with_what_is_accepted(tmp_path, capsys, base):
@@ -285,3 +285,45 @@ def test_json_to_standard_output_moves_the_table_to_stderr(tmp_path, capsys, bas
     rc, out, err = _diff(capsys, p, p, "--json", "-")
     got = json.loads(out)
     assert rc == 0 and got["threshold_pct"] == 5.0 and len(got["rows"]) == 3 and "# OK: no regression" in err
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> dict:
+    """`slicetrace report --json` of a real 2-rank traced sweep: two links, 0->1 and 1->0."""
+    folder = tmp_path_factory.mktemp("diffrep")
+    assert main(["bench", "-b", "64K", "-e", "256K", "-n", "3", "-w", "1", "--trace", str(folder / "tr")]) == 0
+    assert main(["report", str(folder / "tr"), "--json", str(folder / "r.json")]) == 0
+    d = json.loads((folder / "r.json").read_text())
+    assert sorted((ln["src"], ln["dst"]) for ln in d["links"]) == [(0, 1), (1, 0)]
+    return d
+
+
+def test_report_files_compare_by_link_gbps_and_wait_share(tmp_path, capsys, report, base):
+    p = _write(tmp_path, "r.json", report)
+    out = tmp_path / "d.json"
+    rc, text, _ = _diff(capsys, p, p, "--json", str(out))
+    assert rc == 0 and "# 2 rows compared: 0 regression(s)" in text, text
+    got = json.loads(out.read_text())
+    assert got["kind"] == "report" and got["key"] == ["src", "dst"]
+    assert {(r["src"], r["dst"]): r["verdict"] for r in got["rows"]} == {(0, 1): "same", (1, 0): "same"}
+    slow = copy.deepcopy(report)
+    ln = next(ln for ln in slow["links"] if ln["src"] == 1)
+    ln["gbps"] /= 2
+    rc, text, _ = _diff(capsys, p, _write(tmp_path, "slow.json", slow))
+    line = next(ln for ln in text.splitlines() if ln.split()[:1] == ["1->0"])
+    assert rc == 1 and "-50.0%" in line and "regression" in line, text
+    # the same speed, but the link's ends wait longer: the wait share rises by more than 5 points
+    idle, waits = copy.deepcopy(report), copy.deepcopy(report)
+    for d, share in ((idle, 0.0), (waits, 0.5)):        # waits of 0 %, then 50 % of the link's time
+        ln = next(ln for ln in d["links"] if ln["src"] == 0)
+        ln.update(send_credit_wait_us=ln["send_transfer_us"] * share, recv_data_wait_us=0.0)
+    rc, text, _ = _diff(capsys, _write(tmp_path, "idle.json", idle), _write(tmp_path, "waits.json", waits))
+    line = next(ln for ln in text.splitlines() if ln.split()[:1] == ["0->1"])
+    assert rc == 1 and "regression" in line and "+33.3pt" in line, text
+    # a link on one side only is listed; bench and report files do not mix
+    one = copy.deepcopy(report)
+    one["links"] = [ln for ln in one["links"] if ln["src"] == 0]
+    rc, text, _ = _diff(capsys, p, _write(tmp_path, "one.json", one))
+    assert rc == 0 and "# only in BASE: link 1->0, 1 sample" in text, text
+    rc, _, err = _diff(capsys, p, _write(tmp_path, "b.json", base))
+    assert rc == 2 and "report --json files and NEW" in err and "bench --json files" in err, err

@@ -1,4 +1,5 @@
-"""Two sets of `slicetrace bench --json` runs, row by row: what got slower, by how much, and whether beyond noise.
+"""Two sets of `slicetrace bench --json` runs, row by row: what got slower, by how much, and whether beyond noise;
+or two sets of `slicetrace report --json` files, link by link (busbw and the share of time spent waiting).
 
 Pure functions over the files' JSON (`slicetrace diff` prints and exits); nothing here runs a collective.
 """
@@ -13,7 +14,9 @@ from dataclasses import dataclass, field
 from ..errors import UsageError
 
 KEY = ("backend", "op", "size", "type", "redop", "inplace", "root", "ranks")    # a row's identity across runs
-ACCEPTED = "files written by `slicetrace bench --json FILE`, a folder of them, or a glob"
+LINK_KEY = ("src", "dst")           # a report's link: ranks, not the communicator's hash, so runs compare
+ACCEPTED = ("files written by `slicetrace bench --json FILE` (or all by `slicetrace report --json FILE`), a folder "
+            "of them, or a glob")
 MIN_SPREAD_SAMPLES = 3      # below this on either side a [min, max] range says nothing about noise
 # what makes two runs' numbers comparable, as the messages name them; sweep bounds (-b -e -d -o --op) only choose rows
 BENCH_FLAGS = {"iters": "-n", "warmup_iters": "-w", "check": "-c", "average": "-a", "inplace": "--inplace",
@@ -29,6 +32,7 @@ ROW_FIELDS = ("op", "size", "type", "busbw", "time_us")
 class Side:
     """One side (BASE or NEW): its files' rows pooled."""
     name: str
+    kind: str                                   # "bench" or "report": which command wrote the files
     files: list[str]
     rows: list[dict]                            # each row with its file's backend and ranks filled in
     setups: list[dict]                          # per file: comparable setting -> value
@@ -51,7 +55,7 @@ def expand(spec: str, name: str) -> list[str]:
     return files
 
 
-def _read(path: str, name: str) -> dict:
+def _read(path: str, name: str) -> tuple[str, dict]:
     try:
         with open(path, encoding="utf-8") as f:
             d = json.load(f)
@@ -61,19 +65,29 @@ def _read(path: str, name: str) -> dict:
         raise UsageError(f"{name} {path!r} is not JSON ({e}); give {ACCEPTED}") from None
     if isinstance(d, dict) and isinstance(d.get("rows"), list) and isinstance(d.get("settings"), dict) \
             and isinstance(d.get("bench"), dict):
-        return d
-    what = ("a `slicetrace report --json` file" if isinstance(d, dict) and "links" in d and "stragglers" in d else
-            "a Chrome trace" if isinstance(d, list) or isinstance(d, dict) and "traceEvents" in d else
+        return "bench", d
+    if isinstance(d, dict) and isinstance(d.get("links"), list) and "stragglers" in d:
+        return "report", d
+    events = d if isinstance(d, list) else d.get("traceEvents") if isinstance(d, dict) else None
+    what = ("a Chrome trace" if isinstance(events, list) and all(isinstance(e, dict) for e in events[:1]) else
             f"JSON with keys {sorted(d)[:8]}" if isinstance(d, dict) else f"a JSON {type(d).__name__}")
-    raise UsageError(f"{name} {path!r} is {what}, not a bench result (keys settings, bench, rows); give {ACCEPTED}")
+    raise UsageError(f"{name} {path!r} is {what}, not a bench result (keys settings, bench, rows) nor a report's "
+                     f"(keys links, stragglers, ...); give {ACCEPTED}")
 
 
 def load_side(spec: str, name: str) -> Side:
     """BASE or NEW as given: every file's rows, checked to have what a comparison reads."""
     files = expand(spec, name)
-    side = Side(name, files, [], [], [])
-    for path in files:
-        d = _read(path, name)
+    read = [(path, *_read(path, name)) for path in files]
+    side = Side(name, read[0][1], files, [], [], [])
+    for path, kind, d in read:
+        if kind != side.kind:
+            raise UsageError(f"{name} {path!r} is a {kind} --json file, {files[0]!r} a {side.kind} --json file: "
+                             f"a side's files pool, so they must all be of one kind")
+        if kind == "report":
+            side.rows += link_rows(d, path, name)
+            side.setups.append({"ranks": len(d.get("ranks") or [])})
+            continue
         backend, ranks = d["settings"].get("backend"), d.get("ranks")
         for i, r in enumerate(d["rows"]):
             missing = [k for k in ROW_FIELDS if not isinstance(r, dict) or k not in r]
@@ -90,6 +104,20 @@ def load_side(spec: str, name: str) -> Side:
         if not d.get("complete", True):
             side.incomplete.append(f"{path}: {d.get('incomplete', 'incomplete')} ({len(d['rows'])} row(s))")
     return side
+
+
+def link_rows(d: dict, path: str, name: str) -> list[dict]:
+    """A report's links as rows: GB/s (the link's bytes over its busy time) and wait_pct, the share of the link's
+    time (summed over channels, both ends) spent waiting: credit waits of its sender, data waits of its receiver."""
+    rows = []
+    for i, ln in enumerate(d["links"]):
+        if not isinstance(ln, dict) or any(k not in ln for k in ("src", "dst", "gbps", "send_transfer_us")):
+            raise UsageError(f"{name} {path!r}: links[{i}] lacks src, dst, gbps or send_transfer_us; give {ACCEPTED}")
+        wait = (ln.get("send_credit_wait_us") or 0.0) + (ln.get("recv_data_wait_us") or 0.0)
+        total = wait + ln["send_transfer_us"]
+        rows.append({"src": ln["src"], "dst": ln["dst"], "gbps": ln["gbps"],
+                     "wait_pct": wait / total * 100 if total > 0 else None})
+    return rows
 
 
 def setup(d: dict) -> dict:
@@ -170,14 +198,10 @@ def change_pct(base: Stats, new: Stats) -> float | None:
     return (new.median / base.median - 1) * 100 if base.median else None
 
 
-def _key(r: dict) -> tuple:
-    return tuple(r.get(k) for k in KEY)
-
-
-def _group(rows: list[dict]) -> dict[tuple, list[dict]]:
+def _group(rows: list[dict], key: tuple[str, ...]) -> dict[tuple, list[dict]]:
     out: dict[tuple, list[dict]] = {}
     for r in rows:
-        out.setdefault(_key(r), []).append(r)
+        out.setdefault(tuple(r.get(k) for k in key), []).append(r)
     return out
 
 
@@ -192,14 +216,16 @@ def _order(key: tuple) -> tuple:
 ORDER = ("wrong", "regression", "noise", "improved", "same")
 
 
-def compare_rows(base: list[dict], new: list[dict], threshold: float) -> dict:
-    """Rows matched by KEY, each with per-metric numbers and verdicts; rows only on one side listed by key."""
-    b, n = _group(base), _group(new)
+def compare_rows(base: list[dict], new: list[dict], threshold: float, kind: str = "bench") -> dict:
+    """Rows matched by KEY (links by LINK_KEY), each with per-metric numbers and verdicts; rows only on one side
+    listed by key."""
+    key_of, order = (KEY, _order) if kind == "bench" else (LINK_KEY, None)
+    b, n = _group(base, key_of), _group(new, key_of)
     rows = []
-    for key in sorted(b.keys() & n.keys(), key=_order):
-        rows.append(compare_one(dict(zip(KEY, key)), b[key], n[key], threshold))
-    only = {side: [dict(zip(KEY, k)) | {"samples": len(g[k]), "wrong": _wrong(g[k])}
-                   for k in sorted(g.keys() - other.keys(), key=_order)]
+    for key in sorted(b.keys() & n.keys(), key=order):
+        rows.append(compare_one(dict(zip(key_of, key)), b[key], n[key], threshold, kind))
+    only = {side: [dict(zip(key_of, k)) | {"samples": len(g[k]), "wrong": _wrong(g[k])}
+                   for k in sorted(g.keys() - other.keys(), key=order)]
             for side, g, other in (("base", b, n), ("new", n, b))}
     counts = {v: sum(r["verdict"] == v for r in rows) for v in ORDER}
     counts["wrong_new_only"] = sum((r["wrong"] or 0) > 0 for r in only["new"])    # a new row's wrong result fails too
@@ -212,20 +238,23 @@ def _wrong(rows: list[dict]) -> int | None:
     return None if all(r.get("wrong") is None for r in rows) else sum(r.get("wrong") or 0 for r in rows)
 
 
-def compare_one(key: dict, base: list[dict], new: list[dict], threshold: float) -> dict:
+def compare_one(key: dict, base: list[dict], new: list[dict], threshold: float, kind: str = "bench") -> dict:
     """One key's samples on each side -> medians, ranges, changes and verdicts of busbw (time for 0 bytes, whose
-    busbw is 0), the profiling overhead, the --compare ratio and the wrong-value counts."""
+    busbw is 0), the profiling overhead, the --compare ratio and the wrong-value counts; of a link, its GB/s and
+    wait share (points)."""
     out = dict(key)
     metrics = {}
-    speed = "busbw" if any(r["busbw"] for r in base) else "time_us"
-    for m, higher, points in ((speed, speed == "busbw", False), ("overhead_pct", False, True), ("ratio", True, False)):
+    speed = "gbps" if kind == "report" else "busbw" if any(r["busbw"] for r in base) else "time_us"
+    specs = (((speed, True, False), ("wait_pct", False, True)) if kind == "report" else
+             ((speed, speed == "busbw", False), ("overhead_pct", False, True), ("ratio", True, False)))
+    for m, higher, points in specs:
         sb, sn = Stats.of([r.get(m) for r in base]), Stats.of([r.get(m) for r in new])
         if sb is None or sn is None:
             continue
         metrics[m] = {"base": sb.to_dict(), "new": sn.to_dict(), "verdict": verdict(sb, sn, threshold, higher, points),
                       "change_pct" if not points else "change_points":
                           change_pct(sb, sn) if not points else sn.median - sb.median}
-    if speed == "busbw":        # the time too, for the table (busbw's verdict stands for both)
+    if kind == "bench" and speed == "busbw":        # the time too, for the table (busbw's verdict stands for both)
         sb, sn = Stats.of([r["time_us"] for r in base]), Stats.of([r["time_us"] for r in new])
         metrics["time_us"] = {"base": sb.to_dict(), "new": sn.to_dict(), "change_pct": change_pct(sb, sn)}
     wrong = {"base": _wrong(base), "new": _wrong(new)}

@@ -1,4 +1,5 @@
-"""`slicetrace diff BASE NEW`: two bench --json runs compared row by row, non-zero exit on a regression (for CI)."""
+"""`slicetrace diff BASE NEW`: two bench --json runs compared row by row (or two report --json files link by link),
+non-zero exit on a regression (for CI)."""
 from __future__ import annotations
 
 import argparse
@@ -21,7 +22,7 @@ def diff_parser(sub) -> None:
     p = sub.add_parser("diff", help="compare two bench --json runs: what got slower, beyond noise; exit 1 on a "
                        "regression", epilog=EXIT)
     p.add_argument("base", metavar="BASE", help="the reference run: a bench --json file, a folder of them or a "
-                   "glob (their rows pool: per row the median and range)")
+                   "glob (their rows pool: per row the median and range); or report --json files, compared by link")
     p.add_argument("new", metavar="NEW", help="the run to check, given as BASE")
     p.add_argument("--threshold", type=float, default=5.0, metavar="PCT",
                    help="a change smaller than this is the same: %% of BASE's median busbw (and --compare ratio), "
@@ -40,6 +41,9 @@ def run_diff(a: argparse.Namespace) -> int:
     if a.json is not None:
         writable_file("--json", a.json, stdout_ok=True)
     base, new = diff.load_side(a.base, "BASE"), diff.load_side(a.new, "NEW")
+    if base.kind != new.kind:
+        raise UsageError(f"BASE {a.base!r} holds {base.kind} --json files and NEW {a.new!r} {new.kind} --json files; "
+                         f"give two of one kind (bench runs, or reports)")
     clash = next((f for f in base.files + new.files if a.json not in (None, STDOUT) and _same_file(f, a.json)), None)
     if clash is not None:
         raise UsageError(f"--json {a.json!r} is one of the inputs ({clash!r}); give another file, e.g. diff.json")
@@ -50,16 +54,18 @@ def run_diff(a: argparse.Namespace) -> int:
     if a.strict and (setup or any(within.values())):
         raise UsageError("--strict: the runs are set up differently: " + "; ".join(
             setup + [f"within {k}: {w}" for k, ws in within.items() for w in ws]))
-    res = diff.compare_rows(base.rows, new.rows, a.threshold / 100)
+    res = diff.compare_rows(base.rows, new.rows, a.threshold / 100, base.kind)
+    key = diff.KEY if base.kind == "bench" else diff.LINK_KEY
     say(f"# slicetrace diff: BASE {_files(base)} vs NEW {_files(new)}; threshold {a.threshold:g}%")
     for line in _warnings(base, new, setup, within, diff.differences(base.envs, new.envs)):
         say(line)
     if not res["rows"]:
         raise UsageError(f"BASE {a.base!r} ({plural(len(base.rows), 'row')}) and NEW {a.new!r} "
                          f"({plural(len(new.rows), 'row')}) have no row in common (rows match by "
-                         f"{', '.join(diff.KEY)}): nothing to compare; give runs of the same sweep")
-    spread = any(r["metrics"][r["speed_metric"]][s]["samples"] > 1 for r in res["rows"] for s in ("base", "new"))
-    for line in _table(res["rows"], spread):
+                         f"{', '.join(key)}): nothing to compare; give runs of the same sweep")
+    spread = any(r["metrics"].get(r["speed_metric"], {}).get(s, {}).get("samples", 0) > 1
+                 for r in res["rows"] for s in ("base", "new"))
+    for line in (_table if base.kind == "bench" else _link_table)(res["rows"], spread):
         say(line)
     for side, name in (("only_base", "BASE"), ("only_new", "NEW")):
         for k in res[side]:
@@ -69,7 +75,7 @@ def run_diff(a: argparse.Namespace) -> int:
         say(line)
     if a.json is not None:
         write_json("--json", a.json, {
-            "base": _side(base), "new": _side(new), "threshold_pct": a.threshold, "key": list(diff.KEY),
+            "kind": base.kind, "base": _side(base), "new": _side(new), "threshold_pct": a.threshold, "key": list(key),
             "min_spread_samples": diff.MIN_SPREAD_SAMPLES, "setup_differences": setup, "setup_within": within,
             "env_differences": diff.differences(base.envs, new.envs), **res})
     return 1 if res["failed"] else 0
@@ -99,6 +105,8 @@ def _warnings(base, new, setup: list[str], within: dict, env: list[str]) -> list
 
 
 def _label(k: dict) -> str:
+    if "src" in k:
+        return f"link {k['src']}->{k['dst']}"
     where = ", in place" if k["inplace"] else ""
     root = f", root {k['root']}" if k["root"] != -1 else ""
     redop = f" {k['redop']}" if k["redop"] != "none" else ""
@@ -114,9 +122,9 @@ def _table(rows: list[dict], spread: bool) -> list[str]:
     fmt = _ROW + ("  {:>17} {:>17}" if spread else "")
     lines = ["#" + fmt.format("op", "size", "type", "redop", "root", "ranks", "place", "base_bus", "new_bus",
                                   "change", "base_us", "new_us", "samples", "#wrong", "verdict",
-                                  "base busbw range", "new busbw range")[1:],
+                                  "base busbw range", "new busbw range")[1:].rstrip(),
              "#" + fmt.format("", "(B)", "", "", "", "", "", "(GB/s)", "(GB/s)", "", "", "", "b/n", "new", "",
-                                  "(GB/s)", "(GB/s)")[1:]]
+                                  "(GB/s)", "(GB/s)")[1:].rstrip()]
     for r in rows:
         m = r["metrics"]
         speed, t = m[r["speed_metric"]], m["time_us"]
@@ -140,8 +148,27 @@ def _table(rows: list[dict], spread: bool) -> list[str]:
     return lines
 
 
-def _num(m: dict | None, side: str) -> str:
-    return "-" if m is None else f"{m[side]['median']:.3f}"
+_LINK = "{:>10}  {:>9} {:>9} {:>8}  {:>7} {:>7} {:>8} {:>7}  {:<12}"
+
+
+def _link_table(rows: list[dict], spread: bool) -> list[str]:
+    """report --json files' links: GB/s and the share of time waiting (points), the verdict the worse of the two."""
+    fmt = _LINK + ("  {:>17} {:>17}" if spread else "")
+    lines = ["#" + fmt.format("link", "base_GB/s", "new_GB/s", "change", "base_w%", "new_w%", "change", "samples",
+                              "verdict", "base GB/s range", "new GB/s range")[1:].rstrip()]
+    for r in rows:
+        m = r["metrics"]
+        g, w = m.get("gbps"), m.get("wait_pct")
+        lines.append(fmt.format(
+            f"{r['src']}->{r['dst']}", _num(g, "base"), _num(g, "new"), _pct(g["change_pct"]) if g else "-",
+            _num(w, "base", 1), _num(w, "new", 1), f"{w['change_points']:+.1f}pt" if w else "-",
+            "/".join(str((g or w or {}).get(s, {}).get("samples", 0)) for s in ("base", "new")), WORDS[r["verdict"]],
+            _range(g, "base"), _range(g, "new")).rstrip())
+    return lines
+
+
+def _num(m: dict | None, side: str, digits: int = 3) -> str:
+    return "-" if m is None else f"{m[side]['median']:.{digits}f}"
 
 
 def _range(m: dict | None, side: str) -> str:
