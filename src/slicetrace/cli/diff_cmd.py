@@ -12,8 +12,8 @@ from .table import NCCL_TYPE, us
 from .trace_cmds import _same_file
 
 EXIT = ("exit status: 0 no regression; 1 a regression (beyond --threshold and, with >= 3 samples a side, outside "
-        "BASE's range) or a wrong result in NEW; 2 refused: a file that is no bench --json, bad flags, nothing in "
-        "common, or with --strict runs set up differently")
+        "BASE's range) or a wrong result in NEW; 2 refused: a file that is no bench or report --json, bench files "
+        "with report files, bad flags, nothing in common, or with --strict runs set up differently")
 WORDS = {"regression": "regression", "wrong": "WRONG", "noise": "within noise", "improved": "improved",
          "same": "same"}
 
@@ -25,8 +25,8 @@ def diff_parser(sub) -> None:
                    "glob (their rows pool: per row the median and range); or report --json files, compared by link")
     p.add_argument("new", metavar="NEW", help="the run to check, given as BASE")
     p.add_argument("--threshold", type=float, default=5.0, metavar="PCT",
-                   help="a change smaller than this is the same: %% of BASE's median busbw (and --compare ratio), "
-                   "points of the --overhead %% (default 5)")
+                   help="a change smaller than this is the same: %% of BASE's median busbw (and --compare ratio, "
+                   "a link's GB/s), points of the --overhead %% and of a link's wait share (default 5)")
     p.add_argument("--strict", action="store_true", help="runs set up differently (backend, ranks, settings, -n, "
                    "-w, profiling ...) are an error (exit 2), not a warning")
     p.add_argument("--json", metavar="FILE", help="write every row's numbers and verdict as JSON ('-': standard "
@@ -48,7 +48,9 @@ def run_diff(a: argparse.Namespace) -> int:
     if clash is not None:
         raise UsageError(f"--json {a.json!r} is one of the inputs ({clash!r}); give another file, e.g. diff.json")
     out = sys.stderr if a.json == STDOUT else sys.stdout
-    say = lambda line: print(line, file=out)    # noqa: E731
+
+    def say(line: str) -> None:
+        print(line, file=out)
     setup = diff.differences(base.setups, new.setups)
     within = {s.name: diff.within(s.setups) for s in (base, new)}
     if a.strict and (setup or any(within.values())):
