@@ -182,12 +182,9 @@ def overlap(base: Stats, new: Stats) -> bool:
 def verdict(base: Stats, new: Stats, threshold: float, higher_better: bool = True, points: bool = False) -> str:
     """'regression' / 'improved' when NEW's median is beyond threshold (a fraction of BASE's median, or absolute
     points with points=True) in the bad / good direction and, where both sides have >= 3 samples, their ranges do
-    not overlap ('noise' when they do); else 'same'. A BASE median of 0 compares by points: no ratio exists."""
+    not overlap ('noise' when they do); else 'same'. From a BASE median of 0, any change is beyond a fraction."""
     delta = new.median - base.median
-    limit = threshold * 100 if points else threshold * abs(base.median)
-    if not points and base.median == 0:
-        limit = 0.0
-    if abs(delta) <= limit or delta == 0:
+    if abs(delta) <= (threshold * 100 if points else threshold * abs(base.median)):
         return "same"
     if spread_known(base, new) and overlap(base, new):
         return "noise"
@@ -251,9 +248,9 @@ def compare_one(key: dict, base: list[dict], new: list[dict], threshold: float, 
         sb, sn = Stats.of([r.get(m) for r in base]), Stats.of([r.get(m) for r in new])
         if sb is None or sn is None:
             continue
+        change = ("change_points", sn.median - sb.median) if points else ("change_pct", change_pct(sb, sn))
         metrics[m] = {"base": sb.to_dict(), "new": sn.to_dict(), "verdict": verdict(sb, sn, threshold, higher, points),
-                      "change_pct" if not points else "change_points":
-                          change_pct(sb, sn) if not points else sn.median - sb.median}
+                      change[0]: change[1]}
     if kind == "bench" and speed == "busbw":        # the time too, for the table (busbw's verdict stands for both)
         sb, sn = Stats.of([r["time_us"] for r in base]), Stats.of([r["time_us"] for r in new])
         metrics["time_us"] = {"base": sb.to_dict(), "new": sn.to_dict(), "change_pct": change_pct(sb, sn)}
