@@ -103,8 +103,7 @@ class Session:
         # groups apart, so a rank's own p2p traffic does not shift which collectives it profiles
         self._eligible = [0, 0]
         self.ops_sampled_out = self.ops_below_min_bytes = 0
-        self._inline = False
-        self._closed = False
+        self._inline = self._closed = False
         self._pid, self._forks = os.getpid(), _FORKS[0]     # close in a forked child leaves the parent's alone
         self.undrained = 0          # records left in the rings when the drain could not finish (lost, counted)
         self._drain_died: BaseException | None = None
@@ -117,7 +116,8 @@ class Session:
             if plugins:
                 info = CommInfo(self.comm_hash, self.name, 1, world, rank, settings.backend)
                 with signals_held():       # a Ctrl-C between a plugin's init and the host taking its context
-                    self.host = EventHost(plugins, info, settings.plugin_max_failures)   # left its trace unended
+                    self.host = EventHost(plugins, info, settings.plugin_max_failures,      # left its trace
+                                          self._op_counts)                                  # unended
                     _LIVE.add(self)
                 if not self.host.plugins:  # each failed in its init (logged) and was unloaded: profiling is off
                     self._unloaded = {"plugin_init_failed": len(plugins)}
@@ -187,9 +187,8 @@ class Session:
         return effective_mask(m & self.mask_limit) & m      # a kept type keeps its parents (KernelStep: Coll/P2p)
 
     def _op_counts(self) -> dict[str, int]:
-        """The session's own counts, reported with the host's (trace, .prom, report)."""
-        return {k: v for k, v in (("ops_sampled_out", self.ops_sampled_out), ("undrained", self.undrained),
-                                  ("ops_below_min_bytes", self.ops_below_min_bytes)) if v}
+        """The session's own counts, read with the host's whenever they are (live .prom, trace, report)."""
+        return {k: v for k in ("ops_sampled_out", "undrained", "ops_below_min_bytes") if (v := getattr(self, k))}
 
     def _resync(self) -> None:
         off, unc = self.backend.clock_sync()
@@ -260,7 +259,7 @@ class Session:
         self.backend.wait(token, self.settings.timeout_s)
 
     def counters(self) -> dict[str, int]:
-        return {**self.host.counters(), **self._op_counts()} if self.host is not None else dict(self._unloaded)
+        return self.host.counters() if self.host is not None else dict(self._unloaded)
 
     @property
     def forked(self) -> bool:
@@ -344,9 +343,8 @@ class Session:
         except Exception as e:  # noqa: BLE001 - housekeeping: the communicator itself closed fine
             log.debug("slicetrace: rank %d: its communicator's store keys were not removed: %r", self.rank, e)
 
-    def _close_host(self, timeout_s: float | None = None) -> None:
-        # bounded: a plugin callback stuck in the drain thread holds the host's lock
-        self.host.close(notes=self._op_counts(), timeout_s=self.settings.timeout_s if timeout_s is None else timeout_s)
+    def _close_host(self, timeout_s: float | None = None) -> None:     # bounded: a stuck callback holds its lock
+        self.host.close(timeout_s=self.settings.timeout_s if timeout_s is None else timeout_s)
 
 
 # Sessions with plugins until closed, for _finish_at_exit. Strong: a communicator the program dropped unclosed

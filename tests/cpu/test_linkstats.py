@@ -188,3 +188,30 @@ def test_ops_whose_kernel_steps_a_profiling_mask_left_out_are_counted_not_lost(t
         (prom,) = glob.glob(str(tmp_path / f"m_*_{rank}.prom"))
         acc = series(parse(open(prom, encoding="utf-8").read()), "slicetrace_profiler_accounting_total", "counter")
         assert acc[("ops_masked_kernel_step",)] == 3
+
+
+def _ops_left_out_read_live(comm, prefix):
+    """Five 400 KB all-reduces (op sampling 1 in 2: the 2nd and 4th left out), then three of 40 B (under the size
+    threshold); the rank's .prom as the writer thread rewrites it while the communicator is still open."""
+    big, small = np.ones(100_000, np.float32), np.ones(10, np.float32)
+    for x in (big,) * 5 + (small,) * 3:
+        comm.all_reduce(x, x)
+    path, deadline = f"{prefix}_{comm.comm_hash}_{comm.rank}.prom", time.monotonic() + 60
+    while True:             # the next rewrite after the last op (at least every interval while open)
+        m = parse(open(path, encoding="utf-8").read())      # strict: each rewrite whole and valid
+        acc = series(m, "slicetrace_profiler_accounting_total", "counter") if "slicetrace_profiler_accounting_total" \
+            in m else {}
+        if acc.get(("ops_below_min_bytes",)) == 3 and acc.get(("ops_sampled_out",)) == 2 or time.monotonic() > deadline:
+            return acc
+        time.sleep(0.05)
+
+
+def test_ops_left_out_by_the_settings_are_in_every_rewrite_not_only_at_close(tmp_path):
+    """ops_sampled_out and ops_below_min_bytes were the session's, handed to the plugins at close only: a live .prom
+    (rewritten every interval) never had them while the job ran."""
+    got = slicetrace.launch(_ops_left_out_read_live, 2, str(tmp_path / "m"), profiler_plugin="linkstats",
+                            linkstats_file=str(tmp_path / "m"), linkstats_interval_s=0.05, op_sample_rate=2,
+                            profile_min_bytes=1024, join_timeout_s=120)
+    for acc in got:
+        assert acc[("ops_sampled_out",)] == 2 and acc[("ops_below_min_bytes",)] == 3, acc
+        assert acc[("delivered_coll",)] == 3            # the 1st, 3rd and 5th

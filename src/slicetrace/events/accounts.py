@@ -11,7 +11,8 @@ from .ops import _Slot
 
 
 class Accounts:
-    """Mixed into EventHost: expects its _lock, _counts, _n_behind, _behind_lock, _notes, _slots and _unlocked."""
+    """Mixed into EventHost: expects its _lock, _counts, _n_behind, _behind_lock, _notes, _slots, _unlocked and
+    _extra (the session's own counts, read whenever the counters are)."""
     _counts: dict[str, int]
     _n_behind: int
     _notes: dict[str, int]
@@ -38,6 +39,7 @@ class Accounts:
         c["consumer_behind"] += self._n_behind
         with self._behind_lock:
             c.update(self._notes)
+        c.update(self._extra())
         for s in slots:
             for k, v in s.counts.items():
                 c[k] = c.get(k, 0) + v

@@ -44,8 +44,8 @@ _DKCH = _DELIVERED[T.KERNEL_CH]
 
 
 class EventHost(Emitter, PollRuns, Accounts):
-    def __init__(self, plugins: list[LoadedPlugin], comm: CommInfo, max_failures: int = 16):
-        self.comm = comm
+    def __init__(self, plugins: list[LoadedPlugin], comm: CommInfo, max_failures: int = 16, extra: Any = dict):
+        self.comm, self._extra = comm, extra        # extra() -> counts of the caller's own, in every read of them
         self.max_failures = max(1, int(max_failures))
         self._lock = threading.Lock()
         self._counts: dict[str, int] = dict.fromkeys(DROP_REASONS, 0)
