@@ -9,7 +9,7 @@ from typing import Any, Iterator
 
 from .api_checks import (GROUPED, a2a_counts, as_index, check_overlap, comm_named, group_opened, int_index,
                          no_stream_on_cpu, outside_groups, profile_mask, ptr, redop_name, seconds_or_none, tag_value,
-                         writable)
+                         told, writable)
 from .api_p2p import a2a_mismatch, run_group
 from .backend.base import REDOPS, Work
 from .config import Settings
@@ -120,8 +120,8 @@ class Communicator:
         dev = be.enter_call()
         try:
             return fn(*args)
-        except (PeerError, MismatchError) as e:    # between ranks: say which of the process's communicators
-            comm_named(e, self._session)
+        except (PeerError, MismatchError) as e:    # between ranks: which communicator; its plugins hear of it
+            told(comm_named(e, self._session), self._session)
             raise
         finally:
             be.exit_call(dev)

@@ -13,7 +13,7 @@ import numpy as np
 
 from .backend.base import REDOPS, host_pointer
 from .errors import UsageError, comm_label, plural
-from .events.abi import ALL_TYPES, parse_mask
+from .events.abi import ALL_TYPES, FUNC_NAMES, parse_mask
 
 
 # NCCL's groups may also hold collectives; ours batch point-to-point only (all_to_all is sends and receives)
@@ -27,6 +27,19 @@ def comm_named(e: BaseException, sess: Any) -> BaseException:
     if e.args and isinstance(e.args[0], str):
         e.args = (e.args[0].replace(tag, "") + tag,) + e.args[1:]
     return e
+
+
+def told(e: BaseException, sess: Any) -> None:
+    """e, an op's PeerError or MismatchError, told to session `sess`'s profiler plugins (comm_failed): a failed rank's
+    trace says why it stopped. The op is named when e is the one its submit raised (Session.failing); a failure
+    found elsewhere (a barrier, synchronize, an unprofiled op) goes without one."""
+    if sess.host is None:
+        return
+    failing = sess.failing
+    work = failing[1] if failing is not None and failing[0] is e else None
+    op = None if work is None else FUNC_NAMES.get(work.plan.func, work.plan.func)
+    seq = work.seq_number if work is not None and work.seq_number >= 0 else None
+    sess.host.failed(type(e).__name__, str(e), op, seq)
 
 
 def writable(buf: Any, what: str) -> None:

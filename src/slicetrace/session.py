@@ -90,6 +90,7 @@ class Session:
             raise
         self.comm_hash = comm_hash(job, self.backend.generation)
         self._last: Any = None
+        self.failing: tuple[BaseException, Work] | None = None   # the last op whose submit raised (api: told())
         self._barriers = 0
         self.extra_keys: list[str] = []     # store keys of its making (init()'s job id) the last to close forgets
         self.host: EventHost | None = None
@@ -218,7 +219,8 @@ class Session:
         drain.expect(tag, ch, work.plan.unique_ch_keys)     # stamps may appear from now
         try:
             token = backend.submit(work)
-        except BaseException:                       # its seqs are final too: later ops must still end
+        except BaseException as e:                  # its seqs are final too: later ops must still end
+            self.failing = e, work
             exact = backend.synchronous or backend.reserves_stamps
             drain.op_submitted(tag, _done, self._reserved.copy() if exact else None)
             raise

@@ -1,18 +1,24 @@
 """The event host's loss accounting (EventHost, host.py): drops counted rank-wide, notes for the plugins, and the
-counters each plugin is offered and kept, read out for close, `counters()` and the plugin stats.
+counters each plugin is offered and kept, read out for close, `counters()` and the plugin stats; and the failures
+of ops, told to the plugins that hear them (plugin.py's comm_failed).
 
 Mixed into EventHost, whose lock, counts, notes and slots these use.
 """
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
 from .ops import _Slot
 
+log = logging.getLogger("slicetrace")
+_TELL_WAIT_S = 1.0      # a failure waits this long for a plugin callback in another thread (a stuck one: untold)
+
 
 class Accounts:
-    """Mixed into EventHost: expects its _lock, _counts, _n_behind, _behind_lock, _notes, _slots, _unlocked and
-    _extra (the session's own counts, read whenever the counters are)."""
+    """Mixed into EventHost: expects its _lock, _counts, _n_behind, _behind_lock, _notes, _slots, _unlocked, _fail,
+    _closed and _extra (the session's own counts, read whenever the counters are)."""
     _counts: dict[str, int]
     _n_behind: int
     _notes: dict[str, int]
@@ -50,6 +56,26 @@ class Accounts:
         waits for a plugin callback (the user's op calls it)."""
         with self._behind_lock:
             self._notes[name] = int(value)
+
+    def failed(self, error: str, message: str, op: str | None = None, seq: int | None = None) -> None:
+        """An op raised `error` (its class name) with `message`: tell the plugins that have comm_failed, now (the
+        trace of a rank killed later still says why it stopped). A callback that raises counts as the plugin's
+        failure; one in another thread holding the host past _TELL_WAIT_S leaves the failure untold (logged)."""
+        ts = time.monotonic_ns()
+        if not self._lock.acquire(timeout=_TELL_WAIT_S):
+            log.warning("slicetrace: the profiler plugins were not told of %s (a callback of theirs held the host "
+                        "over %g s): %s", error, _TELL_WAIT_S, message)
+            return
+        try:
+            for s in () if self._closed else self._slots:
+                if s.disabled or not s.lp.hears_failures:
+                    continue
+                try:
+                    s.lp.comm_failed(ts, error, message, op, seq)
+                except Exception:
+                    self._fail(s, "comm_failed", 1)
+        finally:
+            self._lock.release()
 
     def plugin_stats(self) -> list[dict[str, Any]]:
         return self._unlocked(lambda: [{"name": s.lp.name, "version": s.lp.version, "failures": s.failures,

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import operator
 from dataclasses import replace
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -58,6 +58,17 @@ _BIT_OF = {c: int(t) for c, t in (
     (KernelChDescr, _T.KERNEL_CH), (KernelStepDescr, _T.KERNEL_STEP), (ProxyCtrlDescr, _T.PROXY_CTRL))}
 
 
+class Failure(NamedTuple):
+    """What `comm_failed` is told: when (host CLOCK_MONOTONIC ns, the trace's clock), the error's class name
+    (PeerError, CommTimeoutError, MismatchError) and whole message, and the op that raised it (its function as
+    the trace names it, e.g. AllReduce or SendRecv, and SeqNum) where known, else None."""
+    ts_ns: int
+    error: str
+    message: str
+    op: str | None = None
+    seq: int | None = None
+
+
 @runtime_checkable
 class Plugin(Protocol):
     """What a profiler plugin implements (NCCL's ncclProfiler_t, in Python).
@@ -77,6 +88,10 @@ class Plugin(Protocol):
     turn, with `read() -> dict`, the same counters as they are at that moment; read may be called from any thread
     of the plugin's, never waits for a callback of the host's (it may then read a poll's counts half-updated: each
     counter never goes down), costs the host nothing until called, and is not to be called after finalize.
+    Optional, slicetrace's extension (no NCCL profiler version has it; any version may implement it):
+    `comm_failed(ctx, failure)`, a `Failure`, called when an operation of the communicator raised PeerError
+    (CommTimeoutError, an abort) or MismatchError, once per error, before finalize, so that the plugin's output
+    says why the rank stopped; nothing calls it while ops succeed.
     Optional (native version only): `unrecorded_handle(ctx) -> handle`, a promise that start_event returns
     that very handle, with no side effect, for every parent type (API, KernelLaunch, Group, Coll, P2p) outside
     the plugin's live mask, and that stop_event/record_event_state on it do nothing; the host then skips those
@@ -278,6 +293,15 @@ class LoadedPlugin:
         fn = getattr(self.plugin, "report_counters", None)
         if callable(fn):
             fn(self.ctx, counters)
+
+    @property
+    def hears_failures(self) -> bool:
+        return self.initialized and callable(getattr(self.plugin, "comm_failed", None))
+
+    def comm_failed(self, ts_ns: int, error: str, message: str, op: str | None, seq: int | None) -> None:
+        """Tell the plugin, if it has comm_failed, of an op's error (a Failure)."""
+        if self.hears_failures:
+            self.plugin.comm_failed(self.ctx, Failure(ts_ns, error, message, op, seq))
 
     def finalize(self) -> None:
         if self.initialized:
