@@ -142,7 +142,7 @@ def test_convert_returns_counts_and_refuses_nothing_to_convert(tmp_path, capsys)
                     '"StopGpuClk":2250,"CommHash":18446744073709551615}},{}]')
     got = convert([str(path)], str(tmp_path / "one.pftrace"))
     assert got == {"files": 1, "slices": 1, "flows": 0, "tracks": 1, "unpaired_sends": 1,     # no receive: no flow
-                   "left_out": ""}
+                   "left_out": "", "failures": 0}
 
 
 def test_connections_of_one_pair_on_two_channels_with_equal_steps_each_get_their_flows(tmp_path):

@@ -9,7 +9,9 @@ send gets a flow to the receive that took its data on the peer (same communicato
 Perfetto draws who waited on whom: from an instant "send done" inside the send's slice at its end to an instant
 "recv ready" inside the receive's slice when its data was there. Not from slice to slice: Perfetto (since PR #2777)
 points a flow away from whichever of its slices began first, and a receive often begins (waits) before its send.
-The protobuf is written by hand (a few field types: analyze/protobuf.py).
+The protobuf is written by hand (a few field types: analyze/protobuf.py). An op's failure (the example plugin's
+"ERROR" instant) is an instant on its rank's process track, with the same name and args, and the process is named
+"rank N (comm H) failed: <error class>", as in the Chrome trace.
 
 Memory and time: files are read one at a time (runfiles.load_each), each slice kept as a few numbers; the
 annotations of records of one shape (the KernelSteps) as an int64 matrix, encoded in numpy a chunk at a time as
@@ -28,13 +30,14 @@ import numpy as np
 from ..errors import TraceFormatError
 from ..events.abi import lost_counters
 from .atomic import atomic_open
-from .perfetto_tracks import INSTANT, layout, pids, uuid64
-from .protobuf import (P_SEQ_ID, TE_CATEGORIES, TE_FLOW, TE_FLOW_END, TE_NAME, TE_TRACK,
+from .perfetto_tracks import INSTANT, layout, pids, process_uuid, uuid64
+from .protobuf import (P_SEQ_ID, P_TIMESTAMP, P_TRACK_EVENT, TE_CATEGORIES, TE_FLOW, TE_FLOW_END, TE_NAME, TE_TRACK,
                        TE_TYPE, TRACE_PACKET, annotation, annotation_rows, fits_rows, packet_heads, pb_bytes, pb_int,
                        pb_str, tag, wire_fields)
+from .records import FAILURE_CAT
 from .runfiles import load_each
 from .runranks import every_rank
-from .trace import comm_of, counters
+from .trace import comm_of, counters, failures
 
 __all__ = ["convert", "wire_fields"]
 log = logging.getLogger("slicetrace")
@@ -61,6 +64,8 @@ class _File:
         self.others = sorted({r["pid"] for r in recs if "pid" in r} - {rank})     # refused once the run is read
         last = next(reversed(counters(recs).values()), {})          # the file's one rank's (others are refused)
         self.lost = lost_counters(last)         # shown in the process name (Perfetto shows no other place)
+        self.failures = failures(recs)          # instants on the process track; the first's error in its name
+        self.failed = self.failures[0]["error"] if self.failures else None
         names = {r.get("tid"): (r.get("args") or {}).get("name", "") for r in recs
                  if r.get("ph") == "M" and r.get("name") == "thread_name"}
         # ring and point-to-point connections count their FIFO steps apart: a flow key needs the parent's kind
@@ -256,9 +261,11 @@ def _events(f: _File, order: np.ndarray, fid: np.ndarray, mark: np.ndarray, at_n
             np.r_[np.zeros(2 * n, np.uint64), fid[k]])
 
 
-def _write(out: Any, files: list[_File], evs: list[tuple], heads: list[np.ndarray], pre: list[bytes]) -> None:
+def _write(out: Any, files: list[_File], evs: list[tuple], heads: list[np.ndarray], pre: list[bytes],
+           fails: list[tuple[int, bytes]]) -> None:
     """Every file's events as TrackEvent packets, in (ns, order at that ns, file, order among ties) order, a chunk
-    at a time: one sequence in time order (a flow's terminating id must come after its start in the file)."""
+    at a time: one sequence in time order (a flow's terminating id must come after its start in the file); the
+    failures' packets (ns, bytes; in time order) among them, after the events of their ns."""
     ts, at, seq, flow, fid = (np.concatenate([e[j] for e in evs]) for j in range(5))
     fi = np.concatenate([np.full(len(e[0]), i, np.int32) for i, e in enumerate(evs)])      # small types: memory
     ev = np.concatenate([np.arange(len(e[0]), dtype=np.int32) for e in evs])
@@ -268,6 +275,7 @@ def _write(out: Any, files: list[_File], evs: list[tuple], heads: list[np.ndarra
     del seq
     tags = (b"", _FLOW, _FLOW_END)
     pre_len = np.array([len(p) for p in pre], np.int64)
+    f_ts, j = np.array([t for t, _ in fails], np.int64), 0
     for c in range(0, len(order), _CHUNK):
         idx = order[c:c + _CHUNK]
         gf, ge, h, fl = fi[idx], ev[idx], head[idx], flow[idx]
@@ -281,8 +289,32 @@ def _write(out: Any, files: list[_File], evs: list[tuple], heads: list[np.ndarra
         for p in np.flatnonzero(fl).tolist():
             flows[p] = tags[fl[p]] + struct.pack("<Q", int(fid[idx[p]]))
         size = pre_len[h] + np.fromiter(map(len, ann), np.int64, len(idx)) + np.where(fl > 0, 8 + len(_FLOW), 0)
-        out.write(b"".join(chain.from_iterable(zip(packet_heads(ts[idx], size, _SEQ), map(pre.__getitem__, h.tolist()),
-                                                   ann, flows))))
+        parts = zip(packet_heads(ts[idx], size, _SEQ), map(pre.__getitem__, h.tolist()), ann, flows)
+        k = len(fails) if c + _CHUNK >= len(order) else int(np.searchsorted(f_ts, ts[idx[-1]], "right"))
+        if j == k:                          # the common case: no failure in this chunk's time
+            out.write(b"".join(chain.from_iterable(parts)))
+            continue
+        pkts = list(map(b"".join, parts))
+        for at_p, (_, pkt) in reversed(list(zip(np.searchsorted(ts[idx], f_ts[j:k], "right").tolist(), fails[j:k]))):
+            pkts.insert(at_p, pkt)
+        j = k
+        out.write(b"".join(pkts))
+
+
+def _failure_packets(files: list[_File]) -> list[tuple[int, bytes]]:
+    """Each file's failures as (ns, TracePacket bytes), in time order: an instant on its process's track, named and
+    annotated as the example plugin's instant is."""
+    out = []
+    for f in files:
+        track = pb_int(TE_TYPE, INSTANT) + pb_int(TE_TRACK, process_uuid(f)) + pb_str(TE_CATEGORIES, FAILURE_CAT)
+        for x in f.failures:
+            args = {"Error": x["error"], "Message": x["message"], "Op": x["op"], "SeqNum": x["seq"]}
+            event = track + pb_str(TE_NAME, str(x["name"])) + b"".join(
+                annotation(k, v) for k, v in args.items() if v is not None)
+            ts = max(x["ts_ns"], 0)
+            out.append((ts, pb_bytes(TRACE_PACKET, pb_int(P_TIMESTAMP, ts) + pb_int(P_SEQ_ID, _SEQ)
+                                     + pb_bytes(P_TRACK_EVENT, event))))
+    return sorted(out, key=lambda p: p[0])
 
 
 def _from_zero(files: list[_File]) -> None:
@@ -298,6 +330,8 @@ def _from_zero(files: list[_File]) -> None:
     for f in files:
         f.t0 -= lo
         f.t1 -= lo
+        for x in f.failures:
+            x["ts_ns"] -= lo
     log.warning("slicetrace convert: the trace begins at %d ns, before 0, where Perfetto drops events: every "
                 "timestamp is written %d ns later (order and durations kept)", lo, -lo)
 
@@ -345,6 +379,7 @@ def convert(paths: Iterable[str], out_path: str, partial: bool = False) -> dict:
     with atomic_open(out_path, "wb") as out:        # a failed write leaves no half trace
         for d in descriptors:
             out.write(pb_bytes(TRACE_PACKET, d + pb_int(P_SEQ_ID, _SEQ)))
-        _write(out, files, evs, heads, pre_bytes)
+        _write(out, files, evs, heads, pre_bytes, _failure_packets(files))
     return {"files": len(files), "slices": sum(len(f.t0) for f in files), "flows": nflows,
-            "tracks": len(descriptors) - 2 * len(files), "unpaired_sends": unpaired, "left_out": left_out}
+            "tracks": len(descriptors) - 2 * len(files), "unpaired_sends": unpaired, "left_out": left_out,
+            "failures": sum(len(f.failures) for f in files)}

@@ -21,6 +21,11 @@ def uuid64(*parts: Any) -> int:
     return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest(), "little") or 1
 
 
+def process_uuid(f: Any) -> int:
+    """The track of file f's process (a rank of a communicator): its descriptor's, and its failures' instants'."""
+    return uuid64("proc", f.comm, f.rank)
+
+
 def layout(f: Any, pid: int, descriptors: list[bytes], pre: dict[tuple, int], mark: np.ndarray,
             ) -> tuple[np.ndarray, ...]:
     """Each slice's place: slices that would overlap on a track get a lane (a track of its own), lanes first fit in
@@ -29,8 +34,9 @@ def layout(f: Any, pid: int, descriptors: list[bytes], pre: dict[tuple, int], ma
     rank track's and the lanes' descriptors. Perfetto ignores the order of a process track's children (they show
     as its siblings), so the lanes sit in a track of the rank's own that orders them: operations, then by channel
     (_track_order); the process has the rank's place among the processes."""
-    proc, group = uuid64("proc", f.comm, f.rank), uuid64("rank", f.comm, f.rank)
-    descriptors.append(track_descriptor(proc, process=(pid, process_label(f.rank, f.comm, f.lost)), order_rank=f.rank))
+    proc, group = process_uuid(f), uuid64("rank", f.comm, f.rank)
+    descriptors.append(track_descriptor(proc, process=(pid, process_label(f.rank, f.comm, f.lost, f.failed)),
+                                        order_rank=f.rank))
     descriptors.append(track_descriptor(group, f"rank {f.rank}", proc, child_ordering=CHILD_EXPLICIT))
     made: list[tuple[tuple, int, str]] = []     # each lane's (place, uuid, name)
     ends_of: dict[int, list[int]] = {}      # track -> end of the last slice of each lane

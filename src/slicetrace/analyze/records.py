@@ -29,6 +29,7 @@ REQUIRED_ARGS: dict[tuple[str, str | None], tuple[str, ...]] = {
     ("GPU", "KernelStep"): ("Channel", "IsSend", "Peer", "Step", "Size", "WaitGpuClk", "StartGpuClk", "StopGpuClk"),
 }
 STEP_ARGS = REQUIRED_ARGS[("GPU", "KernelStep")]
+FAILURE_CAT = "ERROR"       # an instant where an op failed: args Error, Message (strings), Op, SeqNum where known
 # integer args -> (lowest, highest, what the range is); Peer and Rank also stop below the run's rank count
 _BOUNDS: dict[str, tuple[int, int, str]] = {
     "Channel": (0, MAX_CHANNELS - 1, "a channel"),
@@ -120,6 +121,10 @@ def record_problem(r: dict, need_args: bool = True) -> str | None:
         return f"'args.ParentId' must be an integer in -1..{_I64} (-1: no parent) or null, not {a['ParentId']!r}"
     if ph == "M" and r.get("name") == "thread_name" and type(a.get("name", "")) is not str:
         return f"'args.name' must be a string, not {a['name']!r}"
+    if ph == "i" and r.get("cat") == FAILURE_CAT:       # report quotes them
+        bad = next((k for k in ("Error", "Message", "Op") if type(a.get(k, "")) is not str), None)
+        if bad is not None:
+            return f"'args.{bad}' must be a string (an op's failure: its error class, message and op), not {a[bad]!r}"
     if r.get("name") == "slicetrace_counters":          # report sums and formats them as integers
         bad = next((k for k, v in a.items() if type(v) is not int), None)
         if bad is not None:

@@ -69,6 +69,7 @@ class Report:
     link_rule: dict = field(default_factory=dict)   # how the send sides were judged (links.Rates.rule)
     links_below_unnamed: list[dict] = field(default_factory=list)   # far below in the table, not named (why)
     waited_rule: dict = field(default_factory=dict)     # per op, whom the waits led to, against chance (waited.py)
+    failures: list[dict] = field(default_factory=list)  # where an op raised, as the traces say (trace.failures)
 
     def to_dict(self) -> dict:
         return {"links": self.links, "ranks": self.ranks, "waited_on": self.waited_on, "slowest": self.slowest,
@@ -79,14 +80,17 @@ class Report:
                 "clocks": self.clocks, "slow_receive_sides": self.slow_receive_sides,
                 "links_judged_by": self.links_judged_by, "link_rule": self.link_rule,
                 "links_below_unnamed": self.links_below_unnamed, "waited_rule": self.waited_rule,
+                "failures": self.failures,
                 "counter_units": {k: counter_unit(k) for c in self.counters.values() for k in c}}
 
 
 def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.ndarray | None = None,
-          ranks=None, starts: dict | None = None, spans: list | None = None, names: dict | None = None) -> Report:
+          ranks=None, starts: dict | None = None, spans: list | None = None, names: dict | None = None,
+          failures: list | None = None) -> Report:
     """ranks: the run's ranks whose files are present (report passes them: a rank whose file holds no KernelCh or
     counters record is still one of them); default, the ranks in ks and chs. starts: trace.op_starts(records);
-    spans: trace.coll_spans(records); names: trace.op_names(records), which name the slowest slices' ops."""
+    spans: trace.coll_spans(records); names: trace.op_names(records), which name the slowest slices' ops;
+    failures: trace.failures(records), quoted with the unfinished ops they stopped."""
     if ks.dtype.names is None or "ready_ns" not in ks.dtype.names:
         raise TraceFormatError(f"ks: expected the KernelStep table of slicetrace.analyze.trace.kernel_steps() "
                                f"(fields {list(KERNEL_STEP_TABLE.names)}), got an array of dtype {ks.dtype}")
@@ -157,9 +161,10 @@ def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.n
     return Report(links, per_rank, waited_on, slowest, counters or {}, skew.ranks, skew.ops,
                   slow, skew.left_out, no_counters,
                   skew.startup, skew.rule, held_up_totals(blame),
-                  unfinished(spans or [], chs, ranks, lacking=source == "Coll"), clock_check(ks, CLOCK_SLACK_NS + unc),
+                  unfinished(spans or [], chs, ranks, lacking=source == "Coll", failures=failures or []),
+                  clock_check(ks, CLOCK_SLACK_NS + unc),
                   slow_receive_sides(ks[rv], xfer[rv], ops[rv], send_rates, slow, moving, first=first[rv]),
-                  send_rates.by, send_rates.rule, unnamed_below(links, send_rates, slow), waits_rule)
+                  send_rates.by, send_rates.rule, unnamed_below(links, send_rates, slow), waits_rule, failures or [])
 
 
 def _from_colls(spans: list) -> np.ndarray:
@@ -185,6 +190,7 @@ UNBOUNDED_WIDTH = 1 << 20     # columns of a non-terminal console: wider than an
 
 
 def render(rep: Report, console=None) -> None:
+    from rich.markup import escape
     from rich.table import Table
     con = console or _console()
     t = Table(title="links (sender side moving: any channel; waits summed over channels; receiver side data wait)")
@@ -234,13 +240,19 @@ def render(rep: Report, console=None) -> None:
         never = f"; rank(s) {', '.join(map(str, c['not_begun']))} never began it" if c["not_begun"] else ""
         ended = f" (no end on rank(s) {', '.join(map(str, c['never_ended']))})" if c["never_ended"] else ""
         on = ", ".join(map(str, c["ranks"]))
+        why = "".join(f"; rank {f['rank']} raised {escape(f['name'])}" for f in c["failures"])   # [..]: no markup
         if not on:                      # judged from Coll events (no KernelCh): they ended where they began
             con.print(f"unfinished: {c['func']} #{c['seq']}{never[1:]}: a rank that died, or whose file was cut "
-                      f"short, before it (see the loss counters){late}")
+                      f"short, before it (see the loss counters){late}{why}")
             continue
         con.print(f"unfinished: {c['func']} #{c['seq']} has no channel records on rank(s) {on}{ended}: it failed "
                   f"(a timeout, a peer's error), the run stopped in it, or its records were lost (see the loss "
-                  f"counters); stragglers cannot judge it{late}{never}")
+                  f"counters); stragglers cannot judge it{late}{never}{why}")
+    quoted = {(f["rank"], f["message"]) for c in rep.unfinished for f in c["failures"]}
+    for f in rep.failures:              # the failures of no op listed above: p2p, a barrier, past the top 3
+        if (f["rank"], f["message"]) not in quoted:
+            op = "" if f["op"] is None else f" in {f['op']}" + ("" if f["seq"] is None else f" #{f['seq']}")
+            con.print(f"failed: rank {f['rank']}{op} raised {escape(f['name'])}")
     render_waited(rep, con)
     render_links(rep, con)            # slow links and receive sides, and why a link far below is not named
     if rep.counters or rep.no_counters:

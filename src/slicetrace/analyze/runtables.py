@@ -16,7 +16,7 @@ import numpy as np
 
 from .records import Ranks
 from .runfiles import load_again, load_each
-from .trace import coll_spans, counters, kernel_chs, kernel_steps, op_names, op_starts
+from .trace import coll_spans, counters, failures, kernel_chs, kernel_steps, op_names, op_starts
 
 
 class _Failed(NamedTuple):
@@ -37,6 +37,7 @@ class _Part(NamedTuple):
     starts: Any
     spans: Any
     names: Any
+    failures: Any
 
 
 def _attempt(fn: Callable[[list[dict]], Any], recs: list[dict]) -> Any:
@@ -64,15 +65,16 @@ def _part(f: str, recs: list[dict]) -> _Part:
             if type(a) is dict and type(a.get("EventMask")) is int:
                 masks.add(a["EventMask"])
     return _Part(paired, present, evented, len(recs), ops, one_rank, masks,
-                 *(_attempt(fn, recs) for fn in (kernel_steps, kernel_chs, counters, op_starts, coll_spans, op_names)))
+                 *(_attempt(fn, recs) for fn in (kernel_steps, kernel_chs, counters, op_starts, coll_spans, op_names,
+                                                 failures)))
 
 
 class RunTables:
     """A run's tables for report; ranks: run_ranks of its files; present: its int pids, sorted; evented: those
     with b or X records; records: how many; ops: its Coll and P2p b records; one_rank: a slicetrace_comm record
     says nRanks 1; masks: the EventMasks its slicetrace_comm records name. steps(), counters(), starts(), spans(),
-    names(): kernel_steps and kernel_chs, counters, op_starts, coll_spans, op_names of the run's records (raising
-    what those raise)."""
+    names(), failures(): kernel_steps and kernel_chs, counters, op_starts, coll_spans, op_names, failures of the
+    run's records (raising what those raise)."""
 
     def __init__(self, parts: list[_Part], ranks: Ranks | None) -> None:
         self._parts = parts
@@ -108,6 +110,9 @@ class RunTables:
     def names(self) -> dict:
         return _merged(self._got("names"))
 
+    def failures(self) -> list:
+        return sorted((f for got in self._got("failures") for f in got), key=lambda f: (f["ts_ns"], f["rank"]))
+
 
 def _merged(dicts: list[dict]) -> dict:
     """One dict as the merged records' comprehension gives it: a key's first place, its last value."""
@@ -123,7 +128,8 @@ def run_tables(paths: str | os.PathLike | Iterable[str | os.PathLike], skip_empt
     parts, ranks = load_each(paths, "report", _part, skip_empty)
     seen: set = set()
     for p in parts:
-        if seen & p.paired or any(isinstance(v, _Failed) for v in (p.ks, p.chs, p.counts, p.starts, p.spans, p.names)):
+        if seen & p.paired or any(isinstance(v, _Failed) for v in (p.ks, p.chs, p.counts, p.starts, p.spans, p.names,
+                                                                   p.failures)):
             break
         seen |= p.paired
     else:

@@ -20,7 +20,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from ..errors import TraceFormatError
-from .records import _U64, REQUIRED_ARGS, STEP_ARGS, rank_problem, read_records as _read, record_problem
+from .records import _U64, FAILURE_CAT, REQUIRED_ARGS, STEP_ARGS, rank_problem, read_records as _read, record_problem
 from .runranks import run_ranks
 
 KERNEL_STEP_TABLE = np.dtype([
@@ -191,6 +191,20 @@ def load_traces(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[
 def counters(records: list[dict]) -> dict[int, dict[str, int]]:
     """The "slicetrace_counters" metadata of each rank (pid)."""
     return {r.get("pid", 0): dict(r.get("args") or {}) for r in records if r.get("name") == "slicetrace_counters"}
+
+
+def failures(records: list[dict]) -> list[dict]:
+    """The failures the example plugin wrote (an "ERROR" instant where an op of its rank raised), in time order:
+    rank, ts_ns, name (the instant's: the error class and its message's first line), error (the class), message,
+    and the op and seq that raised it (None where not known)."""
+    out = []
+    for r in records:
+        if r.get("ph") == "i" and r.get("cat") == FAILURE_CAT:
+            a = r.get("args") or {}
+            out.append({"rank": int(r.get("pid") or 0), "ts_ns": round(float(r["ts"]) * 1000), "name": r.get("name"),
+                        "error": a.get("Error", ""), "message": a.get("Message", ""), "op": a.get("Op"),
+                        "seq": a.get("SeqNum")})
+    return sorted(out, key=lambda f: (f["ts_ns"], f["rank"]))
 
 
 def _end_us(r: dict) -> float:

@@ -108,13 +108,15 @@ def stragglers(chs: np.ndarray | None, top: int = 10, ranks=None) -> Skew:
     return Skew(ranked, ops, left_out, startup, rule)
 
 
-def unfinished(spans: list[tuple], chs: np.ndarray | None, ranks, top: int = 3, lacking: bool = False) -> list[dict]:
+def unfinished(spans: list[tuple], chs: np.ndarray | None, ranks, top: int = 3, lacking: bool = False,
+               failures: list[dict] = ()) -> list[dict]:
     """Collectives with a Coll event but, on some rank, no channel record or no end: an op that failed (a timeout,
     a peer's error: its KernelCh never came), never ended (a crash, a file cut short) or whose records were lost.
     The straggler verdict, which reads KernelCh, cannot judge them; their Coll begins still say who came late to
     the op a failed run stopped in. From trace.coll_spans; earliest first. None when the trace has no KernelCh.
     lacking (chs made from the Coll events, no KernelCh recorded): also those a rank with Coll events has no begin of
-    (where it stopped; a rank with none says nothing of where)."""
+    (where it stopped; a rank with none says nothing of where). failures (trace.failures): each row's `failures`
+    are those its ranks' traces say the op raised (rank, name, error, message)."""
     if chs is None or not len(chs):
         return []
     have = set(zip(chs["rank"].tolist(), chs["func"].tolist(), chs["seq_number"].tolist()))
@@ -131,7 +133,9 @@ def unfinished(spans: list[tuple], chs: np.ndarray | None, ranks, top: int = 3, 
         t_last, last = max((t0, r) for r, (t0, _) in sp.items())
         out.append({"func": func, "seq": seq, "ranks": short, "never_ended": [r for r in short if sp[r][1] < 0],
                     "not_begun": sorted(set(ranks) - sp.keys()), "last_rank": last,
-                    "late_us": (t_last - t_first) / 1e3, "began": len(sp)})
+                    "late_us": (t_last - t_first) / 1e3, "began": len(sp),
+                    "failures": [{k: f[k] for k in ("rank", "name", "error", "message")} for f in failures
+                                 if (f["op"], f["seq"]) == (func, seq)]})
         if len(out) == top:
             break
     return out

@@ -98,7 +98,7 @@ def run_report(a: argparse.Namespace) -> int:
                               "; record with both in the mask, e.g. `slicetrace bench --trace DIR` or "
                               "SLICETRACE_PROFILE_EVENT_MASK=65606")
     rep = build(ks, counts, top=a.top, chs=chs, ranks=present, starts=run.starts(), spans=run.spans(),
-                names=run.names())
+                names=run.names(), failures=run.failures())
     if a.json is not None:      # the files first: a reader that stops early (`| head`) does not lose them
         write_json("--json", a.json, rep.to_dict())
     if a.csv is not None:
@@ -133,9 +133,10 @@ def run_convert(a: argparse.Namespace) -> int:
     if got["left_out"]:
         print(f"# --partial: {got['left_out']}; the trace shows the ranks present only",
               file=sys.stderr if a.output == STDOUT else sys.stdout)
+    failed = f", {got['failures']} failure instant(s) (where an op raised)" if got["failures"] else ""
     print(f"# {'standard output' if a.output == STDOUT else a.output}: {got['files']} rank file(s), {got['slices']} "
-          f"slices on {got['tracks']} tracks, {got['flows']} send -> receive flows (open in https://ui.perfetto.dev)",
-          file=sys.stderr if a.output == STDOUT else sys.stdout)
+          f"slices on {got['tracks']} tracks, {got['flows']} send -> receive flows{failed} (open in "
+          f"https://ui.perfetto.dev)", file=sys.stderr if a.output == STDOUT else sys.stdout)
     return 0
 
 

@@ -385,7 +385,9 @@ def lost_counters(counters: dict[str, Any]) -> dict[str, int]:
     return {k: v for k, v in counters.items() if v and k not in _NOT_LOST and not k.startswith(_NOT_LOST_PREFIX)}
 
 
-def process_label(rank: int, comm_hash: int, lost: dict[str, int] | None = None) -> str:
-    """A rank's process name in a trace viewer; with its losses (lost_counters), which a viewer shows nowhere else."""
-    name = f"rank {rank} (comm {comm_hash})"
-    return name + (" lost: " + ", ".join(f"{k} {v:,}" for k, v in lost.items()) if lost else "")
+def process_label(rank: int, comm_hash: int, lost: dict[str, int] | None = None, failed: str | None = None) -> str:
+    """A rank's process name in a trace viewer; with the error class an op of it failed in, and its losses
+    (lost_counters), which a viewer shows nowhere else."""
+    name = f"rank {rank} (comm {comm_hash})" + (f" failed: {failed}" if failed else "")
+    return name + ((";" if failed else "") + " lost: " + ", ".join(f"{k} {v:,}" for k, v in lost.items())
+                   if lost else "")

@@ -30,6 +30,9 @@ runs (with no dump file, KernelSteps are counted and their chunk reused every 65
 `report_counters` before `finalize`) and its own drops. A failed write (a full disk) ends the file at its last
 whole record, and finalize raises OSError saying what was lost. A rank that lost records is renamed before that
 record, "rank N (comm H) lost: overrun 12, ...": Perfetto shows a process's name, never that record's args.
+An op that failed (comm_failed, slicetrace's extension) is an instant "ERROR" event on the rank's process at once,
+named by the error class and its message's first line (args: Error, Message, Op, SeqNum), and the process is
+renamed at close "rank N (comm H) failed: PeerError" (with "; lost: ..." when it lost records too).
 """
 from __future__ import annotations
 
@@ -42,12 +45,13 @@ import numpy as np
 
 from ..config import DEFAULT_POOL_SIZES, Settings
 from ..errors import ConfigError
+from ..events.plugin import Failure
 from ..events.abi import (ActivationMask, CollApiDescr, CollDescr, CommInfo, EventType, GroupApiDescr, GroupDescr,
                           KernelChDescr, KernelLaunchDescr, KernelStepDescr, P2pApiDescr, P2pDescr, ProxyCtrlDescr,
                           State, StateArgs, lost_counters)
 from .chrome_ops import OpRows
 from .chrome_store import POOL_OF, Ctx, Ev, parent_ids
-from .chrome_text import COLL_B, OP_E, P2P_B, js, pair, process_meta, proxy_text
+from .chrome_text import COLL_B, OP_E, P2P_B, failure_line, js, pair, process_meta, proxy_text
 
 log = logging.getLogger("slicetrace")
 
@@ -274,6 +278,12 @@ class ChromePlugin:
     def report_counters(self, ctx: Ctx, counters: dict[str, int]) -> None:
         ctx.host_counters = dict(counters)
 
+    def comm_failed(self, ctx: Ctx, failure: Failure) -> None:
+        """An op's error: its instant now (a rank killed later still says why it stopped), the name at close."""
+        ctx.failed = ctx.failed or failure.error
+        if ctx.path is not None and not ctx.done:
+            ctx.write(failure_line(ctx.pid, failure))
+
     def counters(self, ctx: Ctx) -> dict[str, int]:
         """This plugin's own accounting: drops, unfinished (still in flight) and written events per pool."""
         out = {f"plugin_dropped_{p}": n for p, n in ctx.dropped.items()}
@@ -301,8 +311,8 @@ class ChromePlugin:
             ctx.write(proxy_text(ctx.pid, ctx.proxy), "PROXY_CTRL", len(ctx.proxy))     # written (or lost) in spans
             args = {**ctx.host_counters, **self.counters(ctx)}
             lost = lost_counters(args)
-            if lost:
-                ctx.write(process_meta(ctx.pid, ctx.rank, ctx.comm.comm_hash, lost))
+            if lost or ctx.failed:
+                ctx.write(process_meta(ctx.pid, ctx.rank, ctx.comm.comm_hash, lost, ctx.failed))
             ctx.write(json.dumps({"name": "slicetrace_counters", "ph": "M", "pid": ctx.pid, "tid": 0,
                                   "args": args}, separators=(",", ":")) + "\n]\n")
             if ctx.error is None:           # where the trace went (bench prints it; launch() and init() users)

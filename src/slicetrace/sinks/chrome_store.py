@@ -77,6 +77,7 @@ class Ctx:
         self.proxy: deque[tuple] = deque(maxlen=self.sizes["PROXY_CTRL"])     # ProxyCtrl spans (proxy_text)
         self.proxy_overwritten = 0              # spans the ring above dropped for newer ones
         self.host_counters: dict[str, int] = {}
+        self.failed: str | None = None          # the error class of the first op that failed (comm_failed)
         self.passthrough = Ev(self, _Passthrough, None)
         self.done = False
 

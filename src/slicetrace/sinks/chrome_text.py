@@ -110,15 +110,26 @@ def _track(pid: int, tid: int, name: str) -> str:
     return _meta(pid, "thread_name", tid, {"name": name}) + _meta(pid, "thread_sort_index", tid, {"sort_index": tid})
 
 
-def process_meta(pid: int, r: int, comm_hash: int, lost: dict[str, int] | None = None) -> str:
-    """The process name (rank r of communicator comm_hash, with its losses) and sort index (Perfetto v53+ and
-    chrome://tracing order processes by it first: ranks in rank order), and the names of the ops and proxy tracks:
-    written first, so a file cut short (a rank killed) still names them in a viewer."""
-    out = _meta(pid, "process_name", 0, {"name": process_label(r, comm_hash, lost)})
-    if lost:                # finalize's: a viewer keeps the last name, and shows the counters record nowhere
+def process_meta(pid: int, r: int, comm_hash: int, lost: dict[str, int] | None = None,
+                 failed: str | None = None) -> str:
+    """The process name (rank r of communicator comm_hash, with the error class it failed in and its losses) and
+    sort index (Perfetto v53+ and chrome://tracing order processes by it first: ranks in rank order), and the
+    names of the ops and proxy tracks: written first, so a file cut short (a rank killed) still names them."""
+    out = _meta(pid, "process_name", 0, {"name": process_label(r, comm_hash, lost, failed)})
+    if lost or failed:      # finalize's: a viewer keeps the last name, and shows the counters record nowhere
         return out
     return (out + _meta(pid, "process_sort_index", 0, {"sort_index": r})
             + _track(pid, 1, "ops") + _track(pid, 2, "proxy"))
+
+
+def failure_line(pid: int, f: Any) -> str:
+    """An op's failure (events.plugin.Failure) as an instant on the rank's process, named by its error class and its
+    message's first line (what a viewer shows), with the whole message and the op and SeqNum where known."""
+    args = {"Error": f.error, "Message": f.message, **({} if f.op is None else {"Op": f.op}),
+            **({} if f.seq is None else {"SeqNum": f.seq})}
+    name = f"{f.error}: {(f.message.splitlines() or [''])[0]}"
+    return (f'{{"name":{json.dumps(name)},"cat":"ERROR","ph":"i","s":"p","pid":{pid},"tid":1,"ts":{us(f.ts_ns)},'
+            f'"args":{json.dumps(args)}}},\n')
 
 
 def thread_meta(pid: int, tids: Any) -> str:
