@@ -518,6 +518,18 @@ def test_ops_left_out_by_min_bytes_or_sampling_are_named_not_the_mask(tmp_path, 
     assert "65606" in err and "MIN_BYTES" not in err
 
 
+def test_ops_whose_kernel_step_a_profiling_mask_left_out_are_named_as_left_out_not_lost(tmp_path, capsys):
+    """ops_masked_kernel_step was missing from the ops the error lists as left out on purpose."""
+    from slicetrace.cli.main import main
+    for rank in range(2):
+        _coll_file(tmp_path, rank, 2, seqs=(), counters={"ops_masked_kernel_step": 2, "ops_sampled_out": 0})
+    assert main(["report", str(tmp_path)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "ops were left out on purpose (not lost), 4 ops_masked_kernel_step (a comm.profiling(True, mask=...) " \
+        "block's mask without KernelStep);" in err and "ops_sampled_out" not in err
+    assert "KernelStep in the masks of comm.profiling() blocks" in err
+
+
 def _one_all_reduce_files(tmp_path, count):
     """Two ranks' files of one AllReduce of count elements (Coll events only), recorded with the mask 65606."""
     import json

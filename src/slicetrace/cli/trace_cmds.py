@@ -46,14 +46,17 @@ def run_report(a: argparse.Namespace) -> int:
                               f"to analyse; run 2 or more ranks (--ranks 2; on one GPU they share it)")
     counts = run.counters()
     if not len(ks) and not len(chs):
-        left = [f"{n:,} {k} ({var})" for k, var in (("ops_below_min_bytes", "SLICETRACE_PROFILE_MIN_BYTES"),
-                                                    ("ops_sampled_out", "SLICETRACE_PROFILE_OP_SAMPLE_RATE"))
+        left = [f"{n:,} {k} ({why})" for k, why in (
+                    ("ops_below_min_bytes", "SLICETRACE_PROFILE_MIN_BYTES"),
+                    ("ops_sampled_out", "SLICETRACE_PROFILE_OP_SAMPLE_RATE"),
+                    ("ops_masked_kernel_step", "a comm.profiling(True, mask=...) block's mask without KernelStep"))
                 if (n := sum(c[k] for c in counts.values() if type(c.get(k)) is int))]
-        if left:                # left unprofiled on purpose: the mask may be right
+        if left:                # left unprofiled on purpose, not lost: the trace's mask may be right
             raise SliceTraceError(f"{' '.join(a.traces)}: no KernelStep or KernelCh events to analyse "
-                                  f"({run.records} events in all): the settings left ops unprofiled, "
+                                  f"({run.records} events in all): ops were left out on purpose (not lost), "
                                   f"{', '.join(left)}; record with SLICETRACE_PROFILE_MIN_BYTES below the ops' sizes "
-                                  f"(default 0) and SLICETRACE_PROFILE_OP_SAMPLE_RATE=1 (every op)" + (
+                                  f"(default 0), SLICETRACE_PROFILE_OP_SAMPLE_RATE=1 (every op) and KernelStep in "
+                                  f"the masks of comm.profiling() blocks" + (
                                       f"; the {run.ops} op(s) profiled have none either: put KernelStep and KernelCh "
                                       f"in the mask (SLICETRACE_PROFILE_EVENT_MASK=65606)" if run.ops else ""))
         both = EventType.KERNEL_STEP | EventType.KERNEL_CH
