@@ -87,3 +87,16 @@ def test_a_prefix_in_no_writable_folder_fails_in_the_launcher(tmp_path, monkeypa
     monkeypatch.setenv(f"SLICETRACE_{attr.upper()}", prefix)          # from the variable: it is the one named
     with pytest.raises(slicetrace.errors.ConfigError, match=rf"^SLICETRACE_{attr.upper()}='"):
         slicetrace.launch(_rank, 2, profiler_plugin=plugin)
+
+
+def test_an_inspector_folder_where_no_file_can_be_written_fails_in_the_launcher(tmp_path, monkeypatch):
+    """Before: each rank's inspector init failed after the launch. Its setting is a folder, not a prefix."""
+    (tmp_path / "f").write_text("")
+    folder = str(tmp_path / "f" / "ins")
+    with pytest.raises(slicetrace.errors.ConfigError) as e:
+        slicetrace.launch(_rank, 2, profiler_plugin="inspector", inspector_dump_dir=folder)
+    assert str(e.value) == (f"inspector_dump_dir={folder!r}: cannot write files in {str(tmp_path / 'f')!r} "
+                            f"(Not a directory); give a writable folder")
+    monkeypatch.setenv("SLICETRACE_INSPECTOR_DUMP_DIR", folder)
+    with pytest.raises(slicetrace.errors.ConfigError, match=r"^SLICETRACE_INSPECTOR_DUMP_DIR='"):
+        slicetrace.launch(_rank, 2, profiler_plugin="inspector")
