@@ -45,7 +45,7 @@ def test_converted_trace_has_every_slice_on_non_overlapping_tracks_and_a_flow_pe
     out = str(tmp_path / "run.pftrace")
     assert main(["convert", prefix, "-o", out]) == 0
 
-    procs, tracks, begins, ends, marks, stamps, ordered, open_on = {}, {}, [], [], [], [], [], {}
+    procs, tracks, begins, ends, marks, stamps, ordered, open_on, roots = {}, {}, [], [], [], [], [], {}, []
     for field, pkt in _fields(open(out, "rb").read()):
         assert field == 1                                  # Trace.packet
         p = _fields(pkt)
@@ -54,7 +54,9 @@ def test_converted_trace_has_every_slice_on_non_overlapping_tracks_and_a_flow_pe
         if td is not None:
             d = _fields(td)
             proc = _one(d, 3)
-            assert _one(d, 1) != 0                         # no descriptor for the implicit root track
+            if _one(d, 1) == 0:                            # the implicit root track: process_ordering EXPLICIT only
+                roots.append(d)
+                continue
             if proc is not None:
                 pd = _fields(proc)
                 procs[_one(d, 1)] = (_one(pd, 1), _one(pd, 6).decode(), _one(d, 12))
@@ -83,6 +85,7 @@ def test_converted_trace_has_every_slice_on_non_overlapping_tracks_and_a_flow_pe
         ordered.append(ev)
 
     # a process per rank (pid rank + 1; 0 is Perfetto's idle) ranked by rank, in it a rank track (EXPLICIT: 3) of tracks
+    assert roots == [[(1, 0), (19, 1)]]
     assert sorted((pid, rank) for pid, _, rank in procs.values()) == [(1, 0), (2, 1), (3, 2)]
     groups = {uid: proc for uid, (proc, _, order, _) in tracks.items() if proc in procs and order == 3}
     lanes = {uid: (groups[g], name, rank) for uid, (g, name, _, rank) in tracks.items() if g in groups}

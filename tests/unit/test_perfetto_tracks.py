@@ -48,7 +48,7 @@ def test_ranks_and_their_channels_are_ordered_as_numbers(tmp_path):
     got = convert([_rank_file(tmp_path, r, names, slices) for r in (1, 0)], str(out))     # rank 1's file first
     assert got["tracks"] == 2 * 5
     ds = _descriptors(out)
-    assert 0 not in ds                                       # no descriptor for the implicit root track
+    assert ds[0] == {1: 0, 19: 1}       # the root track: process_ordering EXPLICIT, nothing a row is drawn for
     procs = {u: d for u, d in ds.items() if 3 in d}
     assert sorted((d[3][6], d[3][1], d[12]) for d in procs.values()) == [
         (b"rank 0 (comm 7)", 1, 0), (b"rank 1 (comm 7)", 2, 1)]     # name, pid = rank + 1, sibling_order_rank
@@ -62,12 +62,13 @@ def test_ranks_and_their_channels_are_ordered_as_numbers(tmp_path):
 
 def test_a_rank_past_int32_less_one_gets_a_pid_that_fits(tmp_path):
     """ProcessDescriptor.pid is int32: rank 2**31 - 1 (the largest the records accept) was written as pid 2**31,
-    which Perfetto reads as -2**31. Ranks that large take their place in rank order as the pid instead."""
+    which Perfetto reads as -2**31. Ranks that large take their place in rank order as the pid instead (their
+    sibling_order_rank is their place too)."""
     out = tmp_path / "t.pftrace"
     convert([_rank_file(tmp_path, r, {5: "ch 0 send->0"}, [(5, 1.0, 1.0)]) for r in (2 ** 31 - 1, 3)], str(out),
             partial=True)         # a run of 2**31 ranks by its files' names, two of them given
     procs = sorted((d[12], d[3][1], d[3][6].decode()) for d in _descriptors(out).values() if 3 in d)
-    assert procs == [(3, 1, "rank 3 (comm 7)"), (2 ** 31 - 1, 2, "rank 2147483647 (comm 7)")]
+    assert procs == [(0, 1, "rank 3 (comm 7)"), (1, 2, "rank 2147483647 (comm 7)")]
 
 
 @pytest.mark.parametrize("kw", [{"process": (2 ** 31, "p")}, {"process": (0, "p")}, {"order_rank": -1},

@@ -4,11 +4,12 @@ Perfetto reads Chrome JSON only "on a best-effort basis": overlapping slices of 
 track and large files are slow. Its own format (TrackEvent packets) keeps nanoseconds and names every track:
 per rank (and communicator) a process, in it one track per channel, direction and peer for the KernelSteps,
 one per channel for KernelCh and one for the operations; slices that would overlap on a track get a lane of their
-own; ranks, and a rank's tracks, come in rank and then channel order (analyze/perfetto_tracks.py). Each KernelStep
-send gets a flow to the receive that took its data on the peer (same communicator, channel and FIFO step), so
-Perfetto draws who waited on whom: from an instant "send done" inside the send's slice at its end to an instant
-"recv ready" inside the receive's slice when its data was there. Not from slice to slice: Perfetto (since PR #2777)
-points a flow away from whichever of its slices began first, and a receive often begins (waits) before its send.
+own; processes come by communicator (in the order of its first op) and rank, a rank's tracks in channel order
+(analyze/perfetto_tracks.py). Each KernelStep send gets a flow to the receive that took its data on the peer (same
+communicator, channel and FIFO step), so Perfetto draws who waited on whom: from an instant "send done" inside the
+send's slice at its end to an instant "recv ready" inside the receive's slice when its data was there. Not from
+slice to slice: Perfetto (since PR #2777) points a flow away from whichever of its slices began first, and a
+receive often begins (waits) before its send.
 The protobuf is written by hand (a few field types: analyze/protobuf.py). An op's failure (the example plugin's
 "ERROR" instant) is an instant on its rank's process track, with the same name and args, and the process is named
 "rank N (comm H) failed: <error class>", as in the Chrome trace.
@@ -30,7 +31,7 @@ import numpy as np
 from ..errors import TraceFormatError
 from ..events.abi import lost_counters
 from .atomic import atomic_open
-from .perfetto_tracks import INSTANT, layout, pids, process_uuid, uuid64
+from .perfetto_tracks import INSTANT, layout, pids, places, process_uuid, root_descriptor, uuid64
 from .protobuf import (P_SEQ_ID, P_TIMESTAMP, P_TRACK_EVENT, TE_CATEGORIES, TE_FLOW, TE_FLOW_END, TE_NAME, TE_TRACK,
                        TE_TYPE, TRACE_PACKET, annotation, annotation_rows, fits_rows, packet_heads, pb_bytes, pb_int,
                        pb_str, tag, wire_fields)
@@ -367,8 +368,9 @@ def convert(paths: Iterable[str], out_path: str, partial: bool = False) -> dict:
                     "was done (the ranks' clocks disagree), and Perfetto does not draw an arrow back in time", back)
     pre: dict[tuple, int] = {}      # the events' heads (track, and name, category or INSTANT): their bytes once
     marks = [_mark_kind(f, fid) for f, fid in zip(files, fids)]
-    descriptors: list[bytes] = []
-    placed = [layout(f, pid, descriptors, pre, m) for f, pid, m in zip(files, pids(files), marks)]
+    descriptors: list[bytes] = [root_descriptor()]
+    place = places(files)
+    placed = [layout(f, pid, p, descriptors, pre, m) for f, pid, p, m in zip(files, pids(files, place), place, marks)]
     evs = [_events(f, p[0], fids[fi], marks[fi], at_ns[fi]) for fi, (f, p) in enumerate(zip(files, placed))]
     heads = [np.r_[b, e, i[m != 0]] for (_, b, e, i), m in zip(placed, marks)]
     del placed, marks, at_ns
@@ -381,5 +383,5 @@ def convert(paths: Iterable[str], out_path: str, partial: bool = False) -> dict:
             out.write(pb_bytes(TRACE_PACKET, d + pb_int(P_SEQ_ID, _SEQ)))
         _write(out, files, evs, heads, pre_bytes, _failure_packets(files))
     return {"files": len(files), "slices": sum(len(f.t0) for f in files), "flows": nflows,
-            "tracks": len(descriptors) - 2 * len(files), "unpaired_sends": unpaired, "left_out": left_out,
+            "tracks": len(descriptors) - 1 - 2 * len(files), "unpaired_sends": unpaired, "left_out": left_out,
             "failures": sum(len(f.failures) for f in files)}

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..events.abi import process_label
-from .protobuf import CHILD_EXPLICIT, PID_MAX, track_descriptor
+from .protobuf import CHILD_EXPLICIT, PID_MAX, PROCESS_ORDERING_EXPLICIT, track_descriptor
 
 INSTANT = 3                     # TrackEvent.Type
 _MARKS = (None, "send done", "recv ready")  # the flow's instants, by flow code (1: start, 2: end)
@@ -26,17 +26,23 @@ def process_uuid(f: Any) -> int:
     return uuid64("proc", f.comm, f.rank)
 
 
-def layout(f: Any, pid: int, descriptors: list[bytes], pre: dict[tuple, int], mark: np.ndarray,
-            ) -> tuple[np.ndarray, ...]:
+def root_descriptor() -> bytes:
+    """The implicit root track's (uuid 0) descriptor: its process_ordering EXPLICIT has Perfetto (v57 and later)
+    order the processes by their sibling_order_rank, which it ignores otherwise (its own order: by activity)."""
+    return track_descriptor(0, process_ordering=PROCESS_ORDERING_EXPLICIT)
+
+
+def layout(f: Any, pid: int, place: int, descriptors: list[bytes], pre: dict[tuple, int], mark: np.ndarray,
+           ) -> tuple[np.ndarray, ...]:
     """Each slice's place: slices that would overlap on a track get a lane (a track of its own), lanes first fit in
     begin order. Returns that order and each slice's begin, end and flow instant (mark: 0 none, else _MARKS's)
     event's head (an id in `pre`: track, name, category; track; track, name, INSTANT); appends the process's, its
     rank track's and the lanes' descriptors. Perfetto ignores the order of a process track's children (they show
     as its siblings), so the lanes sit in a track of the rank's own that orders them: operations, then by channel
-    (_track_order); the process has the rank's place among the processes."""
+    (_track_order); the process has its place among the processes (`place`: places())."""
     proc, group = process_uuid(f), uuid64("rank", f.comm, f.rank)
     descriptors.append(track_descriptor(proc, process=(pid, process_label(f.rank, f.comm, f.lost, f.failed)),
-                                        order_rank=f.rank))
+                                        order_rank=place))
     descriptors.append(track_descriptor(group, f"rank {f.rank}", proc, child_ordering=CHILD_EXPLICIT))
     made: list[tuple[tuple, int, str]] = []     # each lane's (place, uuid, name)
     ends_of: dict[int, list[int]] = {}      # track -> end of the last slice of each lane
@@ -87,10 +93,24 @@ def _track_order(name: str) -> tuple:
     return name != "operations", [int(p) if i % 2 else p for i, p in enumerate(re.split(r"(\d+)", name))]
 
 
-def pids(files: list) -> list[int]:
-    """Each file's ProcessDescriptor.pid: rank + 1 (pid 0 is Perfetto's idle process), or, where a rank + 1 would
-    pass int32, the files' places in rank order (1, 2, ...; the process name keeps the rank)."""
-    if all(f.rank < PID_MAX for f in files):
+def places(files: list) -> list[int]:
+    """Each file's place among the processes (0 on top): communicators in the order of their first op (their
+    first slice where none was recorded; then by hash), each one's ranks together in rank order."""
+    first: dict[str, float] = {}
+    for f in files:
+        ops = f.track == f.strs.index("operations") if "operations" in f.strs else np.zeros(0, bool)
+        t = f.t0[ops].min() if ops.any() else f.t0.min() if len(f.t0) else np.inf
+        first[f.comm] = min(first.get(f.comm, np.inf), float(t))
+    order = sorted(range(len(files)), key=lambda i: (first[files[i].comm], files[i].comm, files[i].rank))
+    out = [0] * len(files)
+    for p, i in enumerate(order):
+        out[i] = p
+    return out
+
+
+def pids(files: list, place: list[int]) -> list[int]:
+    """Each file's ProcessDescriptor.pid: rank + 1 (pid 0 is Perfetto's idle process), or, where that would pass
+    int32 or two communicators' ranks would share it, its place + 1 (the process name keeps rank and comm)."""
+    if all(f.rank < PID_MAX for f in files) and len({f.comm for f in files}) == 1:
         return [f.rank + 1 for f in files]
-    place = {r: i + 1 for i, r in enumerate(sorted({f.rank for f in files}))}
-    return [place[f.rank] for f in files]
+    return [p + 1 for p in place]

@@ -9,12 +9,17 @@ import numpy as np
 
 from ..errors import TraceFormatError
 
-# field numbers of perfetto/trace/*.proto
+# field numbers of perfetto/trace/*.proto (google/perfetto protos/perfetto/trace/)
 TRACE_PACKET = 1
 P_TIMESTAMP, P_SEQ_ID, P_TRACK_EVENT, P_TRACK_DESCRIPTOR = 8, 10, 11, 60
 TD_UUID, TD_NAME, TD_PROCESS, TD_PARENT = 1, 2, 3, 5
-TD_CHILD_ORDERING, TD_SIBLING_ORDER_RANK = 11, 12
+# track_event/track_descriptor.proto: ChildTracksOrdering child_ordering = 11 and int32 sibling_order_rank = 12
+# (varints; also in Perfetto's generated include/perfetto/public/protos/trace/track_event/track_descriptor.pzc.h);
+# ProcessOrdering process_ordering = 19 (varint), read on the root track (uuid 0) since v57.0 (CHANGELOG: "explicit
+# thread and process ordering in track descriptors"); older readers skip it as an unknown field
+TD_CHILD_ORDERING, TD_SIBLING_ORDER_RANK, TD_PROCESS_ORDERING = 11, 12, 19
 CHILD_EXPLICIT = 3                          # ChildTracksOrdering.EXPLICIT
+PROCESS_ORDERING_EXPLICIT = 1               # ProcessOrdering.PROCESS_ORDERING_EXPLICIT
 PD_PID, PD_NAME = 1, 6
 PID_MAX = (1 << 31) - 1                     # ProcessDescriptor.pid is int32
 TE_ANNOTATIONS, TE_TYPE, TE_TRACK, TE_CATEGORIES, TE_NAME, TE_FLOW, TE_FLOW_END = 4, 9, 11, 22, 23, 47, 48
@@ -57,9 +62,10 @@ def pb_str(field: int, text: str) -> bytes:
 
 def track_descriptor(uuid: int, name: str | None = None, parent: int | None = None,
                      process: tuple[int, str] | None = None, child_ordering: int | None = None,
-                     order_rank: int | None = None) -> bytes:
+                     order_rank: int | None = None, process_ordering: int | None = None) -> bytes:
     """A TracePacket's track_descriptor field. process: (pid, name); order_rank: sibling_order_rank (int32), read
-    where the parent orders its children EXPLICIT."""
+    where the parent orders its children EXPLICIT (for process tracks: where the root track, uuid 0, has
+    process_ordering EXPLICIT)."""
     for what, v, lo in (("pid", process and process[0], 1), ("sibling_order_rank", order_rank, 0)):
         if v is not None and not lo <= v <= PID_MAX:        # an int32 past its range reads back negative
             raise ValueError(f"TrackDescriptor {what}={v} is outside {lo}..{PID_MAX} (int32)")
@@ -70,7 +76,8 @@ def track_descriptor(uuid: int, name: str | None = None, parent: int | None = No
         body += pb_str(TD_NAME, name)
     if process is not None:
         body += pb_bytes(TD_PROCESS, pb_int(PD_PID, process[0]) + pb_str(PD_NAME, process[1]))
-    for field, v in ((TD_CHILD_ORDERING, child_ordering), (TD_SIBLING_ORDER_RANK, order_rank)):
+    for field, v in ((TD_CHILD_ORDERING, child_ordering), (TD_SIBLING_ORDER_RANK, order_rank),
+                     (TD_PROCESS_ORDERING, process_ordering)):
         if v is not None:
             body += pb_int(field, v)
     return pb_bytes(P_TRACK_DESCRIPTOR, body)
