@@ -16,7 +16,9 @@ TD_UUID, TD_NAME, TD_PROCESS, TD_PARENT = 1, 2, 3, 5
 # track_event/track_descriptor.proto: ChildTracksOrdering child_ordering = 11 and int32 sibling_order_rank = 12
 # (varints; also in Perfetto's generated include/perfetto/public/protos/trace/track_event/track_descriptor.pzc.h);
 # ProcessOrdering process_ordering = 19 (varint), read on the root track (uuid 0) since v57.0 (CHANGELOG: "explicit
-# thread and process ordering in track descriptors"); older readers skip it as an unknown field
+# thread and process ordering in track descriptors"); older readers skip it as an unknown field. All three checked
+# against Perfetto's compiled protos in the `perfetto` 0.59.1 wheel (perfetto_trace_pb2.TrackDescriptor: 11 enum,
+# 12 int32, 19 enum; PROCESS_ORDERING_EXPLICIT = 1; 18 (state) is the field below 19)
 TD_CHILD_ORDERING, TD_SIBLING_ORDER_RANK, TD_PROCESS_ORDERING = 11, 12, 19
 CHILD_EXPLICIT = 3                          # ChildTracksOrdering.EXPLICIT
 PROCESS_ORDERING_EXPLICIT = 1               # ProcessOrdering.PROCESS_ORDERING_EXPLICIT
