@@ -17,6 +17,7 @@ from .errors import MismatchError, PeerError, SliceTraceError, UsageError, plura
 from .events.abi import DATATYPE_NAMES, FUNC_NAMES
 from .events.host import OpInfo, TaskInfo
 from .plan.schedule import P2pPart, plan_collective
+from .plan.traffic import message_bytes
 from .rendezvous import Store
 from .session import Session
 
@@ -160,9 +161,8 @@ class Communicator:
             no_stream_on_cpu(func, stream, self._settings.backend)
         self._tag += 1
         itemsize = send.itemsize
-        nb = count * itemsize * (self._world if func in ("all_gather", "reduce_scatter") else 1)   # NCCL's bytes
-        plan = plan_collective(func, self._world, self._rank, count, itemsize, root, be.channels_for(nb),
-                               self._step_bytes)
+        plan = plan_collective(func, self._world, self._rank, count, itemsize, root,     # channels: NCCL's by bytes
+                               be.channels_for(message_bytes(func, count, itemsize, self._world)), self._step_bytes)
         mask = sess.op_mask_for(count * itemsize) if sess.host is not None else 0    # no plugin: nothing to count
         seq = self._seq[func] = self._seq.get(func, -1) + 1     # _next_seq, inline
         info = None
