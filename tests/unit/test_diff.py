@@ -327,3 +327,18 @@ def test_report_files_compare_by_link_gbps_and_wait_share(tmp_path, capsys, repo
     assert rc == 0 and "# only in BASE: link 1->0, 1 sample" in text, text
     rc, _, err = _diff(capsys, p, _write(tmp_path, "b.json", base))
     assert rc == 2 and "report --json files and NEW" in err and "bench --json files" in err, err
+
+
+@pytest.mark.parametrize("key, value", [("gbps", "fast"), ("gbps", -3.0), ("send_transfer_us", None),
+                                        ("recv_data_wait_us", float("inf"))])
+def test_a_report_link_whose_numbers_are_not_numbers_is_refused_naming_it(tmp_path, capsys, report, key, value):
+    bad = copy.deepcopy(report)
+    bad["links"][1][key] = value
+    rc, _, err = _diff(capsys, _write(tmp_path, "r.json", report), _write(tmp_path, "bad.json", bad))
+    nullable = " or null" if key != "send_transfer_us" else ""
+    assert rc == 2 and f"NEW {str(tmp_path / 'bad.json')!r}: links[1] has {key} {value!r}; a number >= 0{nullable} is " \
+                       f"accepted" in err, err
+    ok = copy.deepcopy(report)          # null where report writes it (a link it could not time) still compares
+    ok["links"][1].update(gbps=None, recv_data_wait_us=None)
+    rc, _, err = _diff(capsys, _write(tmp_path, "r.json", report), _write(tmp_path, "ok.json", ok))
+    assert rc == 0, err

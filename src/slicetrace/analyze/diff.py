@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 import statistics
 from dataclasses import dataclass, field
@@ -94,9 +95,7 @@ def load_side(spec: str, name: str) -> Side:
             if missing:
                 raise UsageError(f"{name} {path!r}: row {i} lacks {missing} (a bench row has {list(ROW_FIELDS)}); "
                                  f"give {ACCEPTED}")
-            bad = next((k for k in ("busbw", "time_us") if type(r[k]) not in (int, float) or r[k] < 0), None)
-            if bad is not None:         # null: bench writes NaN so; a speed of nothing cannot be compared
-                raise UsageError(f"{name} {path!r}: row {i} has {bad} {r[bad]!r}; a number >= 0 is accepted")
+            _numbers(r, ("busbw", "time_us"), (), f"{name} {path!r}: row {i}")   # null: bench writes NaN so
             side.rows.append({"backend": backend, "ranks": ranks, "redop": "none", "inplace": False, "root": -1,
                               **r})
         side.setups.append(setup(d))
@@ -113,11 +112,23 @@ def link_rows(d: dict, path: str, name: str) -> list[dict]:
     for i, ln in enumerate(d["links"]):
         if not isinstance(ln, dict) or any(k not in ln for k in ("src", "dst", "gbps", "send_transfer_us")):
             raise UsageError(f"{name} {path!r}: links[{i}] lacks src, dst, gbps or send_transfer_us; give {ACCEPTED}")
+        _numbers(ln, ("send_transfer_us",), ("gbps", "send_credit_wait_us", "recv_data_wait_us"),
+                 f"{name} {path!r}: links[{i}]")
         wait = (ln.get("send_credit_wait_us") or 0.0) + (ln.get("recv_data_wait_us") or 0.0)
         total = wait + ln["send_transfer_us"]
         rows.append({"src": ln["src"], "dst": ln["dst"], "gbps": ln["gbps"],
                      "wait_pct": wait / total * 100 if total > 0 else None})
     return rows
+
+
+def _numbers(d: dict, keys: tuple[str, ...], nullable: tuple[str, ...], where: str) -> None:
+    """A row's or link's numbers: finite and >= 0 (null too for `nullable`, as report writes a link it cannot
+    time); else a UsageError naming it: a speed of nothing cannot be compared."""
+    for k in keys + nullable:
+        v = d.get(k)
+        if not (v is None and k in nullable or type(v) in (int, float) and math.isfinite(v) and v >= 0):
+            raise UsageError(f"{where} has {k} {v!r}; a number >= 0{' or null' if k in nullable else ''} is "
+                             f"accepted")
 
 
 def setup(d: dict) -> dict:
