@@ -100,3 +100,19 @@ def test_a_failure_instant_whose_message_is_not_a_string_is_refused_naming_the_f
                                  "op), not 3")
     r["args"]["Message"] = "x"
     assert record_problem(r) is None
+
+
+def test_a_failure_instant_without_a_name_is_quoted_by_its_error_class():
+    """A trace from another writer may leave the instant unnamed (Chrome's format allows it): report still prints it."""
+    import numpy as np
+    from rich.console import Console
+    from slicetrace.analyze.report import build, render
+    from slicetrace.analyze.trace import KERNEL_STEP_TABLE
+    recs = [{"cat": "ERROR", "ph": "i", "s": "p", "pid": 1, "ts": 5.0,
+             "args": {"Error": "PeerError", "Message": "rank 0 exited", "Op": "SendRecv", "SeqNum": 2}}]
+    got = failures(recs)
+    assert [(f["name"], f["error"], f["op"], f["seq"]) for f in got] == [("PeerError", "PeerError", "SendRecv", 2)]
+    ks = np.array([(0, 0, 1, 1, 0, 4096, 0, 10, 20, 0, 0), (1, 0, 0, 0, 0, 4096, 5, 20, 30, 0, 0)], KERNEL_STEP_TABLE)
+    con = Console(record=True, width=200)
+    render(build(ks, failures=got), console=con)
+    assert "failed: rank 1 in SendRecv #2 raised PeerError" in " ".join(con.export_text().split())

@@ -201,7 +201,8 @@ def failures(records: list[dict]) -> list[dict]:
     for r in records:
         if r.get("ph") == "i" and r.get("cat") == FAILURE_CAT:
             a = r.get("args") or {}
-            out.append({"rank": int(r.get("pid") or 0), "ts_ns": round(float(r["ts"]) * 1000), "name": r.get("name"),
+            out.append({"rank": int(r.get("pid") or 0), "ts_ns": round(float(r["ts"]) * 1000),
+                        "name": r.get("name") or a.get("Error", ""),        # report prints it: never None
                         "error": a.get("Error", ""), "message": a.get("Message", ""), "op": a.get("Op"),
                         "seq": a.get("SeqNum")})
     return sorted(out, key=lambda f: (f["ts_ns"], f["rank"]))
