@@ -276,6 +276,14 @@ def inspector_dir(settings: Settings, env: Mapping[str, str] | None = None) -> s
     return f"nccl-inspector-{job or 'unknown-jobid'}"
 
 
+def inspector_dir_named(settings: Settings, env: Mapping[str, str] | None = None) -> str:
+    """The inspector's folder as an error names it: its variable or keyword with the value, or its default's."""
+    folder = inspector_dir(settings, env)
+    if settings.inspector_dump_dir:
+        return f"{value_source('inspector_dump_dir', folder, env)}={folder!r}"
+    return f"inspector_dump_dir (SLICETRACE_INSPECTOR_DUMP_DIR) unset: its default folder {folder!r}"
+
+
 def temp_dir() -> str:
     """TMPDIR's folder, as tempfile reads it: the cpu backend's core locks, bench --compare's store file."""
     return tempfile.gettempdir()

@@ -11,7 +11,7 @@ import numpy as np
 
 from .api_checks import as_index, seconds_or_none
 from .backend.cpu.shm import shm_shortfall
-from .config import Settings, inspector_dir, value_source
+from .config import Settings, inspector_dir, inspector_dir_named, value_source
 from .errors import ConfigError, UsageError
 from .events.loading import load_plugins
 
@@ -49,14 +49,12 @@ def launch_settings(fn: Callable, nranks: Any, args: tuple, join_timeout_s: Any,
         attr = _PREFIXES.get(lp.name)
         prefix = getattr(s, attr) if attr else None
         if lp.name == "inspector":      # a folder, not a prefix (its default depends on SLURM_JOBID)
-            attr, prefix = "inspector_dump_dir", inspector_dir(s)
-            why = unwritable(prefix)
+            why, named, want = unwritable(inspector_dir(s)), inspector_dir_named(s), "writable folder"
         else:
             why = unwritable(os.path.dirname(prefix) or ".") if prefix else None
+            named, want = f"{value_source(attr, prefix)}={prefix!r}", "prefix in a writable folder"
         if why is not None:             # else each rank's plugin init fails, after the launch
-            raise ConfigError(f"{value_source(attr, prefix)}={prefix!r}: cannot write files in {why[0]!r} "
-                              f"({why[1]}); give a " + ("writable folder" if attr == "inspector_dump_dir" else
-                                                         "prefix in a writable folder"))
+            raise ConfigError(f"{named}: cannot write files in {why[0]!r} ({why[1]}); give a {want}")
     why = shm_shortfall(nranks, s.channels, s.buffsize, s.ring_slots) if s.backend == "cpu" else None
     if why is not None:                 # before any rank starts: a typo of 100000 would spawn them all
         raise UsageError(f"nranks={nranks}: {why}, or give fewer nranks")

@@ -194,4 +194,4 @@ def test_a_folder_that_cannot_hold_the_file_is_refused_at_init(tmp_path):
         (lp,) = load_plugins("inspector", Settings(inspector_dump_dir=str(given)))
         with pytest.raises(ConfigError) as e:
             lp.init(COMM, 0)
-        assert f"SLICETRACE_INSPECTOR_DUMP_DIR)={str(given)!r}" in str(e.value) and said in str(e.value)
+        assert str(e.value).startswith(f"inspector_dump_dir={str(given)!r}: ") and said in str(e.value)

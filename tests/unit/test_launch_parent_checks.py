@@ -100,3 +100,18 @@ def test_an_inspector_folder_where_no_file_can_be_written_fails_in_the_launcher(
     monkeypatch.setenv("SLICETRACE_INSPECTOR_DUMP_DIR", folder)
     with pytest.raises(slicetrace.errors.ConfigError, match=r"^SLICETRACE_INSPECTOR_DUMP_DIR='"):
         slicetrace.launch(_rank, 2, profiler_plugin="inspector")
+
+
+def test_an_unset_inspector_folder_is_named_as_its_default_in_the_launcher(tmp_path, monkeypatch):
+    """Unset, the folder is NCCL's default in the working directory: the error says so (it named the setting as if
+    given that value)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SLURM_JOBID", raising=False)
+    monkeypatch.delenv("SLICETRACE_INSPECTOR_DUMP_DIR", raising=False)
+    (tmp_path / "nccl-inspector-unknown-jobid").write_text("")      # a file where the folder would be
+    with pytest.raises(slicetrace.errors.ConfigError) as e:
+        slicetrace.launch(_rank, 2, profiler_plugin="inspector")
+    assert str(e.value) == ("inspector_dump_dir (SLICETRACE_INSPECTOR_DUMP_DIR) unset: its default folder "
+                            f"'nccl-inspector-unknown-jobid': cannot write files in "
+                            f"{str(tmp_path / 'nccl-inspector-unknown-jobid')!r} (Not a directory); give a writable "
+                            f"folder")

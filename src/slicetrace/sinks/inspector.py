@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from ..config import Settings, inspector_dir
+from ..config import Settings, inspector_dir, inspector_dir_named
 from ..errors import ConfigError
 from ..events.abi import DATATYPE_NAMES, FUNC_NAMES, ActivationMask, CollDescr, CommInfo, EventType, lost_counters
 from ..plan.traffic import BUSBW_FACTOR, busbw_factor, message_bytes
@@ -225,12 +225,10 @@ class InspectorPlugin:
     def init(self, comm: CommInfo, mask: ActivationMask) -> _Ctx:
         mask.value = MASK
         s = self.settings
-        given = inspector_dir(s)
         # absolute: a later chdir of the application must not move the file
-        folder = os.path.join(os.getcwd(), given)
+        folder = os.path.join(os.getcwd(), inspector_dir(s))
         path = os.path.join(folder, f"{socket.gethostname()}-pid{os.getpid()}.log")
-        what = (f"inspector_dump_dir (SLICETRACE_INSPECTOR_DUMP_DIR)={given!r}" if s.inspector_dump_dir else
-                f"inspector_dump_dir (SLICETRACE_INSPECTOR_DUMP_DIR) unset: its default folder {given!r}")
+        what = inspector_dir_named(s)
         if os.path.exists(folder) and not os.path.isdir(folder):
             raise ConfigError(f"{what}: {folder} is not a folder; give a writable folder")
         try:
