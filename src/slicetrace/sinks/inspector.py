@@ -5,8 +5,9 @@ One file per process, `<dir>/<hostname>-pid<pid>.log`, which every communicator 
 NCCL's Inspector). A line is {"header", "metadata", "coll_perf"} in Inspector's v4.0 format:
 * coll_exec_time_us: from the first start to the last stop of the op's KernelCh records (its channel programs;
   timing source "kernel_gpu" on cuda, whose clocks are the GPU's, "kernel_cpu" on cpu, whose KernelCh are timed on
-  the host); an op without them (its mask had no KernelCh, or a count of 0) from its Coll event's start to its stop
-  ("collective_cpu"). Rounded to the microsecond; the bandwidths come from the nanosecond span.
+  the host); an op without them (its mask had no KernelCh, a count of 0, or one rank: no channel program) from its
+  Coll event's start to its stop ("collective_cpu"). Rounded to the microsecond; the bandwidths come from the
+  nanosecond span.
 * coll_msg_size_bytes: count x element size, for AllGather and ReduceScatter x n_ranks (the whole buffer, as
   nccl-tests' `size` and `slicetrace bench`'s; plan.traffic.message_bytes); coll_algobw_gbs = bytes / time and
   coll_busbw_gbs = algbw x nccl-tests' factor (plan.traffic.busbw_factor).
