@@ -69,8 +69,11 @@ class DrainOnly:
 
 
 def run(a: argparse.Namespace, dump: str | None) -> None:
-    s = Settings(profile_dump_file=dump) if dump else Settings()
-    host = DrainOnly() if a.drain_only else EventHost(load_plugins("example", s), CommInfo(1, "x", 1, 2, 0), 16)
+    if a.plugin == "inspector":     # it always writes, <host>-pid<pid>.log in the run's folder
+        s = Settings(inspector_dump_dir=os.path.dirname(dump))
+    else:
+        s = Settings(profile_dump_file=dump) if dump else Settings()
+    host = DrainOnly() if a.drain_only else EventHost(load_plugins(a.plugin, s), CommInfo(1, "x", 1, 2, 0), 16)
     v = RingViews(bytearray(ring_bytes(1, SLOTS)), 1, SLOTS)
     d = Drain(v, host)
     st = v.started.view(np.uint64).reshape(SLOTS, 6)
@@ -109,9 +112,13 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=32, help="ops per drain poll (the cpu session's inline drain: 32)")
     p.add_argument("--slices", type=int, default=8, help="KernelSteps per op (rank 0 of a 1 MiB all_reduce: 8)")
     p.add_argument("--no-trace", action="store_true", help="no dump file: the plugin counts its records (no writer)")
+    p.add_argument("--plugin", default="example", choices=("example", "inspector", "linkstats"),
+                   help="the built-in plugin fed (inspector: Coll and KernelCh only, so give --slices 0)")
     p.add_argument("--drain-only", action="store_true", help="the drain alone: its consumer takes records and drops them")
     a = p.parse_args()
     a.no_trace |= a.drain_only
+    if a.plugin == "inspector" and a.no_trace:
+        p.error("--plugin inspector always writes its file: no --no-trace / --drain-only")
     with tempfile.TemporaryDirectory() as tmp:
         run(a, None if a.no_trace else os.path.join(tmp, "t"))
         if not a.no_trace:
