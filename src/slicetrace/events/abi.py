@@ -335,7 +335,7 @@ KERNEL_CH_DTYPE = np.dtype([
     ("start_ns", "<i8"), ("stop_ns", "<i8"),                              # host timeline, CLOCK_MONOTONIC ns
 ], align=True)
 
-# nccl-tests / Inspector bus-bandwidth factors.
+# our function names -> NCCL's, as descriptors, traces and Inspector lines name them (busbw factors: plan.traffic).
 FUNC_NAMES = {"all_reduce": "AllReduce", "all_gather": "AllGather", "reduce_scatter": "ReduceScatter",
               "broadcast": "Broadcast", "reduce": "Reduce", "send": "Send", "recv": "Recv",
               "all_to_all": "AlltoAll", "send_recv": "SendRecv"}
