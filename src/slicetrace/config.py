@@ -13,7 +13,8 @@ import tempfile
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Mapping
 
-from .config_values import FORMATS, TYPES, as_bool, as_bytes, as_int, as_mask, as_seconds, is_int, plugin_spec
+from .config_values import (FORMATS, TYPES, as_bool, as_bytes, as_int, as_mask, as_seconds, is_int, no_nul,
+                            plugin_spec)
 from .errors import ConfigError, closest
 from .events.abi import parse_mask
 
@@ -87,10 +88,6 @@ def _secs(v: float) -> bool:
 
 _SECS = f"> 0 seconds and <= {MAX_SECONDS:.0f}"
 # field -> (test of a value of the right type, what is accepted); "one of" rules say "is not one of"
-def _no_nul(v: str) -> bool:
-    return "\0" not in v
-
-
 RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "backend": (lambda v: v in BACKENDS, f"one of {BACKENDS}"),
     "nchannels": (lambda v: 0 <= v <= MAXCHANNELS, f"in 0..{MAXCHANNELS} (0 = backend default)"),
@@ -108,11 +105,12 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "drain_interval_us": (lambda v: 10 <= v <= 1_000_000, "in 10..1000000"),
     "profile_event_mask": (lambda v: 0 <= v < 1 << 32, "in 0..2**32-1"),
     "plugin_max_failures": (lambda v: v >= 1, ">= 1"),
-    # a NUL byte is a ValueError in open(): in a plugin's init, logged and the plugin dropped with no file
-    "profile_dump_file": (_no_nul, "a path prefix without a NUL byte"),
-    "linkstats_file": (_no_nul, "a path prefix without a NUL byte"),
-    "cache_dir": (_no_nul, "a folder path without a NUL byte"),
-    "inspector_dump_dir": (_no_nul, "a folder path without a NUL byte"),
+    "profile_dump_file": (no_nul, "a path prefix without a NUL byte"),
+    "linkstats_file": (no_nul, "a path prefix without a NUL byte"),
+    "cache_dir": (no_nul, "a folder path without a NUL byte"),
+    # '' is no folder (the variable's is unset, as NCCL's): not a silent default folder
+    "inspector_dump_dir": (lambda v: no_nul(v) and bool(v.strip()), "a folder path without a NUL byte, not empty "
+                           "('.': the working directory; None: NCCL's default, nccl-inspector-<SLURM_JOBID>)"),
     "inspector_dump_interval_us": (lambda v: 0 <= v <= MAX_SECONDS * 1e6, f"in 0..{MAX_SECONDS * 1e6:.0f} microseconds "
                                    f"(0 = every collective)"),
     "linkstats_interval_s": (_secs, _SECS),

@@ -16,6 +16,11 @@ def is_int(v: Any) -> bool:
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
+def no_nul(v: str) -> bool:
+    """A path's rule: a NUL byte is a ValueError in open() (in a plugin's init: logged, the plugin dropped, no file)."""
+    return "\0" not in v
+
+
 def _is_real(v: Any) -> bool:
     return isinstance(v, numbers.Real) and not isinstance(v, bool)
 

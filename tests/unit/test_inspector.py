@@ -195,3 +195,14 @@ def test_a_folder_that_cannot_hold_the_file_is_refused_at_init(tmp_path):
         with pytest.raises(ConfigError) as e:
             lp.init(COMM, 0)
         assert str(e.value).startswith(f"inspector_dump_dir={str(given)!r}: ") and said in str(e.value)
+
+
+def test_an_empty_folder_keyword_is_refused_and_an_empty_variable_is_unset(tmp_path):
+    for given in ("", "  "):             # no folder: not NCCL's default one, made in the working directory unasked
+        with pytest.raises(ConfigError) as e:
+            Settings.from_env({}, inspector_dump_dir=given)
+        assert str(e.value).startswith(f"inspector_dump_dir={given!r} must be a folder path") and \
+            "not empty ('.': the working directory; None: NCCL's default" in str(e.value), str(e.value)
+    s = Settings.from_env({"SLICETRACE_INSPECTOR_DUMP_DIR": "", "SLURM_JOBID": "7"})    # unset, as NCCL reads it
+    assert s.inspector_dump_dir is None and inspector_dir(s, {"SLURM_JOBID": "7"}) == "nccl-inspector-7"
+    assert inspector_dir(Settings(inspector_dump_dir="."), {}) == "."
