@@ -31,15 +31,14 @@ def comm_named(e: BaseException, sess: Any) -> BaseException:
 
 def told(e: BaseException, sess: Any) -> None:
     """e, an op's PeerError or MismatchError, told to session `sess`'s profiler plugins (comm_failed): a failed rank's
-    trace says why it stopped. The op is named when e is the one its submit raised (Session.failing); a failure
-    found elsewhere (a barrier, synchronize, an unprofiled op) goes without one."""
+    trace says why it stopped. The op named is the one e is credited to (errors.credit): the op whose submit raised
+    it, or the earlier op a backend found it belongs to; a failure found elsewhere (a barrier, synchronize, an
+    unprofiled op) goes without one."""
     if sess.host is None:
         return
-    failing = sess.failing
-    work = failing[1] if failing is not None and failing[0] is e else None
-    op = None if work is None else FUNC_NAMES.get(work.plan.func, work.plan.func)
-    seq = work.seq_number if work is not None and work.seq_number >= 0 else None
-    sess.host.failed(type(e).__name__, str(e), op, seq)
+    func, seq = getattr(e, "failed_op", None) or (None, -1)
+    sess.host.failed(type(e).__name__, str(e), None if func is None else FUNC_NAMES.get(func, func),
+                     seq if func is not None and seq >= 0 else None)
 
 
 def writable(buf: Any, what: str) -> None:

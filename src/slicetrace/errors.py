@@ -7,6 +7,7 @@ from typing import Iterable
 
 class SliceTraceError(Exception):
     """Base of every error slicetrace raises on purpose."""
+    failed_op: tuple[str, int] | None = None    # the op a communicator's failure is told with (credit); None: none
 
 
 class ConfigError(SliceTraceError, ValueError):
@@ -51,6 +52,15 @@ class PluginError(SliceTraceError):
 
 class TraceFormatError(SliceTraceError, ValueError):
     """A trace file does not have the shape the analyzer expects."""
+
+
+def credit(e: BaseException, op: tuple[str, int] | None) -> BaseException:
+    """e, credited to `op` (its function and SeqNum, -1 for none), or None: to no op, for the plugins' comm_failed.
+    The first credit stands: a backend that knows which op a failure belongs to (an earlier one, found at a later
+    submit or wait) credits it before the session would credit the op whose submit raised it."""
+    if isinstance(e, SliceTraceError) and "failed_op" not in e.__dict__:
+        e.failed_op = op
+    return e
 
 
 def plural(n: int, noun: str, nouns: str = "") -> str:

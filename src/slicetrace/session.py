@@ -17,7 +17,7 @@ from typing import Any
 from .backend.base import Backend, Work, create
 from .backend.signals import signals_held, term_exits
 from .config import Settings, value_source
-from .errors import SliceTraceError, UsageError, comm_label, plural
+from .errors import SliceTraceError, UsageError, comm_label, credit, plural
 from .events.abi import CommInfo, EventType, effective_mask
 from .events.host import EventHost, OpInfo
 from .events.loading import load_plugins
@@ -90,7 +90,6 @@ class Session:
             raise
         self.comm_hash = comm_hash(job, self.backend.generation)
         self._last: Any = None
-        self.failing: tuple[BaseException, Work] | None = None   # the last op whose submit raised (api: told())
         self._barriers = 0
         self.extra_keys: list[str] = []     # store keys of its making (init()'s job id) the last to close forgets
         self.host: EventHost | None = None
@@ -220,7 +219,7 @@ class Session:
         try:
             token = backend.submit(work)
         except BaseException as e:                  # its seqs are final too: later ops must still end
-            self.failing = e, work
+            credit(e, (work.plan.func, work.seq_number))   # unless the backend knows it was an earlier op's (api: told)
             exact = backend.synchronous or backend.reserves_stamps
             drain.op_submitted(tag, _done, self._reserved.copy() if exact else None)
             raise
