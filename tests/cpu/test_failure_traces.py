@@ -130,3 +130,27 @@ def test_a_planted_mismatch_is_in_both_ranks_traces_report_and_convert(tmp_path,
     assert sorted(procs.values()) == sorted(names.values())
     assert sorted((i["proc"], i["args"]["Error"], i["args"]["SeqNum"]) for i in instants) == \
         [(names[0], "MismatchError", 1), (names[1], "MismatchError", 1)]
+
+
+def _mismatch_then_more(comm):
+    """A mismatch in AllReduce #1, then two more ops on the aborted communicator ("aborted earlier")."""
+    x = np.ones(1000, dtype=np.float32)
+    comm.all_reduce(x, op="max")
+    said = []
+    for y in (x.view(np.int32) if comm.rank else x, x, x):
+        try:
+            comm.all_reduce(y, op="max")
+        except slicetrace.MismatchError as e:
+            said.append("communicator aborted earlier" in str(e))
+    return said
+
+
+def test_an_abort_said_again_to_a_later_op_is_not_credited_to_it(tmp_path):
+    prefix = str(tmp_path / "t")
+    said = slicetrace.launch(_mismatch_then_more, 2, profiler_plugin="example", profile_dump_file=prefix,
+                             timeout_s=10, join_timeout_s=JOIN)
+    assert said == [[False, True, True]] * 2
+    recs = load_trace(_file(prefix, 0), validate=False)
+    insts = [r["args"] for r in recs if r.get("ph") == "i" and r.get("cat") == "ERROR"]
+    assert [(a["Error"], a.get("Op"), a.get("SeqNum")) for a in insts] == [
+        ("MismatchError", "AllReduce", 1), ("MismatchError", None, None), ("MismatchError", None, None)], insts

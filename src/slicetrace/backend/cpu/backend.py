@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import BackendError, MismatchError, PeerError, UsageError, plural
+from ...errors import BackendError, MismatchError, PeerError, UsageError, credit, plural
 from ...stamps.layout import RingViews, ring_bytes
 from ..base import HostBackend, Work, host_pointer, part_views, quiet_thread
 from ..procs import pid_ns_id, proc_start_time, this_proc
@@ -243,9 +243,10 @@ class CpuBackend(SetupPeers, HostBackend):
             w.publish()
 
     def _aborted(self) -> Exception:
-        """The abort's error; said again to a caller that heard it (a later op), it says it came earlier."""
+        """The abort's error; said again to a caller that heard it (a later op), it says it came earlier, credited to
+        no op (the later op is innocent; the first error named the op that heard it)."""
         err, told, self._told = self.guard.abort_error(), self._told, True
-        return type(err)(f"rank {self.rank}: communicator aborted earlier: {err}") if told else err
+        return credit(type(err)(f"rank {self.rank}: communicator aborted earlier: {err}"), None) if told else err
 
     def wait(self, token: Any, timeout_s: float) -> None:
         if self.guard.aborted():

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ...config import Settings
-from ...errors import BackendError, MismatchError, PeerError, UsageError
+from ...errors import BackendError, MismatchError, PeerError, UsageError, credit
 from ...rendezvous import Store
 from ...stamps.layout import RingViews
 from ..base import DTYPES, Backend, P2pLedger, Work, quiet_thread
@@ -94,6 +94,7 @@ class CudaBackend(Completion, Backend, KernelArgs):
         self._fns: dict[tuple[str, bool], int] = {}
         self._broken: str | None = None
         self._broken_as: type = PeerError
+        self._broken_op: tuple[str, int] | None = None   # the op the abort belongs to (Completion.abort)
         self._told = False                              # the abort's error reached the caller
         self._closed = False
         self._lost: list[str] = []                      # sends to this rank it never received (close)
@@ -182,9 +183,10 @@ class CudaBackend(Completion, Backend, KernelArgs):
     def submit(self, work: Work) -> Token:
         if self._closed:
             raise UsageError("the cuda backend is closed")
-        if self._broken is not None:
+        if self._broken is not None:    # an earlier op's failure (or none's): not this op's
             self._told = True
-            raise self._broken_as(f"rank {self.rank}: communicator aborted earlier: {self._broken}")
+            raise credit(self._broken_as(f"rank {self.rank}: communicator aborted earlier: {self._broken}"),
+                         self._broken_op)
         if self.mem.words[1]:           # a kernel of ours exited on a peer's abort: the next would start from stale steps
             self._fail(self._mismatch(self._last) or PeerError(self.cannot_finish(self._last) or "aborted"),
                        self._last)  # a mismatch a peer found first is ours too (as wait() says it)
@@ -207,7 +209,7 @@ class CudaBackend(Completion, Backend, KernelArgs):
         except BaseException as e:      # numbered but not launched: the peers' kernels would pair off by one
             if sig is not None:
                 self.abort(f"rank {self.rank}: {coll_name(sig, work.seq_number)} failed before its launch: "
-                           f"{type(e).__name__}: {e}")
+                           f"{type(e).__name__}: {e}", op=(plan.func, work.seq_number))
             raise
 
     def _launch(self, work: Work, stream: int, sig: tuple | None) -> Token:
@@ -239,7 +241,7 @@ class CudaBackend(Completion, Backend, KernelArgs):
         ev = _cupy().cuda.Event(block=False, disable_timing=True, interprocess=False)
         self._rt.eventRecord(ev.ptr, stream)
         peers = self._all if plan.func != "send_recv" else tuple({p.peer for p, _ in work.parts} - {self.rank})
-        self._last = Token(ev, work.tag, peers, stream, sig)
+        self._last = Token(ev, work.tag, peers, stream, sig, (plan.func, work.seq_number))
         self._pending.add(self._last)   # ops run in issue order: one waits for every earlier op's peers too
         return self._last
 
@@ -295,7 +297,8 @@ class CudaBackend(Completion, Backend, KernelArgs):
                                check=lambda: self.check_peers(closing=True))
         except Exception as e:
             failed = e
-        unheard = (self._broken_as, self._broken) if self._broken is not None and not self._told else None
+        unheard = (self._broken_as, self._broken, self._broken_op) if self._broken is not None and not self._told \
+            else None
         if self._broken is None:            # met: every collective every rank ran is in the table now; not met
             mism = self.mismatch()          # (a peer that found a mismatch first aborted): its row is there too
             if failed is None:              # every rank's ops have ended and its sends are published
@@ -305,15 +308,15 @@ class CudaBackend(Completion, Backend, KernelArgs):
                     mism = mism or "; ".join(self.ledger.mismatched) or None
                 except Exception as e:      # a diagnostic: closing goes on
                     log.warning("rank %d: could not check for unreceived messages at close: %s", self.rank, e)
-            unheard = None if mism is None else (MismatchError, mism)
+            unheard = None if mism is None else (MismatchError, mism, None)
             if failed is not None and mism is None:
                 log.warning("rank %d: the close barrier failed (unreceived messages not checked): %s", self.rank,
                             failed)
         self._cache.clear()
         self._free()
         if unheard is not None:     # an op the watchdog aborted (its results are wrong), or one that ended before
-            kind, why = unheard     # its peer said what it ran: the caller never heard it
-            raise kind(f"rank {self.rank}: found at close: {why}")
+            kind, why, op = unheard     # its peer said what it ran: the caller never heard it
+            raise credit(kind(f"rank {self.rank}: found at close: {why}"), op)
 
     def _free(self) -> None:
         """Device memory, streams and events (also of a set-up that failed part way)."""

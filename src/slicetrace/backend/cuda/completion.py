@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ...errors import CommTimeoutError, MismatchError, PeerError
+from ...errors import CommTimeoutError, MismatchError, PeerError, credit
 from .tokens import Token
 
 
@@ -108,14 +108,16 @@ class Completion:
             raise PeerError(f"rank {self.rank}: {gone}")
 
     def _fail(self, err: Exception, token: Token) -> None:
-        self.abort(str(err), type(err))
+        """Abort on err and raise it, credited to token's op (not to a later op whose submit or wait found it)."""
+        self.abort(str(err), type(err), token.op)
         self._told = True
         ends_within(token.event, 10.0)                             # the kernel polls the abort words and exits
-        raise err
+        raise credit(err, token.op)
 
-    def abort(self, reason: str, kind: type = PeerError) -> None:
-        if self._broken is None:
-            self._broken_as, self._broken = kind, reason       # the error later ops raise (kind first: read 2nd)
+    def abort(self, reason: str, kind: type = PeerError, op: tuple[str, int] | None = None) -> None:
+        """Raise the abort words; the first abort's reason, kind and op (None: not known) are what later ops raise."""
+        if self._broken is None:        # kind and op first: another thread reads _broken, then those
+            self._broken_as, self._broken_op, self._broken = kind, op, reason
         if not self.mem.raise_abort(self._side):        # closed: its words are freed (a late watchdog)
             return
         try:

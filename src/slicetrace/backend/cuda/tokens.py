@@ -7,11 +7,13 @@ from typing import Any
 
 
 class Token:
-    __slots__ = ("event", "tag", "peers", "stream", "sig")
+    __slots__ = ("event", "tag", "peers", "stream", "sig", "op")
 
-    def __init__(self, event: Any, tag: int, peers: tuple[int, ...], stream: int, sig: tuple | None):
+    def __init__(self, event: Any, tag: int, peers: tuple[int, ...], stream: int, sig: tuple | None,
+                 op: tuple[str, int] | None = None):
         self.event, self.tag, self.peers = event, tag, peers      # peers: the ranks the op cannot finish without
         self.stream, self.sig = stream, sig                       # sig: a collective's (opsig), else None
+        self.op = op            # (func, SeqNum): what its failure is credited to (errors.credit)
 
 
 class Pending:

@@ -36,7 +36,7 @@ class Watchdog:
                     why, kind = be.cannot_finish(tok), PeerError
                 if why is not None and not self._stop.is_set():   # stopped: the backend may be freeing
                     log.warning("slicetrace: rank %d: aborting op %d: %s", be.rank, tok.tag, why)
-                    be.abort(why, kind)
+                    be.abort(why, kind, tok.op)     # tok's: what later ops' errors are credited to
             except Exception:  # noqa: BLE001 - a store gone at shutdown: the waiting caller reports it
                 continue
 
