@@ -60,8 +60,9 @@ _BIT_OF = {c: int(t) for c, t in (
 
 class Failure(NamedTuple):
     """What `comm_failed` is told: when (host CLOCK_MONOTONIC ns, the trace's clock), the error's class name
-    (PeerError, CommTimeoutError, MismatchError) and whole message, and the op that raised it (its function as
-    the trace names it, e.g. AllReduce or SendRecv, and SeqNum) where known, else None."""
+    (PeerError, CommTimeoutError, MismatchError) and whole message, and the op it belongs to (its function as
+    the trace names it, e.g. AllReduce or SendRecv, and SeqNum) where known: the op that raised it, or an earlier
+    op whose completion failed (cuda); else None (found outside an op, or said again to a later op)."""
     ts_ns: int
     error: str
     message: str
