@@ -110,7 +110,8 @@ def test_a_line_per_collective_timed_as_the_trace_s_kernel_channels(pool2, tmp_p
         assert all(ln["coll_perf"]["coll_sn"] == 0 for ln in lines if ln["coll_perf"]["coll"] != "AllReduce")
     for _, _, c in runs:
         assert c == {"plugin_written_COLL": 8, "plugin_sampled_out_COLL": 0, "plugin_lost_COLL": 0,
-                     "plugin_queued_COLL": 0, "plugin_unfinished_COLL": 0, "plugin_unseen_COLL": 0}
+                     "plugin_dropped_COLL": 0, "plugin_queued_COLL": 0, "plugin_unfinished_COLL": 0,
+                     "plugin_unseen_COLL": 0}
     rows = flatten(tmp_path)                  # what the exporter reads: both ranks of each collective
     groups: dict = {}
     for r in rows:

@@ -8,6 +8,7 @@ import logging
 import os
 import re
 import socket
+import threading
 
 import pytest
 
@@ -162,6 +163,33 @@ def test_a_full_disk_leaves_whole_lines_counts_the_rest_and_finalize_raises(tmp_
     assert c["plugin_written_COLL"] == 2 and c["plugin_lost_COLL"] == 4
     with caplog.at_level(logging.ERROR, logger="slicetrace"):
         host.close()                                       # finalized already: nothing raised twice
+
+
+def test_a_hung_filesystem_drops_and_counts_lines_past_the_bound_and_never_blocks(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(inspector, "_BATCH", 2)            # a write per two lines
+    monkeypatch.setattr(inspector, "_QUEUED", 4, raising=False)     # the writer may be two writes behind
+    hung, entered, put = threading.Event(), threading.Event(), inspector._File.put
+
+    def stuck(f, mv):
+        entered.set()
+        assert hung.wait(30), "never released"
+        return put(f, mv)
+    monkeypatch.setattr(inspector._File, "put", stuck)
+    with caplog.at_level(logging.WARNING, logger="slicetrace"):
+        p, host, ctx, _ = _run(tmp_path, n_ops=16)         # 8 collectives: 4 writes of 2 lines, the first hangs
+    assert entered.wait(30)
+    c = p.counters(ctx)
+    assert (c["plugin_dropped_COLL"], c["plugin_queued_COLL"], c["plugin_written_COLL"]) == (4, 4, 0), c
+    assert sum("lines are dropped until it catches up (counted as plugin_dropped_COLL)" in r.getMessage()
+               for r in caplog.records) == 1
+    hung.set()
+    with caplog.at_level(logging.WARNING, logger="slicetrace"):
+        host.close()
+    assert [ln["coll_perf"]["coll_sn"] for ln in read_lines(tmp_path / "ins")] == [0, 1, 2, 3]
+    c = p.counters(ctx)
+    assert (c["plugin_written_COLL"], c["plugin_dropped_COLL"], c["plugin_queued_COLL"],
+            c["plugin_sampled_out_COLL"], c["plugin_lost_COLL"]) == (4, 4, 0, 0, 0), c
+    assert any("plugin_dropped_COLL 4" in r.getMessage() for r in caplog.records)      # finalize's warning
 
 
 def test_the_variables_are_checked_and_named(tmp_path):

@@ -20,7 +20,9 @@ close. SLICETRACE_INSPECTOR_VERBOSE=1 adds event_trace_sn / event_trace_ts with 
 
 The callbacks only buffer: lines are formatted and appended by a thread per file (chrome_writer.Writer), in blocks,
 at least once a second while collectives complete, and at close. A write that fails (a full disk) cuts the file
-back to its last whole line, later lines are counted lost, and finalize raises OSError saying how many.
+back to its last whole line, later lines are counted lost, and finalize raises OSError saying how many. A writer
+that falls behind (a hung or very slow filesystem) holds at most _QUEUED lines: a block past that is dropped and
+counted (plugin_dropped_COLL), never waited for, as the example plugin's full pools drop.
 """
 from __future__ import annotations
 
@@ -48,6 +50,7 @@ _OP = {v: k for k, v in FUNC_NAMES.items()}               # "AllGather" -> "all_
 _ITEMSIZE = {nccl: 2 if name == "bfloat16" else np.dtype(name).itemsize for name, nccl in DATATYPE_NAMES.items()}
 _BATCH = 1024               # lines per write job
 _FLUSH_NS = 1_000_000_000   # ... or what completed in the last second, whichever comes first
+_QUEUED = 64 * _BATCH       # lines its writer may be behind: ~0.6 KiB each (measured), verbose ~0.1 KiB a channel more
 _AT_EXIT_S = 5.0            # finalize's wait at the interpreter's exit (session._finish_at_exit's budget)
 _HEAD = ('{"header":{"id":"0x%x","rank":%d,"n_ranks":%d,"nnodes":%d},"metadata":{"inspector_output_format_version":'
          '"' + FORMAT_VERSION + '","git_rev":%s,"rec_mechanism":"nccl_profiler_interface","dump_timestamp_us":')
@@ -157,6 +160,7 @@ class _Ctx:
         self.latest: tuple | None = None    # interval sampling: the latest completed since the last line
         self.next_ns = 0
         self.completed = self.handed = 0    # main side; the writer thread counts written and lost
+        self.dropped = 0                    # lines refused: the writer was _QUEUED lines behind
         self.written = self.lost = 0
         self.host_counters: dict[str, int] = {}
         self.done = False
@@ -164,9 +168,16 @@ class _Ctx:
     def flush(self) -> None:
         lines, self.lines = self.lines, []
         self.flushed_ns = time.monotonic_ns()
-        if lines:
+        w = self.file.writer
+        if lines and w.pending("COLL") + len(lines) > _QUEUED:     # a hung disk: memory is not the place to wait
+            if not self.dropped:
+                log.warning("slicetrace inspector plugin: the writer of %s is %d lines behind (a hung or slow "
+                            "filesystem?): lines are dropped until it catches up (counted as plugin_dropped_COLL)",
+                            self.file.path, w.pending("COLL"))
+            self.dropped += len(lines)
+        elif lines:
             self.handed += len(lines)
-            self.file.writer.put(lambda: self._write(lines))
+            w.put(lambda: self._write(lines), "COLL", len(lines))
 
     def _write(self, lines: list[tuple]) -> None:
         """Writer thread: format and append; every line is counted written or lost."""
@@ -314,13 +325,16 @@ class InspectorPlugin:
         ctx.host_counters = dict(counters)
 
     def counters(self, ctx: _Ctx) -> dict[str, int]:
-        """This plugin's accounting: collectives written, left out by the interval, lost to a failed write, queued
-        and not yet written, still in flight (unfinished), and never seen: gaps in a function's SeqNum, collectives
-        that ran with no Coll event (unprofiled on purpose: profiling(False), op sampling, below min bytes, a
-        profiling mask without Coll or KernelCh; or dropped by the host, which counts those)."""
+        """This plugin's accounting: collectives written, left out by the interval, lost to a failed write, dropped
+        (the writer _QUEUED lines behind), queued and not yet written, still in flight (unfinished), and never
+        seen: gaps in a function's SeqNum, collectives that ran with no Coll event (unprofiled on purpose:
+        profiling(False), op sampling, below min bytes, a profiling mask without Coll or KernelCh; or dropped by
+        the host, which counts those)."""
         pending = len(ctx.lines) + (ctx.latest is not None)
-        return {"plugin_written_COLL": ctx.written, "plugin_sampled_out_COLL": ctx.completed - ctx.handed - pending,
-                "plugin_lost_COLL": ctx.lost, "plugin_queued_COLL": ctx.handed - ctx.written - ctx.lost + pending,
+        return {"plugin_written_COLL": ctx.written,
+                "plugin_sampled_out_COLL": ctx.completed - ctx.handed - ctx.dropped - pending,
+                "plugin_lost_COLL": ctx.lost, "plugin_dropped_COLL": ctx.dropped,
+                "plugin_queued_COLL": ctx.handed - ctx.written - ctx.lost + pending,
                 "plugin_unfinished_COLL": ctx.inflight, "plugin_unseen_COLL": ctx.unseen}
 
     def finalize(self, ctx: _Ctx) -> None:
@@ -343,7 +357,8 @@ class InspectorPlugin:
         _release_file(f, wait if written.is_set() else 0.0)
         own = self.counters(ctx)
         lost = {**lost_counters(ctx.host_counters),
-                **{k: v for k, v in own.items() if v and k in ("plugin_lost_COLL", "plugin_queued_COLL", "plugin_unfinished_COLL")}}
+                **{k: v for k, v in own.items() if v and k in ("plugin_lost_COLL", "plugin_dropped_COLL",
+                                                                "plugin_queued_COLL", "plugin_unfinished_COLL")}}
         if lost:
             log.warning("slicetrace inspector plugin rank %d (comm 0x%x): collectives missing from %s: %s",
                         ctx.comm.rank, ctx.comm.comm_hash, f.path, ", ".join(f"{k} {v:,}" for k, v in lost.items()))
