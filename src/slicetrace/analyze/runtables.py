@@ -15,7 +15,8 @@ from typing import Any, Callable, Iterable, NamedTuple
 import numpy as np
 
 from .records import Ranks
-from .runfiles import load_again, load_each
+from .comms import CommFacts
+from .runfiles import load_again, load_each, load_runs
 from .trace import coll_spans, counters, failures, kernel_chs, kernel_steps, op_names, op_starts
 
 
@@ -125,7 +126,18 @@ def _merged(dicts: list[dict]) -> dict:
 def run_tables(paths: str | os.PathLike | Iterable[str | os.PathLike], skip_empty: bool = False) -> RunTables:
     """RunTables of load_files(paths, "report", skip_empty), reading one file at a time where that gives the same
     tables (the module's doc says when it does not)."""
-    parts, ranks = load_each(paths, "report", _part, skip_empty)
+    return _tables(*load_each(paths, "report", _part, skip_empty), paths, skip_empty)   # no caller holds the parts
+
+
+def comm_tables(paths: str | os.PathLike | Iterable[str | os.PathLike],
+                skip_empty: bool = False) -> list[tuple[CommFacts, RunTables]]:
+    """run_tables of each communicator of the files (`report --all-comms`: runfiles.load_runs), in their order:
+    each one's tables are those of its files alone."""
+    return [(r.facts, _tables(r.kept, r.ranks, r.files, skip_empty))
+            for r in load_runs(paths, "report", _part, skip_empty, all_comms=True)]
+
+
+def _tables(parts: list[_Part], ranks: Ranks | None, paths, skip_empty: bool) -> RunTables:
     seen: set = set()
     for p in parts:
         if seen & p.paired or any(isinstance(v, _Failed) for v in (p.ks, p.chs, p.counts, p.starts, p.spans, p.names,

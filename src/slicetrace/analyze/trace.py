@@ -20,7 +20,8 @@ from typing import Any, Iterable
 import numpy as np
 
 from ..errors import TraceFormatError
-from .records import _U64, FAILURE_CAT, REQUIRED_ARGS, STEP_ARGS, rank_problem, read_records as _read, record_problem
+from .comms import ALL_COMMS, POOLED, comm_of, pid_comms, file_facts, in_order, merged, picks, warn_apart
+from .records import FAILURE_CAT, REQUIRED_ARGS, STEP_ARGS, rank_problem, read_records as _read, record_problem
 from .runranks import run_ranks
 
 KERNEL_STEP_TABLE = np.dtype([
@@ -47,7 +48,7 @@ def load_trace(path: str | os.PathLike, validate: bool = True) -> list[dict]:
     """One trace file as a list of records; TraceFormatError if it is not a JSON array of objects, or (validate)
     if it fails the checks of load_files (which also read the rank count of its run's files on disk)."""
     p = os.fspath(path)
-    return _checked([p])[0][1] if validate else _read(p)
+    return _checked([p])[0][0][1] if validate else _read(p)
 
 
 def trace_files(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str]:
@@ -97,19 +98,6 @@ def _named(head: str, tail: re.Pattern) -> list[str]:
     return sorted(f for f in glob.glob(glob.escape(head) + "*.json") if tail.fullmatch(f[n:]))
 
 
-def comm_of(path: str, records: list[dict]) -> str:
-    """A file's communicator: its records' CommHash, else the <commHash> of its name, else the name."""
-    for r in records:              # read before the records are checked: args may be anything
-        a = r.get("args")
-        h = a.get("CommHash") if isinstance(a, dict) else None
-        # a malformed hash ('x', -1) is record_problem's to name: taken here, it made the file a run of its own
-        # and the error "2 communicators", whose suggested commands select that same file again
-        if type(h) is int and 0 <= h <= _U64:
-            return str(h)
-    m = re.search(r"_(\d+)_\d+\.json$", path)
-    return m.group(1) if m else os.path.basename(path)
-
-
 def load_files(paths: str | os.PathLike | Iterable[str | os.PathLike],
                command: str = "report", skip_empty: bool = False) -> list[tuple[str, list[dict]]]:
     """(file, records) for each file of one run, as trace_files takes them: what report and convert read, through
@@ -117,15 +105,28 @@ def load_files(paths: str | os.PathLike | Iterable[str | os.PathLike],
     is not a JSON array of objects or holds no record (its rank would be silently left out), a record that fails
     record_problem, a pid, Rank or Peer past the run's rank count (run_ranks), files of more than one communicator
     (two runs in one folder, which would pool different runs: the message names the prefix of each, for
-    `slicetrace <command>`), and one rank's file twice. skip_empty: files without records are left out (with a
-    warning) instead, for an analysis of the ranks present (report's and convert's --partial)."""
+    `slicetrace <command>`, and --all-comms), and one rank's file twice. skip_empty: files without records are left
+    out (with a warning) instead, for an analysis of the ranks present (report's and convert's --partial)."""
+    return _checked(_unique(paths), command, skip_empty)[0]
+
+
+def load_comms(paths: str | os.PathLike | Iterable[str | os.PathLike], command: str = "report",
+               skip_empty: bool = False) -> list[list[tuple[str, list[dict]]]]:
+    """load_files for files of several communicators (--all-comms): each communicator's files, checked as one run,
+    communicators in the order of their first op (comms.in_order); a warning when their times never overlap
+    (comms.warn_apart)."""
+    return _checked(_unique(paths), command, skip_empty, all_comms=True)
+
+
+def _unique(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str]:
     unique: dict[str, str] = {}
     for p in trace_files(paths):
         unique.setdefault(os.path.realpath(p), p)     # one file named twice (a folder and its file) counts once
-    return _checked(list(unique.values()), command, skip_empty)
+    return list(unique.values())
 
 
-def _checked(files: list[str], command: str = "report", skip_empty: bool = False) -> list[tuple[str, list[dict]]]:
+def _checked(files: list[str], command: str = "report", skip_empty: bool = False,
+             all_comms: bool = False) -> list[list[tuple[str, list[dict]]]]:
     loaded = []
     for f in files:
         recs = _read(f, empty_ok=skip_empty)
@@ -139,16 +140,25 @@ def _checked(files: list[str], command: str = "report", skip_empty: bool = False
         loaded.append((f, recs))
     if not loaded:
         raise TraceFormatError(f"none of the {len(files)} trace file(s) holds a record")
-    by_comm: dict[str, list[str]] = {}              # commHash -> its files
+    by_comm: dict[str, list[tuple[str, list[dict]]]] = {}          # commHash -> its files
     for f, recs in loaded:
-        by_comm.setdefault(comm_of(f, recs), []).append(f)
-    if len(by_comm) > 1:                            # first: two runs' rank counts would read as a bad nRanks
-        # convert's command needs its -o: one output per run, named by its commHash
-        picks = "; ".join(f"commHash {c} ({len(fs)} file(s)): slicetrace {command} {_run_prefix(fs)}"
-                          + (f" -o run_{c}.pftrace" if command == "convert" else "")
-                          for c, fs in by_comm.items())
+        by_comm.setdefault(comm_of(f, recs), []).append((f, recs))
+    if len(by_comm) > 1 and not all_comms:          # first: two runs' rank counts would read as a bad nRanks
         raise TraceFormatError(f"the trace files hold {len(by_comm)} communicators (runs), which one {command} does "
-                               f"not pool; {command} one at a time: {picks}")
+                               f"not pool; {command} one at a time: {picks(by_comm, command)}; or, if they are one "
+                               f"job's communicators, pass {ALL_COMMS} to {POOLED.get(command, 'read them all')}")
+    for group in by_comm.values():
+        _check_run(group)
+    if len(by_comm) == 1:
+        return list(by_comm.values())
+    facts = [merged([file_facts(f, recs) for f, recs in g]) for g in by_comm.values()]
+    warn_apart(facts, command, {c: [f for f, _ in g] for c, g in by_comm.items()})
+    groups = list(by_comm.values())
+    return [groups[i] for i in in_order(facts)]
+
+
+def _check_run(loaded: list[tuple[str, list[dict]]]) -> None:
+    """One communicator's files: rank bounds (run_ranks), record_problem, a pid in each, one file per rank."""
     ranks = run_ranks(loaded)
     seen: dict[object, str] = {}
     for f, recs in loaded:
@@ -164,20 +174,11 @@ def _checked(files: list[str], command: str = "report", skip_empty: bool = False
             raise TraceFormatError(f"{seen[rank]!r} and {f!r} are both rank {rank} of commHash {comm_of(f, recs)}; "
                                    f"pass one of them")
         seen[rank] = f
-    return loaded
 
 
 def load_run(paths: str | os.PathLike | Iterable[str | os.PathLike], command: str = "report") -> list[dict]:
     """load_files' records, merged: for the analyses that key ranks by pid."""
     return [r for _, recs in load_files(paths, command) for r in recs]
-
-
-def _run_prefix(files: list[str]) -> str:
-    """What selects these files on the command line: their <prefix>_<commHash>, else the files themselves."""
-    prefixes = {re.sub(r"_\d+\.json$", "", f) for f in files}
-    if len(prefixes) == 1 and all(re.search(r"_\d+_\d+\.json$", f) for f in files):
-        return os.path.relpath(prefixes.pop())
-    return " ".join(os.path.relpath(f) for f in files)
 
 
 def load_traces(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[dict]:
@@ -196,7 +197,9 @@ def counters(records: list[dict]) -> dict[int, dict[str, int]]:
 def failures(records: list[dict]) -> list[dict]:
     """The failures the example plugin wrote (an "ERROR" instant where an op of its rank raised), in time order:
     rank, ts_ns, name (the instant's: the error class and its message's first line), error (the class), message,
-    and the op and seq that raised it (None where not known)."""
+    the op and seq that raised it, and its communicator (its rank's CommHash in the records; None where not known:
+    the instant has none, and a rank's pid is the same in two communicators' files)."""
+    comm = pid_comms(records)
     out = []
     for r in records:
         if r.get("ph") == "i" and r.get("cat") == FAILURE_CAT:
@@ -204,7 +207,7 @@ def failures(records: list[dict]) -> list[dict]:
             out.append({"rank": int(r.get("pid") or 0), "ts_ns": round(float(r["ts"]) * 1000),
                         "name": r.get("name") or a.get("Error", ""),        # report prints it: never None
                         "error": a.get("Error", ""), "message": a.get("Message", ""), "op": a.get("Op"),
-                        "seq": a.get("SeqNum")})
+                        "seq": a.get("SeqNum"), "comm": comm.get(r.get("pid"))})
     return sorted(out, key=lambda f: (f["ts_ns"], f["rank"]))
 
 
@@ -359,13 +362,15 @@ def op_names(records: list[dict]) -> dict[tuple[int, int], str]:
             if r.get("ph") == "b" and r.get("cat") in ("COLL", "P2P")}
 
 
-def coll_spans(records: list[dict]) -> list[tuple[int, str, int, int, int]]:
-    """(rank, function, SeqNum, begin ns, end ns or -1 when it never ended) of every Coll event that moves data
-    (a Count of 0 runs no channel program)."""
+def coll_spans(records: list[dict]) -> list[tuple[int, str, int, int, int, str | None]]:
+    """(rank, function, SeqNum, begin ns, end ns or -1 when it never ended, CommHash) of every Coll event that moves
+    data (a Count of 0 runs no channel program)."""
+    comm = pid_comms(records)
     ends = {(r.get("pid"), r.get("id")): round(float(r["ts"]) * 1000) for r in records
             if r.get("ph") == "e" and r.get("cat") == "COLL" and isinstance(r.get("ts"), (int, float))}
     return [(int(r.get("pid") or 0), str(r.get("name", "")), int((r.get("args") or {}).get("SeqNum", -1)),
-             round(float(r["ts"]) * 1000), ends.get((r.get("pid"), r.get("id")), -1)) for r in records
+             round(float(r["ts"]) * 1000), ends.get((r.get("pid"), r.get("id")), -1), comm.get(r.get("pid")))
+            for r in records
             if r.get("ph") == "b" and r.get("cat") == "COLL" and isinstance(r.get("ts"), (int, float))
             and (r.get("args") or {}).get("Count") != 0]
 
