@@ -170,7 +170,7 @@ def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.n
 def _from_colls(spans: list) -> np.ndarray:
     """KernelCh-like rows (one channel per op) from the Coll events that ended: a Coll begins when its rank calls
     the op, so who called last is the straggler; a Coll with no end is left to `unfinished`, as a missing KernelCh."""
-    rows = [(r, 0, seq, func[:24], t0, t1) for r, func, seq, t0, t1 in spans if seq >= 0 and t1 >= 0]
+    rows = [(r, 0, seq, func[:24], t0, t1) for r, func, seq, t0, t1, *_ in spans if seq >= 0 and t1 >= 0]
     return np.array(rows, KERNEL_CH_TABLE)
 
 

@@ -116,16 +116,17 @@ def unfinished(spans: list[tuple], chs: np.ndarray | None, ranks, top: int = 3, 
     the op a failed run stopped in. From trace.coll_spans; earliest first. None when the trace has no KernelCh.
     lacking (chs made from the Coll events, no KernelCh recorded): also those a rank with Coll events has no begin of
     (where it stopped; a rank with none says nothing of where). failures (trace.failures): each row's `failures`
-    are those its ranks' traces say the op raised (rank, name, error, message)."""
+    are those its ranks' traces say the op raised (rank, name, error, message), matched by (communicator, op, seq):
+    spans' sixth field and the failures' comm, where both are known (two communicators' ops share names and seqs)."""
     if chs is None or not len(chs):
         return []
     have = set(zip(chs["rank"].tolist(), chs["func"].tolist(), chs["seq_number"].tolist()))
-    by: dict[tuple[str, int], dict[int, tuple[int, int]]] = {}
-    for rank, func, seq, t0, t1 in spans:
+    by: dict[tuple[str | None, str, int], dict[int, tuple[int, int]]] = {}
+    for rank, func, seq, t0, t1, *comm in spans:
         if seq >= 0:
-            by.setdefault((func, seq), {})[rank] = (t0, t1)
+            by.setdefault((comm[0] if comm else None, func, seq), {})[rank] = (t0, t1)
     out, seen = [], {r for r, *_ in spans}
-    for (func, seq), sp in sorted(by.items(), key=lambda kv: min(v[0] for v in kv[1].values())):
+    for (comm, func, seq), sp in sorted(by.items(), key=lambda kv: min(v[0] for v in kv[1].values())):
         short = sorted(r for r, (_, t1) in sp.items() if t1 < 0 or (r, func, seq) not in have)
         if not short and not (lacking and (set(ranks) & seen) - sp.keys()):
             continue
@@ -135,7 +136,8 @@ def unfinished(spans: list[tuple], chs: np.ndarray | None, ranks, top: int = 3, 
                     "not_begun": sorted(set(ranks) - sp.keys()), "last_rank": last,
                     "late_us": (t_last - t_first) / 1e3, "began": len(sp),
                     "failures": [{k: f[k] for k in ("rank", "name", "error", "message")} for f in failures
-                                 if (f["op"], f["seq"]) == (func, seq)]})
+                                 if (f["op"], f["seq"]) == (func, seq)
+                                 and (None in (comm, f.get("comm")) or f.get("comm") == comm)]})
         if len(out) == top:
             break
     return out
