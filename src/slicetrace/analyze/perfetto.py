@@ -14,7 +14,7 @@ The protobuf is written by hand (a few field types: analyze/protobuf.py). An op'
 "ERROR" instant) is an instant on its rank's process track, with the same name and args, and the process is named
 "rank N (comm H) failed: <error class>", as in the Chrome trace.
 
-Memory and time: files are read one at a time (runfiles.load_each), each slice kept as a few numbers; the
+Memory and time: files are read one at a time (runfiles.load_runs), each slice kept as a few numbers; the
 annotations of records of one shape (the KernelSteps) as an int64 matrix, encoded in numpy a chunk at a time as
 they are written. Packets are made in time order (one lexsort of every event) and written a chunk at a time.
 """
@@ -36,9 +36,10 @@ from .protobuf import (P_SEQ_ID, P_TIMESTAMP, P_TRACK_EVENT, TE_CATEGORIES, TE_F
                        TE_TYPE, TRACE_PACKET, annotation, annotation_rows, fits_rows, packet_heads, pb_bytes, pb_int,
                        pb_str, tag, wire_fields)
 from .records import FAILURE_CAT
-from .runfiles import load_each
+from .comms import comm_of
+from .runfiles import load_runs
 from .runranks import every_rank
-from .trace import comm_of, counters, failures
+from .trace import counters, failures
 
 __all__ = ["convert", "wire_fields"]
 log = logging.getLogger("slicetrace")
@@ -173,18 +174,17 @@ def _mark_ns(f: _File) -> np.ndarray:
     return m
 
 
-def _flows(files: list[_File], at_ns: list[np.ndarray]) -> tuple[list[np.ndarray], int, int, int]:
+def _flows(files: list[_File], at_ns: list[np.ndarray]) -> tuple[list[np.ndarray], dict[str, int], int, int]:
     """Per file the flow id of each slice (0: none) for both ends of each send whose receive is in the files and
-    ended no earlier than the send was done, how many flows, how many sends got none, and how many receives ended
-    before their send was done (clocks that disagree; Perfetto drops a terminating flow id met before its start,
-    so those are left out). A receive ready a little before its send was done has its instant moved there (at_ns).
-    What a send and its receive share (the key): the communicator, the connection (ring and point-to-point ones
-    count their steps apart, hence the parent kind; a connection sits on one channel at both ends,
-    plan.schedule.p2p_channel) and the FIFO step. Paired in numpy: one lexsort by key, receives before sends, each
-    by time. A key seen n times on both sides (connections told apart by no parent, or a connection's step
+    ended no earlier than the send was done, how many flows of each communicator, how many sends got none, and how
+    many receives ended before their send was done (clocks that disagree; Perfetto drops a terminating flow id met
+    before its start, so those are left out). A receive ready a little before its send was done has its instant
+    moved there (at_ns). What a send and its receive share (the key): the communicator, the connection (ring and
+    point-to-point ones count their steps apart, hence the parent kind; a connection sits on one channel at both
+    ends, plan.schedule.p2p_channel) and the FIFO step. Paired in numpy: one lexsort by key, receives before sends,
+    each by time. A key seen n times on both sides (connections told apart by no parent, or a connection's step
     counter reused) pairs its i-th send with its i-th receive by time: one communicator's ops run one after the
-    other on each rank. A key with more sends than receives (or fewer) pairs nothing: which is which is not
-    known."""
+    other on each rank. A key with more sends than receives (or fewer) pairs nothing: which is which is not known."""
     comms = sorted({f.comm for f in files})
 
     def columns(fi: int, f: _File) -> np.ndarray:
@@ -195,7 +195,7 @@ def _flows(files: list[_File], at_ns: list[np.ndarray]) -> tuple[list[np.ndarray
     # columns: comm, kind, snd, src, dst, ch, step, t0, file, slice, instant, t1
     fids = [np.zeros(len(f.t0), np.uint64) for f in files]
     if not len(cols):
-        return fids, 0, 0, 0
+        return fids, dict.fromkeys(comms, 0), 0, 0
     # by key, receives before sends, each by (begin, file, slice): a group's i-th receive pairs its i-th send
     order = np.lexsort((cols[:, 9], cols[:, 8], cols[:, 7], cols[:, 2], cols[:, 6], cols[:, 5], cols[:, 4],
                         cols[:, 3], cols[:, 1], cols[:, 0]))
@@ -228,7 +228,8 @@ def _flows(files: list[_File], at_ns: list[np.ndarray]) -> tuple[list[np.ndarray
         for fi in range(len(files)):
             at = end[:, 8] == fi
             fids[fi][end[at, 9]] = ids[at]
-    return fids, len(ids), unpaired, int(back.sum())
+    per_comm = np.bincount(snd[:, 0], minlength=len(comms)).tolist()
+    return fids, dict(zip(comms, per_comm)), unpaired, int(back.sum())
 
 
 def _mark_kind(f: _File, fid: np.ndarray) -> np.ndarray:
@@ -337,16 +338,25 @@ def _from_zero(files: list[_File]) -> None:
                 "timestamp is written %d ns later (order and durations kept)", lo, -lo)
 
 
-def convert(paths: Iterable[str], out_path: str, partial: bool = False) -> dict:
+def convert(paths: Iterable[str], out_path: str, partial: bool = False, all_comms: bool = False) -> dict:
     """Write the Perfetto trace of `paths` (per-rank Chrome traces of one run, read and checked as report reads
     them: trace.load_files, and runranks.every_rank) to out_path; returns what it wrote, and in `left_out` the
-    ranks --partial (`partial`: empty files left out too) went on without ('' for none)."""
+    ranks --partial (`partial`: empty files left out too) went on without ('' for none). all_comms (--all-comms):
+    the files may be of several communicators of one job (trace.load_comms), each checked as a run of its own, and
+    the result's `comms` says what each one wrote (comm, name, files, slices, flows), in their order."""
     paths = [os.fspath(p) for p in paths]
-    files, ranks = load_each(paths, "convert", _File, partial) if paths else ([], None)
+    runs = load_runs(paths, "convert", _File, partial, all_comms) if paths else []
+    files = [f for r in runs for f in r.kept]
     if not files:
         raise TraceFormatError("convert: no trace files given")
-    left_out = every_rank(paths[0] if len(paths) == 1 else f"{len(paths)} trace files", ranks,
-                          {f.rank for f in files}, partial)
+    where = paths[0] if len(paths) == 1 else f"{len(paths)} trace files"
+    notes = []                  # each communicator's ranks --partial went on without
+    for r in runs:
+        tag = f"commHash {r.facts.comm}" if len(runs) > 1 else ""
+        lost = every_rank(f"{where} ({tag})" if tag else where, r.ranks, {f.rank for f in r.kept}, partial)
+        if lost:
+            notes.append(f"{tag}: {lost}" if tag else lost)
+    left_out = "; ".join(notes)
     for f in files:             # a merged file: every rank's slices were drawn as its first record's rank's
         if f.others:
             raise TraceFormatError(f"trace file {f.path!r} holds records of {len(f.others) + 1} ranks (pid {f.rank}, "
@@ -382,6 +392,10 @@ def convert(paths: Iterable[str], out_path: str, partial: bool = False) -> dict:
         for d in descriptors:
             out.write(pb_bytes(TRACE_PACKET, d + pb_int(P_SEQ_ID, _SEQ)))
         _write(out, files, evs, heads, pre_bytes, _failure_packets(files))
-    return {"files": len(files), "slices": sum(len(f.t0) for f in files), "flows": nflows,
-            "tracks": len(descriptors) - 1 - 2 * len(files), "unpaired_sends": unpaired, "left_out": left_out,
-            "failures": sum(len(f.failures) for f in files)}
+    got = {"files": len(files), "slices": sum(len(f.t0) for f in files), "flows": sum(nflows.values()),
+           "tracks": len(descriptors) - 1 - 2 * len(files), "unpaired_sends": unpaired, "left_out": left_out,
+           "failures": sum(len(f.failures) for f in files)}
+    if all_comms:               # without it, the dict callers know
+        got["comms"] = [{"comm": r.kept[0].comm, "name": r.facts.name, "files": len(r.kept),
+                         "slices": sum(len(f.t0) for f in r.kept), "flows": nflows[r.kept[0].comm]} for r in runs]
+    return got
