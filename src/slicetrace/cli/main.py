@@ -20,7 +20,7 @@ from .diff_cmd import diff_parser, run_diff
 from .outputs import dump_files, logged_rows, rows_log, trace_note, writable_folder, write_json
 from .sweep import (DTYPE_ALIASES, OPS, all_dtypes, available_memory, bench_dtype, memory_check, parse_size,
                     shm_check, sizes)
-from .trace_cmds import run_convert, run_report
+from .trace_cmds import add_all_comms, run_convert, run_report
 
 
 def _mask(v: str) -> int:
@@ -351,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
                     "standard output)")
     cp.add_argument("--partial", action="store_true",
                     help="convert the ranks present when the run's other ranks' files are not given (or empty)")
+    add_all_comms(rp, "report")
+    add_all_comms(cp, "convert")
     diff_parser(sub)
     a = parser.parse_args(argv)
     if a.cmd is None:               # argparse's own word was "required: cmd": show the commands instead

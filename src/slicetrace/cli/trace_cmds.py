@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 from ..analyze.atomic import STDOUT
 from ..errors import SliceTraceError, UsageError
@@ -12,9 +13,8 @@ from .outputs import names_stdout, output_errors, writable_file, write_json
 
 
 def run_report(a: argparse.Namespace) -> int:
-    from ..analyze.report import _console, build, render
-    from ..analyze.runranks import every_rank
-    from ..analyze.runtables import run_tables
+    from ..analyze.report import _console, render
+    from ..analyze.runtables import comm_tables, run_tables
     from ..analyze.steps_csv import write_steps_csv
     from ..analyze.trace import trace_files
     if a.top < 0:
@@ -31,18 +31,52 @@ def run_report(a: argparse.Namespace) -> int:
     if len(outs) == 2 and (a.json == a.csv or _same_file(a.json, a.csv)):
         raise UsageError(f"--json {a.json!r} and --csv {a.csv!r} are one file: the CSV would replace the JSON; "
                          f"give each its own file")
-    run = run_tables(a.traces, skip_empty=a.partial)      # one file's records at a time
+    where = ' '.join(a.traces)
+    if a.all_comms:
+        runs = comm_tables(a.traces, skip_empty=a.partial)
+    else:
+        runs = [(None, run_tables(a.traces, skip_empty=a.partial))]      # one file's records at a time
+    if len(runs) > 1:
+        return _report_comms(a, runs, where, text)
+    notes = _notes(a, runs[0][1], where)
+    rep, ks = _analysed(a, runs[0][1], where)
+    for line in notes:
+        print(line, file=text)
+    if a.json is not None:      # the files first: a reader that stops early (`| head`) does not lose them
+        write_json("--json", a.json, rep.to_dict())
+    if a.csv is not None:
+        with output_errors("--csv", a.csv):
+            n = write_steps_csv(ks, a.csv)
+    render(rep, _console(text))
+    if a.csv is not None:
+        print(f"# {n} KernelStep rows: {'standard output' if a.csv == STDOUT else a.csv}", file=text)
+    return 0
+
+
+def _notes(a: argparse.Namespace, run: Any, where: str) -> list[str]:
+    """What to say before a communicator's report (its RunTables): ranks --partial left out, ranks without events;
+    TraceFormatError for a rank left out without --partial. where: its files, for the messages."""
+    from ..analyze.runranks import every_rank
+    notes = []
     present = run.present           # below ranks.n: load_files' checks
-    left_out = every_rank(' '.join(a.traces), run.ranks, set(present), a.partial)
+    left_out = every_rank(where, run.ranks, set(present), a.partial)
     if left_out:
-        print(f"# --partial: {left_out}; stragglers, waits and links are among the ranks present only", file=text)
+        notes.append(f"# --partial: {left_out}; stragglers, waits and links are among the ranks present only")
     bare = [r for r in present if r not in run.evented]
     if bare and run.evented:            # present by their header only: the tables would just lack them
-        print(f"# rank(s) {', '.join(map(str, bare))}: the file holds no events (cut short before its first "
-              f"write?); the tables and verdicts have nothing of it", file=text)
+        notes.append(f"# rank(s) {', '.join(map(str, bare))}: the file holds no events (cut short before its "
+                     f"first write?); the tables and verdicts have nothing of it")
+    return notes
+
+
+def _analysed(a: argparse.Namespace, run: Any, where: str) -> tuple[Any, Any]:
+    """A communicator's report (its RunTables) and KernelStep table; SliceTraceError where it has nothing to
+    analyse, saying why."""
+    from ..analyze.report import build
+    present = run.present
     ks, chs = run.steps()
     if not len(ks) and not len(chs) and run.one_rank:
-        raise SliceTraceError(f"{' '.join(a.traces)}: a 1-rank run moves no data between ranks, so it has no slices "
+        raise SliceTraceError(f"{where}: a 1-rank run moves no data between ranks, so it has no slices "
                               f"to analyse; run 2 or more ranks (--ranks 2; on one GPU they share it)")
     counts = run.counters()
     if not len(ks) and not len(chs):
@@ -52,7 +86,7 @@ def run_report(a: argparse.Namespace) -> int:
                     ("ops_masked_kernel_step", "a comm.profiling(True, mask=...) block's mask without KernelStep"))
                 if (n := sum(c[k] for c in counts.values() if type(c.get(k)) is int))]
         if left:                # left unprofiled on purpose, not lost: the trace's mask may be right
-            raise SliceTraceError(f"{' '.join(a.traces)}: no KernelStep or KernelCh events to analyse "
+            raise SliceTraceError(f"{where}: no KernelStep or KernelCh events to analyse "
                                   f"({run.records} events in all): ops were left out on purpose (not lost), "
                                   f"{', '.join(left)}; record with SLICETRACE_PROFILE_MIN_BYTES below the ops' sizes "
                                   f"(default 0), SLICETRACE_PROFILE_OP_SAMPLE_RATE=1 (every op) and KernelStep in "
@@ -63,7 +97,7 @@ def run_report(a: argparse.Namespace) -> int:
         if run.masks and all(m & both == both for m in run.masks):    # the mask was not it: told so, users set it
             masks = ', '.join(map(str, sorted(run.masks)))
             blind = _ops_unrecorded(run.masks)
-            raise SliceTraceError(f"{' '.join(a.traces)}: no KernelStep or KernelCh events to analyse "
+            raise SliceTraceError(f"{where}: no KernelStep or KernelCh events to analyse "
                                   f"({run.records} events in all)" + (
                                       f": the files hold no op (Coll or P2p event), and the trace's event mask had "
                                       f"both but not every op type ({blind}), so those ops leave no record: ops may "
@@ -81,19 +115,19 @@ def run_report(a: argparse.Namespace) -> int:
                                       f"comm.profiling(True, mask=...) with a mask without them (a block's mask is not "
                                       f"in the trace)"))
         if run.masks and all(m & EventType.KERNEL_STEP for m in run.masks):   # KernelStep alone is enough
-            raise SliceTraceError(f"{' '.join(a.traces)}: no KernelStep events to analyse ({run.records} events in "
+            raise SliceTraceError(f"{where}: no KernelStep events to analyse ({run.records} events in "
                                   f"all), though the trace's event mask had KernelStep (EventMask "
                                   f"{', '.join(map(str, sorted(run.masks)))}): no op moved data between ranks with "
                                   f"profiling on (a count of 0 runs no channel program; ops inside "
                                   f"comm.profiling(True, mask=...) without KernelStep leave none), or the ranks were "
                                   f"stopped before their profiler's first write")
         if run.masks and all(m & EventType.KERNEL_CH and not m & EventType.COLL for m in run.masks):
-            raise SliceTraceError(f"{' '.join(a.traces)}: no KernelStep events to analyse ({run.records} events in "
+            raise SliceTraceError(f"{where}: no KernelStep events to analyse ({run.records} events in "
                                   f"all), and KernelCh events count only under their Coll (its SeqNum matches a "
                                   f"channel across ranks), which the trace's event mask left out (EventMask "
                                   f"{', '.join(map(str, sorted(run.masks)))}); record with Coll, KernelCh and "
                                   f"KernelStep in the mask, e.g. SLICETRACE_PROFILE_EVENT_MASK=65606")
-        raise SliceTraceError(f"{' '.join(a.traces)}: no KernelStep or KernelCh events to analyse "
+        raise SliceTraceError(f"{where}: no KernelStep or KernelCh events to analyse "
                               f"({run.records} events in all)" + (
                                   "" if run.masks else ", and no slicetrace_comm record, which slicetrace's example "
                                   "plugin writes first in each file: a trace of another tool? report reads the "
@@ -102,15 +136,51 @@ def run_report(a: argparse.Namespace) -> int:
                               "SLICETRACE_PROFILE_EVENT_MASK=65606")
     rep = build(ks, counts, top=a.top, chs=chs, ranks=present, starts=run.starts(), spans=run.spans(),
                 names=run.names(), failures=run.failures())
-    if a.json is not None:      # the files first: a reader that stops early (`| head`) does not lose them
-        write_json("--json", a.json, rep.to_dict())
+    return rep, ks
+
+
+def _report_comms(a: argparse.Namespace, runs: list, where: str, text: Any) -> int:
+    """`report --all-comms` over several communicators: each one's report, in their order (first op first), under a
+    heading with its hash, name and ranks; --json a dict keyed by commHash (README). One with nothing to analyse (a
+    1-rank communicator) says why in its place; an error when none has anything."""
+    from ..analyze.report import _console, render
+    from ..analyze.steps_csv import write_steps_csv
+    done = []                           # (facts, run, notes, report or None, KernelSteps, why not)
+    for facts, run in runs:
+        at = f"{where} (commHash {facts.comm})"
+        notes = _notes(a, run, at)      # a rank left out is an error, not a communicator without slices
+        try:
+            done.append((facts, run, notes, *_analysed(a, run, at), None))
+        except SliceTraceError as e:
+            done.append((facts, run, notes, None, None, e))
+    if all(d[3] is None for d in done):
+        raise done[0][5]
+    if a.json is not None:      # the files first, as for one communicator
+        write_json("--json", a.json, {f.comm: {"name": f.name, "ranks": run.present, **(
+            {"report": rep.to_dict()} if rep is not None else {"error": str(e)})} for f, run, _, rep, _, e in done})
     if a.csv is not None:
         with output_errors("--csv", a.csv):
-            n = write_steps_csv(ks, a.csv)
-    render(rep, _console(text))
+            ks, comms = _pooled([(f.comm, ks) for f, _, _, _, ks, _ in done if ks is not None])
+            n = write_steps_csv(ks, a.csv, comms)
+    con = _console(text)
+    for f, run, notes, rep, _, e in done:
+        print(f"## commHash {f.comm}" + (f" ({f.name})" if f.name else "") + f": ranks "
+              f"{', '.join(map(str, run.present))}" + (f" of {run.ranks.n}" if run.ranks else ""), file=text)
+        for line in notes + ([f"# nothing to report: {e}"] if rep is None else []):
+            print(line, file=text)
+        if rep is not None:
+            render(rep, con)
     if a.csv is not None:
-        print(f"# {n} KernelStep rows: {'standard output' if a.csv == STDOUT else a.csv}", file=text)
+        print(f"# {n} KernelStep rows of {len(runs)} communicators (column comm): "
+              f"{'standard output' if a.csv == STDOUT else a.csv}", file=text)
     return 0
+
+
+def _pooled(tables: list[tuple[str, Any]]) -> tuple[Any, Any]:
+    """Communicators' KernelStep tables as one, with each row's commHash (the CSV's comm column)."""
+    import numpy as np
+    ks = np.concatenate([t for _, t in tables])
+    return ks, np.concatenate([np.full(len(t), int(c), np.uint64) for c, t in tables])
 
 
 def _ops_unrecorded(masks: set) -> str:
@@ -132,15 +202,29 @@ def run_convert(a: argparse.Namespace) -> int:
     files = trace_files(a.traces)
     _not_an_input([("-o", a.output)], files)
     with output_errors("-o", a.output):      # reading is TraceFormatError: an OSError here is the write
-        got = convert(files, a.output, partial=a.partial)
+        got = convert(files, a.output, partial=a.partial, all_comms=a.all_comms)
     if got["left_out"]:
         print(f"# --partial: {got['left_out']}; the trace shows the ranks present only",
               file=sys.stderr if a.output == STDOUT else sys.stdout)
     failed = f", {got['failures']} failure instant(s) (where an op raised)" if got["failures"] else ""
+    each = got.get("comms", [])        # --all-comms: per communicator, where there are several
+    comms = "".join(f"; commHash {c['comm']}" + (f" ({c['name']})" if c["name"] else "") + f": {c['files']} rank "
+                    f"file(s), {c['slices']} slices, {c['flows']} flows" for c in each) if len(each) > 1 else ""
     print(f"# {'standard output' if a.output == STDOUT else a.output}: {got['files']} rank file(s), {got['slices']} "
-          f"slices on {got['tracks']} tracks, {got['flows']} send -> receive flows{failed} (open in "
-          f"https://ui.perfetto.dev)", file=sys.stderr if a.output == STDOUT else sys.stdout)
+          f"slices on {got['tracks']} tracks, {got['flows']} send -> receive flows{failed}"
+          + (f", {len(got['comms'])} communicators{comms}" if comms else "") + " (open in https://ui.perfetto.dev)",
+          file=sys.stderr if a.output == STDOUT else sys.stdout)
     return 0
+
+
+def add_all_comms(p: argparse.ArgumentParser, command: str) -> None:
+    """report's and convert's --all-comms (registered here: main.py stays short)."""
+    p.add_argument("--all-comms", action="store_true", help=(
+        "the files may be of several communicators of one job (data-, tensor-parallel, ...): " + (
+            "one process per communicator and rank in one trace, flows within each communicator"
+            if command == "convert" else "one report per communicator, in the order of their first op; --json a "
+            "dict keyed by commHash, --csv with a comm column")
+        + "; without it, files of two communicators are refused (two runs in one folder)"))
 
 
 _EXAMPLE = {"--json": "report.json", "--csv": "steps.csv", "-o": "run.pftrace"}     # an output of each flag's kind
