@@ -58,7 +58,7 @@ def test_communicators_come_in_the_order_of_their_first_op_each_with_its_ranks_t
     """Each process was ranked by its rank: two communicators' would interleave (rank 0 of both, then rank 1 of
     both), with one pid for the same rank of both. Communicator 9's first op comes before 5's, though its hash is
     larger; one without ops (--profile KernelStep) is placed by its first slice. (convert itself refuses files of
-    two communicators today, trace.load_files: this is the order its tracks are laid out in.)"""
+    two communicators without --all-comms, trace.load_files: this is the order its tracks are laid out in.)"""
     files = _files(tmp_path, {5: 30.0, 9: 20.0, 7: None}, step_us=25.0)
     place = places(files)
     got = sorted((p, f.comm, f.rank, pid) for p, f, pid in zip(place, files, pids(files, place)))
