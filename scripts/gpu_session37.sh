@@ -19,12 +19,5 @@ SLICETRACE_PROFILE_EVENT_MASK=$((2|4|32|64|65536)) PYTHONPATH=src timeout 120 py
 PYTHONPATH=src timeout 100 python3 scripts/convert_check.py "$OUT/gtr/trace" "$OUT/g.pftrace" > "$OUT/convert.log" 2>&1 || rc=1
 rm -f "$OUT/g.pftrace"
 PYTHONPATH=src timeout 100 python3 -m slicetrace report "$(ls "$OUT"/gtr/trace_*_0.json | sed "s/_0.json$//")" > "$OUT/report.log" 2>&1 || rc=1
-PYTHONPATH=src:. timeout 60 python3 - "$OUT"/ls/st_*.prom > "$OUT/prom.log" 2>&1 <<'PY' || rc=1
-import sys
-from tests.helpers.prom import parse, series
-for f in sys.argv[1:]:
-    fams = parse(open(f).read())
-    b = series(fams, "slicetrace_link_bytes_total", "direction")
-    print(f, "families", len(fams), "bytes by direction", b)
-PY
+PYTHONPATH=src:. timeout 60 python3 scripts/prom_check.py "$OUT"/ls/st_*.prom > "$OUT/prom.log" 2>&1 || rc=1
 exit $rc

@@ -44,12 +44,5 @@ PYTHONPATH=src timeout 120 python3 -m slicetrace bench --backend cuda --ranks 2 
   --json "$OUT/d2.json" > "$OUT/d2.log" 2>&1 || rc=1
 PYTHONPATH=src timeout 60 python3 -m slicetrace diff "$OUT/d1.json" "$OUT/d2.json" > "$OUT/diff.log" 2>&1
 echo "rc=$?" >> "$OUT/diff.log"
-PYTHONPATH=src:. timeout 60 python3 - "$OUT"/ls/st_*.prom > "$OUT/prom.log" 2>&1 <<'PY' || rc=1
-import sys
-from tests.helpers.prom import parse, series
-for f in sys.argv[1:]:
-    fams = parse(open(f).read())
-    b = series(fams, "slicetrace_link_bytes_total", "direction")
-    print(f, "families", len(fams), "bytes by direction", b)
-PY
+PYTHONPATH=src:. timeout 60 python3 scripts/prom_check.py "$OUT"/ls/st_*.prom > "$OUT/prom.log" 2>&1 || rc=1
 exit $rc
