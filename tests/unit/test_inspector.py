@@ -136,7 +136,7 @@ def test_two_communicators_of_a_process_append_to_one_file_and_the_exporter_s_fl
 
 
 def _fills(fail_at):
-    """_File.put that writes half of its `fail_at`-th call's bytes, then fails as a full disk."""
+    """_File.write that writes half of its `fail_at`-th call's bytes, then fails as a full disk."""
     calls = [0]
 
     def put(f, mv):
@@ -150,7 +150,7 @@ def _fills(fail_at):
 
 def test_a_full_disk_leaves_whole_lines_counts_the_rest_and_finalize_raises(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(inspector, "_BATCH", 2)            # a write per two lines
-    monkeypatch.setattr(inspector._File, "put", _fills(2))
+    monkeypatch.setattr(inspector._File, "write", _fills(2))
     p, host, ctx, _ = _run(tmp_path, n_ops=12)
     with pytest.raises(OSError) as e:
         p.finalize(ctx)
@@ -168,13 +168,13 @@ def test_a_full_disk_leaves_whole_lines_counts_the_rest_and_finalize_raises(tmp_
 def test_a_hung_filesystem_drops_and_counts_lines_past_the_bound_and_never_blocks(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(inspector, "_BATCH", 2)            # a write per two lines
     monkeypatch.setattr(inspector, "_QUEUED", 4, raising=False)     # the writer may be two writes behind
-    hung, entered, put = threading.Event(), threading.Event(), inspector._File.put
+    hung, entered, put = threading.Event(), threading.Event(), inspector._File.write
 
     def stuck(f, mv):
         entered.set()
         assert hung.wait(30), "never released"
         return put(f, mv)
-    monkeypatch.setattr(inspector._File, "put", stuck)
+    monkeypatch.setattr(inspector._File, "write", stuck)
     with caplog.at_level(logging.WARNING, logger="slicetrace"):
         p, host, ctx, _ = _run(tmp_path, n_ops=16)         # 8 collectives: 4 writes of 2 lines, the first hangs
     assert entered.wait(30)

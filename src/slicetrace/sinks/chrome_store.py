@@ -91,7 +91,7 @@ class Ctx:
         self.file = open(self.path, "wb", buffering=0)
         data = b"[\n" + text.encode("utf-8")
         try:
-            _write_all(self.file, data)
+            write_all(self.file, data)
         except OSError:
             self.file.close()
             raise
@@ -153,7 +153,7 @@ class Ctx:
             return
         try:            # anything else raised (a MemoryError encoding, a file closed under it): the job counts it
             data = text.encode("utf-8") if isinstance(text, str) else text() if callable(text) else text
-            _write_all(self.file, data)
+            write_all(self.file, data)
         except OSError as e:
             self._broken(e)
             if pool is not None:
@@ -355,7 +355,7 @@ class Ctx:
                 self.flush_steps()      # the pool is full: write, don't drop; no file: reuse the chunk at once
 
 
-def _write_all(f: Any, data: Any) -> None:
+def write_all(f: Any, data: Any) -> None:
     mv = memoryview(data).cast("B")
     while mv:                             # a raw file may take part of it
         mv = mv[f.write(mv):]

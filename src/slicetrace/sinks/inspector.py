@@ -41,6 +41,7 @@ from ..config import Settings, inspector_dir, inspector_dir_named
 from ..errors import ConfigError
 from ..events.abi import DATATYPE_NAMES, FUNC_NAMES, ActivationMask, CollDescr, CommInfo, EventType, lost_counters
 from ..plan.traffic import BUSBW_FACTOR, busbw_factor, message_bytes
+from .chrome_store import write_all
 from .chrome_writer import Writer
 
 log = logging.getLogger("slicetrace")
@@ -93,7 +94,7 @@ class _File:
         self.users = 0
         self.writer = Writer(f"slicetrace-inspector-{os.getpid()}", 1 << 62)
 
-    def put(self, mv: memoryview) -> int:
+    def write(self, mv: memoryview) -> int:
         return os.write(self.fd, mv)
 
     def append(self, data: bytes) -> None:
@@ -101,10 +102,8 @@ class _File:
         ends the writing (OSError, now and for every later call)."""
         if self.error is not None:
             raise self.error
-        mv = memoryview(data)
         try:
-            while mv:
-                mv = mv[self.put(mv):]
+            write_all(self, data)          # os.write may take part of it
         except OSError as e:
             self.error = e
             try:
