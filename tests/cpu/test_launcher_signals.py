@@ -165,7 +165,8 @@ def test_ctrl_c_stops_bench_with_a_message_and_no_traceback_and_the_traces_writt
     assert _left_of_job(ours) == set()                   # removed before the launcher exited: no waiting
     files = sorted(glob.glob(str(tmp_path / "tr" / "trace_*_*.json")))
     assert len(files) == 2
-    assert any(ln.startswith("# traces: ") and "(2 file(s); " in ln for ln in rows), rows   # was left out
+    tails = {f: open(f, "rb").read()[-80:] for f in files}        # what a failure below needs to be understood
+    assert any(ln.startswith("# traces: ") and "(2 file(s); " in ln for ln in rows), (rows, err, tails)  # was left out
     for f in files:
         assert check_trace(f) == [], f
         assert open(f).read().endswith("]\n"), f               # finalized, not cut short

@@ -120,14 +120,46 @@ def test_another_runs_trace_still_being_written_beside_ours_is_not_called_incomp
     other.write_text('[\n{"name":"slicetrace_comm"},\n')
     waits = []
 
+    clock = [0.0]
+
     def grow(seconds):          # trace_note's wait for growth: the other writer appends meanwhile, for certain
         waits.append(seconds)
+        clock[0] += seconds
         with open(other, "a") as f:
             f.write('{"name":"x"},\n')
-    monkeypatch.setattr(outputs, "time", types.SimpleNamespace(sleep=grow))    # outputs' time only
+    # outputs' time only, on a clock that its sleeps advance
+    monkeypatch.setattr(outputs, "time", types.SimpleNamespace(sleep=grow, monotonic=lambda: clock[0]))
     note = trace_note(str(tmp_path), before, "example", None)
     assert waits, "trace_note never waited to see whether the unfinished file grows"
     assert "trace_4242_<rank>.json" in note
+
+
+def test_a_ranks_last_write_landing_late_is_waited_for_not_called_cut_short(tmp_path, monkeypatch):
+    """Under CI's load a bench interrupted with SIGTERM said its trace was 'cut short when the run failed' (one look
+    0.3 s later): a file whose closing write lands within the wait is finished; one that stays open is named."""
+    from slicetrace.cli import outputs
+    p, host, ctx, before = _run(tmp_path, monkeypatch, fail_at=10**9)
+    host.close()
+    whole = open(ctx.path, "rb").read()
+    cut = tmp_path / "trace_4242_7.json"
+    cut.write_bytes(whole[:whole.rindex(b"]")])             # open, as while its rank writes its last records
+    stays_open = tmp_path / "trace_4242_8.json"
+    stays_open.write_bytes(whole[:whole.rindex(b"]")])
+    clock, sleeps = [0.0], []
+
+    def sleep(seconds):
+        sleeps.append(seconds)
+        clock[0] += seconds
+        if len(sleeps) == 5:                                 # 0.25 s in: the late write lands
+            with open(cut, "ab") as f:
+                f.write(b"]\n")
+    monkeypatch.setattr(outputs, "time", types.SimpleNamespace(sleep=sleep, monotonic=lambda: clock[0]))
+    note = trace_note(str(tmp_path), before, "example", None, failed=True)
+    assert "(3 file(s), cut short when the run failed: " in note, note
+    assert str(stays_open) in note and str(cut) not in note
+    assert 0.5 <= clock[0] < 1.0                            # waited for the open one to stay unchanged, no longer
+    with pytest.raises(SliceTraceError, match=r"1 of the 3 trace file\(s\) this run wrote are incomplete"):
+        trace_note(str(tmp_path), before, "example", None)
 
 
 def test_a_slow_file_does_not_hold_the_callback_that_filled_a_buffer(tmp_path, monkeypatch, caplog):

@@ -152,6 +152,31 @@ def _complete(path: str) -> bool:
         return False
 
 
+def _settled_broken(broken: list[str], seen: dict[str, tuple[int, int]], quiet_s: float = 0.5,
+                    limit_s: float = 3.0) -> list[str]:
+    """The files of `broken` that stay unfinished and unchanged for quiet_s. One finished meanwhile was a rank's
+    last write landing late (a loaded host); one still changing at limit_s is another run's, being written."""
+    seen = {f: seen[f] for f in broken}
+    changed = dict.fromkeys(broken, time.monotonic())       # file -> when it last changed (or was first seen)
+    end = changed and time.monotonic() + limit_s
+    while changed and any(time.monotonic() - t < quiet_s for t in changed.values()):
+        if time.monotonic() >= end:
+            return [f for f, t in changed.items() if time.monotonic() - t >= quiet_s]
+        time.sleep(0.05)
+        for f in list(changed):
+            try:
+                st = os.stat(f)
+            except OSError:
+                continue
+            if (st.st_mtime_ns, st.st_size) != seen[f]:
+                seen[f] = (st.st_mtime_ns, st.st_size)
+                if _complete(f):
+                    del changed[f]
+                else:
+                    changed[f] = time.monotonic()
+    return list(changed)
+
+
 def trace_note(folder: str, before: dict[str, tuple[int, int]], plugins: str | None, mask: int | None,
                stem: str = "trace", what: str | None = None, failed: bool = False) -> str:
     """The line naming the trace files this run wrote (those new or changed since `before`); none is an error,
@@ -165,11 +190,7 @@ def trace_note(folder: str, before: dict[str, tuple[int, int]], plugins: str | N
         raise SliceTraceError(f"{what}: the run wrote no trace file there; was profiling off? "
                               f"(profiler plugins {plugins!r}, event mask {mask}: SLICETRACE_PROFILER_PLUGIN, "
                               f"SLICETRACE_PROFILE_EVENT_MASK)")
-    broken = [f for f in written if not _complete(f)]
-    if broken:                      # our ranks have closed: a file still growing is another run's, being written
-        time.sleep(0.3)
-        again = dump_files(folder, stem)
-        broken = [f for f in broken if again.get(f) == now[f]]
+    broken = _settled_broken([f for f in written if not _complete(f)], now)
     if broken and not failed:
         raise SliceTraceError(f"{what}: {len(broken)} of the {len(written)} trace file(s) this run "
                               f"wrote are incomplete (no closing ']'): {', '.join(broken)}; their profiler plugin "
