@@ -284,6 +284,42 @@ def test_a_hung_disk_costs_one_wait_and_what_it_never_wrote_is_counted_lost(tmp_
         assert c[f"plugin_written_{pool}"] + c[f"plugin_lost_{pool}"] == delivered[f"delivered_{pool.lower()}"], pool
 
 
+def test_a_stuck_writer_queues_a_few_pools_of_kernel_steps_then_drops_and_counts_them(tmp_path, monkeypatch, caplog):
+    """A hung disk made the queue of KernelSteps for the writer grow with every op for as long as the run went on
+    (memory without bound: a long job's rank would be killed for it). Now it holds _STUCK_POOLS pools; later ones
+    are dropped while the writer is stuck, said once and counted lost, and every record is still written or lost."""
+    import threading
+    monkeypatch.setattr(chrome_store, "_ROOM_S", 0.2)
+    monkeypatch.setattr(chrome_store, "_CLOSE_S", 1.0)
+    gate = threading.Event()
+    p, host, src = _stalled_run(tmp_path, monkeypatch, gate, at=3)
+    ctx = host.plugins[0].ctx
+    queued, delivered_steps = [], 0
+    with caplog.at_level(logging.WARNING, logger="slicetrace"):
+        for op in src.ops(60):
+            op.info.mask = host.op_mask()
+            host.begin_op(op.info)
+            deliver(host, op, batch=5)
+            queued.append(ctx.pending("KERNEL_STEP"))
+            delivered_steps = host.counters()["delivered_kernel_step"]
+        lost_in_run = ctx.lost["KERNEL_STEP"]
+        host.close()
+    gate.set()
+    for th in [th for th in threading.enumerate() if th.name.startswith("slicetrace-trace")]:
+        th.join(10)
+        assert not th.is_alive()
+    pool = POOLS["KERNEL_STEP"]
+    assert delivered_steps > 8 * pool                       # enough to pass the bound twice over
+    assert max(queued) <= chrome_store._STUCK_POOLS * pool, queued
+    assert lost_in_run > 0 and ctx.dropped_stuck == lost_in_run
+    assert caplog.text.count("later ones are dropped while it is") == 1
+    c = p.counters(ctx)
+    delivered = host.counters()
+    for pool_name in ("KERNEL_STEP", "KERNEL_CH", "COLL", "P2P"):      # every record once, written or lost
+        assert (c[f"plugin_written_{pool_name}"] + c[f"plugin_lost_{pool_name}"]
+                == delivered[f"delivered_{pool_name.lower()}"]), pool_name
+
+
 def test_a_formatting_failure_counts_what_it_did_not_write_and_ends_the_file(tmp_path, monkeypatch):
     """A job that raised other than through the file (MemoryError formatting a block) lost its rows uncounted and
     later jobs appended after the gap."""

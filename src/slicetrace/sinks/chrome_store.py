@@ -11,12 +11,12 @@ from __future__ import annotations
 import logging
 import os
 from collections import deque
-from itertools import chain
 from typing import Any
 
 import numpy as np
 
 from ..events.abi import KERNEL_CH_DTYPE, KERNEL_STEP_DTYPE, ActivationMask, CollDescr, CommInfo, EventType
+from .chrome_cols import _byte_rows, _Chunk, _concat, _per_row, write_all
 from .chrome_text import CH_LINES, ID_SPAN, STEP_LINE, RowFormat, distinct, id_base, thread_meta, trace_pid
 from .chrome_writer import Writer
 
@@ -31,6 +31,7 @@ _BIG_BATCH = 512                # rows per pending batch from which a fold copie
 _FORMAT_ROWS = 16384
 _FORMATS: dict[str, RowFormat] = {}
 _ROOM_S = 60.0                  # the most a full KernelStep buffer waits for the writer to be a pool behind
+_STUCK_POOLS = 4                # a stuck writer's queue holds this many pools of KernelSteps (memory), no more
 _CLOSE_S = 300.0                # finalize's wait for what is queued to be written
 
 
@@ -61,6 +62,7 @@ class Ctx:
         self.dropped = dict.fromkeys(POOL_OF.values(), 0)
         self.written = dict.fromkeys(POOL_OF.values(), 0)
         self.lost = dict.fromkeys(POOL_OF.values(), 0)     # completed, but not written: the file broke
+        self.dropped_stuck = 0                  # KernelSteps of them dropped while the writer was stuck (memory)
         self.lines: dict[str, list[str]] = {p: [] for p in POOL_OF.values()}
         self.chunk_rows = min(_CHUNK, self.sizes["KERNEL_STEP"])
         self.full: list[_Chunk] = []            # filled chunks not yet written
@@ -203,9 +205,21 @@ class Ctx:
             return
         rows = sum(c.fill for c in chunks)
         was = w.stuck
-        if not w.room(rows, _ROOM_S) and not was:      # a stuck disk: queue it anyway (memory), said once
-            log.warning("slicetrace example plugin: the writer of %s is more than a pool of KernelSteps behind "
-                        "after %g s", self.path, _ROOM_S)
+        if not w.room(rows, _ROOM_S):       # a stuck disk: queued anyway up to _STUCK_POOLS pools, then dropped
+            if w.pending("KERNEL_STEP") + rows > _STUCK_POOLS * self.sizes["KERNEL_STEP"]:
+                if not self.dropped_stuck:
+                    log.error("slicetrace example plugin: the writer of %s is stuck %d pools of KernelSteps behind: "
+                              "later ones are dropped while it is (counted plugin_lost_KERNEL_STEP)", self.path,
+                              _STUCK_POOLS)
+                self.lost["KERNEL_STEP"] += rows
+                self.dropped_stuck += rows
+                for c in chunks:
+                    c.fill = 0
+                self.free.extend(chunks)
+                return
+            if not was:
+                log.warning("slicetrace example plugin: the writer of %s is more than a pool of KernelSteps behind "
+                            "after %g s", self.path, _ROOM_S)
         self._queue(lambda: self._write_chunks(chunks), "KERNEL_STEP", rows)
 
     def _write_chunks(self, chunks: list) -> None:
@@ -353,43 +367,6 @@ class Ctx:
             c.fill, pos, self.stored = b, pos + take, self.stored + take
             if self.stored >= cap or (b == len(c.steps) and self.path is None):
                 self.flush_steps()      # the pool is full: write, don't drop; no file: reuse the chunk at once
-
-
-def write_all(f: Any, data: Any) -> None:
-    mv = memoryview(data).cast("B")
-    while mv:                             # a raw file may take part of it
-        mv = mv[f.write(mv):]
-
-
-def _per_row(ids: list, lens: list) -> tuple[np.ndarray, np.ndarray]:
-    """(pid, seq) per run and run lengths -> pid and seq per row (flat ints: np.array over the tuples ~2x slower)."""
-    a = np.repeat(np.fromiter(chain.from_iterable(ids), np.int64, 2 * len(ids)).reshape(-1, 2), lens, axis=0)
-    return a[:, 0], a[:, 1]
-
-
-def _concat(batches: list[np.ndarray], dtype: np.dtype) -> tuple[np.ndarray, list[int]]:
-    """Record batches joined as bytes (concatenating structured arrays promotes their dtypes pairwise, slowly,
-    in Python), and each batch's length."""
-    recs = np.concatenate([_byte_rows(b) for b in batches]).view(dtype)
-    return recs, [len(b) for b in batches]
-
-
-def _byte_rows(recs: np.ndarray) -> np.ndarray:
-    """A 1-D record array, strided (a drain poll's KernelSteps) or not, viewed as plain itemsize-byte items:
-    copies of it move each row's bytes in one loop, where numpy copies structured items field by field (4x
-    slower) and an (n, itemsize) byte view row by row, a call each."""
-    return recs.view(np.dtype((np.void, recs.dtype.itemsize)))
-
-
-class _Chunk:
-    __slots__ = ("steps", "rows", "pid", "seq", "fill")
-
-    def __init__(self, rows: int):
-        self.steps = np.empty(rows, KERNEL_STEP_DTYPE)
-        self.rows = _byte_rows(self.steps)
-        self.pid = np.empty(rows, np.int64)
-        self.seq = np.empty(rows, np.int64)
-        self.fill = 0
 
 
 _Passthrough = type("_PassthroughDescr", (), {"type": 0})()
