@@ -8,9 +8,9 @@ import time
 from typing import Any, Iterator
 
 from .api_checks import (GROUPED, a2a_counts, as_index, check_overlap, comm_named, group_opened, int_index,
-                         no_stream_on_cpu, outside_groups, profile_mask, ptr, redop_name, seconds_or_none, tag_value,
-                         told, writable)
+                         no_stream_on_cpu, outside_groups, ptr, redop_name, tag_value, told, writable)
 from .api_p2p import a2a_mismatch, run_group
+from .api_profiling import ProfilingControls
 from .backend.base import REDOPS, Work
 from .config import Settings
 from .errors import MismatchError, PeerError, SliceTraceError, UsageError, plural
@@ -24,8 +24,9 @@ from .session import Session
 log = logging.getLogger("slicetrace")
 
 
-class Communicator:
-    """NCCL-like collectives over `world_size` ranks. Buffers: host arrays (cpu) or CUDA arrays (cuda), see README."""
+class Communicator(ProfilingControls):
+    """NCCL-like collectives over `world_size` ranks. Buffers: host arrays (cpu) or CUDA arrays (cuda), see README.
+    Profiling controls (profiling, flush_profiler, drop_counters, ...): api_profiling.ProfilingControls."""
 
     def __init__(self, settings: Settings, rank: int, world_size: int, store: Store, job: str, name: str = ""):
         # public: made directly, a dict of settings or a float rank failed deep inside (or ran with rank 0.0)
@@ -305,54 +306,6 @@ class Communicator:
         if self._group is not None:             # it would run before the group's ops it promises to include
             raise UsageError(f"barrier inside comm.group(): {GROUPED}")
         self._guarded("barrier", self._session.barrier)
-
-    # ---- profiling controls ----
-    @contextlib.contextmanager
-    def profiling(self, enabled: bool, mask: int | str | None = None) -> Iterator[None]:
-        """Turn event collection off (or back on) for the ops inside the block (as exampleProfilerStart/Stop).
-        mask: event types (EventType bits below 2**32, or names as 'Coll|KernelCh') the block's ops may carry at
-        most, e.g. everything but KernelStep to measure what KernelStep alone costs (a type kept keeps its parents,
-        as NCCL's rule has it: 'KernelStep' keeps Coll/P2p and the API events); the plugins' own masks still apply.
-        ProxyCtrl, the drain's events, belong to no op: the plugins' live masks alone govern them (README)."""
-        if not isinstance(enabled, bool):       # "no" would be truthy
-            raise UsageError(f"enabled={enabled!r} must be True or False")
-        self._check_open()
-        mask = profile_mask(mask)
-        s, me = self._session, threading.get_ident()
-        if s.profiling_owner not in (None, me):     # one switch per communicator: the other thread's would win
-            raise UsageError("comm.profiling(): another thread has a profiling block of this communicator open")
-        prev = s.paused, s.mask_limit, s.profiling_owner
-        s.paused, s.profiling_owner = not enabled, me
-        if mask is not None:
-            s.mask_limit = mask & s.mask_limit              # nested: within the outer block's limit
-        try:
-            yield
-        finally:
-            s.paused, s.mask_limit, s.profiling_owner = prev
-
-    @property
-    def profiler_enabled(self) -> bool:
-        """Whether a plugin records: not when each failed in its init (unloaded, as NCCL does; plugin_init_failed)."""
-        return self._session.host is not None
-
-    @property
-    def profiler_plugins(self) -> list[str]:
-        """The names (`name`, else as listed) of the plugins past their init, not disabled (plugin_max_failures)."""
-        host = self._session.host
-        return [] if host is None else [lp.name for lp in host.plugins if lp.name not in host.disabled()]
-
-    def drop_counters(self) -> dict[str, int]:
-        """Records lost or left out, by reason, and delivered, by type: the per-plugin counts (delivered_*,
-        unrecorded_* for parents skipped through a plugin's unrecorded_handle, declined, pool_full, ...) summed over
-        the plugins (each plugin's own output carries its own)."""
-        return self._session.counters()
-
-    def flush_profiler(self, timeout_s: float | None = None) -> None:
-        """Wait until every stamp of every finished op reached the plugins (within timeout_s, default the
-        communicator's: else SliceTraceError)."""
-        seconds_or_none(timeout_s, "timeout_s", "the communicator's timeout_s")
-        self._check_open()                      # a poll after close would read rings the backend freed
-        self._session.flush(timeout_s)
 
     def synchronize(self) -> None:
         """cuda: wait for this communicator's last op (cpu ops are already complete)."""

@@ -52,7 +52,9 @@ ALLOWED: dict[str, set[str]] = {
                                   "events.host"},
     "api_checks": BASE | {"backend.base", "events.abi"},
     "api_p2p": BASE | {"plan", "backend.base", "events.abi", "events.host", "api_checks"},
-    "api": LOW | CONTRACTS | {"plan", "backend.base", "events.host", "session", "api_checks", "api_p2p"},
+    "api_profiling": BASE | {"api_checks"},
+    "api": LOW | CONTRACTS | {"plan", "backend.base", "events.host", "session", "api_checks", "api_p2p",
+                              "api_profiling"},
     "launch_signals": {"backend.signals"},      # SIGTERM's exit handler
     "launch_checks": LOW | {"api_checks", "backend.cpu", "events.loading"},   # /dev/shm, plugins: before spawning
     "launch_report": {"launch_signals"},         # how ranks ended, and asking stuck ones to close
