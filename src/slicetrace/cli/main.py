@@ -15,6 +15,7 @@ from ..errors import BackendError, SliceTraceError, UsageError
 from ..events.abi import parse_mask
 from ..events.loading import load_plugins
 from ..launch_signals import _terminate_as_exit
+from .bench_json import completeness, json_value, provenance
 from .benchflags import backend_source, bench_settings, check_flags, has_example, timeout_hint
 from .diff_cmd import diff_parser, run_diff
 from .outputs import dump_files, logged_rows, rows_log, trace_note, writable_folder, write_json
@@ -34,47 +35,6 @@ def _mask(v: str) -> int:
     if not 0 <= m < 1 << 32:
         raise argparse.ArgumentTypeError(f"{v!r} must be in 0..0xFFFFFFFF")
     return m
-
-
-def _provenance(backend: str, nranks: int, compare: str | None) -> dict:
-    """Where and with what a sweep ran, for --json: results without their hardware are not comparable."""
-    import datetime
-    import platform
-
-    import numpy as np
-    from .. import __version__
-    env = {"finished_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "host": platform.node(), "python": platform.python_version(), "numpy": np.__version__,
-           "slicetrace": __version__, "backend": backend, "ranks": nranks, "cpus": len(os.sched_getaffinity(0)),
-           "cpu_model": next((ln.split(":", 1)[1].strip() for ln in _read("/proc/cpuinfo").splitlines()
-                              if ln.startswith("model name")), platform.processor())}
-    if backend == "cuda":
-        try:
-            import cupy
-            rt = cupy.cuda.runtime
-            names = [rt.getDeviceProperties(i)["name"] for i in range(rt.getDeviceCount())]
-            env["gpus"] = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
-            env["cupy"] = cupy.__version__
-        except Exception as e:          # the run itself worked; say why this part is missing
-            env["gpus"] = f"unknown ({type(e).__name__})"
-    if compare:
-        try:
-            import torch
-            env["torch"] = torch.__version__
-            if compare == "nccl":
-                v = torch.cuda.nccl.version()
-                env["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
-        except Exception as e:
-            env["torch"] = f"unknown ({type(e).__name__})"
-    return env
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError:
-        return ""
 
 
 def _brief(e: SliceTraceError) -> str:
@@ -254,15 +214,15 @@ def run_bench(a: argparse.Namespace) -> int:
         # what profiling ran: a bare --profile (-1) and no --profile both read null before; the mask is the example
         # plugin's (its default when SLICETRACE_PROFILE_EVENT_MASK is unset); another plugin sets its own at init
         mask = event_mask(s) if has_example(",".join(active)) else None
-        write_json("--json", a.json, {"settings": {f.name: _json_value(getattr(s, f.name)) for f in fields(s)},
+        write_json("--json", a.json, {"settings": {f.name: json_value(getattr(s, f.name)) for f in fields(s)},
                                        "ranks": nranks, "bench": {k: mask if k == "profile" and v == -1 else v
                                                                   for k, v in vars(a).items()
                                                                   if k not in ("cmd", "func")},   # -a, -n, -w, ...
                                        "profiling": {"plugins": active, "event_mask": mask,
                                                      "unloaded_plugins": [p for p in plugins if p not in active],
                                                      "main_profiled": bool(active) and not opts["main_unprofiled"]},
-                                       "env": _provenance(s.backend, nranks, a.compare), "rows": rows,
-                                       "summary": summary, **_completeness(failed)})
+                                       "env": provenance(s.backend, nranks, a.compare), "rows": rows,
+                                       "summary": summary, **completeness(failed)})
     if dump is not None:
         try:
             say(trace_note(folder, traces_before, s.profiler_plugin, s.profile_event_mask, stem, what,
@@ -292,28 +252,6 @@ def _unwritten_files(s, plugins: list[str]) -> list[str]:
             notes.append(f"# {var}={value!r} is set, but this run loads {loaded}, not the {plugin} plugin that "
                          f"writes its files, so none are written: {fix}")
     return notes
-
-
-def _completeness(failed: BaseException | None) -> dict:
-    """--json's mark: complete, or the rows measured before the run failed or was stopped, and why."""
-    if failed is None:
-        return {"complete": True}
-    if isinstance(failed, SliceTraceError):
-        why = f"failed: {str(failed).splitlines()[0]}"
-    elif isinstance(failed, KeyboardInterrupt):
-        why = "interrupted (Ctrl-C)"
-    else:
-        why = "terminated (SIGTERM)" if failed.code == 128 + signal.SIGTERM else f"exited ({failed.code})"
-    return {"complete": False, "incomplete": why}
-
-
-def _json_value(v):
-    """A setting as JSON keeps it (numbers, strings, null, a dict of them); anything else as its text."""
-    if v is None or isinstance(v, (bool, int, float, str)):
-        return v
-    if isinstance(v, dict):
-        return {str(k): _json_value(x) for k, x in v.items()}
-    return str(v)
 
 
 def run_config(a: argparse.Namespace) -> int:
