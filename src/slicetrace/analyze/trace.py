@@ -5,16 +5,13 @@ every async "b" has one "e" with the same pid + cat + id (and name), not earlier
 example plugin are present; every KernelStep lies inside its Coll/P2p (by ParentId, else any op of the same
 rank, when the trace's mask recorded ops) and inside a KernelCh of the same op and channel. `kernel_steps` turns
 KernelStep records into a structured array for causality and traffic checks. `load_files` / `load_run` read one
-run's files for report and convert alike, refusing what the analyses cannot use (analyze/records.py says what a
-record may hold).
+run's files (as analyze/trace_paths.py's trace_files finds them) for report and convert alike, refusing what the
+analyses cannot use (analyze/records.py says what a record may hold).
 """
 from __future__ import annotations
 
-import glob
 import logging
 import os
-import re
-import stat
 from typing import Any, Iterable
 
 import numpy as np
@@ -23,6 +20,7 @@ from ..errors import TraceFormatError
 from .comms import ALL_COMMS, POOLED, comm_of, pid_comms, file_facts, in_order, merged, picks, warn_apart
 from .records import FAILURE_CAT, REQUIRED_ARGS, STEP_ARGS, rank_problem, read_records as _read, record_problem
 from .runranks import run_ranks
+from .trace_paths import trace_files
 
 KERNEL_STEP_TABLE = np.dtype([
     ("rank", "<i4"), ("channel", "<i4"), ("is_send", "u1"), ("peer", "<i4"), ("step", "<i8"), ("size", "<i8"),
@@ -34,9 +32,6 @@ KERNEL_CH_TABLE = np.dtype([
 ])
 log = logging.getLogger("slicetrace")
 _EPS_US = 1e-3      # ts are written with 3 decimals (exact ns); allow one ns of float noise
-_DIR_NAME = re.compile(r".*_\d+_\d+\.json")       # a folder's dump files: <prefix>_<commHash>_<rank>.json
-_RUN_NAME = re.compile(r"\d+_\d+\.json")         # after <prefix>_
-_RANK_NAME = re.compile(r"\d+\.json")             # after <prefix>_<commHash>_
 
 
 def _refuse(path: str, i: int, r: dict, problem: str) -> TraceFormatError:
@@ -49,53 +44,6 @@ def load_trace(path: str | os.PathLike, validate: bool = True) -> list[dict]:
     if it fails the checks of load_files (which also read the rank count of its run's files on disk)."""
     p = os.fspath(path)
     return _checked([p])[0][0][1] if validate else _read(p)
-
-
-def trace_files(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str]:
-    """A file, a folder (the dump files in it: `bench --trace DIR`), a dump prefix (`<prefix>_<commHash>_<rank>.json`
-    files) or a glob pattern, or a list of these -> the files. Names are taken literally first (a folder may be
-    called x[1]); only the sinks' file names count in a folder or under a prefix (not a report's JSON beside them)."""
-    if not isinstance(paths, (str, os.PathLike)):
-        return [f for p in paths for f in trace_files(p)]
-    p = os.fspath(paths)
-    if os.path.isfile(p):                          # a file first: its name may hold '[' or '*'
-        files = [p]
-    elif os.path.isdir(p):
-        files = _named(os.path.join(p, ""), _DIR_NAME)
-    else:                                          # a dump prefix, or one run's: <prefix>_<commHash>
-        files = _named(p + "_", _RUN_NAME) or _named(p + "_", _RANK_NAME)
-        if not files and p.endswith("_"):          # a shell's completion stops at the shared '_': trace_<commHash>_
-            files = _named(p, _RUN_NAME) or _named(p, _RANK_NAME)
-        if not files and any(c in p for c in "*?["):
-            files = sorted(glob.glob(p))
-    if not files:
-        takes = "a file, a folder of <prefix>_<commHash>_<rank>.json files, a glob, or a dump prefix"
-        what = _not_a_trace(p)
-        raise TraceFormatError(f"{p!r} is {what}; give {takes}" if what else
-                               f"no trace files match {p!r} ({takes})")
-    return files
-
-
-def _not_a_trace(p: str) -> str | None:
-    """What a path that is there is, when it is neither a file nor a folder (report /dev/null said "no trace files
-    match", as for a path that is not there); None when nothing is there, or a folder (its files did not match)."""
-    try:
-        mode = os.stat(p).st_mode
-    except FileNotFoundError:
-        return f"a symbolic link to {os.readlink(p)!r}, which is not there" if os.path.islink(p) else None
-    except OSError:
-        return None
-    if stat.S_ISDIR(mode):
-        return None
-    kinds = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-             (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"))
-    return next((name for test, name in kinds if test(mode)), "something") + ", not a trace file or a folder"
-
-
-def _named(head: str, tail: re.Pattern) -> list[str]:
-    """The files `head` + a name matching `tail` (head taken literally, not as a glob)."""
-    n = len(head)
-    return sorted(f for f in glob.glob(glob.escape(head) + "*.json") if tail.fullmatch(f[n:]))
 
 
 def load_files(paths: str | os.PathLike | Iterable[str | os.PathLike],
