@@ -6,10 +6,10 @@ per rank (and communicator) a process, in it one track per channel, direction an
 one per channel for KernelCh and one for the operations; slices that would overlap on a track get a lane of their
 own; processes come by communicator (in the order of its first op) and rank, a rank's tracks in channel order
 (analyze/perfetto_tracks.py). Each KernelStep send gets a flow to the receive that took its data on the peer (same
-communicator, channel and FIFO step), so Perfetto draws who waited on whom: from an instant "send done" inside the
-send's slice at its end to an instant "recv ready" inside the receive's slice when its data was there. Not from
-slice to slice: Perfetto (since PR #2777) points a flow away from whichever of its slices began first, and a
-receive often begins (waits) before its send.
+communicator, channel and FIFO step: analyze/perfetto_flows.py), so Perfetto draws who waited on whom: from an
+instant "send done" inside the send's slice at its end to an instant "recv ready" inside the receive's slice when
+its data was there. Not from slice to slice: Perfetto (since PR #2777) points a flow away from whichever of its
+slices began first, and a receive often begins (waits) before its send.
 The protobuf is written by hand (a few field types: analyze/protobuf.py). An op's failure (the example plugin's
 "ERROR" instant) is an instant on its rank's process track, with the same name and args, and the process is named
 "rank N (comm H) failed: <error class>", as in the Chrome trace.
@@ -31,7 +31,8 @@ import numpy as np
 from ..errors import TraceFormatError
 from ..events.abi import lost_counters
 from .atomic import atomic_open
-from .perfetto_tracks import INSTANT, layout, pids, places, process_uuid, root_descriptor, uuid64
+from .perfetto_flows import KINDS, mark_kind, mark_ns, pair_flows
+from .perfetto_tracks import INSTANT, layout, pids, places, process_uuid, root_descriptor
 from .protobuf import (P_SEQ_ID, P_TIMESTAMP, P_TRACK_EVENT, TE_CATEGORIES, TE_FLOW, TE_FLOW_END, TE_NAME, TE_TRACK,
                        TE_TYPE, TRACE_PACKET, annotation, annotation_rows, fits_rows, packet_heads, pb_bytes, pb_int,
                        pb_str, tag, wire_fields)
@@ -46,7 +47,6 @@ log = logging.getLogger("slicetrace")
 
 SLICE_BEGIN, SLICE_END = 1, 2
 _SEQ = 1                        # one writer sequence: every packet carries it
-_KINDS = (None, "COLL", "P2P")  # a KernelStep's parent kind (_kind), as a code
 _FLOW, _FLOW_END = tag(TE_FLOW, 1), tag(TE_FLOW_END, 1)
 _CHUNK = 8192                   # events encoded per numpy call
 _INT = {int}
@@ -101,7 +101,7 @@ class _File:
                 a = r.get("args") or {}
                 if nm == "KernelStep" and "Step" in a and "Peer" in a:
                     snd = a.get("IsSend")
-                    keys += (len(t0), _KINDS.index(_kind(parent_cat, a)), 1 if snd else 0,
+                    keys += (len(t0), KINDS.index(_kind(parent_cat, a)), 1 if snd else 0,
                              *((rank, a["Peer"]) if snd else (a["Peer"], rank)), a.get("Channel", 0), a["Step"],
                              a["StartGpuClk"] - a["WaitGpuClk"] if "StartGpuClk" in a and "WaitGpuClk" in a
                              else _I64)         # no clocks: ready when it was done
@@ -162,81 +162,6 @@ def _kind(parent_cat: dict, a: dict) -> str | None:
     if kind is None and type(pid) is int and pid >= 0 and type(a.get("SeqNum")) is int:
         kind = "COLL" if a["SeqNum"] >= 0 else "P2P"
     return kind
-
-
-def _mark_ns(f: _File) -> np.ndarray:
-    """Each slice's flow instant (ns): a send's done (its end), a receive's ready (its wait + the clocks' ready -
-    wait, kept within the slice)."""
-    m = f.t1.copy()
-    rcv = f.keys[f.keys[:, 2] == 0]
-    si = rcv[:, 0]
-    m[si] = f.t0[si] + np.clip(rcv[:, 7], 0, f.t1[si] - f.t0[si])
-    return m
-
-
-def _flows(files: list[_File], at_ns: list[np.ndarray]) -> tuple[list[np.ndarray], dict[str, int], int, int]:
-    """Per file the flow id of each slice (0: none) for both ends of each send whose receive is in the files and
-    ended no earlier than the send was done, how many flows of each communicator, how many sends got none, and how
-    many receives ended before their send was done (clocks that disagree; Perfetto drops a terminating flow id met
-    before its start, so those are left out). A receive ready a little before its send was done has its instant
-    moved there (at_ns). What a send and its receive share (the key): the communicator, the connection (ring and
-    point-to-point ones count their steps apart, hence the parent kind; a connection sits on one channel at both
-    ends, plan.schedule.p2p_channel) and the FIFO step. Paired in numpy: one lexsort by key, receives before sends,
-    each by time. A key seen n times on both sides (connections told apart by no parent, or a connection's step
-    counter reused) pairs its i-th send with its i-th receive by time: one communicator's ops run one after the
-    other on each rank. A key with more sends than receives (or fewer) pairs nothing: which is which is not known."""
-    comms = sorted({f.comm for f in files})
-
-    def columns(fi: int, f: _File) -> np.ndarray:
-        si = f.keys[:, 0]
-        return np.column_stack([np.full(len(si), comms.index(f.comm)), f.keys[:, 1:7], f.t0[si], np.full(len(si), fi),
-                                si, at_ns[fi][si], f.t1[si]])
-    cols = np.concatenate([columns(fi, f) for fi, f in enumerate(files)])
-    # columns: comm, kind, snd, src, dst, ch, step, t0, file, slice, instant, t1
-    fids = [np.zeros(len(f.t0), np.uint64) for f in files]
-    if not len(cols):
-        return fids, dict.fromkeys(comms, 0), 0, 0
-    # by key, receives before sends, each by (begin, file, slice): a group's i-th receive pairs its i-th send
-    order = np.lexsort((cols[:, 9], cols[:, 8], cols[:, 7], cols[:, 2], cols[:, 6], cols[:, 5], cols[:, 4],
-                        cols[:, 3], cols[:, 1], cols[:, 0]))
-    c = cols[order]
-    del cols, order
-    new = np.zeros(len(c) - 1, bool)
-    for j in (0, 1, 3, 4, 5, 6):            # the key's columns
-        new |= c[1:, j] != c[:-1, j]
-    start = np.flatnonzero(np.r_[True, new])
-    size = np.diff(np.r_[start, len(c)])
-    sends = np.add.reduceat(c[:, 2], start)
-    ok = sends * 2 == size
-    unpaired = int(sends[~ok].sum())
-    n = sends[ok]
-    nth = np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)           # a pair's index in its group
-    rcv, snd = c[np.repeat(start[ok], n) + nth], c[np.repeat(start[ok] + n, n) + nth]
-    del c
-    back = rcv[:, 11] < snd[:, 10]         # the receive ended before its send was done: no instant in it follows
-    late = (rcv[:, 10] < snd[:, 10]) & ~back
-    for fi in range(len(files)) if late.any() else ():     # ready a little early (two GPUs' clocks a few ns
-        m = late & (rcv[:, 8] == fi)                        # apart): drawn from the send's done, inside the receive
-        at_ns[fi][rcv[m, 9]] = snd[m, 10]
-    if back.any():
-        rcv, snd, nth = rcv[~back], snd[~back], nth[~back]
-    ids = np.zeros(len(snd), np.uint64)
-    for a in range(0, len(snd), 1 << 15):   # a chunk of Python ints at a time
-        ids[a:a + (1 << 15)] = [uuid64("flow", comms[s[0]], _KINDS[s[1]], *s[3:7], i) for s, i in
-                                zip(snd[a:a + (1 << 15), :7].tolist(), nth[a:a + (1 << 15)].tolist())]
-    for end in (snd, rcv):
-        for fi in range(len(files)):
-            at = end[:, 8] == fi
-            fids[fi][end[at, 9]] = ids[at]
-    per_comm = np.bincount(snd[:, 0], minlength=len(comms)).tolist()
-    return fids, dict(zip(comms, per_comm)), unpaired, int(back.sum())
-
-
-def _mark_kind(f: _File, fid: np.ndarray) -> np.ndarray:
-    """Each slice's flow instant: 0 none, 1 a send's (the flow's start), 2 a receive's (its end)."""
-    snd = np.zeros(len(f.t0), bool)
-    snd[f.keys[:, 0]] = f.keys[:, 2] == 1
-    return np.where(fid != 0, np.where(snd, 1, 2), 0).astype(np.int8)
 
 
 def _events(f: _File, order: np.ndarray, fid: np.ndarray, mark: np.ndarray, at_ns: np.ndarray,
@@ -368,8 +293,8 @@ def convert(paths: Iterable[str], out_path: str, partial: bool = False, all_comm
                                f"complete 'X' event or 'b'/'e' pair); give per-rank trace files, e.g. those of "
                                f"`slicetrace bench --trace DIR`")
     _from_zero(files)
-    at_ns = [_mark_ns(f) for f in files]
-    fids, nflows, unpaired, back = _flows(files, at_ns)
+    at_ns = [mark_ns(f) for f in files]
+    fids, nflows, unpaired, back = pair_flows(files, at_ns)
     if unpaired:
         log.warning("slicetrace convert: %d KernelStep send(s) have no send -> receive arrow: their receive is not "
                     "in the files given, or sends and receives of one connection and step do not pair up", unpaired)
@@ -377,7 +302,7 @@ def convert(paths: Iterable[str], out_path: str, partial: bool = False, all_comm
         log.warning("slicetrace convert: %d send -> receive arrow(s) left out: the receive ended before its send "
                     "was done (the ranks' clocks disagree), and Perfetto does not draw an arrow back in time", back)
     pre: dict[tuple, int] = {}      # the events' heads (track, and name, category or INSTANT): their bytes once
-    marks = [_mark_kind(f, fid) for f, fid in zip(files, fids)]
+    marks = [mark_kind(f, fid) for f, fid in zip(files, fids)]
     descriptors: list[bytes] = [root_descriptor()]
     place = places(files)
     placed = [layout(f, pid, p, descriptors, pre, m) for f, pid, p, m in zip(files, pids(files, place), place, marks)]
