@@ -2,7 +2,8 @@
 
 `Settings.from_env()` builds one frozen Settings; explicit keyword arguments beat the environment.
 `VARIABLES` is the single table of every SLICETRACE_* variable (`slicetrace config` prints it; the README's
-table is written by hand: change both together). The parsers of a variable's text are config_values'.
+table is written by hand: change both together). The parsers of a variable's text are config_values', the rules
+of what each setting accepts config_rules'.
 """
 from __future__ import annotations
 
@@ -13,15 +14,12 @@ import tempfile
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Mapping
 
-from .config_values import (FORMATS, TYPES, as_bool, as_bytes, as_int, as_mask, as_seconds, is_int, no_nul,
-                            plugin_spec)
+from .config_rules import NCCL_STEPS, RULES
+from .config_values import FORMATS, TYPES, as_bool, as_bytes, as_int, as_mask, as_seconds, is_int, plugin_spec
 from .errors import ConfigError, closest
 from .events.abi import parse_mask
 
 log = logging.getLogger("slicetrace")
-BACKENDS = ("null", "cpu", "cuda")
-NCCL_STEPS = 8                       # FIFO slots per connection, as NCCL_STEPS
-MAXCHANNELS = 64
 POOL_NAMES = ("GROUP_API", "COLL_API", "P2P_API", "KERNEL_LAUNCH", "GROUP", "COLL", "P2P",
               "KERNEL_CH", "KERNEL_STEP", "PROXY_CTRL")
 # Events *in flight* per type (slots retire on completion). Sized for a drain that lags a few thousand ops
@@ -30,12 +28,6 @@ POOL_NAMES = ("GROUP_API", "COLL_API", "P2P_API", "KERNEL_LAUNCH", "GROUP", "COL
 DEFAULT_POOL_SIZES = {"GROUP_API": 4096, "COLL_API": 4096, "P2P_API": 4096, "KERNEL_LAUNCH": 4096,
                       "GROUP": 4096, "COLL": 4096, "P2P": 16384, "KERNEL_CH": 65536,
                       "KERNEL_STEP": 1 << 20, "PROXY_CTRL": 4096}
-LOG_LEVELS = ("WARN", "INFO", "DEBUG", "WARNING", "ERROR", "CRITICAL")   # ours, and Python's logging's names
-MAX_SECONDS = 86400.0                # any time setting: a day at most (an infinite wait would hang)
-MAX_RING_SLOTS = 1 << 24             # 1.5 GiB of stamps per channel; more fails later as a bare OSError
-MAX_BUFFSIZE = 1 << 30               # NCCL's is a few MiB: more is a typo (huge values overflowed os.ftruncate)
-
-
 DEFAULT_CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "slicetrace")
 
 
@@ -80,46 +72,6 @@ POOL_VARIABLES = tuple(f"SLICETRACE_PROFILE_{n}_POOL_SIZE" for n in POOL_NAMES)
 DIST_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE",
                   "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")
 _warned: set[tuple[str, str]] = set()      # unknown variables already reported by this process
-
-
-def _secs(v: float) -> bool:
-    return 0 < v <= MAX_SECONDS            # nan and inf fail too: an endless wait would hang
-
-
-_SECS = f"> 0 seconds and <= {MAX_SECONDS:.0f}"
-# field -> (test of a value of the right type, what is accepted); "one of" rules say "is not one of"
-RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "backend": (lambda v: v in BACKENDS, f"one of {BACKENDS}"),
-    "nchannels": (lambda v: 0 <= v <= MAXCHANNELS, f"in 0..{MAXCHANNELS} (0 = backend default)"),
-    "buffsize": (lambda v: NCCL_STEPS * 4096 <= v <= MAX_BUFFSIZE and v % (NCCL_STEPS * 512) == 0,
-                 f">= {NCCL_STEPS * 4096} and a multiple of {NCCL_STEPS * 512} "
-                 f"(8 FIFO steps of whole 512-byte grains), <= {MAX_BUFFSIZE} (1G)"),
-    "p2p_chunksize": (lambda v: v >= 4096 and v % 512 == 0, "a multiple of 512, >= 4096"),
-    "nthreads": (lambda v: v in (64, 128, 256, 512, 640), "one of (64, 128, 256, 512, 640)"),
-    "timeout_s": (_secs, _SECS),
-    "ring_slots": (lambda v: 64 <= v <= MAX_RING_SLOTS and not v & (v - 1),
-                   f"a power of two in 64..{MAX_RING_SLOTS} (2**24)"),
-    "sample_rate": (lambda v: 1 <= v <= 255, "in 1..255 (1 keeps every slice)"),
-    "op_sample_rate": (lambda v: 1 <= v <= 1_000_000, "in 1..1000000 (1 profiles every op)"),
-    "profile_min_bytes": (lambda v: v >= 0, ">= 0 bytes (0 profiles every size)"),
-    "drain_interval_us": (lambda v: 10 <= v <= 1_000_000, "in 10..1000000"),
-    "profile_event_mask": (lambda v: 0 <= v < 1 << 32, "in 0..2**32-1"),
-    "plugin_max_failures": (lambda v: v >= 1, ">= 1"),
-    "profile_dump_file": (no_nul, "a path prefix without a NUL byte"),
-    "linkstats_file": (no_nul, "a path prefix without a NUL byte"),
-    "cache_dir": (no_nul, "a folder path without a NUL byte"),
-    # '' is no folder (the variable's is unset, as NCCL's): not a silent default folder
-    "inspector_dump_dir": (lambda v: no_nul(v) and bool(v.strip()), "a folder path without a NUL byte, not empty "
-                           "('.': the working directory; None: NCCL's default, nccl-inspector-<SLURM_JOBID>)"),
-    "inspector_dump_interval_us": (lambda v: 0 <= v <= MAX_SECONDS * 1e6, f"in 0..{MAX_SECONDS * 1e6:.0f} microseconds "
-                                   f"(0 = every collective)"),
-    "linkstats_interval_s": (_secs, _SECS),
-    "clock_resync_s": (_secs, _SECS),
-    "cpu_reclaim": (lambda v: v in ("auto", "on", "off"), "one of ('auto', 'on', 'off')"),
-    "cpu_wait": (lambda v: v in ("auto", "futex", "spin"), "one of ('auto', 'futex', 'spin')"),
-    "cpu_bind": (lambda v: v in ("auto", "on", "off"), "one of ('auto', 'on', 'off')"),
-    "debug": (lambda v: v.upper() in LOG_LEVELS, f"one of {LOG_LEVELS} (any case)"),
-}
 
 
 _WORDS = ("backend", "cpu_reclaim", "cpu_wait", "cpu_bind")     # settings that are one of a few lowercase words

@@ -8,7 +8,7 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "slicetrace"
 BASE = {"errors"}
-LOW = BASE | {"config", "rendezvous"}
+LOW = BASE | {"config", "config_rules", "rendezvous"}
 CONTRACTS = {"stamps.layout", "events.abi"}
 BACKEND = LOW | {"stamps.layout", "plan", "backend.base", "backend.procs", "backend.segment", "backend.opsig",
                    "backend.signals"}
@@ -16,7 +16,8 @@ ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "backend": set(), "events": set(), "stamps": set(),     # package __init__ files
     "config_values": BASE | {"events.abi"},     # event type names in SLICETRACE_PROFILE_EVENT_MASK
-    "config": BASE | {"events.abi", "config_values"},
+    "config_rules": BASE | {"config_values"},   # what each setting accepts
+    "config": BASE | {"events.abi", "config_values", "config_rules"},
     "rendezvous": BASE,
     "stamps.layout": BASE,
     "events.abi": BASE,

@@ -16,7 +16,7 @@ from ..errors import TraceFormatError
 
 log = logging.getLogger("slicetrace")
 
-MAX_CHANNELS = 64           # config.MAXCHANNELS (analyze may not import config): channels are 0..63
+MAX_CHANNELS = 64           # config_rules.MAXCHANNELS (analyze may not import it): channels are 0..63
 _I32, _I64, _U64 = (1 << 31) - 1, (1 << 63) - 1, (1 << 64) - 1     # the analysis tables' column types
 # ts and dur are µs; the analyses hold them as int64 ns. Less 1 µs: past 2**53 a float µs is 2 µs coarse, and
 # the bound itself (9223372036854775) read as a float and * 1000 rounded to 2**63

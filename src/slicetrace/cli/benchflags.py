@@ -7,7 +7,8 @@ import importlib.util
 import os
 
 from ..backend.base import REDOPS
-from ..config import MAXCHANNELS, Settings, env_source
+from ..config import Settings, env_source
+from ..config_rules import MAXCHANNELS
 from ..errors import ConfigError, SliceTraceError, UsageError
 from ..events.abi import ALL_TYPES, EventType
 from ..events.loading import BUILTINS, resolve
