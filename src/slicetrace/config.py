@@ -51,7 +51,7 @@ VARIABLES: tuple[Var, ...] = (
     Var("SLICETRACE_PROFILE_OP_SAMPLE_RATE", "op_sample_rate", as_int, "profile the first op and every k-th op of a communicator, collectives and point-to-point groups counted apart (1..1000000, default 1 = every op); the others run unprofiled and are counted (ops_sampled_out)"),
     Var("SLICETRACE_PROFILE_MIN_BYTES", "profile_min_bytes", as_bytes, "bytes, e.g. 65536 or 64K: ops smaller than this (count x element size, as NCCL counts) run unprofiled and are counted (ops_below_min_bytes); default 0"),
     Var("SLICETRACE_DRAIN_INTERVAL_US", "drain_interval_us", as_int, "drain thread poll period in microseconds (10..1000000), cuda backend (adaptive, backs off to 16 ms; the cpu backend drains inline between ops), default 500"),
-    Var("SLICETRACE_PROFILER_PLUGIN", "profiler_plugin", str, "plugins: 'example', 'linkstats', 'inspector', 'module:attr', an entry point in group slicetrace.profilers, comma-separated for several, 'none' (any case) to disable"),
+    Var("SLICETRACE_PROFILER_PLUGIN", "profiler_plugin", str, "plugins: 'example', 'linkstats', 'inspector', 'flightrec', 'module:attr', an entry point in group slicetrace.profilers, comma-separated for several, 'none' (any case) to disable"),
     Var("SLICETRACE_PROFILE_EVENT_MASK", "profile_event_mask", as_mask, "event mask the example plugin asks for: an integer in 0..2**32-1 or event type names, e.g. 65606 = 0x10046 = Coll|P2p|KernelCh|KernelStep (its default)"),
     Var("SLICETRACE_PROFILE_DUMP_FILE", "profile_dump_file", str, "example plugin: trace path prefix, files are <prefix>_<commHash>_<rank>.json"),
     Var("SLICETRACE_LINKSTATS_FILE", "linkstats_file", str, "linkstats plugin: Prometheus text file prefix, files are <prefix>_<commHash>_<rank>.prom (node_exporter textfile collector); unset = no file"),
@@ -59,6 +59,10 @@ VARIABLES: tuple[Var, ...] = (
     Var("SLICETRACE_INSPECTOR_DUMP_DIR", "inspector_dump_dir", str, "inspector plugin: folder of its JSON-lines files, <hostname>-pid<pid>.log; unset = nccl-inspector-<SLURM_JOBID> (nccl-inspector-unknown-jobid outside Slurm), as NCCL's Inspector"),
     Var("SLICETRACE_INSPECTOR_DUMP_INTERVAL_US", "inspector_dump_interval_us", as_int, "inspector plugin: 0 (default) = a line per collective; > 0 = as NCCL's Inspector, per communicator the latest completed collective at most once per this many microseconds (and the last at close), <= 86400000000"),
     Var("SLICETRACE_INSPECTOR_VERBOSE", "inspector_verbose", as_bool, "inspector plugin: 1 = add event_trace_sn and event_trace_ts (per-channel kernel events) to each line (0/1/true/false/yes/no/on/off), default off"),
+    Var("SLICETRACE_FLIGHTREC_OPS", "flightrec_ops", as_int, "flightrec plugin: completed Coll/P2p ops kept per communicator, with their KernelCh and KernelStep records (every op still in flight is kept too) (>= 1), default 32"),
+    Var("SLICETRACE_FLIGHTREC_MAX_RECORDS", "flightrec_max_records", as_int, "flightrec plugin: most KernelCh and KernelStep records kept per communicator; past it the oldest ops go first (counted in the dump) (>= 1), default 1000000"),
+    Var("SLICETRACE_FLIGHTREC_DUMP", "flightrec_dump", str, "flightrec plugin: when it writes its trace: failure (default: an op failed, or an op was unfinished at close), always (also at every close)"),
+    Var("SLICETRACE_FLIGHTREC_FILE", "flightrec_file", str, "flightrec plugin: trace path prefix, files are <prefix>_<commHash>_<rank>.json (the example plugin's names), default flightrec (in the working directory)"),
     Var("SLICETRACE_PLUGIN_MAX_FAILURES", "plugin_max_failures", as_int, "plugin exceptions before that plugin is disabled (>= 1), default 16"),
     Var("SLICETRACE_CPU_RECLAIM", "cpu_reclaim", str, "cpu: after reading a FIFO slot the receiver stores once per cache line so the sender's next write does not stall on lines shared across L3 caches: auto (default: measured per connection), on, off"),
     Var("SLICETRACE_CPU_WAIT", "cpu_wait", str, "cpu: how a rank waits for its ring neighbour: auto (default: sleep in the kernel (futex) when ranks outnumber this process's CPUs, else spin then yield), futex, spin"),
@@ -74,7 +78,7 @@ DIST_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_POR
 _warned: set[tuple[str, str]] = set()      # unknown variables already reported by this process
 
 
-_WORDS = ("backend", "cpu_reclaim", "cpu_wait", "cpu_bind")     # settings that are one of a few lowercase words
+_WORDS = ("backend", "cpu_reclaim", "cpu_wait", "cpu_bind", "flightrec_dump")     # settings that are one of a few lowercase words
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,10 @@ class Settings:
     inspector_dump_dir: str | None = None
     inspector_dump_interval_us: int = 0
     inspector_verbose: bool = False
+    flightrec_ops: int = 32
+    flightrec_max_records: int = 1_000_000
+    flightrec_dump: str = "failure"
+    flightrec_file: str = "flightrec"
     cpu_reclaim: str = "auto"
     cpu_wait: str = "auto"
     cpu_bind: str = "auto"

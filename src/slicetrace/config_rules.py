@@ -9,6 +9,7 @@ from .config_values import no_nul
 BACKENDS = ("null", "cpu", "cuda")
 NCCL_STEPS = 8                       # FIFO slots per connection, as NCCL_STEPS
 MAXCHANNELS = 64
+FLIGHTREC_DUMPS = ("failure", "always")     # when the flight recorder writes its trace
 LOG_LEVELS = ("WARN", "INFO", "DEBUG", "WARNING", "ERROR", "CRITICAL")   # ours, and Python's logging's names
 MAX_SECONDS = 86400.0                # any time setting: a day at most (an infinite wait would hang)
 MAX_RING_SLOTS = 1 << 24             # 1.5 GiB of stamps per channel; more fails later as a bare OSError
@@ -51,5 +52,9 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "cpu_reclaim": (lambda v: v in ("auto", "on", "off"), "one of ('auto', 'on', 'off')"),
     "cpu_wait": (lambda v: v in ("auto", "futex", "spin"), "one of ('auto', 'futex', 'spin')"),
     "cpu_bind": (lambda v: v in ("auto", "on", "off"), "one of ('auto', 'on', 'off')"),
+    "flightrec_ops": (lambda v: v >= 1, ">= 1 (completed ops kept per communicator)"),
+    "flightrec_max_records": (lambda v: v >= 1, ">= 1 (KernelCh and KernelStep records kept per communicator)"),
+    "flightrec_dump": (lambda v: v in FLIGHTREC_DUMPS, f"one of {FLIGHTREC_DUMPS}"),
+    "flightrec_file": (lambda v: no_nul(v) and bool(v.strip()), "a path prefix without a NUL byte, not empty"),
     "debug": (lambda v: v.upper() in LOG_LEVELS, f"one of {LOG_LEVELS} (any case)"),
 }

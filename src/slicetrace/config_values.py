@@ -76,7 +76,7 @@ def as_seconds(v: str) -> float:
     return float(t)
 
 
-_PLUGIN_SPECS = ("a str or None (a spec: 'example', 'linkstats', 'inspector', 'module:attr', an entry point name, a comma list of "
+_PLUGIN_SPECS = ("a str or None (a spec: 'example', 'linkstats', 'inspector', 'flightrec', 'module:attr', an entry point name, a comma list of "
                  "them, or 'none'; None: no plugin), or a plugin class or factory function defined at a module's top "
                  "level")
 
