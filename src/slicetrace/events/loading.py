@@ -15,7 +15,8 @@ ENTRY_POINT_GROUP = "slicetrace.profilers"
 # Imported lazily by string: events must not import sinks.
 BUILTINS: dict[str, str] = {"example": "slicetrace.sinks.chrome:ChromePlugin",
                              "linkstats": "slicetrace.sinks.linkstats:LinkStatsPlugin",
-                             "inspector": "slicetrace.sinks.inspector:InspectorPlugin"}
+                             "inspector": "slicetrace.sinks.inspector:InspectorPlugin",
+                             "flightrec": "slicetrace.sinks.flightrec:FlightRecPlugin"}
 _SPEC = "profiler_plugin (SLICETRACE_PROFILER_PLUGIN)"     # where a spec comes from, when the caller cannot tell
 
 
