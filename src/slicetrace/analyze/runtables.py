@@ -16,6 +16,7 @@ import numpy as np
 
 from .records import Ranks
 from .comms import CommFacts
+from .flightwindow import chs_in_window, first_kept, spans_in_window, windows
 from .runfiles import load_again, load_each, load_runs
 from .trace import coll_spans, counters, failures, kernel_chs, kernel_steps, op_names, op_starts
 
@@ -39,6 +40,7 @@ class _Part(NamedTuple):
     spans: Any
     names: Any
     failures: Any
+    flight: dict                        # pid -> its slicetrace_flightrec record's args (flightwindow.windows)
 
 
 def _attempt(fn: Callable[[list[dict]], Any], recs: list[dict]) -> Any:
@@ -67,15 +69,16 @@ def _part(f: str, recs: list[dict]) -> _Part:
                 masks.add(a["EventMask"])
     return _Part(paired, present, evented, len(recs), ops, one_rank, masks,
                  *(_attempt(fn, recs) for fn in (kernel_steps, kernel_chs, counters, op_starts, coll_spans, op_names,
-                                                 failures)))
+                                                 failures)), windows(recs))
 
 
 class RunTables:
     """A run's tables for report; ranks: run_ranks of its files; present: its int pids, sorted; evented: those
     with b or X records; records: how many; ops: its Coll and P2p b records; one_rank: a slicetrace_comm record
-    says nRanks 1; masks: the EventMasks its slicetrace_comm records name. steps(), counters(), starts(), spans(),
-    names(), failures(): kernel_steps and kernel_chs, counters, op_starts, coll_spans, op_names, failures of the
-    run's records (raising what those raise)."""
+    says nRanks 1; masks: the EventMasks its slicetrace_comm records name; flight: pid -> its flight record's window
+    (flightwindow). steps(), counters(), starts(), spans(), names(), failures(): kernel_steps and kernel_chs,
+    counters, op_starts, coll_spans, op_names, failures of the run's records (raising what those raise); of flight
+    records, steps() and spans() without the collectives before a rank's window (evicted there, not missing)."""
 
     def __init__(self, parts: list[_Part], ranks: Ranks | None) -> None:
         self._parts = parts
@@ -86,6 +89,8 @@ class RunTables:
         self.ops = sum(p.ops for p in parts)
         self.one_rank = any(p.one_rank for p in parts)
         self.masks = set().union(*(p.masks for p in parts))
+        self.flight = _merged([p.flight for p in parts])
+        self._firsts = first_kept(self.flight)
 
     def _got(self, field: str) -> list:
         got = [getattr(p, field) for p in self._parts]
@@ -97,7 +102,8 @@ class RunTables:
     def steps(self) -> tuple[np.ndarray, np.ndarray]:
         ks = self._got("ks")
         chs = self._got("chs")
-        return (ks[0] if len(ks) == 1 else np.concatenate(ks)), (chs[0] if len(chs) == 1 else np.concatenate(chs))
+        return (ks[0] if len(ks) == 1 else np.concatenate(ks)), chs_in_window(
+            chs[0] if len(chs) == 1 else np.concatenate(chs), self._firsts)
 
     def counters(self) -> dict:
         return _merged(self._got("counts"))
@@ -106,7 +112,7 @@ class RunTables:
         return _merged(self._got("starts"))
 
     def spans(self) -> list:
-        return [s for got in self._got("spans") for s in got]
+        return spans_in_window([s for got in self._got("spans") for s in got], self._firsts)
 
     def names(self) -> dict:
         return _merged(self._got("names"))

@@ -62,6 +62,9 @@ def _notes(a: argparse.Namespace, run: Any, where: str) -> list[str]:
     left_out = every_rank(where, run.ranks, set(present), a.partial)
     if left_out:
         notes.append(f"# --partial: {left_out}; stragglers, waits and links are among the ranks present only")
+    if run.flight:                      # evicted before a window is not missing: said once, here
+        from ..analyze.flightwindow import window_note
+        notes.append(window_note(run.flight))
     bare = [r for r in present if r not in run.evented]
     if bare and run.evented:            # present by their header only: the tables would just lack them
         notes.append(f"# rank(s) {', '.join(map(str, bare))}: the file holds no events (cut short before its "
