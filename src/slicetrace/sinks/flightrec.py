@@ -142,21 +142,20 @@ class FlightRecPlugin:
 
     def __init__(self, settings: Settings | None = None):
         self.settings = settings if settings is not None else Settings()
-        s = self.settings
-        if s.profile_dump_file and os.path.abspath(s.profile_dump_file) == os.path.abspath(s.flightrec_file):
-            raise ConfigError(f"flightrec_file (SLICETRACE_FLIGHTREC_FILE)={s.flightrec_file!r} is also "
-                              f"profile_dump_file (SLICETRACE_PROFILE_DUMP_FILE): the two plugins would write the same "
-                              f"files; give the flight recorder a prefix of its own")
 
     def init(self, comm: CommInfo, mask: ActivationMask) -> Ctx:
+        s, var = self.settings, f"flightrec_file (SLICETRACE_FLIGHTREC_FILE)={self.settings.flightrec_file!r}"
+        if s.profile_dump_file and os.path.abspath(s.profile_dump_file) == os.path.abspath(s.flightrec_file):
+            raise ConfigError(f"{var} is also profile_dump_file (SLICETRACE_PROFILE_DUMP_FILE): the two plugins "
+                              f"would write the same files; give the flight recorder a prefix of its own")
+        folder = os.path.dirname(os.path.abspath(s.flightrec_file))
+        while not os.path.exists(folder):               # made at the first dump: its nearest existing one now
+            folder = os.path.dirname(folder)
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):   # now, not when a failure needs it
+            raise ConfigError(f"{var}: {folder!r} is not a folder that can be written; give a prefix in a writable "
+                              f"folder")
         mask.value = MASK
-        folder = os.path.dirname(os.path.abspath(self.settings.flightrec_file))
-        while not os.path.isdir(folder) and os.path.dirname(folder) != folder:
-            folder = os.path.dirname(folder)            # the folder made at the first dump: its nearest existing one
-        if not os.access(folder, os.W_OK | os.X_OK):    # now, not when a failure needs the file
-            raise ConfigError(f"flightrec_file (SLICETRACE_FLIGHTREC_FILE)={self.settings.flightrec_file!r}: the "
-                              f"folder {folder!r} cannot be written; give a prefix in a writable folder")
-        return Ctx(comm, self.settings)
+        return Ctx(comm, s)
 
     def live_counters(self, ctx: Ctx, read: Any) -> None:
         ctx.read = read
