@@ -1,9 +1,9 @@
 """The flight recorder (the `flightrec` built-in): always on, cheap, and writes only when something goes wrong.
 
 Per communicator it keeps, in memory, the last SLICETRACE_FLIGHTREC_OPS completed Coll/P2p ops with their KernelCh
-and KernelStep records, and every op still in flight: the record arrays the host hands over, kept by reference
+and KernelStep records, every op still in flight and every op that ended unfinished: the record arrays the host hands over, kept by reference
 (the host never reuses them), no object per record. Past SLICETRACE_FLIGHTREC_MAX_RECORDS records the oldest ops
-go first (completed ones before those in flight; a lone op past it loses its oldest batches); what went is counted.
+go first (completed ones first, then unfinished ones, then those in flight; a lone op past it loses its oldest batches); what went is counted.
 
 It writes (sinks/flightrec_dump.py) at comm_failed (an op raised PeerError, CommTimeoutError or MismatchError: at
 once, and again at close with what the drain delivered since), at close when an op did not finish (it ended
@@ -59,6 +59,7 @@ class Ctx:
         self.settings = s
         self.done: deque[Op] = deque()      # completed, oldest first
         self.live: dict[Op, None] = {}      # in flight, in start order
+        self.failed: list[Op] = []          # ended unfinished
         self.records = 0                    # KernelCh and KernelStep records kept
         self.ops = 0                        # Coll/P2p events seen
         self.evicted_ops = self.evicted_records = 0
@@ -89,6 +90,8 @@ class Ctx:
         while self.records > self.max_records:
             if self.done:
                 self.evict(self.done.popleft())
+            elif self.failed:
+                self.evict(self.failed.pop(0))
             elif len(self.live) > 1:
                 old = next(iter(self.live))
                 self.evict(old if old is not keep else list(self.live)[1])
@@ -117,13 +120,16 @@ class Ctx:
         self.live.pop(op, None)
         if op.gone:
             return
+        if op.unfinished:           # kept beside the last N, as if still in flight: what the dump is for
+            self.failed.append(op)
+            return
         self.done.append(op)
         if len(self.done) > self.max_ops:
             self.evict(self.done.popleft())
 
     def kept(self) -> list[Op]:
         """The ops kept, in start order."""
-        return sorted([*self.done, *self.live], key=lambda o: o.index)
+        return sorted([*self.done, *self.failed, *self.live], key=lambda o: o.index)
 
     def counters(self) -> dict[str, int]:
         """What report_counters had, else the host's counters now (a dump at comm_failed)."""
@@ -216,6 +222,7 @@ class FlightRecPlugin:
         if why is not None:
             self._write(ctx, why, None)
         ctx.done.clear()
+        ctx.failed.clear()
         ctx.live.clear()
         if ctx.error is not None:       # the host logs it: the record it was to leave is not there
             raise ctx.error
