@@ -71,6 +71,8 @@ class DrainOnly:
 def run(a: argparse.Namespace, dump: str | None) -> None:
     if a.plugin == "inspector":     # it always writes, <host>-pid<pid>.log in the run's folder
         s = Settings(inspector_dump_dir=os.path.dirname(dump))
+    elif a.plugin == "flightrec":   # a healthy run: it keeps the last ops and writes nothing
+        s = Settings(flightrec_file=dump) if dump else Settings()
     else:
         s = Settings(profile_dump_file=dump) if dump else Settings()
     host = DrainOnly() if a.drain_only else EventHost(load_plugins(a.plugin, s), CommInfo(1, "x", 1, 2, 0), 16)
@@ -112,7 +114,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=32, help="ops per drain poll (the cpu session's inline drain: 32)")
     p.add_argument("--slices", type=int, default=8, help="KernelSteps per op (rank 0 of a 1 MiB all_reduce: 8)")
     p.add_argument("--no-trace", action="store_true", help="no dump file: the plugin counts its records (no writer)")
-    p.add_argument("--plugin", default="example", choices=("example", "inspector", "linkstats"),
+    p.add_argument("--plugin", default="example", choices=("example", "inspector", "linkstats", "flightrec"),
                    help="the built-in plugin fed (inspector: Coll and KernelCh only, so give --slices 0)")
     p.add_argument("--drain-only", action="store_true", help="the drain alone: its consumer takes records and drops them")
     a = p.parse_args()

@@ -123,8 +123,8 @@ def test_a_failure_writes_at_once_with_the_op_in_flight_and_the_stalled_connecti
     w = _window(recs)
     assert check_trace(path) == [] and w["OpsInFlight"] == 0
     assert [(u["OpIndex"], u["InFlight"]) for u in w["Unfinished"]] == [(6, False)]
-    assert [r["args"]["name"] for r in recs if r.get("name") == "process_name"][-1].endswith("failed: PeerError; "
-                                                                                             "lost: missing_kernel_ch 1")
+    names = [r["args"]["name"] for r in recs if r.get("name") == "process_name"]
+    assert names[-1].endswith("failed: PeerError; lost: missing_kernel_ch 1")
 
 
 def test_an_op_unfinished_at_close_is_written_without_a_failure(tmp_path):
@@ -193,5 +193,6 @@ def test_loaded_by_name_beside_other_plugins_and_not_on_the_example_s_files(tmp_
 def test_a_prefix_that_cannot_be_a_folder_s_is_refused_at_init(tmp_path):
     (tmp_path / "afile").write_text("")
     with pytest.raises(ConfigError, match="SLICETRACE_FLIGHTREC_FILE.*afile.*not a folder that can be written"):
-        FlightRecPlugin(Settings(flightrec_file=str(tmp_path / "afile" / "sub" / "fr"))).init(COMM, abi.ActivationMask())
+        FlightRecPlugin(Settings(flightrec_file=str(tmp_path / "afile" / "sub" / "fr"))).init(COMM,
+                                                                                            abi.ActivationMask())
     assert os.listdir(tmp_path) == ["afile"]

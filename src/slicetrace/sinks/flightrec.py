@@ -1,9 +1,10 @@
 """The flight recorder (the `flightrec` built-in): always on, cheap, and writes only when something goes wrong.
 
 Per communicator it keeps, in memory, the last SLICETRACE_FLIGHTREC_OPS completed Coll/P2p ops with their KernelCh
-and KernelStep records, every op still in flight and every op that ended unfinished: the record arrays the host hands over, kept by reference
-(the host never reuses them), no object per record. Past SLICETRACE_FLIGHTREC_MAX_RECORDS records the oldest ops
-go first (completed ones first, then unfinished ones, then those in flight; a lone op past it loses its oldest batches); what went is counted.
+and KernelStep records, every op still in flight and every op that ended unfinished: the record arrays the host
+hands over, kept by reference (the host never reuses them), no object per record. Past
+SLICETRACE_FLIGHTREC_MAX_RECORDS records the oldest ops go first (completed ones, then unfinished ones, then those in
+flight; a lone op past it loses its oldest batches); what went is counted.
 
 It writes (sinks/flightrec_dump.py) at comm_failed (an op raised PeerError, CommTimeoutError or MismatchError: at
 once, and again at close with what the drain delivered since), at close when an op did not finish (it ended
@@ -120,8 +121,10 @@ class Ctx:
         self.live.pop(op, None)
         if op.gone:
             return
-        if op.unfinished:           # kept beside the last N, as if still in flight: what the dump is for
+        if op.unfinished:           # kept beside the last N completed (the last N of these too): what a dump is for
             self.failed.append(op)
+            if len(self.failed) > self.max_ops:
+                self.evict(self.failed.pop(0))
             return
         self.done.append(op)
         if len(self.done) > self.max_ops:
