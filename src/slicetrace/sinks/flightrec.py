@@ -41,8 +41,8 @@ class Op:
     def __init__(self, ctx: "Ctx", descr: Any, index: int):
         self.ctx, self.descr, self.index = ctx, descr, index
         self.t1: int | None = None
-        self.chans: list[np.ndarray] = []
-        self.steps: deque[np.ndarray] = deque()
+        self.chans: list[tuple[np.ndarray, int, int]] = []     # (a batch, first row, end row): rows a:b are its
+        self.steps: deque[tuple[np.ndarray, int, int]] = deque()    # (a view per op cost ~1k instructions more)
         self.n = self.n_chans = 0           # records kept; KernelCh records that came
         self.unfinished = False             # it ended without all its KernelCh (the host's missing_kernel_ch)
         self.gone = False                   # evicted: records that still come for it are counted, not kept
@@ -71,14 +71,14 @@ class Ctx:
         self.path: str | None = None        # the dump written, if any
         self.error: OSError | None = None
 
-    def add(self, op: Any, recs: np.ndarray, chans: bool) -> None:
-        n = len(recs)
+    def add(self, op: Any, recs: np.ndarray, a: int, b: int, chans: bool) -> None:
+        n = b - a
         if op.__class__ is not Op or not n:
             return
         if op.gone:
             self.evicted_records += n
             return
-        (op.chans if chans else op.steps).append(recs)
+        (op.chans if chans else op.steps).append((recs, a, b))
         op.n += n
         self.records += n
         if chans:
@@ -97,10 +97,10 @@ class Ctx:
                 old = next(iter(self.live))
                 self.evict(old if old is not keep else list(self.live)[1])
             elif keep.steps:
-                b = keep.steps.popleft()
-                keep.n -= len(b)
-                self.records -= len(b)
-                self.evicted_records += len(b)
+                _, a, b = keep.steps.popleft()
+                keep.n -= b - a
+                self.records -= b - a
+                self.evicted_records += b - a
             else:
                 break
 
@@ -110,7 +110,8 @@ class Ctx:
         self.records -= op.n
         self.evicted_ops += 1
         self.evicted_records += op.n
-        op.chans, op.steps, op.n = [], deque(), 0
+        op.chans = op.steps = ()           # gone: add() never appends to it again (no fresh containers per op)
+        op.n = 0
 
     def stopped(self, op: Op) -> None:
         if op.n_chans < op.descr.n_channels and self.read is not None:      # the host's word on its KernelCh
@@ -189,21 +190,23 @@ class FlightRecPlugin:
         pass            # KernelCh/KernelStep come whole through the batch calls; nothing else is recorded
 
     def kernel_step_batch(self, ctx: Ctx, parent: Any, recs: np.ndarray) -> int:
-        ctx.add(parent, recs, False)
+        ctx.add(parent, recs, 0, len(recs), False)
         return len(recs)
 
     def kernel_step_runs(self, ctx: Ctx, parents: list, recs: np.ndarray, starts: list[int], stops: list[int]) -> int:
+        add = ctx.add
         for p, a, b in zip(parents, starts, stops):
-            ctx.add(p, recs[a:b], False)
+            add(p, recs, a, b, False)
         return sum(stops) - sum(starts)
 
     def kernel_ch_batch(self, ctx: Ctx, parent: Any, recs: np.ndarray) -> int:
-        ctx.add(parent, recs, True)
+        ctx.add(parent, recs, 0, len(recs), True)
         return len(recs)
 
     def kernel_ch_runs(self, ctx: Ctx, parents: list, recs: np.ndarray, starts: list[int], stops: list[int]) -> int:
+        add = ctx.add
         for p, a, b in zip(parents, starts, stops):
-            ctx.add(p, recs[a:b], True)
+            add(p, recs, a, b, True)
         return sum(stops) - sum(starts)
 
     def report_counters(self, ctx: Ctx, counters: dict[str, int]) -> None:

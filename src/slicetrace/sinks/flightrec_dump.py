@@ -43,10 +43,10 @@ def dump(ctx: Any, why: str, ts_ns: int | None) -> str:
         end = time.monotonic_ns() if ts_ns is None else ts_ns
         for op in ops:
             h = cp.start_event(cc, op.descr)
-            for recs in op.chans:
-                cp.kernel_ch_batch(cc, h, recs)
-            for recs in op.steps:
-                cp.kernel_step_batch(cc, h, recs)
+            for recs, a, b in op.chans:
+                cp.kernel_ch_batch(cc, h, recs[a:b])
+            for recs, a, b in op.steps:
+                cp.kernel_step_batch(cc, h, recs[a:b])
             cp.stop_event(h, op.t1 if op.t1 is not None else max(end, _last_ns(op)))
         for f in ctx.failures:
             cp.comm_failed(cc, f)
@@ -91,7 +91,7 @@ def unfinished(op: Any) -> dict:
         out["ToPeer"] = d.peer
     conns = []
     if op.steps:
-        ch, snd, peer, step = (np.concatenate([b[f] for b in op.steps]).astype(np.int64)
+        ch, snd, peer, step = (np.concatenate([r[f][a:b] for r, a, b in op.steps]).astype(np.int64)
                                for f in ("channel", "is_send", "peer", "step"))
         key = (ch << 32) | (snd << 31) | peer
         for k in np.unique(key).tolist():
@@ -104,5 +104,6 @@ def unfinished(op: Any) -> dict:
 
 def _last_ns(op: Any) -> int:
     """The latest end among an op's records (an op in flight must end after them)."""
-    ends = [int(b["stop_ns"].max()) for b in op.chans if len(b)] + [int(b["done_ns"].max()) for b in op.steps if len(b)]
+    ends = ([int(r["stop_ns"][a:b].max()) for r, a, b in op.chans if b > a]
+            + [int(r["done_ns"][a:b].max()) for r, a, b in op.steps if b > a])
     return max(ends, default=0)
