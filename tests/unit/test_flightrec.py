@@ -127,6 +127,15 @@ def test_a_failure_writes_at_once_with_the_op_in_flight_and_the_stalled_connecti
     assert names[-1].endswith("failed: PeerError; lost: missing_kernel_ch 1")
 
 
+def test_failures_past_n_keep_the_first_and_the_latest(tmp_path):
+    host, path = _host(tmp_path, flightrec_ops=3)
+    for k in range(6):
+        host.failed("CommTimeoutError", f"wait {k} timed out")
+    host.close()
+    errs = [r["args"]["Message"] for r in read_records(path) if r.get("cat") == "ERROR"]
+    assert errs == ["wait 0 timed out", "wait 4 timed out", "wait 5 timed out"]
+
+
 def test_an_op_unfinished_at_close_is_written_without_a_failure(tmp_path):
     host, path = _host(tmp_path)
     _ops(host, 2)

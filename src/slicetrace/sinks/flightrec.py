@@ -220,6 +220,8 @@ class FlightRecPlugin:
         ctx.failures.append(failure)
         if len(ctx.failures) == 1:
             self._write(ctx, "failure", failure.ts_ns)
+        elif len(ctx.failures) > ctx.max_ops:       # a loop that keeps failing: the first and the latest ones
+            del ctx.failures[1]
 
     def finalize(self, ctx: Ctx) -> None:
         ops = ctx.kept()
