@@ -285,7 +285,7 @@ def test_entry_point_names_resolve(plugmod, monkeypatch):
 def test_unknown_name_names_the_value_and_what_is_accepted(monkeypatch):
     monkeypatch.setattr(loading, "_entry_points", lambda: {"mine": None})
     with pytest.raises(PluginError, match=r"^profiler_plugin \(SLICETRACE_PROFILER_PLUGIN\)='nope' \(item 2 of 2 in "
-                                          r"'example,nope'\) is not a built-in or entry point name \(\['example', 'inspector', 'linkstats', 'mine'\]\) nor a 'module:attr' path"):
+                                          r"'example,nope'\) is not a built-in or entry point name \(\['example', 'flightrec', 'inspector', 'linkstats', 'mine'\]\) nor a 'module:attr' path"):
         load_plugins("example,nope", Settings())
 
 

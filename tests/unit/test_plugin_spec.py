@@ -9,7 +9,7 @@ from slicetrace.errors import ConfigError, PluginError, closest
 from slicetrace.events.loading import load_plugins
 from tests.helpers.plugins import CtorFails, NoopPlugin
 
-KNOWN = "(['example', 'inspector', 'linkstats']) nor a 'module:attr' path"
+KNOWN = "(['example', 'flightrec', 'inspector', 'linkstats']) nor a 'module:attr' path"
 
 
 @pytest.mark.parametrize("spec,msg", [
@@ -80,6 +80,6 @@ def test_a_plugin_object_or_other_value_is_refused_with_what_is_accepted(value, 
         Settings(profiler_plugin=value)
     assert str(e.value) == (f"profiler_plugin={value!r} (type {type(value).__name__}) is not accepted: "
                             f"profiler_plugin must be a str or None (a spec: 'example', 'linkstats', 'inspector', "
-                            f"'module:attr', "
+                            f"'flightrec', 'module:attr', "
                             f"an entry point name, a comma list of them, or 'none'; None: no plugin), or a plugin "
                             f"class or factory function defined at a module's top level{tail}")
