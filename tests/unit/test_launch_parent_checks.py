@@ -22,7 +22,8 @@ def test_a_bad_plugin_keyword_fails_in_the_launcher_naming_the_keyword():
     """Before: every rank failed (a LaunchError) with "profiler_plugin (SLICETRACE_PROFILER_PLUGIN)='nope'", a
     variable nobody set. A PluginError, not a LaunchError: no rank ran."""
     with pytest.raises(PluginError, match=r"^profiler_plugin='nope' is not a built-in or entry point name "
-                                          r"\(\['example', 'flightrec', 'inspector', 'linkstats'\]\) nor a 'module:attr' path"):
+                                          r"\(\['example', 'flightrec', 'inspector', 'linkstats'\]\) nor a "
+                                          r"'module:attr' path"):
         slicetrace.launch(_rank, 2, profiler_plugin="nope")
 
 
