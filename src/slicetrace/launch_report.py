@@ -7,7 +7,14 @@ import re
 from . import launch_signals
 from .launch_signals import CLOSE_SIGNAL, _let_ranks_close
 
-CLOSE_SLACK_S = 5.0     # past timeout_s: a rank's close (each of its waits bounded by timeout_s) is stuck after this
+# past timeout_s: a rank (each of its waits bounded by timeout_s) still running on after a failure, or still in its
+# close, is stuck after this; read at call time (tests patch it where their point is not the 5 s)
+CLOSE_SLACK_S = 5.0
+
+
+def overdue(since: float, now: float, timeout_s: float) -> bool:
+    """More than timeout_s + CLOSE_SLACK_S has passed since `since`: the one deadline of launch()'s waits."""
+    return now - since > timeout_s + CLOSE_SLACK_S
 
 
 def death_text(rank: int, code: int | None, started: bool) -> str:
@@ -28,7 +35,13 @@ def stuck_closing(closing: dict[int, float], done: set, now: float, timeout_s: f
     with interrupts off), so they are killed."""
     return {r: f"rank {r} was still closing its communicator {now - t:.1f} s after its fn returned (timeout_s="
                f"{timeout_s:g} + {CLOSE_SLACK_S:g} s)" for r, t in closing.items()
-            if r not in done and now - t > timeout_s + CLOSE_SLACK_S}
+            if r not in done and overdue(t, now, timeout_s)}
+
+
+def ran_on(rank: int, first: int, after_s: float, timeout_s: float) -> str:
+    """A rank still running at the deadline after rank `first` failed (it is asked to close next)."""
+    return (f"rank {rank} was still running {after_s:.1f} s after rank {first} failed (timeout_s={timeout_s:g} + "
+            f"{CLOSE_SLACK_S:g} s)")
 
 
 def lingering(returned: dict[int, float], running: set[int], warned: set[int], now: float,
@@ -37,8 +50,8 @@ def lingering(returned: dict[int, float], running: set[int], warned: set[int], n
     runs (a non-daemon thread or an atexit hook of fn's): launch() waits for it, as it should for exit work, but
     says why it waits."""
     out = []
-    for r in sorted(r for r, t in returned.items() if r in running and r not in warned and now - t > timeout_s +
-                    CLOSE_SLACK_S):
+    for r in sorted(r for r, t in returned.items() if r in running and r not in warned
+                    and overdue(t, now, timeout_s)):
         warned.add(r)
         out.append(f"launch(): rank {r} returned its result {now - returned[r]:.1f} s ago but its process has not "
                    f"exited (a non-daemon thread or an atexit hook still running?); waiting for it "

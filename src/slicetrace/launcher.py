@@ -21,7 +21,8 @@ from .api_checks import as_index
 from .config import Settings, dist_env, job_attempt, job_rank, job_world_size, quiet_unknown
 from .errors import ConfigError, LaunchError, PeerError, SliceTraceError, UsageError, ours
 from .launch_checks import launch_settings
-from .launch_report import close_stuck, death_text, failure_line, lead, lingering, stuck_closing
+from .launch_report import (close_stuck, death_text, failure_line, lead, lingering, overdue, ran_on,
+                            stuck_closing)
 from .launch_signals import (CLOSE_SIGNAL, ORPHAN_GRACE_S, _asked_to_close, _hold_signals, _interrupted,
                              _let_ranks_close, _no_interrupts, _QuietContext, _release_signals, _remove_job_shm,
                              _start_watch, _terminate_as_exit, _terminated)
@@ -345,15 +346,14 @@ def launch(fn: Callable, nranks: int, *args: Any, join_timeout_s: float | None =
                 now = time.monotonic()
                 for line in lingering(returned, set(pending.values()), warned, now, s.timeout_s):
                     log.warning(line)
-                if first_fail is not None and now - first_fail > s.timeout_s + 5:
+                if first_fail is not None and overdue(first_fail, now, s.timeout_s):
                     for c, r in list(readers.items()):      # results that came in since the last wait: not stuck
                         while c in readers and c.poll(0):
                             if not read(c, r):
                                 readers.pop(c)
                     first_rank = min(errors, key=lambda k: lead(k, errors, dead, stuck))
                     for r in [r for r in range(nranks) if r not in results and r not in errors]:  # had their timeout
-                        errors[r] = (f"rank {r} was still running {now - first_fail:.1f} s after rank {first_rank} "
-                                     f"failed (timeout_s={s.timeout_s:g} + 5 s)")
+                        errors[r] = ran_on(r, first_rank, now - first_fail, s.timeout_s)
                         stuck.add(r)
                     break
                 if join_timeout_s is not None and now - start > join_timeout_s:
