@@ -21,7 +21,16 @@ KW = dict(backend="cpu", timeout_s=5, join_timeout_s=120)
 pytestmark = pytest.mark.usefixtures("sigint_on")   # tests/cpu/conftest.py
 
 
-def _pairs_without_job(comm, late):
+def _pairs_without_job(comm, lates):
+    """Each case of `lates` in turn (one job for all: a case's ranks start it together, at the launch's barrier)."""
+    out = []
+    for late in lates:
+        comm.barrier()
+        out.append(_pair_without_job(comm, late))
+    return out
+
+
+def _pair_without_job(comm, late):
     time.sleep(late[comm.rank])
     try:
         sub = slicetrace.init(backend="cpu", rank=comm.rank % 2, world_size=2, store=comm._session.store,
@@ -37,13 +46,17 @@ def _pairs_without_job(comm, late):
     return float(x[0])
 
 
-@pytest.mark.parametrize("late", [(0, 1, 0, 1), (0.5, 0, 1.0, 0)], ids=["ranks-1-late", "ranks-0-late"])
-def test_sub_communicators_made_without_job_are_refused_rather_than_mixed(late):
+LATE = {"ranks-1-late": (0, 1, 0, 1), "ranks-0-late": (0.5, 0, 1.0, 0)}
+
+
+def test_sub_communicators_made_without_job_are_refused_rather_than_mixed():
     """Ranks {0, 1} and {2, 3} each made a 2-rank communicator over the launch's store without job=: both groups
     used one job key, and ranks summed another group's data (5.0 on rank 0, 7.0 on rank 1) or hung; a check of the
     key's claims still let 2 of 5 runs mix when the groups' rank 0s came late. A communicator smaller than the job
-    is a sub-communicator: it needs job=."""
-    assert slicetrace.launch(_pairs_without_job, 4, late, **KW) == ["UsageError"] * 4
+    is a sub-communicator: it needs job=. The cases (which group's rank 0 comes late) share one launch."""
+    res = slicetrace.launch(_pairs_without_job, 4, list(LATE.values()), **KW)
+    for i, case in enumerate(LATE):
+        assert [r[i] for r in res] == ["UsageError"] * 4, (case, res)
 
 
 def test_a_sub_communicator_under_torchrun_needs_job(monkeypatch):
