@@ -36,11 +36,9 @@ def _ops(comm):
     return 0
 
 
-def test_converted_trace_has_every_slice_on_non_overlapping_tracks_and_a_flow_per_send(tmp_path):
-    prefix = str(tmp_path / "t")
-    slicetrace.launch(_ops, 3, profiler_plugin="example", profile_dump_file=prefix, buffsize=1 << 16,
-                      nchannels=2, timeout_s=30.0)
-    files = sorted(glob.glob(prefix + "_*.json"))
+def test_converted_trace_has_every_slice_on_non_overlapping_tracks_and_a_flow_per_send(tmp_path, ops_files):
+    files = ops_files                       # the module's one traced run (ops_files, below), read only
+    prefix = str(Path(files[0]).with_name("t"))
     recs = load_traces(files)
     out = str(tmp_path / "run.pftrace")
     assert main(["convert", prefix, "-o", out]) == 0
