@@ -61,8 +61,9 @@ def launch_settings(fn: Callable, nranks: Any, args: tuple, join_timeout_s: Any,
     return nranks, s
 
 
-# a built-in plugin's name -> the setting that prefixes its files (<prefix>_<commHash>_<rank>.*; folders made at init)
-_PREFIXES = {"example": "profile_dump_file", "linkstats": "linkstats_file"}
+# a built-in plugin's name -> the setting that prefixes its files (<prefix>_<commHash>_<rank>.*; folders made at init,
+# flightrec's at its first dump: probed, never made, so a healthy run leaves none)
+_PREFIXES = {"example": "profile_dump_file", "linkstats": "linkstats_file", "flightrec": "flightrec_file"}
 
 
 def unwritable(folder: str) -> tuple[str, str] | None:

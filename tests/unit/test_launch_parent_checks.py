@@ -7,6 +7,7 @@ import pytest
 import slicetrace
 from slicetrace.config import value_source
 from slicetrace.errors import PluginError
+from slicetrace.launch_checks import launch_settings
 
 
 def _rank(comm):
@@ -76,9 +77,11 @@ def test_a_communicator_whose_plugins_all_failed_in_init_is_not_profiling(spec, 
         assert (comm.all_reduce(x) == x).all()          # communication goes on without them
 
 
-@pytest.mark.parametrize("plugin,attr", [("example", "profile_dump_file"), ("linkstats", "linkstats_file")])
+@pytest.mark.parametrize("plugin,attr", [("example", "profile_dump_file"), ("linkstats", "linkstats_file"),
+                                         ("flightrec", "flightrec_file")])
 def test_a_prefix_in_no_writable_folder_fails_in_the_launcher(tmp_path, monkeypatch, plugin, attr):
-    """Before: each rank's plugin init failed after the launch, naming the variable too."""
+    """Before: each rank's plugin init failed after the launch, naming the variable too (flightrec: a LaunchError
+    with one such error per rank)."""
     (tmp_path / "f").write_text("")                     # a file where the prefix wants a folder
     prefix = str(tmp_path / "f" / "run")
     with pytest.raises(slicetrace.errors.ConfigError) as e:
@@ -88,6 +91,15 @@ def test_a_prefix_in_no_writable_folder_fails_in_the_launcher(tmp_path, monkeypa
     monkeypatch.setenv(f"SLICETRACE_{attr.upper()}", prefix)          # from the variable: it is the one named
     with pytest.raises(slicetrace.errors.ConfigError, match=rf"^SLICETRACE_{attr.upper()}='"):
         slicetrace.launch(_rank, 2, profiler_plugin=plugin)
+
+
+def test_the_flight_recorders_folder_is_probed_in_the_launcher_not_made(tmp_path):
+    """It writes only on a failure, so a healthy run leaves no folder: the check looks where the folder would be
+    made (its nearest existing folder) and makes nothing, and leaves that folder as it found it."""
+    prefix = str(tmp_path / "fr" / "deep" / "rec")
+    n, s = launch_settings(_rank, 2, (), None, {"profiler_plugin": "flightrec", "flightrec_file": prefix})
+    assert (n, s.flightrec_file) == (2, prefix)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_an_inspector_folder_where_no_file_can_be_written_fails_in_the_launcher(tmp_path, monkeypatch):
