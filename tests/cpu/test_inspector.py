@@ -98,9 +98,9 @@ def test_a_line_per_collective_timed_as_the_trace_s_kernel_channels(pool2, tmp_p
             assert ln["header"] == {"id": f"0x{h:x}", "rank": rank, "n_ranks": 2, "nnodes": 1}
             assert ln["metadata"]["pid"] == runs[rank][1]
             assert perf["coll_busbw_gbs"] == pytest.approx(perf["coll_algobw_gbs"] * busbw_factor(OP_OF[func], 2))
-            if perf["coll_sn"] == 3:                                  # the count of 0
-                assert (perf["coll_msg_size_bytes"], perf["coll_timing_source"], perf["coll_algobw_gbs"]) == \
-                    (0, "collective_cpu", 0.0)
+            if perf["coll_sn"] == 3:                                  # the count of 0: no kernel, no duration
+                assert (perf["coll_msg_size_bytes"], perf["coll_timing_source"], perf["coll_exec_time_us"],
+                        perf["coll_algobw_gbs"]) == (0, "collective_cpu", 0, 0.0)
                 continue
             span = spans[func, perf["coll_sn"]]
             assert perf["coll_msg_size_bytes"] == SIZES[func] and perf["coll_timing_source"] == "kernel_cpu"
@@ -150,6 +150,7 @@ def test_ops_whose_mask_leaves_kernel_ch_out_are_timed_by_their_coll_events(pool
     for lines in _by_rank(tmp_path, runs):
         assert len(lines) == 8 and {ln["coll_perf"]["coll_timing_source"] for ln in lines} == {"collective_cpu"}
         assert all(ln["coll_perf"]["coll_exec_time_us"] > 0 for ln in lines[:-1])
+        assert lines[-1]["coll_perf"]["coll_exec_time_us"] == 0           # the count of 0
 
 
 def _two(ctx, folder):

@@ -83,6 +83,30 @@ def test_without_kernel_ch_the_collective_s_own_start_and_stop_time_it(tmp_path)
     assert len(lines) == 2 and {ln["coll_perf"]["coll_timing_source"] for ln in lines} == {"collective_cpu"}
 
 
+def test_a_count_of_0_ran_no_kernel_and_reports_no_duration(tmp_path):
+    """Before: a count of 0 was timed from its Coll start to the host's end of the op (2-3 ms on cpu), a slow
+    collective in a dashboard though nothing moved. It says collective_cpu (no kernel timed it) with 0 us, as NCCL's
+    Inspector has no time for it either; an op with data and no KernelCh keeps its Coll span."""
+    p = InspectorPlugin(Settings(inspector_dump_dir=str(tmp_path / "ins"), inspector_verbose=True))
+    ctx = p.init(COMM, abi.ActivationMask())
+    for sn, count in enumerate((0, 1000)):
+        h = p.start_event(ctx, abi.CollDescr(abi.EventType.COLL, ts_ns=1_000_000, seq_number=sn, func="AllReduce",
+                                             count=count, datatype="ncclFloat32", n_channels=2))
+        p.stop_event(h, 3_500_000)                      # the host's end of the op, 2.5 ms after its start
+    p.finalize(ctx)
+    zero, full = read_lines(tmp_path / "ins")
+    for line in (zero, full):
+        check_keys(line, verbose=True)
+    perf = zero["coll_perf"]
+    assert (perf["coll_msg_size_bytes"], perf["coll_exec_time_us"], perf["coll_timing_source"],
+            perf["coll_algobw_gbs"], perf["coll_busbw_gbs"]) == (0, 0, "collective_cpu", 0.0, 0.0)
+    assert zero["coll_perf"]["event_trace_ts"] == {"coll_start_ts": 1000, "coll_stop_ts": 3500, "kernel_events": []}
+    perf = full["coll_perf"]
+    assert (perf["coll_msg_size_bytes"], perf["coll_exec_time_us"], perf["coll_timing_source"]) == \
+        (4000, 2500, "collective_cpu")
+    assert perf["coll_algobw_gbs"] == pytest.approx(4000 / 2_500_000)
+
+
 def test_verbose_adds_the_callbacks_order_and_times_per_channel(tmp_path):
     p, host, ctx, _ = _run(tmp_path, n_ops=2, inspector_verbose=True)
     host.close()

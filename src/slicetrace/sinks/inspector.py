@@ -5,9 +5,10 @@ One file per process, `<dir>/<hostname>-pid<pid>.log`, which every communicator 
 NCCL's Inspector). A line is {"header", "metadata", "coll_perf"} in Inspector's v4.0 format:
 * coll_exec_time_us: from the first start to the last stop of the op's KernelCh records (its channel programs;
   timing source "kernel_gpu" on cuda, whose clocks are the GPU's, "kernel_cpu" on cpu, whose KernelCh are timed on
-  the host); an op without them (its mask had no KernelCh, a count of 0, or one rank: no channel program) from its
-  Coll event's start to its stop ("collective_cpu"). Rounded to the microsecond; the bandwidths come from the
-  nanosecond span.
+  the host); an op without them (its mask had no KernelCh, or one rank: no channel program) from its Coll event's
+  start to its stop ("collective_cpu"); a count of 0 (no kernel ran, nothing moved) "collective_cpu" with 0 us and
+  bandwidths 0, as Inspector's for a zero time. Rounded to the microsecond; the bandwidths come from the nanosecond
+  span.
 * coll_msg_size_bytes: count x element size, for AllGather and ReduceScatter x n_ranks (the whole buffer, as
   nccl-tests' `size` and `slicetrace bench`'s; plan.traffic.message_bytes); coll_algobw_gbs = bytes / time and
   coll_busbw_gbs = algbw x nccl-tests' factor (plan.traffic.busbw_factor).
@@ -199,8 +200,8 @@ class _Ctx:
         size = message_bytes(op, d.count, _ITEMSIZE.get(d.datatype, 0), n)
         if h.first is not None:
             t0, t1, src = h.first, h.last, self.source
-        else:
-            t0, t1, src = d.ts_ns, stop_ns, "collective_cpu"
+        else:                   # a count of 0 ran no kernel: its host span is no transfer time, so 0 us
+            t0, t1, src = d.ts_ns, d.ts_ns if d.count == 0 else stop_ns, "collective_cpu"
         span = max(t1 - t0, 0)
         algbw = size / span if span else 0.0            # bytes per ns = GB/s
         busbw = algbw * (busbw_factor(op, n) if op in BUSBW_FACTOR else 1.0)
