@@ -97,6 +97,21 @@ def test_a_lone_op_past_the_cap_loses_its_oldest_kernel_steps_counted(tmp_path):
     assert steps[-1] == int(op.steps["step"].max())
 
 
+def test_a_lone_batch_bigger_than_the_cap_keeps_its_newest_kernel_steps(tmp_path):
+    host, path = _host(tmp_path, flightrec_max_records=10, flightrec_dump="always")
+    (op,) = SyntheticSource(nranks=2, rank=0, nchannels=1, loops=4, seed=3).ops(1, host.op_mask())
+    host.begin_op(op.info)
+    deliver(host, op)                               # every KernelStep in one batch, 3x the cap
+    host.close()
+    recs = read_records(path)
+    w = _window(recs)
+    steps = [r for r in recs if r.get("name") == "KernelStep"]
+    assert w["RecordsKept"] == len(steps) + 1 == 10 and w["RecordsEvicted"] == len(op.steps) - len(steps)
+    newest = op.steps[-len(steps):]                 # the batch's last rows, not none of them
+    assert sorted((r["args"]["Channel"], r["args"]["Step"], r["args"]["IsSend"]) for r in steps) == sorted(
+        zip(newest["channel"].tolist(), newest["step"].tolist(), ((newest["flags"] & FLAG_SEND) != 0).tolist()))
+
+
 def test_a_failure_writes_at_once_with_the_op_in_flight_and_the_stalled_connections(tmp_path):
     host, path = _host(tmp_path, flightrec_ops=3)
     _ops(host, 5)

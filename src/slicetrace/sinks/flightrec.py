@@ -4,7 +4,7 @@ Per communicator it keeps, in memory, the last SLICETRACE_FLIGHTREC_OPS complete
 and KernelStep records, every op still in flight and every op that ended unfinished: the record arrays the host
 hands over, kept by reference (the host never reuses them), no object per record. Past
 SLICETRACE_FLIGHTREC_MAX_RECORDS records the oldest ops go first (completed ones, then unfinished ones, then those in
-flight; a lone op past it loses its oldest batches); what went is counted.
+flight; a lone op past it loses its oldest KernelSteps, of a batch bigger than the cap too); what went is counted.
 
 It writes (sinks/flightrec_dump.py) at comm_failed (an op raised PeerError, CommTimeoutError or MismatchError: at
 once, and again at close with what the drain delivered since), at close when an op did not finish (it ended
@@ -96,11 +96,16 @@ class Ctx:
             elif len(self.live) > 1:
                 old = next(iter(self.live))
                 self.evict(old if old is not keep else list(self.live)[1])
-            elif keep.steps:
-                _, a, b = keep.steps.popleft()
-                keep.n -= b - a
-                self.records -= b - a
-                self.evicted_records += b - a
+            elif keep.steps:            # its oldest rows, a whole batch or the head of one: the newest stay
+                recs, a, b = keep.steps[0]
+                n = min(b - a, self.records - self.max_records)
+                if n == b - a:
+                    keep.steps.popleft()
+                else:
+                    keep.steps[0] = (recs, a + n, b)
+                keep.n -= n
+                self.records -= n
+                self.evicted_records += n
             else:
                 break
 
