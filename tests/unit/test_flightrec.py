@@ -142,6 +142,23 @@ def test_a_failure_writes_at_once_with_the_op_in_flight_and_the_stalled_connecti
     assert names[-1].endswith("failed: PeerError; lost: missing_kernel_ch 1")
 
 
+def test_a_failed_write_at_the_failure_is_counted_and_a_good_one_at_close_replaces_it(tmp_path, caplog):
+    host, path = _host(tmp_path)
+    _ops(host, 3)
+    folder = tmp_path / "fr"
+    folder.write_text("")                       # the folder cannot be made when the failure writes
+    host.failed("PeerError", "rank 1 exited", "AllReduce", 2)         # logged, not raised into the user's error
+    assert "writing its trace (failure) failed" in caplog.text
+    folder.unlink()
+    caplog.clear()
+    host.close()                                # written now, with the failure: finalize has nothing to raise
+    assert "failed in finalize" not in caplog.text
+    recs = read_records(path)
+    w = _window(recs)
+    assert (w["Trigger"], w["WritesFailed"], w["OpsKept"]) == ("failure", 1, 3) and check_trace(path) == []
+    assert [r["args"]["Error"] for r in recs if r.get("cat") == "ERROR"] == ["PeerError"]
+
+
 def test_failures_past_n_keep_the_first_and_the_latest(tmp_path):
     host, path = _host(tmp_path, flightrec_ops=3)
     for k in range(6):

@@ -69,7 +69,8 @@ class Ctx:
         self.missing = 0                    # missing_kernel_ch when last read
         self.host_counters: dict[str, int] = {}
         self.path: str | None = None        # the dump written, if any
-        self.error: OSError | None = None
+        self.error: OSError | None = None  # the last write's, if it failed
+        self.failed_writes = 0              # writes that failed (in the next dump's window record)
 
     def add(self, op: Any, recs: np.ndarray, a: int, b: int, chans: bool) -> None:
         n = b - a
@@ -237,12 +238,13 @@ class FlightRecPlugin:
         ctx.done.clear()
         ctx.failed.clear()
         ctx.live.clear()
-        if ctx.error is not None:       # the host logs it: the record it was to leave is not there
+        if ctx.error is not None:       # the host logs it: the last record it was to leave is not there
             raise ctx.error
 
     def _write(self, ctx: Ctx, why: str, ts_ns: int | None) -> None:
         try:
-            ctx.path = dump(ctx, why, ts_ns)
+            ctx.path, ctx.error = dump(ctx, why, ts_ns), None      # an earlier failed write is replaced: no error
         except OSError as e:
             ctx.error = e
+            ctx.failed_writes += 1
             log.error("slicetrace flightrec: writing its trace (%s) failed: %s", why, e)

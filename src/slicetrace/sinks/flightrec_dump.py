@@ -5,7 +5,8 @@ process renamed "failed: <Error>", the counters record), with one more record af
 "slicetrace_flightrec" (ph M), whose args say what the file holds: Trigger (failure, unfinished or always), the
 window (FirstOp/LastOp: the ops' places among the Coll/P2p events the recorder saw, from 1; FirstSeqNum/LastSeqNum:
 per collective function, the SeqNums kept), OpsKept, OpsInFlight, RecordsKept, what went before it (OpsEvicted,
-RecordsEvicted), the limits (MaxOps, MaxRecords), and per unfinished op how far each connection got (Unfinished).
+RecordsEvicted), the earlier writes that failed (WritesFailed), the limits (MaxOps, MaxRecords), and per unfinished
+op how far each connection got (Unfinished).
 An op still in flight ends at the dump's time. The file is written under a hidden name and renamed when whole: a
 reader never meets half a dump, and a later dump replaces an earlier one.
 """
@@ -76,7 +77,7 @@ def window(ctx: Any, ops: list, why: str) -> dict:
             "FirstOp": ops[0].index if ops else None, "LastOp": ops[-1].index if ops else None,
             "FirstSeqNum": first, "LastSeqNum": last, "OpsKept": len(ops),
             "OpsInFlight": sum(op.t1 is None for op in ops), "RecordsKept": ctx.records,
-            "OpsEvicted": ctx.evicted_ops, "RecordsEvicted": ctx.evicted_records,
+            "OpsEvicted": ctx.evicted_ops, "RecordsEvicted": ctx.evicted_records, "WritesFailed": ctx.failed_writes,
             "Unfinished": [unfinished(op) for op in ops if op.unfinished or op.t1 is None]}
 
 
