@@ -1,8 +1,9 @@
 """Flight records (the flightrec plugin's traces) keep each rank's last ops only: a rank's window may begin after
 another's, and a collective before it is evicted there, not missing. Its "slicetrace_flightrec" record says, per
-collective function, the first SeqNum kept (FirstSeqNum); report leaves out the collectives before any rank's window
-(the straggler and unfinished verdicts compare ranks), as it would leave out those a rank lacks, without calling
-them missing."""
+collective function, the last SeqNum evicted (EvictedSeqNum). report leaves out a collective before some rank's
+window and absent from its file (the straggler and unfinished verdicts compare ranks) only when it is whole on every
+other rank: one that a rank whose window (or full trace) covers it lacks, or left unfinished, stays in, so that its
+verdict is not hidden."""
 from __future__ import annotations
 
 import numpy as np
@@ -16,29 +17,48 @@ def windows(records: list[dict]) -> dict:
             if r.get("name") == WINDOW_RECORD and r.get("ph") == "M" and type(r.get("args")) is dict}
 
 
-def first_kept(wins: dict) -> dict[str, int]:
-    """Per collective function, the SeqNum from which every flight-recorded rank kept its ops."""
-    out: dict[str, int] = {}
-    for w in wins.values():
-        firsts = w.get("FirstSeqNum")
-        for func, seq in (firsts.items() if type(firsts) is dict else ()):
-            if type(seq) is int:
-                out[func] = max(out.get(func, seq), seq)
+def _starts(w: dict) -> dict:
+    """Per function, the SeqNum from which a rank's window holds every collective it ran: the one after the last
+    evicted (EvictedSeqNum; an unfinished op kept from before it is no start), else its first kept (FirstSeqNum)."""
+    ev = w.get("EvictedSeqNum")
+    if type(ev) is dict:
+        return {f: s + 1 for f, s in ev.items() if type(s) is int}
+    firsts = w.get("FirstSeqNum")
+    return {f: s for f, s in firsts.items() if type(s) is int} if type(firsts) is dict else {}
+
+
+def evicted(wins: dict, chs: np.ndarray, spans: list) -> set[tuple[str, int]]:
+    """The collectives (function, SeqNum) to leave out: before some rank's window and absent from its file, and
+    whole on every other rank: its KernelCh (if the rank has any) and an ended Coll (if it has any). chs:
+    trace.kernel_chs rows; spans: trace.coll_spans rows."""
+    firsts = {pid: _starts(w) for pid, w in wins.items()}
+    if not any(firsts.values()):
+        return set()
+    got_ch = set(zip(chs["rank"].tolist(), chs["func"].tolist(), chs["seq_number"].tolist()))
+    ended = {(r, f, s) for r, f, s, _, t1, *_ in spans if t1 >= 0}
+    has = got_ch | {(r, f, s) for r, f, s, *_ in spans}
+    with_ch, with_span = {r for r, _, _ in got_ch}, {r for r, *_ in spans}
+    ranks = with_ch | with_span | {p for p in wins if type(p) is int}
+    out = set()
+    for func, seq in {(f, s) for _, f, s in has}:
+        gone = {r for r in ranks if seq < firsts.get(r, {}).get(func, seq) and (r, func, seq) not in has}
+        if gone and all((r not in with_ch or (r, func, seq) in got_ch) and (r not in with_span or (r, func, seq)
+                                                                            in ended) for r in ranks - gone):
+            out.add((func, seq))
     return out
 
 
-def chs_in_window(chs: np.ndarray, firsts: dict[str, int]) -> np.ndarray:
-    """The KernelCh table (trace.kernel_chs) without the collectives before a window."""
-    if not firsts or not len(chs):
+def chs_in_window(chs: np.ndarray, gone: set[tuple[str, int]]) -> np.ndarray:
+    """The KernelCh table (trace.kernel_chs) without the collectives `gone` (evicted())."""
+    if not gone or not len(chs):
         return chs
-    funcs, seqs = chs["func"].tolist(), chs["seq_number"].tolist()
-    keep = np.array([seq >= firsts.get(f, seq) for f, seq in zip(funcs, seqs)], bool)
+    keep = np.array([k not in gone for k in zip(chs["func"].tolist(), chs["seq_number"].tolist())], bool)
     return chs[keep]
 
 
-def spans_in_window(spans: list, firsts: dict[str, int]) -> list:
-    """trace.coll_spans rows without the collectives before a window."""
-    return [s for s in spans if s[2] >= firsts.get(s[1], s[2])] if firsts else spans
+def spans_in_window(spans: list, gone: set[tuple[str, int]]) -> list:
+    """trace.coll_spans rows without the collectives `gone` (evicted())."""
+    return [s for s in spans if (s[1], s[2]) not in gone] if gone else spans
 
 
 def window_note(wins: dict) -> str:
@@ -51,4 +71,4 @@ def window_note(wins: dict) -> str:
                 f", {w.get('OpsEvicted', 0):,} op(s) and {w.get('RecordsEvicted', 0):,} record(s) evicted before")
     return ("# flight record(s) of the flightrec plugin, each rank's last ops only: "
             + "; ".join(one(p, w) for p, w in sorted(wins.items(), key=lambda kv: str(kv[0])))
-            + "; collectives before a rank's window are left out of the verdicts")
+            + "; collectives before a rank's window, whole on the other ranks, are left out of the verdicts")

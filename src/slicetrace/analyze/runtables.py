@@ -16,7 +16,7 @@ import numpy as np
 
 from .records import Ranks
 from .comms import CommFacts
-from .flightwindow import chs_in_window, first_kept, spans_in_window, windows
+from .flightwindow import chs_in_window, evicted, spans_in_window, windows
 from .runfiles import load_again, load_each, load_runs
 from .trace import coll_spans, counters, failures, kernel_chs, kernel_steps, op_names, op_starts
 
@@ -78,7 +78,7 @@ class RunTables:
     says nRanks 1; masks: the EventMasks its slicetrace_comm records name; flight: pid -> its flight record's window
     (flightwindow). steps(), counters(), starts(), spans(), names(), failures(): kernel_steps and kernel_chs,
     counters, op_starts, coll_spans, op_names, failures of the run's records (raising what those raise); of flight
-    records, steps() and spans() without the collectives before a rank's window (evicted there, not missing)."""
+    records, steps() and spans() without the collectives evicted before a rank's window (flightwindow.evicted)."""
 
     def __init__(self, parts: list[_Part], ranks: Ranks | None) -> None:
         self._parts = parts
@@ -90,7 +90,7 @@ class RunTables:
         self.one_rank = any(p.one_rank for p in parts)
         self.masks = set().union(*(p.masks for p in parts))
         self.flight = _merged([p.flight for p in parts])
-        self._firsts = first_kept(self.flight)
+        self._gone: set | None = None
 
     def _got(self, field: str) -> list:
         got = [getattr(p, field) for p in self._parts]
@@ -99,11 +99,27 @@ class RunTables:
                 raise g.error
         return got
 
+    def _chs(self) -> np.ndarray:
+        chs = self._got("chs")
+        return chs[0] if len(chs) == 1 else np.concatenate(chs)
+
+    def _spans(self) -> list:
+        return [s for got in self._got("spans") for s in got]
+
+    def _evicted(self) -> set:
+        """The collectives evicted before a flight record's window (flightwindow.evicted), once."""
+        if self._gone is None:
+            self._gone = set()
+            if self.flight:
+                try:
+                    self._gone = evicted(self.flight, self._chs(), self._spans())
+                except Exception:       # raised where report asks for that table, as without flight records
+                    pass
+        return self._gone
+
     def steps(self) -> tuple[np.ndarray, np.ndarray]:
         ks = self._got("ks")
-        chs = self._got("chs")
-        return (ks[0] if len(ks) == 1 else np.concatenate(ks)), chs_in_window(
-            chs[0] if len(chs) == 1 else np.concatenate(chs), self._firsts)
+        return (ks[0] if len(ks) == 1 else np.concatenate(ks)), chs_in_window(self._chs(), self._evicted())
 
     def counters(self) -> dict:
         return _merged(self._got("counts"))
@@ -112,7 +128,7 @@ class RunTables:
         return _merged(self._got("starts"))
 
     def spans(self) -> list:
-        return spans_in_window([s for got in self._got("spans") for s in got], self._firsts)
+        return spans_in_window(self._spans(), self._evicted())
 
     def names(self) -> dict:
         return _merged(self._got("names"))

@@ -64,6 +64,7 @@ class Ctx:
         self.records = 0                    # KernelCh and KernelStep records kept
         self.ops = 0                        # Coll/P2p events seen
         self.evicted_ops = self.evicted_records = 0
+        self.evicted_seq: dict[str, int] = {}   # per collective function, the last SeqNum evicted (report's window)
         self.failures: list[Failure] = []
         self.read: Any = None               # the host's counters (live_counters)
         self.missing = 0                    # missing_kernel_ch when last read
@@ -118,6 +119,9 @@ class Ctx:
         self.evicted_records += op.n
         op.chans = op.steps = ()           # gone: add() never appends to it again (no fresh containers per op)
         op.n = 0
+        d = op.descr
+        if d.__class__ is CollDescr and self.evicted_seq.get(d.func, -1) < d.seq_number:
+            self.evicted_seq[d.func] = d.seq_number
 
     def stopped(self, op: Op) -> None:
         if op.n_chans < op.descr.n_channels and self.read is not None:      # the host's word on its KernelCh

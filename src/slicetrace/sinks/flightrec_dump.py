@@ -4,9 +4,10 @@ The example plugin writes the file, so the flight record is its trace exactly (r
 process renamed "failed: <Error>", the counters record), with one more record after slicetrace_comm:
 "slicetrace_flightrec" (ph M), whose args say what the file holds: Trigger (failure, unfinished or always), the
 window (FirstOp/LastOp: the ops' places among the Coll/P2p events the recorder saw, from 1; FirstSeqNum/LastSeqNum:
-per collective function, the SeqNums kept), OpsKept, OpsInFlight, RecordsKept, what went before it (OpsEvicted,
-RecordsEvicted), the earlier writes that failed (WritesFailed), the limits (MaxOps, MaxRecords), and per unfinished
-op how far each connection got (Unfinished).
+per collective function, the SeqNums kept; EvictedSeqNum: per function, the last SeqNum evicted: an unfinished op
+kept from before it leaves the window with a gap), OpsKept, OpsInFlight, RecordsKept, what went before it
+(OpsEvicted, RecordsEvicted), the earlier writes that failed (WritesFailed), the limits (MaxOps, MaxRecords), and
+per unfinished op how far each connection got (Unfinished).
 An op still in flight ends at the dump's time. The file is written under a hidden name and renamed when whole: a
 reader never meets half a dump, and a later dump replaces an earlier one.
 """
@@ -75,7 +76,7 @@ def window(ctx: Any, ops: list, why: str) -> dict:
             last[d.func] = max(last.get(d.func, d.seq_number), d.seq_number)
     return {"Trigger": why, "MaxOps": ctx.max_ops, "MaxRecords": ctx.max_records, "OpsSeen": ctx.ops,
             "FirstOp": ops[0].index if ops else None, "LastOp": ops[-1].index if ops else None,
-            "FirstSeqNum": first, "LastSeqNum": last, "OpsKept": len(ops),
+            "FirstSeqNum": first, "LastSeqNum": last, "EvictedSeqNum": dict(ctx.evicted_seq), "OpsKept": len(ops),
             "OpsInFlight": sum(op.t1 is None for op in ops), "RecordsKept": ctx.records,
             "OpsEvicted": ctx.evicted_ops, "RecordsEvicted": ctx.evicted_records, "WritesFailed": ctx.failed_writes,
             "Unfinished": [unfinished(op) for op in ops if op.unfinished or op.t1 is None]}
