@@ -3,6 +3,7 @@ unfinished op or DUMP=always, as the example plugin's trace with its window; rep
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -112,10 +113,16 @@ def test_a_lone_batch_bigger_than_the_cap_keeps_its_newest_kernel_steps(tmp_path
         zip(newest["channel"].tolist(), newest["step"].tolist(), ((newest["flags"] & FLAG_SEND) != 0).tolist()))
 
 
+def _recent(seed: int) -> SyntheticSource:
+    """An op begun 0.1 s ago: close ends ops in flight at the host's clock, so a fixed start (10**12 ns) came after
+    it on a machine up for less than 17 minutes (the device machine: 'ends before it begins')."""
+    return SyntheticSource(nranks=2, rank=0, nchannels=1, seed=seed, t0_ns=time.monotonic_ns() - 10 ** 8)
+
+
 def test_a_failure_writes_at_once_with_the_op_in_flight_and_the_stalled_connections(tmp_path):
     host, path = _host(tmp_path, flightrec_ops=3)
     _ops(host, 5)
-    (op,) = SyntheticSource(nranks=2, rank=0, nchannels=1, seed=4, t0_ns=10 ** 12).ops(1, host.op_mask())
+    (op,) = _recent(seed=4).ops(1, host.op_mask())
     host.begin_op(op.info)
     host.steps(op.info.tag, op.steps[:3])          # three slices moved, then a peer died
     host.failed("PeerError", "rank 1 exited; detected by rank 0 in AllReduce #5", "AllReduce", 5)
@@ -171,7 +178,7 @@ def test_failures_past_n_keep_the_first_and_the_latest(tmp_path):
 def test_an_op_unfinished_at_close_is_written_without_a_failure(tmp_path):
     host, path = _host(tmp_path)
     _ops(host, 2)
-    (op,) = SyntheticSource(nranks=2, rank=0, nchannels=1, seed=5, t0_ns=10 ** 12).ops(1, host.op_mask())
+    (op,) = _recent(seed=5).ops(1, host.op_mask())
     host.begin_op(op.info)
     host.steps(op.info.tag, op.steps[:2])
     host.close()
