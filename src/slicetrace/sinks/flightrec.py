@@ -1,4 +1,5 @@
-"""The flight recorder (the `flightrec` built-in): always on, cheap, and writes only when something goes wrong.
+"""The flight recorder (the `flightrec` built-in): always on, writes nothing unless something goes wrong (its cost is
+the event path of the ops it records, as for any plugin with KernelStep in its mask; README says how much).
 
 Per communicator it keeps, in memory, the last SLICETRACE_FLIGHTREC_OPS completed Coll/P2p ops with their KernelCh
 and KernelStep records, every op still in flight and every op that ended unfinished: the record arrays the host
