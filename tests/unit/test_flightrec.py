@@ -214,46 +214,44 @@ def test_report_leaves_out_collectives_evicted_before_a_rank_s_window_not_missin
                  spans=run.spans()).stragglers_left_out["collectives"] == 3
 
 
-def test_a_collective_before_one_rank_s_window_but_unfinished_on_another_rank_is_still_reported(tmp_path):
+def _dumps_with_lost_kernel_ch(tmp_path, comm_hash: int, keeps: list[int], lost_rank: int, lost_seq: int) -> list:
+    """Every rank's DUMP=always flight record of 10 synthetic all-reduces (rank r keeps keeps[r] ops), where rank
+    lost_rank's op lost_seq lost its KernelCh records (unfinished there)."""
     paths = []
-    for rank, keep in ((0, 5), (1, 8), (2, 8)):     # rank 0 evicted collectives 0..4; ranks 1, 2 kept 2..9
-        comm = abi.CommInfo(78, "t", 1, 3, rank)
+    for rank, keep in enumerate(keeps):
+        comm = abi.CommInfo(comm_hash, "t", 1, len(keeps), rank)
         host, path = _host(tmp_path, comm, flightrec_ops=keep, flightrec_dump="always")
-        for op in SyntheticSource(nranks=3, rank=rank, nchannels=2, seed=rank).ops(10, host.op_mask()):
+        for op in SyntheticSource(nranks=len(keeps), rank=rank, nchannels=2, seed=rank).ops(10, host.op_mask()):
             host.begin_op(op.info)
-            if rank == 2 and op.info.seq_number == 3:      # its KernelCh records were lost: unfinished on rank 2
+            if rank == lost_rank and op.info.seq_number == lost_seq:
                 host.steps(op.info.tag, op.steps)
                 host.end_op(op.info.tag, op.end_ns)
             else:
                 deliver(host, op)
         host.close()
         paths.append(path)
+    return paths
+
+
+def _report(paths):
     run = run_tables(paths)
     ks, chs = run.steps()
-    rep = build(ks, run.counters(), chs=chs, ranks=run.present, starts=run.starts(), spans=run.spans())
+    return build(ks, run.counters(), chs=chs, ranks=run.present, starts=run.starts(), spans=run.spans()), chs
+
+
+def test_a_collective_before_one_rank_s_window_but_unfinished_on_another_rank_is_still_reported(tmp_path):
+    # rank 0 evicted collectives 0..4; ranks 1, 2 kept 2..9; rank 2's #3 is unfinished
+    rep, chs = _report(_dumps_with_lost_kernel_ch(tmp_path, 78, [5, 8, 8], lost_rank=2, lost_seq=3))
     assert [(u["func"], u["seq"], u["ranks"]) for u in rep.unfinished] == [("AllReduce", 3, [2])]
     assert sorted(set(chs["seq_number"].tolist())) == [3] + list(range(5, 10))    # 2 and 4: evicted on rank 0
 
 
 def test_an_unfinished_op_kept_from_before_the_evicted_ones_opens_no_gap_called_missing(tmp_path):
-    paths = []
-    for rank, keep in ((0, 3), (1, 20)):            # rank 0 keeps its unfinished #1, then evicts #2..#6
-        comm = abi.CommInfo(79, "t", 1, 2, rank)
-        host, path = _host(tmp_path, comm, flightrec_ops=keep, flightrec_dump="always")
-        for op in SyntheticSource(nranks=2, rank=rank, nchannels=2, seed=rank).ops(10, host.op_mask()):
-            host.begin_op(op.info)
-            if rank == 0 and op.info.seq_number == 1:       # its KernelCh records were lost
-                host.steps(op.info.tag, op.steps)
-                host.end_op(op.info.tag, op.end_ns)
-            else:
-                deliver(host, op)
-        host.close()
-        paths.append(path)
+    # rank 0 keeps its unfinished #1, then evicts #2..#6
+    paths = _dumps_with_lost_kernel_ch(tmp_path, 79, [3, 20], lost_rank=0, lost_seq=1)
     w = _window(read_records(paths[0]))
     assert (w["FirstSeqNum"], w["EvictedSeqNum"]) == ({"AllReduce": 1}, {"AllReduce": 6})
-    run = run_tables(paths)
-    ks, chs = run.steps()
-    rep = build(ks, run.counters(), chs=chs, ranks=run.present, starts=run.starts(), spans=run.spans())
+    rep, _ = _report(paths)
     assert rep.stragglers_left_out["collectives"] == 1          # #1 alone: unfinished on rank 0, and said so
     assert [(u["func"], u["seq"], u["ranks"]) for u in rep.unfinished] == [("AllReduce", 1, [0])]
 

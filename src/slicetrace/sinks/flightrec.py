@@ -205,20 +205,14 @@ class FlightRecPlugin:
         return len(recs)
 
     def kernel_step_runs(self, ctx: Ctx, parents: list, recs: np.ndarray, starts: list[int], stops: list[int]) -> int:
-        add = ctx.add
-        for p, a, b in zip(parents, starts, stops):
-            add(p, recs, a, b, False)
-        return sum(stops) - sum(starts)
+        return _add_runs(ctx, parents, recs, starts, stops, False)
 
     def kernel_ch_batch(self, ctx: Ctx, parent: Any, recs: np.ndarray) -> int:
         ctx.add(parent, recs, 0, len(recs), True)
         return len(recs)
 
     def kernel_ch_runs(self, ctx: Ctx, parents: list, recs: np.ndarray, starts: list[int], stops: list[int]) -> int:
-        add = ctx.add
-        for p, a, b in zip(parents, starts, stops):
-            add(p, recs, a, b, True)
-        return sum(stops) - sum(starts)
+        return _add_runs(ctx, parents, recs, starts, stops, True)
 
     def report_counters(self, ctx: Ctx, counters: dict[str, int]) -> None:
         ctx.host_counters = dict(counters)
@@ -253,3 +247,11 @@ class FlightRecPlugin:
             ctx.error = e
             ctx.failed_writes += 1
             log.error("slicetrace flightrec: writing its trace (%s) failed: %s", why, e)
+
+
+def _add_runs(ctx: Ctx, parents: list, recs: np.ndarray, starts: list[int], stops: list[int], chans: bool) -> int:
+    """A batch's runs of records, rows starts[i]:stops[i] of parents[i], kept (KernelCh if chans, else KernelStep)."""
+    add = ctx.add
+    for p, a, b in zip(parents, starts, stops):
+        add(p, recs, a, b, chans)
+    return sum(stops) - sum(starts)
