@@ -247,6 +247,22 @@ def temp_dir() -> str:
     return tempfile.gettempdir()
 
 
+def unwritable(folder: str) -> tuple[str, str] | None:
+    """(the folder probed, why no file can be written there), or None: a real file is made and removed (os.access
+    says yes to root everywhere, /proc included) in `folder`, or where it does not exist yet (the plugins make it),
+    in the nearest folder above it."""
+    d = os.path.abspath(folder)
+    while not os.path.lexists(d):
+        d = os.path.dirname(d)
+    try:
+        fd, probe = tempfile.mkstemp(dir=d, prefix=".slicetrace_probe_")
+        os.close(fd)
+        os.remove(probe)
+    except OSError as e:
+        return d, e.strerror or str(e)
+    return None
+
+
 def env_source(attr: str, env: Mapping[str, str] | None = None) -> str | None:
     """The SLICETRACE_* variable that sets Settings field `attr`, when the environment sets it: an error about a
     value names where it came from."""

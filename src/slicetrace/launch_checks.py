@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from multiprocessing.reduction import ForkingPickler
 import os
-import tempfile
 from typing import Any, Callable
 
 import numpy as np
 
 from .api_checks import as_index, seconds_or_none
 from .backend.cpu.shm import shm_shortfall
-from .config import Settings, inspector_dir, inspector_dir_named, value_source
+from .config import Settings, inspector_dir, inspector_dir_named, unwritable, value_source
 from .errors import ConfigError, UsageError
 from .events.loading import load_plugins
 
@@ -64,22 +63,6 @@ def launch_settings(fn: Callable, nranks: Any, args: tuple, join_timeout_s: Any,
 # a built-in plugin's name -> the setting that prefixes its files (<prefix>_<commHash>_<rank>.*; folders made at init,
 # flightrec's at its first dump: probed, never made, so a healthy run leaves none)
 _PREFIXES = {"example": "profile_dump_file", "linkstats": "linkstats_file", "flightrec": "flightrec_file"}
-
-
-def unwritable(folder: str) -> tuple[str, str] | None:
-    """(the folder probed, why no file can be written there), or None: a real file is made and removed (os.access
-    says yes to root everywhere, /proc included) in `folder`, or where it does not exist yet (the plugins make it),
-    in the nearest folder above it."""
-    d = os.path.abspath(folder)
-    while not os.path.lexists(d):
-        d = os.path.dirname(d)
-    try:
-        fd, probe = tempfile.mkstemp(dir=d, prefix=".slicetrace_probe_")
-        os.close(fd)
-        os.remove(probe)
-    except OSError as e:
-        return d, e.strerror or str(e)
-    return None
 
 
 def _check_picklable(fn: Callable, args: tuple) -> None:

@@ -17,7 +17,7 @@ from ..analyze.atomic import STDOUT, atomic_open
 from ..config import temp_dir
 from ..errors import SliceTraceError, UsageError
 from ..events.abi import EventType
-from ..launch_checks import unwritable
+from ..config import unwritable
 
 
 def writable_file(flag: str, path: str, stdout_ok: bool = False) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..config import Settings
+from ..config import Settings, unwritable
 from ..errors import ConfigError
 from ..events.abi import ActivationMask, CollDescr, CommInfo, P2pDescr
 from ..events.plugin import Failure
@@ -169,12 +169,10 @@ class FlightRecPlugin:
         if s.profile_dump_file and os.path.abspath(s.profile_dump_file) == os.path.abspath(s.flightrec_file):
             raise ConfigError(f"{var} is also profile_dump_file (SLICETRACE_PROFILE_DUMP_FILE): the two plugins "
                               f"would write the same files; give the flight recorder a prefix of its own")
-        folder = os.path.dirname(os.path.abspath(s.flightrec_file))
-        while not os.path.exists(folder):               # made at the first dump: its nearest existing one now
-            folder = os.path.dirname(folder)
-        if not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):   # now, not when a failure needs it
-            raise ConfigError(f"{var}: {folder!r} is not a folder that can be written; give a prefix in a writable "
-                              f"folder")
+        why = unwritable(os.path.dirname(os.path.abspath(s.flightrec_file)))    # probed, not made (at the first dump)
+        if why is not None:                             # now, not when a failure needs it
+            raise ConfigError(f"{var}: {why[0]!r} is not a folder that can be written ({why[1]}); give a prefix in a "
+                              f"writable folder")
         mask.value = MASK
         return Ctx(comm, s)
 
