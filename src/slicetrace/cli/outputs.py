@@ -14,10 +14,9 @@ import time
 from typing import Iterator
 
 from ..analyze.atomic import STDOUT, atomic_open
-from ..config import temp_dir
+from ..config import temp_dir, unwritable
 from ..errors import SliceTraceError, UsageError
 from ..events.abi import EventType
-from ..config import unwritable
 
 
 def writable_file(flag: str, path: str, stdout_ok: bool = False) -> None:
@@ -158,7 +157,7 @@ def _settled_broken(broken: list[str], seen: dict[str, tuple[int, int]], quiet_s
     last write landing late (a loaded host); one still changing at limit_s is another run's, being written."""
     seen = {f: seen[f] for f in broken}
     changed = dict.fromkeys(broken, time.monotonic())       # file -> when it last changed (or was first seen)
-    end = changed and time.monotonic() + limit_s
+    end = time.monotonic() + limit_s
     while changed and any(time.monotonic() - t < quiet_s for t in changed.values()):
         if time.monotonic() >= end:
             return [f for f, t in changed.items() if time.monotonic() - t >= quiet_s]
