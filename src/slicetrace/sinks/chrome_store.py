@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..events.abi import KERNEL_CH_DTYPE, KERNEL_STEP_DTYPE, ActivationMask, CollDescr, CommInfo, EventType
-from .chrome_cols import _byte_rows, _Chunk, _concat, _per_row, write_all
+from .chrome_cols import Chunk, byte_rows, concat_records, per_row, write_all
 from .chrome_text import CH_LINES, ID_SPAN, STEP_LINE, RowFormat, distinct, id_base, thread_meta, trace_pid
 from .chrome_writer import Writer
 
@@ -65,9 +65,9 @@ class Ctx:
         self.dropped_stuck = 0                  # KernelSteps of them dropped while the writer was stuck (memory)
         self.lines: dict[str, list[str]] = {p: [] for p in POOL_OF.values()}
         self.chunk_rows = min(_CHUNK, self.sizes["KERNEL_STEP"])
-        self.full: list[_Chunk] = []            # filled chunks not yet written
-        self.free: list[_Chunk] = []            # written chunks, reused (no fresh pages in steady state)
-        self.cur: _Chunk | None = None
+        self.full: list[Chunk] = []            # filled chunks not yet written
+        self.free: list[Chunk] = []            # written chunks, reused (no fresh pages in steady state)
+        self.cur: Chunk | None = None
         self.stored = 0                         # KernelSteps buffered (<= the KERNEL_STEP pool size)
         self.pend: list[tuple] = []             # (recs, pid, seq) batches not yet copied into chunks
         self.pend_n = 0
@@ -213,9 +213,7 @@ class Ctx:
                               _STUCK_POOLS)
                 self.lost["KERNEL_STEP"] += rows
                 self.dropped_stuck += rows
-                for c in chunks:
-                    c.fill = 0
-                self.free.extend(chunks)
+                self._recycle(chunks)
                 return
             if not was:
                 log.warning("slicetrace example plugin: the writer of %s is more than a pool of KernelSteps behind "
@@ -229,6 +227,11 @@ class Ctx:
                 self._write_now("", "KERNEL_STEP", c.fill)     # counted only: no file, or a broken one
             else:
                 self._write_steps(c.steps[:c.fill], c.pid[:c.fill], c.seq[:c.fill])
+        self._recycle(chunks)
+
+    def _recycle(self, chunks: list) -> None:
+        """Written or dropped: the chunks, emptied, are free for reuse."""
+        for c in chunks:
             c.fill = 0
         self.free.extend(chunks)
 
@@ -265,7 +268,7 @@ class Ctx:
         if self.path is None or self.error is not None:
             self._write_now("", "KERNEL_CH", n)
             return
-        recs, lens = _concat([c[0] for c in chans], KERNEL_CH_DTYPE)
+        recs, lens = concat_records([c[0] for c in chans], KERNEL_CH_DTYPE)
         ids = np.concatenate([np.arange(c[1], c[1] + len(c[0]), dtype=np.int64) for c in chans])
         pids = [c[2] for c in chans]            # a parent id per batch, or (kernel_ch_runs) per row
         pid = (np.repeat(np.array(pids, np.int64), lens) if all(type(p) is int for p in pids)
@@ -334,10 +337,10 @@ class Ctx:
         if len(pend) == 1 or n >= _BIG_BATCH * len(pend):   # one batch, or large ones (a GPU poll's): no concat
             for recs, pid, seq in pend:
                 if type(pid) is list:
-                    pid, seq = _per_row(pid, seq)
+                    pid, seq = per_row(pid, seq)
                 self.copy_steps(recs, pid, seq)
             return
-        recs, lens = _concat([p[0] for p in pend], KERNEL_STEP_DTYPE)
+        recs, lens = concat_records([p[0] for p in pend], KERNEL_STEP_DTYPE)
         ids: list = []
         runs: list = []
         for (_, pid, seq), k in zip(pend, lens):     # every batch's parents, expanded once for the fold
@@ -347,7 +350,7 @@ class Ctx:
             else:
                 ids.append((pid, seq))
                 runs.append(k)
-        pid, seq = _per_row(ids, runs)
+        pid, seq = per_row(ids, runs)
         self.copy_steps(recs, pid, seq)
 
     def copy_steps(self, recs: np.ndarray, pid: Any, seq: Any) -> None:
@@ -358,10 +361,10 @@ class Ctx:
             if c is None or c.fill == len(c.steps):
                 if c is not None:
                     self.full.append(c)
-                c = self.cur = self.free.pop() if self.free else _Chunk(self.chunk_rows)
+                c = self.cur = self.free.pop() if self.free else Chunk(self.chunk_rows)
             take = min(len(c.steps) - c.fill, n - pos, cap - self.stored)
             a, b = c.fill, c.fill + take
-            c.rows[a:b] = _byte_rows(recs[pos:pos + take])    # structured item copies run ~15x slower
+            c.rows[a:b] = byte_rows(recs[pos:pos + take])    # structured item copies run ~15x slower
             c.pid[a:b] = pid if scalar else pid[pos:pos + take]
             c.seq[a:b] = seq if scalar else seq[pos:pos + take]
             c.fill, pos, self.stored = b, pos + take, self.stored + take
