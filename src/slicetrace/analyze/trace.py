@@ -3,7 +3,8 @@
 `check_trace` returns the problems it finds (empty list = clean): the file parses as a JSON array of objects;
 every async "b" has one "e" with the same pid + cat + id (and name), not earlier; the arg names of the NCCL
 example plugin are present; every KernelStep lies inside its Coll/P2p (by ParentId, else any op of the same
-rank, when the trace's mask recorded ops) and inside a KernelCh of the same op and channel. `kernel_steps` turns
+rank, when the trace's mask recorded ops) and inside a KernelCh of the same op and channel (a channel without one
+is fine only in an op its trace says did not finish: _unfinished). `kernel_steps` turns
 KernelStep records into a structured array for causality and traffic checks. `load_files` / `load_run` read one
 run's files (as analyze/trace_paths.py's trace_files finds them) for report and convert alike, refusing what the
 analyses cannot use (analyze/records.py says what a record may hold).
@@ -18,6 +19,7 @@ import numpy as np
 
 from ..errors import TraceFormatError
 from .comms import ALL_COMMS, POOLED, comm_of, pid_comms, file_facts, in_order, merged, picks, warn_apart
+from .flightwindow import windows
 from .records import FAILURE_CAT, REQUIRED_ARGS, STEP_ARGS, rank_problem, read_records as _read, record_problem
 from .runranks import run_ranks
 from .trace_paths import trace_files
@@ -226,7 +228,7 @@ def check_trace(path_or_records: str | os.PathLike | list[dict]) -> list[str]:
             ops[(pid, eid)] = (float(b["ts"]), e_ts)
         elif cat == "GPU" and b.get("name") == "KernelCh":
             chans.setdefault((pid, args.get("ParentId"), args.get("Channel")), []).append((float(b["ts"]), e_ts))
-    ops_with_kch = {(pid, op) for pid, op, _ in chans}
+    ops_with_kch = {(pid, op) for pid, op, _ in chans} - _unfinished(records, pairs)
     by_rank: dict[Any, list[tuple[float, float]]] = {}
     for (pid, _), iv in ops.items():
         by_rank.setdefault(pid, []).append(iv)
@@ -256,6 +258,28 @@ def check_trace(path_or_records: str | os.PathLike | list[dict]) -> list[str]:
                                                for a, b in by_rank.get(pid, [])):
             problems.append(f"{where}: inside no Coll/P2p of its rank")
     return problems
+
+
+def _unfinished(records: list[dict], pairs: dict) -> set[tuple]:
+    """(pid, op id) of the ops their trace says did not finish, so a channel of theirs may have KernelSteps and no
+    KernelCh (its program never ended): a Coll named by an ERROR instant of its rank (Op and SeqNum: the op that
+    raised), or any op named by its rank's flight record's Unfinished list (Op and SeqNum, or ToPeer for a P2p).
+    Not the counters' missing_kernel_ch: it also counts the KernelCh records lost of programs that did end."""
+    named = {(r.get("pid"), a.get("Op"), a["SeqNum"]) for r in records if r.get("ph") == "i"
+             and r.get("cat") == FAILURE_CAT and type(a := r.get("args")) is dict and "SeqNum" in a}
+    for pid, w in windows(records).items():
+        for u in w.get("Unfinished") if type(w.get("Unfinished")) is list else ():
+            if type(u) is dict and type(u.get("Op")) is str:        # a file's JSON: only what the plugin writes
+                seq, peer = u.get("SeqNum"), u.get("ToPeer")
+                if type(seq) is int or ("SeqNum" not in u and type(peer) is int):
+                    named.add((pid, u["Op"], seq if type(seq) is int else ("peer", peer)))
+    out = set()
+    for (pid, cat, eid), (b, _) in pairs.items():
+        a = b.get("args") or {}
+        if cat in ("COLL", "P2P") and (pid, b.get("name"), a.get("SeqNum") if cat == "COLL"
+                                       else ("peer", a.get("Peer"))) in named:
+            out.add((pid, eid))
+    return out
 
 
 _OPS_MASK = 0x2 | 0x4           # EventType.COLL | P2P (analyze does not import the runtime's events.abi)
