@@ -27,14 +27,16 @@ def _starts(w: dict) -> dict:
     return {f: s for f, s in firsts.items() if type(s) is int} if type(firsts) is dict else {}
 
 
-def evicted(wins: dict, chs: np.ndarray, spans: list) -> set[tuple[str, int]]:
+def evicted(wins: dict, chs: np.ndarray | list[np.ndarray], spans: list) -> set[tuple[str, int]]:
     """The collectives (function, SeqNum) to leave out: before some rank's window and absent from its file, and
     whole on every other rank: its KernelCh (if the rank has any) and an ended Coll (if it has any). chs:
-    trace.kernel_chs rows; spans: trace.coll_spans rows."""
+    trace.kernel_chs rows, or a list of such tables (each file's: none is copied into one); spans:
+    trace.coll_spans rows."""
     firsts = {pid: _starts(w) for pid, w in wins.items()}
     if not any(firsts.values()):
         return set()
-    got_ch = set(zip(chs["rank"].tolist(), chs["func"].tolist(), chs["seq_number"].tolist()))
+    got_ch = {k for t in (chs if isinstance(chs, list) else [chs])
+              for k in zip(t["rank"].tolist(), t["func"].tolist(), t["seq_number"].tolist())}
     ended = {(r, f, s) for r, f, s, _, t1, *_ in spans if t1 >= 0}
     has = got_ch | {(r, f, s) for r, f, s, *_ in spans}
     with_ch, with_span = {r for r, _, _ in got_ch}, {r for r, *_ in spans}

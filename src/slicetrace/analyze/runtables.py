@@ -112,7 +112,7 @@ class RunTables:
             self._gone = set()
             if self.flight:
                 try:
-                    self._gone = evicted(self.flight, self._chs(), self._spans())
+                    self._gone = evicted(self.flight, self._got("chs"), self._spans())    # steps() joins them
                 except Exception:       # raised where report asks for that table, as without flight records
                     pass
         return self._gone
