@@ -138,8 +138,8 @@ def slow_links(rates: Rates, moving: dict | None = None, below: float = 0.25) ->
     more than half the ops (verdicts.op_index) after the first where 3 links or more moved, and in more of them
     than chance explains (Rates.rule, `chance`), so a link a little slower all run long by the pooled median
     only is not named, nor one that one op's noise put there (nor one in no such op, e.g. a link of a rank whose
-    file was cut short; a trace without op keys is judged so by link_rates' groups of slices, in those that carry more than half
-    its bytes, counted as `slice_groups`, `slice_groups_slow`). `sender_outlier`: its sending rank
+    file was cut short; a trace without op keys is judged so by link_rates' groups of slices, in those that carry
+    more than half its bytes, counted as `slice_groups`, `slice_groups_slow`). `sender_outlier`: its sending rank
     moves data longest, 1 / (1 - below) times the median rank's or more (`moving`: rank -> us), so its copies may
     be the slow part; `receiver_outlier` the same of its receiving rank (writes into a lagging rank's buffers are
     slowed too); `sender_other_links`, `sender_other_links_slow`: the sending rank's links to other peers and how

@@ -251,9 +251,9 @@ def held_up(ks: np.ndarray, ops: np.ndarray | None = None, starts: dict | None =
     which p itself waited for data on that channel, to the rank p waited for, and so on up the chain; a send's
     credit wait (the receiver p had not freed room) passes likewise to the rank p waited on for credit. It never
     passes back to the rank that waited, nor more hops than there are ranks; what is left stays with the rank
-    reached. Waits in each rank's first op (start-up skew: first_ops) are left out. Per rank: data_us (ranks waited for its
-    data), credit_us (for room in its buffers) and their sum wait_us, largest first. ops: op_index(ks), if known;
-    starts: trace.op_starts(records), if known; first: first_ops(ks, ops, starts), if known."""
+    reached. Waits in each rank's first op (start-up skew: first_ops) are left out. Per rank: data_us (ranks
+    waited for its data), credit_us (for room in its buffers) and their sum wait_us, largest first. ops:
+    op_index(ks), if known; starts: trace.op_starts(records), if known; first: first_ops(ks, ops, starts), if known."""
     return held_up_totals(blame_by_op(ks, ops, starts, first))
 
 
