@@ -3,9 +3,10 @@
 Per op and plugin, the host snapshots the plugin's effective mask (parents included, limited to what the
 plugin's version knows and to the op's mask) in `begin_op`, emits API/Group/Coll/P2p starts, then turns drained
 records into KernelCh events and KernelStep batches. A Coll/P2p stops when its last KernelCh record arrived
-(ts = the latest done_ns of its KernelCh records), or at `end_op`. Children of a None (dropped) parent handle are dropped and
-counted. A plugin that raises never breaks communication: the error is logged once, counted, and the plugin
-is disabled after `max_failures` exceptions (each event it would have got from then on is counted plugin_disabled).
+(ts = the latest done_ns of its KernelCh records), or at `end_op` (short of some: counted missing_kernel_ch, told
+to plugins with event_unfinished). Children of a None (dropped) parent handle are dropped and counted. A plugin
+that raises never breaks communication: the error is logged once, counted, and the plugin is disabled after
+`max_failures` exceptions (each event it would have got from then on is counted plugin_disabled).
 
 Threads: begin_op runs on the user thread; channel/steps/batch/end_op(s)/drop on the drain thread (the user's on
 the inline cpu drain, inside flush and close, and at exit). One lock serialises them, so plugins are called by one
@@ -77,6 +78,8 @@ class EventHost(Emitter, PollRuns, Accounts):
             self.close()
             raise
         self._proxy = [[_OFF, _OFF] for _ in self._slots]
+        self._unfin = [f if callable(f := getattr(s.lp.plugin, "event_unfinished", None)) else None  # an extension
+                       for s in self._slots]
 
     plugins = property(lambda self: [s.lp for s in self._slots])
 
@@ -300,11 +303,22 @@ class EventHost(Emitter, PollRuns, Accounts):
         expected = op.info.mask & (_KCH | _KS)    # KernelCh records are stamped only for these (session.run)
         for t in op.tasks:
             if not t.done:
-                if expected:
-                    self._counts["missing_kernel_ch"] += max(t.left, 0)
+                if expected and t.left > 0:
+                    self._counts["missing_kernel_ch"] += t.left
+                    self._unfinished(t)
                 self._complete(op, t, max(ts_ns, t.last_done))
         for i in range(len(self._slots)):
             self._stop(i, op.groups[i], ts_ns)
+
+    def _unfinished(self, t: _Task) -> None:
+        """Before its stop: t's Coll/P2p lacks t.left KernelCh, to each plugin with event_unfinished (disabled too)."""
+        for i, fn in enumerate(self._unfin):
+            s, h = self._slots[i], t.handles[i]
+            if fn is not None and h is not None and h is not _OFF and h is not s.lp.passthrough:
+                try:
+                    fn(h, t.left)
+                except Exception:
+                    self._fail(s, "event_unfinished", 1)
 
     def end_op(self, tag: int, ts_ns: int) -> None:
         """Every record of op `tag` was delivered or counted lost; completes whatever is still open."""

@@ -45,7 +45,7 @@ class Op:
         self.chans: list[tuple[np.ndarray, int, int]] = []     # (a batch, first row, end row): rows a:b are its
         self.steps: deque[tuple[np.ndarray, int, int]] = deque()    # (a view per op cost ~1k instructions more)
         self.n = self.n_chans = 0           # records kept; KernelCh records that came
-        self.unfinished = False             # it ended without all its KernelCh (the host's missing_kernel_ch)
+        self.unfinished = False             # it ended without all its KernelCh (the host's event_unfinished)
         self.gone = False                   # evicted: records that still come for it are counted, not kept
 
 
@@ -67,8 +67,7 @@ class Ctx:
         self.evicted_ops = self.evicted_records = 0
         self.evicted_seq: dict[str, int] = {}   # per collective function, the last SeqNum evicted (report's window)
         self.failures: list[Failure] = []
-        self.read: Any = None               # the host's counters (live_counters)
-        self.missing = 0                    # missing_kernel_ch when last read
+        self.read: Any = None               # the host's counters (live_counters), for a dump at comm_failed
         self.host_counters: dict[str, int] = {}
         self.path: str | None = None        # the dump written, if any
         self.error: OSError | None = None  # the last write's, if it failed
@@ -125,11 +124,6 @@ class Ctx:
             self.evicted_seq[d.func] = d.seq_number
 
     def stopped(self, op: Op) -> None:
-        if op.n_chans < op.descr.n_channels and self.read is not None:      # the host's word on its KernelCh
-            m = int(self.read().get("missing_kernel_ch", 0))
-            if m > self.missing:
-                op.unfinished = True
-            self.missing = m
         self.live.pop(op, None)
         if op.gone:
             return
@@ -197,6 +191,12 @@ class FlightRecPlugin:
 
     def record_event_state(self, handle: Any, state: Any, args: Any) -> None:
         pass            # KernelCh/KernelStep come whole through the batch calls; nothing else is recorded
+
+    def event_unfinished(self, handle: Any, missing: int) -> None:
+        """The host's word, right before its stop, that this op ended without `missing` of its KernelCh records (the
+        op's own: not a counter other ops move too, nor a read per op that had fewer KernelCh than channels)."""
+        if handle.__class__ is Op:
+            handle.unfinished = True
 
     def kernel_step_batch(self, ctx: Ctx, parent: Any, recs: np.ndarray) -> int:
         ctx.add(parent, recs, 0, len(recs), False)
