@@ -44,7 +44,10 @@ def launch_settings(fn: Callable, nranks: Any, args: tuple, join_timeout_s: Any,
         raise ConfigError(f"launch(): {e}; its keywords are init()'s settings: give fn's own arguments after "
                           f"nranks, launch(fn, n, *args), or bind them with functools.partial") from None
     # as the ranks load them (each rank again): a bad spec is one error here, naming the keyword, not one per rank
-    for lp in load_plugins(s.profiler_plugin, s, value_source("profiler_plugin", s.profiler_plugin)):
+    loaded = load_plugins(s.profiler_plugin, s, value_source("profiler_plugin", s.profiler_plugin))
+    if any(lp.name == "flightrec" for lp in loaded):
+        _own_flightrec_prefix(s)
+    for lp in loaded:
         attr = _PREFIXES.get(lp.name)
         prefix = getattr(s, attr) if attr else None
         if lp.name == "inspector":      # a folder, not a prefix (its default depends on SLURM_JOBID)
@@ -63,6 +66,16 @@ def launch_settings(fn: Callable, nranks: Any, args: tuple, join_timeout_s: Any,
 # a built-in plugin's name -> the setting that prefixes its files (<prefix>_<commHash>_<rank>.*; folders made at init,
 # flightrec's at its first dump: probed, never made, so a healthy run leaves none)
 _PREFIXES = {"example": "profile_dump_file", "linkstats": "linkstats_file", "flightrec": "flightrec_file"}
+
+
+def _own_flightrec_prefix(s: Settings) -> None:
+    """flightrec's init refuses the example plugin's prefix (sinks/flightrec.py, the same test): else every rank
+    raises it after the launch."""
+    ex, fr = s.profile_dump_file, s.flightrec_file
+    if ex and os.path.abspath(ex) == os.path.abspath(fr):
+        raise ConfigError(f"{value_source('flightrec_file', fr)}={fr!r} is also {value_source('profile_dump_file', ex)}"
+                          f"={ex!r}: the flightrec and example plugins would write the same files "
+                          f"(<prefix>_<commHash>_<rank>.json); give the flight recorder a prefix of its own")
 
 
 def _check_picklable(fn: Callable, args: tuple) -> None:

@@ -160,6 +160,7 @@ class FlightRecPlugin:
 
     def init(self, comm: CommInfo, mask: ActivationMask) -> Ctx:
         s, var = self.settings, f"flightrec_file (SLICETRACE_FLIGHTREC_FILE)={self.settings.flightrec_file!r}"
+        # launch() refuses it before any rank starts (launch_checks._own_flightrec_prefix, the same test); init() here
         if s.profile_dump_file and os.path.abspath(s.profile_dump_file) == os.path.abspath(s.flightrec_file):
             raise ConfigError(f"{var} is also profile_dump_file (SLICETRACE_PROFILE_DUMP_FILE): the two plugins "
                               f"would write the same files; give the flight recorder a prefix of its own")
