@@ -18,7 +18,7 @@ from ..launch_signals import _terminate_as_exit
 from .bench_json import completeness, json_value, provenance
 from .benchflags import backend_source, bench_settings, check_flags, has_example, timeout_hint
 from .diff_cmd import diff_parser, run_diff
-from .outputs import dump_files, logged_rows, rows_log, trace_note, writable_folder, write_json
+from .outputs import dump_files, flightrec_note, logged_rows, rows_log, trace_note, writable_folder, write_json
 from .sweep import (DTYPE_ALIASES, OPS, all_dtypes, available_memory, bench_dtype, memory_check, parse_size,
                     shm_check, sizes)
 from .trace_cmds import add_all_comms, run_convert, run_report
@@ -96,7 +96,8 @@ def _bench_parser(sub) -> None:
     p.add_argument("-c", "--check", type=int, choices=(0, 1), default=1,
                    help="1 = check results against numpy (default 1), 0 = do not")
     p.add_argument("-d", "--datatype", default="float", help=f"one of {sorted(DTYPE_ALIASES)}, or all (default float)")
-    p.add_argument("-o", "--redop", dest="redop", default="sum", help="reduction: sum prod min max avg, or all (default sum)")
+    p.add_argument("-o", "--redop", dest="redop", default="sum",
+                   help="reduction: sum prod min max avg, or all (default sum)")
     p.add_argument("-r", "--root", type=int, default=0, help="root for broadcast/reduce (default 0)")
     p.add_argument("-a", "--average", type=int, choices=(0, 1, 2, 3), default=3,
                    help="time reported per size, over the ranks' own timings: 0 rank 0, 1 mean (nccl-tests' "
@@ -194,6 +195,8 @@ def run_bench(a: argparse.Namespace) -> int:
                              f"file of its own, e.g. {a.json}.json")
         writable_folder(flag, path)
     traces_before = dump_files(folder, stem) if dump else {}
+    fr = s.flightrec_file if "flightrec" in plugins else None      # its files come only at a failure, by default
+    fr_before = dump_files(os.path.dirname(fr) or ".", os.path.basename(fr)) if fr else {}
     failed, active = None, plugins
     opts["rows_file"] = rows_file = rows_log(a.json)
     try:
@@ -230,6 +233,9 @@ def run_bench(a: argparse.Namespace) -> int:
         except SliceTraceError:
             if failed is None:
                 raise                   # a failed run that wrote no trace: its own error says why
+    if fr is not None and "flightrec" in active:        # (past init on every rank, or the run failed)
+        fr_var = f"SLICETRACE_FLIGHTREC_FILE={fr!r}" + ("" if env_source("flightrec_file") else " (the default)")
+        say(flightrec_note(fr, fr_before, nranks, s.flightrec_dump == "always", failed is not None, fr_var))
     if failed is not None:
         raise failed
     if bad_rows:
@@ -247,7 +253,9 @@ def _unwritten_files(s, plugins: list[str]) -> list[str]:
             ("SLICETRACE_PROFILE_DUMP_FILE", s.profile_dump_file, "example",
              "add --trace DIR or --profile, or add example to SLICETRACE_PROFILER_PLUGIN"),
             ("SLICETRACE_LINKSTATS_FILE", s.linkstats_file, "linkstats",
-             "add linkstats to SLICETRACE_PROFILER_PLUGIN")):
+             "add linkstats to SLICETRACE_PROFILER_PLUGIN"),
+            ("SLICETRACE_FLIGHTREC_FILE", env_source("flightrec_file") and s.flightrec_file, "flightrec",
+             "add flightrec to SLICETRACE_PROFILER_PLUGIN")):       # flightrec's: when set, not its default
         if value and plugin not in plugins:
             notes.append(f"# {var}={value!r} is set, but this run loads {loaded}, not the {plugin} plugin that "
                          f"writes its files, so none are written: {fix}")

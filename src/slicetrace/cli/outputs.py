@@ -183,19 +183,12 @@ def trace_note(folder: str, before: dict[str, tuple[int, int]], plugins: str | N
     so is a file its plugin did not finish, unless the run failed (failed: its ranks may have been killed mid-write;
     the line names those files). what: where the files' prefix came from (default --trace's folder)."""
     what = what or f"--trace {folder!r}"
-    now = dump_files(folder, stem)
-    written = sorted(f for f, st in now.items() if before.get(f) != st)
+    written, broken = _written(folder, stem, before, what, failed, "trace")
     if not written:
         raise SliceTraceError(f"{what}: the run wrote no trace file there; was profiling off? "
                               f"(profiler plugins {plugins!r}, event mask {mask}: SLICETRACE_PROFILER_PLUGIN, "
                               f"SLICETRACE_PROFILE_EVENT_MASK)")
-    broken = _settled_broken([f for f in written if not _complete(f)], now)
-    if broken and not failed:
-        raise SliceTraceError(f"{what}: {len(broken)} of the {len(written)} trace file(s) this run "
-                              f"wrote are incomplete (no closing ']'): {', '.join(broken)}; their profiler plugin "
-                              f"failed to finish them (a failed write, e.g. a full disk: see the error its rank "
-                              f"logged); slicetrace report and convert read them up to their last whole record")
-    runs = sorted({re.sub(r"_\d+\.json$", "", f) for f in written})
+    runs = _runs(written)
     names = ", ".join(f"{r}_<rank>.json" for r in runs)
     sel = runs[0] if len(runs) == 1 else folder
     # the arrows need KernelSteps, report KernelSteps or KernelChs under their Coll: else it was sent to an error
@@ -206,3 +199,46 @@ def trace_note(folder: str, before: dict[str, tuple[int, int]], plugins: str | N
     cut = f", cut short when the run failed: {', '.join(broken)}" if broken else ""
     return (f"# traces: {names} ({len(written)} file(s){cut}; open in https://ui.perfetto.dev; all ranks in one"
             f"{', with send -> receive arrows' if steps else ''}: slicetrace convert {sel} -o run.pftrace; {report})")
+
+
+def _written(folder: str, stem: str, before: dict[str, tuple[int, int]], what: str, failed: bool,
+             kind: str) -> tuple[list[str], list[str]]:
+    """(the dump files new or changed since `before`, those of them left incomplete); incomplete ones are an error
+    unless the run failed (its ranks may have been killed mid-write)."""
+    now = dump_files(folder, stem)
+    written = sorted(f for f, st in now.items() if before.get(f) != st)
+    broken = _settled_broken([f for f in written if not _complete(f)], now)
+    if broken and not failed:
+        raise SliceTraceError(f"{what}: {len(broken)} of the {len(written)} {kind} file(s) this run "
+                              f"wrote are incomplete (no closing ']'): {', '.join(broken)}; their profiler plugin "
+                              f"failed to finish them (a failed write, e.g. a full disk: see the error its rank "
+                              f"logged); slicetrace report and convert read them up to their last whole record")
+    return written, broken
+
+
+def _runs(written: list[str]) -> list[str]:
+    """The prefixes <prefix>_<commHash> of dump files, one per communicator."""
+    return sorted({re.sub(r"_\d+\.json$", "", f) for f in written})
+
+
+def flightrec_note(prefix: str, before: dict[str, tuple[int, int]], nranks: int, always: bool, failed: bool,
+                   what: str) -> str:
+    """The line naming the flight records (<prefix>_<commHash>_<rank>.json) this run wrote. None is normal: the
+    recorder writes at a failure or an unfinished op, and at every close only with SLICETRACE_FLIGHTREC_DUMP=always,
+    where none (every rank's write failed: they logged why) is an error unless the run failed. what: the prefix's
+    setting, as the line names it."""
+    folder, stem = os.path.dirname(prefix) or ".", os.path.basename(prefix)
+    written, broken = _written(folder, stem, before, what, failed, "flight record")
+    if not written:
+        if always and not failed:
+            raise SliceTraceError(f"{what} with SLICETRACE_FLIGHTREC_DUMP=always: the run wrote no flight record "
+                                  f"there; each rank's flightrec plugin failed to write it (see the error its rank "
+                                  f"logged)")
+        why = "" if failed else ", as a healthy run: SLICETRACE_FLIGHTREC_DUMP=always writes one at every close"
+        return f"# flight records: none written ({what}; no op failed or ended unfinished{why})"
+    runs = _runs(written)
+    sel = runs[0] if len(runs) == 1 else folder
+    partial = " --partial" if len(written) < nranks * len(runs) else ""       # only the ranks that saw it fail
+    cut = f", cut short when the run failed: {', '.join(broken)}" if broken else ""
+    return (f"# flight records: {', '.join(f'{r}_<rank>.json' for r in runs)} ({len(written)} file(s){cut}): "
+            f"slicetrace report {sel}{partial}")
