@@ -16,7 +16,7 @@ def test_bench_says_what_the_flight_recorder_wrote(tmp_path, capfd, monkeypatch,
     files = sorted(tmp_path.glob("fr/rec_*.json"))
     if dump == "failure":
         assert files == [] and (f"# flight records: none written (SLICETRACE_FLIGHTREC_FILE={prefix!r}; no op failed "
-                                f"or ended unfinished, as a healthy run:") in out, out
+                                f"or ended unfinished, as in a healthy run:") in out, out
     else:
         assert len(files) == 2, files
         run = str(files[0]).rsplit("_", 1)[0]

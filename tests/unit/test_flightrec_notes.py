@@ -20,10 +20,10 @@ def _file(path, whole=True):
 def test_none_written_is_a_plain_line_saying_why(tmp_path):
     prefix = str(tmp_path / "fr" / "rec")           # its folder not even made: a healthy run leaves none
     assert flightrec_note(prefix, {}, 2, False, False, VAR) == (
-        f"# flight records: none written ({VAR}; no op failed or ended unfinished, as a healthy run: "
+        f"# flight records: none written ({VAR}; no op failed or ended unfinished, as in a healthy run: "
         f"SLICETRACE_FLIGHTREC_DUMP=always writes one at every close)")
-    assert flightrec_note(prefix, {}, 2, True, True, VAR) == (
-        f"# flight records: none written ({VAR}; no op failed or ended unfinished)")
+    assert flightrec_note(prefix, {}, 2, True, True, VAR) == (      # the run failed: not called healthy
+        f"# flight records: none written ({VAR}; the run failed outside any op its recorders saw (e.g. at start-up))")
 
 
 def test_none_written_with_dump_always_is_an_error_unless_the_run_failed(tmp_path):

@@ -234,8 +234,10 @@ def flightrec_note(prefix: str, before: dict[str, tuple[int, int]], nranks: int,
             raise SliceTraceError(f"{what} with SLICETRACE_FLIGHTREC_DUMP=always: the run wrote no flight record "
                                   f"there; each rank's flightrec plugin failed to write it (see the error its rank "
                                   f"logged)")
-        why = "" if failed else ", as a healthy run: SLICETRACE_FLIGHTREC_DUMP=always writes one at every close"
-        return f"# flight records: none written ({what}; no op failed or ended unfinished{why})"
+        why = ("the run failed outside any op its recorders saw (e.g. at start-up)" if failed else
+               "no op failed or ended unfinished, as in a healthy run: SLICETRACE_FLIGHTREC_DUMP=always writes one "
+               "at every close")
+        return f"# flight records: none written ({what}; {why})"
     runs = _runs(written)
     sel = runs[0] if len(runs) == 1 else folder
     partial = " --partial" if len(written) < nranks * len(runs) else ""       # only the ranks that saw it fail
