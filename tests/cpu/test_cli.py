@@ -100,7 +100,7 @@ def test_bad_flags_are_clear_errors(capsys):
     assert main(["bench", "--overhead", "--overhead-of", "kernel_step", "--profile", "70", "--ranks", "1"]) == 2
     assert "--profile 70 has no KernelStep bit (65536)" in capsys.readouterr().err
     assert main(["bench", "--rounds", "4", "--ranks", "1"]) == 2          # was ignored without --overhead
-    assert "--rounds 4 counts only with --overhead" in capsys.readouterr().err
+    assert "--rounds 4 counts only with --overhead or --compare" in capsys.readouterr().err
 
 
 def test_nccl_tests_habits_get_their_meaning_or_a_hint(tmp_path, capsys):

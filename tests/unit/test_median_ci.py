@@ -6,7 +6,7 @@ import statistics
 
 from hypothesis import given, settings, strategies as st
 
-from slicetrace.cli.bench import median_ci
+from slicetrace.cli.bench_rounds import median_ci
 
 
 def test_interval_covers_the_median_with_at_least_95_percent_and_matches_the_tables():

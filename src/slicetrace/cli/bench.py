@@ -5,7 +5,6 @@ import contextlib
 import gc
 import itertools
 import json
-import math
 import os
 import statistics
 import sys
@@ -16,9 +15,10 @@ import numpy as np
 from ..errors import UsageError, plural
 from ..events.abi import EventType
 from ..plan.traffic import busbw_factor
+from .bench_rounds import compare_fields, round_count, round_stats, run_rounds
 from .outputs import log_row
 from .sweep import avg_atol, counts, distinct_sizes, make_input, np_dtype, rank_bytes, reference, wrong
-from .table import HEADER, UNITS, ci_coverage_pct, ci_words, format_row
+from .table import HEADER, UNITS, ci_coverage_pct, ci_words, format_row, ref_header
 
 _NO_STEPS = ~int(EventType.KERNEL_STEP) & ((1 << 32) - 1)   # every event type but KernelStep
 
@@ -141,9 +141,9 @@ AVERAGE = {0: "rank 0's", 1: "the mean over ranks of the", 2: "the least over ra
 def _gather(comm, key: str, vals: list[float], times: tuple[int, ...], average: int,
             block: int | None = None) -> list[float]:
     """On rank 0, every rank's vals combined through the rendezvous store (the timing exchange is no collective of
-    ours): the times at `times` as -a says, the wrong values (vals[1]) and the ranks with any (vals[2]) summed, the
-    rest their max; vals[block:] (the overhead's figures) all from one rank, the one whose vals[block + 2] (median
-    ratio) is largest."""
+    ours): the times at `times` as -a says (--compare --rounds: each round's block too), the wrong values (vals[1])
+    and the ranks with any (vals[2]) summed, the rest their max; vals[block:] (the overhead's figures) all from one
+    rank, the one whose vals[block + 2] (median ratio) is largest."""
     store = comm._session.store
     store.set(f"bench/{key}/{comm.rank}", json.dumps(vals).encode())
     if comm.rank != 0:
@@ -196,10 +196,11 @@ def bench_rank(comm, o: dict) -> tuple[list[dict], list[str]]:
                and comm.settings.profile_min_bytes else "")
             + _unloaded(comm)
             + (", in place" if o["inplace"] else "") + (f", compare {o['compare']}" if ref else "")
+            + (f" in {round_count(o['rounds'])} ABBA rounds" if ref and o.get("compare_rounds") else "")
             + (f", time: {AVERAGE[o['average']]} timings" if o.get("average", 3) != 3 else "")
             + (", overhead of KernelStep (profiled with it / without it)" if o["overhead"]
                and o.get("overhead_of") == "kernel_step" else ""))
-        say(HEADER + ("  {:>8} {:>8} {:>6}".format("ref_us", "ref_bus", "ratio") if ref else "")
+        say(HEADER + (ref_header((o["rounds"] + 1) // 2 if o.get("compare_rounds") else None) if ref else "")
             + ("  {:>9} [{}]".format("overhead", ci_words((o["rounds"] + 1) // 2)) if o["overhead"] else ""))
         say(UNITS)
         if sys.stderr.isatty():
@@ -310,43 +311,41 @@ def _one(comm, op, nbytes, dtype, o, xp, to_dev, to_host, sync, ref, key):
         if inplace:
             reset()
     _repeat(fn, o["warmup"], sync)
-    _align(comm, fn, sync)
     flush = comm.flush_profiler if comm.profiler_enabled else None
-    with comm.profiling(not o.get("main_unprofiled")):       # --overhead alone: the main columns unprofiled
-        t = _time(fn, o["iters"], sync, flush if not o.get("main_unprofiled") else None)
-    vals = [t, float(n_wrong), float(n_wrong > 0)]
+    prof = not o.get("main_unprofiled")      # --overhead alone: the main columns unprofiled
+
+    def ours() -> float:
+        _align(comm, fn, sync)
+        with comm.profiling(prof):
+            return _time(fn, o["iters"], sync, flush if prof else None)
+    cmp_rounds = ref is not None and bool(o.get("compare_rounds"))
+    vals = [0.0 if cmp_rounds else ours(), float(n_wrong), float(n_wrong > 0)]
+    times = [0]
     if ref is not None:
         rfn = (lambda: ref.run(op, x, out, redop, root))
         _repeat(rfn, o["warmup"], ref.sync)
-        _align(comm, rfn, ref.sync)
-        vals.append(_time(rfn, o["iters"], ref.sync))
+
+        def theirs() -> float:
+            _align(comm, rfn, ref.sync)
+            return _time(rfn, o["iters"], ref.sync)
+        times.append(3)
+        if cmp_rounds:          # each round's block from every rank, combined per -a as one block's time is
+            mine, refs = run_rounds(o["rounds"], ours, theirs)
+            vals[0] = statistics.median(mine)
+            vals.append(statistics.median(refs))
+            times += range(4, 4 + 2 * len(mine))
+            vals += mine + refs
+        else:
+            vals.append(theirs())
+    block = len(vals)
     if o["overhead"]:
-        # Adjacent blocks, order swapped every round, the ratio of each two rounds' sums (off on | on off, an ABBA
-        # quad): the machine's speed drifts by more than the effect being measured, and a block runs slower in a
-        # round's second place than in its first (a per-round ratio then splits into two populations, whose
-        # median depends on the run's history: 3-5 % against 9-13 % for KernelStep at 1 MiB on the 2-core host,
-        # docs/benchmarks.md); each quad has each kind once in each place. Median of the quads.
-        # kernel_step: both sides profiled, the "off" side with every event type but KernelStep.
-        steps_only = o.get("overhead_of") == "kernel_step"
-        ratios, on, off = [], [], []
-        for rnd in range(o["rounds"] + o["rounds"] % 2):
-            pair = {}
-            for prof in ((True, False) if rnd % 2 else (False, True)):
-                _align(comm, fn, sync)
-                with comm.profiling(prof or steps_only, None if prof or not steps_only else _NO_STEPS):
-                    pair[prof] = _time(fn, o["iters"], sync, flush if prof or steps_only else None, False)
-            on.append(pair[True])
-            off.append(pair[False])
-            if rnd % 2:
-                ratios.append((on[-2] + on[-1]) / (off[-2] + off[-1]))
-        q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else ratios * 3
-        lo, hi = median_ci(ratios)
-        vals += [statistics.median(on), statistics.median(off), statistics.median(ratios), q1, q3, lo, hi]
-    vals = _gather(comm, key, vals, (0, 3) if ref is not None else (0,), o.get("average", 3),
-                   (4 if ref is not None else 3) if o["overhead"] else None)
+        vals += _overhead(comm, fn, sync, flush, o)
+    vals = _gather(comm, key, vals, tuple(times), o.get("average", 3), block if o["overhead"] else None)
     if rank != 0:
         return None
-    t = vals[0]
+    half = (block - 4) // 2                 # --compare --rounds: ours' blocks, then the reference's, from vals[4]
+    st = round_stats(vals[4:4 + half], vals[4 + half:block]) if cmp_rounds else None
+    t = vals[0] if st is None else st.a_median
     f = busbw_factor(op, n)
     size = cout * dtype.itemsize if op in ("all_gather",) else cin * dtype.itemsize
     algbw = size / t / 1e9 if t > 0 else 0.0
@@ -358,15 +357,15 @@ def _one(comm, op, nbytes, dtype, o, xp, to_dev, to_host, sync, ref, key):
            "algbw": algbw, "busbw": algbw * f, "wrong": int(vals[1]) if o["check"] else None, "ranks": n}
     if o["check"]:
         row["wrong_ranks"] = int(vals[2])       # nccl-tests' error count: one per rank whose check failed
-    k = 3
     if ref is not None:
-        rt = vals[k]
-        k += 1
+        rt = vals[3] if st is None else st.b_median
         row["ref_time_us"] = rt * 1e6
         row["ref_busbw"] = size / rt / 1e9 * f if rt > 0 else 0.0
         row["ratio"] = row["busbw"] / row["ref_busbw"] if row["ref_busbw"] else None     # 0 bytes: no ratio
+    if st is not None:
+        compare_fields(row, st)
     if o["overhead"]:
-        on, off, ratio, q1, q3, lo, hi = vals[k:k + 7]
+        on, off, ratio, q1, q3, lo, hi = vals[block:block + 7]
         row["profiled_us"], row["unprofiled_us"] = on * 1e6, off * 1e6
         row["overhead_pct"] = (ratio - 1) * 100
         row["overhead_iqr_pct"] = [(q1 - 1) * 100, (q3 - 1) * 100]     # the rounds' spread
@@ -379,18 +378,17 @@ def _one(comm, op, nbytes, dtype, o, xp, to_dev, to_host, sync, ref, key):
     return row
 
 
-def median_ci(xs: list[float], level: float = 0.95) -> tuple[float, float]:
-    """Distribution-free confidence interval of the median: order statistics j, k of the sorted sample with
-    P(j <= B < k) >= level for B ~ Binomial(n, 1/2) (no assumption on how the rounds' noise is shaped)."""
-    x = sorted(xs)
-    n = len(x)
-    if n < 6:                           # too few rounds for any interval narrower than the whole sample
-        return x[0], x[-1]
-    tail, cdf, j = (1 - level) / 2, 0.0, 0
-    while j < n // 2:
-        p = math.comb(n, j) / 2 ** n
-        if cdf + p > tail:
-            break
-        cdf += p
-        j += 1
-    return x[max(j - 1, 0)], x[min(n - j, n - 1)]
+def _overhead(comm, fn, sync, flush, o: dict) -> list[float]:
+    """--overhead's rounds (bench_rounds: A unprofiled, B profiled), this rank's figures: [profiled median block,
+    unprofiled median block, median ratio, q1, q3, CI lo, CI hi]. kernel_step: both sides profiled, the
+    "unprofiled" one with every event type but KernelStep. The collector stays on (`_time`)."""
+    steps_only = o.get("overhead_of") == "kernel_step"
+
+    def side(prof: bool):
+        def block() -> float:
+            _align(comm, fn, sync)
+            with comm.profiling(prof or steps_only, None if prof or not steps_only else _NO_STEPS):
+                return _time(fn, o["iters"], sync, flush if prof or steps_only else None, False)
+        return block
+    st = round_stats(*run_rounds(o["rounds"], side(False), side(True)))
+    return [st.b_median, st.a_median, st.ratio, st.q1, st.q3, st.lo, st.hi]

@@ -43,8 +43,8 @@ def check_flags(a: argparse.Namespace) -> list[str]:
     if a.datatype != "all" and a.datatype not in DTYPE_ALIASES:
         raise SliceTraceError(f"-d {a.datatype!r} is not one of {sorted(DTYPE_ALIASES)} or 'all'")
     ops = parse_ops(a.ops)
-    if a.rounds is not None and not a.overhead:        # it would be ignored: say so rather than run without it
-        raise SliceTraceError(f"--rounds {a.rounds} counts only with --overhead")
+    if a.rounds is not None and not a.overhead and not a.compare:     # ignored: say so rather than run without it
+        raise SliceTraceError(f"--rounds {a.rounds} counts only with --overhead or --compare (gloo, nccl)")
     for name, v in (("-n", a.iters), ("-w", a.warmup_iters), ("--rounds", 12 if a.rounds is None else a.rounds)):
         if v < (1 if name != "-w" else 0):
             raise SliceTraceError(f"{name} {v} must be >= {1 if name != '-w' else 0}")
@@ -154,8 +154,8 @@ def bench_settings(a: argparse.Namespace) -> tuple[Settings, dict]:
         overrides["profile_dump_file"] = os.path.join(a.trace, "trace")
     s = _settings(overrides)
     if s.timeout_s < 1:             # -T below 1 s was refused by check_flags: this one is the variable's
-        raise UsageError(f"{env_source('timeout_s')}={s.timeout_s:g} must be >= 1 second for bench: {_WHY_1S}; unset it "
-                         f"(default 60) or give -T")
+        raise UsageError(f"{env_source('timeout_s')}={s.timeout_s:g} must be >= 1 second for bench: {_WHY_1S}; "
+                         f"unset it (default 60) or give -T")
     if a.overhead_of == "kernel_step" and (a.profile is None or a.profile < 0) and s.profile_event_mask is not None \
             and not s.profile_event_mask & KERNEL_STEP:        # --profile's own mask was checked with the flags
         raise UsageError(f"--overhead-of kernel_step: SLICETRACE_PROFILE_EVENT_MASK={s.profile_event_mask} has no "

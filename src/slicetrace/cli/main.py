@@ -125,10 +125,13 @@ def _bench_parser(sub) -> None:
                    help="--overhead compares profiled with unprofiled runs (profiling, default), or profiled runs "
                         "with and without KernelStep (kernel_step: what the per-slice events alone cost)")
     p.add_argument("--rounds", type=int, default=None,
-                   help="rounds for --overhead, one block of each kind each; two make an off-on-on-off quad, "
-                   "whose ratio is one sample (odd counts round up; default 12: 6 ratios, the fewest a 95%% "
-                   "interval of the median needs)")
-    p.add_argument("--compare", choices=("gloo", "nccl"), help="run the reference library side by side")
+                   help="rounds for --overhead and for --compare, one block of each kind each; two make an ABBA "
+                   "quad (off-on-on-off; ours-ref-ref-ours), whose ratio is one sample; the column is the quads' "
+                   "median with its confidence interval (odd counts round up; default 12: 6 ratios, the fewest a "
+                   "95%% interval of the median needs; --compare without --rounds times one block of each)")
+    p.add_argument("--compare", choices=("gloo", "nccl"),
+                   help="run the reference library side by side; ratio = busbw(ours)/busbw(reference), from one "
+                   "block of each per size, or with --rounds the median over ABBA rounds with its interval")
     p.add_argument("--json", metavar="FILE", help="write results as JSON")
     p.add_argument("--seed", type=int, default=1234, help="seed of the inputs, >= 0 (default 1234)")
 
@@ -173,7 +176,8 @@ def run_bench(a: argparse.Namespace) -> int:
             "root": a.root, "iters": a.iters,
             "warmup": a.warmup_iters, "check": bool(a.check), "compare": a.compare, "overhead": a.overhead,
             "overhead_of": a.overhead_of, "main_unprofiled": a.overhead and a.trace is None and a.profile is None,
-            "rounds": a.rounds or 12, "seed": a.seed, "inplace": a.inplace,
+            "rounds": a.rounds or 12, "compare_rounds": a.compare is not None and a.rounds is not None,
+            "seed": a.seed, "inplace": a.inplace,
             "average": a.average, "cycles": a.run_cycles, "maxbytes": a.maxbytes}
     # the trace files' prefix: --trace's, or SLICETRACE_PROFILE_DUMP_FILE's when the example plugin writes there
     dump = os.path.join(a.trace, "trace") if a.trace is not None else (

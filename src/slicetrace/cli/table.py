@@ -34,6 +34,12 @@ def us(t: float) -> str:
     return f"{t:.0f}" if t >= 10000 else f"{t:.1f}" if t >= 100 else f"{t:.2f}"
 
 
+def ref_header(quads: int | None) -> str:
+    """The reference's header cells; with --compare --rounds (`quads` ratios) the ratio's interval after it."""
+    s = "  {:>8} {:>8} {:>6}".format("ref_us", "ref_bus", "ratio")
+    return s if quads is None else f"{s} [{ci_words(quads)}]"
+
+
 def format_row(r: dict, ref: bool, overhead: bool) -> str:
     s = "{:>12} {:>12} {:>9} {:>6} {:>5} {:>10} {:>8.3f} {:>8.3f} {:>7}".format(
         r["size"], r["count"], NCCL_TYPE.get(r["type"], r["type"]), r["redop"], r["root"], us(r["time_us"]), r["algbw"],
@@ -41,6 +47,9 @@ def format_row(r: dict, ref: bool, overhead: bool) -> str:
     if ref:
         s += "  {:>8} {:>8.3f} {:>6}".format(us(r["ref_time_us"]), r["ref_busbw"],
                                              "N/A" if r["ratio"] is None else f"{r['ratio']:.2f}")
+        if "ratio_quads" in r:          # --rounds: the interval, as wide as its header (one ratio: none)
+            n, ci = r["ratio_quads"], r["ratio_ci95"]
+            s += " " + ("[{:.2f}, {:.2f}]".format(*ci) if n > 1 and ci else "").ljust(len(ci_words(n)) + 2)
     if overhead:
         n = r["overhead_ratios"]
         s += "  {:>8.2f}%".format(r["overhead_pct"])
@@ -48,7 +57,7 @@ def format_row(r: dict, ref: bool, overhead: bool) -> str:
             s += " [{:.1f}, {:.1f}]".format(*r["overhead_ci95_pct"])
         if n < 6:                                   # the header says what the interval covers
             s += f" ({ci_words(n)}; --rounds 12 for 95%)" if n == 1 else f" ({n} ratios; --rounds 12 for 95%)"
-    return s
+    return s.rstrip()           # a --rounds ratio's blank interval at the end of the line
 
 
 def ci_coverage_pct(ratios: int) -> float:
