@@ -22,12 +22,13 @@ from typing import Any
 import numpy as np
 
 from ..errors import CommTimeoutError, ConfigError
-from .abi import CommInfo, EventType, ProxyCtrlDescr, State, StateArgs, effective_mask
+from .abi import CommInfo, EventType, effective_mask
 from .accounts import Accounts
 from .emit import _B, _DELIVERED, Emitter
 from .ops import OFF as _OFF, SKIP as _SKIP
 from .ops import OpInfo, TaskInfo, _Op, _Slot, _Task, convert, to_kernel_ch, to_kernel_steps
 from .plugin import LoadedPlugin
+from .proxy import ProxyCtrls
 from .runs import PollRuns, task_keys
 
 __all__ = ["EventHost", "OpInfo", "TaskInfo", "DROP_REASONS"]
@@ -38,13 +39,11 @@ DROP_REASONS = ("overrun", "unpaired", "no_parent", "parent_dropped", "pool_full
                 "sampled_out", "plugin_error", "plugin_disabled", "masked_out", "declined", "missing_kernel_ch",
                 "plugin_init_failed")
 BEHIND_WAIT_S = 1.0     # a plugin callback holding the host this long is stuck: the user's op runs unprofiled
-_KCH, _KS, _PC = _B.KERNEL_CH, _B.KERNEL_STEP, _B.PROXY_CTRL
-_CTRL_OPEN = {State.PROXY_CTRL_SLEEP, State.PROXY_CTRL_APPEND}          # each starts a ProxyCtrl event of its own,
-_CTRL_SHUT = {State.PROXY_CTRL_WAKEUP, State.PROXY_CTRL_APPEND_END}     # which these end (as NCCL's proxy thread)
+_KCH, _KS = _B.KERNEL_CH, _B.KERNEL_STEP
 _DKCH = _DELIVERED[T.KERNEL_CH]
 
 
-class EventHost(Emitter, PollRuns, Accounts):
+class EventHost(Emitter, PollRuns, Accounts, ProxyCtrls):
     def __init__(self, plugins: list[LoadedPlugin], comm: CommInfo, max_failures: int = 16, extra: Any = dict):
         self.comm, self._extra = comm, extra        # extra() -> counts of the caller's own, in every read of them
         self.max_failures = max(1, int(max_failures))
@@ -331,35 +330,6 @@ class EventHost(Emitter, PollRuns, Accounts):
                 op = self._ops.pop(tag, None)
                 if op is not None:
                     self._finish(op, ts_ns)
-
-    def proxy_ctrl_on(self) -> bool:
-        """Some plugin's live mask has ProxyCtrl (NCCL rereads it per ProxyCtrl event): the drain's one check per
-        state change (stamps/ctrl.py)."""
-        return any(self._pmask(s) & _PC for s in self._slots)
-
-    def proxy_ctrl(self, state: State, ts_ns: int | None = None, appended: int = 0) -> None:
-        """A drain state change in NCCL's shapes, for plugins whose live mask has ProxyCtrl: Idle/Active are states
-        of one event per plugin, stopped at close; Sleep and Append start an event each, which Wakeup and AppendEnd
-        (appended_proxy_ops = `appended`) stop. An end whose start a plugin did not get is not shown to it."""
-        ts = time.monotonic_ns() if ts_ns is None else ts_ns
-        state, args = State(state), StateArgs(appended_proxy_ops=appended, ts_ns=ts)
-        with self._lock:
-            if self._closed:
-                return
-            for i, s in enumerate(self._slots):
-                evs = self._proxy[i]
-                if state in _CTRL_SHUT:
-                    h, evs[1] = evs[1], _OFF
-                    self._state(i, h, state, args)
-                    self._stop(i, h, ts)
-                    continue
-                if not self._pmask(s) & _PC:
-                    continue
-                k = 1 if state in _CTRL_OPEN else 0
-                if k or evs[0] is _OFF:
-                    self._stop(i, evs[k], ts)      # a Sleep/Append whose end never came (else _OFF: a no-op)
-                    evs[k] = self._start(i, ProxyCtrlDescr(T.PROXY_CTRL, None, self.comm.rank, ts), _OFF)
-                self._state(i, evs[k], state, args)
 
     def _unlocked(self, read: Any, wait_s: float | None = None) -> Any:
         """read() under the lock, or, while a callback holds it past wait_s (BEHIND_WAIT_S: stuck, it mutates
