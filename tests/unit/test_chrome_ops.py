@@ -7,7 +7,7 @@ import random
 import numpy as np
 
 from slicetrace.events.host import OpInfo, TaskInfo
-from slicetrace.sinks.chrome import _op_pair, _records
+from slicetrace.sinks.chrome import _op_pair, _records, _unfinished_pair
 from slicetrace.sinks.chrome_text import RowFormat
 from tests.unit.test_chrome import make
 
@@ -31,25 +31,29 @@ def test_compact_blocks_are_what_percent_writes_per_line():
 
 def test_coll_and_p2p_lines_in_blocks_equal_the_per_event_ones(tmp_path):
     """300 collectives (SeqNum of 1 to 3 digits, two counts) and p2p groups, with events the block format does not
-    take (a float count, a negative start, a '%' in a name) among them: every line as _op_pair (or, where it
-    refuses, _records) writes it at the event's stop, in stop order within its pool."""
+    take (a float count, a negative start, a '%' in a name) and ops that end unfinished among them: every line as
+    _op_pair (or, where it refuses, _records; _unfinished_pair for the op of every 7th tag, whose one channel program
+    never ends) writes it at the event's stop, in stop order within its pool."""
     p, host, path = make(tmp_path)
     expected = []
     for tag in range(1, 301):
-        odd = tag % 37 == 0
+        odd, progs = tag % 37 == 0, int(tag % 7 == 0)     # 0 programs: complete at end_ops, no KernelCh missing
         if tag % 10 == 0:
-            info = OpInfo(tag, "send_recv", [TaskInfo("Send", 2, True, 10, "ncclInt8", n_programs=1),
+            info = OpInfo(tag, "send_recv", [TaskInfo("Send", 2, True, 10, "ncclInt8", n_programs=progs),
                                              TaskInfo("Recv", 0, False, 10.5 if odd else 10, "ncclInt8",
-                                                      n_programs=1)], ts_ns=1000 * tag)
+                                                      n_programs=progs)], ts_ns=1000 * tag)
         else:
             info = OpInfo(tag, "all_reduce", [TaskInfo("All%Reduce" if tag % 41 == 0 else "AllReduce", -1, False,
-                                                       2.0 if odd else 100 + tag % 2, "ncclFloat32", 0, 1, 2, 1)],
+                                                       2.0 if odd else 100 + tag % 2, "ncclFloat32", 0, 1, 2, progs)],
                           seq_number=tag - 1, ts_ns=-5 if tag % 43 == 0 else 1000 * tag)
         host.begin_op(info)
         evs = [h for t in host._ops[tag].tasks for h in t.handles]
         ts1 = 1000 * tag + 777
         host.end_ops((tag,), ts1)
         for ev in evs:
+            if progs:
+                expected += _unfinished_pair(ev, ts1, 1)
+                continue
             try:
                 expected += _op_pair(ev, ts1)
             except (TypeError, ValueError):
@@ -60,3 +64,4 @@ def test_coll_and_p2p_lines_in_blocks_equal_the_per_event_ones(tmp_path):
     for cat, n in (("COLL", 270), ("P2P", 60)):          # a pool each, written at finalize one after the other
         got, want = ([x for x in xs if f'"cat":"{cat}"' in x] for xs in (lines, expected))
         assert got == want and len(got) == 2 * n
+    assert sum('"UnfinishedKernelCh":1}' in x for x in lines) == 38 + 2 * 4      # the 7th tags' Colls, p2p parts

@@ -1,6 +1,7 @@
 """check_trace on an op that ended unfinished: a channel whose program never ended has KernelSteps (the slices it
 did move) and no KernelCh, while the op's other channels have theirs. Fine where the trace says the op did not
-finish (an ERROR instant naming it, the flight record's Unfinished list); a problem anywhere else. The traces are
+finish (its e record's UnfinishedKernelCh, an ERROR instant naming it, the flight record's Unfinished list); a
+problem anywhere else. The traces are
 what the example and flightrec plugins write, driven through the event host as the drain drives it."""
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from slicetrace.analyze import check_trace
 from slicetrace.analyze.records import read_records
+from slicetrace.analyze.trace import UNFINISHED_KCH
 from slicetrace.config import Settings
 from slicetrace.events import abi
 from slicetrace.events.host import EventHost
@@ -69,6 +71,8 @@ def test_a_failed_op_s_channel_that_never_ended_is_no_problem_in_either_plugin_s
     for path in (ex, fr):
         assert _shape(path, "AllReduce") == ({1}, {0, 1}), path
         assert check_trace(path) == [], path
+        ends = [r.get("args") for r in read_records(path) if r.get("name") == "AllReduce" and r["ph"] == "e"]
+        assert ends[-1] == {UNFINISHED_KCH: 1} and not any(ends[:-1]), path     # the flight record's replay too
     (u,) = [r["args"]["Unfinished"] for r in read_records(fr) if r.get("name") == "slicetrace_flightrec"][0]
     assert (u["Op"], u["SeqNum"], u["InFlight"]) == ("AllReduce", 2, False)
 
@@ -89,10 +93,10 @@ def test_a_p2p_op_the_flight_record_calls_unfinished_is_no_problem(tmp_path):
 
 
 @pytest.mark.parametrize("failure", [None, ("AllReduce", 1), ("Broadcast", 2)])
-def test_an_op_no_record_says_unfinished_is_still_flagged_without_its_kernel_ch(tmp_path, failure):
-    """The op ended without channel 0's KernelCh and nothing names it unfinished: its record was lost, as the
-    host's missing_kernel_ch counts (which also counts those of programs that did end, so it excuses nothing). A
-    failure of another op (another SeqNum, another function) says nothing of this one."""
+def test_an_op_cut_short_without_an_error_of_its_own_is_no_problem_in_the_example_trace(tmp_path, failure):
+    """The op ended (end_op) without channel 0's KernelCh and no ERROR names it (none, or another op's: another
+    SeqNum, another function). The host's event_unfinished marks its e record, and the mark is what excuses it:
+    the same records without it have a problem per slice of channel 0, as every such trace had before."""
     host, (ex, _) = _host(tmp_path)
     src = _source()
     for op in src.ops(2, host.op_mask()):
@@ -105,8 +109,65 @@ def test_an_op_no_record_says_unfinished_is_still_flagged_without_its_kernel_ch(
         host.failed("PeerError", "rank 1 exited", *failure)
     host.end_op(op.info.tag, op.end_ns)
     host.close()
-    (counts,) = [r["args"] for r in read_records(ex) if r.get("name") == "slicetrace_counters"]
+    recs = read_records(ex)
+    (counts,) = [r["args"] for r in recs if r.get("name") == "slicetrace_counters"]
     assert counts["missing_kernel_ch"] == 1
-    problems = check_trace(ex)
-    assert problems and all(NO_KCH in p and "ch 0" in p for p in problems), problems
-    assert len(problems) == 3                               # each of channel 0's three slices
+    ends = [r for r in recs if r.get("name") == "AllReduce" and r["ph"] == "e"]
+    assert [e.get("args") for e in ends] == [None, None, {UNFINISHED_KCH: 1}]     # the whole ops: no args
+    assert check_trace(ex) == []
+    del ends[-1]["args"]
+    problems = check_trace(recs)
+    assert len(problems) == 3 and all(NO_KCH in p and "ch 0" in p for p in problems), problems
+
+
+def test_a_failed_p2p_op_is_no_problem_in_the_example_trace(tmp_path):
+    """Its ERROR names SendRecv and a SeqNum, which the Send and Recv records do not carry: before the mark,
+    check_trace flagged channel 0's slices of both in the example trace."""
+    host, (ex, fr) = _host(tmp_path)
+    (op,) = _source(("send_recv",)).ops(1, host.op_mask())
+    host.begin_op(op.info)
+    _cut(host, op)
+    host.failed("PeerError", "rank 1 exited; detected by rank 0 in SendRecv #0", "SendRecv", 0)
+    host.close()
+    for path in (ex, fr):
+        ends = {r["name"]: r.get("args") for r in read_records(path) if r.get("cat") == "P2P" and r["ph"] == "e"}
+        assert ends == {"Send": {UNFINISHED_KCH: 1}, "Recv": {UNFINISHED_KCH: 1}}, path
+        assert _shape(path, "Send") == ({1}, {0, 1}) and check_trace(path) == [], path
+
+
+def test_a_complete_op_missing_a_kernel_ch_is_still_flagged_beside_a_marked_one(tmp_path):
+    """A KernelCh record gone after the host saw it (an edited trace, a plugin's bug): the op completed, so its e
+    record has no mark, and the mark of the op cut short next to it excuses nothing of it."""
+    host, (ex, _) = _host(tmp_path)
+    whole, cut = _source().ops(2, host.op_mask())
+    host.begin_op(whole.info)
+    deliver(host, whole)
+    host.begin_op(cut.info)
+    _cut(host, cut)
+    host.end_op(cut.info.tag, cut.end_ns)
+    host.close()
+    recs = read_records(ex)
+    assert check_trace(recs) == []
+    op = next(r["id"] for r in recs if r.get("name") == "AllReduce" and r["ph"] == "b")
+    (kch,) = [r["id"] for r in recs if r.get("name") == "KernelCh" and r["ph"] == "b"
+              and r["args"]["ParentId"] == op and r["args"]["Channel"] == 0]
+    slices = sum(r.get("name") == "KernelStep" and r["args"]["ParentId"] == op and r["args"]["Channel"] == 0
+                 for r in recs)
+    problems = check_trace([r for r in recs if not (r.get("name") == "KernelCh" and r["id"] == kch)])
+    assert slices and len(problems) == slices, problems
+    assert all(f"its op {op} has no KernelCh on channel 0" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("mark", [0, -1, "2", True, None])
+def test_a_mark_that_says_no_kernel_ch_is_missing_excuses_nothing(tmp_path, mark):
+    host, (ex, _) = _host(tmp_path)
+    (op,) = _source().ops(1, host.op_mask())
+    host.begin_op(op.info)
+    _cut(host, op)
+    host.end_op(op.info.tag, op.end_ns)
+    host.close()
+    recs = read_records(ex)
+    (end,) = [r for r in recs if r.get("name") == "AllReduce" and r["ph"] == "e"]
+    end["args"][UNFINISHED_KCH] = mark
+    problems = check_trace(recs)
+    assert len(problems) == 3 and all(NO_KCH in p for p in problems), problems

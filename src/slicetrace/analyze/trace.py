@@ -4,10 +4,10 @@
 every async "b" has one "e" with the same pid + cat + id (and name), not earlier; the arg names of the NCCL
 example plugin are present; every KernelStep lies inside its Coll/P2p (by ParentId, else any op of the same
 rank, when the trace's mask recorded ops) and inside a KernelCh of the same op and channel (a channel without one
-is fine only in an op its trace says did not finish: _unfinished). `kernel_steps` turns
-KernelStep records into a structured array for causality and traffic checks. `load_files` / `load_run` read one
-run's files (as analyze/trace_paths.py's trace_files finds them) for report and convert alike, refusing what the
-analyses cannot use (analyze/records.py says what a record may hold).
+is fine only in an op its trace says did not finish: _unfinished, e.g. its "e" record's UnfinishedKernelCh).
+`kernel_steps` turns KernelStep records into a structured array for causality and traffic checks. `load_files` /
+`load_run` read one run's files (as analyze/trace_paths.py's trace_files finds them) for report and convert alike,
+refusing what the analyses cannot use (analyze/records.py says what a record may hold).
 """
 from __future__ import annotations
 
@@ -34,6 +34,8 @@ KERNEL_CH_TABLE = np.dtype([
 ])
 log = logging.getLogger("slicetrace")
 _EPS_US = 1e-3      # ts are written with 3 decimals (exact ns); allow one ns of float noise
+# the example plugin's arg on an op's "e" record: it ended this many KernelCh short (sinks/chrome_text.py's name)
+UNFINISHED_KCH = "UnfinishedKernelCh"
 
 
 def _refuse(path: str, i: int, r: dict, problem: str) -> TraceFormatError:
@@ -262,9 +264,13 @@ def check_trace(path_or_records: str | os.PathLike | list[dict]) -> list[str]:
 
 def _unfinished(records: list[dict], pairs: dict) -> set[tuple]:
     """(pid, op id) of the ops their trace says did not finish, so a channel of theirs may have KernelSteps and no
-    KernelCh (its program never ended): a Coll named by an ERROR instant of its rank (Op and SeqNum: the op that
-    raised), or any op named by its rank's flight record's Unfinished list (Op and SeqNum, or ToPeer for a P2p).
-    Not the counters' missing_kernel_ch: it also counts the KernelCh records lost of programs that did end."""
+    KernelCh (its program never ended): an op whose "e" record carries UNFINISHED_KCH (the example plugin's mark,
+    from the host's event_unfinished: a failed P2p, an op cut short without an error), a Coll named by an ERROR
+    instant of its rank (Op and SeqNum: the op that raised), or any op named by its rank's flight record's
+    Unfinished list (Op and SeqNum, or ToPeer for a P2p). Not the counters' missing_kernel_ch: a rank-wide count
+    says nothing of which op it was."""
+    marked = {(r.get("pid"), r.get("cat"), r.get("id")) for r in records if r.get("ph") == "e"
+              and type(a := r.get("args")) is dict and type(n := a.get(UNFINISHED_KCH)) is int and n > 0}
     named = {(r.get("pid"), a.get("Op"), a["SeqNum"]) for r in records if r.get("ph") == "i"
              and r.get("cat") == FAILURE_CAT and type(a := r.get("args")) is dict and "SeqNum" in a}
     for pid, w in windows(records).items():
@@ -276,8 +282,8 @@ def _unfinished(records: list[dict], pairs: dict) -> set[tuple]:
     out = set()
     for (pid, cat, eid), (b, _) in pairs.items():
         a = b.get("args") or {}
-        if cat in ("COLL", "P2P") and (pid, b.get("name"), a.get("SeqNum") if cat == "COLL"
-                                       else ("peer", a.get("Peer"))) in named:
+        key = (pid, b.get("name"), a.get("SeqNum") if cat == "COLL" else ("peer", a.get("Peer")))
+        if cat in ("COLL", "P2P") and ((pid, cat, eid) in marked or key in named):
             out.add((pid, eid))
     return out
 

@@ -92,7 +92,9 @@ class Plugin(Protocol):
     Optional, slicetrace's extension (no NCCL profiler version has it; any version may implement it):
     `comm_failed(ctx, failure)`, a `Failure`, called when an operation of the communicator raised PeerError
     (CommTimeoutError, an abort) or MismatchError, once per error, before finalize, so that the plugin's output
-    says why the rank stopped; nothing calls it while ops succeed.
+    says why the rank stopped; nothing calls it while ops succeed. `event_unfinished(handle, missing)`, called
+    right before stop_event of a Coll/P2p that ended (end_op, close) without `missing` of its KernelCh records
+    (counted missing_kernel_ch: interrupted, or the records were lost); never for one that completed.
     Optional (native version only): `unrecorded_handle(ctx) -> handle`, a promise that start_event returns
     that very handle, with no side effect, for every parent type (API, KernelLaunch, Group, Coll, P2p) outside
     the plugin's live mask, and that stop_event/record_event_state on it do nothing; the host then skips those

@@ -33,6 +33,8 @@ record, "rank N (comm H) lost: overrun 12, ...": Perfetto shows a process's name
 An op that failed (comm_failed, slicetrace's extension) is an instant "ERROR" event on the rank's process at once,
 named by the error class and its message's first line (args: Error, Message, Op, SeqNum), and the process is
 renamed at close "rank N (comm H) failed: PeerError" (with "; lost: ..." when it lost records too).
+A Coll/P2p that ended without some of its KernelCh (the host's event_unfinished: interrupted, or the records lost)
+has args {"UnfinishedKernelCh": N} on its "e" record, N the KernelCh missing; ops that complete have no args there.
 """
 from __future__ import annotations
 
@@ -51,7 +53,8 @@ from ..events.abi import (ActivationMask, CollApiDescr, CollDescr, CommInfo, Eve
                           State, StateArgs, lost_counters)
 from .chrome_ops import OpRows
 from .chrome_store import POOL_OF, Ctx, Ev, parent_ids
-from .chrome_text import COLL_B, OP_E, P2P_B, failure_line, js, pair, process_meta, proxy_text
+from .chrome_text import (COLL_B, OP_E, P2P_B, failure_line, js, pair, process_meta, proxy_text,
+                          unfinished_end)
 
 log = logging.getLogger("slicetrace")
 
@@ -83,6 +86,15 @@ def _op_pair(ev: Ev, ts1: int) -> list[str]:
                      js(d.datatype), d.n_channels, pid)
         cat = "P2P"
     return [b, OP_E % (nm, cat, ev.id, tpid, ts1 // 1000, ts1 % 1000)]
+
+
+def _unfinished_pair(ev: Ev, ts1: int, missing: int) -> list[str]:
+    """A Coll or P2p that ended `missing` KernelCh short (event_unfinished): its e record says so."""
+    try:
+        b, e = _op_pair(ev, ts1)
+    except (TypeError, ValueError):
+        b, e = _records(ev, ts1)
+    return [b, unfinished_end(e, missing)]
 
 
 def _records(ev: Ev, ts1: int) -> list[str]:
@@ -224,7 +236,9 @@ class ChromePlugin:
             return
         buf = ctx.lines[pool]
         if pool == "COLL" or pool == "P2P":
-            if not buf.add(handle, ts_ns):         # not for the block format (chrome_ops): its lines now
+            if ctx.unfinished and handle.id in ctx.unfinished:     # {} unless an op ended short: one check
+                buf.add_lines(_unfinished_pair(handle, ts_ns, ctx.unfinished.pop(handle.id)))
+            elif not buf.add(handle, ts_ns):       # not for the block format (chrome_ops): its lines now
                 try:
                     buf.add_lines(_op_pair(handle, ts_ns))
                 except (TypeError, ValueError):    # a field the templates do not take: the general path
@@ -283,6 +297,14 @@ class ChromePlugin:
         ctx.failed = ctx.failed or failure.error
         if ctx.path is not None and not ctx.done:
             ctx.write(failure_line(ctx.pid, failure))
+
+    def event_unfinished(self, handle: Ev, missing: int) -> None:
+        """slicetrace's extension, right before the stop of a Coll/P2p that ended without `missing` of its KernelCh
+        (interrupted, or those records were lost): its e record carries args.UnfinishedKernelCh = missing, so
+        check_trace takes a channel of it with KernelSteps and no KernelCh as one that never ended."""
+        ctx = handle.ctx
+        if (handle.pool == "COLL" or handle.pool == "P2P") and not handle.stopped and ctx.path is not None:
+            ctx.unfinished[handle.id] = int(missing)
 
     def counters(self, ctx: Ctx) -> dict[str, int]:
         """This plugin's own accounting: drops, unfinished (still in flight) and written events per pool."""

@@ -80,6 +80,7 @@ class Ctx:
         self.proxy_overwritten = 0              # spans the ring above dropped for newer ones
         self.host_counters: dict[str, int] = {}
         self.failed: str | None = None          # the error class of the first op that failed (comm_failed)
+        self.unfinished: dict[int, int] = {}    # op event id -> KernelCh it ended without, till its stop
         self.passthrough = Ev(self, _Passthrough, None)
         self.done = False
 

@@ -25,6 +25,7 @@ COLL_B = ('{"name":%s,"cat":"COLL","id":%d,"pid":%d,"tid":1,"ph":"b","ts":%d.%03
 P2P_B = ('{"name":%s,"cat":"P2P","id":%d,"pid":%d,"tid":1,"ph":"b","ts":%d.%03d,"args":{"CommHash":%d,'
          '"Rank":%d,"Peer":%d,"Count":%d,"Datatype":%s,"nChannels":%d,"ParentId":%d}},\n')
 OP_E = '{"name":%s,"cat":"%s","id":%d,"pid":%d,"tid":1,"ph":"e","ts":%d.%03d},\n'
+UNFINISHED_KCH = "UnfinishedKernelCh"      # an op's e arg: it ended without this many KernelCh (event_unfinished)
 _JS: dict = {}
 
 
@@ -97,6 +98,11 @@ def pair(ev_id: int, pid: int, name: str, cat: str, ts0: int, ts1: int, args: di
     head = f'{{"name":{nm},"cat":"{cat}","id":{ev_id},"pid":{pid},"tid":1,'
     return [f'{head}"ph":"b","ts":{us(ts0)},"args":{json.dumps(args, default=str)}}},\n',
             f'{head}"ph":"e","ts":{us(ts1)}}},\n']
+
+
+def unfinished_end(line: str, missing: int) -> str:
+    """An op's e record (OP_E's or pair's line) with the arg saying it ended `missing` KernelCh short."""
+    return f'{line[:-3]},"args":{{"{UNFINISHED_KCH}":{int(missing)}}}}},\n'
 
 
 def _meta(pid: int, name: str, tid: int, args: dict) -> str:

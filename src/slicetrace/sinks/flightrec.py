@@ -45,7 +45,7 @@ class Op:
         self.chans: list[tuple[np.ndarray, int, int]] = []     # (a batch, first row, end row): rows a:b are its
         self.steps: deque[tuple[np.ndarray, int, int]] = deque()    # (a view per op cost ~1k instructions more)
         self.n = self.n_chans = 0           # records kept; KernelCh records that came
-        self.unfinished = False             # it ended without all its KernelCh (the host's event_unfinished)
+        self.unfinished = 0                 # KernelCh it ended without (the host's event_unfinished); 0: none
         self.gone = False                   # evicted: records that still come for it are counted, not kept
 
 
@@ -197,7 +197,7 @@ class FlightRecPlugin:
         """The host's word, right before its stop, that this op ended without `missing` of its KernelCh records (the
         op's own: not a counter other ops move too, nor a read per op that had fewer KernelCh than channels)."""
         if handle.__class__ is Op:
-            handle.unfinished = True
+            handle.unfinished = max(int(missing), 1)       # the dump's mark says how many (flightrec_dump)
 
     def kernel_step_batch(self, ctx: Ctx, parent: Any, recs: np.ndarray) -> int:
         ctx.add(parent, recs, 0, len(recs), False)

@@ -8,7 +8,8 @@ per collective function, the SeqNums kept; EvictedSeqNum: per function, the last
 kept from before it leaves the window with a gap), OpsKept, OpsInFlight, RecordsKept, what went before it
 (OpsEvicted, RecordsEvicted), the earlier writes that failed (WritesFailed), the limits (MaxOps, MaxRecords), and
 per unfinished op how far each connection got (Unfinished).
-An op still in flight ends at the dump's time. The file is written under a hidden name and renamed when whole: a
+An op still in flight ends at the dump's time; one that ended unfinished carries the example plugin's mark
+(args.UnfinishedKernelCh on its "e" record). The file is written under a hidden name and renamed when whole: a
 reader never meets half a dump, and a later dump replaces an earlier one.
 """
 from __future__ import annotations
@@ -49,6 +50,8 @@ def dump(ctx: Any, why: str, ts_ns: int | None) -> str:
                 cp.kernel_ch_batch(cc, h, recs[a:b])
             for recs, a, b in op.steps:
                 cp.kernel_step_batch(cc, h, recs[a:b])
+            if op.unfinished and h is not None:     # its e record says so, as in the example plugin's trace
+                cp.event_unfinished(h, op.unfinished)
             cp.stop_event(h, op.t1 if op.t1 is not None else max(end, _last_ns(op)))
         for f in ctx.failures:
             cp.comm_failed(cc, f)
