@@ -121,6 +121,8 @@ class _File:
                 if bg is None:
                     continue                   # check_trace reports these; a viewer just skips them
                 a = bg.get("args") or {}
+                if r.get("args"):               # an end's own args (an op's UnfinishedKernelCh mark) join the slice's
+                    a = {**a, **r["args"]}
                 tr = (f"ch {a.get('Channel', 0)} programs" if bg.get("name") == "KernelCh"
                       else "operations" if bg.get("cat") in ("COLL", "P2P") else str(bg.get("cat", "async")))
                 place.append(places.setdefault((tr, bg.get("name", ""), bg.get("cat", "")), len(places)))
