@@ -43,8 +43,9 @@ ALLOWED: dict[str, set[str]] = {
     "events.emit": BASE | {"events.abi", "events.ops"},
     "events.runs": BASE | {"events.abi", "events.ops", "events.emit", "stamps.layout"},
     "events.accounts": BASE | {"events.ops"},
+    "events.proxy": BASE | {"events.abi", "events.ops", "events.emit"},   # the host's ProxyCtrl mixin
     "events.host": BASE | {"config", "events.abi", "events.plugin", "events.ops", "events.emit", "events.runs",
-                           "events.accounts", "stamps.layout"},
+                           "events.accounts", "events.proxy", "stamps.layout"},
     "events.synthetic": BASE | {"config", "events.abi", "events.plugin", "events.ops", "events.host", "stamps.layout",
                                 "plan"},
     "sinks": BASE | {"config", "events.abi", "events.plugin", "plan"},     # plan.traffic: busbw factors, msg sizes
