@@ -14,8 +14,17 @@ import time
 
 from slicetrace.analyze.trace import kernel_steps, load_traces
 
+if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help") or len(sys.argv) > 5:
+    print(__doc__)
+    sys.exit(0 if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help") else 2)
 out, ranks = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "1"
 backend = sys.argv[3] if len(sys.argv) > 3 else "cuda"
+for name, value, ok, want in (("RANKS", ranks, ranks.isdigit() and int(ranks) > 0, "a number >= 1"),
+                              ("BACKEND", backend, backend in ("cpu", "cuda"), "cpu or cuda"),
+                              ("SIGNAL", (sys.argv[4:] or ["INT"])[0], (sys.argv[4:] or ["INT"])[0] in ("INT", "TERM"),
+                               "INT or TERM")):
+    if not ok:
+        sys.exit(f"{name}={value!r}: must be {want}\n{__doc__}")
 sig = getattr(signal, "SIG" + (sys.argv[4] if len(sys.argv) > 4 else "INT"))
 t0 = time.monotonic()
 p = subprocess.Popen([sys.executable, "-m", "slicetrace.cli.main", "bench", "--backend", backend, "--ranks", ranks,
