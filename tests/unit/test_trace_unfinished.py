@@ -55,8 +55,8 @@ def _shape(path, name):
     return chans, steps
 
 
-def test_a_failed_op_s_channel_that_never_ended_is_no_problem_in_either_plugin_s_trace(tmp_path):
-    host, (ex, fr) = _host(tmp_path)
+def _two_whole_then_cut(host):
+    """Two all_reduces delivered whole, then a third begun with channel 0's KernelCh never arriving (_cut): it."""
     src = _source()
     for op in src.ops(2, host.op_mask()):
         host.begin_op(op.info)
@@ -64,6 +64,12 @@ def test_a_failed_op_s_channel_that_never_ended_is_no_problem_in_either_plugin_s
     (op,) = src.ops(1, host.op_mask())
     host.begin_op(op.info)
     _cut(host, op)
+    return op
+
+
+def test_a_failed_op_s_channel_that_never_ended_is_no_problem_in_either_plugin_s_trace(tmp_path):
+    host, (ex, fr) = _host(tmp_path)
+    _two_whole_then_cut(host)
     host.failed("PeerError", "rank 1 exited; detected by rank 0 in AllReduce #2", "AllReduce", 2)
     assert _shape(fr, "AllReduce") == ({1}, {0, 1})        # the flight record at once: the op still in flight
     assert check_trace(fr) == []
@@ -98,13 +104,7 @@ def test_an_op_cut_short_without_an_error_of_its_own_is_no_problem_in_the_exampl
     SeqNum, another function). The host's event_unfinished marks its e record, and the mark is what excuses it:
     the same records without it have a problem per slice of channel 0, as every such trace had before."""
     host, (ex, _) = _host(tmp_path)
-    src = _source()
-    for op in src.ops(2, host.op_mask()):
-        host.begin_op(op.info)
-        deliver(host, op)
-    (op,) = src.ops(1, host.op_mask())
-    host.begin_op(op.info)
-    _cut(host, op)
+    op = _two_whole_then_cut(host)
     if failure:
         host.failed("PeerError", "rank 1 exited", *failure)
     host.end_op(op.info.tag, op.end_ns)
