@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import re
 
+import os
+import signal
+
 from . import launch_signals
+from .backend.procs import proc_stopped
 from .launch_signals import CLOSE_SIGNAL, _let_ranks_close
 
 # past timeout_s: a rank (each of its waits bounded by timeout_s) still running on after a failure, or still in its
@@ -63,11 +67,19 @@ def close_stuck(procs: list, stuck: set[int], started: set[int], closing: set[in
                 errors: dict[int, str]) -> None:
     """Ranks still running at the deadline are asked to close (CLOSE_SIGNAL: their close writes the plugins'
     traces) and get INTERRUPT_GRACE_S to end before the SIGKILL; each one's error says which it was. One that has
-    not reached fn has no handler (the signal would kill it), one in its close ignores it: both are killed."""
-    asked = sorted(stuck & started - closing)
+    not reached fn has no handler (the signal would kill it), one in its close ignores it: both are killed. One
+    stopped by a signal (SIGSTOP) could not run its handler: killed at once, not after the grace."""
+    stopped = {r for r in stuck if procs[r].is_alive() and proc_stopped(procs[r].pid)}
+    for r in stopped:
+        try:
+            os.kill(procs[r].pid, signal.SIGKILL)
+        except OSError:
+            pass
+    asked = sorted(stuck & started - closing - stopped)
     _let_ranks_close([procs[r] for r in asked], held, CLOSE_SIGNAL)
     for r in sorted(stuck):
-        errors[r] += (" and was killed (it had not started fn)" if r not in started else
+        errors[r] += ("; it was stopped by a signal (state T) and was killed at once" if r in stopped else
+                      " and was killed (it had not started fn)" if r not in started else
                       "; it was killed" if r in closing else
                       f"; asked to close, it was still running {launch_signals.INTERRUPT_GRACE_S:g} s later and "
                       f"was killed" if procs[r].is_alive() else "; asked to close, it closed")

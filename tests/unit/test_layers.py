@@ -59,7 +59,7 @@ ALLOWED: dict[str, set[str]] = {
                               "api_profiling"},
     "launch_signals": {"backend.signals"},      # SIGTERM's exit handler
     "launch_checks": LOW | {"api_checks", "backend.cpu", "events.loading"},   # /dev/shm, plugins: before spawning
-    "launch_report": {"launch_signals"},         # how ranks ended, and asking stuck ones to close
+    "launch_report": {"launch_signals", "backend.procs"},         # how ranks ended, and asking stuck ones to close
     "launcher": LOW | {"api", "api_checks", "launch_checks", "launch_signals", "launch_report"},
     "cli": None,                 # the top: may import anything
     "__main__": {"cli"},         # python -m slicetrace

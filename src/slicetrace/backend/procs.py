@@ -56,6 +56,15 @@ def proc_dead(pid: int, start: int) -> str | None:
     return None
 
 
+def proc_stopped(pid: int) -> bool:
+    """pid is stopped by a signal (state T: SIGSTOP, a job scheduler's suspend); False if it runs, is traced or is
+    unknown."""
+    try:
+        return _stat(pid)[0] == b"T"
+    except (OSError, IndexError):
+        return False
+
+
 def this_proc() -> str:
     """This process as a peer may judge it later (proc_gone): pid, start time, host and PID namespace."""
     pid = os.getpid()
