@@ -196,7 +196,8 @@ def bench_rank(comm, o: dict) -> tuple[list[dict], list[str]]:
                and comm.settings.profile_min_bytes else "")
             + _unloaded(comm)
             + (", in place" if o["inplace"] else "") + (f", compare {o['compare']}" if ref else "")
-            + (f" in {round_count(o['rounds'])} ABBA rounds" if ref and o.get("compare_rounds") else "")
+            + ((f" in {round_count(o['rounds'])} ABBA rounds" if o.get("compare_rounds") else
+                " (one block each: --rounds 12 for ABBA rounds and an interval)") if ref else "")
             + (f", time: {AVERAGE[o['average']]} timings" if o.get("average", 3) != 3 else "")
             + (", overhead of KernelStep (profiled with it / without it)" if o["overhead"]
                and o.get("overhead_of") == "kernel_step" else ""))
