@@ -22,6 +22,12 @@ import numpy as np
 import slicetrace
 from slicetrace.analyze import check_trace
 from slicetrace.analyze.records import read_records
+from slicetrace.analyze.trace import counters
+
+
+# the counters that say records were not delivered (the rest count deliveries and choices)
+LOSS = ("overrun", "unpaired", "no_parent", "missing_kernel_ch", "undrained", "parent_dropped", "pool_full",
+        "plugin_disabled", "aborted")
 
 
 def killed_mid(comm, delay: float, backend: str) -> None:
@@ -74,8 +80,9 @@ def main() -> int:
         for f in sorted(glob.glob(pre + "_trace_*_0.json") + glob.glob(pre + "_rec_*_0.json")):
             probs, op = check_trace(f), failed_op(f)
             bad += bool(probs) + (op is None)
+            lost = {k: v for c in counters(read_records(f)).values() for k, v in c.items() if v and k in LOSS}
             print(f"trial {k}: {os.path.basename(f)}: failed op {op and op[0]}, KernelCh on {op and op[1]}, "
-                  f"steps without one on {op and op[2]}; {len(probs)} problem(s) {probs[:2]}")
+                  f"steps without one on {op and op[2]}; {len(probs)} problem(s) {probs[:2]}; counted {lost}")
         print(f"trial {k}: launch error: {first[:160]}")
     return 1 if bad else 0
 
