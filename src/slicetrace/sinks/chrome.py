@@ -88,12 +88,17 @@ def _op_pair(ev: Ev, ts1: int) -> list[str]:
     return [b, OP_E % (nm, cat, ev.id, tpid, ts1 // 1000, ts1 % 1000)]
 
 
+def _op_lines(ev: Ev, ts1: int) -> list[str]:
+    """A Coll or P2p's b and e lines: the templates, or the general path for a field they do not take."""
+    try:
+        return _op_pair(ev, ts1)
+    except (TypeError, ValueError):
+        return _records(ev, ts1)
+
+
 def _unfinished_pair(ev: Ev, ts1: int, missing: int) -> list[str]:
     """A Coll or P2p that ended `missing` KernelCh short (event_unfinished): its e record says so."""
-    try:
-        b, e = _op_pair(ev, ts1)
-    except (TypeError, ValueError):
-        b, e = _records(ev, ts1)
+    b, e = _op_lines(ev, ts1)
     return [b, unfinished_end(e, missing)]
 
 
@@ -239,10 +244,7 @@ class ChromePlugin:
             if ctx.unfinished and handle.id in ctx.unfinished:     # {} unless an op ended short: one check
                 buf.add_lines(_unfinished_pair(handle, ts_ns, ctx.unfinished.pop(handle.id)))
             elif not buf.add(handle, ts_ns):       # not for the block format (chrome_ops): its lines now
-                try:
-                    buf.add_lines(_op_pair(handle, ts_ns))
-                except (TypeError, ValueError):    # a field the templates do not take: the general path
-                    buf.add_lines(_records(handle, ts_ns))
+                buf.add_lines(_op_lines(handle, ts_ns))
         else:
             buf.extend(_records(handle, ts_ns))
         if len(buf) >= 2 * ctx.sizes[pool]:
