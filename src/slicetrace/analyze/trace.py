@@ -281,9 +281,11 @@ def _unfinished(records: list[dict], pairs: dict) -> set[tuple]:
                     named.add((pid, u["Op"], seq if type(seq) is int else ("peer", peer)))
     out = set()
     for (pid, cat, eid), (b, _) in pairs.items():
+        if cat != "COLL" and cat != "P2P":
+            continue
         a = b.get("args") or {}
-        key = (pid, b.get("name"), a.get("SeqNum") if cat == "COLL" else ("peer", a.get("Peer")))
-        if cat in ("COLL", "P2P") and ((pid, cat, eid) in marked or key in named):
+        if (pid, cat, eid) in marked or (pid, b.get("name"), a.get("SeqNum") if cat == "COLL"
+                                         else ("peer", a.get("Peer"))) in named:
             out.add((pid, eid))
     return out
 
