@@ -299,6 +299,17 @@ class Communicator(ProfilingControls):
             return user_out
         return self._result(recv, x) if send_counts is None else self._session.backend.user_buffer(recv, x)
 
+    def mem_alloc(self, shape: Any, dtype: Any = "float32") -> Any:
+        """A numpy array in this rank's registered memory (cpu backend, SLICETRACE_CPU_POOL bytes; as ncclMemAlloc +
+        ncclCommRegister): ring collectives on such buffers skip FIFO copies (the peer reads or writes them)."""
+        self._check_open()
+        return self._session.backend.mem_alloc(shape, dtype)
+
+    def mem_free(self, arr: Any) -> None:
+        """Return an array from mem_alloc to the pool (use it no more: the next mem_alloc may hand it out)."""
+        self._check_open()
+        self._session.backend.mem_free(arr)
+
     def barrier(self) -> None:
         """Every rank arrives before any leaves (through the rendezvous store; includes this rank's pending ops)."""
         self._check_open()

@@ -65,6 +65,7 @@ VARIABLES: tuple[Var, ...] = (
     Var("SLICETRACE_FLIGHTREC_FILE", "flightrec_file", str, "flightrec plugin: trace path prefix, files are <prefix>_<commHash>_<rank>.json (the example plugin's names), default flightrec (in the working directory)"),
     Var("SLICETRACE_PLUGIN_MAX_FAILURES", "plugin_max_failures", as_int, "plugin exceptions before that plugin is disabled (>= 1), default 16"),
     Var("SLICETRACE_CPU_RECLAIM", "cpu_reclaim", str, "cpu: after reading a FIFO slot the receiver stores once per cache line so the sender's next write does not stall on lines shared across L3 caches: auto (default: measured per connection), on, off"),
+    Var("SLICETRACE_CPU_POOL", "cpu_pool", as_bytes, "cpu: bytes of registered memory each rank reserves in /dev/shm for Comm.mem_alloc (as ncclMemAlloc + ncclCommRegister): ring collectives on buffers from it read and write the peer's buffer directly instead of through the FIFO (fewer copies); e.g. 256M, <= 64G, default 0 (none)"),
     Var("SLICETRACE_CPU_WAIT", "cpu_wait", str, "cpu: how a rank waits for its ring neighbour: auto (default: sleep in the kernel (futex) when ranks outnumber this process's CPUs, else spin then yield), futex, spin"),
     Var("SLICETRACE_CPU_BIND", "cpu_bind", str, "cpu: bind the thread that runs a communicator's ops to a CPU of its own while it is open, when every rank can have one and runs one channel (as mpirun binds to cores): auto (default: in the rank processes slicetrace.launch and the CLI start, when they fill more than half of the CPUs; not in processes started otherwise, whose later threads and children would inherit it), on, off"),
     Var("SLICETRACE_CACHE_DIR", "cache_dir", str, "compiled-kernel cache folder, default ~/.cache/slicetrace"),
@@ -109,6 +110,7 @@ class Settings:
     flightrec_dump: str = "failure"
     flightrec_file: str = "flightrec"
     cpu_reclaim: str = "auto"
+    cpu_pool: int = 0
     cpu_wait: str = "auto"
     cpu_bind: str = "auto"
     cache_dir: str = DEFAULT_CACHE_DIR

@@ -13,6 +13,7 @@ FLIGHTREC_DUMPS = ("failure", "always")     # when the flight recorder writes it
 LOG_LEVELS = ("WARN", "INFO", "DEBUG", "WARNING", "ERROR", "CRITICAL")   # ours, and Python's logging's names
 MAX_SECONDS = 86400.0                # any time setting: a day at most (an infinite wait would hang)
 MAX_RING_SLOTS = 1 << 24             # 1.5 GiB of stamps per channel; more fails later as a bare OSError
+MAX_CPU_POOL = 1 << 36               # 64 GiB of registered memory per rank
 MAX_BUFFSIZE = 1 << 30               # NCCL's is a few MiB: more is a typo (huge values overflowed os.ftruncate)
 
 
@@ -50,6 +51,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "linkstats_interval_s": (_secs, _SECS),
     "clock_resync_s": (_secs, _SECS),
     "cpu_reclaim": (lambda v: v in ("auto", "on", "off"), "one of ('auto', 'on', 'off')"),
+    "cpu_pool": (lambda v: 0 <= v <= MAX_CPU_POOL, f"in 0..{MAX_CPU_POOL} bytes (64G; 0 = no registered memory)"),
     "cpu_wait": (lambda v: v in ("auto", "futex", "spin"), "one of ('auto', 'futex', 'spin')"),
     "cpu_bind": (lambda v: v in ("auto", "on", "off"), "one of ('auto', 'on', 'off')"),
     "flightrec_ops": (lambda v: v >= 1, ">= 1 (completed ops kept per communicator)"),

@@ -57,7 +57,7 @@ def launch_settings(fn: Callable, nranks: Any, args: tuple, join_timeout_s: Any,
             named, want = f"{value_source(attr, prefix)}={prefix!r}", "prefix in a writable folder"
         if why is not None:             # else each rank's plugin init fails, after the launch
             raise ConfigError(f"{named}: cannot write files in {why[0]!r} ({why[1]}); give a {want}")
-    why = shm_shortfall(nranks, s.channels, s.buffsize, s.ring_slots) if s.backend == "cpu" else None
+    why = shm_shortfall(nranks, s.channels, s.buffsize, s.ring_slots, s.cpu_pool) if s.backend == "cpu" else None
     if why is not None:                 # before any rank starts: a typo of 100000 would spawn them all
         raise UsageError(f"nranks={nranks}: {why}, or give fewer nranks")
     return nranks, s

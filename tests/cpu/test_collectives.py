@@ -30,28 +30,44 @@ def _comm(ctx, kw):
     return ctx["state"][key]
 
 
-def run_case(comm, op, dtype, redop, count, root, inplace, seed):
+def run_case(comm, op, dtype, redop, count, root, inplace, seed, reg=0):
+    """reg: a bit per rank whose buffers come from comm.mem_alloc (registered memory: direct slices)."""
+    held = []
+
+    def mk(a):
+        if not (reg >> comm.rank) & 1:
+            return a
+        b = comm.mem_alloc(a.shape, a.dtype)
+        b[...] = a
+        held.append(b)
+        return b
+    try:
+        return _run_case(comm, op, dtype, redop, count, root, inplace, seed, mk)
+    finally:
+        for b in held:
+            comm.mem_free(b)
+
+
+def _run_case(comm, op, dtype, redop, count, root, inplace, seed, mk):
     n, r = comm.world_size, comm.rank
     dt = npdtype(dtype)
     cin = count * n if op in ("reduce_scatter", "all_to_all") else count
     xs = [data(seed, k, cin, dtype, redop) for k in range(n)]
-    x = xs[r].copy()
+    x = mk(xs[r].copy())
     if op == "all_gather":
-        out = np.full(count * n, 55, dtype=dt)
+        out = mk(np.full(count * n, 55, dtype=dt))
         if inplace:
             out[r * count:(r + 1) * count] = x
             x = out[r * count:(r + 1) * count]
         comm.all_gather(x, out)
     elif op == "reduce_scatter":
-        out = np.full(count, 55, dtype=dt)
-        if inplace:
-            out = x[r * count:(r + 1) * count]
+        out = x[r * count:(r + 1) * count] if inplace else mk(np.full(count, 55, dtype=dt))
         comm.reduce_scatter(x, out, op=redop)
     elif op == "all_to_all":
-        out = np.full(cin, 55, dtype=dt)
+        out = mk(np.full(cin, 55, dtype=dt))
         comm.all_to_all(x, out)
     else:
-        out = x if inplace else np.full(count, 55, dtype=dt)
+        out = x if inplace else mk(np.full(count, 55, dtype=dt))
         before = out.copy()                  # a non-root reduce must leave it so
         if op == "all_reduce":
             comm.all_reduce(x, out, op=redop)

@@ -65,7 +65,8 @@ def cases(draw):
               ring_slots=draw(st.sampled_from([64, 64, 128, 256, 1 << 14])),
               sample_rate=draw(st.sampled_from([1, 1, 2, 3, 7])),
               op_sample_rate=draw(st.sampled_from([1, 1, 2, 3])), profile_event_mask=draw(st.sampled_from(MASKS)),
-              profile_min_bytes=draw(st.sampled_from([0, 0, 100, 5000])), timeout_s=30.0)
+              profile_min_bytes=draw(st.sampled_from([0, 0, 100, 5000])), timeout_s=30.0,
+              cpu_pool=draw(st.sampled_from([0, 0, 4 << 20])))     # registered memory: direct slices
     ops = []
     for i in range(draw(st.integers(1, 5))):
         dtype = draw(st.sampled_from(sorted(ITEMSIZE)))
@@ -78,7 +79,8 @@ def cases(draw):
         redop = draw(st.sampled_from(["sum", "prod", "min", "max", "avg"])) if kind in (
             "all_reduce", "reduce", "reduce_scatter") else "sum"
         inplace = draw(st.booleans()) and kind != "all_to_all"
-        ops.append(("coll", kind, dtype, redop, count, draw(st.integers(0, world - 1)), inplace, 10 + i))
+        reg = draw(st.integers(0, (1 << world) - 1)) if kw["cpu_pool"] else 0     # ranks with registered buffers
+        ops.append(("coll", kind, dtype, redop, count, draw(st.integers(0, world - 1)), inplace, 10 + i, reg))
     # per op: the plugins' new mask (None: kept), profiling on, a comm.profiling(mask=) limit (None: no block)
     ctl = [(draw(st.sampled_from([None] * 6 + MASKS)), draw(st.sampled_from([True] * 5 + [False])),
             draw(st.sampled_from([None] * 4 + LIMITS))) for _ in ops]

@@ -46,6 +46,8 @@ def run_case(ctx, key: str, kw: dict, plugin: str, ops: list, ctl: list) -> dict
     import slicetrace
     from tests.cpu.test_collectives import run_case as coll_case
     from tests.helpers.recorder import RECORDERS
+    from slicetrace.backend.cpu import worker
+    worker.DIRECT_MIN = 1           # registered buffers: every slice direct (the 16 KiB default skips small ones)
     comm = slicetrace.init(rank=ctx["rank"], world_size=ctx["world"], store=ctx["store"], job=key,
                            profiler_plugin=PLUGINS[plugin], **kw)
     works: list = []

@@ -381,7 +381,7 @@ NON_DEFAULT = {
     "inspector_dump_dir": ("/x/ins", "/x/ins"), "inspector_dump_interval_us": ("0x10", 16),
     "inspector_verbose": ("on", True), "flightrec_ops": ("8", 8), "flightrec_max_records": ("0x1000", 4096),
     "flightrec_dump": ("Always", "always"), "flightrec_file": ("/x/fr", "/x/fr"),
-    "plugin_max_failures": ("3", 3), "cpu_reclaim": ("on", "on"), "cpu_wait": ("futex", "futex"),
+    "plugin_max_failures": ("3", 3), "cpu_reclaim": ("on", "on"), "cpu_pool": ("1M", 1 << 20), "cpu_wait": ("futex", "futex"),
     "cpu_bind": ("off", "off"), "cache_dir": ("/x/cache", "/x/cache"), "assert_warm": ("yes", True),
     "clock_resync_s": ("4", 4.0), "debug": ("INFO", "INFO"),
 }

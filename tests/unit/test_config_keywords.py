@@ -25,9 +25,9 @@ def test_settings_refuses_an_unknown_keyword_as_with_does(kw, named):
 
 
 def test_settings_refuses_more_positional_arguments_than_fields():
-    with pytest.raises(ConfigError, match=r"^Settings takes at most 32 positional arguments \(its fields in order\), "
-                                          r"got 33; pass settings by keyword$"):
-        Settings(*(["cpu"] * 33))
+    with pytest.raises(ConfigError, match=r"^Settings takes at most 33 positional arguments \(its fields in order\), "
+                                          r"got 34; pass settings by keyword$"):
+        Settings(*(["cpu"] * 34))
 
 
 def test_settings_still_builds_copies_and_pickles():

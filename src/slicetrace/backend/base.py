@@ -135,6 +135,18 @@ class Backend(abc.ABC):
     stamps_fetched: bool = False    # True: `rings` holds an op's records once fetch_stamps brought them in
     n_warps: int = 1            # warps per channel program, as profiler descriptors report it (Coll nWarps)
     generation: int = 1         # this rank's communicators of this job made in this process (any backend), this one too
+    pool = None                 # cpu: registered memory (cpu/pool.py), which ring ops move through directly
+
+    def mem_alloc(self, shape: Any, dtype: Any) -> Any:
+        if self.pool is None:
+            raise UsageError(f"mem_alloc: the {self.name} backend has no registered memory (the cpu backend's "
+                             f"SLICETRACE_CPU_POOL); allocate buffers as usual")
+        return self.pool.alloc(shape, dtype)
+
+    def mem_free(self, arr: Any) -> None:
+        if self.pool is None:
+            raise UsageError(f"mem_free: the {self.name} backend has no registered memory")
+        self.pool.release(arr)
 
     def __init__(self, settings: Settings, rank: int, world: int, store: Store, job: str):
         self.settings, self.rank, self.world, self.store, self.job = settings, rank, world, store, job

@@ -21,7 +21,11 @@ from .table import HEADER, UNITS, ci_coverage_pct, ci_words, format_row, ref_hea
 
 _NO_STEPS = ~int(EventType.KERNEL_STEP) & ((1 << 32) - 1)   # every event type but KernelStep
 
-def _arrays(comm):
+def _arrays(comm, register: bool = False):
+    if register:                    # -R 1: cpu only (main.py refuses it elsewhere)
+        from .registered import Registered
+        reg = Registered(comm)
+        return reg, reg.to_dev, lambda a: a, lambda: None
     if comm.backend_name == "cuda":
         import cupy
         cupy.cuda.Device(comm.rank % cupy.cuda.runtime.getDeviceCount()).use()
@@ -72,7 +76,7 @@ def _buffers(op: str, inplace: bool, host_in, cin: int, cout: int, rank: int, xp
     out = x[rank * cout:(rank + 1) * cout] if op == "reduce_scatter" else x
 
     def reset():
-        x[...] = to_dev(host_in)
+        x[...] = host_in if isinstance(x, np.ndarray) else to_dev(host_in)
     return x, out, reset
 
 
@@ -172,7 +176,7 @@ def _unloaded(comm) -> str:
 
 def bench_rank(comm, o: dict) -> tuple[list[dict], list[str]]:
     """(rank 0's rows, [] on the others; the plugins that recorded on this rank)."""
-    xp, to_dev, to_host, sync = _arrays(comm)
+    xp, to_dev, to_host, sync = _arrays(comm, bool(o.get("register")))
     n = comm.world_size
     ref = None
     if o["compare"]:
@@ -194,7 +198,8 @@ def bench_rank(comm, o: dict) -> tuple[list[dict], list[str]]:
             + (f" (ops from {comm.settings.profile_min_bytes} B)" if comm.profiler_enabled
                and comm.settings.profile_min_bytes else "")
             + _unloaded(comm)
-            + (", in place" if o["inplace"] else "") + (f", compare {o['compare']}" if ref else "")
+            + (", in place" if o["inplace"] else "") + (", registered buffers (-R 1)" if o.get("register") else "")
+            + (f", compare {o['compare']}" if ref else "")
             + ((f" in {round_count(o['rounds'])} ABBA rounds" if o.get("compare_rounds") else
                 " (one block each: --rounds 12 for ABBA rounds and an interval)") if ref else "")
             + (f", time: {AVERAGE[o['average']]} timings" if o.get("average", 3) != 3 else "")

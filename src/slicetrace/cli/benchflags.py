@@ -13,7 +13,7 @@ from ..errors import ConfigError, SliceTraceError, UsageError
 from ..events.abi import ALL_TYPES, EventType
 from ..events.loading import BUILTINS, resolve
 from .outputs import writable_file
-from .sweep import DTYPE_ALIASES, OPS
+from .sweep import DTYPE_ALIASES, OPS, np_dtype, rank_bytes
 
 KERNEL_STEP = int(EventType.KERNEL_STEP)
 # why bench's timeout is at least 1 s, from -T or SLICETRACE_TIMEOUT (init() takes less: its caller's ranks may be up)
@@ -186,3 +186,13 @@ def bench_settings(a: argparse.Namespace) -> tuple[Settings, dict]:
     if want and importlib.util.find_spec("torch") is None:      # before any rank starts
         raise UsageError(f"--compare {a.compare} needs torch installed (pip install torch)")
     return s, overrides
+
+
+def register_pool(a: argparse.Namespace, s: Settings, swept: list[int], ops: list[str], dtypes: list,
+                  nranks: int) -> int:
+    """-R 1: the cpu_pool bytes one rank needs for the sweep's largest buffers (SLICETRACE_CPU_POOL's if larger)."""
+    if s.backend != "cpu":
+        raise UsageError(f"-R {a.register}: registered buffers are the cpu backend's (Comm.mem_alloc); "
+                         f"{backend_source(a, s)} allocates its buffers as usual: leave -R out")
+    need = max(rank_bytes(op, swept[-1], np_dtype(d).itemsize, nranks, False)[0] for op in ops for d in dtypes)
+    return max(s.cpu_pool, -(-need // 4096) * 4096 + 2 * 4096)     # two buffers, each rounded up to a page

@@ -16,7 +16,7 @@ from ..events.abi import parse_mask
 from ..events.loading import load_plugins
 from ..launch_signals import _terminate_as_exit
 from .bench_json import completeness, json_value, provenance
-from .benchflags import backend_source, bench_settings, check_flags, has_example, timeout_hint
+from .benchflags import backend_source, bench_settings, check_flags, has_example, register_pool, timeout_hint
 from .diff_cmd import diff_parser, run_diff
 from .outputs import dump_files, flightrec_note, logged_rows, rows_log, trace_note, writable_folder, write_json
 from .sweep import (DTYPE_ALIASES, OPS, all_dtypes, available_memory, bench_dtype, memory_check, parse_size,
@@ -133,6 +133,9 @@ def _bench_parser(sub) -> None:
                    help="run the reference library side by side; ratio = busbw(ours)/busbw(reference), from one "
                    "block of each per size, or with --rounds the median over ABBA rounds with its interval")
     p.add_argument("--json", metavar="FILE", help="write results as JSON")
+    p.add_argument("-R", "--local_register", dest="register", type=int, choices=(0, 1), default=0,
+                   help="1: buffers from registered memory (cpu: Comm.mem_alloc, SLICETRACE_CPU_POOL sized for the "
+                        "sweep), so ring collectives read and write the peers' buffers directly; default 0")
     p.add_argument("--seed", type=int, default=1234, help="seed of the inputs, >= 0 (default 1234)")
 
 
@@ -159,8 +162,6 @@ def run_bench(a: argparse.Namespace) -> int:
     if not 0 <= a.root < nranks and {"broadcast", "reduce"} & set(ops):     # the rest have no root (-1)
         raise UsageError(f"-r {a.root} must be a rank, 0..{nranks - 1} (the run has {nranks} rank(s): --ranks)"
                          + ("; nccl-tests' -r -1, every root in turn, is not supported" if a.root == -1 else ""))
-    if s.backend == "cpu":
-        shm_check(nranks, s)
     left_out: list[str] = []
     dtypes = (all_dtypes(s.backend, left_out) if a.datatype == "all"
               else [bench_dtype(DTYPE_ALIASES[a.datatype], s.backend)])
@@ -168,6 +169,11 @@ def run_bench(a: argparse.Namespace) -> int:
         say(f"# -d all: {why}")
     step = None if a.stepbytes is None else parse_size(a.stepbytes, "-i")
     swept = sizes(parse_size(a.minbytes, "-b"), parse_size(a.maxbytes, "-e"), a.stepfactor, step)
+    if a.register:
+        overrides["cpu_pool"] = pool = register_pool(a, s, swept, ops, dtypes, nranks)
+        s = s.with_(cpu_pool=pool)
+    if s.backend == "cpu":
+        shm_check(nranks, s)
     # what is knowable: host memory (the buffers on cpu, the check's everywhere); not the GPUs' (the ranks say)
     memory_check(swept, ops, dtypes, nranks, bool(a.check), s.backend == "cpu", (a.minbytes, a.maxbytes),
                  available_memory())
@@ -177,7 +183,7 @@ def run_bench(a: argparse.Namespace) -> int:
             "warmup": a.warmup_iters, "check": bool(a.check), "compare": a.compare, "overhead": a.overhead,
             "overhead_of": a.overhead_of, "main_unprofiled": a.overhead and a.trace is None and a.profile is None,
             "rounds": a.rounds or 12, "compare_rounds": a.compare is not None and a.rounds is not None,
-            "seed": a.seed, "inplace": a.inplace,
+            "seed": a.seed, "inplace": a.inplace, "register": a.register,
             "average": a.average, "cycles": a.run_cycles, "maxbytes": a.maxbytes}
     # the trace files' prefix: --trace's, or SLICETRACE_PROFILE_DUMP_FILE's when the example plugin writes there
     dump = os.path.join(a.trace, "trace") if a.trace is not None else (

@@ -39,7 +39,7 @@ def parse_size(text: str, what: str) -> int:
 def shm_check(nranks: int, settings) -> None:
     """cpu: refuse, before any rank starts, a run whose ranks' segments together would not fit in /dev/shm."""
     from ..backend.cpu.shm import shm_shortfall
-    why = shm_shortfall(nranks, settings.channels, settings.buffsize, settings.ring_slots)
+    why = shm_shortfall(nranks, settings.channels, settings.buffsize, settings.ring_slots, settings.cpu_pool)
     if why is not None:
         raise UsageError(f"--ranks {nranks}: {why}, or give fewer --ranks or --channels")
 

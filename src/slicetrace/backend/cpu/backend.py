@@ -23,15 +23,16 @@ from ..base import HostBackend, Work, host_pointer, part_views, quiet_thread
 from ..procs import pid_ns_id, proc_start_time, this_proc
 from ..segment import Segment, host_id, sigterm_exits, unlink_name
 from .shm import (ABORT_MISMATCH, ABORT_PEER, C_ABORT, C_BUFFSIZE, C_CLOSED, C_FUTEX, C_HEARTBEAT, C_MAGIC, C_NCH,
-                  C_P2PCHUNK, C_PID, C_PIDNS, C_SLOTS, C_START, C_WORLD, MAGIC, PAGE, REASON_MAX,
-                  REASON_OFF, advice, layout, segment_size)
+                  C_P2PCHUNK, C_PID, C_PIDNS, C_POOL, C_SLOTS, C_START, C_WORLD, MAGIC, PAGE, REASON_MAX,
+                  REASON_OFF, advice, layout, pool_offset, segment_size)
 from . import affinity, futex
 from .stamper import FastRingWriter
 from ..opsig import encode_sig
 from .transport import Conn, Guard
 from .p2p import pending_messages, run_p2p
+from .pool import Pool
 from .setup_peers import SetupPeers
-from .worker import RingJob, run_ring
+from .worker import Direct, RingJob, run_ring
 
 HEARTBEAT_S = 0.1
 
@@ -70,14 +71,15 @@ class CpuBackend(SetupPeers, HostBackend):
         gen = self.generation
         self._prefix = self.store_prefix("cpu", gen)
         with sigterm_exits():          # our name is in /dev/shm until every rank attached
-            self._create(segment_size(nch, world, settings.buffsize, settings.ring_slots), gen)
+            self._create(segment_size(nch, world, settings.buffsize, settings.ring_slots, settings.cpu_pool), gen)
 
     def _create(self, size: int, gen: int) -> None:
         s, rank = self.settings, self.rank
         name = f"st_{self.job}_{gen}_{rank}_{secrets.token_hex(3)}"
         try:        # the name and this process first: a peer that finds us killed before we publish removes it
             self.store.set(f"{self._prefix}/making/{rank}", f"{name} {this_proc()}".encode())
-            self.seg = Segment(name, size, create=True, advice=advice(self.nch, self.world, s.buffsize, s.ring_slots))
+            self.seg = Segment(name, size, create=True, advice=advice(self.nch, self.world, s.buffsize, s.ring_slots,
+                                                                      s.cpu_pool))
         except BaseException as e:      # e.g. a full /dev/shm: peers waiting for our segment hear why at once
             if not isinstance(e, FileExistsError):  # the name is ours (O_EXCL): a SIGTERM's exit as Segment ended
                 unlink_name(name)                   # or returned, past its own cleanup, left it
@@ -100,6 +102,10 @@ class CpuBackend(SetupPeers, HostBackend):
         ctl[C_NCH], ctl[C_BUFFSIZE], ctl[C_WORLD], ctl[C_SLOTS] = nch, s.buffsize, world, s.ring_slots
         ctl[C_P2PCHUNK] = s.p2p_chunk_bytes
         ctl[C_PIDNS] = pid_ns_id()
+        pool_at = pool_offset(nch, world, s.buffsize, s.ring_slots)
+        ctl[C_POOL] = pool = self.seg.size - pool_at
+        self.pool = Pool(self.seg.bytes_(pool_at, pool) if pool else None, pool)
+        self._peer_pools: dict[int, np.ndarray] = {}
         ctl[C_MAGIC] = MAGIC
         self.ctl = ctl
         self._rings = RingViews(self.seg.bytes_(rings, ring_bytes(nch, s.ring_slots)), nch, s.ring_slots)
@@ -143,6 +149,7 @@ class CpuBackend(SetupPeers, HostBackend):
             for p in self._peer_segs:
                 self.p2p_recv[p] = conn(self.seg, nch + p, p, False)
                 self.p2p_send[p] = conn(self._peer_segs[p], nch + rank, p, True)
+        self._direct = self.pool.size > 0 or bool(self._peer_pools)
         # everyone attached: the name is no longer needed, and a rank that ends without close() (torchrun, kill -9)
         # leaves nothing in /dev/shm; the memory lives until the last rank unmaps it
         self.store.barrier(f"{self._prefix}/attached", rank, world, s.timeout_s, check=alive)
@@ -186,6 +193,9 @@ class CpuBackend(SetupPeers, HostBackend):
                                 f"settings")
         self.guard.peers[p] = (pctl, seg.bytes_(REASON_OFF, REASON_MAX), peer_pid(pctl, self.ctl[C_PIDNS]),
                                pctl[C_START])
+        if pctl[C_POOL] and (p - self.rank) % self.world in (1, self.world - 1):     # ring neighbours only
+            at = pool_offset(self.nch, self.world, s.buffsize, s.ring_slots)
+            self._peer_pools[p] = np.frombuffer(seg.bytes_(at, pctl[C_POOL]), np.uint8)
 
     @staticmethod
     def _heartbeat(ref: "weakref.ref[CpuBackend]", stop: threading.Event) -> None:
@@ -258,6 +268,10 @@ class CpuBackend(SetupPeers, HostBackend):
 
     def check_peers(self) -> None:
         self.guard.check(tuple(self.guard.peers))
+
+    def direct_slices(self) -> int:
+        """Ring slices this rank sent without its FIFO (registered memory): worker.py."""
+        return sum(c.direct for c in self.ring_send)
 
     def unreceived(self) -> list[str]:
         return getattr(self, "_lost", [])
@@ -335,15 +349,20 @@ class CpuBackend(SetupPeers, HostBackend):
                 delta = pa - pb
         progs = plan.programs
         stamps = work.stamp_steps or work.stamp_channels
+        dx = None
+        if self._direct:                                # registered memory here or at a ring neighbour
+            isz, pool = a.dtype.itemsize, self.pool
+            dx = Direct(self._coll_seq, pool.offset(a, isz), pool.offset(b, isz), pool.size > 0,
+                        self._peer_pools.get((self.rank - 1) % n), self._peer_pools.get((self.rank + 1) % n))
         if len(progs) == 1:                             # one channel (the cpu default): no closure per op
             c = progs[0].channel
             run_ring(progs[0], RingJob(work, self.ring_recv[c], self.ring_send[c], self.writers[c] if stamps else
-                                       None, g, delta))
+                                       None, g, delta, dx))
         elif progs:
             def job(prog) -> RingJob:
                 c = prog.channel
                 return RingJob(work, self.ring_recv[c], self.ring_send[c], self.writers[c] if stamps else None, g,
-                               delta)
+                               delta, dx)
             self._parallel(progs, job)
         g.check_sigs(sig, wait=True)          # every rank ran the same collective (or everyone raises)
         g.sig = None

@@ -6,6 +6,7 @@ Segment of rank r (all offsets 4 KiB aligned):
     connections        (nch + world) x (4 KiB header + buffsize FIFO); r is the *receiver* of all of them:
                        index c < nch: ring channel c from rank r-1; index nch + s: point-to-point from rank s
     stamp rings        stamps.layout.ring_bytes(nch, ring_slots)  (read by this rank's drain thread)
+    registered pool    cpu_pool bytes (C_POOL): Comm.mem_alloc's buffers, read and written by ring peers (pool.py)
 
 A segment's pages are reserved at creation (posix_fallocate): a /dev/shm too small is a BackendError, not SIGBUS.
 Segments bypass Python's resource_tracker (spawned ranks share one tracker, and a segment registered by
@@ -22,7 +23,7 @@ from ...stamps.layout import ring_bytes
 from ..segment import SHM_DIR
 
 PAGE = 4096
-MAGIC = 0x53544350_55000006        # "STCPU" + layout version 6
+MAGIC = 0x53544350_55000007        # "STCPU" + layout version 7
 NSIG = 16                          # op-signature / message tables keep the last 16 entries
 
 # control block, u64 word indices
@@ -31,6 +32,7 @@ C_NCH, C_BUFFSIZE, C_WORLD, C_SLOTS = 8, 9, 10, 11
 C_FUTEX = 12                               # 1: this rank's ring waits sleep on a futex; its peers wake it
 C_P2PCHUNK = 13                            # p2p_chunksize: both ends must cut a message's steps alike
 C_PIDNS = 14                               # its PID namespace (procs.pid_ns_id): a pid means nothing elsewhere
+C_POOL = 15                                # bytes of its registered pool (0: none; its ring peers never go direct)
 REASON_OFF, REASON_MAX = 256, 512          # bytes
 SIG_WORD = 1024 // 8                       # 16 entries x 4 words: seq, count, packed, cfg
 # a stalled p2p progress loop (stall.py): epoch (0 while written), tick, lanes (STALL_MANY: too many to list),
@@ -46,6 +48,10 @@ H_SLEEP = 1                                # word after tail / head: 1 while its
 # FIFO line reclaim (transport.Reclaim): the mode word the sender sets, then one word per slot that the
 # receiver writes when it frees the slot: 0 = not yet, 1 = freed as is, 2 + ns = lines reclaimed in ns
 H_RECLAIM, H_RECLAIMED = 128, 136
+# direct slices (worker.py): per slot, what the sender posted before the tail: 0 = in the FIFO, 1 = written into
+# the receiver's dst at the slice's own place, 2 + b = read it from the sender's pool at byte b. H_DSTOFF/H_DSTSEQ:
+# the receiver's dst for the ring op it runs (pool byte + 1, 0 = not in the pool), then that op's number (last)
+H_PTRS, H_DSTOFF, H_DSTSEQ = 144, 152, 153
 
 ABORT_PEER, ABORT_MISMATCH, ABORT_TIMEOUT = 1, 2, 3
 
@@ -57,22 +63,28 @@ def layout(nch: int, world: int, buffsize: int) -> tuple[int, int, int]:
     return PAGE, stride, rings
 
 
-def segment_size(nch: int, world: int, buffsize: int, slots: int) -> int:
+def pool_offset(nch: int, world: int, buffsize: int, slots: int) -> int:
     _, _, rings = layout(nch, world, buffsize)
     return rings + -(-ring_bytes(nch, slots) // PAGE) * PAGE
 
 
-def advice(nch: int, world: int, buffsize: int, slots: int) -> str:
+def segment_size(nch: int, world: int, buffsize: int, slots: int, pool: int = 0) -> int:
+    return pool_offset(nch, world, buffsize, slots) + -(-pool // PAGE) * PAGE
+
+
+def advice(nch: int, world: int, buffsize: int, slots: int, pool: int = 0) -> str:
     """What a segment that did not fit is made of, and the settings that size each part."""
     _, stride, rings = layout(nch, world, buffsize)
     fifo, ring = (nch + world) * stride, segment_size(nch, world, buffsize, slots) - rings
+    reg = f" and {pool / 2**20:.1f} MiB of registered pool (cpu_pool {pool})" if pool else ""
     return (f", and every rank on this host needs one such segment: {fifo / 2**20:.1f} MiB of FIFOs ((nchannels "
-            f"{nch} + world {world}) x buffsize {buffsize}) and {ring / 2**20:.1f} MiB of stamp rings (nchannels x "
-            f"ring_slots {slots}). Lower SLICETRACE_BUFFSIZE (buffsize=, default 4M), SLICETRACE_NCHANNELS "
-            f"(nchannels=) or SLICETRACE_STAMP_RING_SLOTS (ring_slots=)")
+            f"{nch} + world {world}) x buffsize {buffsize}), {ring / 2**20:.1f} MiB of stamp rings (nchannels x "
+            f"ring_slots {slots}){reg}. Lower SLICETRACE_BUFFSIZE (buffsize=, default 4M), SLICETRACE_NCHANNELS "
+            f"(nchannels=), SLICETRACE_STAMP_RING_SLOTS (ring_slots=)" + (" or SLICETRACE_CPU_POOL (cpu_pool=)"
+                                                                        if pool else ""))
 
 
-def shm_shortfall(nranks: int, nch: int, buffsize: int, slots: int) -> str | None:
+def shm_shortfall(nranks: int, nch: int, buffsize: int, slots: int, pool: int = 0) -> str | None:
     """Why nranks ranks' segments together cannot fit in /dev/shm, else None: asked before any rank starts (a
     typo of 100000 ranks would otherwise spawn 100000 processes that each fail)."""
     try:
@@ -80,8 +92,8 @@ def shm_shortfall(nranks: int, nch: int, buffsize: int, slots: int) -> str | Non
     except OSError:
         return None             # no /dev/shm to measure: the backend reports its own failure
     free = st.f_bavail * st.f_frsize
-    need = nranks * segment_size(nch, nranks, buffsize, slots)
+    need = nranks * segment_size(nch, nranks, buffsize, slots, pool)
     if need <= free:
         return None
     return (f"the cpu backend's shared memory would need about {need / 2**20:,.0f} MiB in {SHM_DIR} and "
-            f"{free / 2**20:,.0f} MiB is free{advice(nch, nranks, buffsize, slots)}")
+            f"{free / 2**20:,.0f} MiB is free{advice(nch, nranks, buffsize, slots, pool)}")

@@ -95,7 +95,7 @@ class Conn:
     """One direction of one connection as seen from this rank. `ctl` lives in the receiver's segment."""
 
     __slots__ = ("ctl", "fifo", "step", "peer", "is_send", "msg_seq", "msgs", "msg_left", "_views", "reclaim", "base",
-                 "wakes", "_lines", "_slots")
+                 "wakes", "_lines", "_slots", "direct")
 
     def __init__(self, ctl: memoryview, fifo: memoryview, peer: int, is_send: bool, reclaim: str = "off"):
         self.ctl, self.fifo, self.peer, self.is_send = ctl, fifo, peer, is_send
@@ -109,6 +109,7 @@ class Conn:
         self.wakes = False      # ring connections: the peer that waits on what this side posts sleeps on a futex
         self._lines: list = [(0, None)] * 8     # per slot: (nbytes, its lines' first bytes) of the last reclaim
         self._slots: dict = {}
+        self.direct = 0         # ring slices sent without the FIFO (registered memory, worker.py)
 
     def post(self, idx: int, value: int) -> None:
         """Store tail or head and wake a waiter that sleeps on it (futex waits only; otherwise a plain store)."""

@@ -8,6 +8,10 @@ Reference semantics of one slice of a primitive (plan.schedule.Prim), n = slice 
     post:  tail = sstep + ss (to the next rank), head = rstep + ss (credit back); steps += ss
 
 Empty slices wait and post like the others (both sides keep their step counters in lockstep).
+Direct slices (registered memory, pool.py): a sender whose input lies in its pool posts, for a `send` slice, where
+it lies (H_PTRS) and copies nothing: the receiver reads it from there. A sender whose receiver's output lies in the
+receiver's pool writes a slice bound for that output (recvCopySend, recv) there at once: the receiver only
+forwards it. NCCL's direct read and direct write, on the same steps, credits and stamps.
 Stamp clocks: wait before waiting, ready after the wait, done before the tail is posted; a program stages its
 clocks alone (stamper.stage_ring), the records they make are its layout's (ring_layout()). Point-to-point groups:
 p2p.py.
@@ -19,9 +23,10 @@ import warnings
 
 import numpy as np
 
+from ...errors import BackendError
 from ...plan.traffic import sampled_slices
 from ...stamps.layout import FLAG_CH_STOP, FLAG_SEND, KIND_CHANNEL, KIND_STEP
-from .shm import H_HEAD, H_TAIL
+from .shm import H_DSTOFF, H_DSTSEQ, H_HEAD, H_PTRS, H_TAIL
 from .stamper import FastRingWriter, RingLayout, tail
 from .transport import RECLAIM_MIN
 
@@ -35,6 +40,7 @@ K_SEND, K_COPYSEND, K_RECV, K_RCS, K_RRS, K_RRCS, K_RRC = range(7)
 KINDS = {"send": K_SEND, "copySend": K_COPYSEND, "recv": K_RECV, "recvCopySend": K_RCS,
          "recvReduceSend": K_RRS, "recvReduceCopySend": K_RRCS, "recvReduceCopy": K_RRC}
 NSTEPS = 8
+DIRECT_MIN = 16 << 10       # smaller slices keep the FIFO (a peer view per slice costs more than the copy saves)
 _CH_START, _CH_STOP = tail(0, KIND_CHANNEL, 0), tail(0, KIND_CHANNEL, FLAG_CH_STOP)   # a ring program's KernelCh
 
 
@@ -56,13 +62,24 @@ def premul(dt: np.dtype, redop: str, nranks: int):
     return np.asarray(np.float32(1.0 / nranks)).astype(dt)[()] if dt.itemsize < 8 else dt.type(1.0 / nranks)
 
 
+class Direct:
+    """A ring op's registered memory (pool.py): its number (both ends count collectives alike), where its buffers
+    lie in this rank's pool (bytes, -1: elsewhere), whether this rank has a pool, the neighbours' pools (or None)."""
+    __slots__ = ("seq", "src_b", "dst_b", "mine", "rpool", "spool")
+
+    def __init__(self, seq: int, src_b: int, dst_b: int, mine: bool, rpool, spool):
+        self.seq, self.src_b, self.dst_b, self.mine, self.rpool, self.spool = seq, src_b, dst_b, mine, rpool, spool
+
+
 class RingJob:
     """Everything one ring channel program needs, bound once per work."""
-    __slots__ = ("work", "rconn", "sconn", "writer", "guard", "delta")
+    __slots__ = ("work", "rconn", "sconn", "writer", "guard", "delta", "dx")
 
-    def __init__(self, work, rconn, sconn, writer: FastRingWriter | None, guard, delta: int | None):
+    def __init__(self, work, rconn, sconn, writer: FastRingWriter | None, guard, delta: int | None,
+                 dx: Direct | None = None):
         self.work, self.rconn, self.sconn, self.writer, self.guard = work, rconn, sconn, writer, guard
         self.delta = delta       # byte address of sendbuf minus recvbuf when they overlap (in place), else None
+        self.dx = dx             # None: no registered memory here or at a ring neighbour
 
 
 def run_ring(prog, job: RingJob) -> None:
@@ -138,6 +155,16 @@ _SPECS: dict[int, tuple] = {}       # id(program) -> _spec's (program, ...): the
 _RTAIL, _STAIL = tail(0, KIND_STEP, 0), tail(0, KIND_STEP, FLAG_SEND)     # KernelStep word 5 without size and peer
 
 
+def _peer_dst(sctl, dx: Direct, guard, speer: int, ch: int, sstep: int, isz: int) -> int:
+    """The next rank's output for this op, in elements of its pool (-1: not there); it posts it as it starts."""
+    guard.wait_ge(sctl, H_DSTSEQ, dx.seq, speer, ("its output's place", speer, ch, sstep))
+    if sctl[H_DSTSEQ] != dx.seq:
+        raise BackendError(f"rank {speer} posted its output for collective #{sctl[H_DSTSEQ]} where #{dx.seq} was due "
+                           f"on channel {ch}: the ring's direct slices lost step")
+    b = sctl[H_DSTOFF] - 1
+    return b // isz if b >= 0 else -1
+
+
 def _ring_slices(spec: tuple, job: RingJob, stamps: list | None) -> None:
     work = job.work
     plan, rconn, sconn, guard, w = work.plan, job.rconn, job.sconn, job.guard, job.writer
@@ -171,6 +198,16 @@ def _ring_slices(spec: tuple, job: RingJob, stamps: list | None) -> None:
     delta = job.delta
     tmin = -(-RECLAIM_MIN // isz)               # slices of RECLAIM_MIN bytes or more: n >= tmin
     tw = tr = ts = t0 = td = 0
+    dx, rptr, sptr, sdst, last_dr, sm, p, nd = job.dx, False, False, None, 0, 0, 0, 0
+    if dx is not None:
+        rptr, sptr = dx.mine or dx.rpool is not None, dx.mine or dx.spool is not None   # direct slices may flow
+        if dx.mine:                 # where the previous rank may write our output, for this op
+            rctl[H_DSTOFF] = dx.dst_b + 1
+            rctl[H_DSTSEQ] = dx.seq
+        rpv = dx.rpool.view(dt) if dx.rpool is not None else None
+        spv = dx.spool.view(dt) if dx.spool is not None else None
+        src_e = dx.src_b // isz if dx.src_b >= 0 and pre is None else -1
+        dmin = -(-DIRECT_MIN // isz)
     for kind, hr, hs, si, di, so, do, fin, slices in spec[1]:
         src, dst = bufs[si], bufs[di]
         fin = avg and fin
@@ -188,11 +225,19 @@ def _ring_slices(spec: tuple, job: RingJob, stamps: list | None) -> None:
                     if stamp:
                         tr = clock()                 # after the tail was seen: never before the sender's done
                 if n:
-                    k, r = rsv[rstep & 7]
-                    if k != n:
-                        i = (rstep & 7) * se
-                        r = rconn.view(dt)[i:i + n]
-                        rsv[rstep & 7] = n, r
+                    p = rctl[H_PTRS + (rstep & 7)] if rptr else 0
+                    if p == 0:
+                        k, r = rsv[rstep & 7]
+                        if k != n:
+                            i = (rstep & 7) * se
+                            r = rconn.view(dt)[i:i + n]
+                            rsv[rstep & 7] = n, r
+                    elif p == 1:                     # already in our output
+                        b = do + off
+                        r = dst[b:b + n]
+                    else:                            # in the sender's input
+                        i = (p - 2) // isz
+                        r = rpv[i:i + n]
             if hs:
                 if stamp:
                     tw = ts = tr if hr else clock()  # the send wait starts when the recv wait ended
@@ -202,14 +247,30 @@ def _ring_slices(spec: tuple, job: RingJob, stamps: list | None) -> None:
                     if stamp:
                         ts = clock()
                 if n:
-                    k, s = ssv[sstep & 7]
-                    if k != n:
-                        i = (sstep & 7) * se
-                        s = sconn.view(dt)[i:i + n]
-                        ssv[sstep & 7] = n, s
+                    if sptr:
+                        sm = 0
+                        if kind == K_SEND:
+                            if src_e >= 0 and n >= dmin:
+                                sm = 2 + (src_e + so + off) * isz
+                                last_dr = sn
+                        elif kind != K_RRS and spv is not None and n >= dmin:
+                            if sdst is None:
+                                sdst = _peer_dst(sctl, dx, guard, speer, ch, sstep, isz)
+                            if sdst >= 0:
+                                sm = 1
+                                i = sdst + do + off
+                                s = spv[i:i + n]
+                        sctl[H_PTRS + (sstep & 7)] = sm
+                        nd += sm > 0
+                    if sm == 0:
+                        k, s = ssv[sstep & 7]
+                        if k != n:
+                            i = (sstep & 7) * se
+                            s = sconn.view(dt)[i:i + n]
+                            ssv[sstep & 7] = n, s
             if n:
                 # the write into the send FIFO is timed for the reclaim decision, from RECLAIM_MIN bytes only
-                timed = hs and n >= tmin                   # t1, t2 set and read only then
+                timed = hs and n >= tmin and sm == 0       # t1, t2 set and read only then
                 if kind == K_RRS:
                     a = so + off
                     if timed:
@@ -241,7 +302,9 @@ def _ring_slices(spec: tuple, job: RingJob, stamps: list | None) -> None:
                     a = so + off
                     if timed:
                         t1 = pc()
-                    if pre is None:
+                    if sm > 1:
+                        pass                                # the receiver reads it from our input
+                    elif pre is None:
                         copyto(s, src[a:a + n])
                     else:
                         mul(src[a:a + n], pre, out=s)
@@ -254,10 +317,12 @@ def _ring_slices(spec: tuple, job: RingJob, stamps: list | None) -> None:
                     copyto(s, r)
                     if timed:
                         t2 = pc()
-                    copyto(dst[b:b + n], r)
+                    if p != 1:
+                        copyto(dst[b:b + n], r)
                 elif kind == K_RECV:
-                    b = do + off
-                    copyto(dst[b:b + n], r)
+                    if p != 1:
+                        b = do + off
+                        copyto(dst[b:b + n], r)
                 else:   # K_COPYSEND
                     a, b = so + off, do + off
                     if timed:
@@ -269,7 +334,7 @@ def _ring_slices(spec: tuple, job: RingJob, stamps: list | None) -> None:
                         copyto(dst[b:b + n], src[a:a + n])
                 if timed:
                     pol.wrote(sstep & 7, n * isz, t2 - t1)
-                if hr:
+                if hr and p == 0:
                     freed(rstep & 7, n * isz)
             if stamp:
                 td = clock()
@@ -294,4 +359,7 @@ def _ring_slices(spec: tuple, job: RingJob, stamps: list | None) -> None:
                 sstep = sn
             if hr:
                 rstep = rn
+    if last_dr and sctl[H_HEAD] < last_dr:     # our input may change once we return: the receiver has read it
+        wait(sctl, H_HEAD, last_dr, speer, ("credit", speer, ch, sstep), sbase)
     rconn.step, sconn.step = rstep, sstep
+    sconn.direct += nd
