@@ -155,3 +155,37 @@ def test_bench_R1_runs_registered_and_checks():
     assert "registered buffers (-R 1)" in r.stdout
     rows = [ln.split() for ln in r.stdout.splitlines() if ln.strip() and not ln.startswith("#")]
     assert len(rows) == 4 and all(row[-1] == "0" for row in rows), r.stdout
+
+
+def _die_registered(comm, folder, op):
+    import os
+    import signal
+    import threading
+    with open(os.path.join(folder, f"job{comm.rank}"), "w") as f:
+        f.write(comm._session.job)
+    n = comm.world_size
+    x = comm.mem_alloc(1 << 20, np.float32)
+    out = comm.mem_alloc(n << 20, np.float32) if op == "all_gather" else x
+    x[:] = 1
+    if comm.rank == 1:
+        threading.Timer(0.05, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+    for _ in range(5000):
+        comm.all_gather(x, out) if op == "all_gather" else comm.all_reduce(x, out)
+    return "finished"
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "all_gather"])
+def test_a_rank_killed_during_direct_slices_fails_the_others_and_leaves_nothing(tmp_path, op):
+    import glob
+    import re
+    import slicetrace
+    with pytest.raises(slicetrace.LaunchError) as e:
+        slicetrace.launch(_die_registered, 3, str(tmp_path), op, timeout_s=6.0, join_timeout_s=120,
+                          cpu_pool=16 << 20)
+    errs = e.value.errors
+    assert str(e.value).startswith("rank 1 died with exit code -9 (SIGKILL"), str(e.value)
+    for r in (0, 2):
+        last = errs[r].strip().splitlines()[-1]
+        assert re.match(r"slicetrace\.errors\.PeerError: rank 1 \(pid \d+\) (exited|died)", last), (r, last)
+    jobs = {(tmp_path / f"job{r}").read_text() for r in (0, 2)}
+    assert glob.glob(f"/dev/shm/st_{jobs.pop()}*") == []

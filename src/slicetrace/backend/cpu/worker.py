@@ -157,7 +157,7 @@ _RTAIL, _STAIL = tail(0, KIND_STEP, 0), tail(0, KIND_STEP, FLAG_SEND)     # Kern
 
 def _peer_dst(sctl, dx: Direct, guard, speer: int, ch: int, sstep: int, isz: int) -> int:
     """The next rank's output for this op, in elements of its pool (-1: not there); it posts it as it starts."""
-    guard.wait_ge(sctl, H_DSTSEQ, dx.seq, speer, ("its output's place", speer, ch, sstep))
+    guard.wait_ge(sctl, H_DSTSEQ, dx.seq, speer, ("the output address", speer, ch, sstep))
     if sctl[H_DSTSEQ] != dx.seq:
         raise BackendError(f"rank {speer} posted its output for collective #{sctl[H_DSTSEQ]} where #{dx.seq} was due "
                            f"on channel {ch}: the ring's direct slices lost step")
