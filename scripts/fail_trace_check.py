@@ -57,6 +57,23 @@ def failed_op(path: str) -> tuple[str, list[int], list[int]] | None:
     return f"{op} #{seq}", sorted(kch), sorted(steps - kch)
 
 
+def delivery(path: str) -> str:
+    """Which Coll ops the trace holds, and which of them have KernelSteps / KernelCh records (by SeqNum)."""
+    recs = read_records(path)
+    seq_of = {r["id"]: (r.get("args") or {}).get("SeqNum") for r in recs if r.get("ph") == "b"
+              and r.get("cat") == "COLL"}
+    with_steps = {seq_of.get((r.get("args") or {}).get("ParentId")) for r in recs if r.get("name") == "KernelStep"}
+    with_ch = {seq_of.get((r.get("args") or {}).get("ParentId")) for r in recs if r.get("name") == "KernelCh"
+               and r.get("ph") == "b"}
+
+    def span(xs):
+        xs = sorted(x for x in xs if x is not None)
+        return f"{len(xs)} [{xs[0]}..{xs[-1]}]" if xs else "0"
+    got = {k: v for c in counters(recs).values() for k, v in c.items() if k.startswith("delivered") or k in LOSS}
+    return (f"Coll ops {span(seq_of.values())}, with KernelSteps {span(with_steps)}, with KernelCh "
+            f"{span(with_ch)}; counters {got}")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out")
@@ -64,6 +81,8 @@ def main() -> int:
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--nchannels", type=int, default=2)
     p.add_argument("--delay", type=float, default=0.5, help="seconds into the loop rank 1 is killed")
+    p.add_argument("--detail", action="store_true", help="also print, per trace, which ops delivered KernelSteps and "
+                                                          "KernelCh records, and the delivery counters")
     a = p.parse_args()
     bad = 0
     for k in range(a.trials):
@@ -83,6 +102,8 @@ def main() -> int:
             lost = {k: v for c in counters(read_records(f)).values() for k, v in c.items() if v and k in LOSS}
             print(f"trial {k}: {os.path.basename(f)}: failed op {op and op[0]}, KernelCh on {op and op[1]}, "
                   f"steps without one on {op and op[2]}; {len(probs)} problem(s) {probs[:2]}; counted {lost}")
+            if a.detail:
+                print(f"trial {k}: {os.path.basename(f)}: {delivery(f)}")
         print(f"trial {k}: launch error: {first[:160]}")
     return 1 if bad else 0
 
