@@ -16,7 +16,7 @@ from slicetrace.backend.base import DTYPES, Work
 from slicetrace.backend.cuda.args import auto_channels
 from slicetrace.backend.cuda.completion import Completion
 from slicetrace.backend.cuda.order import P2pOrder
-from slicetrace.backend.cuda.tokens import Token
+from slicetrace.backend.cuda.tokens import Pending, Token
 from slicetrace.backend.cuda.watchdog import Watchdog
 from slicetrace.backend.opsig import NSIG, SigTable
 from slicetrace.errors import MismatchError, PeerError
@@ -341,6 +341,8 @@ class _Backend(Completion):
         self.words = np.zeros(4, np.uint32)
         self._prefix, self._side, self._broken, self._broken_as, self._told = "p", 0, None, PeerError, False
         self._last = Token(_Event(), 1, (1 - r,), 0, None)
+        self._pending = Pending()
+        self._pending.add(self._last)
 
     def raise_abort(self, stream: int) -> bool:
         for be in self.ranks:

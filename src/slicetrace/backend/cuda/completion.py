@@ -88,6 +88,14 @@ class Completion:
     def last_token(self) -> Token | None:
         return self._last
 
+    def running_token(self) -> tuple[Token | None, str]:
+        """The op a failure stops: the earliest launched op not done (the host may have launched hundreds more
+        behind it), else the last one; and a note on the ops queued behind it, for the error."""
+        first, behind = self._pending.oldest()
+        if first is None:
+            return self._last, ""
+        return first, (f"; {behind} op(s) launched after it will not run" if behind else "")
+
     @property
     def broken(self) -> str | None:
         return self._broken
@@ -108,7 +116,11 @@ class Completion:
             raise PeerError(f"rank {self.rank}: {gone}")
 
     def _fail(self, err: Exception, token: Token) -> None:
-        """Abort on err and raise it, credited to token's op (not to a later op whose submit or wait found it)."""
+        """Abort on err and raise it, credited to token's op, or to the earlier op still running on the GPU (not to
+        a later op whose submit or wait found it)."""
+        first, _ = self._pending.oldest()
+        if first is not None and first.tag < token.tag:
+            token = first
         self.abort(str(err), type(err), token.op)
         self._told = True
         ends_within(token.event, 10.0)                             # the kernel polls the abort words and exits

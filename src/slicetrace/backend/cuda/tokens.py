@@ -28,6 +28,15 @@ class Pending:
             q.popleft()
         q.append(tok)
 
+    def oldest(self) -> tuple[Token | None, int]:
+        """The earliest launched op not done yet (the one its stream is running: a failure stops it, and the ops
+        launched behind it never run) and how many were launched after it; (None, 0) when all are done."""
+        q = tuple(self._q)
+        for i, t in enumerate(q):
+            if not t.event.done:
+                return t, len(q) - 1 - i
+        return None, 0
+
     def peers(self, tok: Token) -> tuple[int, ...]:
         """tok's peers and those of the earlier ops that have not finished."""
         out = set(tok.peers)

@@ -27,14 +27,15 @@ class Watchdog:
         except Exception:  # noqa: BLE001 - no device: nothing to watch
             return
         while not self._stop.wait(self.period_s):
-            tok = be.last_token
-            if tok is None or be.broken is not None:
+            if be.last_token is None or be.broken is not None:
                 continue
             try:
+                tok, behind = be.running_token()     # the op on the GPU now: a failure is its, not the last's
                 why, kind = be.mismatch(), MismatchError      # also after the op ended: a peer said later
                 if why is None:             # also after it ended: on an abort word, later ops must be refused
                     why, kind = be.cannot_finish(tok), PeerError
                 if why is not None and not self._stop.is_set():   # stopped: the backend may be freeing
+                    why += behind
                     log.warning("slicetrace: rank %d: aborting op %d: %s", be.rank, tok.tag, why)
                     be.abort(why, kind, tok.op)     # tok's: what later ops' errors are credited to
             except Exception:  # noqa: BLE001 - a store gone at shutdown: the waiting caller reports it
