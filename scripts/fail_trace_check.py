@@ -26,8 +26,8 @@ from slicetrace.analyze.trace import counters
 
 
 # the counters that say records were not delivered (the rest count deliveries and choices)
-LOSS = ("overrun", "unpaired", "no_parent", "missing_kernel_ch", "undrained", "parent_dropped", "pool_full",
-        "plugin_disabled", "aborted")
+LOSS = ("overrun", "unpaired", "unwritten", "no_parent", "missing_kernel_ch", "undrained", "parent_dropped",
+        "pool_full", "plugin_disabled", "aborted")
 
 
 def killed_mid(comm, delay: float, backend: str) -> None:

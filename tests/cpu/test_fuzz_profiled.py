@@ -30,7 +30,7 @@ MASKS = [BASE, BASE, int(T.COLL | T.P2P | T.KERNEL_STEP), int(T.COLL | T.P2P | T
 # every reason a record can be lost for; EVENT_LOSSES: those no case here may have (one plugin that keeps all)
 EVENT_LOSSES = ("no_parent", "parent_dropped", "pool_full", "consumer_behind", "plugin_error", "plugin_disabled",
                 "declined", "plugin_init_failed")
-LOSSES = ("overrun", "unpaired", "undrained") + EVENT_LOSSES
+LOSSES = ("overrun", "unpaired", "unwritten", "undrained") + EVENT_LOSSES
 PER_PLUGIN = ("declined", "pool_full", "parent_dropped", "plugin_error", "plugin_disabled")   # each plugin's own
 LIMITS = [int(ALL_TYPES & ~T.KERNEL_STEP), int(T.KERNEL_STEP), int(T.KERNEL_CH), int(T.COLL)]
 PRIMES = [2, 3, 7, 13, 127, 1021, 7919, 16381]
@@ -170,7 +170,7 @@ def check_accounting(rank, r, p, masks):
     c = p["final"]
     assert {k: c.get(k, 0) for k in EVENT_LOSSES} == dict.fromkeys(EVENT_LOSSES, 0), (rank, c)
     assert c["masked_out"] == 0 or any(m & T.KERNEL_STEP and not m & T.KERNEL_CH for m in masks), (rank, c)
-    lost = c["overrun"] + c["unpaired"] + c.get("undrained", 0) + 2 * c["masked_out"]
+    lost = c["overrun"] + c["unpaired"] + c["unwritten"] + c.get("undrained", 0) + 2 * c["masked_out"]
     delivered = c.get("delivered_kernel_step", 0) + 2 * c.get("delivered_kernel_ch", 0)
     assert delivered + lost == r["written_steps"] + r["written_chs"], (rank, c, r["written_steps"], r["written_chs"])
     assert c["sampled_out"] == r["skipped"], (rank, c["sampled_out"], r["skipped"])

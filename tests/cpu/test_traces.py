@@ -162,7 +162,8 @@ def test_a_tiny_ring_overruns_with_exact_counts_and_a_valid_trace(tmp_path):
         plan = plan_p2p([P2pPart(1 - rank, True, count, 0), P2pPart(1 - rank, False, count, 1)], 2, rank, 4,
                         (1 << 16) // 8, (1 << 16) // 8, 2)
         written += len(expected_slices(plan)) + 2 * len(plan.programs)
-        accounted = (delivered + 2 * c.get("delivered_kernel_ch", 0) + c["overrun"] + c["unpaired"] + c["no_parent"])
+        accounted = (delivered + 2 * c.get("delivered_kernel_ch", 0) + c["overrun"] + c["unpaired"] + c["unwritten"]
+                     + c["no_parent"])
         assert accounted == written, (rank, c)
     for f in files:
         assert check_trace(f) == []

@@ -421,7 +421,7 @@ def test_entry_of_a_completed_op_with_an_exact_snapshot_that_never_came_is_lost_
     snap = v.header["reserved"].copy()
     d.op_submitted(1, lambda: True, snap)
     d.poll_once()
-    assert sink.drops["unpaired"] == 1 and sum(len(r) for _, r in sink.step_calls) == 3
+    assert sink.drops == Counter({"unwritten": 1}) and sum(len(r) for _, r in sink.step_calls) == 3
     assert len(sink.channels) == 1 and sink.ended == [1] and d.idle()
 
 
@@ -626,7 +626,7 @@ def test_an_old_entry_never_written_is_lost_once_no_op_runs():
     assert sink.step_calls == [] and not sink.drops and d.cursor[0] == 0
     done["v"] = True
     d.poll_once()
-    assert sink.drops == Counter({"unpaired": 1}) and sum(len(r) for _, r in sink.step_calls) == n
+    assert sink.drops == Counter({"unwritten": 1}) and sum(len(r) for _, r in sink.step_calls) == n
     assert sink.ended == [1] and d.idle()
 
 
@@ -636,7 +636,7 @@ def test_the_last_entry_of_a_completed_op_with_an_exact_snapshot_that_never_came
     v.started[0]["seq"][6] = v.completed[0]["seq"][6] = 0  # the snapshot's own seq: the kernel never wrote it
     d.op_submitted(1, lambda: True, v.header["reserved"].copy())
     d.poll_once()
-    assert sink.drops == Counter({"unpaired": 1}) and [list(r["step"]) for _, r in sink.step_calls] == [[0, 2, 4]]
+    assert sink.drops == Counter({"unwritten": 1}) and [list(r["step"]) for _, r in sink.step_calls] == [[0, 2, 4]]
     assert len(sink.channels) == 1 and sink.ended == [1] and d.idle() and d.cursor[0] == 6
 
 

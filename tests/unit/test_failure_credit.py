@@ -14,7 +14,7 @@ import slicetrace
 from slicetrace.api_checks import told
 from slicetrace.backend.base import Work
 from slicetrace.backend.cuda.backend import CudaBackend
-from slicetrace.backend.cuda.tokens import Token
+from slicetrace.backend.cuda.tokens import Pending, Token
 from slicetrace.errors import MismatchError, PeerError, credit
 from slicetrace.events import abi
 from slicetrace.events.host import EventHost
@@ -104,6 +104,25 @@ class _Cuda(CudaBackend):
         self._prefix, self._side, self._closed, self._told = "p", 0, False, False
         self._broken, self._broken_as, self._broken_op = None, PeerError, None
         self._last = Token(_Done(), 7, (1,), 0, None, ("all_reduce", 4))
+        self._pending = Pending()
+        self._pending.add(self._last)
+
+
+class _Running:
+    done = False
+
+
+def test_cuda_credits_a_failure_to_the_earliest_op_still_running_not_the_last_launched():
+    """The host may be hundreds of ops ahead of the GPU: the op that stopped is the earliest not done."""
+    be = _Cuda(aborted=True)
+    running = Token(_Running(), 5, (1,), 0, None, ("all_reduce", 2))
+    be._pending = Pending()
+    for tok in (running, Token(_Running(), 6, (1,), 0, None, ("all_reduce", 3)), be._last):
+        be._pending.add(tok)
+    with pytest.raises(PeerError) as e:
+        be.submit(_work(0))
+    assert e.value.failed_op == ("all_reduce", 2), str(e.value)
+    assert be.running_token() == (running, "; 2 op(s) launched after it will not run")
 
 
 def _work(seq: int) -> Work:

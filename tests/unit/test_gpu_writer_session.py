@@ -179,8 +179,9 @@ def test_records_written_at_completion_reach_the_trace_whole(session, p2p_channe
         assert s.backend.fetched == written                       # device rings: each record copied once
     else:
         assert s.backend.fetch_calls == 0                         # mapped rings are read where they are
-    lost = {k: v for k, v in counters.items() if v and k in ("overrun", "unpaired", "no_parent", "parent_dropped",
-                                                              "missing_kernel_ch", "pool_full", "declined")}
+    lost = {k: v for k, v in counters.items() if v and k in ("overrun", "unpaired", "unwritten", "no_parent",
+                                                              "parent_dropped", "missing_kernel_ch", "pool_full",
+                                                              "declined")}
     assert not lost, lost
 
 
@@ -214,7 +215,8 @@ def test_sampling_unprofiled_and_empty_ops_between_keep_the_counts_exact(tmp_pat
     assert check_trace(path) == []
     assert len(kernel_steps(load_traces([path]))) == kept == c["delivered_kernel_step"] > 0
     assert c["sampled_out"] == skipped > 0
-    assert not {k: v for k, v in c.items() if v and k in ("overrun", "unpaired", "no_parent", "missing_kernel_ch")}
+    assert not {k: v for k, v in c.items() if v and k in ("overrun", "unpaired", "unwritten", "no_parent",
+                                                                 "missing_kernel_ch")}
 
 
 class Holey(DeviceRings):
@@ -243,8 +245,8 @@ def test_records_a_kernel_never_wrote_are_counted_once_and_nothing_waits_for_the
     s.close()
     path = glob.glob(str(tmp_path / "t_*_0.json"))[0]
     assert check_trace(path) == []
-    assert c["unpaired"] == s.backend.holes == 20
-    assert len(kernel_steps(load_traces([path]))) + 2 * c["delivered_kernel_ch"] + c["unpaired"] == s.backend.written
+    assert c["unwritten"] == s.backend.holes == 20 and not c["unpaired"]      # never written: neither half came
+    assert len(kernel_steps(load_traces([path]))) + 2 * c["delivered_kernel_ch"] + c["unwritten"] == s.backend.written
 
 
 def test_device_rings_whose_channels_drift_apart_are_fetched_channel_by_channel(tmp_path, monkeypatch):
@@ -275,4 +277,5 @@ def test_device_rings_whose_channels_drift_apart_are_fetched_channel_by_channel(
     path = glob.glob(str(tmp_path / "t_*_0.json"))[0]
     assert check_trace(path) == []
     assert c["delivered_kernel_step"] + 2 * c["delivered_kernel_ch"] == written == fetched > 0
-    assert not {k: v for k, v in c.items() if v and k in ("overrun", "unpaired", "no_parent", "missing_kernel_ch")}
+    assert not {k: v for k, v in c.items() if v and k in ("overrun", "unpaired", "unwritten", "no_parent",
+                                                                 "missing_kernel_ch")}

@@ -25,7 +25,7 @@ from .verdicts import (blame_by_op, clock_check, first_ops, held_up_totals, nois
 from .waited import most_waited, waits_floor
 
 CLOCK_SLACK_NS = 1000       # a receive this far ahead of its send, past the clocks' stated uncertainty, is an offset
-RING_RECORDS = ("overrun", "unpaired", "undrained")     # the drain's losses: a KernelStep is one, a KernelCh two
+RING_RECORDS = ("overrun", "unpaired", "unwritten", "undrained")  # the drain's losses: a KernelStep is one, a KernelCh two
 RING_NOTE = "; a ring record is a KernelStep, or a KernelCh's start or stop"
 
 

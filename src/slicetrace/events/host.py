@@ -35,7 +35,7 @@ __all__ = ["EventHost", "OpInfo", "TaskInfo", "DROP_REASONS"]
 
 log = logging.getLogger("slicetrace")
 T = EventType
-DROP_REASONS = ("overrun", "unpaired", "no_parent", "parent_dropped", "pool_full", "consumer_behind",
+DROP_REASONS = ("overrun", "unpaired", "unwritten", "no_parent", "parent_dropped", "pool_full", "consumer_behind",
                 "sampled_out", "plugin_error", "plugin_disabled", "masked_out", "declined", "missing_kernel_ch",
                 "plugin_init_failed")
 BEHIND_WAIT_S = 1.0     # a plugin callback holding the host this long is stuck: the user's op runs unprofiled

@@ -312,13 +312,15 @@ class Drain:
         sw, cw = st[:, 0], co[:, 0]
         st_vis = (sw == useq) & intact
         merged = self._merged
-        ok = st_vis if merged else st_vis & (cw == useq)
+        co_vis = st_vis if merged else cw == useq
+        ok = st_vis & co_vis
         if not ok.all():
             dl = np.array(done_lows, dtype=np.uint64)               # the completed ops, for both checks below
             if done_lows and ((sw | cw) >= _PROV).any():
                 done31 = dl & _LO31
                 st_vis = published(sw, useq, done31) & intact
-                ok = st_vis if merged else st_vis & published(cw, useq, done31)
+                co_vis = st_vis if merged else published(cw, useq, done31)
+                ok = st_vis & co_vis
         if ok.all():
             end = cnt
         else:
@@ -338,7 +340,11 @@ class Drain:
             if lapped.any():
                 self.consumer.drop("overrun", int(lapped.sum()))
                 self._cut[chs if chan is None else chan[lapped]] = self._any_cut = True
-            unpaired = int((keep & intact & ~ok).sum())
+            bad = keep & intact & ~ok
+            never = int((bad & ~st_vis & ~co_vis).sum())        # neither half written: the kernel never got there
+            if never:
+                self.consumer.drop("unwritten", never)
+            unpaired = int(bad.sum()) - never
             if unpaired:
                 self.consumer.drop("unpaired", unpaired)
             sel = keep & ok
