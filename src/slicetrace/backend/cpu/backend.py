@@ -32,6 +32,7 @@ from .transport import Conn, Guard
 from .p2p import pending_messages, run_p2p
 from .pool import Pool
 from .setup_peers import SetupPeers
+from . import worker
 from .worker import Direct, RingJob, run_ring
 
 HEARTBEAT_S = 0.1
@@ -269,8 +270,7 @@ class CpuBackend(SetupPeers, HostBackend):
     def check_peers(self) -> None:
         self.guard.check(tuple(self.guard.peers))
 
-    def direct_slices(self) -> int:
-        """Ring slices this rank sent without its FIFO (registered memory): worker.py."""
+    def direct_slices(self) -> int:     # ring slices this rank sent without its FIFO (registered memory)
         return sum(c.direct for c in self.ring_send)
 
     def unreceived(self) -> list[str]:
@@ -350,7 +350,8 @@ class CpuBackend(SetupPeers, HostBackend):
         progs = plan.programs
         stamps = work.stamp_steps or work.stamp_channels
         dx = None
-        if self._direct:                                # registered memory here or at a ring neighbour
+        # registered memory here or at a ring neighbour, and slices that may go direct (count alike on every rank)
+        if self._direct and count * a.dtype.itemsize >= worker.DIRECT_MIN:
             isz, pool = a.dtype.itemsize, self.pool
             dx = Direct(self._coll_seq, pool.offset(a, isz), pool.offset(b, isz), pool.size > 0,
                         self._peer_pools.get((self.rank - 1) % n), self._peer_pools.get((self.rank + 1) % n))
