@@ -189,3 +189,24 @@ def test_a_rank_killed_during_direct_slices_fails_the_others_and_leaves_nothing(
         assert re.match(r"slicetrace\.errors\.PeerError: rank 1 \(pid \d+\) (exited|died)", last), (r, last)
     jobs = {(tmp_path / f"job{r}").read_text() for r in (0, 2)}
     assert glob.glob(f"/dev/shm/st_{jobs.pop()}*") == []
+
+
+def _late_peer(comm):
+    import time
+    x, out = comm.mem_alloc(1 << 18, np.float32), comm.mem_alloc(2 << 18, np.float32)
+    if comm.rank == 1:
+        time.sleep(3)               # past rank 0's timeout: rank 0 waits for where to write rank 1's output
+        return "late"
+    try:
+        comm.all_gather(x, out)
+    except Exception as e:          # noqa: BLE001 - shipped back to the test
+        return f"{type(e).__name__}: {e}"
+    return "no error"
+
+
+def test_a_peer_that_never_posts_its_output_is_a_timeout_naming_the_wait():
+    import slicetrace
+    got = slicetrace.launch(_late_peer, 2, cpu_pool=4 << 20, timeout_s=1.0, join_timeout_s=60)
+    assert got[1] == "late"
+    assert got[0].startswith("CommTimeoutError: rank 0 waited 1.0s (timeout_s) for the output address from rank 1 on "
+                             "channel 0 (step 0); rank(s) 1 had not started AllGather #0"), got[0]
