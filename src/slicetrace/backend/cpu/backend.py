@@ -103,7 +103,7 @@ class CpuBackend(SetupPeers, HostBackend):
         ctl[C_NCH], ctl[C_BUFFSIZE], ctl[C_WORLD], ctl[C_SLOTS] = nch, s.buffsize, world, s.ring_slots
         ctl[C_P2PCHUNK] = s.p2p_chunk_bytes
         ctl[C_PIDNS] = pid_ns_id()
-        pool_at = pool_offset(nch, world, s.buffsize, s.ring_slots)
+        self._pool_at = pool_at = pool_offset(nch, world, s.buffsize, s.ring_slots)    # peers' pools lie there too
         ctl[C_POOL] = pool = self.seg.size - pool_at
         self.pool = Pool(self.seg.bytes_(pool_at, pool) if pool else None, pool)
         self._peer_pools: dict[int, np.ndarray] = {}
@@ -195,8 +195,7 @@ class CpuBackend(SetupPeers, HostBackend):
         self.guard.peers[p] = (pctl, seg.bytes_(REASON_OFF, REASON_MAX), peer_pid(pctl, self.ctl[C_PIDNS]),
                                pctl[C_START])
         if pctl[C_POOL] and (p - self.rank) % self.world in (1, self.world - 1):     # ring neighbours only
-            at = pool_offset(self.nch, self.world, s.buffsize, s.ring_slots)
-            self._peer_pools[p] = np.frombuffer(seg.bytes_(at, pctl[C_POOL]), np.uint8)
+            self._peer_pools[p] = np.frombuffer(seg.bytes_(self._pool_at, pctl[C_POOL]), np.uint8)
 
     @staticmethod
     def _heartbeat(ref: "weakref.ref[CpuBackend]", stop: threading.Event) -> None:
