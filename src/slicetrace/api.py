@@ -17,6 +17,7 @@ from .errors import MismatchError, PeerError, SliceTraceError, UsageError, plura
 from .events.abi import DATATYPE_NAMES, FUNC_NAMES
 from .events.host import OpInfo, TaskInfo
 from .plan.schedule import P2pPart, plan_collective
+from .plan.symmetric import plan_symmetric
 from .plan.traffic import message_bytes
 from .rendezvous import Store
 from .session import Session
@@ -162,8 +163,11 @@ class Communicator(ProfilingControls):
             no_stream_on_cpu(func, stream, self._settings.backend)
         self._tag += 1
         itemsize = send.itemsize
-        plan = plan_collective(func, self._world, self._rank, count, itemsize, root,     # channels: NCCL's by bytes
-                               be.channels_for(message_bytes(func, count, itemsize, self._world)), self._step_bytes)
+        nch = be.channels_for(message_bytes(func, count, itemsize, self._world))     # NCCL's, by bytes
+        if be.pool is not None and be.pool.windows and be.symmetric(func, send, recv):
+            plan = plan_symmetric(func, self._world, self._rank, count, itemsize, nch, self._step_bytes)
+        else:
+            plan = plan_collective(func, self._world, self._rank, count, itemsize, root, nch, self._step_bytes)
         mask = sess.op_mask_for(count * itemsize) if sess.host is not None else 0    # no plugin: nothing to count
         seq = self._seq[func] = self._seq.get(func, -1) + 1     # _next_seq, inline
         info = None
@@ -171,6 +175,7 @@ class Communicator(ProfilingControls):
             # func, peer, is_send, count, datatype, root, send_buff, recv_buff, n_programs (keywords cost 2x)
             task = TaskInfo(FUNC_NAMES[func], -1, False, count, DATATYPE_NAMES.get(dtype, dtype), root, ptr(send),
                             ptr(recv), len(plan.programs))
+            task.variant = plan.algo
             info = self._info(func, [task], user_tag, mask, seq, stream)     # the caller's, as given (None: current)
         work = Work(self._tag, plan, dtype, redop, sendbuf=send, recvbuf=recv, stream=stream, seq_number=seq)
         self._session.run(work, info)
@@ -299,11 +304,15 @@ class Communicator(ProfilingControls):
             return user_out
         return self._result(recv, x) if send_counts is None else self._session.backend.user_buffer(recv, x)
 
-    def mem_alloc(self, shape: Any, dtype: Any = "float32") -> Any:
+    def mem_alloc(self, shape: Any, dtype: Any = "float32", *, symmetric: bool = False) -> Any:
         """A numpy array in this rank's registered memory (cpu backend, SLICETRACE_CPU_POOL bytes; as ncclMemAlloc +
-        ncclCommRegister): ring collectives on such buffers skip FIFO copies (the peer reads or writes them)."""
+        ncclCommRegister): ring collectives on such buffers skip FIFO copies (the peer reads or writes them).
+        symmetric=True makes it a window (ncclCommWindowRegister, NCCL_WIN_COLL_SYMMETRIC): all_reduce, all_gather
+        and reduce_scatter on windows run the symmetric kernels, and then every rank must pass windows."""
         self._check_open()
-        return self._session.backend.mem_alloc(shape, dtype)
+        if symmetric.__class__ is not bool:
+            raise UsageError(f"mem_alloc: symmetric={symmetric!r}; pass True or False")
+        return self._session.backend.mem_alloc(shape, dtype, symmetric)
 
     def mem_free(self, arr: Any) -> None:
         """Return an array from mem_alloc to the pool (use it no more: the next mem_alloc may hand it out)."""

@@ -30,14 +30,15 @@ def _comm(ctx, kw):
     return ctx["state"][key]
 
 
-def run_case(comm, op, dtype, redop, count, root, inplace, seed, reg=0):
-    """reg: a bit per rank whose buffers come from comm.mem_alloc (registered memory: direct slices)."""
+def run_case(comm, op, dtype, redop, count, root, inplace, seed, reg=0, sym=False):
+    """reg: a bit per rank whose buffers come from comm.mem_alloc (registered memory: direct slices); sym: as
+    symmetric windows (symmetric kernels where every rank's are)."""
     held = []
 
     def mk(a):
         if not (reg >> comm.rank) & 1:
             return a
-        b = comm.mem_alloc(a.shape, a.dtype)
+        b = comm.mem_alloc(a.shape, a.dtype, symmetric=sym)
         b[...] = a
         held.append(b)
         return b

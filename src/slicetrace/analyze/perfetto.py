@@ -40,7 +40,7 @@ from .records import FAILURE_CAT
 from .comms import comm_of
 from .runfiles import load_runs
 from .runranks import every_rank
-from .trace import counters, failures
+from .trace import counters, failures, is_symmetric
 
 __all__ = ["convert", "wire_fields"]
 log = logging.getLogger("slicetrace")
@@ -71,8 +71,9 @@ class _File:
         names = {r.get("tid"): (r.get("args") or {}).get("name", "") for r in recs
                  if r.get("ph") == "M" and r.get("name") == "thread_name"}
         # ring and point-to-point connections count their FIFO steps apart: a flow key needs the parent's kind
-        parent_cat = {r.get("id"): r.get("cat") for r in recs if r.get("ph") == "b" and r.get("cat") in
-                      ("COLL", "P2P")}
+        # (symmetric kernels' loads and stores: no FIFO steps, so no flows)
+        parent_cat = {r.get("id"): "SYM" if is_symmetric(r.get("args") or {}) and r.get("cat") == "COLL" else
+                      r.get("cat") for r in recs if r.get("ph") == "b" and r.get("cat") in ("COLL", "P2P")}
         places: dict[tuple, int] = {}       # (track, name, cat) -> its index in self.place
         place, t0, t1, row, keys, flat = [], [], [], [], [], []
         self.other: dict[int, bytes] = {}

@@ -10,7 +10,7 @@ import numpy as np
 
 from .perfetto_tracks import uuid64
 
-KINDS = (None, "COLL", "P2P")   # a KernelStep's parent kind (perfetto._kind), as a code
+KINDS = (None, "COLL", "P2P", "SYM")   # a KernelStep's parent kind (perfetto._kind), as a code; SYM: no flows
 
 
 def mark_ns(f: Any) -> np.ndarray:
@@ -41,6 +41,7 @@ def pair_flows(files: list[Any], at_ns: list[np.ndarray]) -> tuple[list[np.ndarr
         return np.column_stack([np.full(len(si), comms.index(f.comm)), f.keys[:, 1:7], f.t0[si], np.full(len(si), fi),
                                 si, at_ns[fi][si], f.t1[si]])
     cols = np.concatenate([columns(fi, f) for fi, f in enumerate(files)])
+    cols = cols[cols[:, 1] != KINDS.index("SYM")]       # symmetric kernels: loads and stores, no send's receive
     # columns: comm, kind, snd, src, dst, ch, step, t0, file, slice, instant, t1
     fids = [np.zeros(len(f.t0), np.uint64) for f in files]
     if not len(cols):

@@ -86,11 +86,12 @@ class Report:
 
 def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.ndarray | None = None,
           ranks=None, starts: dict | None = None, spans: list | None = None, names: dict | None = None,
-          failures: list | None = None) -> Report:
+          failures: list | None = None, sym: set | None = None) -> Report:
     """ranks: the run's ranks whose files are present (report passes them: a rank whose file holds no KernelCh or
     counters record is still one of them); default, the ranks in ks and chs. starts: trace.op_starts(records);
     spans: trace.coll_spans(records); names: trace.op_names(records), which name the slowest slices' ops;
-    failures: trace.failures(records), quoted with the unfinished ops they stopped."""
+    failures: trace.failures(records), quoted with the unfinished ops they stopped; sym: trace.symmetric_ops(records),
+    whose loads and stores no send -> receive check pairs."""
     if ks.dtype.names is None or "ready_ns" not in ks.dtype.names:
         raise TraceFormatError(f"ks: expected the KernelStep table of slicetrace.analyze.trace.kernel_steps() "
                                f"(fields {list(KERNEL_STEP_TABLE.names)}), got an array of dtype {ks.dtype}")
@@ -162,9 +163,17 @@ def build(ks: np.ndarray, counters: dict | None = None, top: int = 10, chs: np.n
                   slow, skew.left_out, no_counters,
                   skew.startup, skew.rule, held_up_totals(blame),
                   unfinished(spans or [], chs, ranks, lacking=source == "Coll", failures=failures or []),
-                  clock_check(ks, CLOCK_SLACK_NS + unc),
+                  clock_check(_fifo_steps(ks, sym), CLOCK_SLACK_NS + unc),
                   slow_receive_sides(ks[rv], xfer[rv], ops[rv], send_rates, slow, moving, first=first[rv]),
                   send_rates.by, send_rates.rule, unnamed_below(links, send_rates, slow), waits_rule, failures or [])
+
+
+def _fifo_steps(ks: np.ndarray, sym: set | None) -> np.ndarray:
+    """ks without the symmetric kernels' records (a load and a store that share a key are different data)."""
+    if not sym:
+        return ks
+    mine = np.array([(int(r), int(o)) in sym for r, o in zip(ks["rank"].tolist(), ks["op"].tolist())], bool)
+    return ks[~mine]
 
 
 def _from_colls(spans: list) -> np.ndarray:

@@ -18,7 +18,7 @@ from .records import Ranks
 from .comms import CommFacts
 from .flightwindow import chs_in_window, evicted, spans_in_window, windows
 from .runfiles import load_again, load_each, load_runs
-from .trace import coll_spans, counters, failures, kernel_chs, kernel_steps, op_names, op_starts
+from .trace import coll_spans, counters, failures, kernel_chs, kernel_steps, op_names, op_starts, symmetric_ops
 
 
 class _Failed(NamedTuple):
@@ -40,6 +40,7 @@ class _Part(NamedTuple):
     spans: Any
     names: Any
     failures: Any
+    sym: Any
     flight: dict                        # pid -> its slicetrace_flightrec record's args (flightwindow.windows)
 
 
@@ -69,7 +70,7 @@ def _part(f: str, recs: list[dict]) -> _Part:
                 masks.add(a["EventMask"])
     return _Part(paired, present, evented, len(recs), ops, one_rank, masks,
                  *(_attempt(fn, recs) for fn in (kernel_steps, kernel_chs, counters, op_starts, coll_spans, op_names,
-                                                 failures)), windows(recs))
+                                                 failures, symmetric_ops)), windows(recs))
 
 
 class RunTables:
@@ -132,6 +133,9 @@ class RunTables:
 
     def names(self) -> dict:
         return _merged(self._got("names"))
+
+    def sym(self) -> set:
+        return set().union(*self._got("sym"))
 
     def failures(self) -> list:
         return sorted((f for got in self._got("failures") for f in got), key=lambda f: (f["ts_ns"], f["rank"]))

@@ -335,6 +335,19 @@ def op_starts(records: list[dict]) -> dict[tuple[int, int], int]:
             if r.get("ph") == "b" and r.get("cat") in ("COLL", "P2P") and isinstance(r.get("ts"), (int, float))}
 
 
+def is_symmetric(args: dict) -> bool:
+    """A Coll record of a symmetric kernel (NCCL's rule: no protocol, the kernel's name as the algorithm): its
+    KernelSteps are loads from and stores into the peers' windows, no FIFO steps a send and a receive share."""
+    return args.get("Protocol") == "" and bool(args.get("Algorithm"))
+
+
+def symmetric_ops(records: list[dict]) -> set[tuple[int, int]]:
+    """(pid, id) of every symmetric kernel's Coll event (is_symmetric): KernelStep `op` values to keep out of
+    send -> receive matching."""
+    return {(r.get("pid"), r.get("id")) for r in records
+            if r.get("ph") == "b" and r.get("cat") == "COLL" and is_symmetric(r.get("args") or {})}
+
+
 def op_names(records: list[dict]) -> dict[tuple[int, int], str]:
     """(pid, id) -> function name (AllReduce, Send, ...) of every Coll and P2p event: what a KernelStep's ParentId
     (its `op`) names."""

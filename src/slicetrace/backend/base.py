@@ -137,11 +137,15 @@ class Backend(abc.ABC):
     generation: int = 1         # this rank's communicators of this job made in this process (any backend), this one too
     pool = None                 # cpu: registered memory (cpu/pool.py), which ring ops move through directly
 
-    def mem_alloc(self, shape: Any, dtype: Any) -> Any:
+    def mem_alloc(self, shape: Any, dtype: Any, symmetric: bool = False) -> Any:
         if self.pool is None:
             raise UsageError(f"mem_alloc: the {self.name} backend has no registered memory (the cpu backend's "
                              f"SLICETRACE_CPU_POOL); allocate buffers as usual")
-        return self.pool.alloc(shape, dtype)
+        return self.pool.alloc(shape, dtype, symmetric)
+
+    def symmetric(self, func: str, send: Any, recv: Any) -> bool:
+        """The op runs a symmetric kernel (plan/symmetric.py): its buffers are windows here (the cpu backend)."""
+        return False
 
     def mem_free(self, arr: Any) -> None:
         if self.pool is None:

@@ -21,20 +21,22 @@ _W = 4               # words per entry: seq, count, packed, cfg
 Sig = tuple[int, int, int, int]       # (seq, count, packed, cfg)
 
 
-def encode_sig(func: str, count: int, dtype: str, redop: str, root: int, nch: int, step_bytes: int):
+def encode_sig(func: str, count: int, dtype: str, redop: str, root: int, nch: int, step_bytes: int,
+               sym: bool = False):
     reduces = func in ("all_reduce", "reduce_scatter", "reduce")
     packed = (COLLECTIVES.index(func) | DTYPES.index(dtype) << 8
               | (REDOPS.index(redop) if reduces else 0xFF) << 16
-              | (root if func in ("broadcast", "reduce") else 0) << 24)
+              | (root if func in ("broadcast", "reduce") else 0) << 24 | sym << 32)
     return count, packed, nch | step_bytes << 8
 
 
 def describe_sig(count: int, packed: int, cfg: int) -> str:
-    func, dt, red, root = COLLECTIVES[packed & 0xFF], DTYPES[packed >> 8 & 0xFF], packed >> 16 & 0xFF, packed >> 24
+    func, dt, red, root = COLLECTIVES[packed & 0xFF], DTYPES[packed >> 8 & 0xFF], packed >> 16 & 0xFF, packed >> 24 & 0xFF
     s = f"{func}(count={count}, dtype={dt}"
     s += "" if red == 0xFF else f", op={REDOPS[red]}"
     s += f", root={root})" if func in ("broadcast", "reduce") else ")"
-    return s + f" [nchannels={cfg & 0xFF}, step_bytes={cfg >> 8}]"
+    sym = ", symmetric kernel: buffers in windows, mem_alloc(symmetric=True)" if packed >> 32 & 1 else ""
+    return s + f" [nchannels={cfg & 0xFF}, step_bytes={cfg >> 8}{sym}]"
 
 
 def coll_name(sig: Sig, seq_number: int) -> str:

@@ -19,12 +19,13 @@ from .outputs import log_row
 from .sweep import avg_atol, counts, distinct_sizes, make_input, np_dtype, rank_bytes, reference, wrong
 from .table import HEADER, UNITS, ci_coverage_pct, ci_words, format_row, ref_header
 
+_REGISTER = {1: ", registered buffers (-R 1)", 2: ", symmetric windows (-R 2)"}
 _NO_STEPS = ~int(EventType.KERNEL_STEP) & ((1 << 32) - 1)   # every event type but KernelStep
 
-def _arrays(comm, register: bool = False):
-    if register:                    # -R 1: cpu only (main.py refuses it elsewhere)
+def _arrays(comm, register: int = 0):
+    if register:                    # -R 1 / 2: cpu only (main.py refuses it elsewhere)
         from .registered import Registered
-        reg = Registered(comm)
+        reg = Registered(comm, register == 2)
         return reg, reg.to_dev, lambda a: a, lambda: None
     if comm.backend_name == "cuda":
         import cupy
@@ -176,7 +177,7 @@ def _unloaded(comm) -> str:
 
 def bench_rank(comm, o: dict) -> tuple[list[dict], list[str]]:
     """(rank 0's rows, [] on the others; the plugins that recorded on this rank)."""
-    xp, to_dev, to_host, sync = _arrays(comm, bool(o.get("register")))
+    xp, to_dev, to_host, sync = _arrays(comm, o.get("register") or 0)
     n = comm.world_size
     ref = None
     if o["compare"]:
@@ -198,7 +199,7 @@ def bench_rank(comm, o: dict) -> tuple[list[dict], list[str]]:
             + (f" (ops from {comm.settings.profile_min_bytes} B)" if comm.profiler_enabled
                and comm.settings.profile_min_bytes else "")
             + _unloaded(comm)
-            + (", in place" if o["inplace"] else "") + (", registered buffers (-R 1)" if o.get("register") else "")
+            + (", in place" if o["inplace"] else "") + _REGISTER.get(o.get("register") or 0, "")
             + (f", compare {o['compare']}" if ref else "")
             + ((f" in {round_count(o['rounds'])} ABBA rounds" if o.get("compare_rounds") else
                 " (one block each: --rounds 12 for ABBA rounds and an interval)") if ref else "")

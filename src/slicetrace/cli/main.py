@@ -133,9 +133,11 @@ def _bench_parser(sub) -> None:
                    help="run the reference library side by side; ratio = busbw(ours)/busbw(reference), from one "
                    "block of each per size, or with --rounds the median over ABBA rounds with its interval")
     p.add_argument("--json", metavar="FILE", help="write results as JSON")
-    p.add_argument("-R", "--local_register", dest="register", type=int, choices=(0, 1), default=0,
+    p.add_argument("-R", "--local_register", dest="register", type=int, choices=(0, 1, 2), default=0,
                    help="1: buffers from registered memory (cpu: Comm.mem_alloc, SLICETRACE_CPU_POOL sized for the "
-                        "sweep), so ring collectives read and write the peers' buffers directly; default 0")
+                        "sweep), so ring collectives read and write the peers' buffers directly; 2: symmetric "
+                        "windows (mem_alloc(symmetric=True)): all_reduce, all_gather and reduce_scatter run the "
+                        "symmetric kernels; default 0")
     p.add_argument("--seed", type=int, default=1234, help="seed of the inputs, >= 0 (default 1234)")
 
 

@@ -138,7 +138,7 @@ def _analysed(a: argparse.Namespace, run: Any, where: str) -> tuple[Any, Any]:
                               "; record with both in the mask, e.g. `slicetrace bench --trace DIR` or "
                               "SLICETRACE_PROFILE_EVENT_MASK=65606")
     rep = build(ks, counts, top=a.top, chs=chs, ranks=present, starts=run.starts(), spans=run.spans(),
-                names=run.names(), failures=run.failures())
+                names=run.names(), failures=run.failures(), sym=run.sym())
     return rep, ks
 
 

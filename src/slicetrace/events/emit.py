@@ -246,9 +246,10 @@ class Emitter:
                             ti.count, ti.peer, ti.n_programs, pg, tag, c.comm_hash)
         # type, parent, rank, ts_ns, seq_number, func, send_buff, recv_buff, count, root, datatype, n_channels,
         # n_warps, algo, proto, parent_group, user_tag, kernel_variant, is_sym_coll, comm_hash
+        v = ti.variant      # a symmetric kernel: algo is its name past the function (NCCL's), no protocol
         return CollDescr(_COLL, None, c.rank, info.ts_ns, info.seq_number, ti.func, ti.send_buff, ti.recv_buff,
-                         ti.count, ti.root, ti.datatype, ti.n_programs, info.n_warps, "RING", "SIMPLE", pg, tag, "",
-                         False, c.comm_hash)
+                         ti.count, ti.root, ti.datatype, ti.n_programs, info.n_warps,
+                         v.partition("_")[2] if v else "RING", "" if v else "SIMPLE", pg, tag, v, bool(v), c.comm_hash)
 
 
 _COLL, _P2P = T.COLL, T.P2P

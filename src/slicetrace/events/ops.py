@@ -39,6 +39,7 @@ class TaskInfo:
     channels: tuple = ()     # p2p: the stamp channels of this task's programs (() = any); tells apart the
                              # records of two parts of one group to the same peer in the same direction
     user_tag: int | None = None     # this call's own tag (a group's send/recv each have one); None: the op's
+    variant: str = ""        # a symmetric kernel's name (plan.symmetric.VARIANTS); '': the Simple ring
 
 
 @dataclass(slots=True)

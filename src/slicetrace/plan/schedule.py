@@ -77,6 +77,7 @@ class OpPlan:
     proto: Proto
     programs: tuple[ChannelProgram, ...]
     self_pairs: tuple[tuple[int, int], ...] = ()   # p2p: (send, recv) part indices of copies to self
+    algo: str = ""         # '': Simple ring / chain / p2p; else the symmetric kernel's name (plan/symmetric.py)
 
     @property
     def n_channels(self) -> int:

@@ -34,6 +34,8 @@ from .pool import Pool
 from .setup_peers import SetupPeers
 from . import worker
 from .worker import Direct, RingJob, run_ring
+from .symmetric import run_symmetric
+from ...plan.symmetric import SYM_FUNCS, SYM_MIN
 
 HEARTBEAT_S = 0.1
 
@@ -53,6 +55,7 @@ class CpuBackend(SetupPeers, HostBackend):
     name = "cpu"
     synchronous = True          # submit() returns when the work is done
     stamps_fetched = True       # ring programs stage their records; fetch_stamps publishes them (stamper.py)
+    sym_ops = 0                 # ops run by the symmetric kernels (symmetric.py)
 
     def __init__(self, settings, rank: int, world: int, store, job: str):
         super().__init__(settings, rank, world, store, job)
@@ -150,7 +153,8 @@ class CpuBackend(SetupPeers, HostBackend):
             for p in self._peer_segs:
                 self.p2p_recv[p] = conn(self.seg, nch + p, p, False)
                 self.p2p_send[p] = conn(self._peer_segs[p], nch + rank, p, True)
-        self._direct = self.pool.size > 0 or bool(self._peer_pools)
+        self._direct = self.pool.size > 0 or bool({prv, nxt} & set(self._peer_pools))
+        self._sym = self.pool.size > 0 and len(self._peer_pools) == world - 1      # every rank has a pool
         # everyone attached: the name is no longer needed, and a rank that ends without close() (torchrun, kill -9)
         # leaves nothing in /dev/shm; the memory lives until the last rank unmaps it
         self.store.barrier(f"{self._prefix}/attached", rank, world, s.timeout_s, check=alive)
@@ -194,7 +198,7 @@ class CpuBackend(SetupPeers, HostBackend):
                                 f"settings")
         self.guard.peers[p] = (pctl, seg.bytes_(REASON_OFF, REASON_MAX), peer_pid(pctl, self.ctl[C_PIDNS]),
                                pctl[C_START])
-        if pctl[C_POOL] and (p - self.rank) % self.world in (1, self.world - 1):     # ring neighbours only
+        if pctl[C_POOL]:            # ring neighbours' for direct slices, everyone's for symmetric kernels
             self._peer_pools[p] = np.frombuffer(seg.bytes_(self._pool_at, pctl[C_POOL]), np.uint8)
 
     @staticmethod
@@ -269,6 +273,13 @@ class CpuBackend(SetupPeers, HostBackend):
     def check_peers(self) -> None:
         self.guard.check(tuple(self.guard.peers))
 
+    def symmetric(self, func: str, send: Any, recv: Any) -> bool:
+        """Windows on a rank with every peer's pool mapped; at 2 ranks from SYM_MIN bytes (below, the ring's one
+        FIFO exchange is quicker than two waits on every rank). The same on every rank that passes windows."""
+        isz = send.dtype.itemsize
+        return (self._sym and func in SYM_FUNCS and (self.world > 2 or max(send.nbytes, recv.nbytes) >= SYM_MIN)
+                and self.pool.window(send, isz) >= 0 and self.pool.window(recv, isz) >= 0)
+
     def direct_slices(self) -> int:     # ring slices this rank sent without its FIFO (registered memory)
         return sum(c.direct for c in self.ring_send)
 
@@ -337,10 +348,14 @@ class CpuBackend(SetupPeers, HostBackend):
             if len(self._sigs) > 256:
                 self._sigs.clear()
             hit = self._sigs[key] = (plan, encode_sig(func, count, work.dtype, work.redop, plan.root, self.nch,
-                                                      self.settings.step_bytes))
+                                                      self.settings.step_bytes, bool(plan.algo)))
         sig = (self._coll_seq,) + hit[1]
         g = self.guard
         g.publish_sig(sig, work.seq_number)
+        if plan.algo:
+            run_symmetric(self, work, self._parallel)
+            g.sig = None
+            return
         delta = None
         if np.may_share_memory(a, b):                   # their bounds: cheaper than both addresses when apart
             pa, pb = host_pointer(a), host_pointer(b)
@@ -363,11 +378,11 @@ class CpuBackend(SetupPeers, HostBackend):
                 c = prog.channel
                 return RingJob(work, self.ring_recv[c], self.ring_send[c], self.writers[c] if stamps else None, g,
                                delta, dx)
-            self._parallel(progs, job)
+            self._parallel(progs, lambda prog: run_ring(prog, job(prog)))
         g.check_sigs(sig, wait=True)          # every rank ran the same collective (or everyone raises)
         g.sig = None
 
-    def _parallel(self, progs, job) -> None:
+    def _parallel(self, progs, run) -> None:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=max(1, self.nch - 1), thread_name_prefix="slicetrace-ch",
                                             initializer=_pool_thread)
@@ -376,7 +391,7 @@ class CpuBackend(SetupPeers, HostBackend):
 
         def one(prog):
             try:
-                run_ring(prog, job(prog))
+                run(prog)
             except BaseException as e:
                 if not isinstance(e, (PeerError, MismatchError)):
                     g.abort_all(ABORT_PEER, f"rank {self.rank} channel {prog.channel} failed: "

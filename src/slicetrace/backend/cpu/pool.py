@@ -4,6 +4,9 @@ Comm.mem_alloc carves arrays from it, as ncclMemAlloc + ncclCommRegister give NC
 Every peer maps the whole segment at set-up, so a ring op whose buffers lie here moves slices directly
 (worker.py): the receiver reads the sender's input in place of a FIFO copy, and the sender writes the receiver's
 output. Allocation is first fit over page-aligned blocks; the caller frees with Comm.mem_free.
+A symmetric allocation (mem_alloc(..., symmetric=True), as ncclCommWindowRegister's NCCL_WIN_COLL_SYMMETRIC) is a
+window: all_reduce, all_gather and reduce_scatter whose buffers are all windows run the symmetric kernels on every
+rank (plan/symmetric.py, symmetric.py), which load from and store to every peer's window.
 """
 from __future__ import annotations
 
@@ -27,8 +30,9 @@ class Pool:
         self.base = host_pointer(self.buf) if size else 0
         self.free: list[tuple[int, int]] = [(0, size)] if size else []     # (offset, bytes), by offset
         self.used: dict[int, int] = {}                                      # offset -> bytes reserved
+        self.windows: dict[int, int] = {}                                   # symmetric ones: offset -> bytes
 
-    def alloc(self, shape: Any, dtype: Any) -> np.ndarray:
+    def alloc(self, shape: Any, dtype: Any, symmetric: bool = False) -> np.ndarray:
         try:
             dt = np.dtype(dtype)
             shp = tuple(int(d) for d in (shape if isinstance(shape, (tuple, list)) else (shape,)))
@@ -47,6 +51,8 @@ class Pool:
             if size >= need:
                 self.free[i:i + 1] = [(off + need, size - need)] if size > need else []
                 self.used[off] = need
+                if symmetric:
+                    self.windows[off] = nbytes
                 return self.buf[off:off + nbytes].view(dt).reshape(shp)
         left = sum(s for _, s in self.free)
         big = max((s for _, s in self.free), default=0)
@@ -62,6 +68,7 @@ class Pool:
             raise UsageError(f"mem_free: {type(arr).__name__} is not an array returned by this communicator's "
                              f"mem_alloc (or it was freed already)")
         size = self.used.pop(off)
+        self.windows.pop(off, None)
         free = sorted(self.free + [(off, size)])
         merged: list[tuple[int, int]] = []
         for o, s in free:
@@ -78,4 +85,14 @@ class Pool:
         off = host_pointer(arr) - self.base
         if 0 <= off and off + arr.nbytes <= self.size and off % itemsize == 0:
             return off
+        return -1
+
+    def window(self, arr: Any, itemsize: int) -> int:
+        """Byte offset of contiguous `arr` in this pool when it lies inside one symmetric allocation, else -1."""
+        off = self.offset(arr, itemsize)
+        if off < 0 or not self.windows:
+            return -1
+        for o, n in self.windows.items():
+            if o <= off and off + arr.nbytes <= o + n:
+                return off
         return -1

@@ -23,7 +23,7 @@ from ...stamps.layout import ring_bytes
 from ..segment import SHM_DIR
 
 PAGE = 4096
-MAGIC = 0x53544350_55000007        # "STCPU" + layout version 7
+MAGIC = 0x53544350_55000008        # "STCPU" + layout version 8
 NSIG = 16                          # op-signature / message tables keep the last 16 entries
 
 # control block, u64 word indices
@@ -52,6 +52,10 @@ H_RECLAIM, H_RECLAIMED = 128, 136
 # the receiver's dst at the slice's own place, 2 + b = read it from the sender's pool at byte b. H_DSTOFF/H_DSTSEQ:
 # the receiver's dst for the ring op it runs (pool byte + 1, 0 = not in the pool), then that op's number (last)
 H_PTRS, H_DSTOFF, H_DSTSEQ = 144, 152, 153
+# symmetric kernels (symmetric.py), in the header of the point-to-point connection from the poster: its buffers'
+# pool bytes, then the op's number once it entered (SYM_IN) and once it stored into every window (SYM_OUT); the
+# word after each is its futex sleep flag (H_SLEEP)
+SYM_SRC, SYM_DST, SYM_IN, SYM_OUT = 160, 161, 168, 176
 
 ABORT_PEER, ABORT_MISMATCH, ABORT_TIMEOUT = 1, 2, 3
 
