@@ -34,7 +34,7 @@ from .pool import Pool
 from .setup_peers import SetupPeers
 from . import worker
 from .worker import Direct, RingJob, run_ring
-from .symmetric import run_symmetric
+from .symmetric import run_channels, run_symmetric
 from ...plan.symmetric import SYM_FUNCS, SYM_MIN
 
 HEARTBEAT_S = 0.1
@@ -383,35 +383,8 @@ class CpuBackend(SetupPeers, HostBackend):
         g.sig = None
 
     def _parallel(self, progs, run) -> None:
+        """run(prog) for each program: channel 0 in this thread, the others in the channel threads."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=max(1, self.nch - 1), thread_name_prefix="slicetrace-ch",
                                             initializer=_pool_thread)
-        g = self.guard
-        spins, g.spins = g.spins, 20         # threads share the GIL: spinning would starve the others
-
-        def one(prog):
-            try:
-                run(prog)
-            except BaseException as e:
-                if not isinstance(e, (PeerError, MismatchError)):
-                    g.abort_all(ABORT_PEER, f"rank {self.rank} channel {prog.channel} failed: "
-                                            f"{type(e).__name__}: {e}")
-                raise
-        futs = [self._pool.submit(one, p) for p in progs[1:]]
-        err = None
-        try:
-            one(progs[0])
-        except BaseException as e:
-            err = e
-        for f in futs:
-            try:
-                f.result()
-            except BaseException as e:
-                err = err or e
-        g.spins = spins
-        if err is not None:
-            if isinstance(err, (PeerError, MismatchError)) and g.aborted():
-                raise g.abort_error() from err
-            raise err
-
-
+        run_channels(self._pool, self.guard, self.rank, progs, run)

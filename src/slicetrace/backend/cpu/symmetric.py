@@ -19,10 +19,10 @@ import warnings
 
 import numpy as np
 
-from ...errors import BackendError
+from ...errors import BackendError, MismatchError, PeerError
 from ...stamps.layout import FLAG_CH_STOP, FLAG_SEND, KIND_CHANNEL, KIND_STEP
 from ..base import host_pointer
-from .shm import SYM_DST, SYM_IN, SYM_OUT, SYM_SRC
+from .shm import ABORT_PEER, SYM_DST, SYM_IN, SYM_OUT, SYM_SRC
 from .stamper import tail
 from .worker import UFUNCS, finish_avg, premul
 
@@ -147,3 +147,33 @@ def _cells(prog, work, ins, outs, order, writer, recs: list, t0: int) -> None:
             skipped += (nranks - 1) * (load + store)
     if skipped:
         writer.sampled_out(skipped)
+
+
+def run_channels(pool, g, rank: int, progs, run) -> None:
+    """run(prog) for each program (ring or symmetric), progs[1:] in `pool`'s threads: a failure other than a
+    peer's or a mismatch aborts the peers; the abort's error is raised where a wait heard it."""
+    spins, g.spins = g.spins, 20         # threads share the GIL: spinning would starve the others
+
+    def one(prog):
+        try:
+            run(prog)
+        except BaseException as e:
+            if not isinstance(e, (PeerError, MismatchError)):
+                g.abort_all(ABORT_PEER, f"rank {rank} channel {prog.channel} failed: {type(e).__name__}: {e}")
+            raise
+    futs = [pool.submit(one, p) for p in progs[1:]]
+    err = None
+    try:
+        one(progs[0])
+    except BaseException as e:
+        err = e
+    for f in futs:
+        try:
+            f.result()
+        except BaseException as e:
+            err = err or e
+    g.spins = spins
+    if err is not None:
+        if isinstance(err, (PeerError, MismatchError)) and g.aborted():
+            raise g.abort_error() from err
+        raise err
