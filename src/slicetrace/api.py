@@ -164,7 +164,7 @@ class Communicator(ProfilingControls):
         self._tag += 1
         itemsize = send.itemsize
         nch = be.channels_for(message_bytes(func, count, itemsize, self._world))     # NCCL's, by bytes
-        if be.pool is not None and be.pool.windows and be.symmetric(func, send, recv):
+        if be.symmetric(func, send, recv):
             plan = plan_symmetric(func, self._world, self._rank, count, itemsize, nch, self._step_bytes)
         else:
             plan = plan_collective(func, self._world, self._rank, count, itemsize, root, nch, self._step_bytes)

@@ -172,8 +172,9 @@ def _fifo_steps(ks: np.ndarray, sym: set | None) -> np.ndarray:
     """ks without the symmetric kernels' records (a load and a store that share a key are different data)."""
     if not sym:
         return ks
-    mine = np.array([(int(r), int(o)) in sym for r, o in zip(ks["rank"].tolist(), ks["op"].tolist())], bool)
-    return ks[~mine]
+    key = ks["rank"].astype(np.int64) << 32 | ks["op"] & 0xFFFFFFFF         # (rank, op) as one int, per record
+    return ks[~np.isin(key, [int(r) << 32 | int(o) & 0xFFFFFFFF for r, o in sym
+                              if type(r) is int and type(o) is int])]
 
 
 def _from_colls(spans: list) -> np.ndarray:

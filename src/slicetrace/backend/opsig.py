@@ -31,7 +31,8 @@ def encode_sig(func: str, count: int, dtype: str, redop: str, root: int, nch: in
 
 
 def describe_sig(count: int, packed: int, cfg: int) -> str:
-    func, dt, red, root = COLLECTIVES[packed & 0xFF], DTYPES[packed >> 8 & 0xFF], packed >> 16 & 0xFF, packed >> 24 & 0xFF
+    func, dt = COLLECTIVES[packed & 0xFF], DTYPES[packed >> 8 & 0xFF]
+    red, root = packed >> 16 & 0xFF, packed >> 24 & 0xFF
     s = f"{func}(count={count}, dtype={dt}"
     s += "" if red == 0xFF else f", op={REDOPS[red]}"
     s += f", root={root})" if func in ("broadcast", "reduce") else ")"

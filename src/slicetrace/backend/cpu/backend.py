@@ -34,7 +34,8 @@ from .pool import Pool
 from .setup_peers import SetupPeers
 from . import worker
 from .worker import Direct, RingJob, run_ring
-from .symmetric import run_channels, run_symmetric
+from .channels import run_channels
+from .symmetric import run_symmetric
 from ...plan.symmetric import SYM_FUNCS, SYM_MIN
 
 HEARTBEAT_S = 0.1
@@ -276,8 +277,10 @@ class CpuBackend(SetupPeers, HostBackend):
     def symmetric(self, func: str, send: Any, recv: Any) -> bool:
         """Windows on a rank with every peer's pool mapped; at 2 ranks from SYM_MIN bytes (below, the ring's one
         FIFO exchange is quicker than two waits on every rank). The same on every rank that passes windows."""
+        if not (self._sym and self.pool.windows and func in SYM_FUNCS):
+            return False
         isz = send.dtype.itemsize
-        return (self._sym and func in SYM_FUNCS and (self.world > 2 or max(send.nbytes, recv.nbytes) >= SYM_MIN)
+        return ((self.world > 2 or max(send.nbytes, recv.nbytes) >= SYM_MIN)
                 and self.pool.window(send, isz) >= 0 and self.pool.window(recv, isz) >= 0)
 
     def direct_slices(self) -> int:     # ring slices this rank sent without its FIFO (registered memory)

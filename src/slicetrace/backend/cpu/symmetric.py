@@ -19,16 +19,15 @@ import warnings
 
 import numpy as np
 
-from ...errors import BackendError, MismatchError, PeerError
-from ...stamps.layout import FLAG_CH_STOP, FLAG_SEND, KIND_CHANNEL, KIND_STEP
+from ...errors import BackendError
+from ...stamps.layout import FLAG_SEND, KIND_STEP
 from ..base import host_pointer
-from .shm import ABORT_PEER, SYM_DST, SYM_IN, SYM_OUT, SYM_SRC
+from .shm import SYM_DST, SYM_IN, SYM_OUT, SYM_SRC
 from .stamper import tail
-from .worker import UFUNCS, finish_avg, premul
+from .worker import _CH_START, _CH_STOP, UFUNCS, finish_avg, premul    # KernelCh words as the ring's
 
 # IEEE overflow (float16 sums) is the data's, as on NCCL: no numpy warning per cell (worker.py's rule)
 warnings.filterwarnings("ignore", r"(overflow|invalid value) encountered", RuntimeWarning, __name__)
-_CH_START, _CH_STOP = tail(0, KIND_CHANNEL, 0), tail(0, KIND_CHANNEL, FLAG_CH_STOP)
 
 
 def run_symmetric(be, work, parallel) -> None:
@@ -46,7 +45,7 @@ def run_symmetric(be, work, parallel) -> None:
     stamps = work.stamp_steps or work.stamp_channels
     clock = time.monotonic_ns
     t0 = clock() if stamps else 0
-    src_b, dst_b = be.pool.window(a, isz), be.pool.window(b, isz)
+    src_b, dst_b = be.pool.offset(a, isz), be.pool.offset(b, isz)     # windows (CpuBackend.symmetric said so)
     order = [(rank + j) % n for j in range(1, n)]           # each rank starts with its next: loads spread out
     for p in order:
         c = be.p2p_send[p]
@@ -148,32 +147,3 @@ def _cells(prog, work, ins, outs, order, writer, recs: list, t0: int) -> None:
     if skipped:
         writer.sampled_out(skipped)
 
-
-def run_channels(pool, g, rank: int, progs, run) -> None:
-    """run(prog) for each program (ring or symmetric), progs[1:] in `pool`'s threads: a failure other than a
-    peer's or a mismatch aborts the peers; the abort's error is raised where a wait heard it."""
-    spins, g.spins = g.spins, 20         # threads share the GIL: spinning would starve the others
-
-    def one(prog):
-        try:
-            run(prog)
-        except BaseException as e:
-            if not isinstance(e, (PeerError, MismatchError)):
-                g.abort_all(ABORT_PEER, f"rank {rank} channel {prog.channel} failed: {type(e).__name__}: {e}")
-            raise
-    futs = [pool.submit(one, p) for p in progs[1:]]
-    err = None
-    try:
-        one(progs[0])
-    except BaseException as e:
-        err = e
-    for f in futs:
-        try:
-            f.result()
-        except BaseException as e:
-            err = err or e
-    g.spins = spins
-    if err is not None:
-        if isinstance(err, (PeerError, MismatchError)) and g.aborted():
-            raise g.abort_error() from err
-        raise err

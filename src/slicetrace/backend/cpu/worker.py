@@ -155,6 +155,14 @@ _SPECS: dict[int, tuple] = {}       # id(program) -> _spec's (program, ...): the
 _RTAIL, _STAIL = tail(0, KIND_STEP, 0), tail(0, KIND_STEP, FLAG_SEND)     # KernelStep word 5 without size and peer
 
 
+def _slot_view(views: list, conn, slot: int, n: int, dt, se: int):
+    """FIFO slot `slot`'s first n elements, kept in views (Conn.slot_views) for the next slice of that size."""
+    i = slot * se
+    v = conn.view(dt)[i:i + n]
+    views[slot] = n, v
+    return v
+
+
 def _peer_dst(sctl, dx: Direct, guard, speer: int, ch: int, sstep: int, isz: int) -> int:
     """The next rank's output for this op, in elements of its pool (-1: not there); it posts it as it starts."""
     guard.wait_ge(sctl, H_DSTSEQ, dx.seq, speer, ("the output address", speer, ch, sstep))
@@ -229,9 +237,7 @@ def _ring_slices(spec: tuple, job: RingJob, stamps: list | None) -> None:
                     if p == 0:
                         k, r = rsv[rstep & 7]
                         if k != n:
-                            i = (rstep & 7) * se
-                            r = rconn.view(dt)[i:i + n]
-                            rsv[rstep & 7] = n, r
+                            r = _slot_view(rsv, rconn, rstep & 7, n, dt, se)
                     elif p == 1:                     # already in our output
                         b = do + off
                         r = dst[b:b + n]
@@ -265,9 +271,7 @@ def _ring_slices(spec: tuple, job: RingJob, stamps: list | None) -> None:
                     if sm == 0:
                         k, s = ssv[sstep & 7]
                         if k != n:
-                            i = (sstep & 7) * se
-                            s = sconn.view(dt)[i:i + n]
-                            ssv[sstep & 7] = n, s
+                            s = _slot_view(ssv, sconn, sstep & 7, n, dt, se)
             if n:
                 # the write into the send FIFO is timed for the reclaim decision, from RECLAIM_MIN bytes only
                 timed = hs and n >= tmin and sm == 0       # t1, t2 set and read only then
